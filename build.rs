@@ -1,0 +1,4 @@
+fn main() {
+    println!("cargo::rustc-check-cfg=cfg(loom)");
+    println!("cargo::rustc-check-cfg=cfg(shmlock_broken)");
+}

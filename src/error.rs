@@ -1,0 +1,147 @@
+//! Errors.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+/// Everything that can go wrong, as a value you can match on.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key is empty.
+    EmptyKey,
+    /// The key is longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes.
+    KeyTooLong(usize),
+    /// A [`LockOptions`](crate::LockOptions) value is out of range.
+    InvalidOptions(&'static str),
+    /// The capacity asked for is 0 or above [`MAX_CAPACITY`](crate::MAX_CAPACITY).
+    InvalidCapacity(u64),
+    /// This [`Lock`](crate::Lock) already holds a key.
+    Locked,
+    /// The key stayed held by someone else for the whole timeout.
+    Timeout,
+    /// This lock holds nothing.
+    Unlocked,
+    /// The lease ran out and the key was taken by someone else (or broken by force); the new
+    /// owner's hold was left untouched.
+    Expired,
+    /// The hold belongs to another process: this is a copy inherited across `fork`.
+    NotOwner,
+    /// Every slot of the table holds a live lock; none was evicted.
+    TableFull,
+    /// The file at `path` is not a usable lock table.
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        source: FormatError,
+    },
+    /// An operating-system error on `path` (permission denied, no space, ...).
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+}
+
+/// Why a file is not a lock table this version can use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FormatError {
+    /// No shmlock magic: another kind of file (or an all-zero one).
+    NotATable,
+    /// A shmlock table of another format version.
+    UnsupportedVersion(u32),
+    /// The file is shorter than its header says it must be.
+    Truncated {
+        /// Bytes present.
+        len: u64,
+        /// Bytes the layout needs.
+        expected: u64,
+    },
+    /// The header is damaged or describes a layout this version does not write.
+    Corrupt(&'static str),
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: io::Error) -> Error {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn at(self, path: impl Into<PathBuf>) -> Error {
+        match self {
+            Error::Format { source, .. } => Error::Format {
+                path: path.into(),
+                source,
+            },
+            other => other,
+        }
+    }
+}
+
+impl From<FormatError> for Error {
+    fn from(source: FormatError) -> Error {
+        Error::Format {
+            path: PathBuf::new(),
+            source,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::EmptyKey => f.write_str("empty key"),
+            Error::KeyTooLong(n) => write!(
+                f,
+                "key of {n} bytes is longer than {} bytes",
+                crate::MAX_KEY_LEN
+            ),
+            Error::InvalidOptions(why) => write!(f, "invalid lock options: {why}"),
+            Error::InvalidCapacity(n) => write!(
+                f,
+                "capacity {n} is out of range 1..={}",
+                crate::MAX_CAPACITY
+            ),
+            Error::Locked => f.write_str("locked: this lock already holds a key"),
+            Error::Timeout => f.write_str("timeout"),
+            Error::Unlocked => f.write_str("unlocked: this lock holds nothing"),
+            Error::Expired => f.write_str("expired: the lease ran out and the key was taken"),
+            Error::NotOwner => f.write_str("not owner: the hold belongs to the parent process"),
+            Error::TableFull => f.write_str("lock table full"),
+            Error::Format { path, source } => write!(f, "{}: {source}", path.display()),
+            Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
+        }
+    }
+}
+
+impl fmt::Display for FormatError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FormatError::NotATable => f.write_str("not a shmlock table (bad magic)"),
+            FormatError::UnsupportedVersion(v) => {
+                write!(f, "shmlock table format version {v} is not supported")
+            }
+            FormatError::Truncated { len, expected } => {
+                write!(f, "truncated table: {len} bytes, expected {expected}")
+            }
+            FormatError::Corrupt(why) => write!(f, "corrupt table: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            Error::Format { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl std::error::Error for FormatError {}

@@ -1,0 +1,65 @@
+//! Named locks shared by the processes of one machine, with the API of OpenResty's
+//! `lua-resty-lock`.
+//!
+//! A [`LockTable`] lives in a memory-mapped file (on `/dev/shm` for speed): a fixed-slot
+//! hash table of lock entries with lease deadlines. Forked workers inherit it; unrelated
+//! processes attach to it by path. A [`Lock`] takes one key at a time and waits on resty's
+//! step/ratio schedule; a [`LockGuard`] releases its key when dropped.
+//!
+//! Beyond resty.lock: unlock and renewal are owner-checked (a holder whose lease ran out
+//! and was taken over gets [`Error::Expired`] and never touches the new owner's entry),
+//! every hold can have a fencing [`token`](Lock::token), a dead holder's key is reclaimed
+//! as soon as a waiter sees it dead, a full table never evicts a live lock, and a guard
+//! copied into a forked child never releases its parent's hold.
+//!
+//! ```
+//! use shmlock::{LockOptions, LockTable};
+//!
+//! # let path = std::env::temp_dir().join(format!("shmlock-doc-lib-{}", std::process::id()));
+//! # let _ = std::fs::remove_file(&path);
+//! let table = LockTable::open(&path, 1024)?;
+//! {
+//!     let guard = table.lock("cache:item:7", &LockOptions::default())?;
+//!     // ... look in the cache again, fetch, store: one process at a time ...
+//!     assert_eq!(guard.elapsed(), std::time::Duration::ZERO);
+//! } // released here
+//! # std::fs::remove_file(&path).unwrap();
+//! # Ok::<(), shmlock::Error>(())
+//! ```
+//!
+//! Layout of the source: [`table`](crate) holds the slot protocol, `slot` the entry and its
+//! control word, `format` the file header, `file` creation and mapping, `wait` the backoff
+//! schedule, `lock` this API.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+#[cfg(not(target_has_atomic = "64"))]
+compile_error!("shmlock needs 64-bit atomics");
+#[cfg(not(unix))]
+compile_error!("shmlock supports unix systems only");
+
+mod clock;
+mod error;
+mod format;
+mod primitive;
+mod process;
+mod slot;
+mod table;
+
+#[cfg(not(loom))]
+mod file;
+#[cfg(not(loom))]
+mod futex;
+#[cfg(not(loom))]
+mod lock;
+mod options;
+mod wait;
+
+pub use error::{Error, FormatError};
+#[cfg(not(loom))]
+pub use lock::{Holder, Lock, LockGuard, LockTable, OpenOptions, MAX_KEY_LEN};
+pub use options::LockOptions;
+
+/// The largest capacity a table can be created with.
+pub const MAX_CAPACITY: usize = format::MAX_CAPACITY as usize;

@@ -1,0 +1,115 @@
+//! The waiting policy: resty.lock's step/ratio/max_step schedule.
+//!
+//! A waiter sleeps `step`, retries, and multiplies the step by `ratio` (at least 1 ms, at
+//! most `max_step` and at most the time left) until the timeout is spent. The time it
+//! reports is the sum of the steps, as resty reports it.
+
+use std::time::Duration;
+
+use crate::options::Resolved;
+
+const MIN_STEP: Duration = Duration::from_millis(1);
+
+/// The sleeps of one `lock` call.
+#[derive(Clone, Debug)]
+pub(crate) struct Schedule {
+    step: Duration,
+    ratio: f64,
+    max_step: Duration,
+    remaining: Duration,
+}
+
+impl Schedule {
+    pub(crate) fn new(opts: &Resolved, timeout: Duration) -> Schedule {
+        let remaining = opts.timeout_for(timeout);
+        Schedule {
+            step: opts.step.min(remaining),
+            ratio: opts.ratio,
+            max_step: opts.max_step,
+            remaining,
+        }
+    }
+
+    /// The next sleep, or `None` once the timeout is spent.
+    pub(crate) fn next_sleep(&mut self) -> Option<Duration> {
+        if self.remaining.is_zero() {
+            return None;
+        }
+        let sleep = self.step.min(self.remaining);
+        self.remaining -= sleep;
+        let grown = Duration::try_from_secs_f64(sleep.as_secs_f64() * self.ratio)
+            .unwrap_or(self.max_step)
+            .max(MIN_STEP);
+        self.step = grown.min(self.remaining).min(self.max_step);
+        Some(sleep)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::LockOptions;
+
+    fn steps(opts: LockOptions) -> Vec<u64> {
+        let mut s = Schedule::new(&opts.resolve().unwrap(), opts.timeout);
+        std::iter::from_fn(|| s.next_sleep())
+            .map(|d| d.as_micros() as u64)
+            .collect()
+    }
+
+    #[test]
+    fn default_schedule_doubles_to_max_step_and_sums_to_timeout() {
+        let s = steps(LockOptions::default());
+        let ms: Vec<u64> = s.iter().map(|us| us / 1000).collect();
+        assert_eq!(&ms[..10], &[1, 2, 4, 8, 16, 32, 64, 128, 256, 500]);
+        assert!(ms[10..ms.len() - 1].iter().all(|&m| m == 500));
+        assert_eq!(s.iter().sum::<u64>(), 5_000_000);
+        // a lock freed after 100 ms is won after the 64 ms step, at 127 ms
+        let mut sum = 0;
+        let won = ms.iter().find(|&&m| {
+            sum += m;
+            sum >= 100
+        });
+        assert_eq!((won, sum), (Some(&64), 127));
+    }
+
+    #[test]
+    fn short_timeout_caps_last_step() {
+        let opts = LockOptions {
+            timeout: Duration::from_millis(10),
+            ..LockOptions::default()
+        };
+        assert_eq!(steps(opts), [1000, 2000, 4000, 3000]);
+    }
+
+    #[test]
+    fn timeout_zero_never_sleeps_and_exptime_caps_timeout() {
+        let zero = LockOptions {
+            timeout: Duration::ZERO,
+            ..LockOptions::default()
+        };
+        assert!(steps(zero).is_empty());
+        let capped = LockOptions {
+            exptime: Duration::from_millis(3),
+            ..LockOptions::default()
+        };
+        assert_eq!(steps(capped), [1000, 2000]);
+        let never = LockOptions {
+            exptime: Duration::ZERO,
+            timeout: Duration::from_millis(3),
+            ..LockOptions::default()
+        };
+        assert_eq!(steps(never), [1000, 2000]);
+    }
+
+    #[test]
+    fn ratio_below_two_floors_at_one_millisecond() {
+        let opts = LockOptions {
+            step: Duration::from_micros(100),
+            ratio: 1.0,
+            timeout: Duration::from_micros(2100),
+            ..LockOptions::default()
+        };
+        assert_eq!(steps(opts), [100, 1000, 1000]);
+    }
+}

@@ -1,0 +1,603 @@
+//! The lock API within one process: resty.lock's semantics, where we differ on purpose,
+//! and bad input. Behaviour across processes is in `tests/procs.rs`.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use common::TempPath;
+use shmlock::{Error, FormatError, Lock, LockOptions, LockTable};
+
+fn table(name: &str, capacity: usize) -> (LockTable, TempPath) {
+    let path = TempPath::new(name);
+    (LockTable::open(&path, capacity).unwrap(), path)
+}
+
+fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
+    LockOptions {
+        exptime: Duration::from_millis(exptime_ms),
+        timeout: Duration::from_millis(timeout_ms),
+        ..LockOptions::default()
+    }
+}
+
+#[test]
+fn first_try_succeeds_without_waiting() {
+    let (t, _p) = table("first", 16);
+    let mut lock = Lock::new(&t, LockOptions::default()).unwrap();
+    assert_eq!(lock.lock("k").unwrap(), Duration::ZERO);
+    assert!(lock.is_locked());
+    assert!(t.is_locked("k").unwrap());
+    lock.unlock().unwrap();
+    assert!(!t.is_locked("k").unwrap());
+}
+
+#[test]
+fn lock_twice_on_one_object_is_locked_at_once() {
+    let (t, _p) = table("twice", 16);
+    let mut lock = Lock::new(&t, LockOptions::default()).unwrap();
+    lock.lock("a").unwrap();
+    assert!(matches!(lock.lock("a"), Err(Error::Locked)));
+    assert!(matches!(lock.lock("b"), Err(Error::Locked)));
+    // the failed calls did not disturb the hold, nor take "b"
+    assert!(t.is_locked("a").unwrap());
+    assert!(!t.is_locked("b").unwrap());
+    lock.unlock().unwrap();
+}
+
+#[test]
+fn two_objects_one_key_time_out() {
+    let (t, _p) = table("timeout", 16);
+    let mut a = Lock::new(&t, opts(30_000, 10)).unwrap();
+    let mut b = Lock::new(&t, opts(30_000, 10)).unwrap();
+    a.lock("k").unwrap();
+    let started = Instant::now();
+    assert!(matches!(b.lock("k"), Err(Error::Timeout)));
+    // it slept its whole 10 ms budget (1 + 2 + 4 + 3 ms) before giving up
+    assert!(started.elapsed() >= Duration::from_millis(10));
+    assert!(!b.is_locked());
+    a.unlock().unwrap();
+    assert_eq!(b.lock("k").unwrap(), Duration::ZERO);
+}
+
+#[test]
+fn timeout_zero_tries_once() {
+    let (t, _p) = table("t0", 16);
+    let mut a = Lock::new(&t, LockOptions::default()).unwrap();
+    a.lock("k").unwrap();
+    let mut b = Lock::new(&t, opts(30_000, 0)).unwrap();
+    assert!(matches!(b.lock("k"), Err(Error::Timeout)));
+    // per-call override: a longer wait for this call only, and back to zero after
+    assert!(matches!(
+        b.lock_with_timeout("k", Duration::from_millis(3)),
+        Err(Error::Timeout)
+    ));
+    a.unlock().unwrap();
+    assert_eq!(
+        b.lock_with_timeout("k", Duration::ZERO).unwrap(),
+        Duration::ZERO
+    );
+}
+
+#[test]
+fn forgotten_holder_is_taken_over_after_exptime() {
+    let (t, _p) = table("forgot", 16);
+    let mut forgetful = Lock::new(&t, opts(50, 5000)).unwrap();
+    forgetful.lock("k").unwrap();
+    let mut waiter = Lock::new(&t, opts(30_000, 5000)).unwrap();
+    let started = Instant::now();
+    let elapsed = waiter.lock("k").unwrap();
+    assert!(elapsed > Duration::ZERO);
+    // not before the lease ran out (the coarse clock may round a tick either way)
+    assert!(started.elapsed() >= Duration::from_millis(45));
+    // the forgetful holder lost it, and its unlock leaves the new holder alone
+    assert!(matches!(forgetful.unlock(), Err(Error::Expired)));
+    assert!(t.is_locked("k").unwrap());
+    waiter.unlock().unwrap();
+}
+
+#[test]
+fn expire_extends_the_lease_so_a_waiter_times_out() {
+    let (t, _p) = table("extend", 16);
+    let mut holder = Lock::new(&t, opts(100, 5000)).unwrap();
+    holder.lock("k").unwrap();
+    holder.expire(Some(Duration::from_secs(5))).unwrap();
+    let mut waiter = Lock::new(&t, opts(30_000, 300)).unwrap();
+    // without the renewal the lease would have run out after 100 ms of the 300 ms wait
+    assert!(matches!(waiter.lock("k"), Err(Error::Timeout)));
+    // expire(None) renews to the object's exptime (100 ms): now the waiter gets it
+    holder.expire(None).unwrap();
+    assert!(waiter.lock("k").unwrap() > Duration::ZERO);
+    assert!(matches!(holder.expire(None), Err(Error::Expired)));
+    assert!(!holder.is_locked());
+}
+
+#[test]
+fn unlock_after_expiry_and_takeover_is_expired_and_spares_the_new_owner() {
+    let (t, _p) = table("retaken", 16);
+    let mut old = Lock::new(&t, opts(20, 0)).unwrap();
+    old.lock("k").unwrap();
+    let old_token = old.token().unwrap();
+    std::thread::sleep(Duration::from_millis(40));
+    let mut new = Lock::new(&t, opts(30_000, 0)).unwrap();
+    new.lock("k").unwrap();
+    let new_token = new.token().unwrap();
+    assert!(new_token > old_token);
+
+    assert!(matches!(old.expire(None), Err(Error::Expired)));
+    old.lock("other").unwrap();
+    old.unlock().unwrap();
+    let mut old2 = Lock::new(&t, opts(20, 0)).unwrap();
+    assert!(matches!(old2.unlock(), Err(Error::Unlocked)));
+
+    let mut stale = Lock::new(&t, opts(20, 0)).unwrap();
+    stale.lock("k2").unwrap();
+    std::thread::sleep(Duration::from_millis(40));
+    let mut taker = Lock::new(&t, opts(30_000, 0)).unwrap();
+    taker.lock("k2").unwrap();
+    assert!(stale.token().is_none(), "a lost hold gets no token");
+    assert!(matches!(stale.unlock(), Err(Error::Expired)));
+    assert!(matches!(stale.unlock(), Err(Error::Unlocked)));
+    // the new owners still hold their keys
+    let mut probe = Lock::new(&t, opts(30_000, 0)).unwrap();
+    assert!(matches!(probe.lock("k"), Err(Error::Timeout)));
+    assert!(matches!(probe.lock("k2"), Err(Error::Timeout)));
+    new.unlock().unwrap();
+    taker.unlock().unwrap();
+}
+
+#[test]
+fn expired_but_not_retaken_lease_cannot_be_renewed_but_unlocks() {
+    let (t, _p) = table("lapsed", 16);
+    let mut a = Lock::new(&t, opts(20, 0)).unwrap();
+    a.lock("k").unwrap();
+    std::thread::sleep(Duration::from_millis(40));
+    assert!(matches!(a.expire(None), Err(Error::Expired)));
+    assert!(!t.is_locked("k").unwrap());
+
+    // unlock only reports a lease that was actually lost to someone
+    a.lock("k").unwrap();
+    std::thread::sleep(Duration::from_millis(40));
+    a.unlock().unwrap();
+    assert!(!t.is_locked("k").unwrap());
+}
+
+#[test]
+fn unlock_and_expire_without_a_hold_are_unlocked() {
+    let (t, _p) = table("unlocked", 16);
+    let mut a = Lock::new(&t, LockOptions::default()).unwrap();
+    assert!(matches!(a.unlock(), Err(Error::Unlocked)));
+    assert!(matches!(a.expire(None), Err(Error::Unlocked)));
+    assert_eq!(a.token(), None);
+}
+
+#[test]
+fn fencing_tokens_grow_across_holders_and_are_stable_within_a_hold() {
+    let (t, _p) = table("tokens", 16);
+    let mut last = 0;
+    for round in 0..50 {
+        let mut a = Lock::new(&t, LockOptions::default()).unwrap();
+        a.lock("fenced").unwrap();
+        let tok = a.token().unwrap();
+        assert!(tok > last, "round {round}: {tok} after {last}");
+        assert_eq!(a.token(), Some(tok));
+        last = tok;
+        if round % 2 == 0 {
+            a.unlock().unwrap();
+        } // else dropped: released by Drop
+    }
+    let g = t.lock("fenced", &LockOptions::default()).unwrap();
+    assert!(g.token().unwrap() > last);
+}
+
+#[test]
+fn guard_releases_on_drop_and_unlock() {
+    let (t, _p) = table("guard", 16);
+    {
+        let g = t.lock("k", &LockOptions::default()).unwrap();
+        assert_eq!(g.elapsed(), Duration::ZERO);
+        assert!(t.try_lock("k", Duration::from_secs(30)).unwrap().is_none());
+    }
+    let g = t.try_lock("k", Duration::from_secs(30)).unwrap().unwrap();
+    g.unlock().unwrap();
+    let mut g = t.try_lock("k", Duration::from_millis(20)).unwrap().unwrap();
+    g.expire(Some(Duration::from_secs(10))).unwrap();
+    std::thread::sleep(Duration::from_millis(40));
+    assert!(t.try_lock("k", Duration::from_secs(30)).unwrap().is_none());
+    drop(g);
+    assert!(t.try_lock("k", Duration::from_secs(30)).unwrap().is_some());
+}
+
+#[test]
+fn a_panicking_thread_releases_its_guard_on_unwind() {
+    let (t, _p) = table("panic", 16);
+    let t2 = t.clone();
+    let r = std::thread::spawn(move || {
+        let _g = t2.lock("k", &LockOptions::default()).unwrap();
+        panic!("boom");
+    })
+    .join();
+    assert!(r.is_err());
+    assert!(!t.is_locked("k").unwrap());
+}
+
+#[test]
+fn exptime_zero_never_expires() {
+    let (t, _p) = table("never", 16);
+    let mut a = Lock::new(&t, opts(0, 0)).unwrap();
+    a.lock("k").unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    let mut b = Lock::new(&t, opts(0, 20)).unwrap();
+    assert!(matches!(b.lock("k"), Err(Error::Timeout)));
+    let h = t.holders();
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].ttl, None);
+    assert!(!h[0].expired);
+}
+
+#[test]
+fn keys_are_any_bytes_of_1_to_65535() {
+    let (t, _p) = table("keys", 16);
+    assert!(matches!(
+        t.try_lock("", Duration::ZERO),
+        Err(Error::EmptyKey)
+    ));
+    let long = vec![7u8; 65536];
+    assert!(matches!(
+        t.try_lock(&long, Duration::ZERO),
+        Err(Error::KeyTooLong(65536))
+    ));
+    let mut a = Lock::new(&t, LockOptions::default()).unwrap();
+    assert!(matches!(a.lock(""), Err(Error::EmptyKey)));
+    assert!(!a.is_locked());
+    let max = vec![0xffu8; 65535];
+    let g = t.try_lock(&max, Duration::ZERO).unwrap().unwrap();
+    let bin = [0u8, 1, 2, 0, 255];
+    let g2 = t.try_lock(bin, Duration::ZERO).unwrap().unwrap();
+    // keys differing only past the preview are still different keys
+    let mut other = max.clone();
+    other[65534] = 0;
+    assert!(t.try_lock(&other, Duration::ZERO).unwrap().is_some());
+    assert!(t.try_lock(&max, Duration::ZERO).unwrap().is_none());
+    drop((g, g2));
+}
+
+#[test]
+fn nonsense_options_are_typed_errors() {
+    let (t, _p) = table("opts", 16);
+    let bad = [
+        LockOptions {
+            ratio: 0.5,
+            ..LockOptions::default()
+        },
+        LockOptions {
+            ratio: f64::NAN,
+            ..LockOptions::default()
+        },
+        LockOptions {
+            ratio: f64::INFINITY,
+            ..LockOptions::default()
+        },
+        LockOptions {
+            step: Duration::ZERO,
+            ..LockOptions::default()
+        },
+        LockOptions {
+            max_step: Duration::ZERO,
+            ..LockOptions::default()
+        },
+        LockOptions {
+            exptime: Duration::MAX,
+            ..LockOptions::default()
+        },
+    ];
+    for o in bad {
+        assert!(
+            matches!(Lock::new(&t, o), Err(Error::InvalidOptions(_))),
+            "{o:?}"
+        );
+        assert!(matches!(t.lock("k", &o), Err(Error::InvalidOptions(_))));
+    }
+    for (e, to, s, r, m) in [
+        (f64::NAN, 5.0, 0.001, 2.0, 0.5),
+        (30.0, f64::INFINITY, 0.001, 2.0, 0.5),
+        (30.0, 5.0, -0.001, 2.0, 0.5),
+        (30.0, 5.0, 0.0, 2.0, 0.5),
+        (30.0, 5.0, 0.001, 0.9, 0.5),
+        (30.0, 5.0, 0.001, 2.0, f64::NAN),
+    ] {
+        assert!(matches!(
+            LockOptions::from_secs(e, to, s, r, m),
+            Err(Error::InvalidOptions(_))
+        ));
+    }
+    assert_eq!(
+        LockOptions::from_secs(30.0, 5.0, 0.001, 2.0, 0.5).unwrap(),
+        LockOptions::default()
+    );
+    assert!(matches!(
+        t.try_lock("k", Duration::MAX),
+        Err(Error::InvalidOptions(_))
+    ));
+}
+
+#[test]
+fn capacity_is_exact_and_never_evicts() {
+    for capacity in [1usize, 2, 7, 64, 1000] {
+        let (t, _p) = table("cap", capacity);
+        assert_eq!(t.capacity(), capacity);
+        let keys: Vec<String> = (0..=capacity).map(|i| format!("key-{i}")).collect();
+        let mut guards: Vec<_> = keys[..capacity]
+            .iter()
+            .map(|k| t.try_lock(k, Duration::from_secs(30)).unwrap().unwrap())
+            .collect();
+        assert_eq!(t.occupancy(), capacity);
+        assert!(matches!(
+            t.try_lock(&keys[capacity], Duration::from_secs(30)),
+            Err(Error::TableFull)
+        ));
+        let mut waiter = Lock::new(&t, opts(30_000, 5)).unwrap();
+        assert!(matches!(
+            waiter.lock(&keys[capacity]),
+            Err(Error::TableFull)
+        ));
+        // every live lock is still held
+        for k in &keys[..capacity] {
+            assert!(t.is_locked(k).unwrap(), "{k} was evicted");
+        }
+        // releasing any one frees room
+        drop(guards.remove(capacity / 2));
+        let g = t
+            .try_lock(&keys[capacity], Duration::from_secs(30))
+            .unwrap();
+        assert!(g.is_some(), "capacity {capacity}: no room after a release");
+        drop(g);
+        drop(guards);
+        assert_eq!(t.occupancy(), 0);
+    }
+}
+
+#[test]
+fn a_full_table_reclaims_expired_entries() {
+    let (t, _p) = table("reclaim", 4);
+    let gs: Vec<_> = (0..4)
+        .map(|i| {
+            t.try_lock(format!("old-{i}"), Duration::from_millis(20))
+                .unwrap()
+                .unwrap()
+        })
+        .collect();
+    assert!(matches!(
+        t.try_lock("new", Duration::from_secs(30)),
+        Err(Error::TableFull)
+    ));
+    std::thread::sleep(Duration::from_millis(40));
+    let g = t.try_lock("new", Duration::from_secs(30)).unwrap();
+    assert!(g.is_some());
+    std::mem::forget(gs); // their releases would report Expired at best; keep it simple
+}
+
+#[test]
+fn churn_over_a_small_table_leaves_it_empty() {
+    let (t, _p) = table("churn", 32);
+    let mut locks: Vec<Lock> = (0..24)
+        .map(|_| Lock::new(&t, opts(30_000, 0)).unwrap())
+        .collect();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..200_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let l = &mut locks[(x % 24) as usize];
+        if l.is_locked() {
+            l.unlock().unwrap();
+        } else {
+            let key = format!("k{}", (x >> 8) % 40);
+            match l.lock(&key) {
+                Ok(_) | Err(Error::Timeout) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        // never two holders of a key: every held key has exactly one entry
+        if x % 1024 == 0 {
+            let held: Vec<_> = t.holders().into_iter().map(|h| h.key_preview).collect();
+            let mut dedup = held.clone();
+            dedup.sort();
+            dedup.dedup();
+            assert_eq!(held.len(), dedup.len());
+        }
+    }
+    drop(locks);
+    assert_eq!(t.occupancy(), 0);
+}
+
+#[test]
+fn the_release_hole_does_not_admit_a_second_entry() {
+    // Arrange a key displaced from its home, free the slots before it, and claim it again.
+    let (t, _p) = table("hole", 8);
+    for attempt in 0..200 {
+        let target = format!("target-{attempt}");
+        let fillers: Vec<_> = (0..7)
+            .map(|i| {
+                t.try_lock(format!("f{attempt}-{i}"), Duration::from_secs(30))
+                    .unwrap()
+                    .unwrap()
+            })
+            .collect();
+        let held = t
+            .try_lock(&target, Duration::from_secs(30))
+            .unwrap()
+            .unwrap();
+        let (home, slot) = t.debug_placement(&target).unwrap();
+        drop(fillers);
+        if home == slot {
+            drop(held);
+            continue;
+        }
+        // the path from home to the key is now all free: a naive claim would stop there
+        for _ in 0..100 {
+            assert!(t
+                .try_lock(&target, Duration::from_secs(30))
+                .unwrap()
+                .is_none());
+        }
+        assert_eq!(t.occupancy(), 1);
+        assert_eq!(t.debug_placement(&target), Some((home, slot)));
+        drop(held);
+        assert!(t
+            .try_lock(&target, Duration::from_secs(30))
+            .unwrap()
+            .is_some());
+        return;
+    }
+    panic!("never managed to displace a key");
+}
+
+#[test]
+fn holders_describe_the_entries() {
+    let (t, _p) = table("holders", 16);
+    let g = t.lock("user:42", &LockOptions::default()).unwrap();
+    let tok = g.token().unwrap();
+    let long = "x".repeat(100);
+    let _g2 = t.try_lock(&long, Duration::ZERO).unwrap().unwrap();
+    let mut h = t.holders();
+    h.sort_by_key(|h| h.key_len);
+    assert_eq!(h.len(), 2);
+    assert_eq!(h[0].key_preview, b"user:42");
+    assert_eq!(h[0].pid, std::process::id());
+    assert_eq!(h[0].token, Some(tok));
+    assert!(h[0].ttl.unwrap() <= Duration::from_secs(30));
+    assert!(h[0].settled && !h[0].expired);
+    assert_eq!(h[1].key_len, 100);
+    assert_eq!(h[1].key_preview.len(), 40);
+    assert_eq!(h[1].ttl, None);
+}
+
+#[test]
+fn attach_uses_the_files_layout_and_shares_state() {
+    let path = TempPath::new("attach");
+    let a = LockTable::open(&path, 100).unwrap();
+    assert!(a.created());
+    let b = LockTable::open(&path, 5).unwrap();
+    assert!(!b.created());
+    assert_eq!(b.capacity(), 100);
+    let g = a
+        .try_lock("shared", Duration::from_secs(30))
+        .unwrap()
+        .unwrap();
+    assert!(b
+        .try_lock("shared", Duration::from_secs(30))
+        .unwrap()
+        .is_none());
+    drop(g);
+    assert!(b
+        .try_lock("shared", Duration::from_secs(30))
+        .unwrap()
+        .is_some());
+    let attach_only = LockTable::options().create(false).open(&path).unwrap();
+    assert_eq!(attach_only.capacity(), 100);
+}
+
+#[test]
+fn bad_capacity_and_missing_files_are_typed_errors() {
+    let path = TempPath::new("badcap");
+    assert!(matches!(
+        LockTable::open(&path, 0),
+        Err(Error::InvalidCapacity(0))
+    ));
+    assert!(matches!(
+        LockTable::open(&path, shmlock::MAX_CAPACITY + 1),
+        Err(Error::InvalidCapacity(_))
+    ));
+    assert!(!path.0.exists());
+    match LockTable::options().create(false).open(&path) {
+        Err(Error::Io { source, .. }) => assert_eq!(source.kind(), std::io::ErrorKind::NotFound),
+        other => panic!("{other:?}"),
+    }
+    match LockTable::open("/nonexistent-dir/locks", 4) {
+        Err(Error::Io { source, .. }) => assert_eq!(source.kind(), std::io::ErrorKind::NotFound),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn format_error(path: &TempPath) -> FormatError {
+    match LockTable::open(path, 16) {
+        Err(Error::Format { source, path: p }) => {
+            assert_eq!(p, path.0);
+            source
+        }
+        Err(e) => panic!("not a format error: {e}"),
+        Ok(_) => panic!("accepted a bad file"),
+    }
+}
+
+#[test]
+fn foreign_truncated_and_corrupt_files_are_typed_errors() {
+    let path = TempPath::new("bad");
+
+    std::fs::write(&path, b"").unwrap();
+    assert!(matches!(format_error(&path), FormatError::Truncated { .. }));
+
+    std::fs::write(&path, vec![0u8; 4096 + 128 * 16]).unwrap();
+    assert_eq!(format_error(&path), FormatError::NotATable);
+
+    std::fs::write(&path, b"#!/bin/sh\necho not a lock table\n".repeat(200)).unwrap();
+    assert_eq!(format_error(&path), FormatError::NotATable);
+
+    // a real table, then damaged in various ways
+    let make = || {
+        let _ = std::fs::remove_file(&path);
+        drop(LockTable::open(&path, 16).unwrap());
+        std::fs::read(&path).unwrap()
+    };
+    let good = make();
+
+    std::fs::write(&path, &good[..good.len() - 1]).unwrap();
+    assert!(matches!(format_error(&path), FormatError::Truncated { .. }));
+    std::fs::write(&path, &good[..100]).unwrap();
+    assert!(matches!(format_error(&path), FormatError::Truncated { .. }));
+
+    let mut longer = good.clone();
+    longer.extend_from_slice(&[0; 128]);
+    std::fs::write(&path, &longer).unwrap();
+    assert!(matches!(format_error(&path), FormatError::Corrupt(_)));
+
+    let mut v2 = good.clone();
+    v2[8] = 2;
+    std::fs::write(&path, &v2).unwrap();
+    assert_eq!(format_error(&path), FormatError::UnsupportedVersion(2));
+
+    let mut flipped = good.clone();
+    flipped[16] ^= 0x40; // slot count
+    std::fs::write(&path, &flipped).unwrap();
+    assert!(matches!(format_error(&path), FormatError::Corrupt(_)));
+
+    // garbage in the slots is not a header error: the table opens and stays usable
+    let mut scribbled = good.clone();
+    for (i, b) in scribbled[4096..].iter_mut().enumerate() {
+        *b = (i * 7 + 3) as u8;
+    }
+    std::fs::write(&path, &scribbled).unwrap();
+    let t = LockTable::open(&path, 16).unwrap();
+    let _ = t.holders();
+    let _ = t.try_lock("after-garbage", Duration::from_secs(1));
+}
+
+#[test]
+fn files_are_private_by_default_and_take_the_mode_asked_for() {
+    let path = TempPath::new("mode");
+    drop(LockTable::open(&path, 4).unwrap());
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let path2 = TempPath::new("mode2");
+    drop(
+        LockTable::options()
+            .capacity(4)
+            .mode(0o664)
+            .open(&path2)
+            .unwrap(),
+    );
+    let mode = std::fs::metadata(&path2).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o664);
+}
