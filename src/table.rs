@@ -365,6 +365,10 @@ where
                     Seen::Free => {
                         if free.is_none() {
                             free = Some((d, c));
+                            // The classic mistake the protocol exists to avoid: stop at the
+                            // first free slot, as if the key could not be further on.
+                            #[cfg(shmlock_broken)]
+                            break;
                         }
                     }
                     Seen::Changed => continue,
@@ -414,6 +418,12 @@ where
 
             // Pass 2 (decisive): after publishing, look at the whole range again.
             let range = self.reach(home, Ordering::SeqCst).max(fd);
+            // The broken variant trusts pass 1 and skips the rescan.
+            #[cfg(shmlock_broken)]
+            let range = {
+                let _ = range;
+                0
+            };
             let mut d = 0;
             while d <= range {
                 if d == fd {

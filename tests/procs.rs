@@ -1,1 +1,695 @@
-fn main() {}
+//! Behaviour across real processes: forked workers and separately started ones.
+//!
+//! This binary has its own small harness (`harness = false`) so that it is single-threaded
+//! and `fork` is safe. `procs FILTER` runs the tests whose name contains FILTER;
+//! `procs --role NAME ARGS…` is how a test starts this binary as an unrelated process.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::io::{FromRawFd, OwnedFd};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::TempPath;
+use memmap2::MmapRaw;
+use shmlock::{Error, Lock, LockOptions, LockTable};
+
+// ---------------------------------------------------------------------------------------
+// Harness
+
+type TestFn = fn();
+
+const TESTS: &[(&str, TestFn)] = &[
+    (
+        "mutual_exclusion_among_forked_workers",
+        mutual_exclusion_among_forked_workers,
+    ),
+    (
+        "release_hole_hammered_by_processes",
+        release_hole_hammered_by_processes,
+    ),
+    (
+        "concurrent_creation_ends_on_one_table",
+        concurrent_creation_ends_on_one_table,
+    ),
+    (
+        "forked_copies_never_release_the_parents_hold",
+        forked_copies_never_release_the_parents_hold,
+    ),
+    ("elapsed_is_a_sum_of_steps", elapsed_is_a_sum_of_steps),
+    (
+        "expired_holder_in_another_process_is_taken_over",
+        expired_holder_in_another_process_is_taken_over,
+    ),
+    (
+        "sigkilled_holder_is_reclaimed_at_once",
+        sigkilled_holder_is_reclaimed_at_once,
+    ),
+    (
+        "unrelated_process_attaches_by_path",
+        unrelated_process_attaches_by_path,
+    ),
+    (
+        "permission_denied_is_a_typed_error",
+        permission_denied_is_a_typed_error,
+    ),
+];
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--role") {
+        std::process::exit(role(&args[i + 1..]));
+    }
+    // cargo passes libtest flags (--quiet, --nocapture, ...); the first bare word filters.
+    let filter = args.iter().skip(1).find(|a| !a.starts_with('-'));
+    let (mut passed, mut failed) = (0, 0);
+    for (name, test) in TESTS {
+        if filter.is_some_and(|f| !name.contains(f.as_str())) {
+            continue;
+        }
+        print!("test {name} ... ");
+        std::io::stdout().flush().unwrap();
+        let started = Instant::now();
+        match std::panic::catch_unwind(test) {
+            Ok(()) => {
+                passed += 1;
+                println!("ok ({:.2}s)", started.elapsed().as_secs_f64());
+            }
+            Err(_) => {
+                failed += 1;
+                println!("FAILED");
+            }
+        }
+    }
+    println!("\nprocs: {passed} passed, {failed} failed");
+    std::process::exit(if failed == 0 { 0 } else { 1 });
+}
+
+/// A forked child process.
+struct Child(libc::pid_t);
+
+/// Forks; the child runs `f` and exits with its result (101 if it panics).
+fn fork(f: impl FnOnce() -> i32) -> Child {
+    // SAFETY: this binary is single-threaded, so the child is a complete copy.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(101);
+        // SAFETY: leave without running the parent's atexit handlers or destructors.
+        unsafe { libc::_exit(code) };
+    }
+    Child(pid)
+}
+
+impl Child {
+    /// Waits for the exit code; kills the child and panics after `limit` (hang guard).
+    fn wait(&self, limit: Duration) -> i32 {
+        let deadline = Instant::now() + limit;
+        loop {
+            let mut status = 0;
+            // SAFETY: our own child; status is a valid out-pointer.
+            let r = unsafe { libc::waitpid(self.0, &mut status, libc::WNOHANG) };
+            if r == self.0 {
+                if libc::WIFEXITED(status) {
+                    return libc::WEXITSTATUS(status);
+                }
+                return 128 + libc::WTERMSIG(status);
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                panic!("child {} hung", self.0);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn kill(&self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.0, libc::SIGKILL) };
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        unsafe { libc::waitpid(self.0, &mut status, 0) };
+    }
+}
+
+/// A pipe: children block reading it until the parent writes or closes it.
+struct Gate {
+    read: OwnedFd,
+    write: Option<OwnedFd>,
+}
+
+impl Gate {
+    fn new() -> Gate {
+        let mut fds = [0; 2];
+        // SAFETY: fds is a valid out-array of two ints.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: fresh descriptors we own.
+        unsafe {
+            Gate {
+                read: OwnedFd::from_raw_fd(fds[0]),
+                write: Some(OwnedFd::from_raw_fd(fds[1])),
+            }
+        }
+    }
+
+    /// In a child: block until the parent opens the gate.
+    fn wait(&mut self) {
+        self.write = None;
+        let mut b = [0u8; 1];
+        let fd = std::os::unix::io::AsRawFd::as_raw_fd(&self.read);
+        // SAFETY: reading one byte into a valid buffer.
+        unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) };
+    }
+
+    /// In a child: tell the parent something happened (one byte).
+    fn signal(&self) {
+        let fd = std::os::unix::io::AsRawFd::as_raw_fd(self.write.as_ref().unwrap());
+        // SAFETY: writing one byte from a valid buffer.
+        unsafe { libc::write(fd, [1u8].as_ptr().cast(), 1) };
+    }
+
+    /// In the parent: wait for `n` signals.
+    fn await_signals(&self, n: usize) {
+        let fd = std::os::unix::io::AsRawFd::as_raw_fd(&self.read);
+        for _ in 0..n {
+            let mut b = [0u8; 1];
+            // SAFETY: reading one byte into a valid buffer.
+            let r = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) };
+            assert_eq!(r, 1, "a child died before signalling");
+        }
+    }
+
+    /// In the parent: release every child blocked in `wait`.
+    fn open(&mut self) {
+        self.write = None;
+    }
+}
+
+/// Counters in a shared file mapping, visible to forked children.
+struct Shared {
+    _path: TempPath,
+    map: MmapRaw,
+    len: usize,
+}
+
+impl Shared {
+    fn new(words: usize) -> Shared {
+        let path = TempPath::new("shared");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.set_len((words * 8) as u64).unwrap();
+        let map = MmapRaw::map_raw(&file).unwrap();
+        Shared {
+            _path: path,
+            map,
+            len: words,
+        }
+    }
+
+    fn word(&self, i: usize) -> &AtomicU64 {
+        assert!(i < self.len);
+        // SAFETY: in bounds (checked), 8-aligned (page-aligned base), zero-initialised by
+        // set_len, lives as long as `self`, and only ever accessed as atomics.
+        unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().cast::<u64>().add(i)) }
+    }
+}
+
+fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
+    LockOptions {
+        exptime: Duration::from_millis(exptime_ms),
+        timeout: Duration::from_millis(timeout_ms),
+        ..LockOptions::default()
+    }
+}
+
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests
+
+/// Critical section with an overlap detector and a deliberately non-atomic counter update:
+/// any second holder of the key shows up as a violation or a lost update.
+fn critical_section(shared: &Shared, key: usize, violations: usize, spin: u32) {
+    let inside = shared.word(2 * key);
+    if inside.swap(1, Ordering::SeqCst) != 0 {
+        shared.word(violations).fetch_add(1, Ordering::SeqCst);
+    }
+    let counter = shared.word(2 * key + 1);
+    let v = counter.load(Ordering::Relaxed);
+    for _ in 0..spin {
+        std::hint::spin_loop();
+    }
+    counter.store(v + 1, Ordering::Relaxed);
+    inside.store(0, Ordering::SeqCst);
+}
+
+fn mutual_exclusion_among_forked_workers() {
+    const WORKERS: usize = 6;
+    const HOT: usize = 3;
+    const COLD: usize = 300;
+    const ITERS: u64 = 20_000;
+    let path = TempPath::new("mutex");
+    let table = LockTable::open(&path, 256).unwrap();
+    let keys: Vec<String> = (0..HOT + COLD).map(|i| format!("key:{i}")).collect();
+    // words: [inside, counter] per key, then violations, then per-worker acquisitions
+    let violations = 2 * keys.len();
+    let shared = Shared::new(violations + 1 + WORKERS);
+    let children: Vec<Child> = (0..WORKERS)
+        .map(|w| {
+            let (table, keys, shared) = (&table, &keys, &shared);
+            fork(move || {
+                let mut lock = Lock::new(table, opts(30_000, 10_000)).unwrap();
+                let mut x = 0x2545_f491_4f6c_dd1d ^ (w as u64 + 1);
+                let mut acquired = 0;
+                for _ in 0..ITERS {
+                    let r = xorshift(&mut x);
+                    let k = if r % 10 < 7 {
+                        (r >> 8) as usize % HOT
+                    } else {
+                        HOT + (r >> 8) as usize % COLD
+                    };
+                    lock.lock(&keys[k]).unwrap();
+                    critical_section(shared, k, violations, 20);
+                    lock.unlock().unwrap();
+                    acquired += 1;
+                }
+                shared
+                    .word(violations + 1 + w)
+                    .store(acquired, Ordering::SeqCst);
+                0
+            })
+        })
+        .collect();
+    for c in &children {
+        assert_eq!(c.wait(Duration::from_secs(120)), 0);
+    }
+    let total: u64 = (0..WORKERS)
+        .map(|w| shared.word(violations + 1 + w).load(Ordering::SeqCst))
+        .sum();
+    let counted: u64 = (0..keys.len())
+        .map(|k| shared.word(2 * k + 1).load(Ordering::SeqCst))
+        .sum();
+    assert_eq!(total, WORKERS as u64 * ITERS);
+    assert_eq!(counted, total, "lost updates: two holders at once");
+    assert_eq!(shared.word(violations).load(Ordering::SeqCst), 0);
+    assert_eq!(table.occupancy(), 0);
+    print!("[{total} acquisitions] ");
+}
+
+fn release_hole_hammered_by_processes() {
+    // A key held away from its home, the slots before it freed, then: claimers of the key
+    // from several processes while it is held (none may win), and afterwards lock/unlock
+    // of the key racing with churn that keeps opening holes in its path.
+    let path = TempPath::new("hole");
+    let table = LockTable::open(&path, 8).unwrap();
+    let (target, held) = (0..500)
+        .find_map(|attempt| {
+            let target = format!("target-{attempt}");
+            let fillers: Vec<_> = (0..7)
+                .map(|i| {
+                    table
+                        .try_lock(format!("f{attempt}-{i}"), Duration::from_secs(60))
+                        .unwrap()
+                        .unwrap()
+                })
+                .collect();
+            let held = table
+                .try_lock(&target, Duration::from_secs(60))
+                .unwrap()
+                .unwrap();
+            let (home, slot) = table.debug_placement(&target).unwrap();
+            drop(fillers);
+            // want at least one freed slot strictly between home and the key
+            let dist = (slot + 8 - home) % 8;
+            (dist >= 2).then_some((target, held))
+        })
+        .expect("could not displace a key");
+    let placement = table.debug_placement(&target).unwrap();
+
+    let shared = Shared::new(8);
+    let (wins, violations) = (2, 3);
+    let mut go = Gate::new();
+    let hammer: Vec<Child> = (0..4)
+        .map(|_| {
+            let (table, target, shared) = (&table, &target, &shared);
+            let go = &mut go;
+            fork(move || {
+                go.wait();
+                for _ in 0..20_000 {
+                    if let Some(g) = table.try_lock(target, Duration::from_secs(60)).unwrap() {
+                        shared.word(wins).fetch_add(1, Ordering::SeqCst);
+                        drop(g);
+                    }
+                }
+                0
+            })
+        })
+        .collect();
+    go.open();
+    for c in &hammer {
+        assert_eq!(c.wait(Duration::from_secs(60)), 0);
+    }
+    assert_eq!(
+        shared.word(wins).load(Ordering::SeqCst),
+        0,
+        "a second holder got in"
+    );
+    assert_eq!(table.debug_placement(&target), Some(placement));
+    assert_eq!(table.occupancy(), 1);
+    drop(held);
+
+    // Phase 2: the key changes hands while other keys churn through its probe path.
+    let lockers: Vec<Child> = (0..3)
+        .map(|w| {
+            let (table, target, shared) = (&table, &target, &shared);
+            fork(move || {
+                let mut lock = Lock::new(table, opts(30_000, 10_000)).unwrap();
+                for i in 0..5_000u64 {
+                    lock.lock(target).unwrap();
+                    critical_section(shared, 0, violations, (i % 50) as u32 + w);
+                    lock.unlock().unwrap();
+                }
+                0
+            })
+        })
+        .collect();
+    let churners: Vec<Child> = (0..2)
+        .map(|w| {
+            let table = &table;
+            fork(move || {
+                let mut x = 77 + w as u64;
+                for _ in 0..20_000 {
+                    let k = format!("churn-{}", xorshift(&mut x) % 6);
+                    if let Ok(Some(g)) = table.try_lock(&k, Duration::from_secs(60)) {
+                        drop(g);
+                    }
+                }
+                0
+            })
+        })
+        .collect();
+    for c in lockers.iter().chain(&churners) {
+        assert_eq!(c.wait(Duration::from_secs(120)), 0);
+    }
+    assert_eq!(shared.word(violations).load(Ordering::SeqCst), 0);
+    assert_eq!(shared.word(1).load(Ordering::SeqCst), 3 * 5_000);
+    assert_eq!(table.occupancy(), 0);
+}
+
+fn concurrent_creation_ends_on_one_table() {
+    const PROCS: usize = 8;
+    let path = TempPath::new("create");
+    let shared = Shared::new(PROCS);
+    let mut go = Gate::new();
+    let ready = Gate::new();
+    let mut done = Gate::new();
+    let children: Vec<Child> = (0..PROCS)
+        .map(|i| {
+            let (path, shared, go, ready, done) = (&path, &shared, &mut go, &ready, &mut done);
+            fork(move || {
+                go.wait();
+                let table = LockTable::open(path, 64).unwrap();
+                shared
+                    .word(i)
+                    .store(1 + table.created() as u64, Ordering::SeqCst);
+                let g = table
+                    .try_lock(format!("proc-{i}"), Duration::from_secs(60))
+                    .unwrap()
+                    .unwrap();
+                ready.signal();
+                done.wait(); // hold until the parent has looked
+                drop(g);
+                0
+            })
+        })
+        .collect();
+    go.open();
+    ready.await_signals(PROCS);
+    let table = LockTable::options().create(false).open(&path).unwrap();
+    assert_eq!(table.capacity(), 64);
+    let pids: std::collections::HashSet<u32> = table.holders().iter().map(|h| h.pid).collect();
+    assert_eq!(
+        pids.len(),
+        PROCS,
+        "every process holds its key in the one table"
+    );
+    done.open();
+    for c in &children {
+        assert_eq!(c.wait(Duration::from_secs(30)), 0);
+    }
+    let creators = (0..PROCS)
+        .filter(|&i| shared.word(i).load(Ordering::SeqCst) == 2)
+        .count();
+    let opened = (0..PROCS)
+        .filter(|&i| shared.word(i).load(Ordering::SeqCst) != 0)
+        .count();
+    assert_eq!((creators, opened), (1, PROCS));
+    assert_eq!(table.occupancy(), 0);
+    // no temporary files left behind
+    let dir = path.0.parent().unwrap();
+    let prefix = format!(".{}", path.0.file_name().unwrap().to_string_lossy());
+    let leftovers = std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&prefix)
+        })
+        .count();
+    assert_eq!(leftovers, 0);
+}
+
+fn forked_copies_never_release_the_parents_hold() {
+    let path = TempPath::new("forkcopy");
+    let table = LockTable::open(&path, 16).unwrap();
+    let guard = table.lock("by-guard", &LockOptions::default()).unwrap();
+    let mut lock = Lock::new(&table, LockOptions::default()).unwrap();
+    lock.lock("by-object").unwrap();
+    let child = fork(|| {
+        // In the child, `lock` and `guard` are this process's copies of the parent's.
+        let mut lock_copy = Lock::new(&table, LockOptions::default()).unwrap();
+        std::mem::swap(&mut lock_copy, &mut lock);
+        if !matches!(lock_copy.unlock(), Err(Error::NotOwner)) {
+            return 1;
+        }
+        if guard.token().is_some() {
+            return 2;
+        }
+        // SAFETY: the child owns its copy of the guard; the parent's original is never used
+        // again in this process, so dropping the bitwise copy here drops it exactly once.
+        drop(unsafe { std::ptr::read(&guard) });
+        // the child's own locks work as usual on the inherited table
+        let mine = table
+            .try_lock("child-key", Duration::from_secs(30))
+            .unwrap();
+        if mine.is_none()
+            || !table.is_locked("by-guard").unwrap()
+            || !table.is_locked("by-object").unwrap()
+        {
+            return 3;
+        }
+        0
+    });
+    assert_eq!(child.wait(Duration::from_secs(30)), 0);
+    assert!(table.is_locked("by-guard").unwrap());
+    assert!(table.is_locked("by-object").unwrap());
+    assert!(!table.is_locked("child-key").unwrap());
+    guard.unlock().unwrap();
+    lock.unlock().unwrap();
+}
+
+fn elapsed_is_a_sum_of_steps() {
+    let path = TempPath::new("elapsed");
+    let table = LockTable::open(&path, 16).unwrap();
+    let ready = Gate::new();
+    let child = {
+        let table = &table;
+        let ready = &ready;
+        fork(move || {
+            let g = table.lock("k", &LockOptions::default()).unwrap();
+            ready.signal();
+            std::thread::sleep(Duration::from_millis(100));
+            drop(g);
+            0
+        })
+    };
+    ready.await_signals(1);
+    let mut lock = Lock::new(&table, LockOptions::default()).unwrap();
+    let elapsed = lock.lock("k").unwrap();
+    assert_eq!(child.wait(Duration::from_secs(30)), 0);
+    // 1, 2, 4, ... ms: elapsed is one of the running sums 1, 3, 7, 15, ..., 2^n - 1 ms
+    let ms = elapsed.as_millis() as u64;
+    assert_eq!(
+        elapsed,
+        Duration::from_millis(ms),
+        "{elapsed:?} is not whole steps"
+    );
+    assert!(
+        ms > 0 && (ms + 1).is_power_of_two(),
+        "{ms} ms is not a sum of steps"
+    );
+    print!("[won at {ms} ms] ");
+}
+
+fn expired_holder_in_another_process_is_taken_over() {
+    let path = TempPath::new("takeover");
+    let table = LockTable::open(&path, 16).unwrap();
+    let held = Gate::new();
+    let mut proceed = Gate::new();
+    let child = {
+        let table = &table;
+        let held = &held;
+        let proceed = &mut proceed;
+        fork(move || {
+            let mut lock = Lock::new(table, opts(50, 0)).unwrap();
+            lock.lock("k").unwrap();
+            held.signal();
+            proceed.wait();
+            match lock.unlock() {
+                Err(Error::Expired) => 0,
+                other => {
+                    eprintln!("late unlock: {other:?}");
+                    1
+                }
+            }
+        })
+    };
+    held.await_signals(1);
+    let mut lock = Lock::new(&table, opts(30_000, 5_000)).unwrap();
+    assert!(lock.lock("k").unwrap() > Duration::ZERO);
+    proceed.open();
+    assert_eq!(child.wait(Duration::from_secs(30)), 0);
+    // the late unlock did not touch our hold
+    assert!(table.is_locked("k").unwrap());
+    assert_eq!(table.holders()[0].pid, std::process::id());
+    lock.unlock().unwrap();
+}
+
+fn sigkilled_holder_is_reclaimed_at_once() {
+    let path = TempPath::new("sigkill");
+    let table = LockTable::open(&path, 16).unwrap();
+    let held = Gate::new();
+    let child = {
+        let table = &table;
+        let held = &held;
+        fork(move || {
+            let _g = table.lock("k", &LockOptions::default()).unwrap(); // 30 s lease
+            held.signal();
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        })
+    };
+    held.await_signals(1);
+    assert!(table.is_locked("k").unwrap());
+    child.kill();
+    let mut lock = Lock::new(&table, LockOptions::default()).unwrap();
+    let elapsed = lock.lock("k").unwrap();
+    // seen dead on the first look: well under the 30 s lease, in fact without sleeping
+    assert!(elapsed < Duration::from_secs(1), "{elapsed:?}");
+    print!("[waited {elapsed:?}] ");
+    lock.unlock().unwrap();
+}
+
+fn unrelated_process_attaches_by_path() {
+    let path = TempPath::new("unrelated");
+    let table = LockTable::open(&path, 16).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--role", "hold"])
+        .arg(&path.0)
+        .arg("shared-key")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "held");
+    assert!(table.is_locked("shared-key").unwrap());
+    assert!(table
+        .try_lock("shared-key", Duration::from_secs(30))
+        .unwrap()
+        .is_none());
+    assert_eq!(table.holders()[0].pid, child.id());
+    drop(child.stdin.take()); // EOF: the child unlocks and exits
+    assert!(child.wait().unwrap().success());
+    assert!(!table.is_locked("shared-key").unwrap());
+}
+
+fn permission_denied_is_a_typed_error() {
+    let path = TempPath::new("perm");
+    drop(LockTable::open(&path, 4).unwrap()); // mode 0600, owned by us
+    let child = {
+        let path = &path;
+        fork(move || {
+            // SAFETY: plain syscalls in a single-threaded child.
+            unsafe {
+                if libc::geteuid() == 0 {
+                    // root reads anything: become nobody to meet the file's permissions
+                    if libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
+                        return 10;
+                    }
+                } else if libc::chmod(
+                    std::ffi::CString::new(path.0.as_os_str().as_encoded_bytes())
+                        .unwrap()
+                        .as_ptr(),
+                    0,
+                ) != 0
+                {
+                    return 11;
+                }
+            }
+            match LockTable::open(path, 4) {
+                Err(Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::PermissionDenied =>
+                {
+                    0
+                }
+                other => {
+                    eprintln!("{other:?}");
+                    1
+                }
+            }
+        })
+    };
+    assert_eq!(child.wait(Duration::from_secs(30)), 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Roles: this binary started by a test as an unrelated process.
+
+fn role(args: &[String]) -> i32 {
+    match args.first().map(String::as_str) {
+        // hold PATH KEY: take KEY, say "held", release when stdin closes
+        Some("hold") => {
+            let table = LockTable::open(&args[1], 16).unwrap();
+            let guard = table.lock(&args[2], &LockOptions::default()).unwrap();
+            println!("held");
+            std::io::stdout().flush().unwrap();
+            let mut sink = String::new();
+            while std::io::stdin().read_line(&mut sink).unwrap() > 0 {}
+            guard.unlock().unwrap();
+            0
+        }
+        other => {
+            eprintln!("unknown role {other:?}");
+            2
+        }
+    }
+}
