@@ -1,5 +1,24 @@
 #!/usr/bin/env bash
-# The whole test suite: unit, integration (multi-process) and doc tests.
+# The whole test suite: the loom models of the slot protocol, then unit, integration
+# (multi-process) and doc tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mkdir -p target
+
+loom() {
+    LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" RUSTFLAGS="--cfg loom $*" \
+        cargo test --release --lib --target-dir "target/loom$(echo "$*" | tr -d ' -')" loom
+}
+
+# The models must be able to catch a bug: the naive first-free-slot claim has to fail them.
+if loom --cfg shmlock_broken > target/loom-broken.log 2>&1; then
+    echo "loom: the deliberately broken protocol passed the models (see target/loom-broken.log)"
+    exit 1
+fi
+echo "loom: the deliberately broken protocol fails $(grep -c '\.\.\. FAILED' target/loom-broken.log) models, as it must"
+
+started=$SECONDS
+loom
+echo "loom: models passed in $((SECONDS - started)) s (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
+
 cargo test --all-features

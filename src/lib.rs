@@ -33,6 +33,8 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
+// Loom builds compile only the protocol; the file and API layers sit unused.
+#![cfg_attr(loom, allow(dead_code, unused_imports))]
 
 #[cfg(not(target_has_atomic = "64"))]
 compile_error!("shmlock needs 64-bit atomics");
@@ -56,10 +58,16 @@ mod lock;
 mod options;
 mod wait;
 
+#[cfg(all(test, loom))]
+mod loom_tests;
+
 pub use error::{Error, FormatError};
 #[cfg(not(loom))]
-pub use lock::{Holder, Lock, LockGuard, LockTable, OpenOptions, MAX_KEY_LEN};
+pub use lock::{Holder, Lock, LockGuard, LockTable, OpenOptions};
 pub use options::LockOptions;
+
+/// The longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 65535;
 
 /// The largest capacity a table can be created with.
 pub const MAX_CAPACITY: usize = format::MAX_CAPACITY as usize;

@@ -16,9 +16,7 @@ use crate::process::{self, Kernel};
 use crate::slot::State;
 use crate::table::{Attempt, Busy, Held, KeyHash, Request, Table};
 use crate::wait::Schedule;
-
-/// The longest key accepted, in bytes.
-pub const MAX_KEY_LEN: usize = 65535;
+use crate::MAX_KEY_LEN;
 
 type Slots = Table<MappedSlots, Monotonic, Kernel, Futex>;
 

@@ -39,3 +39,41 @@ pub(crate) fn spin(round: u32) {
 pub(crate) const SETTLE_ROUNDS: u32 = 2;
 #[cfg(not(loom))]
 pub(crate) const SETTLE_ROUNDS: u32 = 64;
+
+/// Where a process may die in the middle of a protocol step: after each write to shared
+/// memory. A no-op in real builds; under loom a model can make a thread stop for good at
+/// its k-th crash point (see `crash`), which is how the loom suite kills "processes" at
+/// every step of claim, release, extend and steal.
+#[cfg(not(loom))]
+#[inline(always)]
+pub(crate) fn crash_point() {}
+
+#[cfg(loom)]
+pub(crate) fn crash_point() {
+    crash::point();
+}
+
+#[cfg(loom)]
+pub(crate) mod crash {
+    use std::cell::Cell;
+
+    loom::thread_local! {
+        static BUDGET: Cell<Option<u32>> = Cell::new(None);
+    }
+
+    /// The payload a crashed thread unwinds with.
+    pub(crate) struct Crashed;
+
+    /// The calling thread dies at its `steps`-th crash point from now (0: the next one).
+    pub(crate) fn arm(steps: u32) {
+        BUDGET.with(|b| b.set(Some(steps)));
+    }
+
+    pub(crate) fn point() {
+        BUDGET.with(|b| match b.get() {
+            Some(0) => std::panic::resume_unwind(Box::new(Crashed)),
+            Some(n) => b.set(Some(n - 1)),
+            None => {}
+        });
+    }
+}

@@ -104,7 +104,7 @@ impl Liveness for Kernel {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

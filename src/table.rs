@@ -43,7 +43,7 @@
 //! blocks another key: `reach` and the home words are single atomic updates.
 
 use crate::clock::{deadline, Clock};
-use crate::primitive::{fence, spin, AtomicU32, Ordering, SETTLE_ROUNDS};
+use crate::primitive::{crash_point, fence, spin, AtomicU32, Ordering, SETTLE_ROUNDS};
 use crate::process::{Liveness, Owner};
 use crate::slot::{Slot, State, Word, WAITERS};
 
@@ -256,6 +256,7 @@ where
                 Ordering::SeqCst,
                 Ordering::Relaxed,
             );
+            crash_point();
             return Some(Word(slot.control.load(Ordering::SeqCst)));
         }
         None
@@ -267,6 +268,7 @@ where
             .control
             .compare_exchange(c.0, c.freed().0, Ordering::SeqCst, Ordering::Relaxed)
             .is_ok();
+        crash_point();
         if ok && c.has_waiters() {
             self.wake(home);
         }
@@ -276,6 +278,7 @@ where
     fn wake(&self, home: usize) {
         let word = &self.slots()[home].wait;
         word.fetch_add(1, Ordering::SeqCst);
+        crash_point();
         self.notify.wake_all(word);
     }
 
@@ -311,6 +314,7 @@ where
         slot.control
             .compare_exchange(c.0, claiming.0, Ordering::SeqCst, Ordering::Relaxed)
             .ok()?;
+        crash_point();
         self.fill(slot, req, self.now());
         if slot.reach.load(Ordering::SeqCst) != 0 {
             // A rival raised the reach meanwhile: step back and scan like everyone else.
@@ -333,6 +337,7 @@ where
         // plain release store publishes the filled fields.
         let held = claiming.next(State::Held);
         slot.control.store(held.0, Ordering::Release);
+        crash_point();
         Held {
             slot: i,
             home,
@@ -398,6 +403,7 @@ where
             // Claim: make room in the reach first, so every later scan covers our slot.
             if fd > reach {
                 slots[home].reach.fetch_max(fd as u32, Ordering::SeqCst);
+                crash_point();
             }
             let fi = self.at(home, fd);
             let slot = &slots[fi];
@@ -414,6 +420,7 @@ where
             {
                 continue 'restart;
             }
+            crash_point();
             self.fill(slot, req, now);
 
             // Pass 2 (decisive): after publishing, look at the whole range again.
@@ -480,6 +487,7 @@ where
         {
             slot.hash_lo.store(req.hash.lo, Ordering::Relaxed);
             slot.hash_hi.store(req.hash.hi, Ordering::Relaxed);
+            crash_point();
             slot.write_preview(req.key);
         }
         slot.lease.store(req.lease, Ordering::Relaxed);
@@ -488,10 +496,12 @@ where
         slot.owner_start.store(req.owner.start, Ordering::Relaxed);
         slot.acquired_at.store(now, Ordering::Relaxed);
         slot.token.store(0, Ordering::Relaxed);
+        crash_point();
     }
 
     fn withdraw(&self, slot: &Slot, claiming: Word) {
         slot.control.store(claiming.freed().0, Ordering::Release);
+        crash_point();
     }
 
     /// The table has no free slot: reap one expired or dead entry of any key.
@@ -571,6 +581,7 @@ where
                 .compare_exchange(c.0, c.freed().0, Ordering::SeqCst, Ordering::Relaxed)
                 .is_ok()
             {
+                crash_point();
                 if c.has_waiters() {
                     self.wake(held.home);
                 }
@@ -605,11 +616,14 @@ where
             {
                 continue;
             }
+            crash_point();
             slot.deadline
                 .store(deadline(now, exptime), Ordering::Relaxed);
+            crash_point();
             // Nobody sets the waiters bit on an EXTENDING word, so `waiters` is current.
             let back = Word(extending.next(State::Held).0 | waiters);
             slot.control.store(back.0, Ordering::Release);
+            crash_point();
             held.word = back;
             return Ok(());
         }
@@ -624,6 +638,7 @@ where
             .fence
             .fetch_add(1, Ordering::SeqCst)
             .wrapping_add(1);
+        crash_point();
         let slot = &slots[held.slot];
         let c = Word(slot.control.load(Ordering::SeqCst));
         if !self.owns(slot, c, held) {
