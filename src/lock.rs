@@ -4,17 +4,19 @@ use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::Backoff;
 
 use crate::clock::{Clock, Monotonic};
 use crate::error::Error;
 use crate::file::{self, MappedSlots, OpenSpec};
 use crate::format::Header;
-use crate::futex::Futex;
+use crate::futex::{self, Futex};
 use crate::options::{LockOptions, Resolved};
 use crate::process::{self, Kernel};
 use crate::slot::State;
-use crate::table::{Attempt, Busy, Held, KeyHash, Request, Table};
+use crate::table::{Attempt, Busy, Held, KeyHash, Prepared, Request, Table};
 use crate::wait::Schedule;
 use crate::MAX_KEY_LEN;
 
@@ -280,7 +282,9 @@ impl LockTable {
         }
     }
 
-    /// The waiting part of an acquisition: resty's schedule of sleeps.
+    /// The waiting part of an acquisition: resty's schedule of sleeps, either plain
+    /// (`notify: false`, elapsed = sum of the steps) or on the home's futex, woken by
+    /// whoever frees the key (elapsed = time actually waited).
     fn wait(
         &self,
         req: &Request<'_>,
@@ -288,25 +292,62 @@ impl LockTable {
         opts: &Resolved,
         timeout: Option<Duration>,
     ) -> Result<(Hold, Duration), Error> {
+        let table = &self.inner.table;
         let mut schedule = Schedule::new(opts, timeout.unwrap_or(Duration::ZERO));
-        let mut elapsed = Duration::ZERO;
-        let mut reaped = false;
+        let notify = opts.notify && futex::AVAILABLE;
+        let started = Instant::now();
+        let mut slept = Duration::ZERO; // sum of the steps, for polling
+        let elapsed = |slept| if notify { started.elapsed() } else { slept };
+        let attempt = |busy: &mut Busy| match table.try_acquire(req) {
+            Ok(Attempt::Acquired(held)) => Ok(Some(Hold::new(held, req))),
+            Ok(Attempt::Busy(b)) => {
+                *busy = b;
+                Ok(None)
+            }
+            Err(_) => Err(Error::TableFull),
+        };
+
+        if notify && timeout.is_some_and(|t| !t.is_zero()) {
+            // A short spin first: most critical sections end within microseconds.
+            let backoff = Backoff::new();
+            while !backoff.is_completed() {
+                backoff.snooze();
+                if let Some(hold) = attempt(&mut busy)? {
+                    return Ok((hold, elapsed(slept)));
+                }
+            }
+        }
+        // At most one retry without sleeping per step (after reaping a dead holder, or when
+        // the entry changed while flagging it), so that no loop runs hot.
+        let mut retried = false;
         loop {
-            // A dead holder frees the key at once: retry without sleeping (once per step).
-            if !reaped && self.reap_if_dead(&busy) {
-                reaped = true;
+            if !retried && self.reap_if_dead(&busy) {
+                retried = true;
             } else {
                 let Some(step) = schedule.next_sleep() else {
                     return Err(Error::Timeout);
                 };
-                std::thread::sleep(step);
-                elapsed += step;
-                reaped = false;
+                retried = false;
+                if !notify {
+                    std::thread::sleep(step);
+                    slept += step;
+                } else {
+                    match table.prepare_wait(&busy) {
+                        Prepared::Sleep(seen) => {
+                            let t = Instant::now();
+                            futex::wait(table.wait_word(busy.home), seen, step);
+                            schedule.refund(step.saturating_sub(t.elapsed()));
+                        }
+                        Prepared::Changed => {
+                            schedule.refund(step);
+                            retried = true;
+                        }
+                        Prepared::Poll => std::thread::sleep(step),
+                    }
+                }
             }
-            match self.inner.table.try_acquire(req) {
-                Ok(Attempt::Acquired(held)) => return Ok((Hold::new(held, req), elapsed)),
-                Ok(Attempt::Busy(b)) => busy = b,
-                Err(_) => return Err(Error::TableFull),
+            if let Some(hold) = attempt(&mut busy)? {
+                return Ok((hold, elapsed(slept)));
             }
         }
     }

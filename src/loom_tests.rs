@@ -18,7 +18,7 @@ use crate::clock::Clock;
 use crate::primitive::{crash, Ordering};
 use crate::process::{Liveness, Owner};
 use crate::slot::Slot;
-use crate::table::{Attempt, Busy, Held, KeyHash, Notify, Request, Table};
+use crate::table::{Attempt, Busy, Held, KeyHash, Notify, Prepared, Request, Table};
 
 /// Time the model sets; loom does not model time itself.
 #[derive(Clone)]
@@ -391,6 +391,44 @@ fn death_at_every_step() {
             }
         });
     }
+}
+
+/// Model 8 — the wait word: a waiter that flags the entry and sleeps is always woken by
+/// the release, even when the holder renews (EXTENDING) in between. The futex is modelled
+/// as "sleep while the word still reads the value seen": a lost wake-up is a waiter that
+/// spins forever, which loom reports.
+#[test]
+fn no_lost_wakeup() {
+    loom::model(|| {
+        let m = model(2);
+        let k = key(0, 2, 1, 4);
+        let mut h = acquired(m.table.try_acquire(&req(k, 1, 1)).unwrap()).unwrap();
+        let t = m.table.clone();
+        let holder = thread::spawn(move || {
+            t.extend(&mut h, LEASE).unwrap();
+            t.release(&h).unwrap();
+        });
+        let t = m.table.clone();
+        let waiter = thread::spawn(move || {
+            let r = req(k, 2, 2);
+            loop {
+                match t.try_acquire(&r).unwrap() {
+                    Attempt::Acquired(h) => return h,
+                    Attempt::Busy(b) => match t.prepare_wait(&b) {
+                        Prepared::Sleep(seen) => {
+                            while t.wait_word(b.home).load(Ordering::SeqCst) == seen {
+                                thread::yield_now();
+                            }
+                        }
+                        Prepared::Changed | Prepared::Poll => thread::yield_now(),
+                    },
+                }
+            }
+        });
+        holder.join().unwrap();
+        let h = waiter.join().unwrap();
+        m.table.release(&h).unwrap();
+    });
 }
 
 /// Model 9 — fencing tokens: a stale holder (lease over) and its successor both ask for a

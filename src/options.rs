@@ -33,6 +33,12 @@ pub struct LockOptions {
     pub ratio: f64,
     /// ...but never more than `max_step`, nor more than the time left.
     pub max_step: Duration,
+    /// Sleep on a futex that the unlocker wakes, instead of only polling: a waiter gets a
+    /// freed key in microseconds, not at the end of its current step. The schedule above
+    /// still bounds each sleep and the whole wait, and `elapsed` becomes the time actually
+    /// waited. `false` reproduces resty's pure polling exactly (elapsed = sum of the steps).
+    /// Default: `true` where futexes exist (Linux).
+    pub notify: bool,
 }
 
 impl Default for LockOptions {
@@ -43,6 +49,7 @@ impl Default for LockOptions {
             step: Duration::from_millis(1),
             ratio: 2.0,
             max_step: Duration::from_millis(500),
+            notify: cfg!(target_os = "linux"),
         }
     }
 }
@@ -65,6 +72,7 @@ impl LockOptions {
             step: secs(step, "step must be a finite number of seconds > 0")?,
             ratio,
             max_step: secs(max_step, "max_step must be a finite number of seconds > 0")?,
+            ..LockOptions::default()
         };
         opts.resolve()?;
         Ok(opts)
@@ -88,6 +96,7 @@ impl LockOptions {
             step: self.step,
             ratio: self.ratio,
             max_step: self.max_step,
+            notify: self.notify,
         })
     }
 }
@@ -99,6 +108,7 @@ pub(crate) struct Resolved {
     pub step: Duration,
     pub ratio: f64,
     pub max_step: Duration,
+    pub notify: bool,
 }
 
 impl Resolved {

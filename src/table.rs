@@ -144,6 +144,19 @@ enum Seen {
     Expired,
 }
 
+/// What a waiter should do after [`Table::prepare_wait`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Prepared {
+    /// Sleep on the home's wait word while it still reads this value: whoever frees the
+    /// entry will change it and wake the sleepers.
+    Sleep(u32),
+    /// The entry is no longer the one that was busy: try again now.
+    Changed,
+    /// The entry is between states (CLAIMING/EXTENDING) and cannot be flagged: sleep the
+    /// step out without a wake-up.
+    Poll,
+}
+
 /// How many times a claim restarts after yielding to a rival before it reports the key busy.
 const MAX_RESTARTS: u32 = 16;
 
@@ -559,6 +572,38 @@ where
             return true;
         }
         false
+    }
+
+    /// Before sleeping on a busy key: flags the entry as waited on and returns the wait-word
+    /// value to sleep on. The value is read before the flag is checked or set, so a release
+    /// after the flag changes it, and the kernel refuses the sleep or ends it: no lost
+    /// wake-up. (A release before the flag makes the flagging CAS fail: `Changed`.)
+    pub(crate) fn prepare_wait(&self, b: &Busy) -> Prepared {
+        let slots = self.slots();
+        let seen = slots[b.home].wait.load(Ordering::SeqCst);
+        let slot = &slots[b.slot];
+        let c = Word(slot.control.load(Ordering::SeqCst));
+        if c.ident() != b.word.ident() {
+            return Prepared::Changed;
+        }
+        if c.state() != State::Held {
+            return Prepared::Poll;
+        }
+        if !c.has_waiters()
+            && slot
+                .control
+                .compare_exchange(c.0, c.0 | WAITERS, Ordering::SeqCst, Ordering::Relaxed)
+                .is_err()
+        {
+            return Prepared::Changed;
+        }
+        crash_point();
+        Prepared::Sleep(seen)
+    }
+
+    /// The wait word of a home (what [`Prepared::Sleep`] refers to).
+    pub(crate) fn wait_word(&self, home: usize) -> &AtomicU32 {
+        &self.slots()[home].wait
     }
 
     /// Whether `held` is still this holder's: same word (but for the waiters bit) and lease.

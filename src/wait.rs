@@ -1,8 +1,10 @@
 //! The waiting policy: resty.lock's step/ratio/max_step schedule.
 //!
 //! A waiter sleeps `step`, retries, and multiplies the step by `ratio` (at least 1 ms, at
-//! most `max_step` and at most the time left) until the timeout is spent. The time it
-//! reports is the sum of the steps, as resty reports it.
+//! most `max_step` and at most the time left) until the timeout is spent. Polling, the time
+//! it reports is the sum of the steps, as resty reports it. With wake-ups, each step is the
+//! longest it sleeps on the futex; a waiter woken early gets the unslept part of the step
+//! back into its budget and reports the time it actually waited.
 
 use std::time::Duration;
 
@@ -42,6 +44,15 @@ impl Schedule {
             .max(MIN_STEP);
         self.step = grown.min(self.remaining).min(self.max_step);
         Some(sleep)
+    }
+
+    /// Gives back the part of the last sleep that was not slept (a waiter woken early):
+    /// the budget counts time actually waited.
+    pub(crate) fn refund(&mut self, unused: Duration) {
+        self.remaining += unused;
+        if self.step.is_zero() {
+            self.step = unused.min(self.max_step);
+        }
     }
 }
 
@@ -100,6 +111,24 @@ mod tests {
             ..LockOptions::default()
         };
         assert_eq!(steps(never), [1000, 2000]);
+    }
+
+    #[test]
+    fn refunds_keep_the_budget_in_time_actually_waited() {
+        let opts = LockOptions {
+            timeout: Duration::from_millis(10),
+            ..LockOptions::default()
+        };
+        let mut s = Schedule::new(&opts.resolve().unwrap(), opts.timeout);
+        assert_eq!(s.next_sleep(), Some(Duration::from_millis(1)));
+        s.refund(Duration::from_micros(900)); // woken after 100 µs
+                                              // the schedule goes on growing, and the budget still has 9.9 ms in it
+        let rest: Duration = std::iter::from_fn(|| s.next_sleep()).sum();
+        assert_eq!(rest, Duration::from_micros(9_900));
+        // a refund after the last step gives that time back as one more step
+        s.refund(Duration::from_millis(2));
+        assert_eq!(s.next_sleep(), Some(Duration::from_millis(2)));
+        assert_eq!(s.next_sleep(), None);
     }
 
     #[test]

@@ -40,6 +40,10 @@ const TESTS: &[(&str, TestFn)] = &[
     ),
     ("elapsed_is_a_sum_of_steps", elapsed_is_a_sum_of_steps),
     (
+        "unlock_wakes_a_sleeping_waiter_in_another_process",
+        unlock_wakes_a_sleeping_waiter_in_another_process,
+    ),
+    (
         "expired_holder_in_another_process_is_taken_over",
         expired_holder_in_another_process_is_taken_over,
     ),
@@ -512,25 +516,36 @@ fn forked_copies_never_release_the_parents_hold() {
     lock.unlock().unwrap();
 }
 
-fn elapsed_is_a_sum_of_steps() {
-    let path = TempPath::new("elapsed");
+/// A child holds `key` for `hold`, then releases; the parent waits for it with `opts` and
+/// returns what `lock` reported.
+fn wait_for_release(opts: LockOptions, hold: Duration) -> Duration {
+    let path = TempPath::new("release");
     let table = LockTable::open(&path, 16).unwrap();
     let ready = Gate::new();
     let child = {
-        let table = &table;
-        let ready = &ready;
+        let (table, ready) = (&table, &ready);
         fork(move || {
             let g = table.lock("k", &LockOptions::default()).unwrap();
             ready.signal();
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(hold);
             drop(g);
             0
         })
     };
     ready.await_signals(1);
-    let mut lock = Lock::new(&table, LockOptions::default()).unwrap();
+    let mut lock = Lock::new(&table, opts).unwrap();
     let elapsed = lock.lock("k").unwrap();
     assert_eq!(child.wait(Duration::from_secs(30)), 0);
+    lock.unlock().unwrap();
+    elapsed
+}
+
+fn elapsed_is_a_sum_of_steps() {
+    let polling = LockOptions {
+        notify: false,
+        ..LockOptions::default()
+    };
+    let elapsed = wait_for_release(polling, Duration::from_millis(100));
     // 1, 2, 4, ... ms: elapsed is one of the running sums 1, 3, 7, 15, ..., 2^n - 1 ms
     let ms = elapsed.as_millis() as u64;
     assert_eq!(
@@ -543,6 +558,27 @@ fn elapsed_is_a_sum_of_steps() {
         "{ms} ms is not a sum of steps"
     );
     print!("[won at {ms} ms] ");
+}
+
+fn unlock_wakes_a_sleeping_waiter_in_another_process() {
+    let one_long_step = LockOptions {
+        step: Duration::from_secs(1),
+        max_step: Duration::from_secs(1),
+        ..LockOptions::default()
+    };
+    // polling cannot see the release before its first step ends, and says so exactly
+    let polled = wait_for_release(
+        LockOptions {
+            notify: false,
+            ..one_long_step
+        },
+        Duration::from_millis(50),
+    );
+    assert_eq!(polled, Duration::from_secs(1));
+    // woken by the unlock, the waiter has the key long before that step is over
+    let woken = wait_for_release(one_long_step, Duration::from_millis(50));
+    assert!(woken < Duration::from_millis(900), "{woken:?}: not woken");
+    print!("[polling {polled:?}, woken {woken:?}] ");
 }
 
 fn expired_holder_in_another_process_is_taken_over() {
