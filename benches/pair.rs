@@ -6,6 +6,9 @@ use std::hint::black_box;
 use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+
+mod common;
+use common::RobustMutex;
 use shmlock::{Lock, LockOptions, LockTable};
 
 fn table_path(name: &str) -> PathBuf {
@@ -62,48 +65,6 @@ fn pair(c: &mut Criterion) {
     group.finish();
     drop(table);
     let _ = std::fs::remove_file(&path);
-}
-
-/// A process-shared robust `pthread_mutex_t` in a shared anonymous mapping: the kernel's
-/// own crash-safe inter-process lock, for scale.
-struct RobustMutex {
-    ptr: *mut libc::pthread_mutex_t,
-}
-
-impl RobustMutex {
-    fn new() -> RobustMutex {
-        let len = std::mem::size_of::<libc::pthread_mutex_t>();
-        // SAFETY: a fresh shared anonymous mapping, checked below; the mutex is initialised
-        // in place with process-shared, robust attributes before any use.
-        unsafe {
-            let ptr = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert_ne!(ptr, libc::MAP_FAILED);
-            let mut attr = std::mem::zeroed::<libc::pthread_mutexattr_t>();
-            libc::pthread_mutexattr_init(&mut attr);
-            libc::pthread_mutexattr_setpshared(&mut attr, libc::PTHREAD_PROCESS_SHARED);
-            libc::pthread_mutexattr_setrobust(&mut attr, libc::PTHREAD_MUTEX_ROBUST);
-            let m = ptr.cast::<libc::pthread_mutex_t>();
-            assert_eq!(libc::pthread_mutex_init(m, &attr), 0);
-            RobustMutex { ptr: m }
-        }
-    }
-
-    fn lock(&self) {
-        // SAFETY: an initialised mutex that outlives the call.
-        assert_eq!(unsafe { libc::pthread_mutex_lock(self.ptr) }, 0);
-    }
-
-    fn unlock(&self) {
-        // SAFETY: held by this thread (locked just before).
-        unsafe { libc::pthread_mutex_unlock(self.ptr) };
-    }
 }
 
 criterion_group!(benches, pair);

@@ -1,0 +1,555 @@
+//! shmlock beside the kernel's inter-process locks, measured side by side in one run.
+//!
+//! ```sh
+//! cargo bench --bench compare            # the whole table (about a minute)
+//! cargo bench --bench compare -- quick   # fewer rounds, for a smoke run
+//! cargo bench --bench compare -- handoff # only the sections named
+//! ```
+//!
+//! 1. Uncontended lock+unlock pair: shmlock (one key; 1000 rotating keys; a new `Lock` per
+//!    pair) vs a process-shared robust `pthread_mutex`, `flock` on an open descriptor, and
+//!    open + `flock` + close of a per-key file.
+//! 2. Handoff latency between two processes: the holder releases while the waiter sleeps in
+//!    the kernel; release-to-acquire time, median and p99.
+//! 3. Contended throughput: two processes on one key, tiny critical section.
+//! 4. Scaling and load: one vs two processes on distinct keys; the pair at 10 % vs 90 %
+//!    table load; attaching to a table of 1 M slots vs 1 K slots.
+//!
+//! Each figure is a median over repeated samples; goals are checked as ratios measured in
+//! this same run, so a noisy machine shifts both sides alike.
+
+mod common;
+
+use std::hint::black_box;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::*;
+use shmlock::{Lock, LockOptions, LockTable};
+
+struct Row {
+    section: &'static str,
+    name: String,
+    value: String,
+}
+
+struct Report {
+    rows: Vec<Row>,
+    goals: Vec<(String, bool)>,
+}
+
+impl Report {
+    fn row(&mut self, section: &'static str, name: impl Into<String>, value: impl Into<String>) {
+        let (name, value) = (name.into(), value.into());
+        println!("  {name:<44} {value}");
+        self.rows.push(Row {
+            section,
+            name,
+            value,
+        });
+    }
+
+    fn goal(&mut self, what: impl Into<String>, met: bool) {
+        let what = what.into();
+        println!("  goal: {what}: {}", if met { "met" } else { "MISSED" });
+        self.goals.push((what, met));
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Median ns per call of `f` over `samples` samples of `iters` calls.
+fn per_op(samples: usize, iters: u64, mut f: impl FnMut(u64)) -> f64 {
+    for i in 0..iters / 10 {
+        f(i); // warm up
+    }
+    median(
+        (0..samples)
+            .map(|_| {
+                let t = Instant::now();
+                for i in 0..iters {
+                    f(i);
+                }
+                t.elapsed().as_nanos() as f64 / iters as f64
+            })
+            .collect(),
+    )
+}
+
+fn opts(notify: bool) -> LockOptions {
+    LockOptions {
+        exptime: Duration::from_secs(60),
+        timeout: Duration::from_secs(60),
+        notify,
+        ..LockOptions::default()
+    }
+}
+
+struct Scale {
+    samples: usize,
+    iters: u64,
+    rounds: usize,
+    run: Duration,
+}
+
+fn uncontended(r: &mut Report, s: &Scale) {
+    println!(
+        "\n1. uncontended lock+unlock pair (ns, median of {} samples)",
+        s.samples
+    );
+    let dir = scratch_dir("pair");
+    let table = LockTable::open(dir.join("table"), 4096).unwrap();
+    let keys: Vec<String> = (0..1000).map(|i| format!("bench:key:{i}")).collect();
+    let o = opts(true);
+
+    let mut lock = Lock::new(&table, o).unwrap();
+    let one = per_op(s.samples, s.iters, |_| {
+        lock.lock(black_box("bench:hot")).unwrap();
+        lock.unlock().unwrap();
+    });
+    let rotating = per_op(s.samples, s.iters, |i| {
+        lock.lock(black_box(&keys[(i % 1000) as usize])).unwrap();
+        lock.unlock().unwrap();
+    });
+    let fresh = per_op(s.samples, s.iters, |_| {
+        let mut l = Lock::new(&table, o).unwrap();
+        l.lock(black_box("bench:hot")).unwrap();
+        l.unlock().unwrap();
+    });
+    let mutex = RobustMutex::new();
+    let robust = per_op(s.samples, s.iters, |_| {
+        mutex.lock();
+        mutex.unlock();
+    });
+    let fl = Flock::open(&dir.join("flock"));
+    let flock = per_op(s.samples, s.iters / 10, |_| {
+        fl.lock();
+        fl.unlock();
+    });
+    let key_files: Vec<_> = (0..1000).map(|i| dir.join(format!("key-{i}"))).collect();
+    let ofc = per_op(s.samples, s.iters / 50, |i| {
+        open_flock_close(&key_files[(i % 1000) as usize]);
+    });
+    for (name, v) in [
+        ("shmlock, one key", one),
+        ("shmlock, 1000 rotating keys", rotating),
+        ("shmlock, new Lock per pair", fresh),
+        ("robust pthread_mutex (process-shared)", robust),
+        ("flock on an open fd", flock),
+        ("open + flock + close per key", ofc),
+    ] {
+        r.row("uncontended pair", name, format!("{v:.1} ns"));
+    }
+    r.row(
+        "uncontended pair",
+        "shmlock one key / robust mutex",
+        format!("{:.2}x", one / robust),
+    );
+    r.goal(
+        format!("uncontended pair <= 20 ns ({one:.1} ns)"),
+        one <= 20.0,
+    );
+    r.goal(
+        format!(
+            "uncontended pair <= 2.2x robust mutex ({:.2}x)",
+            one / robust
+        ),
+        one / robust <= 2.2,
+    );
+    drop(lock);
+    drop(table);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Something two forked processes can lock. `make` runs in each process after the fork.
+trait Kind {
+    fn name(&self) -> String;
+    fn make(&self) -> Box<dyn FnMut(bool)>; // true = lock, false = unlock
+}
+
+struct Shm {
+    table: LockTable,
+    notify: bool,
+}
+
+impl Kind for Shm {
+    fn name(&self) -> String {
+        format!(
+            "shmlock (notify {})",
+            if self.notify { "on" } else { "off" }
+        )
+    }
+    fn make(&self) -> Box<dyn FnMut(bool)> {
+        let table: &'static LockTable = Box::leak(Box::new(self.table.clone()));
+        let mut lock = Lock::new(table, opts(self.notify)).unwrap();
+        Box::new(move |acquire| {
+            if acquire {
+                lock.lock("hot").unwrap();
+            } else {
+                lock.unlock().unwrap();
+            }
+        })
+    }
+}
+
+struct Mutex(&'static RobustMutex);
+
+impl Kind for Mutex {
+    fn name(&self) -> String {
+        "robust pthread_mutex".into()
+    }
+    fn make(&self) -> Box<dyn FnMut(bool)> {
+        let m = self.0;
+        Box::new(move |acquire| if acquire { m.lock() } else { m.unlock() })
+    }
+}
+
+struct FlockKind(std::path::PathBuf);
+
+impl Kind for FlockKind {
+    fn name(&self) -> String {
+        "flock".into()
+    }
+    fn make(&self) -> Box<dyn FnMut(bool)> {
+        let f = Flock::open(&self.0);
+        Box::new(move |acquire| if acquire { f.lock() } else { f.unlock() })
+    }
+}
+
+/// Handoff: the parent holds, the child asks and falls asleep, the parent releases after
+/// 5 ms; the child stamps the time it got the lock. Returns (median, p99) in µs.
+fn handoff(kind: &dyn Kind, rounds: usize) -> (f64, f64) {
+    // words: 0 phase, 1 release stamp, 2.. latencies
+    let w = shared_words(2 + rounds);
+    let child = fork(|| {
+        let mut lock = kind.make();
+        for round in 0..rounds as u64 {
+            while w[0].load(Ordering::SeqCst) != 2 * round + 1 {
+                std::hint::spin_loop();
+            }
+            lock(true);
+            let got = now_ns();
+            let released = w[1].load(Ordering::SeqCst);
+            w[2 + round as usize].store(got.saturating_sub(released), Ordering::SeqCst);
+            lock(false);
+            w[0].store(2 * round + 2, Ordering::SeqCst);
+        }
+    });
+    let mut lock = kind.make();
+    for round in 0..rounds as u64 {
+        lock(true);
+        w[0].store(2 * round + 1, Ordering::SeqCst);
+        // 5 ms: the waiter is asleep by now, mid-step (its steps are 1, 2, 4 ms)
+        std::thread::sleep(Duration::from_millis(5));
+        w[1].store(now_ns(), Ordering::SeqCst);
+        lock(false);
+        while w[0].load(Ordering::SeqCst) != 2 * round + 2 {
+            std::thread::yield_now();
+        }
+    }
+    wait(child);
+    let mut lat: Vec<f64> = (0..rounds)
+        .map(|i| w[2 + i].load(Ordering::SeqCst) as f64 / 1000.0)
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    (percentile(&lat, 0.5), percentile(&lat, 0.99))
+}
+
+fn handoffs(r: &mut Report, s: &Scale) {
+    println!(
+        "\n2. handoff latency, release -> acquire in another process ({} rounds)",
+        s.rounds
+    );
+    let dir = scratch_dir("handoff");
+    let table = LockTable::open(dir.join("table"), 64).unwrap();
+    let mutex: &'static RobustMutex = Box::leak(Box::new(RobustMutex::new()));
+    let kinds: Vec<Box<dyn Kind>> = vec![
+        Box::new(Shm {
+            table: table.clone(),
+            notify: true,
+        }),
+        Box::new(Shm {
+            table: table.clone(),
+            notify: false,
+        }),
+        Box::new(Mutex(mutex)),
+        Box::new(FlockKind(dir.join("flock"))),
+    ];
+    let mut medians = Vec::new();
+    for k in &kinds {
+        let (med, p99) = handoff(k.as_ref(), s.rounds);
+        r.row(
+            "handoff",
+            k.name(),
+            format!("median {med:.1} µs, p99 {p99:.1} µs"),
+        );
+        medians.push(med);
+    }
+    r.goal(
+        format!(
+            "handoff median <= 1.1x robust mutex ({:.2}x)",
+            medians[0] / medians[2]
+        ),
+        medians[0] <= 1.1 * medians[2],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two processes hammer one key for `run`: (acquisitions/s, fraction of owner changes).
+fn contended(kind: &dyn Kind, run: Duration) -> (f64, f64) {
+    // words: 0 start, 1 stop, 2 last owner, 3..5 acquisitions, 5..7 owner changes
+    let w = shared_words(8);
+    let worker = |me: u64| {
+        let mut lock = kind.make();
+        w[0].fetch_add(1, Ordering::SeqCst);
+        while w[0].load(Ordering::SeqCst) < 2 {
+            std::hint::spin_loop();
+        }
+        let (mut n, mut changes) = (0u64, 0u64);
+        while w[1].load(Ordering::Relaxed) == 0 {
+            lock(true);
+            if w[2].load(Ordering::Relaxed) != me {
+                w[2].store(me, Ordering::Relaxed);
+                changes += 1;
+            }
+            lock(false);
+            n += 1;
+        }
+        w[3 + me as usize - 1].store(n, Ordering::SeqCst);
+        w[5 + me as usize - 1].store(changes, Ordering::SeqCst);
+    };
+    let a = fork(|| worker(1));
+    let b = fork(|| worker(2));
+    while w[0].load(Ordering::SeqCst) < 2 {
+        std::thread::yield_now();
+    }
+    let t = Instant::now();
+    std::thread::sleep(run);
+    w[1].store(1, Ordering::SeqCst);
+    let secs = t.elapsed().as_secs_f64();
+    wait(a);
+    wait(b);
+    let n = w[3].load(Ordering::SeqCst) + w[4].load(Ordering::SeqCst);
+    let changes = w[5].load(Ordering::SeqCst) + w[6].load(Ordering::SeqCst);
+    (n as f64 / secs, changes as f64 / n.max(1) as f64)
+}
+
+fn contention(r: &mut Report, s: &Scale) {
+    println!(
+        "\n3. contended throughput, 2 processes on one key ({:?} each)",
+        s.run
+    );
+    let dir = scratch_dir("contended");
+    let table = LockTable::open(dir.join("table"), 64).unwrap();
+    let mutex: &'static RobustMutex = Box::leak(Box::new(RobustMutex::new()));
+    let kinds: Vec<Box<dyn Kind>> = vec![
+        Box::new(Shm {
+            table: table.clone(),
+            notify: true,
+        }),
+        Box::new(Mutex(mutex)),
+        Box::new(FlockKind(dir.join("flock"))),
+    ];
+    let mut shm = 0.0;
+    for (i, k) in kinds.iter().enumerate() {
+        let runs: Vec<(f64, f64)> = (0..3).map(|_| contended(k.as_ref(), s.run)).collect();
+        let rate = median(runs.iter().map(|r| r.0).collect());
+        let changed = median(runs.iter().map(|r| r.1).collect());
+        if i == 0 {
+            shm = rate;
+        }
+        r.row(
+            "contended",
+            k.name(),
+            format!(
+                "{:.2} M acq/s, owner changed {:.1} %",
+                rate / 1e6,
+                changed * 100.0
+            ),
+        );
+    }
+    r.goal(
+        format!("contended >= 10 M acq/s ({:.2} M)", shm / 1e6),
+        shm >= 10e6,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `procs` processes, each on its own key, for `run`: total pairs per second.
+fn distinct_keys(table: &LockTable, procs: u64, run: Duration) -> f64 {
+    let w = shared_words(2 + procs as usize);
+    let pids: Vec<_> = (0..procs)
+        .map(|p| {
+            let table = table.clone();
+            fork(move || {
+                let mut lock = Lock::new(&table, opts(true)).unwrap();
+                let key = format!("own-key-{p}");
+                w[0].fetch_add(1, Ordering::SeqCst);
+                while w[0].load(Ordering::SeqCst) < procs {
+                    std::hint::spin_loop();
+                }
+                let mut n = 0u64;
+                while w[1].load(Ordering::Relaxed) == 0 {
+                    for _ in 0..64 {
+                        lock.lock(&key).unwrap();
+                        lock.unlock().unwrap();
+                    }
+                    n += 64;
+                }
+                w[2 + p as usize].store(n, Ordering::SeqCst);
+            })
+        })
+        .collect();
+    while w[0].load(Ordering::SeqCst) < procs {
+        std::thread::yield_now();
+    }
+    let t = Instant::now();
+    std::thread::sleep(run);
+    w[1].store(1, Ordering::SeqCst);
+    let secs = t.elapsed().as_secs_f64();
+    pids.into_iter().for_each(wait);
+    (0..procs)
+        .map(|p| w[2 + p as usize].load(Ordering::SeqCst))
+        .sum::<u64>() as f64
+        / secs
+}
+
+fn scaling(r: &mut Report, s: &Scale) {
+    println!("\n4. scaling, load and attach");
+    let dir = scratch_dir("scaling");
+    let table = LockTable::open(dir.join("table"), 4096).unwrap();
+    let one = median((0..3).map(|_| distinct_keys(&table, 1, s.run)).collect());
+    let two = median((0..3).map(|_| distinct_keys(&table, 2, s.run)).collect());
+    r.row(
+        "scaling",
+        "1 process, own key",
+        format!("{:.1} M pairs/s", one / 1e6),
+    );
+    r.row(
+        "scaling",
+        "2 processes, distinct keys",
+        format!("{:.1} M pairs/s", two / 1e6),
+    );
+    r.goal(
+        format!("2 processes >= 1.7x one ({:.2}x)", two / one),
+        two / one >= 1.7,
+    );
+
+    // The pair on keys that are not held, with 10 % or 90 % of the capacity held.
+    let cap = 10_000;
+    let at_load = |pct: usize| {
+        let t = LockTable::open(dir.join(format!("load-{pct}")), cap).unwrap();
+        let held: Vec<_> = (0..cap * pct / 100)
+            .map(|i| {
+                t.try_lock(format!("held-{i}"), Duration::ZERO)
+                    .unwrap()
+                    .unwrap()
+            })
+            .collect();
+        let keys: Vec<String> = (0..1000).map(|i| format!("probe-{i}")).collect();
+        let mut lock = Lock::new(&t, opts(true)).unwrap();
+        let v = per_op(s.samples, s.iters, |i| {
+            lock.lock(&keys[(i % 1000) as usize]).unwrap();
+            lock.unlock().unwrap();
+        });
+        drop(held);
+        v
+    };
+    let low = at_load(10);
+    let high = at_load(90);
+    r.row("load", "pair at 10 % load", format!("{low:.1} ns"));
+    r.row("load", "pair at 90 % load", format!("{high:.1} ns"));
+    r.goal(
+        format!("90 % load <= 1.3x 10 % load ({:.2}x)", high / low),
+        high / low <= 1.3,
+    );
+
+    let attach = |slots: usize| {
+        let path = dir.join(format!("attach-{slots}"));
+        drop(LockTable::open(&path, slots).unwrap());
+        let us = median(
+            (0..51)
+                .map(|_| {
+                    let t = Instant::now();
+                    let table = LockTable::open(&path, slots).unwrap();
+                    let us = t.elapsed().as_secs_f64() * 1e6;
+                    drop(table);
+                    us
+                })
+                .collect(),
+        );
+        let _ = std::fs::remove_file(&path);
+        us
+    };
+    let small = attach(1 << 10);
+    let big = attach(1 << 20);
+    r.row("attach", "attach to 1 K slots", format!("{small:.1} µs"));
+    r.row(
+        "attach",
+        "attach to 1 M slots (128 MiB)",
+        format!("{big:.1} µs"),
+    );
+    r.goal(
+        format!("attach to 1 M slots <= 100 µs ({big:.1} µs)"),
+        big <= 100.0,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn main() {
+    // cargo bench passes --bench; "quick" shortens everything for a smoke run
+    let quick = std::env::args().any(|a| a == "quick");
+    let s = if quick {
+        Scale {
+            samples: 3,
+            iters: 100_000,
+            rounds: 200,
+            run: Duration::from_millis(200),
+        }
+    } else {
+        Scale {
+            samples: 11,
+            iters: 2_000_000,
+            rounds: 2000,
+            run: Duration::from_secs(1),
+        }
+    };
+    let mut r = Report {
+        rows: Vec::new(),
+        goals: Vec::new(),
+    };
+    // section names given on the command line pick sections; none: all
+    let picked: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-') && a != "quick")
+        .collect();
+    let run = |name: &str| picked.is_empty() || picked.iter().any(|p| name.contains(p.as_str()));
+    if run("uncontended") {
+        uncontended(&mut r, &s);
+    }
+    if run("handoff") {
+        handoffs(&mut r, &s);
+    }
+    if run("contended") {
+        contention(&mut r, &s);
+    }
+    if run("scaling") {
+        scaling(&mut r, &s);
+    }
+
+    println!("\n| section | what | median |\n|---|---|---|");
+    for row in &r.rows {
+        println!("| {} | {} | {} |", row.section, row.name, row.value);
+    }
+    println!("\n| goal | |\n|---|---|");
+    for (what, met) in &r.goals {
+        println!("| {what} | {} |", if *met { "met" } else { "missed" });
+    }
+}
