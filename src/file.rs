@@ -120,6 +120,7 @@ fn create(path: &Path, spec: OpenSpec) -> Result<Option<File>, Error> {
             seed: random_u64(),
             boot_id: boot_id(),
             created_ns: unix_ns(),
+            pid_ns: crate::process::pid_namespace(),
         };
         reserve(&file, header.file_len())?;
         file.write_all_at(&header.encode(), 0)?;

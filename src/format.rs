@@ -11,7 +11,8 @@
 //!     32     8  hash seed
 //!     40    16  boot id of the boot whose monotonic clock the deadlines use
 //!     56     8  creation time (unix ns, informational)
-//!     64     8  xxh3-64 of bytes 0..64
+//!     64     8  pid namespace of the creator (0: unknown)
+//!     72     8  xxh3-64 of bytes 0..72
 //! ```
 //!
 //! All integers little-endian. The header is written once, before the file becomes visible
@@ -27,7 +28,7 @@ pub(crate) const HEADER_SIZE: usize = 4096;
 pub(crate) const SLOT_SIZE: usize = std::mem::size_of::<Slot>();
 /// Upper bound on capacity: 2^24 slots is a 2 GiB file.
 pub(crate) const MAX_CAPACITY: u64 = 1 << 24;
-const CHECKED: usize = 64;
+const CHECKED: usize = 72;
 
 /// What the header says about a table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +37,8 @@ pub(crate) struct Header {
     pub seed: u64,
     pub boot_id: [u8; 16],
     pub created_ns: u64,
+    /// The creator's pid namespace: pids in the table are only judged by processes of it.
+    pub pid_ns: u64,
 }
 
 impl Header {
@@ -55,8 +58,9 @@ impl Header {
         b[32..40].copy_from_slice(&self.seed.to_le_bytes());
         b[40..56].copy_from_slice(&self.boot_id);
         b[56..64].copy_from_slice(&self.created_ns.to_le_bytes());
+        b[64..72].copy_from_slice(&self.pid_ns.to_le_bytes());
         let sum = xxhash_rust::xxh3::xxh3_64(&b[..CHECKED]);
-        b[64..72].copy_from_slice(&sum.to_le_bytes());
+        b[CHECKED..CHECKED + 8].copy_from_slice(&sum.to_le_bytes());
         b
     }
 
@@ -78,7 +82,7 @@ impl Header {
         if version != VERSION {
             return Err(FormatError::UnsupportedVersion(version).into());
         }
-        if xxhash_rust::xxh3::xxh3_64(&bytes[..CHECKED]) != u64_at(64) {
+        if xxhash_rust::xxh3::xxh3_64(&bytes[..CHECKED]) != u64_at(CHECKED) {
             return Err(FormatError::Corrupt("header checksum mismatch").into());
         }
         if u32_at(12) as usize != HEADER_SIZE || u32_at(24) as usize != SLOT_SIZE {
@@ -86,6 +90,11 @@ impl Header {
         }
         if u32_at(28) != 0 {
             return Err(FormatError::Corrupt("unknown flags").into());
+        }
+        // The rest of the header is reserved and written as zeros; a shorter read is caught
+        // by the size check after decoding.
+        if bytes[CHECKED + 8..].iter().any(|&b| b != 0) {
+            return Err(FormatError::Corrupt("reserved header bytes are not zero").into());
         }
         let slot_count = u64_at(16);
         if slot_count == 0 || slot_count > MAX_CAPACITY {
@@ -98,6 +107,7 @@ impl Header {
             seed: u64_at(32),
             boot_id,
             created_ns: u64_at(56),
+            pid_ns: u64_at(64),
         })
     }
 }
@@ -116,6 +126,7 @@ mod tests {
             seed: 0x1234_5678_9abc_def0,
             boot_id: [7; 16],
             created_ns: 42,
+            pid_ns: 99,
         }
     }
 
@@ -137,8 +148,8 @@ mod tests {
         v[8] = 2;
         assert!(err(&v).contains("version 2"));
 
-        // every single-bit flip in the checked area is caught
-        for byte in 0..CHECKED + 8 {
+        // every single-bit flip anywhere in the header is caught
+        for byte in 0..HEADER_SIZE {
             for bit in 0..8 {
                 let mut b = good;
                 b[byte] ^= 1 << bit;

@@ -14,7 +14,7 @@ use crate::file::{self, MappedSlots, OpenSpec};
 use crate::format::Header;
 use crate::futex::{self, Futex};
 use crate::options::{LockOptions, Resolved};
-use crate::process::{self, Kernel};
+use crate::process::{self, Kernel, Owner};
 use crate::slot::State;
 use crate::table::{Attempt, Busy, Held, KeyHash, Prepared, Request, Table};
 use crate::wait::Schedule;
@@ -55,6 +55,9 @@ struct Inner {
     header: Header,
     path: PathBuf,
     created: bool,
+    /// This process is in another pid namespace than the table's creator: its pid means
+    /// nothing to the others, so its entries carry pid 0 (judged by expiry alone).
+    foreign_pid_ns: bool,
     /// Process-local memory of when each slot's owner was last checked for liveness, so
     /// a `try_lock` loop does not turn into a loop of system calls.
     checked: [AtomicU64; LIVENESS_GATES],
@@ -84,6 +87,7 @@ const LIVENESS_INTERVAL_NS: u64 = 1_000_000;
 #[derive(Clone, Copy, Debug)]
 pub struct OpenOptions {
     spec: OpenSpec,
+    liveness: Option<bool>,
 }
 
 impl Default for OpenOptions {
@@ -94,6 +98,7 @@ impl Default for OpenOptions {
                 mode: 0o600,
                 create: true,
             },
+            liveness: None,
         }
     }
 }
@@ -117,9 +122,17 @@ impl OpenOptions {
         self
     }
 
+    /// Whether this process reclaims the keys of holders it sees dead (by pid and start
+    /// time). Default: yes when it shares the pid namespace of the table's creator, no
+    /// otherwise (pids of another namespace mean nothing here); expiry works either way.
+    pub fn liveness(mut self, judge: bool) -> Self {
+        self.liveness = Some(judge);
+        self
+    }
+
     /// Opens (and maybe creates) the table at `path`.
     pub fn open(self, path: impl AsRef<Path>) -> Result<LockTable, Error> {
-        LockTable::with_spec(path.as_ref(), self.spec)
+        LockTable::with_options(path.as_ref(), self)
     }
 }
 
@@ -136,14 +149,17 @@ impl LockTable {
         OpenOptions::default()
     }
 
-    fn with_spec(path: &Path, spec: OpenSpec) -> Result<LockTable, Error> {
-        let opened = file::open(path, spec)?;
+    fn with_options(path: &Path, options: OpenOptions) -> Result<LockTable, Error> {
+        let opened = file::open(path, options.spec)?;
+        let same_pid_ns = opened.header.pid_ns == process::pid_namespace();
+        let judge = options.liveness.unwrap_or(same_pid_ns);
         Ok(LockTable {
             inner: Arc::new(Inner {
-                table: Table::new(opened.slots, Monotonic, Kernel, Futex),
+                table: Table::new(opened.slots, Monotonic, Kernel { judge }, Futex),
                 header: opened.header,
                 path: path.to_path_buf(),
                 created: opened.created,
+                foreign_pid_ns: !same_pid_ns,
                 checked: std::array::from_fn(|_| AtomicU64::new(0)),
             }),
         })
@@ -169,7 +185,7 @@ impl LockTable {
         let resolved = opts.resolve()?;
         let req = self.request(key.as_ref(), resolved.exptime_ns)?;
         let (hold, elapsed) = match self.inner.table.try_acquire_fast(&req) {
-            Some(held) => (Hold::new(held, &req), Duration::ZERO),
+            Some(held) => (Hold::new(held), Duration::ZERO),
             None => self.acquire_slow(&req, &resolved, Some(opts.timeout))?,
         };
         Ok(LockGuard {
@@ -195,7 +211,7 @@ impl LockTable {
         .resolve()?;
         let req = self.request(key.as_ref(), opts.exptime_ns)?;
         let acquired = match self.inner.table.try_acquire_fast(&req) {
-            Some(held) => Ok((Hold::new(held, &req), Duration::ZERO)),
+            Some(held) => Ok((Hold::new(held), Duration::ZERO)),
             None => self.acquire_slow(&req, &opts, None),
         };
         match acquired {
@@ -248,6 +264,13 @@ impl LockTable {
             .map(|b| (b.home, b.slot))
     }
 
+    /// Frees every entry whose lease ran out or whose owner is seen dead, and returns how
+    /// many. Claimers do this lazily for the keys they meet; this is for housekeeping
+    /// (after a crash, before inspecting).
+    pub fn reap(&self) -> usize {
+        self.inner.table.reap_all()
+    }
+
     /// How many slots are occupied (held, being claimed, or expired and not yet reaped).
     pub fn occupancy(&self) -> usize {
         self.inner.table.entries().len()
@@ -261,10 +284,15 @@ impl LockTable {
     #[inline(always)]
     fn request<'k>(&self, key: &'k [u8], exptime_ns: u64) -> Result<Request<'k>, Error> {
         let key = check_key(key)?;
+        let owner = if self.inner.foreign_pid_ns {
+            Owner { pid: 0, start: 0 }
+        } else {
+            process::current()
+        };
         Ok(Request {
             key,
             hash: self.hash(key),
-            owner: process::current(),
+            owner,
             lease: next_lease(),
             exptime: exptime_ns,
         })
@@ -280,7 +308,7 @@ impl LockTable {
         timeout: Option<Duration>,
     ) -> Result<(Hold, Duration), Error> {
         match self.inner.table.try_acquire_slow(req) {
-            Ok(Attempt::Acquired(held)) => Ok((Hold::new(held, req), Duration::ZERO)),
+            Ok(Attempt::Acquired(held)) => Ok((Hold::new(held), Duration::ZERO)),
             Ok(Attempt::Busy(busy)) => self.wait(req, busy, opts, timeout),
             Err(_) => Err(Error::TableFull),
         }
@@ -303,7 +331,7 @@ impl LockTable {
         let mut slept = Duration::ZERO; // sum of the steps, for polling
         let elapsed = |slept| if notify { started.elapsed() } else { slept };
         let attempt = |busy: &mut Busy| match table.try_acquire(req) {
-            Ok(Attempt::Acquired(held)) => Ok(Some(Hold::new(held, req))),
+            Ok(Attempt::Acquired(held)) => Ok(Some(Hold::new(held))),
             Ok(Attempt::Busy(b)) => {
                 *busy = b;
                 Ok(None)
@@ -482,10 +510,10 @@ struct Hold {
 
 impl Hold {
     #[inline]
-    fn new(held: Held, req: &Request<'_>) -> Hold {
+    fn new(held: Held) -> Hold {
         Hold {
             held,
-            pid: req.owner.pid,
+            pid: process::current_pid(),
             token: Cell::new(0),
         }
     }
@@ -554,7 +582,7 @@ impl<'t> Lock<'t> {
         }
         let req = self.table.request(key.as_ref(), self.opts.exptime_ns)?;
         if let Some(held) = self.table.inner.table.try_acquire_fast(&req) {
-            self.hold = Some(Hold::new(held, &req));
+            self.hold = Some(Hold::new(held));
             return Ok(Duration::ZERO);
         }
         let (hold, elapsed) = self.table.acquire_slow(&req, &self.opts, Some(timeout))?;

@@ -517,30 +517,36 @@ where
         crash_point();
     }
 
-    /// The table has no free slot: reap one expired or dead entry of any key.
+    /// The table has no free slot: reap one expired or dead entry of any key (expired ones
+    /// first: they cost no system call).
     #[cold]
     fn reap_any(&self, now: u64) -> bool {
+        let n = self.slots().len();
+        (0..n).any(|i| self.reap_slot(i, now, false))
+            || (0..n).any(|i| self.reap_slot(i, now, true))
+    }
+
+    /// Frees every entry past its deadline or whose owner is dead; returns how many.
+    pub(crate) fn reap_all(&self) -> usize {
+        let now = self.now();
+        (0..self.slots().len())
+            .filter(|&i| self.reap_slot(i, now, true))
+            .count()
+    }
+
+    /// Frees slot `i` if it holds an expired entry or (with `check_owner`) one whose owner
+    /// is dead. The home to wake is computed from the entry's own hash.
+    fn reap_slot(&self, i: usize, now: u64, check_owner: bool) -> bool {
         let slots = self.slots();
-        for (i, slot) in slots.iter().enumerate() {
-            let c = Word(slot.control.load(Ordering::SeqCst));
-            if c.state() == State::Held && slot.deadline.load(Ordering::Relaxed) <= now {
-                if let Some(h) = self.hash_of(slot, c) {
-                    if self.force_release(i, c, h.home(slots.len())) {
-                        return true;
-                    }
-                }
-            }
+        let slot = &slots[i];
+        let c = Word(slot.control.load(Ordering::SeqCst));
+        let expired = c.state() == State::Held && slot.deadline.load(Ordering::Relaxed) <= now;
+        if c.state() == State::Free || !(expired || check_owner && self.owner_dead(slot, c)) {
+            return false;
         }
-        for (i, slot) in slots.iter().enumerate() {
-            let c = Word(slot.control.load(Ordering::SeqCst));
-            if c.state() != State::Free && self.owner_dead(slot, c) {
-                let home = self.hash_of(slot, c).map_or(i, |h| h.home(slots.len()));
-                if self.force_release(i, c, home) {
-                    return true;
-                }
-            }
-        }
-        false
+        // Only HELD words carry the waiters bit, and their hash is published with them.
+        let home = self.hash_of(slot, c).map_or(i, |h| h.home(slots.len()));
+        self.force_release(i, c, home)
     }
 
     fn owner_dead(&self, slot: &Slot, c: Word) -> bool {
@@ -752,4 +758,86 @@ where
 
 fn busy(slot: usize, home: usize, word: Word) -> Busy {
     Busy { slot, home, word }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::clock::Monotonic;
+    use crate::process::{self, Kernel};
+
+    struct Quiet;
+    impl Notify for Quiet {
+        fn wake_all(&self, _: &AtomicU32) {}
+    }
+
+    fn table() -> Table<Vec<Slot>, Monotonic, Kernel, Quiet> {
+        let slots = (0..8).map(|_| Slot::default()).collect();
+        Table::new(slots, Monotonic, Kernel { judge: true }, Quiet)
+    }
+
+    fn request(hash: KeyHash, owner: Owner, lease: u64) -> Request<'static> {
+        Request {
+            key: b"k",
+            hash,
+            owner,
+            lease,
+            exptime: 60_000_000_000,
+        }
+    }
+
+    #[test]
+    fn a_live_pid_with_another_start_time_is_a_dead_owner() {
+        let t = table();
+        let me = process::current();
+        let hash = KeyHash::of(b"reused", 1);
+        // an entry that claims our pid, but a process started at another time: the pid
+        // was reused after its owner died
+        let impostor = Owner {
+            pid: me.pid,
+            start: me.start + 1,
+        };
+        let Ok(Attempt::Acquired(_)) = t.try_acquire(&request(hash, impostor, 1)) else {
+            panic!()
+        };
+        let Ok(Attempt::Busy(b)) = t.try_acquire(&request(hash, me, 2)) else {
+            panic!()
+        };
+        assert!(t.reap_if_dead(&b));
+        let Ok(Attempt::Acquired(h)) = t.try_acquire(&request(hash, me, 3)) else {
+            panic!("not reclaimed")
+        };
+        // our own entry, with the right start time, is alive
+        let Ok(Attempt::Busy(b)) = t.try_acquire(&request(hash, me, 4)) else {
+            panic!()
+        };
+        assert!(!t.reap_if_dead(&b));
+        assert_eq!(t.reap_all(), 0);
+        t.release(&h).unwrap();
+    }
+
+    #[test]
+    fn reap_all_frees_expired_and_dead_entries_only() {
+        let t = table();
+        let me = process::current();
+        let dead = Owner {
+            pid: me.pid,
+            start: me.start + 1,
+        };
+        let mut expiring = request(KeyHash::of(b"expiring", 1), me, 1);
+        expiring.exptime = 1;
+        for r in [
+            expiring,
+            request(KeyHash::of(b"dead", 1), dead, 2),
+            request(KeyHash::of(b"live", 1), me, 3),
+        ] {
+            assert!(matches!(t.try_acquire(&r), Ok(Attempt::Acquired(_))));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        assert_eq!(t.entries().len(), 3);
+        assert_eq!(t.reap_all(), 2);
+        let left = t.entries();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].hash, KeyHash::of(b"live", 1));
+    }
 }

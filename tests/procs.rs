@@ -21,44 +21,26 @@ use shmlock::{Error, Lock, LockOptions, LockTable};
 
 type TestFn = fn();
 
-const TESTS: &[(&str, TestFn)] = &[
-    (
-        "mutual_exclusion_among_forked_workers",
-        mutual_exclusion_among_forked_workers,
-    ),
-    (
-        "release_hole_hammered_by_processes",
-        release_hole_hammered_by_processes,
-    ),
-    (
-        "concurrent_creation_ends_on_one_table",
-        concurrent_creation_ends_on_one_table,
-    ),
-    (
-        "forked_copies_never_release_the_parents_hold",
-        forked_copies_never_release_the_parents_hold,
-    ),
-    ("elapsed_is_a_sum_of_steps", elapsed_is_a_sum_of_steps),
-    (
-        "unlock_wakes_a_sleeping_waiter_in_another_process",
-        unlock_wakes_a_sleeping_waiter_in_another_process,
-    ),
-    (
-        "expired_holder_in_another_process_is_taken_over",
-        expired_holder_in_another_process_is_taken_over,
-    ),
-    (
-        "sigkilled_holder_is_reclaimed_at_once",
-        sigkilled_holder_is_reclaimed_at_once,
-    ),
-    (
-        "unrelated_process_attaches_by_path",
-        unrelated_process_attaches_by_path,
-    ),
-    (
-        "permission_denied_is_a_typed_error",
-        permission_denied_is_a_typed_error,
-    ),
+/// The tests, by function name.
+macro_rules! tests {
+    ($($name:ident),* $(,)?) => {
+        &[$((stringify!($name), $name as TestFn)),*]
+    };
+}
+
+const TESTS: &[(&str, TestFn)] = tests![
+    mutual_exclusion_among_forked_workers,
+    release_hole_hammered_by_processes,
+    concurrent_creation_ends_on_one_table,
+    forked_copies_never_release_the_parents_hold,
+    elapsed_is_a_sum_of_steps,
+    unlock_wakes_a_sleeping_waiter_in_another_process,
+    expired_holder_in_another_process_is_taken_over,
+    sigkilled_holder_is_reclaimed_at_once,
+    unrelated_process_attaches_by_path,
+    permission_denied_is_a_typed_error,
+    a_full_filesystem_fails_at_open,
+    chaos_sigkill_workers_at_random_moments,
 ];
 
 fn main() {
@@ -705,6 +687,211 @@ fn permission_denied_is_a_typed_error() {
         })
     };
     assert_eq!(child.wait(Duration::from_secs(30)), 0);
+}
+
+fn a_full_filesystem_fails_at_open() {
+    // A file-size limit stands in for a full /dev/shm: the space is reserved at creation,
+    // so the failure is an error from `open`, not a SIGBUS at the first touch of a page.
+    let path = TempPath::new("full");
+    let child = {
+        let path = &path;
+        fork(move || {
+            // SAFETY: plain syscalls in a single-threaded child.
+            unsafe {
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                let limit = libc::rlimit {
+                    rlim_cur: 1 << 20,
+                    rlim_max: 1 << 20,
+                };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                    return 10;
+                }
+            }
+            match LockTable::open(path, 100_000) {
+                // 12.8 MB asked for, 1 MB allowed
+                Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EFBIG) => {
+                    if path.0.exists() {
+                        1 // a half-made table must never appear under the path
+                    } else {
+                        0
+                    }
+                }
+                other => {
+                    eprintln!("{other:?}");
+                    2
+                }
+            }
+        })
+    };
+    assert_eq!(child.wait(Duration::from_secs(30)), 0);
+    // and with room, the same call works
+    let t = LockTable::open(&path, 100_000).unwrap();
+    assert_eq!(t.capacity(), 100_000);
+}
+
+const ENTER: u32 = 1;
+const EXIT: u32 = 2;
+const KILL: u32 = 3;
+const FAIL: u32 = 4;
+
+/// One record of the chaos log, appended with a single `write` (atomic with O_APPEND).
+fn log(fd: libc::c_int, kind: u32, pid: u32, key: u32, token: u64) {
+    let mut rec = [0u8; 24];
+    rec[0..4].copy_from_slice(&kind.to_le_bytes());
+    rec[4..8].copy_from_slice(&pid.to_le_bytes());
+    rec[8..12].copy_from_slice(&key.to_le_bytes());
+    rec[16..24].copy_from_slice(&token.to_le_bytes());
+    // SAFETY: writing 24 bytes from a valid buffer to an open descriptor.
+    let n = unsafe { libc::write(fd, rec.as_ptr().cast(), rec.len()) };
+    assert_eq!(n, 24);
+}
+
+const CHAOS_HOT: u32 = 4;
+const CHAOS_KEYS: u32 = CHAOS_HOT + 300;
+
+fn chaos_worker(table: &LockTable, fd: libc::c_int, stop: &Shared, seed: u64) -> i32 {
+    let me = std::process::id();
+    let opts = LockOptions {
+        exptime: Duration::from_secs(30),
+        timeout: Duration::from_secs(10),
+        ..LockOptions::default()
+    };
+    let mut lock = Lock::new(table, opts).unwrap();
+    let mut x = seed | 1;
+    while stop.word(0).load(Ordering::Relaxed) == 0 {
+        let r = xorshift(&mut x);
+        let key = if r % 2 == 0 {
+            (r >> 8) as u32 % CHAOS_HOT
+        } else {
+            CHAOS_HOT + (r >> 8) as u32 % (CHAOS_KEYS - CHAOS_HOT)
+        };
+        if let Err(e) = lock.lock(format!("chaos:{key}")) {
+            log(fd, FAIL, me, key, 0);
+            eprintln!("lock: {e}");
+            return 1;
+        }
+        let Some(token) = lock.token() else {
+            log(fd, FAIL, me, key, 1);
+            return 2;
+        };
+        log(fd, ENTER, me, key, token);
+        match r % 16 {
+            0 => std::thread::sleep(Duration::from_micros(200)),
+            1..=4 => (0..(r >> 20) % 2000).for_each(|_| std::hint::spin_loop()),
+            _ => {}
+        }
+        log(fd, EXIT, me, key, token);
+        if let Err(e) = lock.unlock() {
+            log(fd, FAIL, me, key, 2);
+            eprintln!("unlock: {e}");
+            return 3;
+        }
+    }
+    0
+}
+
+fn chaos_sigkill_workers_at_random_moments() {
+    const WORKERS: usize = 6;
+    let secs: u64 = std::env::var("SHMLOCK_CHAOS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let path = TempPath::new("chaos");
+    let table = LockTable::open(&path, 64).unwrap();
+    let log_path = TempPath::new("chaos-log");
+    let c_path = std::ffi::CString::new(log_path.0.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid path; the descriptor is shared by all children (O_APPEND).
+    let fd = unsafe {
+        libc::open(
+            c_path.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND,
+            0o600,
+        )
+    };
+    assert!(fd >= 0);
+    let stop = Shared::new(1);
+    let mut seed = 0x5eed_u64;
+    let spawn = |seed: u64| {
+        let (table, stop) = (&table, &stop);
+        fork(move || chaos_worker(table, fd, stop, seed))
+    };
+    let mut workers: Vec<Child> = (0..WORKERS as u64).map(|i| spawn(i + 1)).collect();
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut kills = 0u64;
+    let mut x = 0x0dd_ba11_u64;
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(xorshift(&mut x) % 15_000));
+        let victim = (xorshift(&mut x) % WORKERS as u64) as usize;
+        log(fd, KILL, workers[victim].0 as u32, 0, 0);
+        workers[victim].kill(); // SIGKILL, then reaped
+        kills += 1;
+        seed += 1;
+        workers[victim] = spawn(seed * 1_000_003);
+    }
+    stop.word(0).store(1, Ordering::SeqCst);
+    for w in &workers {
+        assert_eq!(
+            w.wait(Duration::from_secs(60)),
+            0,
+            "a surviving worker failed"
+        );
+    }
+    // SAFETY: our descriptor, closed once.
+    unsafe { libc::close(fd) };
+
+    // Replay the log: a second ENTER while a live (not killed) holder is inside is an
+    // overlap; fencing tokens must grow per key; EXIT must match the holder.
+    let bytes = std::fs::read(&log_path).unwrap();
+    assert_eq!(bytes.len() % 24, 0);
+    let mut holder: std::collections::HashMap<u32, (u32, u64)> = Default::default();
+    let mut last_token: std::collections::HashMap<u32, u64> = Default::default();
+    let mut killed = std::collections::HashSet::new();
+    let (mut enters, mut overlaps, mut bad_tokens, mut bad_exits) = (0u64, 0u64, 0u64, 0u64);
+    for rec in bytes.chunks(24) {
+        let u32_at = |o: usize| u32::from_le_bytes(rec[o..o + 4].try_into().unwrap());
+        let (kind, pid, key) = (u32_at(0), u32_at(4), u32_at(8));
+        let token = u64::from_le_bytes(rec[16..24].try_into().unwrap());
+        match kind {
+            ENTER => {
+                enters += 1;
+                if let Some((hp, _)) = holder.get(&key) {
+                    if !killed.contains(hp) {
+                        overlaps += 1;
+                    }
+                }
+                if token <= last_token.get(&key).copied().unwrap_or(0) {
+                    bad_tokens += 1;
+                }
+                holder.insert(key, (pid, token));
+                last_token.insert(key, token);
+            }
+            EXIT => {
+                if holder.remove(&key) != Some((pid, token)) {
+                    bad_exits += 1;
+                }
+            }
+            KILL => {
+                killed.insert(pid);
+            }
+            _ => panic!("a worker failed: pid {pid} key {key} code {token}"),
+        }
+    }
+    print!("[{kills} kills, {enters} critical sections] ");
+    assert!(kills > 0 && enters > 0);
+    assert_eq!((overlaps, bad_tokens, bad_exits), (0, 0, 0));
+
+    // Every key can be taken now (reaping what the killed left), and then nothing is left.
+    let opts = LockOptions {
+        timeout: Duration::from_secs(5),
+        ..LockOptions::default()
+    };
+    let mut lock = Lock::new(&table, opts).unwrap();
+    for key in 0..CHAOS_KEYS {
+        lock.lock(format!("chaos:{key}")).unwrap();
+        lock.unlock().unwrap();
+    }
+    table.reap();
+    assert_eq!(table.occupancy(), 0);
 }
 
 // ---------------------------------------------------------------------------------------
