@@ -348,7 +348,7 @@ fn extend_versus_steal_at_the_deadline() {
 /// blocked.
 #[test]
 fn death_at_every_step() {
-    for step in 0..12 {
+    for step in 0..16 {
         loom::model(move || {
             let m = model(3);
             let k = key(0, 3, 1, 4);

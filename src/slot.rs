@@ -26,7 +26,8 @@ pub(crate) struct Slot {
     pub lease: AtomicU64,
     /// Lease deadline on the table clock (ns); `u64::MAX` = never expires.
     pub deadline: AtomicU64,
-    /// Start time of the owning process (`/proc/<pid>/stat` field 22), for pid-reuse checks.
+    /// Start time of the owning process (`/proc/<pid>/stat` field 22, for pid-reuse checks),
+    /// packed with the generation of the claim that wrote it: see [`Owner`].
     pub owner_start: AtomicU64,
     /// Home word: fencing counter of the keys whose home is this slot.
     pub fence: AtomicU64,
@@ -103,6 +104,32 @@ impl Slot {
         }
         out.truncate(shown);
         (len, out)
+    }
+}
+
+/// The `owner_start` field: the owner's start time in the high 40 bits (clock ticks after
+/// boot: centuries), and the low 24 bits of the generation of the CLAIMING word whose owner
+/// wrote it. A claimer writes it first thing after its claim CAS; a reader trusts the start
+/// time of a CLAIMING entry only when the generations agree (otherwise it may still be the
+/// previous occupant's), and that of a HELD entry always (it was published with the word).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Owner(pub u64);
+
+const OWNER_GEN_BITS: u32 = 24;
+const OWNER_GEN_MASK: u64 = (1 << OWNER_GEN_BITS) - 1;
+
+impl Owner {
+    pub(crate) fn new(start: u64, claim: Word) -> Owner {
+        Owner((start << OWNER_GEN_BITS) | (claim.gen() & OWNER_GEN_MASK))
+    }
+
+    pub(crate) fn start(self) -> u64 {
+        self.0 >> OWNER_GEN_BITS
+    }
+
+    /// Whether this was written by the owner of `claim`.
+    pub(crate) fn written_by(self, claim: Word) -> bool {
+        self.0 & OWNER_GEN_MASK == claim.gen() & OWNER_GEN_MASK
     }
 }
 

@@ -45,7 +45,7 @@
 use crate::clock::{deadline, Clock};
 use crate::primitive::{crash_point, fence, spin, AtomicU32, Ordering, SETTLE_ROUNDS};
 use crate::process::{Liveness, Owner};
-use crate::slot::{Slot, State, Word, WAITERS};
+use crate::slot::{Owner as SlotOwner, Slot, State, Word, WAITERS};
 
 /// A key's 128-bit seeded xxh3.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -328,7 +328,7 @@ where
             .compare_exchange(c.0, claiming.0, Ordering::SeqCst, Ordering::Relaxed)
             .ok()?;
         crash_point();
-        self.fill(slot, req, self.now());
+        self.fill(slot, req, self.now(), claiming);
         if slot.reach.load(Ordering::SeqCst) != 0 {
             // A rival raised the reach meanwhile: step back and scan like everyone else.
             self.withdraw(slot, claiming);
@@ -434,7 +434,7 @@ where
                 continue 'restart;
             }
             crash_point();
-            self.fill(slot, req, now);
+            self.fill(slot, req, now, claiming);
 
             // Pass 2 (decisive): after publishing, look at the whole range again.
             let range = self.reach(home, Ordering::SeqCst).max(fd);
@@ -491,9 +491,16 @@ where
         }
     }
 
-    /// Writes the fields of a freshly claimed slot (owner-only, before promotion).
+    /// Writes the fields of a freshly claimed slot (owner-only, before promotion). The
+    /// owner's identity goes first: a claimer that dies after this store is judged by pid
+    /// and start time, so a reused pid cannot keep its claim alive.
     #[inline]
-    fn fill(&self, slot: &Slot, req: &Request<'_>, now: u64) {
+    fn fill(&self, slot: &Slot, req: &Request<'_>, now: u64, claiming: Word) {
+        slot.owner_start.store(
+            SlotOwner::new(req.owner.start, claiming).0,
+            Ordering::Relaxed,
+        );
+        crash_point();
         // The same key in the same slot again is the common case: skip rewriting its name.
         if slot.hash_lo.load(Ordering::Relaxed) != req.hash.lo
             || slot.hash_hi.load(Ordering::Relaxed) != req.hash.hi
@@ -506,7 +513,6 @@ where
         slot.lease.store(req.lease, Ordering::Relaxed);
         slot.deadline
             .store(deadline(now, req.exptime), Ordering::Relaxed);
-        slot.owner_start.store(req.owner.start, Ordering::Relaxed);
         slot.acquired_at.store(now, Ordering::Relaxed);
         slot.token.store(0, Ordering::Relaxed);
         crash_point();
@@ -550,17 +556,19 @@ where
     }
 
     fn owner_dead(&self, slot: &Slot, c: Word) -> bool {
+        if c.state() == State::Free {
+            return false;
+        }
+        let owner = SlotOwner(slot.owner_start.load(Ordering::Relaxed));
+        fence(Ordering::Acquire);
+        if slot.control.load(Ordering::Relaxed) != c.0 {
+            return false; // moved on: not this owner's entry any more
+        }
+        // A HELD/EXTENDING entry published its owner with the word; a CLAIMING one only
+        // once the generations agree (before that the field may be the last occupant's).
         let start = match c.state() {
-            State::Free => return false,
-            State::Claiming => None,
-            State::Held | State::Extending => {
-                let s = slot.owner_start.load(Ordering::Relaxed);
-                fence(Ordering::Acquire);
-                if slot.control.load(Ordering::Relaxed) != c.0 {
-                    return false;
-                }
-                Some(s)
-            }
+            State::Claiming if !owner.written_by(c) => None,
+            _ => Some(owner.start()),
         };
         self.liveness.is_dead(c.pid(), start)
     }
@@ -732,7 +740,7 @@ where
                 hi: slot.hash_hi.load(Ordering::Relaxed),
             };
             let deadline = slot.deadline.load(Ordering::Relaxed);
-            let owner_start = slot.owner_start.load(Ordering::Relaxed);
+            let owner_start = SlotOwner(slot.owner_start.load(Ordering::Relaxed)).start();
             let acquired_at = slot.acquired_at.load(Ordering::Relaxed);
             let token = slot.token.load(Ordering::Relaxed);
             let (key_len, preview) = slot.read_preview();
@@ -814,6 +822,27 @@ mod tests {
         assert!(!t.reap_if_dead(&b));
         assert_eq!(t.reap_all(), 0);
         t.release(&h).unwrap();
+    }
+
+    #[test]
+    fn a_claim_is_judged_by_start_time_once_its_owner_wrote_it() {
+        let t = table();
+        let me = process::current();
+        let slot = &t.slots()[0];
+        let claim = Word::new(State::Claiming, 0, me.pid, 5);
+        slot.control.store(claim.0, Ordering::SeqCst);
+        // the field is still the previous occupant's (generation 4): only the pid counts
+        let earlier = Word::new(State::Claiming, 0, me.pid, 4);
+        slot.owner_start
+            .store(SlotOwner::new(me.start + 1, earlier).0, Ordering::SeqCst);
+        assert!(!t.owner_dead(slot, claim));
+        // written by this claim, with another start time: the claimer died, its pid reused
+        slot.owner_start
+            .store(SlotOwner::new(me.start + 1, claim).0, Ordering::SeqCst);
+        assert!(t.owner_dead(slot, claim));
+        slot.owner_start
+            .store(SlotOwner::new(me.start, claim).0, Ordering::SeqCst);
+        assert!(!t.owner_dead(slot, claim));
     }
 
     #[test]
