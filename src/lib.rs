@@ -63,7 +63,7 @@ mod loom_tests;
 
 pub use error::{Error, FormatError};
 #[cfg(not(loom))]
-pub use lock::{Holder, Lock, LockGuard, LockTable, OpenOptions};
+pub use lock::{Holder, HolderState, Lock, LockGuard, LockTable, OpenOptions};
 pub use options::LockOptions;
 
 /// The longest key accepted, in bytes.

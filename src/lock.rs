@@ -16,7 +16,7 @@ use crate::futex::{self, Futex};
 use crate::options::{LockOptions, Resolved};
 use crate::process::{self, Kernel, Owner};
 use crate::slot::State;
-use crate::table::{Attempt, Busy, Held, KeyHash, Prepared, Request, Table};
+use crate::table::{Attempt, Busy, Entry, Held, KeyHash, Prepared, Request, Table};
 use crate::wait::Schedule;
 use crate::MAX_KEY_LEN;
 
@@ -233,24 +233,32 @@ impl LockTable {
     }
 
     /// Who holds what: one entry per occupied slot, including expired ones not yet reaped.
+    /// Judges each owner's liveness (a system call or two per entry).
     pub fn holders(&self) -> Vec<Holder> {
-        let now = self.inner.table.now();
-        self.inner
-            .table
+        let table = &self.inner.table;
+        let now = table.now();
+        table
             .entries()
             .into_iter()
-            .map(|e| Holder {
-                key_preview: e.preview,
-                key_len: e.key_len as usize,
-                pid: e.word.pid(),
-                settled: e.word.state() != State::Claiming,
-                token: (e.token != 0).then_some(e.token),
-                age: Duration::from_nanos(now.saturating_sub(e.acquired_at)),
-                ttl: (e.deadline != u64::MAX)
-                    .then(|| Duration::from_nanos(e.deadline.saturating_sub(now))),
-                expired: e.deadline <= now,
-            })
+            .map(|e| Holder::from_entry(&e, now, !table.is_owner_dead(&e)))
             .collect()
+    }
+
+    /// Breaks the lock on `key`, whoever holds it, and returns who did (`None`: nobody).
+    /// The holder finds out at its next unlock or renewal ([`Error::Expired`]); waiters are
+    /// woken. For operators clearing a stuck lock: the holder may still be running.
+    pub fn force_unlock(&self, key: impl AsRef<[u8]>) -> Result<Option<Holder>, Error> {
+        let key = check_key(key.as_ref())?;
+        let table = &self.inner.table;
+        let now = table.now();
+        Ok(table
+            .break_hold(self.hash(key))
+            .map(|(e, dead)| Holder::from_entry(&e, now, !dead)))
+    }
+
+    /// The format version of the file (see `src/format.rs`).
+    pub fn format_version(&self) -> u32 {
+        crate::format::VERSION
     }
 
     /// Where the live entry of `key` sits: `(home, slot)`. For tests that need to arrange
@@ -455,18 +463,59 @@ pub struct Holder {
     pub key_preview: Vec<u8>,
     /// The full key length.
     pub key_len: usize,
-    /// The owning process.
+    /// The owning process (0 when it is in another pid namespace than the table's creator).
     pub pid: u32,
-    /// `false` while the owner is still checking for a rival claim (a few instructions).
-    pub settled: bool,
+    /// Whether the owner is alive, as far as this process can tell (pid, start time).
+    pub owner_alive: bool,
+    /// What the entry is doing.
+    pub state: HolderState,
+    /// Someone is asleep waiting for this key.
+    pub waiters: bool,
     /// The fencing token, if the holder asked for one.
     pub token: Option<u64>,
     /// Time since the key was taken.
     pub age: Duration,
     /// Time left on the lease; `None` if it never expires.
     pub ttl: Option<Duration>,
-    /// The lease ran out; the next claimer of the key (or of the slot) reaps it.
+    /// The lease ran out; the next claimer of the key (or [`LockTable::reap`]) frees it.
     pub expired: bool,
+}
+
+/// The state of an occupied slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HolderState {
+    /// The owner is checking for a rival claim (a few instructions; or it died there).
+    Claiming,
+    /// Held.
+    Held,
+    /// Held, with the owner moving its deadline.
+    Extending,
+}
+
+impl Holder {
+    fn from_entry(e: &Entry, now: u64, owner_alive: bool) -> Holder {
+        let state = match e.word.state() {
+            State::Claiming => HolderState::Claiming,
+            State::Extending => HolderState::Extending,
+            _ => HolderState::Held,
+        };
+        // a claim's fields may still be the previous occupant's
+        let settled = state != HolderState::Claiming;
+        Holder {
+            key_preview: e.preview.clone(),
+            key_len: e.key_len as usize,
+            pid: e.word.pid(),
+            owner_alive,
+            state,
+            waiters: e.word.has_waiters(),
+            token: (settled && e.token != 0).then_some(e.token),
+            age: Duration::from_nanos(now.saturating_sub(e.acquired_at)),
+            ttl: (e.deadline != u64::MAX)
+                .then(|| Duration::from_nanos(e.deadline.saturating_sub(now))),
+            expired: settled && e.deadline <= now,
+        }
+    }
 }
 
 fn check_key(key: &[u8]) -> Result<&[u8], Error> {

@@ -727,40 +727,65 @@ where
         None
     }
 
+    /// Breaks the live entry of a key, whoever holds it (its holder's next unlock or renewal
+    /// gets `Lost`). Returns the entry as it was and whether its owner was dead, or `None`
+    /// if the key was not held.
+    pub(crate) fn break_hold(&self, hash: KeyHash) -> Option<(Entry, bool)> {
+        loop {
+            let b = self.find(hash)?;
+            let Some(snapshot) = self.entry(b.slot) else {
+                continue; // moved meanwhile: look again
+            };
+            let dead = self.is_owner_dead(&snapshot);
+            if snapshot.word == b.word && self.force_release(b.slot, b.word, b.home) {
+                return Some((snapshot, dead));
+            }
+        }
+    }
+
+    /// Whether the owner recorded in an entry is dead, as the liveness oracle judges it.
+    pub(crate) fn is_owner_dead(&self, e: &Entry) -> bool {
+        self.owner_dead(&self.slots()[e.slot as usize], e.word)
+    }
+
     /// Snapshots every occupied slot (for inspection; consistent per slot).
     pub(crate) fn entries(&self) -> Vec<Entry> {
-        let mut out = Vec::new();
-        for (i, slot) in self.slots().iter().enumerate() {
-            let c = Word(slot.control.load(Ordering::Acquire));
-            if c.state() == State::Free {
-                continue;
-            }
-            let hash = KeyHash {
-                lo: slot.hash_lo.load(Ordering::Relaxed),
-                hi: slot.hash_hi.load(Ordering::Relaxed),
-            };
-            let deadline = slot.deadline.load(Ordering::Relaxed);
-            let owner_start = SlotOwner(slot.owner_start.load(Ordering::Relaxed)).start();
-            let acquired_at = slot.acquired_at.load(Ordering::Relaxed);
-            let token = slot.token.load(Ordering::Relaxed);
-            let (key_len, preview) = slot.read_preview();
-            fence(Ordering::Acquire);
-            if slot.control.load(Ordering::Relaxed) != c.0 {
-                continue; // moved while read: not a consistent snapshot
-            }
-            out.push(Entry {
-                slot: i as u32,
-                word: c,
-                hash,
-                deadline,
-                owner_start,
-                acquired_at,
-                token,
-                key_len,
-                preview,
-            });
+        (0..self.slots().len())
+            .filter_map(|i| self.entry(i))
+            .collect()
+    }
+
+    /// A consistent snapshot of slot `i`, if it is occupied.
+    fn entry(&self, i: usize) -> Option<Entry> {
+        let slot = &self.slots()[i];
+        let c = Word(slot.control.load(Ordering::Acquire));
+        if c.state() == State::Free {
+            return None;
         }
-        out
+        let hash = KeyHash {
+            lo: slot.hash_lo.load(Ordering::Relaxed),
+            hi: slot.hash_hi.load(Ordering::Relaxed),
+        };
+        let deadline = slot.deadline.load(Ordering::Relaxed);
+        let owner_start = SlotOwner(slot.owner_start.load(Ordering::Relaxed)).start();
+        let acquired_at = slot.acquired_at.load(Ordering::Relaxed);
+        let token = slot.token.load(Ordering::Relaxed);
+        let (key_len, preview) = slot.read_preview();
+        fence(Ordering::Acquire);
+        if slot.control.load(Ordering::Relaxed) != c.0 {
+            return None; // moved while read: not a consistent snapshot
+        }
+        Some(Entry {
+            slot: i as u32,
+            word: c,
+            hash,
+            deadline,
+            owner_start,
+            acquired_at,
+            token,
+            key_len,
+            preview,
+        })
     }
 }
 

@@ -468,10 +468,23 @@ fn holders_describe_the_entries() {
     assert_eq!(h[0].pid, std::process::id());
     assert_eq!(h[0].token, Some(tok));
     assert!(h[0].ttl.unwrap() <= Duration::from_secs(30));
-    assert!(h[0].settled && !h[0].expired);
+    assert!(h[0].state == shmlock::HolderState::Held && !h[0].expired);
+    assert!(h[0].owner_alive && !h[0].waiters);
     assert_eq!(h[1].key_len, 100);
     assert_eq!(h[1].key_preview.len(), 40);
     assert_eq!(h[1].ttl, None);
+    drop(g);
+    // breaking a lock reports who held it; the holder learns at its unlock
+    let mut a = Lock::new(&t, LockOptions::default()).unwrap();
+    a.lock("stuck").unwrap();
+    let who = t.force_unlock("stuck").unwrap().unwrap();
+    assert_eq!(
+        (who.key_preview.as_slice(), who.pid),
+        (&b"stuck"[..], std::process::id())
+    );
+    assert!(!t.is_locked("stuck").unwrap());
+    assert!(matches!(a.unlock(), Err(Error::Expired)));
+    assert_eq!(t.force_unlock("stuck").unwrap(), None);
 }
 
 #[test]

@@ -1,0 +1,440 @@
+//! `shmlock`: run commands under a named lock, inspect a table, break a stuck lock.
+//!
+//! Built on the public API only.
+
+use std::io::Write;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand};
+use shmlock::{Error, Holder, HolderState, Lock, LockOptions, LockTable};
+
+/// Where the table is when neither --file nor $SHMLOCK_FILE says.
+const DEFAULT_FILE: &str = "/dev/shm/shmlock";
+/// Capacity of a table that `run` creates because none existed.
+const DEFAULT_CAPACITY: usize = 1024;
+
+#[derive(Parser)]
+#[command(
+    name = "shmlock",
+    version,
+    about = "Named locks shared by the processes of one machine",
+    long_about = "Named locks shared by the processes of one machine, kept in a lock table \
+                  file (by default $SHMLOCK_FILE, else /dev/shm/shmlock). Like flock(1), with \
+                  lease expiry, dead-owner recovery and inspection.",
+    after_help = concat!(
+        "Examples:\n",
+        "  shmlock run nightly-report -- ./report.sh\n",
+        "  shmlock inspect\n",
+        "  shmlock --file /dev/shm/app-locks unlock --force user:42",
+    )
+)]
+struct Cli {
+    /// The lock table file [default: $SHMLOCK_FILE, else /dev/shm/shmlock]
+    #[arg(long, global = true, value_name = "PATH")]
+    file: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    Run(RunArgs),
+    Inspect(InspectArgs),
+    Unlock(UnlockArgs),
+    Create(CreateArgs),
+}
+
+/// Take KEY, run COMMAND, release when it exits; exit with its status
+#[derive(Args)]
+#[command(after_help = concat!(
+    "Examples:\n",
+    "  shmlock run backup -- rsync -a /data /backup    # wait as long as it takes\n",
+    "  shmlock run -n backup -- ./backup.sh            # exit 1 at once if it is running\n",
+    "  shmlock run -w 10 -E 75 deploy -- make deploy   # wait 10 s at most, then exit 75\n",
+    "\n",
+    "While COMMAND runs the lease is renewed every EXPTIME/3, so a live job keeps the lock\n",
+    "however long it runs and a dead one loses it within EXPTIME. If shmlock itself dies,\n",
+    "COMMAND is killed with it (PR_SET_PDEATHSIG), and the key is free for the next run.",
+))]
+struct RunArgs {
+    /// The lock name
+    key: String,
+    /// Give up after this many seconds of waiting [default: wait forever]
+    #[arg(short = 'w', long = "timeout", value_name = "SECS")]
+    timeout: Option<f64>,
+    /// Lease length in seconds; renewed every third of it while COMMAND runs
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    exptime: f64,
+    /// Do not wait: exit at once if the lock is held (same as -w 0)
+    #[arg(short = 'n', long)]
+    nonblock: bool,
+    /// Exit code when the lock could not be taken
+    #[arg(short = 'E', long, value_name = "N", default_value_t = 1)]
+    conflict_exit_code: u8,
+    /// The command and its arguments
+    #[arg(required = true, last = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+/// List the locks held in the table
+#[derive(Args)]
+#[command(after_help = concat!(
+    "Examples:\n",
+    "  shmlock inspect\n",
+    "  shmlock inspect --all --json | jq '.holders[] | select(.alive | not)'\n",
+    "\n",
+    "--json prints one object:\n",
+    "  {\"file\", \"format_version\", \"capacity\", \"occupancy\", \"holders\": [{\"key\",\n",
+    "   \"key_hex\", \"key_len\", \"truncated\", \"pid\", \"alive\", \"state\", \"age_ms\",\n",
+    "   \"ttl_ms\", \"expired\", \"token\", \"waiters\"}]}\n",
+    "\"key\" is the preview (first 40 bytes) as UTF-8 with invalid bytes replaced, \"key_hex\"\n",
+    "the same bytes in hex; \"ttl_ms\" (never expires) and \"token\" may be null; \"state\" is\n",
+    "\"held\", \"claiming\" or \"extending\".",
+))]
+struct InspectArgs {
+    /// Print JSON for scripts
+    #[arg(long)]
+    json: bool,
+    /// Include expired entries and entries of dead owners
+    #[arg(long)]
+    all: bool,
+}
+
+/// Break a lock, whoever holds it (prints who did)
+#[derive(Args)]
+#[command(after_help = "Example:\n  shmlock unlock --force user:42")]
+struct UnlockArgs {
+    /// The lock name
+    key: String,
+    /// Required: breaking a lock its holder still relies on is your decision
+    #[arg(long)]
+    force: bool,
+}
+
+/// Create a table file with a chosen capacity and mode
+#[derive(Args)]
+#[command(
+    after_help = "Example:\n  shmlock --file /dev/shm/app-locks create --capacity 4096 --mode 0660"
+)]
+struct CreateArgs {
+    /// How many keys can be held at once
+    #[arg(long, default_value_t = DEFAULT_CAPACITY)]
+    capacity: usize,
+    /// Permission bits, octal
+    #[arg(long, default_value = "0600", value_parser = parse_mode)]
+    mode: u32,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| format!("{s:?} is not an octal mode"))
+}
+
+/// A failure, as one line on stderr and an exit code.
+struct Fail(String, u8);
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Fail {
+        Fail(e.to_string(), 2)
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let file = cli
+        .file
+        .or_else(|| std::env::var_os("SHMLOCK_FILE").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_FILE));
+    let result = match cli.command {
+        Cmd::Run(a) => run(&file, a),
+        Cmd::Inspect(a) => inspect(&file, a),
+        Cmd::Unlock(a) => unlock(&file, a),
+        Cmd::Create(a) => create(&file, a),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(Fail(msg, code)) => {
+            eprintln!("shmlock: {msg}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn secs(v: f64, what: &str) -> Result<Duration, Fail> {
+    Duration::try_from_secs_f64(v)
+        .map_err(|_| Fail(format!("{what} must be a number of seconds >= 0"), 2))
+}
+
+fn run(file: &Path, a: RunArgs) -> Result<u8, Fail> {
+    let table = LockTable::open(file, DEFAULT_CAPACITY)?;
+    let exptime = secs(a.exptime, "--exptime")?;
+    if exptime.is_zero() {
+        return Err(Fail(
+            "--exptime must be > 0: the lock is renewed while the command runs".into(),
+            2,
+        ));
+    }
+    let wait_for = match (a.nonblock, a.timeout) {
+        (true, _) => Some(Duration::ZERO),
+        (false, Some(t)) => Some(secs(t, "--timeout")?),
+        (false, None) => None,
+    };
+    let opts = LockOptions {
+        exptime,
+        timeout: Duration::ZERO,
+        ..LockOptions::default()
+    };
+    let mut lock = Lock::new(&table, opts)?;
+    // One call waits at most exptime (resty's cap); wait longer by asking again.
+    let started = Instant::now();
+    loop {
+        let left = wait_for.map_or(exptime, |w| w.saturating_sub(started.elapsed()));
+        match lock.lock_with_timeout(&a.key, left.min(exptime)) {
+            Ok(_) => break,
+            Err(Error::Timeout) if wait_for.is_none_or(|w| started.elapsed() < w) => continue,
+            Err(Error::Timeout) => return Ok(a.conflict_exit_code),
+            Err(e) => return Err(e.into()),
+        }
+    }
+
+    let mut cmd = Command::new(&a.command[0]);
+    cmd.args(&a.command[1..]);
+    // SAFETY: the closure runs in the forked child before exec and only makes two
+    // async-signal-safe system calls.
+    unsafe {
+        cmd.pre_exec(|| {
+            // Die with us: the key must never be free while the command still runs.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() == 1 {
+                // we already died between fork and prctl
+                libc::_exit(137);
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Fail(format!("{}: {e}", a.command[0]), 127))?;
+    let pid = child.id();
+
+    // The child is waited for on a helper thread; this thread (the child's parent thread,
+    // which PR_SET_PDEATHSIG watches) renews the lease meanwhile.
+    let (done, exited) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait());
+    });
+    let status = loop {
+        match exited.recv_timeout(exptime / 3) {
+            Ok(status) => break status.map_err(|e| Fail(format!("wait: {e}"), 2))?,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Err(e) = lock.expire(None) {
+                    // SAFETY: signalling our own child.
+                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+                    let _ = exited.recv();
+                    return Err(Fail(
+                        format!("lost the lock on {:?}: {e}; command terminated", a.key),
+                        2,
+                    ));
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(Fail("lost track of the command".into(), 2))
+            }
+        }
+    };
+    match lock.unlock() {
+        Ok(()) => {}
+        Err(e) => eprintln!("shmlock: releasing {:?}: {e}", a.key),
+    }
+    Ok(match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
+        _ => 2,
+    })
+}
+
+fn inspect(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
+    let table = LockTable::options().create(false).open(file)?;
+    let mut holders: Vec<Holder> = table
+        .holders()
+        .into_iter()
+        .filter(|h| a.all || (!h.expired && h.owner_alive))
+        .collect();
+    holders.sort_by(|x, y| x.key_preview.cmp(&y.key_preview));
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    let result = if a.json {
+        write_json(&mut out, file, &table, &holders)
+    } else {
+        write_table(&mut out, file, &table, &holders)
+    };
+    result.map_err(|e| Fail(format!("stdout: {e}"), 2))?;
+    Ok(0)
+}
+
+fn state_name(s: HolderState) -> &'static str {
+    match s {
+        HolderState::Claiming => "claiming",
+        HolderState::Extending => "extending",
+        _ => "held",
+    }
+}
+
+fn shown_key(h: &Holder) -> String {
+    let mut k: String = String::from_utf8_lossy(&h.key_preview)
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    if h.key_len > h.key_preview.len() {
+        k.push('…');
+    }
+    k
+}
+
+fn write_table(
+    out: &mut impl Write,
+    file: &Path,
+    t: &LockTable,
+    hs: &[Holder],
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{}: format {}, capacity {}, occupancy {}",
+        file.display(),
+        t.format_version(),
+        t.capacity(),
+        t.occupancy()
+    )?;
+    if hs.is_empty() {
+        return writeln!(out, "no locks held");
+    }
+    writeln!(
+        out,
+        "{:<32} {:>8} {:>6} {:>9} {:>10} {:>10} {:>8} {:>7}",
+        "KEY", "PID", "ALIVE", "STATE", "AGE", "TTL", "TOKEN", "WAITERS"
+    )?;
+    for h in hs {
+        let ttl = match h.ttl {
+            _ if h.expired => "expired".to_string(),
+            Some(d) => format!("{:.3}s", d.as_secs_f64()),
+            None => "never".to_string(),
+        };
+        writeln!(
+            out,
+            "{:<32} {:>8} {:>6} {:>9} {:>9.3}s {:>10} {:>8} {:>7}",
+            shown_key(h),
+            h.pid,
+            if h.owner_alive { "yes" } else { "no" },
+            state_name(h.state),
+            h.age.as_secs_f64(),
+            ttl,
+            h.token.map_or("-".to_string(), |t| t.to_string()),
+            if h.waiters { "yes" } else { "no" },
+        )?;
+    }
+    Ok(())
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+fn write_json(
+    out: &mut impl Write,
+    file: &Path,
+    t: &LockTable,
+    hs: &[Holder],
+) -> std::io::Result<()> {
+    let holders: Vec<String> = hs
+        .iter()
+        .map(|h| {
+            let hex: String = h.key_preview.iter().map(|b| format!("{b:02x}")).collect();
+            format!(
+                "{{\"key\":{},\"key_hex\":\"{hex}\",\"key_len\":{},\"truncated\":{},\"pid\":{},\"alive\":{},\"state\":\"{}\",\"age_ms\":{},\"ttl_ms\":{},\"expired\":{},\"token\":{},\"waiters\":{}}}",
+                json_str(&String::from_utf8_lossy(&h.key_preview)),
+                h.key_len,
+                h.key_len > h.key_preview.len(),
+                h.pid,
+                h.owner_alive,
+                state_name(h.state),
+                h.age.as_millis(),
+                h.ttl.map_or("null".to_string(), |d| d.as_millis().to_string()),
+                h.expired,
+                h.token.map_or("null".to_string(), |t| t.to_string()),
+                h.waiters,
+            )
+        })
+        .collect();
+    writeln!(
+        out,
+        "{{\"file\":{},\"format_version\":{},\"capacity\":{},\"occupancy\":{},\"holders\":[{}]}}",
+        json_str(&file.to_string_lossy()),
+        t.format_version(),
+        t.capacity(),
+        t.occupancy(),
+        holders.join(",")
+    )
+}
+
+fn unlock(file: &Path, a: UnlockArgs) -> Result<u8, Fail> {
+    if !a.force {
+        return Err(Fail(
+            format!(
+                "refusing to break {:?} without --force (its holder may still rely on it)",
+                a.key
+            ),
+            2,
+        ));
+    }
+    let table = LockTable::options().create(false).open(file)?;
+    match table.force_unlock(&a.key)? {
+        Some(h) => {
+            println!(
+                "broke {:?}: held by pid {} ({}), for {:.3}s",
+                a.key,
+                h.pid,
+                if h.owner_alive { "alive" } else { "dead" },
+                h.age.as_secs_f64()
+            );
+            Ok(0)
+        }
+        None => Err(Fail(format!("{:?} is not locked", a.key), 1)),
+    }
+}
+
+fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
+    if file.exists() {
+        return Err(Fail(format!("{}: already exists", file.display()), 2));
+    }
+    let table = LockTable::options()
+        .capacity(a.capacity)
+        .mode(a.mode)
+        .open(file)?;
+    if !table.created() {
+        return Err(Fail(format!("{}: already exists", file.display()), 2));
+    }
+    println!(
+        "created {} with capacity {}",
+        file.display(),
+        table.capacity()
+    );
+    Ok(0)
+}

@@ -1,0 +1,257 @@
+//! The `shmlock` command, run as a separate program.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::TempPath;
+use shmlock::LockTable;
+
+fn shmlock(file: &TempPath) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_shmlock"));
+    c.env_remove("SHMLOCK_FILE").arg("--file").arg(&file.0);
+    c
+}
+
+fn output(c: &mut Command) -> Output {
+    c.stdin(Stdio::null()).output().unwrap()
+}
+
+fn code(c: &mut Command) -> i32 {
+    output(c).status.code().unwrap()
+}
+
+/// Polls `cond` for up to 10 s (a hang guard, not a timing assertion).
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Starts `shmlock run KEY -- sh -c SCRIPT` and waits until it holds KEY.
+fn holding(file: &TempPath, key: &str, script: &str, extra: &[&str]) -> Child {
+    let child = shmlock(file)
+        .arg("run")
+        .args(extra)
+        .arg(key)
+        .args(["--", "sh", "-c", script])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("the first run holds the key", || {
+        LockTable::options()
+            .create(false)
+            .open(file)
+            .is_ok_and(|t| t.is_locked(key).unwrap())
+    });
+    child
+}
+
+#[test]
+fn run_passes_the_exit_status_through() {
+    let file = TempPath::new("cli-status");
+    assert_eq!(
+        code(shmlock(&file).args(["run", "k", "--", "sh", "-c", "exit 3"])),
+        3
+    );
+    assert_eq!(code(shmlock(&file).args(["run", "k", "--", "true"])), 0);
+    assert_eq!(
+        code(shmlock(&file).args(["run", "k", "--", "sh", "-c", "kill -TERM $$"])),
+        128 + 15
+    );
+    // the key is free after each run
+    assert!(!LockTable::open(&file, 1).unwrap().is_locked("k").unwrap());
+}
+
+#[test]
+fn a_second_run_waits_then_runs_or_gives_up() {
+    let file = TempPath::new("cli-wait");
+    let out = TempPath::new("cli-wait-out");
+    let script = format!("sleep 0.5; echo first >> {}", out.0.display());
+    let mut first = holding(&file, "k", &script, &[]);
+    // -n: at once, exit 1; -E: the code asked for; -w: after the timeout
+    assert_eq!(
+        code(shmlock(&file).args(["run", "-n", "k", "--", "true"])),
+        1
+    );
+    assert_eq!(
+        code(shmlock(&file).args(["run", "-n", "-E", "7", "k", "--", "true"])),
+        7
+    );
+    assert_eq!(
+        code(shmlock(&file).args(["run", "-w", "0.05", "k", "--", "true"])),
+        1
+    );
+    // no flag: waits for the first, then runs
+    let second = format!("echo second >> {}", out.0.display());
+    assert_eq!(
+        code(shmlock(&file).args(["run", "k", "--", "sh", "-c", &second])),
+        0
+    );
+    assert!(first.wait().unwrap().success());
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "first\nsecond\n");
+}
+
+#[test]
+fn inspect_shows_the_holder_alive_then_dead_and_unlock_force_frees_it() {
+    let file = TempPath::new("cli-inspect");
+    let mut holder = holding(&file, "job:1", "sleep 30", &[]);
+    let json =
+        String::from_utf8(output(shmlock(&file).args(["inspect", "--json"])).stdout).unwrap();
+    assert!(json.contains("\"key\":\"job:1\""), "{json}");
+    assert!(
+        json.contains(&format!("\"pid\":{},\"alive\":true", holder.id())),
+        "{json}"
+    );
+    assert!(json.contains("\"capacity\":1024"), "{json}");
+    let text = String::from_utf8(output(shmlock(&file).arg("inspect")).stdout).unwrap();
+    assert!(
+        text.contains("job:1") && text.contains(&holder.id().to_string()),
+        "{text}"
+    );
+
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    // a dead owner's entry is hidden by default and shown, as dead, with --all
+    let json =
+        String::from_utf8(output(shmlock(&file).args(["inspect", "--json"])).stdout).unwrap();
+    assert!(json.contains("\"holders\":[]"), "{json}");
+    let json =
+        String::from_utf8(output(shmlock(&file).args(["inspect", "--json", "--all"])).stdout)
+            .unwrap();
+    assert!(
+        json.contains(&format!("\"pid\":{},\"alive\":false", holder.id())),
+        "{json}"
+    );
+
+    let refused = output(shmlock(&file).args(["unlock", "job:1"]));
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--force"));
+    let broke = output(shmlock(&file).args(["unlock", "--force", "job:1"]));
+    assert!(broke.status.success());
+    let said = String::from_utf8_lossy(&broke.stdout);
+    assert!(
+        said.contains(&format!("pid {} (dead)", holder.id())),
+        "{said}"
+    );
+    assert!(!LockTable::open(&file, 1)
+        .unwrap()
+        .is_locked("job:1")
+        .unwrap());
+    assert_eq!(code(shmlock(&file).args(["unlock", "--force", "job:1"])), 1);
+}
+
+#[test]
+fn killing_run_kills_its_command_and_frees_the_key() {
+    let file = TempPath::new("cli-kill");
+    let pidfile = TempPath::new("cli-kill-pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pidfile.0.display());
+    let mut run = holding(&file, "k", &script, &[]);
+    eventually("the command started", || {
+        std::fs::read_to_string(&pidfile).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let cmd: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    run.kill().unwrap(); // SIGKILL
+    run.wait().unwrap();
+    eventually("the command died with shmlock", || {
+        std::fs::read_to_string(format!("/proc/{cmd}/stat")).map_or(true, |s| {
+            s.rsplit(')').next().unwrap().trim_start().starts_with('Z')
+        })
+    });
+    // the dead runner's key is free for the next run at once
+    assert_eq!(
+        code(shmlock(&file).args(["run", "-n", "k", "--", "true"])),
+        0
+    );
+}
+
+#[test]
+fn renewal_keeps_a_long_run_locked() {
+    let file = TempPath::new("cli-renew");
+    let mut long = holding(&file, "k", "sleep 1.5", &["--exptime", "0.3"]);
+    // three leases later the key is still held
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(
+        code(shmlock(&file).args(["run", "-n", "k", "--", "true"])),
+        1
+    );
+    assert!(long.wait().unwrap().success());
+    assert_eq!(
+        code(shmlock(&file).args(["run", "-n", "k", "--", "true"])),
+        0
+    );
+}
+
+#[test]
+fn create_makes_a_table_with_the_capacity_and_mode_asked_for() {
+    let file = TempPath::new("cli-create");
+    let out = output(shmlock(&file).args(["create", "--capacity", "64", "--mode", "0640"]));
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+    assert_eq!(LockTable::open(&file, 1).unwrap().capacity(), 64);
+    let again = output(shmlock(&file).args(["create", "--capacity", "64"]));
+    assert_eq!(again.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
+}
+
+#[test]
+fn errors_are_one_line_on_stderr_with_a_nonzero_exit() {
+    let file = TempPath::new("cli-errors");
+    let one_line = |o: Output, needle: &str| {
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with("shmlock: ") && err.contains(needle),
+            "{err}"
+        );
+    };
+    one_line(output(shmlock(&file).arg("inspect")), "No such file");
+    std::fs::write(&file, "not a table\n".repeat(500)).unwrap();
+    one_line(output(shmlock(&file).arg("inspect")), "not a shmlock table");
+    one_line(
+        output(shmlock(&file).args(["run", "k", "--", "true"])),
+        "not a shmlock table",
+    );
+    let other = TempPath::new("cli-errors-2");
+    one_line(
+        output(shmlock(&other).args(["create", "--capacity", "0"])),
+        "capacity 0",
+    );
+    one_line(
+        output(shmlock(&other).args(["run", "--exptime=-1", "k", "--", "true"])),
+        "--exptime",
+    );
+    one_line(
+        output(shmlock(&other).args(["run", "--exptime", "0", "k", "--", "true"])),
+        "--exptime",
+    );
+    // an empty key is a bad key
+    one_line(
+        output(shmlock(&other).args(["run", "", "--", "true"])),
+        "empty key",
+    );
+}
+
+#[test]
+fn the_file_comes_from_shmlock_file_when_not_given() {
+    let file = TempPath::new("cli-env");
+    let status = Command::new(env!("CARGO_BIN_EXE_shmlock"))
+        .env("SHMLOCK_FILE", &file.0)
+        .args(["run", "k", "--", "true"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(file.0.exists());
+}
