@@ -21,7 +21,7 @@
 mod common;
 
 use std::hint::black_box;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -302,42 +302,55 @@ fn handoffs(r: &mut Report, s: &Scale) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Forks `n` workers that start together and run `work(i, stop)` until the parent sets
+/// `stop` after `run`. Returns the seconds they ran.
+fn race(n: usize, run: Duration, work: impl Fn(usize, &AtomicU64)) -> f64 {
+    let sync = shared_words(2); // 0: workers ready, 1: stop
+    let pids: Vec<_> = (0..n)
+        .map(|i| {
+            let work = &work;
+            fork(move || {
+                sync[0].fetch_add(1, Ordering::SeqCst);
+                while sync[0].load(Ordering::SeqCst) < n as u64 {
+                    std::hint::spin_loop();
+                }
+                work(i, &sync[1]);
+            })
+        })
+        .collect();
+    while sync[0].load(Ordering::SeqCst) < n as u64 {
+        std::thread::yield_now();
+    }
+    let t = Instant::now();
+    std::thread::sleep(run);
+    sync[1].store(1, Ordering::SeqCst);
+    let secs = t.elapsed().as_secs_f64();
+    pids.into_iter().for_each(wait);
+    secs
+}
+
 /// Two processes hammer one key for `run`: (acquisitions/s, fraction of owner changes).
 fn contended(kind: &dyn Kind, run: Duration) -> (f64, f64) {
-    // words: 0 start, 1 stop, 2 last owner, 3..5 acquisitions, 5..7 owner changes
-    let w = shared_words(8);
-    let worker = |me: u64| {
+    // words: 0 last owner, 1..3 acquisitions, 3..5 owner changes
+    let w = shared_words(5);
+    let secs = race(2, run, |i, stop| {
+        let me = i as u64 + 1;
         let mut lock = kind.make();
-        w[0].fetch_add(1, Ordering::SeqCst);
-        while w[0].load(Ordering::SeqCst) < 2 {
-            std::hint::spin_loop();
-        }
         let (mut n, mut changes) = (0u64, 0u64);
-        while w[1].load(Ordering::Relaxed) == 0 {
+        while stop.load(Ordering::Relaxed) == 0 {
             lock(true);
-            if w[2].load(Ordering::Relaxed) != me {
-                w[2].store(me, Ordering::Relaxed);
+            if w[0].load(Ordering::Relaxed) != me {
+                w[0].store(me, Ordering::Relaxed);
                 changes += 1;
             }
             lock(false);
             n += 1;
         }
-        w[3 + me as usize - 1].store(n, Ordering::SeqCst);
-        w[5 + me as usize - 1].store(changes, Ordering::SeqCst);
-    };
-    let a = fork(|| worker(1));
-    let b = fork(|| worker(2));
-    while w[0].load(Ordering::SeqCst) < 2 {
-        std::thread::yield_now();
-    }
-    let t = Instant::now();
-    std::thread::sleep(run);
-    w[1].store(1, Ordering::SeqCst);
-    let secs = t.elapsed().as_secs_f64();
-    wait(a);
-    wait(b);
-    let n = w[3].load(Ordering::SeqCst) + w[4].load(Ordering::SeqCst);
-    let changes = w[5].load(Ordering::SeqCst) + w[6].load(Ordering::SeqCst);
+        w[1 + i].store(n, Ordering::SeqCst);
+        w[3 + i].store(changes, Ordering::SeqCst);
+    });
+    let n = w[1].load(Ordering::SeqCst) + w[2].load(Ordering::SeqCst);
+    let changes = w[3].load(Ordering::SeqCst) + w[4].load(Ordering::SeqCst);
     (n as f64 / secs, changes as f64 / n.max(1) as f64)
 }
 
@@ -383,42 +396,22 @@ fn contention(r: &mut Report, s: &Scale) {
 }
 
 /// `procs` processes, each on its own key, for `run`: total pairs per second.
-fn distinct_keys(table: &LockTable, procs: u64, run: Duration) -> f64 {
-    let w = shared_words(2 + procs as usize);
-    let pids: Vec<_> = (0..procs)
-        .map(|p| {
-            let table = table.clone();
-            fork(move || {
-                let mut lock = Lock::new(&table, opts(true)).unwrap();
-                let key = format!("own-key-{p}");
-                w[0].fetch_add(1, Ordering::SeqCst);
-                while w[0].load(Ordering::SeqCst) < procs {
-                    std::hint::spin_loop();
-                }
-                let mut n = 0u64;
-                while w[1].load(Ordering::Relaxed) == 0 {
-                    for _ in 0..64 {
-                        lock.lock(&key).unwrap();
-                        lock.unlock().unwrap();
-                    }
-                    n += 64;
-                }
-                w[2 + p as usize].store(n, Ordering::SeqCst);
-            })
-        })
-        .collect();
-    while w[0].load(Ordering::SeqCst) < procs {
-        std::thread::yield_now();
-    }
-    let t = Instant::now();
-    std::thread::sleep(run);
-    w[1].store(1, Ordering::SeqCst);
-    let secs = t.elapsed().as_secs_f64();
-    pids.into_iter().for_each(wait);
-    (0..procs)
-        .map(|p| w[2 + p as usize].load(Ordering::SeqCst))
-        .sum::<u64>() as f64
-        / secs
+fn distinct_keys(table: &LockTable, procs: usize, run: Duration) -> f64 {
+    let counts = shared_words(procs);
+    let secs = race(procs, run, |i, stop| {
+        let mut lock = Lock::new(table, opts(true)).unwrap();
+        let key = format!("own-key-{i}");
+        let mut n = 0u64;
+        while stop.load(Ordering::Relaxed) == 0 {
+            for _ in 0..64 {
+                lock.lock(&key).unwrap();
+                lock.unlock().unwrap();
+            }
+            n += 64;
+        }
+        counts[i].store(n, Ordering::SeqCst);
+    });
+    counts.iter().map(|c| c.load(Ordering::SeqCst)).sum::<u64>() as f64 / secs
 }
 
 fn scaling(r: &mut Report, s: &Scale) {

@@ -113,6 +113,21 @@ fn busy(a: Attempt) -> Option<Busy> {
     }
 }
 
+/// Two threads, pids `first_pid` and the next, each trying once to take `k`.
+fn claimers(table: &Arc<T>, k: KeyHash, first_pid: u32) -> Vec<thread::JoinHandle<Option<Held>>> {
+    (0..2)
+        .map(|i| {
+            let t = table.clone();
+            thread::spawn(move || {
+                acquired(
+                    t.try_acquire(&req(k, first_pid + i, 10 + u64::from(i)))
+                        .unwrap(),
+                )
+            })
+        })
+        .collect()
+}
+
 /// Live (CLAIMING, HELD or EXTENDING) entries of `hash`.
 fn entries_of(table: &T, hash: KeyHash) -> usize {
     table.entries().iter().filter(|e| e.hash == hash).count()
@@ -127,14 +142,7 @@ fn two_claimers_one_key() {
         let k = key(0, 3, 1, 7);
         let other = key(0, 3, 2, 7); // same home and tag: looks like k until its hash is read
         let o = acquired(m.table.try_acquire(&req(other, 9, 1)).unwrap()).unwrap();
-        let ts: Vec<_> = (0..2)
-            .map(|i| {
-                let t = m.table.clone();
-                thread::spawn(move || {
-                    acquired(t.try_acquire(&req(k, 1 + i, 10 + u64::from(i))).unwrap())
-                })
-            })
-            .collect();
+        let ts = claimers(&m.table, k, 1);
         let won: Vec<Held> = ts.into_iter().filter_map(|t| t.join().unwrap()).collect();
         assert!(won.len() <= 1, "two holders of one key");
         assert!(entries_of(&m.table, k) <= 1);
@@ -182,14 +190,7 @@ fn release_hole() {
         assert_eq!((f.slot, held.slot), (0, 1));
         let t = m.table.clone();
         let hole = thread::spawn(move || t.release(&f).unwrap());
-        let claimers: Vec<_> = (0..2)
-            .map(|i| {
-                let t = m.table.clone();
-                thread::spawn(move || {
-                    acquired(t.try_acquire(&req(k, 1 + i, 10 + u64::from(i))).unwrap())
-                })
-            })
-            .collect();
+        let claimers = claimers(&m.table, k, 1);
         hole.join().unwrap();
         for c in claimers {
             assert!(c.join().unwrap().is_none(), "a second entry for a held key");
@@ -214,14 +215,7 @@ fn release_hole_while_key_changes_hands() {
             t.release(&f).unwrap();
             t.release(&held).unwrap();
         });
-        let claimers: Vec<_> = (0..2)
-            .map(|i| {
-                let t = m.table.clone();
-                thread::spawn(move || {
-                    acquired(t.try_acquire(&req(k, 1 + i, 10 + u64::from(i))).unwrap())
-                })
-            })
-            .collect();
+        let claimers = claimers(&m.table, k, 1);
         hole.join().unwrap();
         let won = claimers
             .into_iter()
@@ -241,14 +235,7 @@ fn expiry_steal() {
         let k = key(0, 2, 1, 4);
         let old = acquired(m.table.try_acquire(&req(k, 1, 1)).unwrap()).unwrap();
         m.clock.0.store(100 + LEASE, Ordering::SeqCst); // the lease is over
-        let stealers: Vec<_> = (0..2)
-            .map(|i| {
-                let t = m.table.clone();
-                thread::spawn(move || {
-                    acquired(t.try_acquire(&req(k, 2 + i, 10 + u64::from(i))).unwrap())
-                })
-            })
-            .collect();
+        let stealers = claimers(&m.table, k, 2);
         let t = m.table.clone();
         let late = thread::spawn(move || t.release(&old));
         let won: Vec<Held> = stealers
