@@ -21,6 +21,7 @@
 mod common;
 
 use std::hint::black_box;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -262,26 +263,33 @@ fn handoff(kind: &dyn Kind, rounds: usize) -> (f64, f64) {
     (percentile(&lat, 0.5), percentile(&lat, 0.99))
 }
 
+/// shmlock (notify on, and off if `polling_too`), the robust mutex and flock, on a table
+/// and a flock file in `dir`.
+fn kinds(dir: &Path, polling_too: bool) -> Vec<Box<dyn Kind>> {
+    let table = LockTable::open(dir.join("table"), 64).unwrap();
+    let mutex: &'static RobustMutex = Box::leak(Box::new(RobustMutex::new()));
+    let mut kinds: Vec<Box<dyn Kind>> = vec![Box::new(Shm {
+        table: table.clone(),
+        notify: true,
+    })];
+    if polling_too {
+        kinds.push(Box::new(Shm {
+            table,
+            notify: false,
+        }));
+    }
+    kinds.push(Box::new(Mutex(mutex)));
+    kinds.push(Box::new(FlockKind(dir.join("flock"))));
+    kinds
+}
+
 fn handoffs(r: &mut Report, s: &Scale) {
     println!(
         "\n2. handoff latency, release -> acquire in another process ({} rounds)",
         s.rounds
     );
     let dir = scratch_dir("handoff");
-    let table = LockTable::open(dir.join("table"), 64).unwrap();
-    let mutex: &'static RobustMutex = Box::leak(Box::new(RobustMutex::new()));
-    let kinds: Vec<Box<dyn Kind>> = vec![
-        Box::new(Shm {
-            table: table.clone(),
-            notify: true,
-        }),
-        Box::new(Shm {
-            table: table.clone(),
-            notify: false,
-        }),
-        Box::new(Mutex(mutex)),
-        Box::new(FlockKind(dir.join("flock"))),
-    ];
+    let kinds = kinds(&dir, true);
     let mut medians = Vec::new();
     for k in &kinds {
         let (med, p99) = handoff(k.as_ref(), s.rounds);
@@ -360,16 +368,7 @@ fn contention(r: &mut Report, s: &Scale) {
         s.run
     );
     let dir = scratch_dir("contended");
-    let table = LockTable::open(dir.join("table"), 64).unwrap();
-    let mutex: &'static RobustMutex = Box::leak(Box::new(RobustMutex::new()));
-    let kinds: Vec<Box<dyn Kind>> = vec![
-        Box::new(Shm {
-            table: table.clone(),
-            notify: true,
-        }),
-        Box::new(Mutex(mutex)),
-        Box::new(FlockKind(dir.join("flock"))),
-    ];
+    let kinds = kinds(&dir, false);
     let mut shm = 0.0;
     for (i, k) in kinds.iter().enumerate() {
         let runs: Vec<(f64, f64)> = (0..3).map(|_| contended(k.as_ref(), s.run)).collect();

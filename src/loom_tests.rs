@@ -113,6 +113,11 @@ fn busy(a: Attempt) -> Option<Busy> {
     }
 }
 
+/// One attempt to take `k` as process `pid`.
+fn take(table: &T, k: KeyHash, pid: u32, lease: u64) -> Option<Held> {
+    acquired(table.try_acquire(&req(k, pid, lease)).unwrap())
+}
+
 /// Two threads, pids `first_pid` and the next, each trying once to take `k`.
 fn claimers(table: &Arc<T>, k: KeyHash, first_pid: u32) -> Vec<thread::JoinHandle<Option<Held>>> {
     (0..2)
@@ -141,7 +146,7 @@ fn two_claimers_one_key() {
         let m = model(3);
         let k = key(0, 3, 1, 7);
         let other = key(0, 3, 2, 7); // same home and tag: looks like k until its hash is read
-        let o = acquired(m.table.try_acquire(&req(other, 9, 1)).unwrap()).unwrap();
+        let o = take(&m.table, other, 9, 1).unwrap();
         let ts = claimers(&m.table, k, 1);
         let won: Vec<Held> = ts.into_iter().filter_map(|t| t.join().unwrap()).collect();
         assert!(won.len() <= 1, "two holders of one key");
@@ -151,7 +156,7 @@ fn two_claimers_one_key() {
             m.table.release(h).unwrap();
         }
         m.table.release(&o).unwrap();
-        assert!(acquired(m.table.try_acquire(&req(k, 3, 20)).unwrap()).is_some());
+        assert!(take(&m.table, k, 3, 20).is_some());
     });
 }
 
@@ -162,17 +167,17 @@ fn claim_versus_release() {
     loom::model(|| {
         let m = model(2);
         let k = key(0, 2, 1, 3);
-        let h = acquired(m.table.try_acquire(&req(k, 1, 1)).unwrap()).unwrap();
+        let h = take(&m.table, k, 1, 1).unwrap();
         let t = m.table.clone();
         let releaser = thread::spawn(move || t.release(&h));
         let t = m.table.clone();
-        let claimer = thread::spawn(move || acquired(t.try_acquire(&req(k, 2, 2)).unwrap()));
+        let claimer = thread::spawn(move || take(&t, k, 2, 2));
         assert_eq!(releaser.join().unwrap(), Ok(()));
         let got = claimer.join().unwrap();
         assert!(entries_of(&m.table, k) <= 1);
         match got {
             Some(h2) => m.table.release(&h2).unwrap(),
-            None => assert!(acquired(m.table.try_acquire(&req(k, 3, 3)).unwrap()).is_some()),
+            None => assert!(take(&m.table, k, 3, 3).is_some()),
         }
     });
 }
@@ -185,8 +190,8 @@ fn release_hole() {
         let m = model(3);
         let filler = key(0, 3, 1, 5);
         let k = key(0, 3, 2, 6);
-        let f = acquired(m.table.try_acquire(&req(filler, 9, 1)).unwrap()).unwrap();
-        let held = acquired(m.table.try_acquire(&req(k, 8, 2)).unwrap()).unwrap();
+        let f = take(&m.table, filler, 9, 1).unwrap();
+        let held = take(&m.table, k, 8, 2).unwrap();
         assert_eq!((f.slot, held.slot), (0, 1));
         let t = m.table.clone();
         let hole = thread::spawn(move || t.release(&f).unwrap());
@@ -208,8 +213,8 @@ fn release_hole_while_key_changes_hands() {
         let m = model(3);
         let filler = key(0, 3, 1, 5);
         let k = key(0, 3, 2, 6);
-        let f = acquired(m.table.try_acquire(&req(filler, 9, 1)).unwrap()).unwrap();
-        let held = acquired(m.table.try_acquire(&req(k, 8, 2)).unwrap()).unwrap();
+        let f = take(&m.table, filler, 9, 1).unwrap();
+        let held = take(&m.table, k, 8, 2).unwrap();
         let t = m.table.clone();
         let hole = thread::spawn(move || {
             t.release(&f).unwrap();
@@ -233,7 +238,7 @@ fn expiry_steal() {
     loom::model(|| {
         let m = model(2);
         let k = key(0, 2, 1, 4);
-        let old = acquired(m.table.try_acquire(&req(k, 1, 1)).unwrap()).unwrap();
+        let old = take(&m.table, k, 1, 1).unwrap();
         m.clock.0.store(100 + LEASE, Ordering::SeqCst); // the lease is over
         let stealers = claimers(&m.table, k, 2);
         let t = m.table.clone();
@@ -262,7 +267,7 @@ fn dead_owner_steal() {
     loom::model(|| {
         let m = model(2);
         let k = key(0, 2, 1, 4);
-        let _dead = acquired(m.table.try_acquire(&req(k, 1, 1)).unwrap()).unwrap();
+        let _dead = take(&m.table, k, 1, 1).unwrap();
         let lv = m.liveness.clone();
         let killer = thread::spawn(move || lv.kill(1));
         let waiters: Vec<_> = (0..2)
@@ -294,7 +299,7 @@ fn dead_owner_steal() {
         if won.is_empty() {
             let b = busy(m.table.try_acquire(&req(k, 5, 20)).unwrap()).unwrap();
             assert!(m.table.reap_if_dead(&b));
-            assert!(acquired(m.table.try_acquire(&req(k, 5, 21)).unwrap()).is_some());
+            assert!(take(&m.table, k, 5, 21).is_some());
         }
     });
 }
@@ -306,11 +311,11 @@ fn extend_versus_steal_at_the_deadline() {
     loom::model(|| {
         let m = model(2);
         let k = key(0, 2, 1, 4);
-        let mut h = acquired(m.table.try_acquire(&req(k, 1, 1)).unwrap()).unwrap();
+        let mut h = take(&m.table, k, 1, 1).unwrap();
         let (t, clock) = (m.table.clone(), m.clock.clone());
         let stealer = thread::spawn(move || {
             clock.0.store(100 + LEASE, Ordering::SeqCst); // time reaches the deadline
-            acquired(t.try_acquire(&req(k, 2, 2)).unwrap())
+            take(&t, k, 2, 2)
         });
         let t = m.table.clone();
         let holder = thread::spawn(move || {
@@ -344,7 +349,7 @@ fn death_at_every_step() {
             let victim = thread::spawn(move || {
                 crash::arm(step);
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    if let Some(h) = acquired(t.try_acquire(&req(k, 1, 1)).unwrap()) {
+                    if let Some(h) = take(&t, k, 1, 1) {
                         let _ = t.token(&h);
                         let mut h = h;
                         let _ = t.extend(&mut h, LEASE);
@@ -389,7 +394,7 @@ fn no_lost_wakeup() {
     loom::model(|| {
         let m = model(2);
         let k = key(0, 2, 1, 4);
-        let mut h = acquired(m.table.try_acquire(&req(k, 1, 1)).unwrap()).unwrap();
+        let mut h = take(&m.table, k, 1, 1).unwrap();
         let t = m.table.clone();
         let holder = thread::spawn(move || {
             t.extend(&mut h, LEASE).unwrap();
@@ -425,14 +430,14 @@ fn fencing_tokens_order_successive_holders() {
     loom::model(|| {
         let m = model(2);
         let k = key(0, 2, 1, 4);
-        let old = acquired(m.table.try_acquire(&req(k, 1, 1)).unwrap()).unwrap();
+        let old = take(&m.table, k, 1, 1).unwrap();
         let first = m.table.token(&old).unwrap();
         m.clock.0.store(100 + LEASE, Ordering::SeqCst);
         let t = m.table.clone();
         let stale = thread::spawn(move || t.token(&old));
         let t = m.table.clone();
         let next = thread::spawn(move || {
-            let h = acquired(t.try_acquire(&req(k, 2, 2)).unwrap())?;
+            let h = take(&t, k, 2, 2)?;
             t.token(&h)
         });
         let stale = stale.join().unwrap();
