@@ -27,9 +27,10 @@
 //! # Ok::<(), shmlock::Error>(())
 //! ```
 //!
-//! Layout of the source: [`table`](crate) holds the slot protocol, `slot` the entry and its
-//! control word, `format` the file header, `file` creation and mapping, `wait` the backoff
-//! schedule, `lock` this API.
+//! Layout of the source: `table` holds the slot protocol, `slot` the entry and its control
+//! word, `format` the file header, `file` creation and mapping, `shm` the [`LockTable`]
+//! backend, `backend` the [`Backend`] trait and the waiting loop, `wait` the backoff
+//! schedule, `lock` the [`Lock`] and [`LockGuard`] API over any backend.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -50,21 +51,29 @@ mod slot;
 mod table;
 
 #[cfg(not(loom))]
+mod backend;
+#[cfg(not(loom))]
 mod file;
 #[cfg(not(loom))]
 mod futex;
 #[cfg(not(loom))]
 mod lock;
 mod options;
+#[cfg(not(loom))]
+mod shm;
 mod wait;
 
 #[cfg(all(test, loom))]
 mod loom_tests;
 
+#[cfg(not(loom))]
+pub use backend::Backend;
 pub use error::{Error, FormatError};
 #[cfg(not(loom))]
-pub use lock::{Holder, HolderState, Lock, LockGuard, LockTable, OpenOptions};
+pub use lock::{Lock, LockGuard};
 pub use options::LockOptions;
+#[cfg(not(loom))]
+pub use shm::{Holder, HolderState, LockTable, OpenOptions, ShmBusy, ShmHold};
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 65535;

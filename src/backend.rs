@@ -1,0 +1,144 @@
+//! Where locks live, and the one waiting loop every backend shares.
+//!
+//! A [`Backend`] knows how to try a key once, release, renew and fence a hold, and how to
+//! sleep on a busy key (woken early where it can). [`Lock`](crate::Lock),
+//! [`LockGuard`](crate::LockGuard), resty's step/ratio schedule and the elapsed-time
+//! accounting are written once on top of it.
+
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::Backoff;
+
+use crate::error::Error;
+use crate::options::Resolved;
+use crate::wait::Schedule;
+
+/// Rounds of exponential spinning (crossbeam's `Backoff::spin`) before a waiter sleeps:
+/// about 1 µs in all. Spinning longer, or yielding, only steals the cache line from a
+/// holder that is about to release it.
+const SPINS: u32 = 4;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+pub(crate) use sealed::Sealed;
+
+/// A place where named locks live: the shared-memory [`LockTable`](crate::LockTable) (and,
+/// with the `redis` feature, a Redis server). Sealed: the methods are the crate's plumbing.
+pub trait Backend: Sealed {
+    /// One hold: what releasing, renewing and fencing it need.
+    #[doc(hidden)]
+    type Hold;
+    /// What an attempt that found the key held learned about the holder.
+    #[doc(hidden)]
+    type Busy;
+
+    /// The common case, inlined into `lock`. `Ok(None)`: not settled here, go on with
+    /// [`try_acquire`](Self::try_acquire).
+    #[doc(hidden)]
+    fn acquire_fast(&self, key: &[u8], exptime_ns: u64) -> Result<Option<Self::Hold>, Error>;
+
+    /// One attempt to take `key` for `exptime_ns` (0: never expires), without waiting.
+    #[doc(hidden)]
+    fn try_acquire(
+        &self,
+        key: &[u8],
+        exptime_ns: u64,
+    ) -> Result<Result<Self::Hold, Self::Busy>, Error>;
+
+    /// Releases a hold; [`Error::Expired`] if it was lost meanwhile.
+    #[doc(hidden)]
+    fn release(&self, hold: &Self::Hold) -> Result<(), Error>;
+
+    /// Moves the deadline of a hold to now + `exptime_ns` (0: never).
+    #[doc(hidden)]
+    fn extend(&self, hold: &mut Self::Hold, exptime_ns: u64) -> Result<(), Error>;
+
+    /// The fencing token of a hold; `None` if it was lost before asking.
+    #[doc(hidden)]
+    fn token(&self, hold: &Self::Hold) -> Option<u64>;
+
+    /// Whether a short spin before sleeping can pay off (a local backend).
+    #[doc(hidden)]
+    fn spins(&self) -> bool;
+
+    /// Whether waiters can be woken early (else `notify` falls back to polling).
+    #[doc(hidden)]
+    fn can_notify(&self) -> bool;
+
+    /// Checks whether the holder is gone for good (a dead process); `true`: retry now.
+    #[doc(hidden)]
+    fn reap(&self, busy: &Self::Busy) -> bool;
+
+    /// Sleeps at most `step` for the holder of `busy` to let go, waking early where the
+    /// backend can. Returns the time slept (zero: retry at once).
+    #[doc(hidden)]
+    fn sleep(&self, busy: &Self::Busy, step: Duration) -> Duration;
+}
+
+/// Everything but the fast path: one attempt, then resty's schedule of sleeps, plain
+/// (`notify: false`: elapsed = sum of the steps) or woken by whoever frees the key
+/// (elapsed = time actually waited). `timeout: None` tries once.
+#[cold]
+#[inline(never)]
+pub(crate) fn acquire_slow<B: Backend>(
+    backend: &B,
+    key: &[u8],
+    opts: &Resolved,
+    timeout: Option<Duration>,
+) -> Result<(B::Hold, Duration), Error> {
+    let mut busy = match backend.try_acquire(key, opts.exptime_ns)? {
+        Ok(hold) => return Ok((hold, Duration::ZERO)),
+        Err(busy) => busy,
+    };
+    let mut schedule = Schedule::new(opts, timeout.unwrap_or(Duration::ZERO));
+    let notify = opts.notify && backend.can_notify();
+    let started = Instant::now();
+    let mut slept = Duration::ZERO; // the sum of the steps, when polling
+    let elapsed = |slept| if notify { started.elapsed() } else { slept };
+    let attempt = |busy: &mut B::Busy| -> Result<Option<B::Hold>, Error> {
+        match backend.try_acquire(key, opts.exptime_ns)? {
+            Ok(hold) => Ok(Some(hold)),
+            Err(b) => {
+                *busy = b;
+                Ok(None)
+            }
+        }
+    };
+
+    if notify && backend.spins() && timeout.is_some_and(|t| !t.is_zero()) {
+        // Most critical sections end within microseconds.
+        let backoff = Backoff::new();
+        for _ in 0..SPINS {
+            backoff.spin();
+            if let Some(hold) = attempt(&mut busy)? {
+                return Ok((hold, elapsed(slept)));
+            }
+        }
+    }
+    // At most one retry without sleeping per step (after reaping a dead holder, or when the
+    // holder changed while the backend got ready to sleep), so that no loop runs hot.
+    let mut retried = false;
+    loop {
+        if !retried && backend.reap(&busy) {
+            retried = true;
+        } else {
+            let Some(step) = schedule.next_sleep() else {
+                return Err(Error::Timeout);
+            };
+            retried = false;
+            if notify {
+                let used = backend.sleep(&busy, step);
+                schedule.refund(step.saturating_sub(used));
+                retried = used.is_zero();
+            } else {
+                std::thread::sleep(step);
+                slept += step;
+            }
+        }
+        if let Some(hold) = attempt(&mut busy)? {
+            return Ok((hold, elapsed(slept)));
+        }
+    }
+}

@@ -1,0 +1,487 @@
+//! The shared-memory backend: [`LockTable`], a lock table in a memory-mapped file.
+
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::backend::{Backend, Sealed};
+use crate::clock::{Clock, Monotonic};
+use crate::error::Error;
+use crate::file::{self, MappedSlots, OpenSpec};
+use crate::format::Header;
+use crate::futex::{self, Futex};
+use crate::lock::{self, LockGuard};
+use crate::options::LockOptions;
+use crate::process::{self, Kernel, Owner};
+use crate::slot::State;
+use crate::table::{Attempt, Busy, Entry, Held, KeyHash, Prepared, Request, Table};
+use crate::MAX_KEY_LEN;
+
+type Slots = Table<MappedSlots, Monotonic, Kernel, Futex>;
+
+/// A lock table in a memory-mapped file, shared by every process that opens the same path
+/// (and by forked children of a process that opened it).
+///
+/// A cheap `Clone` handle: clones share one mapping. `Send + Sync`.
+///
+/// ```
+/// use shmlock::{LockOptions, LockTable};
+/// use std::time::Duration;
+///
+/// # let dir = tempdir();
+/// let table = LockTable::open(dir.join("locks"), 1024)?;
+/// let guard = table.lock("user:42", &LockOptions::default())?;
+/// assert!(table.try_lock("user:42", Duration::from_secs(30))?.is_none());
+/// drop(guard);
+/// assert!(table.try_lock("user:42", Duration::from_secs(30))?.is_some());
+/// # fn tempdir() -> std::path::PathBuf {
+/// #     let d = std::env::temp_dir().join(format!("shmlock-doc-{}-{}", std::process::id(), line!()));
+/// #     let _ = std::fs::remove_dir_all(&d);
+/// #     std::fs::create_dir_all(&d).unwrap();
+/// #     d
+/// # }
+/// # Ok::<(), shmlock::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct LockTable {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    table: Slots,
+    header: Header,
+    path: PathBuf,
+    created: bool,
+    /// This process is in another pid namespace than the table's creator: its pid means
+    /// nothing to the others, so its entries carry pid 0 (judged by expiry alone).
+    foreign_pid_ns: bool,
+    /// Process-local memory of when each slot's owner was last checked for liveness, so
+    /// a `try_lock` loop does not turn into a loop of system calls.
+    checked: [AtomicU64; LIVENESS_GATES],
+}
+
+const LIVENESS_GATES: usize = 64;
+
+/// The least time between two liveness checks of one slot from this process.
+const LIVENESS_INTERVAL_NS: u64 = 1_000_000;
+
+/// How to open a [`LockTable`]: capacity and permissions of a table this call creates.
+///
+/// ```
+/// # let path = std::env::temp_dir().join(format!("shmlock-doc-opts-{}", std::process::id()));
+/// # let _ = std::fs::remove_file(&path);
+/// use shmlock::LockTable;
+/// let table = LockTable::options().capacity(64).mode(0o660).open(&path)?;
+/// assert_eq!(table.capacity(), 64);
+/// // Attaching uses the file's own layout, whatever capacity is asked for.
+/// assert_eq!(LockTable::open(&path, 8)?.capacity(), 64);
+/// # std::fs::remove_file(&path).unwrap();
+/// # Ok::<(), shmlock::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct OpenOptions {
+    spec: OpenSpec,
+    liveness: Option<bool>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            spec: OpenSpec {
+                capacity: 1024,
+                mode: 0o600,
+                create: true,
+            },
+            liveness: None,
+        }
+    }
+}
+
+impl OpenOptions {
+    /// How many keys can be held at once in a table this call creates (default 1024).
+    pub fn capacity(mut self, capacity: usize) -> Self {
+        self.spec.capacity = capacity as u64;
+        self
+    }
+
+    /// Permission bits of a table this call creates (default `0o600`).
+    pub fn mode(mut self, mode: u32) -> Self {
+        self.spec.mode = mode;
+        self
+    }
+
+    /// Whether a missing file is created (default) or an error.
+    pub fn create(mut self, create: bool) -> Self {
+        self.spec.create = create;
+        self
+    }
+
+    /// Whether this process reclaims the keys of holders it sees dead (by pid and start
+    /// time). Default: yes when it shares the pid namespace of the table's creator, no
+    /// otherwise (pids of another namespace mean nothing here); expiry works either way.
+    pub fn liveness(mut self, judge: bool) -> Self {
+        self.liveness = Some(judge);
+        self
+    }
+
+    /// Opens (and maybe creates) the table at `path`.
+    pub fn open(self, path: impl AsRef<Path>) -> Result<LockTable, Error> {
+        LockTable::with_options(path.as_ref(), self)
+    }
+}
+
+impl LockTable {
+    /// Attaches to the table at `path`, creating it with room for `capacity` simultaneous
+    /// holders if it does not exist. Creation is atomic: of many processes opening a new
+    /// path at once, all end up on one table.
+    pub fn open(path: impl AsRef<Path>, capacity: usize) -> Result<LockTable, Error> {
+        LockTable::options().capacity(capacity).open(path)
+    }
+
+    /// Options for opening a table.
+    pub fn options() -> OpenOptions {
+        OpenOptions::default()
+    }
+
+    fn with_options(path: &Path, options: OpenOptions) -> Result<LockTable, Error> {
+        let opened = file::open(path, options.spec)?;
+        let same_pid_ns = opened.header.pid_ns == process::pid_namespace();
+        let judge = options.liveness.unwrap_or(same_pid_ns);
+        Ok(LockTable {
+            inner: Arc::new(Inner {
+                table: Table::new(opened.slots, Monotonic, Kernel { judge }, Futex),
+                header: opened.header,
+                path: path.to_path_buf(),
+                created: opened.created,
+                foreign_pid_ns: !same_pid_ns,
+                checked: std::array::from_fn(|_| AtomicU64::new(0)),
+            }),
+        })
+    }
+
+    /// How many keys can be held at once (fixed when the file was created).
+    pub fn capacity(&self) -> usize {
+        self.inner.header.slot_count as usize
+    }
+
+    /// The file this table lives in.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Whether this handle's `open` created the file.
+    pub fn created(&self) -> bool {
+        self.inner.created
+    }
+
+    /// Takes `key`, waiting as `opts` says; released when the guard drops.
+    pub fn lock(&self, key: impl AsRef<[u8]>, opts: &LockOptions) -> Result<LockGuard<'_>, Error> {
+        lock::guard(self, key.as_ref(), opts, Some(opts.timeout))
+    }
+
+    /// Takes `key` if nobody holds it, without waiting. `Ok(None)` if it is held.
+    /// `exptime` is the lease length (zero: never expires).
+    pub fn try_lock(
+        &self,
+        key: impl AsRef<[u8]>,
+        exptime: Duration,
+    ) -> Result<Option<LockGuard<'_>>, Error> {
+        let opts = LockOptions {
+            exptime,
+            timeout: Duration::ZERO,
+            ..LockOptions::default()
+        };
+        match lock::guard(self, key.as_ref(), &opts, None) {
+            Ok(guard) => Ok(Some(guard)),
+            Err(Error::Timeout) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether someone holds `key` right now (a snapshot: it may change at once).
+    pub fn is_locked(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
+        let key = check_key(key.as_ref())?;
+        Ok(self.inner.table.find(self.hash(key)).is_some())
+    }
+
+    /// Who holds what: one entry per occupied slot, including expired ones not yet reaped.
+    /// Judges each owner's liveness (a system call or two per entry).
+    pub fn holders(&self) -> Vec<Holder> {
+        let table = &self.inner.table;
+        let now = table.now();
+        table
+            .entries()
+            .into_iter()
+            .map(|e| Holder::from_entry(&e, now, !table.is_owner_dead(&e)))
+            .collect()
+    }
+
+    /// Breaks the lock on `key`, whoever holds it, and returns who did (`None`: nobody).
+    /// The holder finds out at its next unlock or renewal ([`Error::Expired`]); waiters are
+    /// woken. For operators clearing a stuck lock: the holder may still be running.
+    pub fn force_unlock(&self, key: impl AsRef<[u8]>) -> Result<Option<Holder>, Error> {
+        let key = check_key(key.as_ref())?;
+        let table = &self.inner.table;
+        let now = table.now();
+        Ok(table
+            .break_hold(self.hash(key))
+            .map(|(e, dead)| Holder::from_entry(&e, now, !dead)))
+    }
+
+    /// The format version of the file (see `src/format.rs`).
+    pub fn format_version(&self) -> u32 {
+        crate::format::VERSION
+    }
+
+    /// Where the live entry of `key` sits: `(home, slot)`. For tests that need to arrange
+    /// keys in a probe path; not part of the stable API.
+    #[doc(hidden)]
+    pub fn debug_placement(&self, key: impl AsRef<[u8]>) -> Option<(usize, usize)> {
+        let key = check_key(key.as_ref()).ok()?;
+        self.inner
+            .table
+            .find(self.hash(key))
+            .map(|b| (b.home, b.slot))
+    }
+
+    /// Frees every entry whose lease ran out or whose owner is seen dead, and returns how
+    /// many. Claimers do this lazily for the keys they meet; this is for housekeeping
+    /// (after a crash, before inspecting).
+    pub fn reap(&self) -> usize {
+        self.inner.table.reap_all()
+    }
+
+    /// How many slots are occupied (held, being claimed, or expired and not yet reaped).
+    pub fn occupancy(&self) -> usize {
+        self.inner.table.entries().len()
+    }
+
+    fn hash(&self, key: &[u8]) -> KeyHash {
+        KeyHash::of(key, self.inner.header.seed)
+    }
+
+    /// Checks the key and describes one acquisition of it.
+    #[inline(always)]
+    fn request<'k>(&self, key: &'k [u8], exptime_ns: u64) -> Result<Request<'k>, Error> {
+        let key = check_key(key)?;
+        let owner = if self.inner.foreign_pid_ns {
+            Owner { pid: 0, start: 0 }
+        } else {
+            process::current()
+        };
+        Ok(Request {
+            key,
+            hash: self.hash(key),
+            owner,
+            lease: next_lease(),
+            exptime: exptime_ns,
+        })
+    }
+
+    /// Checks the holder that made an attempt busy, at most once per interval per slot.
+    fn reap_if_dead(&self, busy: &Busy) -> bool {
+        let gate = &self.inner.checked[busy.slot % LIVENESS_GATES];
+        let now = Monotonic.now();
+        let last = gate.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < LIVENESS_INTERVAL_NS
+            || gate
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return false;
+        }
+        self.inner.table.reap_if_dead(busy)
+    }
+}
+
+impl std::fmt::Debug for LockTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockTable")
+            .field("path", &self.inner.path)
+            .field("capacity", &self.capacity())
+            .finish()
+    }
+}
+
+/// One occupied slot, as [`LockTable::holders`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Holder {
+    /// The first bytes of the key (at most 40).
+    pub key_preview: Vec<u8>,
+    /// The full key length.
+    pub key_len: usize,
+    /// The owning process (0 when it is in another pid namespace than the table's creator).
+    pub pid: u32,
+    /// Whether the owner is alive, as far as this process can tell (pid, start time).
+    pub owner_alive: bool,
+    /// What the entry is doing.
+    pub state: HolderState,
+    /// Someone is asleep waiting for this key.
+    pub waiters: bool,
+    /// The fencing token, if the holder asked for one.
+    pub token: Option<u64>,
+    /// Time since the key was taken.
+    pub age: Duration,
+    /// Time left on the lease; `None` if it never expires.
+    pub ttl: Option<Duration>,
+    /// The lease ran out; the next claimer of the key (or [`LockTable::reap`]) frees it.
+    pub expired: bool,
+}
+
+/// The state of an occupied slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HolderState {
+    /// The owner is checking for a rival claim (a few instructions; or it died there).
+    Claiming,
+    /// Held.
+    Held,
+    /// Held, with the owner moving its deadline.
+    Extending,
+}
+
+impl Holder {
+    fn from_entry(e: &Entry, now: u64, owner_alive: bool) -> Holder {
+        let state = match e.word.state() {
+            State::Claiming => HolderState::Claiming,
+            State::Extending => HolderState::Extending,
+            _ => HolderState::Held,
+        };
+        // a claim's fields may still be the previous occupant's
+        let settled = state != HolderState::Claiming;
+        Holder {
+            key_preview: e.preview.clone(),
+            key_len: e.key_len as usize,
+            pid: e.word.pid(),
+            owner_alive,
+            state,
+            waiters: e.word.has_waiters(),
+            token: (settled && e.token != 0).then_some(e.token),
+            age: Duration::from_nanos(now.saturating_sub(e.acquired_at)),
+            ttl: (e.deadline != u64::MAX)
+                .then(|| Duration::from_nanos(e.deadline.saturating_sub(now))),
+            expired: settled && e.deadline <= now,
+        }
+    }
+}
+
+fn check_key(key: &[u8]) -> Result<&[u8], Error> {
+    if key.is_empty() {
+        Err(Error::EmptyKey)
+    } else if key.len() > MAX_KEY_LEN {
+        Err(Error::KeyTooLong(key.len()))
+    } else {
+        Ok(key)
+    }
+}
+
+/// A per-acquisition id, unique within the process without a shared counter on the lock
+/// path: a thread number in the high bits, a thread-local count in the low 40.
+fn next_lease() -> u64 {
+    static THREADS: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static NEXT: Cell<u64> = const { Cell::new(0) };
+    }
+    let fresh = || THREADS.fetch_add(1, Ordering::Relaxed) << 40;
+    NEXT.try_with(|next| {
+        let mut v = next.get();
+        if v == 0 || v & ((1 << 40) - 1) == (1 << 40) - 1 {
+            v = fresh();
+        }
+        v += 1;
+        next.set(v);
+        v
+    })
+    .unwrap_or_else(|_| fresh() + 1)
+}
+
+/// A hold on the table: the slot's word and lease, and its fencing token once asked for
+/// (tokens start at 1; 0 means "not yet").
+pub struct ShmHold {
+    held: Held,
+    token: Cell<u64>,
+}
+
+/// What a busy attempt saw: the holder's entry.
+pub struct ShmBusy(Busy);
+
+impl Sealed for LockTable {}
+
+impl Backend for LockTable {
+    type Hold = ShmHold;
+    type Busy = ShmBusy;
+
+    #[inline(always)]
+    fn acquire_fast(&self, key: &[u8], exptime_ns: u64) -> Result<Option<ShmHold>, Error> {
+        let req = self.request(key, exptime_ns)?;
+        Ok(self.inner.table.try_acquire_fast(&req).map(|held| ShmHold {
+            held,
+            token: Cell::new(0),
+        }))
+    }
+
+    fn try_acquire(&self, key: &[u8], exptime_ns: u64) -> Result<Result<ShmHold, ShmBusy>, Error> {
+        let req = self.request(key, exptime_ns)?;
+        match self.inner.table.try_acquire(&req) {
+            Ok(Attempt::Acquired(held)) => Ok(Ok(ShmHold {
+                held,
+                token: Cell::new(0),
+            })),
+            Ok(Attempt::Busy(busy)) => Ok(Err(ShmBusy(busy))),
+            Err(_) => Err(Error::TableFull),
+        }
+    }
+
+    #[inline]
+    fn release(&self, hold: &ShmHold) -> Result<(), Error> {
+        self.inner
+            .table
+            .release(&hold.held)
+            .map_err(|_| Error::Expired)
+    }
+
+    fn extend(&self, hold: &mut ShmHold, exptime_ns: u64) -> Result<(), Error> {
+        self.inner
+            .table
+            .extend(&mut hold.held, exptime_ns)
+            .map_err(|_| Error::Expired)
+    }
+
+    fn token(&self, hold: &ShmHold) -> Option<u64> {
+        if hold.token.get() == 0 {
+            hold.token.set(self.inner.table.token(&hold.held)?);
+        }
+        Some(hold.token.get())
+    }
+
+    fn spins(&self) -> bool {
+        true
+    }
+
+    fn can_notify(&self) -> bool {
+        futex::AVAILABLE
+    }
+
+    fn reap(&self, busy: &ShmBusy) -> bool {
+        self.reap_if_dead(&busy.0)
+    }
+
+    fn sleep(&self, busy: &ShmBusy, step: Duration) -> Duration {
+        let table = &self.inner.table;
+        match table.prepare_wait(&busy.0) {
+            Prepared::Sleep(seen) => {
+                let t = Instant::now();
+                futex::wait(table.wait_word(busy.0.home), seen, step);
+                t.elapsed()
+            }
+            Prepared::Changed => Duration::ZERO,
+            Prepared::Poll => {
+                std::thread::sleep(step);
+                step
+            }
+        }
+    }
+}
