@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite: the loom models of the slot protocol, then unit, integration
-# (multi-process) and doc tests.
+# (multi-process, CLI, Redis against a real redis-server) and doc tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p target
+# The Redis backend's tests start their own redis-server: make sure there is one.
+bash scripts/redis-server.sh
 
 loom() {
     LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" RUSTFLAGS="--cfg loom $*" \

@@ -36,6 +36,9 @@ pub enum Error {
         /// What is wrong with it.
         source: FormatError,
     },
+    /// The Redis server could not be reached, or answered with an error.
+    #[cfg(feature = "redis")]
+    Redis(redis::RedisError),
     /// An operating-system error on `path` (permission denied, no space, ...).
     Io {
         /// The file.
@@ -83,6 +86,13 @@ impl Error {
     }
 }
 
+#[cfg(feature = "redis")]
+impl From<redis::RedisError> for Error {
+    fn from(e: redis::RedisError) -> Error {
+        Error::Redis(e)
+    }
+}
+
 impl From<FormatError> for Error {
     fn from(source: FormatError) -> Error {
         Error::Format {
@@ -115,6 +125,8 @@ impl fmt::Display for Error {
             Error::TableFull => f.write_str("lock table full"),
             Error::Format { path, source } => write!(f, "{}: {source}", path.display()),
             Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            #[cfg(feature = "redis")]
+            Error::Redis(e) => write!(f, "redis: {e}"),
         }
     }
 }
@@ -139,6 +151,8 @@ impl std::error::Error for Error {
         match self {
             Error::Io { source, .. } => Some(source),
             Error::Format { source, .. } => Some(source),
+            #[cfg(feature = "redis")]
+            Error::Redis(e) => Some(e),
             _ => None,
         }
     }

@@ -59,6 +59,8 @@ mod futex;
 #[cfg(not(loom))]
 mod lock;
 mod options;
+#[cfg(all(feature = "redis", not(loom)))]
+mod redis_store;
 #[cfg(not(loom))]
 mod shm;
 mod wait;
@@ -72,11 +74,24 @@ pub use error::{Error, FormatError};
 #[cfg(not(loom))]
 pub use lock::{Lock, LockGuard};
 pub use options::LockOptions;
+#[cfg(all(feature = "redis", not(loom)))]
+pub use redis_store::{RedisBusy, RedisHold, RedisLocks};
 #[cfg(not(loom))]
 pub use shm::{Holder, HolderState, LockTable, OpenOptions, ShmBusy, ShmHold};
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 65535;
+
+/// Keys are any bytes, 1 to [`MAX_KEY_LEN`] long.
+pub(crate) fn check_key(key: &[u8]) -> Result<&[u8], Error> {
+    if key.is_empty() {
+        Err(Error::EmptyKey)
+    } else if key.len() > MAX_KEY_LEN {
+        Err(Error::KeyTooLong(key.len()))
+    } else {
+        Ok(key)
+    }
+}
 
 /// The largest capacity a table can be created with.
 pub const MAX_CAPACITY: usize = format::MAX_CAPACITY as usize;

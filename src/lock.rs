@@ -58,6 +58,24 @@ fn token<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Option<u64> {
     backend.token(holding.ours().ok()?)
 }
 
+/// `try_lock` of any backend: one attempt for a guard, `Ok(None)` if the key is held.
+pub(crate) fn try_guard<'b, B: Backend>(
+    backend: &'b B,
+    key: &[u8],
+    exptime: Duration,
+) -> Result<Option<LockGuard<'b, B>>, Error> {
+    let opts = LockOptions {
+        exptime,
+        timeout: Duration::ZERO,
+        ..LockOptions::default()
+    };
+    match guard(backend, key, &opts, None) {
+        Ok(guard) => Ok(Some(guard)),
+        Err(Error::Timeout) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Takes `key` on `backend` for a guard: the fast path, else the waiting loop.
 #[inline(always)]
 pub(crate) fn guard<'b, B: Backend>(

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, Sealed};
+use crate::check_key;
 use crate::clock::{Clock, Monotonic};
 use crate::error::Error;
 use crate::file::{self, MappedSlots, OpenSpec};
@@ -17,7 +18,6 @@ use crate::options::LockOptions;
 use crate::process::{self, Kernel, Owner};
 use crate::slot::State;
 use crate::table::{Attempt, Busy, Entry, Held, KeyHash, Prepared, Request, Table};
-use crate::MAX_KEY_LEN;
 
 type Slots = Table<MappedSlots, Monotonic, Kernel, Futex>;
 
@@ -188,16 +188,7 @@ impl LockTable {
         key: impl AsRef<[u8]>,
         exptime: Duration,
     ) -> Result<Option<LockGuard<'_>>, Error> {
-        let opts = LockOptions {
-            exptime,
-            timeout: Duration::ZERO,
-            ..LockOptions::default()
-        };
-        match lock::guard(self, key.as_ref(), &opts, None) {
-            Ok(guard) => Ok(Some(guard)),
-            Err(Error::Timeout) => Ok(None),
-            Err(e) => Err(e),
-        }
+        lock::try_guard(self, key.as_ref(), exptime)
     }
 
     /// Whether someone holds `key` right now (a snapshot: it may change at once).
@@ -365,16 +356,6 @@ impl Holder {
                 .then(|| Duration::from_nanos(e.deadline.saturating_sub(now))),
             expired: settled && e.deadline <= now,
         }
-    }
-}
-
-fn check_key(key: &[u8]) -> Result<&[u8], Error> {
-    if key.is_empty() {
-        Err(Error::EmptyKey)
-    } else if key.len() > MAX_KEY_LEN {
-        Err(Error::KeyTooLong(key.len()))
-    } else {
-        Ok(key)
     }
 }
 

@@ -1,6 +1,9 @@
 //! Helpers shared by the test binaries.
 #![allow(dead_code)]
 
+#[cfg(feature = "redis")]
+pub mod redis_server;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 

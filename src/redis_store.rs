@@ -1,0 +1,269 @@
+//! The Redis backend: the same locks, shared by many machines through one Redis server.
+//!
+//! A hold is a key set with `SET key token NX PX ttl`, where the token is 128 random bits
+//! drawn for that acquisition. Release and renewal are scripts that compare the token
+//! first, so a holder whose lease ran out never deletes or extends its successor's key. The
+//! fencing token comes from a counter `INCR`ed by the acquire script, in the same round
+//! trip. Both keys of a lock share a cluster hash tag.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use redis::{Client, Connection, Script};
+
+use crate::backend::{Backend, Sealed};
+use crate::error::Error;
+use crate::lock::{self, LockGuard};
+use crate::options::LockOptions;
+
+/// `SET NX PX` (or plain `NX` for no expiry) and, on success, the fencing `INCR`.
+/// Returns the fencing token, or 0 if the key is held.
+const ACQUIRE: &str = r"
+local ok
+if ARGV[2] == '0' then
+  ok = redis.call('SET', KEYS[1], ARGV[1], 'NX')
+else
+  ok = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+end
+if ok then return redis.call('INCR', KEYS[2]) end
+return 0
+";
+
+/// Compare-and-delete: 1 deleted, 0 absent (expired, or deleted by an earlier try whose
+/// reply was lost), -1 held by someone else.
+const RELEASE: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then redis.call('DEL', KEYS[1]) return 1 end
+if not v then return 0 end
+return -1
+";
+
+/// Compare-and-renew: 1 renewed, 0 no longer ours.
+const EXTEND: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '0' then redis.call('PERSIST', KEYS[1])
+else redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 1
+";
+
+/// Locks in a Redis server. `Send + Sync`; one connection, re-made after an error.
+///
+/// ```no_run
+/// use shmlock::{Lock, LockOptions, RedisLocks};
+///
+/// let redis = RedisLocks::open("redis://127.0.0.1:6379/")?.with_prefix("myapp:");
+/// let mut lock = Lock::new(&redis, LockOptions::default())?;
+/// let elapsed = lock.lock("report:nightly")?;
+/// let token = lock.token(); // fencing token from the server
+/// lock.unlock()?;
+/// # Ok::<(), shmlock::Error>(())
+/// ```
+pub struct RedisLocks {
+    client: Client,
+    conn: Mutex<Option<Connection>>,
+    prefix: Vec<u8>,
+    timeout: Duration,
+    acquire: Script,
+    release: Script,
+    extend: Script,
+}
+
+/// A hold in Redis: the lock key, this acquisition's token and its fencing token.
+pub struct RedisHold {
+    key: Vec<u8>,
+    token: String,
+    fence: u64,
+}
+
+/// A busy attempt on Redis (polling needs nothing more).
+pub struct RedisBusy(());
+
+impl RedisLocks {
+    /// Connects to the server at `url` (`redis://host:port/db`). The connection is made now,
+    /// so a wrong address is an error here.
+    pub fn open(url: &str) -> Result<RedisLocks, Error> {
+        let locks = RedisLocks {
+            client: Client::open(url)?,
+            conn: Mutex::new(None),
+            prefix: b"shmlock:".to_vec(),
+            timeout: Duration::from_secs(5),
+            acquire: Script::new(ACQUIRE),
+            release: Script::new(RELEASE),
+            extend: Script::new(EXTEND),
+        };
+        drop(locks.connection()?);
+        Ok(locks)
+    }
+
+    /// Names every key `PREFIX{KEY}` (default prefix `shmlock:`).
+    pub fn with_prefix(mut self, prefix: impl AsRef<[u8]>) -> Self {
+        self.prefix = prefix.as_ref().to_vec();
+        self
+    }
+
+    /// How long one command may take before it fails with a timeout (default 5 s).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self
+    }
+
+    /// Takes `key`, waiting as `opts` says; released when the guard drops.
+    pub fn lock(
+        &self,
+        key: impl AsRef<[u8]>,
+        opts: &LockOptions,
+    ) -> Result<LockGuard<'_, RedisLocks>, Error> {
+        lock::guard(self, key.as_ref(), opts, Some(opts.timeout))
+    }
+
+    /// Takes `key` if nobody holds it, without waiting. `Ok(None)` if it is held.
+    pub fn try_lock(
+        &self,
+        key: impl AsRef<[u8]>,
+        exptime: Duration,
+    ) -> Result<Option<LockGuard<'_, RedisLocks>>, Error> {
+        lock::try_guard(self, key.as_ref(), exptime)
+    }
+
+    /// Whether someone holds `key` right now (a snapshot).
+    pub fn is_locked(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
+        let (lock_key, _) = self.keys(crate::check_key(key.as_ref())?);
+        let n: u64 = self.run(|c| redis::cmd("EXISTS").arg(&lock_key).query(c))?;
+        Ok(n == 1)
+    }
+
+    /// `PREFIX{KEY}` and `PREFIX{KEY}:fence`: the braces make one cluster hash tag, so both
+    /// land in one slot whatever the key holds (the tag ends at the first `}` after the
+    /// first `{`, which lies in the part both names share).
+    fn keys(&self, key: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let mut lock_key = Vec::with_capacity(self.prefix.len() + key.len() + 2);
+        lock_key.extend_from_slice(&self.prefix);
+        lock_key.push(b'{');
+        lock_key.extend_from_slice(key);
+        lock_key.push(b'}');
+        let mut fence_key = lock_key.clone();
+        fence_key.extend_from_slice(b":fence");
+        (lock_key, fence_key)
+    }
+
+    fn connection(&self) -> Result<MutexGuard<'_, Option<Connection>>, Error> {
+        let mut guard = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            let c = self.client.get_connection_with_timeout(self.timeout)?;
+            c.set_read_timeout(Some(self.timeout))?;
+            c.set_write_timeout(Some(self.timeout))?;
+            *guard = Some(c);
+        }
+        Ok(guard)
+    }
+
+    /// Runs `f` on the connection; a connection that failed is dropped, to be made anew
+    /// by the next call.
+    fn run<T>(&self, f: impl FnOnce(&mut Connection) -> redis::RedisResult<T>) -> Result<T, Error> {
+        let mut guard = self.connection()?;
+        let result = f(guard.as_mut().expect("connected above"));
+        if let Err(e) = &result {
+            if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+                *guard = None;
+            }
+        }
+        Ok(result?)
+    }
+}
+
+/// Milliseconds for PX: rounded up, so a lease is never shorter than asked; 0 = no expiry.
+fn ttl_ms(exptime_ns: u64) -> u64 {
+    exptime_ns.div_ceil(1_000_000)
+}
+
+fn random_token() -> String {
+    let mut buf = [0u8; 16];
+    // SAFETY: writes at most 16 bytes into `buf`.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    assert_eq!(n, 16, "getrandom failed");
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Sealed for RedisLocks {}
+
+impl Backend for RedisLocks {
+    type Hold = RedisHold;
+    type Busy = RedisBusy;
+
+    fn acquire_fast(&self, _key: &[u8], _exptime_ns: u64) -> Result<Option<RedisHold>, Error> {
+        Ok(None) // every attempt is a round trip: there is no cheaper first try
+    }
+
+    fn try_acquire(
+        &self,
+        key: &[u8],
+        exptime_ns: u64,
+    ) -> Result<Result<RedisHold, RedisBusy>, Error> {
+        let (key, fence_key) = self.keys(crate::check_key(key)?);
+        let token = random_token();
+        let fence: u64 = self.run(|c| {
+            self.acquire
+                .key(&key)
+                .key(&fence_key)
+                .arg(&token)
+                .arg(ttl_ms(exptime_ns))
+                .invoke(c)
+        })?;
+        if fence == 0 {
+            return Ok(Err(RedisBusy(())));
+        }
+        Ok(Ok(RedisHold { key, token, fence }))
+    }
+
+    fn release(&self, hold: &RedisHold) -> Result<(), Error> {
+        let call = || -> Result<i64, Error> {
+            self.run(|c| self.release.key(&hold.key).arg(&hold.token).invoke(c))
+        };
+        // Safe to retry: it only ever deletes the key while it holds our token.
+        let outcome = match call() {
+            Err(Error::Redis(e)) if e.is_io_error() || e.is_connection_dropped() => call()?,
+            other => other?,
+        };
+        match outcome {
+            -1 => Err(Error::Expired),
+            _ => Ok(()), // deleted, or already gone with nobody else holding it
+        }
+    }
+
+    fn extend(&self, hold: &mut RedisHold, exptime_ns: u64) -> Result<(), Error> {
+        let renewed: i64 = self.run(|c| {
+            self.extend
+                .key(&hold.key)
+                .arg(&hold.token)
+                .arg(ttl_ms(exptime_ns))
+                .invoke(c)
+        })?;
+        if renewed == 1 {
+            Ok(())
+        } else {
+            Err(Error::Expired)
+        }
+    }
+
+    fn token(&self, hold: &RedisHold) -> Option<u64> {
+        Some(hold.fence)
+    }
+
+    fn spins(&self) -> bool {
+        false
+    }
+
+    fn can_notify(&self) -> bool {
+        false
+    }
+
+    fn reap(&self, _busy: &RedisBusy) -> bool {
+        false // the server expires keys itself
+    }
+
+    fn sleep(&self, _busy: &RedisBusy, step: Duration) -> Duration {
+        std::thread::sleep(step);
+        step
+    }
+}

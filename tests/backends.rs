@@ -1,0 +1,161 @@
+//! One behavioural suite, run on every backend: the shared-memory table and (with the
+//! `redis` feature) a real redis-server started for each test.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use shmlock::{Backend, Error, Lock, LockOptions};
+
+fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
+    LockOptions {
+        exptime: Duration::from_millis(exptime_ms),
+        timeout: Duration::from_millis(timeout_ms),
+        ..LockOptions::default()
+    }
+}
+
+fn lock_twice_on_one_object_is_locked<B: Backend>(b: &B) {
+    let mut a = Lock::new(b, LockOptions::default()).unwrap();
+    assert_eq!(a.lock("k").unwrap(), Duration::ZERO);
+    assert!(matches!(a.lock("k"), Err(Error::Locked)));
+    assert!(matches!(a.lock("other"), Err(Error::Locked)));
+    a.unlock().unwrap();
+    assert!(matches!(a.unlock(), Err(Error::Unlocked)));
+    assert!(matches!(a.expire(None), Err(Error::Unlocked)));
+}
+
+fn two_objects_on_one_key_time_out<B: Backend>(b: &B) {
+    let mut a = Lock::new(b, opts(30_000, 10)).unwrap();
+    let mut c = Lock::new(b, opts(30_000, 10)).unwrap();
+    a.lock("k").unwrap();
+    let started = Instant::now();
+    assert!(matches!(c.lock("k"), Err(Error::Timeout)));
+    assert!(started.elapsed() >= Duration::from_millis(10));
+    assert!(matches!(
+        c.lock_with_timeout("k", Duration::ZERO),
+        Err(Error::Timeout)
+    ));
+    a.unlock().unwrap();
+    assert_eq!(c.lock("k").unwrap(), Duration::ZERO);
+}
+
+fn a_forgotten_holder_is_taken_over_after_exptime<B: Backend>(b: &B) {
+    let mut forgetful = Lock::new(b, opts(100, 0)).unwrap();
+    forgetful.lock("k").unwrap();
+    let mut waiter = Lock::new(b, opts(30_000, 5_000)).unwrap();
+    assert!(waiter.lock("k").unwrap() > Duration::ZERO);
+    assert!(matches!(forgetful.unlock(), Err(Error::Expired)));
+    // the late unlock left the new holder alone
+    let mut probe = Lock::new(b, opts(30_000, 0)).unwrap();
+    assert!(matches!(probe.lock("k"), Err(Error::Timeout)));
+    waiter.unlock().unwrap();
+}
+
+fn expire_extends_the_lease_so_a_waiter_times_out<B: Backend>(b: &B) {
+    let mut holder = Lock::new(b, opts(100, 0)).unwrap();
+    holder.lock("k").unwrap();
+    holder.expire(Some(Duration::from_secs(5))).unwrap();
+    let mut waiter = Lock::new(b, opts(30_000, 300)).unwrap();
+    assert!(matches!(waiter.lock("k"), Err(Error::Timeout)));
+    holder.expire(None).unwrap(); // back to 100 ms
+    assert!(waiter.lock("k").unwrap() > Duration::ZERO);
+    assert!(matches!(holder.expire(None), Err(Error::Expired)));
+    assert!(!holder.is_locked());
+    waiter.unlock().unwrap();
+}
+
+fn fencing_tokens_grow_across_holders<B: Backend>(b: &B) {
+    let mut last = 0;
+    for _ in 0..20 {
+        let mut a = Lock::new(b, LockOptions::default()).unwrap();
+        a.lock("fenced").unwrap();
+        let t = a.token().unwrap();
+        assert!(t > last, "{t} after {last}");
+        assert_eq!(a.token(), Some(t));
+        last = t;
+    }
+}
+
+fn dropping_a_holding_lock_object_releases<B: Backend>(b: &B) {
+    let mut a = Lock::new(b, opts(30_000, 0)).unwrap();
+    {
+        let mut held = Lock::new(b, opts(30_000, 0)).unwrap();
+        held.lock("g").unwrap();
+        assert!(matches!(a.lock("g"), Err(Error::Timeout)));
+    } // dropped while holding: released
+    a.lock("g").unwrap();
+    a.unlock().unwrap();
+}
+
+fn bad_keys_are_typed_errors<B: Backend>(b: &B) {
+    let mut a = Lock::new(b, LockOptions::default()).unwrap();
+    assert!(matches!(a.lock(""), Err(Error::EmptyKey)));
+    assert!(matches!(
+        a.lock(vec![1u8; 65536]),
+        Err(Error::KeyTooLong(65536))
+    ));
+    a.lock(vec![0u8, 255, b'{', b'}', 7]).unwrap();
+    a.unlock().unwrap();
+}
+
+macro_rules! suite {
+    ($name:ident, $make:expr) => {
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn lock_twice_on_one_object_is_locked() {
+                let (b, _keep) = $make;
+                super::lock_twice_on_one_object_is_locked(&b);
+            }
+
+            #[test]
+            fn two_objects_on_one_key_time_out() {
+                let (b, _keep) = $make;
+                super::two_objects_on_one_key_time_out(&b);
+            }
+
+            #[test]
+            fn a_forgotten_holder_is_taken_over_after_exptime() {
+                let (b, _keep) = $make;
+                super::a_forgotten_holder_is_taken_over_after_exptime(&b);
+            }
+
+            #[test]
+            fn expire_extends_the_lease_so_a_waiter_times_out() {
+                let (b, _keep) = $make;
+                super::expire_extends_the_lease_so_a_waiter_times_out(&b);
+            }
+
+            #[test]
+            fn fencing_tokens_grow_across_holders() {
+                let (b, _keep) = $make;
+                super::fencing_tokens_grow_across_holders(&b);
+            }
+
+            #[test]
+            fn dropping_a_holding_lock_object_releases() {
+                let (b, _keep) = $make;
+                super::dropping_a_holding_lock_object_releases(&b);
+            }
+
+            #[test]
+            fn bad_keys_are_typed_errors() {
+                let (b, _keep) = $make;
+                super::bad_keys_are_typed_errors(&b);
+            }
+        }
+    };
+}
+
+suite!(shm, {
+    let path = common::TempPath::new("suite");
+    (shmlock::LockTable::open(&path, 64).unwrap(), path)
+});
+
+#[cfg(feature = "redis")]
+suite!(redis, {
+    let server = common::redis_server::RedisServer::start();
+    (shmlock::RedisLocks::open(&server.url()).unwrap(), server)
+});

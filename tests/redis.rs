@@ -1,0 +1,105 @@
+//! What only the Redis backend has to show, against a real redis-server: many connections
+//! (standing in for many hosts) keeping mutual exclusion, guards, and a server restart.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::redis_server::RedisServer;
+use shmlock::{Error, Lock, LockOptions, RedisLocks};
+
+#[test]
+fn many_connections_keep_mutual_exclusion() {
+    let server = RedisServer::start();
+    let inside = Arc::new(AtomicBool::new(false));
+    let counter = Arc::new(AtomicU64::new(0));
+    let overlaps = Arc::new(AtomicU64::new(0));
+    let hosts: Vec<_> = (0..4)
+        .map(|_| {
+            let (url, inside, counter, overlaps) = (
+                server.url(),
+                inside.clone(),
+                counter.clone(),
+                overlaps.clone(),
+            );
+            std::thread::spawn(move || {
+                // each "host" has its own connection
+                let redis = RedisLocks::open(&url).unwrap();
+                let opts = LockOptions {
+                    step: Duration::from_micros(200),
+                    ..LockOptions::default()
+                };
+                let mut lock = Lock::new(&redis, opts).unwrap();
+                for _ in 0..300 {
+                    lock.lock("hot").unwrap();
+                    if inside.swap(true, Ordering::SeqCst) {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let v = counter.load(Ordering::Relaxed);
+                    std::thread::yield_now();
+                    counter.store(v + 1, Ordering::Relaxed);
+                    inside.store(false, Ordering::SeqCst);
+                    lock.unlock().unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in hosts {
+        h.join().unwrap();
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+    assert_eq!(counter.load(Ordering::SeqCst), 4 * 300);
+}
+
+#[test]
+fn guards_try_lock_and_is_locked() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap().with_prefix("app:");
+    let g = redis.lock("job", &LockOptions::default()).unwrap();
+    assert!(redis.is_locked("job").unwrap());
+    assert!(redis
+        .try_lock("job", Duration::from_secs(5))
+        .unwrap()
+        .is_none());
+    let tok = g.token().unwrap();
+    drop(g);
+    assert!(!redis.is_locked("job").unwrap());
+    let g = redis
+        .try_lock("job", Duration::from_secs(5))
+        .unwrap()
+        .unwrap();
+    assert!(g.token().unwrap() > tok);
+    // the prefix namespaces keys: another prefix does not see this lock
+    let other = RedisLocks::open(&server.url())
+        .unwrap()
+        .with_prefix("other:");
+    assert!(!other.is_locked("job").unwrap());
+    g.unlock().unwrap();
+}
+
+#[test]
+fn a_server_restart_gives_typed_errors_then_recovers() {
+    let mut server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url())
+        .unwrap()
+        .with_timeout(Duration::from_millis(500));
+    let mut holder = Lock::new(&redis, LockOptions::default()).unwrap();
+    holder.lock("k").unwrap();
+    server.stop();
+    let mut other = Lock::new(&redis, LockOptions::default()).unwrap();
+    assert!(matches!(other.lock("k"), Err(Error::Redis(_))));
+    assert!(matches!(redis.is_locked("k"), Err(Error::Redis(_))));
+    server.restart(); // empty: the old hold is gone with the old server
+    assert!(!redis.is_locked("k").unwrap());
+    // the holder's unlock finds nothing of its own and nobody else's: not an error
+    holder.unlock().unwrap();
+    other.lock("k").unwrap();
+    assert!(redis.is_locked("k").unwrap());
+    other.unlock().unwrap();
+    assert!(matches!(
+        RedisLocks::open("redis://127.0.0.1:1/"),
+        Err(Error::Redis(_))
+    ));
+}
