@@ -75,7 +75,7 @@ pub use error::{Error, FormatError};
 pub use lock::{Lock, LockGuard};
 pub use options::LockOptions;
 #[cfg(all(feature = "redis", not(loom)))]
-pub use redis_store::{RedisBusy, RedisHold, RedisLocks};
+pub use redis_store::{RedisBusy, RedisHold, RedisHolder, RedisLocks};
 #[cfg(not(loom))]
 pub use shm::{Holder, HolderState, LockTable, OpenOptions, ShmBusy, ShmHold};
 

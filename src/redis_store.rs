@@ -75,6 +75,31 @@ pub struct RedisHold {
     fence: u64,
 }
 
+/// A lock held in Redis, as [`RedisLocks::holders`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisHolder {
+    /// The key (without the prefix).
+    pub key: Vec<u8>,
+    /// Time left on the lease; `None` if it never expires.
+    pub ttl: Option<Duration>,
+    /// The fencing token most recently handed out for the key (the holder's, unless the
+    /// lock was broken and not taken again).
+    pub last_token: Option<u64>,
+}
+
+/// `*`, `?`, `[`, `]` and `\` are glob syntax in SCAN MATCH: escape them in the prefix.
+fn escape_glob(s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    for &b in s {
+        if matches!(b, b'*' | b'?' | b'[' | b']' | b'\\') {
+            out.push(b'\\');
+        }
+        out.push(b);
+    }
+    out
+}
+
 /// A busy attempt on Redis (polling needs nothing more).
 pub struct RedisBusy(());
 
@@ -130,6 +155,53 @@ impl RedisLocks {
     pub fn is_locked(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
         let (lock_key, _) = self.keys(crate::check_key(key.as_ref())?);
         let n: u64 = self.run(|c| redis::cmd("EXISTS").arg(&lock_key).query(c))?;
+        Ok(n == 1)
+    }
+
+    /// The locks held under this prefix (SCAN: a snapshot, fine for inspection).
+    pub fn holders(&self) -> Result<Vec<RedisHolder>, Error> {
+        let mut pattern = escape_glob(&self.prefix);
+        pattern.extend_from_slice(b"{*}");
+        let keys: Vec<Vec<u8>> = self.run(|c| {
+            redis::cmd("SCAN")
+                .cursor_arg(0)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .clone()
+                .iter(c)?
+                .collect::<redis::RedisResult<Vec<Vec<u8>>>>()
+        })?;
+        let mut out = Vec::new();
+        for lock_key in keys {
+            let name = lock_key[self.prefix.len() + 1..lock_key.len() - 1].to_vec();
+            let (_, fence_key) = self.keys(&name);
+            let (pttl, fence): (i64, Option<u64>) = self.run(|c| {
+                redis::pipe()
+                    .cmd("PTTL")
+                    .arg(&lock_key)
+                    .cmd("GET")
+                    .arg(&fence_key)
+                    .query(c)
+            })?;
+            if pttl == -2 {
+                continue; // gone since the scan
+            }
+            out.push(RedisHolder {
+                key: name,
+                ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+                last_token: fence,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Breaks the lock on `key`, whoever holds it; `true` if it was held. Its holder finds
+    /// out at its next unlock or renewal ([`Error::Expired`]).
+    pub fn force_unlock(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
+        let (lock_key, _) = self.keys(crate::check_key(key.as_ref())?);
+        let n: u64 = self.run(|c| redis::cmd("DEL").arg(&lock_key).query(c))?;
         Ok(n == 1)
     }
 

@@ -255,3 +255,55 @@ fn the_file_comes_from_shmlock_file_when_not_given() {
     assert!(status.success());
     assert!(file.0.exists());
 }
+
+#[test]
+fn the_redis_backend_runs_inspects_and_unlocks() {
+    let server = common::redis_server::RedisServer::start();
+    let url = server.url();
+    let cli = || {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_shmlock"));
+        c.env_remove("SHMLOCK_FILE").args(["--redis", &url]);
+        c
+    };
+    let redis = shmlock::RedisLocks::open(&url).unwrap();
+    let mut first = cli()
+        .args(["run", "--exptime", "0.5", "job", "--", "sleep", "1.2"])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("the run holds the key in Redis", || {
+        redis.is_locked("job").unwrap()
+    });
+    assert_eq!(
+        code(cli().args(["run", "-n", "-E", "9", "job", "--", "true"])),
+        9
+    );
+    let json = String::from_utf8(output(cli().args(["inspect", "--json"])).stdout).unwrap();
+    assert!(
+        json.contains("\"key\":\"job\"") && json.contains("\"token\":1"),
+        "{json}"
+    );
+    // renewed past its 0.5 s lease while the command runs
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(redis.is_locked("job").unwrap());
+    assert!(first.wait().unwrap().success());
+    assert!(!redis.is_locked("job").unwrap());
+    // a stuck lock (its holder gone without unlocking) is broken by force
+    let stuck = redis
+        .try_lock("stuck", Duration::from_secs(60))
+        .unwrap()
+        .unwrap();
+    std::mem::forget(stuck);
+    assert_eq!(code(cli().args(["unlock", "stuck"])), 2);
+    assert_eq!(code(cli().args(["unlock", "--force", "stuck"])), 0);
+    assert_eq!(code(cli().args(["run", "-n", "stuck", "--", "true"])), 0);
+    assert_eq!(code(cli().args(["create", "--capacity", "4"])), 2);
+    // an unreachable server is one line and exit 2
+    let down = output(Command::new(env!("CARGO_BIN_EXE_shmlock")).args([
+        "--redis",
+        "redis://127.0.0.1:1/",
+        "inspect",
+    ]));
+    assert_eq!(down.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&down.stderr).lines().count(), 1);
+}

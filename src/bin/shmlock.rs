@@ -10,7 +10,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
-use shmlock::{Error, Holder, HolderState, Lock, LockOptions, LockTable};
+use shmlock::{
+    Backend, Error, Holder, HolderState, Lock, LockOptions, LockTable, RedisHolder, RedisLocks,
+};
 
 /// Where the table is when neither --file nor $SHMLOCK_FILE says.
 const DEFAULT_FILE: &str = "/dev/shm/shmlock";
@@ -29,13 +31,20 @@ const DEFAULT_CAPACITY: usize = 1024;
         "Examples:\n",
         "  shmlock run nightly-report -- ./report.sh\n",
         "  shmlock inspect\n",
-        "  shmlock --file /dev/shm/app-locks unlock --force user:42",
+        "  shmlock --file /dev/shm/app-locks unlock --force user:42\n",
+        "  shmlock --redis redis://10.0.0.5:6379/ run nightly-report -- ./report.sh",
     )
 )]
 struct Cli {
     /// The lock table file [default: $SHMLOCK_FILE, else /dev/shm/shmlock]
-    #[arg(long, global = true, value_name = "PATH")]
+    #[arg(long, global = true, value_name = "PATH", conflicts_with = "redis")]
     file: Option<PathBuf>,
+    /// Use the locks in this Redis server instead of a table file (redis://host:port/db)
+    #[arg(long, global = true, value_name = "URL")]
+    redis: Option<String>,
+    /// Key prefix in Redis
+    #[arg(long, global = true, value_name = "PREFIX", default_value = "shmlock:")]
+    redis_prefix: String,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -151,11 +160,14 @@ fn main() -> ExitCode {
         .file
         .or_else(|| std::env::var_os("SHMLOCK_FILE").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from(DEFAULT_FILE));
-    let result = match cli.command {
-        Cmd::Run(a) => run(&file, a),
-        Cmd::Inspect(a) => inspect(&file, a),
-        Cmd::Unlock(a) => unlock(&file, a),
-        Cmd::Create(a) => create(&file, a),
+    let result = match (&cli.redis, cli.command) {
+        (None, Cmd::Run(a)) => LockTable::open(&file, DEFAULT_CAPACITY)
+            .map_err(Fail::from)
+            .and_then(|t| run(&t, a)),
+        (None, Cmd::Inspect(a)) => inspect(&file, a),
+        (None, Cmd::Unlock(a)) => unlock(&file, a),
+        (None, Cmd::Create(a)) => create(&file, a),
+        (Some(url), command) => redis(url, &cli.redis_prefix, command),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -171,8 +183,79 @@ fn secs(v: f64, what: &str) -> Result<Duration, Fail> {
         .map_err(|_| Fail(format!("{what} must be a number of seconds >= 0"), 2))
 }
 
-fn run(file: &Path, a: RunArgs) -> Result<u8, Fail> {
-    let table = LockTable::open(file, DEFAULT_CAPACITY)?;
+fn redis(url: &str, prefix: &str, command: Cmd) -> Result<u8, Fail> {
+    let redis = RedisLocks::open(url)?.with_prefix(prefix);
+    match command {
+        Cmd::Run(a) => run(&redis, a),
+        Cmd::Inspect(a) => {
+            let mut held = redis.holders()?;
+            held.sort_by(|x, y| x.key.cmp(&y.key));
+            let out = std::io::stdout();
+            write_redis(&mut out.lock(), url, &held, a.json)
+                .map_err(|e| Fail(format!("stdout: {e}"), 2))?;
+            Ok(0)
+        }
+        Cmd::Unlock(a) => {
+            refuse_without_force(&a)?;
+            if redis.force_unlock(&a.key)? {
+                println!("broke {:?}", a.key);
+                Ok(0)
+            } else {
+                Err(Fail(format!("{:?} is not locked", a.key), 1))
+            }
+        }
+        Cmd::Create(_) => Err(Fail(
+            "create makes table files; a Redis server needs no creating".into(),
+            2,
+        )),
+    }
+}
+
+fn write_redis(
+    out: &mut impl Write,
+    url: &str,
+    held: &[RedisHolder],
+    json: bool,
+) -> std::io::Result<()> {
+    let ttl = |h: &RedisHolder| {
+        h.ttl
+            .map_or("null".to_string(), |d| d.as_millis().to_string())
+    };
+    let token = |h: &RedisHolder| h.last_token.map_or("null".to_string(), |t| t.to_string());
+    if json {
+        let holders: Vec<String> = held
+            .iter()
+            .map(|h| {
+                let hex: String = h.key.iter().map(|b| format!("{b:02x}")).collect();
+                format!(
+                    "{{\"key\":{},\"key_hex\":\"{hex}\",\"ttl_ms\":{},\"token\":{}}}",
+                    json_str(&String::from_utf8_lossy(&h.key)),
+                    ttl(h),
+                    token(h)
+                )
+            })
+            .collect();
+        return writeln!(
+            out,
+            "{{\"redis\":{},\"holders\":[{}]}}",
+            json_str(url),
+            holders.join(",")
+        );
+    }
+    writeln!(out, "{url}: {} locks held", held.len())?;
+    for h in held {
+        writeln!(
+            out,
+            "{:<40} ttl {:>10} token {:>8}",
+            String::from_utf8_lossy(&h.key),
+            ttl(h),
+            token(h)
+        )?;
+    }
+    Ok(())
+}
+
+fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     let exptime = secs(a.exptime, "--exptime")?;
     if exptime.is_zero() {
         return Err(Fail(
@@ -190,7 +273,7 @@ fn run(file: &Path, a: RunArgs) -> Result<u8, Fail> {
         timeout: Duration::ZERO,
         ..LockOptions::default()
     };
-    let mut lock = Lock::new(&table, opts)?;
+    let mut lock = Lock::new(backend, opts)?;
     // One call waits at most exptime (resty's cap); wait longer by asking again.
     let started = Instant::now();
     loop {
@@ -394,16 +477,21 @@ fn write_json(
     )
 }
 
-fn unlock(file: &Path, a: UnlockArgs) -> Result<u8, Fail> {
-    if !a.force {
-        return Err(Fail(
-            format!(
-                "refusing to break {:?} without --force (its holder may still rely on it)",
-                a.key
-            ),
-            2,
-        ));
+fn refuse_without_force(a: &UnlockArgs) -> Result<(), Fail> {
+    if a.force {
+        return Ok(());
     }
+    Err(Fail(
+        format!(
+            "refusing to break {:?} without --force (its holder may still rely on it)",
+            a.key
+        ),
+        2,
+    ))
+}
+
+fn unlock(file: &Path, a: UnlockArgs) -> Result<u8, Fail> {
+    refuse_without_force(&a)?;
     let table = LockTable::options().create(false).open(file)?;
     match table.force_unlock(&a.key)? {
         Some(h) => {
