@@ -193,6 +193,14 @@ impl<'b, B: Backend> Lock<'b, B> {
         token(self.backend, self.holding.as_ref()?)
     }
 
+    /// Stops holding the key without unlocking it: it stays taken until its lease runs out
+    /// (see [`LockGuard::leave_to_expire`]). Returns the fencing token of the hold;
+    /// [`Error::Unlocked`] if nothing is held.
+    pub fn leave_to_expire(&mut self) -> Result<Option<u64>, Error> {
+        let holding = self.holding.take().ok_or(Error::Unlocked)?;
+        Ok(token(self.backend, &holding))
+    }
+
     /// Whether this object holds a key.
     pub fn is_locked(&self) -> bool {
         self.holding.is_some()
@@ -230,6 +238,35 @@ impl<B: Backend> LockGuard<'_, B> {
     /// Renews the lease (see [`Lock::expire`]).
     pub fn expire(&mut self, ttl: Option<Duration>) -> Result<(), Error> {
         extend(self.backend, &mut self.holding, self.exptime_ns, ttl)
+    }
+
+    /// Keeps the key until its lease runs out, without unlocking: a lease rather than a
+    /// lock, as for "only one worker runs this tick". Returns the fencing token of the
+    /// hold. With `exptime` zero the key stays held for good (until broken by force).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("shmlock-doc-lease-{}", std::process::id()));
+    /// # let _ = std::fs::remove_file(&path);
+    /// use shmlock::LockTable;
+    /// use std::time::Duration;
+    ///
+    /// let table = LockTable::open(&path, 64)?;
+    /// // Whoever gets the lease for this minute's run does the work; nobody unlocks.
+    /// if let Some(lease) = table.try_lock("cron:2026-11-21T20:46", Duration::from_secs(60))? {
+    ///     let _token = lease.leave_to_expire();
+    ///     // ... do this minute's work ...
+    /// }
+    /// assert!(table.try_lock("cron:2026-11-21T20:46", Duration::from_secs(60))?.is_none());
+    /// # std::fs::remove_file(&path).unwrap();
+    /// # Ok::<(), shmlock::Error>(())
+    /// ```
+    pub fn leave_to_expire(self) -> Option<u64> {
+        let token = self.token();
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used again and its Drop (which would release) does not
+        // run, so the holding is read out and dropped exactly once.
+        drop(unsafe { std::ptr::read(&this.holding) });
+        token
     }
 
     /// Releases the key now and reports whether the hold was still ours.

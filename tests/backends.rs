@@ -88,6 +88,25 @@ fn dropping_a_holding_lock_object_releases<B: Backend>(b: &B) {
     a.unlock().unwrap();
 }
 
+fn a_lease_left_to_expire_holds_until_exptime<B: Backend>(b: &B) {
+    let mut worker = Lock::new(b, opts(150, 0)).unwrap();
+    worker.lock("tick").unwrap();
+    let first = worker.token().unwrap();
+    drop(worker); // released: the next tick's worker could take it at once
+    let mut lease = Lock::new(b, opts(150, 0)).unwrap();
+    lease.lock("tick").unwrap();
+    let token = lease.leave_to_expire().unwrap().unwrap();
+    assert!(token > first);
+    assert!(!lease.is_locked());
+    assert!(matches!(lease.leave_to_expire(), Err(Error::Unlocked)));
+    drop(lease); // no longer holding: dropping releases nothing
+    let mut other = Lock::new(b, opts(30_000, 0)).unwrap();
+    assert!(matches!(other.lock("tick"), Err(Error::Timeout)));
+    std::thread::sleep(Duration::from_millis(200));
+    other.lock("tick").unwrap();
+    assert!(other.token().unwrap() > token);
+}
+
 fn bad_keys_are_typed_errors<B: Backend>(b: &B) {
     let mut a = Lock::new(b, LockOptions::default()).unwrap();
     assert!(matches!(a.lock(""), Err(Error::EmptyKey)));
@@ -138,6 +157,12 @@ macro_rules! suite {
             fn dropping_a_holding_lock_object_releases() {
                 let (b, _keep) = $make;
                 super::dropping_a_holding_lock_object_releases(&b);
+            }
+
+            #[test]
+            fn a_lease_left_to_expire_holds_until_exptime() {
+                let (b, _keep) = $make;
+                super::a_lease_left_to_expire_holds_until_exptime(&b);
             }
 
             #[test]
