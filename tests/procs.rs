@@ -43,6 +43,17 @@ const TESTS: &[(&str, TestFn)] = tests![
     chaos_sigkill_workers_at_random_moments,
 ];
 
+/// All the tests of this build: the Redis one needs the `redis` feature.
+fn tests() -> Vec<(&'static str, TestFn)> {
+    #[cfg_attr(not(feature = "redis"), allow(unused_mut))]
+    let mut all = TESTS.to_vec();
+    #[cfg(feature = "redis")]
+    all.extend_from_slice(tests![
+        redis_paused_holder_loses_its_lease_and_its_late_unlock_is_refused
+    ]);
+    all
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--role") {
@@ -51,7 +62,7 @@ fn main() {
     // cargo passes libtest flags (--quiet, --nocapture, ...); the first bare word filters.
     let filter = args.iter().skip(1).find(|a| !a.starts_with('-'));
     let (mut passed, mut failed) = (0, 0);
-    for (name, test) in TESTS {
+    for (name, test) in tests() {
         if filter.is_some_and(|f| !name.contains(f.as_str())) {
             continue;
         }
@@ -892,6 +903,48 @@ fn chaos_sigkill_workers_at_random_moments() {
     }
     table.reap();
     assert_eq!(table.occupancy(), 0);
+}
+
+#[cfg(feature = "redis")]
+fn redis_paused_holder_loses_its_lease_and_its_late_unlock_is_refused() {
+    let server = common::redis_server::RedisServer::start();
+    let url = server.url();
+    let held = Gate::new();
+    let mut proceed = Gate::new();
+    let child = {
+        let (url, held, proceed) = (&url, &held, &mut proceed);
+        fork(move || {
+            let redis = shmlock::RedisLocks::open(url).unwrap();
+            let mut lock = Lock::new(&redis, opts(300, 0)).unwrap();
+            lock.lock("k").unwrap();
+            held.signal();
+            proceed.wait(); // SIGSTOPped somewhere around here, for longer than the lease
+            match lock.unlock() {
+                Err(Error::Expired) => 0,
+                other => {
+                    eprintln!("late unlock: {other:?}");
+                    1
+                }
+            }
+        })
+    };
+    held.await_signals(1);
+    // SAFETY: stopping our own child.
+    unsafe { libc::kill(child.0, libc::SIGSTOP) };
+    let redis = shmlock::RedisLocks::open(&url).unwrap();
+    let mut lock = Lock::new(&redis, opts(30_000, 5_000)).unwrap();
+    assert!(
+        lock.lock("k").unwrap() > Duration::ZERO,
+        "took the paused holder's lease"
+    );
+    // SAFETY: resuming our own child.
+    unsafe { libc::kill(child.0, libc::SIGCONT) };
+    proceed.open();
+    assert_eq!(child.wait(Duration::from_secs(30)), 0);
+    // the late unlock did not delete the new owner's key
+    assert!(redis.is_locked("k").unwrap());
+    lock.unlock().unwrap();
+    assert!(!redis.is_locked("k").unwrap());
 }
 
 // ---------------------------------------------------------------------------------------
