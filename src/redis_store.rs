@@ -1,10 +1,11 @@
 //! The Redis backend: the same locks, shared by many machines through one Redis server.
 //!
-//! A hold is a key set with `SET key token NX PX ttl`, where the token is 128 random bits
-//! drawn for that acquisition. Release and renewal are scripts that compare the token
-//! first, so a holder whose lease ran out never deletes or extends its successor's key. The
-//! fencing token comes from a counter `INCR`ed by the acquire script, in the same round
-//! trip. Both keys of a lock share a cluster hash tag.
+//! A hold is a key set with `SET key token NX PX ttl` (one round trip), where the token is
+//! 128 bits no other acquisition shares. Release and renewal are scripts that compare the
+//! token first, so a holder whose lease ran out never deletes or extends its successor's
+//! key. The fencing token is taken when first asked for, as on the table: a script `INCR`s
+//! the key's counter only while the key still holds our token, so a holder that lost its
+//! lease gets none. Both keys of a lock share a cluster hash tag.
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -16,19 +17,6 @@ use crate::error::Error;
 use crate::lock::{self, LockGuard};
 use crate::options::LockOptions;
 
-/// `SET NX PX` (or plain `NX` for no expiry) and, on success, the fencing `INCR`.
-/// Returns the fencing token, or 0 if the key is held.
-const ACQUIRE: &str = r"
-local ok
-if ARGV[2] == '0' then
-  ok = redis.call('SET', KEYS[1], ARGV[1], 'NX')
-else
-  ok = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
-end
-if ok then return redis.call('INCR', KEYS[2]) end
-return 0
-";
-
 /// Compare-and-delete: 1 deleted, 0 absent (expired, or deleted by an earlier try whose
 /// reply was lost), -1 held by someone else.
 const RELEASE: &str = r"
@@ -36,6 +24,12 @@ local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then redis.call('DEL', KEYS[1]) return 1 end
 if not v then return 0 end
 return -1
+";
+
+/// The fencing token, only for the current holder: the counter's next value, or 0.
+const TOKEN: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('INCR', KEYS[2])
 ";
 
 /// Compare-and-renew: 1 renewed, 0 no longer ours.
@@ -54,7 +48,7 @@ return 1
 /// let redis = RedisLocks::open("redis://127.0.0.1:6379/")?.with_prefix("myapp:");
 /// let mut lock = Lock::new(&redis, LockOptions::default())?;
 /// let elapsed = lock.lock("report:nightly")?;
-/// let token = lock.token(); // fencing token from the server
+/// let token = lock.token(); // fencing token, taken from the server on first ask
 /// lock.unlock()?;
 /// # Ok::<(), shmlock::Error>(())
 /// ```
@@ -63,16 +57,17 @@ pub struct RedisLocks {
     conn: Mutex<Option<Connection>>,
     prefix: Vec<u8>,
     timeout: Duration,
-    acquire: Script,
     release: Script,
     extend: Script,
+    fence: Script,
 }
 
-/// A hold in Redis: the lock key, this acquisition's token and its fencing token.
+/// A hold in Redis: the lock key, this acquisition's token, and its fencing token once
+/// asked for (0 before).
 pub struct RedisHold {
     key: Vec<u8>,
     token: String,
-    fence: u64,
+    fence: std::cell::Cell<u64>,
 }
 
 /// A lock held in Redis, as [`RedisLocks::holders`] reports it.
@@ -112,9 +107,9 @@ impl RedisLocks {
             conn: Mutex::new(None),
             prefix: b"shmlock:".to_vec(),
             timeout: Duration::from_secs(5),
-            acquire: Script::new(ACQUIRE),
             release: Script::new(RELEASE),
             extend: Script::new(EXTEND),
+            fence: Script::new(TOKEN),
         };
         drop(locks.connection()?);
         Ok(locks)
@@ -244,17 +239,50 @@ impl RedisLocks {
     }
 }
 
+impl RedisLocks {
+    /// [`run`](Self::run), once more on a fresh connection if the first one broke: for
+    /// commands that are safe to repeat (compare-and-delete, compare-and-renew).
+    fn retrying<T>(
+        &self,
+        f: impl Fn(&mut Connection) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        match self.run(&f) {
+            Err(Error::Redis(e)) if e.is_io_error() || e.is_connection_dropped() => self.run(&f),
+            other => other,
+        }
+    }
+}
+
 /// Milliseconds for PX: rounded up, so a lease is never shorter than asked; 0 = no expiry.
 fn ttl_ms(exptime_ns: u64) -> u64 {
     exptime_ns.div_ceil(1_000_000)
 }
 
+/// A token no other acquisition anywhere shares: 128 bits, the high 64 and a base for the
+/// low 64 drawn at random once per process (again after `fork`), plus a per-process count.
 fn random_token() -> String {
-    let mut buf = [0u8; 16];
-    // SAFETY: writes at most 16 bytes into `buf`.
-    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
-    assert_eq!(n, 16, "getrandom failed");
-    buf.iter().map(|b| format!("{b:02x}")).collect()
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEED: Mutex<Option<(u32, u64, u64)>> = Mutex::new(None);
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let pid = std::process::id();
+    let (hi, lo) = {
+        let mut seed = SEED.lock().unwrap_or_else(|e| e.into_inner());
+        match *seed {
+            Some((p, hi, lo)) if p == pid => (hi, lo),
+            _ => {
+                let mut buf = [0u8; 16];
+                // SAFETY: writes at most 16 bytes into `buf`.
+                let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+                assert_eq!(n, 16, "getrandom failed");
+                let hi = u64::from_le_bytes(buf[..8].try_into().unwrap());
+                let lo = u64::from_le_bytes(buf[8..].try_into().unwrap());
+                *seed = Some((pid, hi, lo));
+                (hi, lo)
+            }
+        }
+    };
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    format!("{hi:016x}{:016x}", lo.wrapping_add(n))
 }
 
 impl Sealed for RedisLocks {}
@@ -272,31 +300,31 @@ impl Backend for RedisLocks {
         key: &[u8],
         exptime_ns: u64,
     ) -> Result<Result<RedisHold, RedisBusy>, Error> {
-        let (key, fence_key) = self.keys(crate::check_key(key)?);
+        let (key, _) = self.keys(crate::check_key(key)?);
         let token = random_token();
-        let fence: u64 = self.run(|c| {
-            self.acquire
-                .key(&key)
-                .key(&fence_key)
-                .arg(&token)
-                .arg(ttl_ms(exptime_ns))
-                .invoke(c)
+        let ttl = ttl_ms(exptime_ns);
+        let set: Option<String> = self.run(|c| {
+            let mut set = redis::cmd("SET");
+            set.arg(&key).arg(&token).arg("NX");
+            if ttl != 0 {
+                set.arg("PX").arg(ttl);
+            }
+            set.query(c)
         })?;
-        if fence == 0 {
+        if set.is_none() {
             return Ok(Err(RedisBusy(())));
         }
-        Ok(Ok(RedisHold { key, token, fence }))
+        Ok(Ok(RedisHold {
+            key,
+            token,
+            fence: std::cell::Cell::new(0),
+        }))
     }
 
     fn release(&self, hold: &RedisHold) -> Result<(), Error> {
-        let call = || -> Result<i64, Error> {
-            self.run(|c| self.release.key(&hold.key).arg(&hold.token).invoke(c))
-        };
         // Safe to retry: it only ever deletes the key while it holds our token.
-        let outcome = match call() {
-            Err(Error::Redis(e)) if e.is_io_error() || e.is_connection_dropped() => call()?,
-            other => other?,
-        };
+        let outcome: i64 =
+            self.retrying(|c| self.release.key(&hold.key).arg(&hold.token).invoke(c))?;
         match outcome {
             -1 => Err(Error::Expired),
             _ => Ok(()), // deleted, or already gone with nobody else holding it
@@ -304,11 +332,12 @@ impl Backend for RedisLocks {
     }
 
     fn extend(&self, hold: &mut RedisHold, exptime_ns: u64) -> Result<(), Error> {
-        let renewed: i64 = self.run(|c| {
+        let ttl = ttl_ms(exptime_ns);
+        let renewed: i64 = self.retrying(|c| {
             self.extend
                 .key(&hold.key)
                 .arg(&hold.token)
-                .arg(ttl_ms(exptime_ns))
+                .arg(ttl)
                 .invoke(c)
         })?;
         if renewed == 1 {
@@ -318,8 +347,26 @@ impl Backend for RedisLocks {
         }
     }
 
+    /// A connection error counts as "no token": nothing proves the hold is still ours.
     fn token(&self, hold: &RedisHold) -> Option<u64> {
-        Some(hold.fence)
+        if hold.fence.get() == 0 {
+            let mut fence_key = hold.key.clone();
+            fence_key.extend_from_slice(b":fence");
+            let t: u64 = self
+                .run(|c| {
+                    self.fence
+                        .key(&hold.key)
+                        .key(&fence_key)
+                        .arg(&hold.token)
+                        .invoke(c)
+                })
+                .ok()?;
+            if t == 0 {
+                return None;
+            }
+            hold.fence.set(t);
+        }
+        Some(hold.fence.get())
     }
 
     fn spins(&self) -> bool {

@@ -45,6 +45,8 @@ fn a_forgotten_holder_is_taken_over_after_exptime<B: Backend>(b: &B) {
     forgetful.lock("k").unwrap();
     let mut waiter = Lock::new(b, opts(30_000, 5_000)).unwrap();
     assert!(waiter.lock("k").unwrap() > Duration::ZERO);
+    assert!(forgetful.token().is_none(), "a lost hold gets no fencing token");
+    assert!(waiter.token().is_some());
     assert!(matches!(forgetful.unlock(), Err(Error::Expired)));
     // the late unlock left the new holder alone
     let mut probe = Lock::new(b, opts(30_000, 0)).unwrap();

@@ -317,17 +317,21 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     let status = loop {
         match exited.recv_timeout(exptime / 3) {
             Ok(status) => break status.map_err(|e| Fail(format!("wait: {e}"), 2))?,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                if let Err(e) = lock.expire(None) {
+            Err(mpsc::RecvTimeoutError::Timeout) => match lock.expire(None) {
+                Ok(()) => {}
+                Err(Error::Expired) => {
                     // SAFETY: signalling our own child.
                     unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
                     let _ = exited.recv();
                     return Err(Fail(
-                        format!("lost the lock on {:?}: {e}; command terminated", a.key),
+                        format!("lost the lock on {:?}; command terminated", a.key),
                         2,
                     ));
                 }
-            }
+                // Unreachable for now (a Redis outage): try again at the next renewal;
+                // if the lease lapses meanwhile, that one reports Expired.
+                Err(e) => eprintln!("shmlock: renewing {:?}: {e}", a.key),
+            },
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(Fail("lost track of the command".into(), 2))
             }
