@@ -72,7 +72,7 @@ mod loom_tests;
 pub use backend::Backend;
 pub use error::{Error, FormatError};
 #[cfg(not(loom))]
-pub use lock::{Lock, LockGuard};
+pub use lock::{KeepAlive, Lock, LockGuard};
 pub use options::LockOptions;
 #[cfg(all(feature = "redis", not(loom)))]
 pub use redis_store::{RedisBusy, RedisHold, RedisHolder, RedisLocks};

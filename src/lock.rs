@@ -1,6 +1,8 @@
 //! The lock API over any [`Backend`]: the resty-style [`Lock`] object and the RAII
 //! [`LockGuard`].
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use crate::backend::{acquire_slow, Backend};
@@ -56,6 +58,73 @@ fn extend<B: Backend>(
 
 fn token<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Option<u64> {
     backend.token(holding.ours().ok()?)
+}
+
+/// What [`LockGuard::keep_alive`] and [`Lock::keep_alive`] hand to the work they guard.
+#[derive(Debug, Default)]
+pub struct KeepAlive {
+    lost: AtomicBool,
+}
+
+impl KeepAlive {
+    /// Whether a renewal found the lease lost: the work no longer has the lock and should
+    /// stop (anything fenced should be refused by now).
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+}
+
+/// Runs `work` while a scoped thread renews `holding` every third of `exptime_ns`.
+/// Returns the work's result and whether the lease held throughout.
+fn keep_alive<B, R>(
+    backend: &B,
+    holding: &mut Holding<B::Hold>,
+    exptime_ns: u64,
+    work: impl FnOnce(&KeepAlive) -> R,
+) -> (R, Result<(), Error>)
+where
+    B: Backend + Sync,
+    B::Hold: Send,
+{
+    if let Err(e) = holding.ours() {
+        return (work(&KeepAlive::default()), Err(e));
+    }
+    if exptime_ns == 0 {
+        return (work(&KeepAlive::default()), Ok(())); // never expires: nothing to renew
+    }
+    let every = Duration::from_nanos(exptime_ns / 3);
+    let status = KeepAlive::default();
+    let done = (Mutex::new(false), Condvar::new());
+    std::thread::scope(|scope| {
+        let renewer = scope.spawn(|| {
+            let (stop, wake) = (&done.0, &done.1);
+            let mut stopped = stop.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                stopped = wake
+                    .wait_timeout_while(stopped, every, |stop| !*stop)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+                if *stopped {
+                    return Ok(());
+                }
+                match backend.extend(&mut holding.hold, exptime_ns) {
+                    Ok(()) => {}
+                    Err(Error::Expired) => {
+                        status.lost.store(true, Ordering::Release);
+                        return Err(Error::Expired);
+                    }
+                    // Unreachable for now: try again next time; if the lease lapses
+                    // meanwhile, that renewal says Expired.
+                    Err(_) => {}
+                }
+            }
+        });
+        let value = work(&status);
+        *done.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        done.1.notify_all();
+        let lease = renewer.join().unwrap_or(Err(Error::Expired));
+        (value, lease)
+    })
 }
 
 /// `try_lock` of any backend: one attempt for a guard, `Ok(None)` if the key is held.
@@ -201,6 +270,28 @@ impl<'b, B: Backend> Lock<'b, B> {
         Ok(token(self.backend, &holding))
     }
 
+    /// Runs `work` while a background thread renews the lease every third of exptime, so a
+    /// long job keeps the lock however long it runs (and a crashed one loses it within
+    /// exptime). Returns the work's result and `Ok` if the lease held throughout, or
+    /// [`Error::Expired`] if a renewal found it lost (the work can watch
+    /// [`KeepAlive::is_lost`] to stop early); the object then holds nothing.
+    /// [`Error::Unlocked`] (and no run of `work`) if nothing is held.
+    pub fn keep_alive<R>(
+        &mut self,
+        work: impl FnOnce(&KeepAlive) -> R,
+    ) -> Result<(R, Result<(), Error>), Error>
+    where
+        B: Sync,
+        B::Hold: Send,
+    {
+        let holding = self.holding.as_mut().ok_or(Error::Unlocked)?;
+        let (value, lease) = keep_alive(self.backend, holding, self.opts.exptime_ns, work);
+        if lease.is_err() {
+            self.holding = None;
+        }
+        Ok((value, lease))
+    }
+
     /// Whether this object holds a key.
     pub fn is_locked(&self) -> bool {
         self.holding.is_some()
@@ -238,6 +329,37 @@ impl<B: Backend> LockGuard<'_, B> {
     /// Renews the lease (see [`Lock::expire`]).
     pub fn expire(&mut self, ttl: Option<Duration>) -> Result<(), Error> {
         extend(self.backend, &mut self.holding, self.exptime_ns, ttl)
+    }
+
+    /// Runs `work` while a background thread renews the lease every third of exptime (see
+    /// [`Lock::keep_alive`]): the work's result, and whether the lease held throughout.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("shmlock-doc-keep-{}", std::process::id()));
+    /// # let _ = std::fs::remove_file(&path);
+    /// use shmlock::{LockOptions, LockTable};
+    /// use std::time::Duration;
+    ///
+    /// let table = LockTable::open(&path, 64)?;
+    /// let opts = LockOptions { exptime: Duration::from_millis(30), ..LockOptions::default() };
+    /// let mut guard = table.lock("report", &opts)?;
+    /// let (rows, lease) = guard.keep_alive(|alive| {
+    ///     std::thread::sleep(Duration::from_millis(100)); // longer than the lease
+    ///     assert!(!alive.is_lost());
+    ///     42
+    /// });
+    /// assert_eq!(rows, 42);
+    /// assert!(lease.is_ok()); // renewed all along
+    /// guard.unlock()?;
+    /// # std::fs::remove_file(&path).unwrap();
+    /// # Ok::<(), shmlock::Error>(())
+    /// ```
+    pub fn keep_alive<R>(&mut self, work: impl FnOnce(&KeepAlive) -> R) -> (R, Result<(), Error>)
+    where
+        B: Sync,
+        B::Hold: Send,
+    {
+        keep_alive(self.backend, &mut self.holding, self.exptime_ns, work)
     }
 
     /// Keeps the key until its lease runs out, without unlocking: a lease rather than a

@@ -614,3 +614,20 @@ fn files_are_private_by_default_and_take_the_mode_asked_for() {
     let mode = std::fs::metadata(&path2).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o664);
 }
+
+#[test]
+fn keep_alive_reports_a_lock_broken_under_it() {
+    let (t, _p) = table("keepalive", 16);
+    let mut g = t.lock("job", &opts(90, 0)).unwrap();
+    let (saw_loss, lease) = g.keep_alive(|alive| {
+        t.force_unlock("job").unwrap().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !alive.is_lost() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        alive.is_lost()
+    });
+    assert!(saw_loss);
+    assert!(matches!(lease, Err(Error::Expired)));
+    assert!(matches!(g.unlock(), Err(Error::Expired)));
+}

@@ -45,7 +45,10 @@ fn a_forgotten_holder_is_taken_over_after_exptime<B: Backend>(b: &B) {
     forgetful.lock("k").unwrap();
     let mut waiter = Lock::new(b, opts(30_000, 5_000)).unwrap();
     assert!(waiter.lock("k").unwrap() > Duration::ZERO);
-    assert!(forgetful.token().is_none(), "a lost hold gets no fencing token");
+    assert!(
+        forgetful.token().is_none(),
+        "a lost hold gets no fencing token"
+    );
     assert!(waiter.token().is_some());
     assert!(matches!(forgetful.unlock(), Err(Error::Expired)));
     // the late unlock left the new holder alone
@@ -109,6 +112,30 @@ fn a_lease_left_to_expire_holds_until_exptime<B: Backend>(b: &B) {
     assert!(other.token().unwrap() > token);
 }
 
+fn keep_alive_holds_the_lock_through_work_longer_than_the_lease<B>(b: &B)
+where
+    B: Backend + Sync,
+    B::Hold: Send,
+{
+    let mut worker = Lock::new(b, opts(150, 0)).unwrap();
+    worker.lock("job").unwrap();
+    let (value, lease) = worker
+        .keep_alive(|alive| {
+            let mut rival = Lock::new(b, opts(30_000, 0)).unwrap();
+            for _ in 0..4 {
+                std::thread::sleep(Duration::from_millis(100)); // 400 ms in all
+                assert!(matches!(rival.lock("job"), Err(Error::Timeout)));
+                assert!(!alive.is_lost());
+            }
+            7
+        })
+        .unwrap();
+    assert_eq!((value, lease.is_ok()), (7, true));
+    worker.unlock().unwrap();
+    let mut idle = Lock::new(b, opts(150, 0)).unwrap();
+    assert!(matches!(idle.keep_alive(|_| ()), Err(Error::Unlocked)));
+}
+
 fn bad_keys_are_typed_errors<B: Backend>(b: &B) {
     let mut a = Lock::new(b, LockOptions::default()).unwrap();
     assert!(matches!(a.lock(""), Err(Error::EmptyKey)));
@@ -165,6 +192,12 @@ macro_rules! suite {
             fn a_lease_left_to_expire_holds_until_exptime() {
                 let (b, _keep) = $make;
                 super::a_lease_left_to_expire_holds_until_exptime(&b);
+            }
+
+            #[test]
+            fn keep_alive_holds_the_lock_through_work_longer_than_the_lease() {
+                let (b, _keep) = $make;
+                super::keep_alive_holds_the_lock_through_work_longer_than_the_lease(&b);
             }
 
             #[test]

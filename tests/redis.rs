@@ -103,3 +103,29 @@ fn a_server_restart_gives_typed_errors_then_recovers() {
         Err(Error::Redis(_))
     ));
 }
+
+#[test]
+fn keep_alive_reports_a_lock_broken_under_it() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    let opts = LockOptions {
+        exptime: Duration::from_millis(90),
+        ..LockOptions::default()
+    };
+    let mut lock = Lock::new(&redis, opts).unwrap();
+    lock.lock("job").unwrap();
+    let (saw_loss, lease) = lock
+        .keep_alive(|alive| {
+            let breaker = RedisLocks::open(&server.url()).unwrap();
+            assert!(breaker.force_unlock("job").unwrap());
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while !alive.is_lost() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            alive.is_lost()
+        })
+        .unwrap();
+    assert!(saw_loss);
+    assert!(matches!(lease, Err(Error::Expired)));
+    assert!(!lock.is_locked());
+}
