@@ -20,27 +20,30 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Median µs per pair over `samples` samples of `pairs` pairs.
-fn per_pair(samples: usize, pairs: u32, mut f: impl FnMut(u32)) -> f64 {
-    for i in 0..pairs / 10 {
-        f(i);
+/// Medians in µs per pair of each candidate, over `samples` rounds in which every candidate
+/// runs `pairs` pairs in turn: interleaved, so a noisy moment hits all of them alike.
+fn per_pair(samples: usize, pairs: u32, candidates: &mut [&mut dyn FnMut(u32)]) -> Vec<f64> {
+    for f in candidates.iter_mut() {
+        for i in 0..pairs / 10 {
+            f(i); // warm up
+        }
     }
-    median(
-        (0..samples)
-            .map(|_| {
-                let t = Instant::now();
-                for i in 0..pairs {
-                    f(i);
-                }
-                t.elapsed().as_secs_f64() * 1e6 / f64::from(pairs)
-            })
-            .collect(),
-    )
+    let mut times = vec![Vec::new(); candidates.len()];
+    for _ in 0..samples {
+        for (f, t) in candidates.iter_mut().zip(&mut times) {
+            let start = Instant::now();
+            for i in 0..pairs {
+                f(i);
+            }
+            t.push(start.elapsed().as_secs_f64() * 1e6 / f64::from(pairs));
+        }
+    }
+    times.into_iter().map(median).collect()
 }
 
 fn main() {
     let quick = std::env::args().any(|a| a == "quick");
-    let (samples, pairs) = if quick { (3, 200) } else { (11, 1000) };
+    let (samples, pairs) = if quick { (3, 100) } else { (21, 300) };
     let server = redis_server::RedisServer::start();
 
     let redis = RedisLocks::open(&server.url()).unwrap();
@@ -49,21 +52,12 @@ fn main() {
         ..LockOptions::default()
     };
     let mut lock = Lock::new(&redis, opts).unwrap();
-    let ours = per_pair(samples, pairs, |_| {
-        lock.lock("bench").unwrap();
-        lock.unlock().unwrap();
-    });
-
-    let with_token = per_pair(samples, pairs, |_| {
-        lock.lock("bench").unwrap();
-        assert!(lock.token().is_some());
-        lock.unlock().unwrap();
-    });
+    let mut fenced = Lock::new(&redis, opts).unwrap();
 
     let client = redis::Client::open(server.url()).unwrap();
     let mut con = client.get_connection().unwrap();
     let release = redis::Script::new(RELEASE);
-    let raw = per_pair(samples, pairs, |i| {
+    let mut raw_pair = |i: u32| {
         let token = format!("{i:032x}");
         let ok: Option<String> = redis::cmd("SET")
             .arg("raw-bench")
@@ -80,7 +74,24 @@ fn main() {
             .invoke(&mut con)
             .unwrap();
         assert_eq!(n, 1);
-    });
+    };
+    let medians = per_pair(
+        samples,
+        pairs,
+        &mut [
+            &mut |_| {
+                lock.lock("bench").unwrap();
+                lock.unlock().unwrap();
+            },
+            &mut |_| {
+                fenced.lock("fenced").unwrap();
+                assert!(fenced.token().is_some());
+                fenced.unlock().unwrap();
+            },
+            &mut raw_pair,
+        ],
+    );
+    let (ours, with_token, raw) = (medians[0], medians[1], medians[2]);
 
     println!("| Redis on loopback, acquire+release pair | median |\n|---|---|");
     println!("| shmlock RedisLocks (SET NX PX, release script) | {ours:.1} µs |");

@@ -17,11 +17,15 @@ use crate::error::Error;
 use crate::lock::{self, LockGuard};
 use crate::options::LockOptions;
 
-/// Compare-and-delete: 1 deleted, 0 absent (expired, or deleted by an earlier try whose
-/// reply was lost), -1 held by someone else.
+/// Compare-and-delete, waking the waiters: 1 deleted, 0 absent (expired, or deleted by an
+/// earlier try whose reply was lost), -1 held by someone else.
 const RELEASE: &str = r"
 local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then redis.call('DEL', KEYS[1]) return 1 end
+if v == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', KEYS[2], '1')
+  return 1
+end
 if not v then return 0 end
 return -1
 ";
@@ -55,6 +59,8 @@ return 1
 pub struct RedisLocks {
     client: Client,
     conn: Mutex<Option<Connection>>,
+    /// For waiting: a connection subscribed to one key's channel at a time.
+    subscriber: Mutex<Option<Connection>>,
     prefix: Vec<u8>,
     timeout: Duration,
     release: Script,
@@ -66,6 +72,7 @@ pub struct RedisLocks {
 /// asked for (0 before).
 pub struct RedisHold {
     key: Vec<u8>,
+    channel: Vec<u8>,
     token: String,
     fence: std::cell::Cell<u64>,
 }
@@ -95,8 +102,11 @@ fn escape_glob(s: &[u8]) -> Vec<u8> {
     out
 }
 
-/// A busy attempt on Redis (polling needs nothing more).
-pub struct RedisBusy(());
+/// A busy attempt on Redis: the key to wait for and its release channel.
+pub struct RedisBusy {
+    key: Vec<u8>,
+    channel: Vec<u8>,
+}
 
 impl RedisLocks {
     /// Connects to the server at `url` (`redis://host:port/db`). The connection is made now,
@@ -105,6 +115,7 @@ impl RedisLocks {
         let locks = RedisLocks {
             client: Client::open(url)?,
             conn: Mutex::new(None),
+            subscriber: Mutex::new(None),
             prefix: b"shmlock:".to_vec(),
             timeout: Duration::from_secs(5),
             release: Script::new(RELEASE),
@@ -195,8 +206,16 @@ impl RedisLocks {
     /// Breaks the lock on `key`, whoever holds it; `true` if it was held. Its holder finds
     /// out at its next unlock or renewal ([`Error::Expired`]).
     pub fn force_unlock(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
-        let (lock_key, _) = self.keys(crate::check_key(key.as_ref())?);
-        let n: u64 = self.run(|c| redis::cmd("DEL").arg(&lock_key).query(c))?;
+        let (lock_key, channel) = self.channel_keys(crate::check_key(key.as_ref())?);
+        let (n, _): (u64, u64) = self.run(|c| {
+            redis::pipe()
+                .cmd("DEL")
+                .arg(&lock_key)
+                .cmd("PUBLISH")
+                .arg(&channel)
+                .arg(1)
+                .query(c)
+        })?;
         Ok(n == 1)
     }
 
@@ -212,6 +231,41 @@ impl RedisLocks {
         let mut fence_key = lock_key.clone();
         fence_key.extend_from_slice(b":fence");
         (lock_key, fence_key)
+    }
+
+    /// The lock key and the channel its releases are published on.
+    fn channel_keys(&self, key: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let (lock_key, _) = self.keys(key);
+        let mut channel = lock_key.clone();
+        channel.extend_from_slice(b":free");
+        (lock_key, channel)
+    }
+
+    /// Subscribes to the release channel of `busy`, looks once more whether the key is
+    /// still held (a release just before the subscription would be missed), and waits for
+    /// a message for at most `step`.
+    fn wait_for_release(
+        &self,
+        con: &mut Connection,
+        busy: &RedisBusy,
+        step: Duration,
+    ) -> redis::RedisResult<()> {
+        let mut pubsub = con.as_pubsub();
+        pubsub.subscribe(&busy.channel)?;
+        // (cannot tell: count it as held and wait the step out)
+        let held: u64 = self
+            .run(|c| redis::cmd("EXISTS").arg(&busy.key).query(c))
+            .unwrap_or(1);
+        if held == 0 {
+            return Ok(());
+        }
+        pubsub.set_read_timeout(Some(step.max(Duration::from_millis(1))))?;
+        match pubsub.get_message() {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_timeout() => Ok(()),
+            Err(e) => Err(e),
+        }
+        // dropping `pubsub` unsubscribes
     }
 
     fn connection(&self) -> Result<MutexGuard<'_, Option<Connection>>, Error> {
@@ -300,7 +354,7 @@ impl Backend for RedisLocks {
         key: &[u8],
         exptime_ns: u64,
     ) -> Result<Result<RedisHold, RedisBusy>, Error> {
-        let (key, _) = self.keys(crate::check_key(key)?);
+        let (key, channel) = self.channel_keys(crate::check_key(key)?);
         let token = random_token();
         let ttl = ttl_ms(exptime_ns);
         let set: Option<String> = self.run(|c| {
@@ -312,10 +366,11 @@ impl Backend for RedisLocks {
             set.query(c)
         })?;
         if set.is_none() {
-            return Ok(Err(RedisBusy(())));
+            return Ok(Err(RedisBusy { key, channel }));
         }
         Ok(Ok(RedisHold {
             key,
+            channel,
             token,
             fence: std::cell::Cell::new(0),
         }))
@@ -323,8 +378,13 @@ impl Backend for RedisLocks {
 
     fn release(&self, hold: &RedisHold) -> Result<(), Error> {
         // Safe to retry: it only ever deletes the key while it holds our token.
-        let outcome: i64 =
-            self.retrying(|c| self.release.key(&hold.key).arg(&hold.token).invoke(c))?;
+        let outcome: i64 = self.retrying(|c| {
+            self.release
+                .key(&hold.key)
+                .key(&hold.channel)
+                .arg(&hold.token)
+                .invoke(c)
+        })?;
         match outcome {
             -1 => Err(Error::Expired),
             _ => Ok(()), // deleted, or already gone with nobody else holding it
@@ -374,15 +434,36 @@ impl Backend for RedisLocks {
     }
 
     fn can_notify(&self) -> bool {
-        false
+        true
     }
 
     fn reap(&self, _busy: &RedisBusy) -> bool {
         false // the server expires keys itself
     }
 
-    fn sleep(&self, _busy: &RedisBusy, step: Duration) -> Duration {
-        std::thread::sleep(step);
-        step
+    /// Waits on the key's release channel, woken by the release script's PUBLISH; the step
+    /// bounds the wait, so a lease that lapses (no message) is seen as when polling. One
+    /// waiter at a time per `RedisLocks` subscribes; others, and any pub/sub trouble, poll.
+    fn sleep(&self, busy: &RedisBusy, step: Duration) -> Duration {
+        let started = std::time::Instant::now();
+        let poll = |started: std::time::Instant| {
+            std::thread::sleep(step.saturating_sub(started.elapsed()));
+            started.elapsed()
+        };
+        let Ok(mut slot) = self.subscriber.try_lock() else {
+            return poll(started);
+        };
+        if slot.is_none() {
+            match self.client.get_connection_with_timeout(self.timeout) {
+                Ok(c) => *slot = Some(c),
+                Err(_) => return poll(started),
+            }
+        }
+        let con = slot.as_mut().expect("connected above");
+        if self.wait_for_release(con, busy, step).is_err() {
+            *slot = None; // start afresh next time
+            return poll(started);
+        }
+        started.elapsed()
     }
 }

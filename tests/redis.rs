@@ -129,3 +129,43 @@ fn keep_alive_reports_a_lock_broken_under_it() {
     assert!(matches!(lease, Err(Error::Expired)));
     assert!(!lock.is_locked());
 }
+
+/// A holder on another connection releases after 50 ms; the waiter's first step is 1 s.
+fn wait_for_a_release(url: &str, notify: bool) -> Duration {
+    let (ready, locked) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            // another "host": its own connection takes the key and releases it after 50 ms
+            let holder = RedisLocks::open(url).unwrap();
+            let held = holder.lock("k", &LockOptions::default()).unwrap();
+            ready.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            held.unlock().unwrap();
+        });
+        locked.recv().unwrap();
+        let redis = RedisLocks::open(url).unwrap();
+        let opts = LockOptions {
+            step: Duration::from_secs(1),
+            max_step: Duration::from_secs(1),
+            notify,
+            ..LockOptions::default()
+        };
+        let mut waiter = Lock::new(&redis, opts).unwrap();
+        let elapsed = waiter.lock("k").unwrap();
+        waiter.unlock().unwrap();
+        elapsed
+    })
+}
+
+#[test]
+fn a_release_wakes_a_waiter_on_another_connection() {
+    let server = RedisServer::start();
+    // polling cannot see the release before its first 1 s step ends, and says so exactly
+    assert_eq!(
+        wait_for_a_release(&server.url(), false),
+        Duration::from_secs(1)
+    );
+    // the release script's PUBLISH wakes the subscribed waiter long before that
+    let woken = wait_for_a_release(&server.url(), true);
+    assert!(woken < Duration::from_millis(900), "{woken:?}: not woken");
+}
