@@ -51,6 +51,14 @@ pub trait Backend: Sealed {
     #[doc(hidden)]
     fn release(&self, hold: &Self::Hold) -> Result<(), Error>;
 
+    /// Releases a hold whose guard or lock object is being dropped, where nobody can be
+    /// told the outcome. A backend whose release is a network call inside an async runtime
+    /// hands it to a blocking task instead of stalling the executor.
+    #[doc(hidden)]
+    fn release_on_drop(&self, hold: Self::Hold) {
+        let _ = self.release(&hold);
+    }
+
     /// Moves the deadline of a hold to now + `exptime_ns` (0: never).
     #[doc(hidden)]
     fn extend(&self, hold: &mut Self::Hold, exptime_ns: u64) -> Result<(), Error>;
@@ -140,5 +148,39 @@ pub(crate) fn acquire_slow<B: Backend>(
         if let Some(hold) = attempt(&mut busy)? {
             return Ok((hold, elapsed(slept)));
         }
+    }
+}
+
+/// The async waiting loop: resty's schedule with `tokio::time::sleep`, as resty yields the
+/// light thread instead of blocking; elapsed is the sum of the steps. `attempt` makes one
+/// attempt without blocking the runtime; `reap` checks a busy holder for death.
+#[cfg(feature = "tokio")]
+pub(crate) async fn acquire_async<H, Busy, Fut>(
+    opts: &Resolved,
+    timeout: Duration,
+    mut attempt: impl FnMut() -> Fut,
+    reap: impl Fn(&Busy) -> bool,
+) -> Result<(H, Duration), Error>
+where
+    Fut: std::future::Future<Output = Result<Result<H, Busy>, Error>>,
+{
+    let mut schedule = Schedule::new(opts, timeout);
+    let mut slept = Duration::ZERO;
+    let mut retried = false;
+    loop {
+        let busy = match attempt().await? {
+            Ok(hold) => return Ok((hold, slept)),
+            Err(busy) => busy,
+        };
+        if !retried && reap(&busy) {
+            retried = true; // a dead holder: once per step, try again at once
+            continue;
+        }
+        retried = false;
+        let Some(step) = schedule.next_sleep() else {
+            return Err(Error::Timeout);
+        };
+        tokio::time::sleep(step).await;
+        slept += step;
     }
 }

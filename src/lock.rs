@@ -1,6 +1,7 @@
 //! The lock API over any [`Backend`]: the resty-style [`Lock`] object and the RAII
 //! [`LockGuard`].
 
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
@@ -39,6 +40,13 @@ impl<H> Holding<H> {
 
 fn release<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Result<(), Error> {
     backend.release(holding.ours()?)
+}
+
+/// The release of a dropped guard or lock object: by this process only, outcome unseen.
+fn release_on_drop<B: Backend>(backend: &B, holding: Holding<B::Hold>) {
+    if holding.ours().is_ok() {
+        backend.release_on_drop(holding.hold);
+    }
 }
 
 fn extend<B: Backend>(
@@ -158,12 +166,7 @@ pub(crate) fn guard<'b, B: Backend>(
         Some(hold) => (hold, Duration::ZERO),
         None => acquire_slow(backend, key, &resolved, timeout)?,
     };
-    Ok(LockGuard {
-        backend,
-        holding: Holding::new(hold),
-        elapsed,
-        exptime_ns: resolved.exptime_ns,
-    })
+    Ok(LockGuard::new(backend, hold, elapsed, resolved.exptime_ns))
 }
 
 /// A resty.lock-style lock object: holds at most one key at a time.
@@ -301,7 +304,7 @@ impl<'b, B: Backend> Lock<'b, B> {
 impl<B: Backend> Drop for Lock<'_, B> {
     fn drop(&mut self) {
         if let Some(holding) = self.holding.take() {
-            let _ = release(self.backend, &holding);
+            release_on_drop(self.backend, holding);
         }
     }
 }
@@ -310,12 +313,32 @@ impl<B: Backend> Drop for Lock<'_, B> {
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard<'b, B: Backend = LockTable> {
     backend: &'b B,
-    holding: Holding<B::Hold>,
+    /// Taken out exactly once: by `unlock`, `leave_to_expire` or `Drop`.
+    holding: ManuallyDrop<Holding<B::Hold>>,
     elapsed: Duration,
     exptime_ns: u64,
 }
 
-impl<B: Backend> LockGuard<'_, B> {
+impl<'b, B: Backend> LockGuard<'b, B> {
+    #[inline]
+    pub(crate) fn new(backend: &'b B, hold: B::Hold, elapsed: Duration, exptime_ns: u64) -> Self {
+        LockGuard {
+            backend,
+            holding: ManuallyDrop::new(Holding::new(hold)),
+            elapsed,
+            exptime_ns,
+        }
+    }
+
+    /// Takes the holding out of a guard that will not be dropped.
+    fn into_holding(self) -> (&'b B, Holding<B::Hold>) {
+        let mut this = ManuallyDrop::new(self);
+        // SAFETY: `this` is never used again and its Drop does not run, so the holding is
+        // taken out exactly once.
+        let holding = unsafe { ManuallyDrop::take(&mut this.holding) };
+        (this.backend, holding)
+    }
+
     /// How long the acquisition waited (see [`Lock::lock`]).
     pub fn elapsed(&self) -> Duration {
         self.elapsed
@@ -383,28 +406,22 @@ impl<B: Backend> LockGuard<'_, B> {
     /// # Ok::<(), shmlock::Error>(())
     /// ```
     pub fn leave_to_expire(self) -> Option<u64> {
-        let token = self.token();
-        let this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `this` is never used again and its Drop (which would release) does not
-        // run, so the holding is read out and dropped exactly once.
-        drop(unsafe { std::ptr::read(&this.holding) });
-        token
+        let (backend, holding) = self.into_holding();
+        token(backend, &holding)
     }
 
     /// Releases the key now and reports whether the hold was still ours.
     pub fn unlock(self) -> Result<(), Error> {
-        let this = std::mem::ManuallyDrop::new(self);
-        let result = release(this.backend, &this.holding);
-        // SAFETY: `this` is never used again and its Drop does not run, so the holding is
-        // read out (and dropped) exactly once.
-        drop(unsafe { std::ptr::read(&this.holding) });
-        result
+        let (backend, holding) = self.into_holding();
+        release(backend, &holding)
     }
 }
 
 impl<B: Backend> Drop for LockGuard<'_, B> {
     fn drop(&mut self) {
-        let _ = release(self.backend, &self.holding);
+        // SAFETY: Drop runs once, and the other takers consume the guard without Drop.
+        let holding = unsafe { ManuallyDrop::take(&mut self.holding) };
+        release_on_drop(self.backend, holding);
     }
 }
 

@@ -7,7 +7,7 @@
 //! the key's counter only while the key still holds our token, so a holder that lost its
 //! lease gets none. Both keys of a lock share a cluster hash tag.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use redis::{Client, Connection, Script};
@@ -44,7 +44,8 @@ else redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 1
 ";
 
-/// Locks in a Redis server. `Send + Sync`; one connection, re-made after an error.
+/// Locks in a Redis server. A cheap `Clone` handle, `Send + Sync`; one connection, re-made
+/// after an error.
 ///
 /// ```no_run
 /// use shmlock::{Lock, LockOptions, RedisLocks};
@@ -56,7 +57,11 @@ return 1
 /// lock.unlock()?;
 /// # Ok::<(), shmlock::Error>(())
 /// ```
-pub struct RedisLocks {
+#[derive(Clone)]
+pub struct RedisLocks(Arc<Inner>);
+
+/// What a [`RedisLocks`] and its clones share.
+struct Inner {
     client: Client,
     conn: Mutex<Option<Connection>>,
     /// For waiting: a connection subscribed to one key's channel at a time.
@@ -112,31 +117,42 @@ impl RedisLocks {
     /// Connects to the server at `url` (`redis://host:port/db`). The connection is made now,
     /// so a wrong address is an error here.
     pub fn open(url: &str) -> Result<RedisLocks, Error> {
-        let locks = RedisLocks {
-            client: Client::open(url)?,
-            conn: Mutex::new(None),
-            subscriber: Mutex::new(None),
-            prefix: b"shmlock:".to_vec(),
-            timeout: Duration::from_secs(5),
-            release: Script::new(RELEASE),
-            extend: Script::new(EXTEND),
-            fence: Script::new(TOKEN),
-        };
+        let locks = RedisLocks::with(
+            Client::open(url)?,
+            b"shmlock:".to_vec(),
+            Duration::from_secs(5),
+        );
         drop(locks.connection()?);
         Ok(locks)
     }
 
-    /// Names every key `PREFIX{KEY}` (default prefix `shmlock:`).
-    pub fn with_prefix(mut self, prefix: impl AsRef<[u8]>) -> Self {
-        self.prefix = prefix.as_ref().to_vec();
-        self
+    fn with(client: Client, prefix: Vec<u8>, timeout: Duration) -> RedisLocks {
+        RedisLocks(Arc::new(Inner {
+            client,
+            conn: Mutex::new(None),
+            subscriber: Mutex::new(None),
+            prefix,
+            timeout,
+            release: Script::new(RELEASE),
+            extend: Script::new(EXTEND),
+            fence: Script::new(TOKEN),
+        }))
+    }
+
+    /// Names every key `PREFIX{KEY}` (default prefix `shmlock:`). Returns a new handle
+    /// with connections of its own.
+    pub fn with_prefix(&self, prefix: impl AsRef<[u8]>) -> Self {
+        RedisLocks::with(
+            self.0.client.clone(),
+            prefix.as_ref().to_vec(),
+            self.0.timeout,
+        )
     }
 
     /// How long one command may take before it fails with a timeout (default 5 s).
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        self
+    /// Returns a new handle with connections of its own.
+    pub fn with_timeout(&self, timeout: Duration) -> Self {
+        RedisLocks::with(self.0.client.clone(), self.0.prefix.clone(), timeout)
     }
 
     /// Takes `key`, waiting as `opts` says; released when the guard drops.
@@ -146,6 +162,40 @@ impl RedisLocks {
         opts: &LockOptions,
     ) -> Result<LockGuard<'_, RedisLocks>, Error> {
         lock::guard(self, key.as_ref(), opts, Some(opts.timeout))
+    }
+
+    /// [`lock`](Self::lock) for async code (tokio): each attempt runs on tokio's blocking
+    /// pool, the waits are `tokio::time::sleep` on resty's schedule (elapsed = the sum of the
+    /// steps), so no runtime thread is ever blocked. A guard dropped inside a runtime hands
+    /// its release to the blocking pool too (see [`LockGuard`]'s drop).
+    #[cfg(feature = "tokio")]
+    pub async fn lock_async(
+        &self,
+        key: impl AsRef<[u8]>,
+        opts: &LockOptions,
+    ) -> Result<LockGuard<'_, RedisLocks>, Error> {
+        let resolved = opts.resolve()?;
+        let key = key.as_ref().to_vec();
+        let exptime = resolved.exptime_ns;
+        let (hold, elapsed) = crate::backend::acquire_async(
+            &resolved,
+            opts.timeout,
+            || {
+                let (me, key) = (self.clone(), key.clone());
+                async move {
+                    match tokio::task::spawn_blocking(move || me.try_acquire(&key, exptime)).await {
+                        Ok(attempt) => attempt,
+                        Err(e) => match e.try_into_panic() {
+                            Ok(panic) => std::panic::resume_unwind(panic),
+                            Err(_) => Err(Error::Timeout), // the runtime is shutting down
+                        },
+                    }
+                }
+            },
+            |_: &RedisBusy| false,
+        )
+        .await?;
+        Ok(LockGuard::new(self, hold, elapsed, exptime))
     }
 
     /// Takes `key` if nobody holds it, without waiting. `Ok(None)` if it is held.
@@ -166,7 +216,7 @@ impl RedisLocks {
 
     /// The locks held under this prefix (SCAN: a snapshot, fine for inspection).
     pub fn holders(&self) -> Result<Vec<RedisHolder>, Error> {
-        let mut pattern = escape_glob(&self.prefix);
+        let mut pattern = escape_glob(&self.0.prefix);
         pattern.extend_from_slice(b"{*}");
         let keys: Vec<Vec<u8>> = self.run(|c| {
             redis::cmd("SCAN")
@@ -181,7 +231,7 @@ impl RedisLocks {
         })?;
         let mut out = Vec::new();
         for lock_key in keys {
-            let name = lock_key[self.prefix.len() + 1..lock_key.len() - 1].to_vec();
+            let name = lock_key[self.0.prefix.len() + 1..lock_key.len() - 1].to_vec();
             let (_, fence_key) = self.keys(&name);
             let (pttl, fence): (i64, Option<u64>) = self.run(|c| {
                 redis::pipe()
@@ -223,8 +273,8 @@ impl RedisLocks {
     /// land in one slot whatever the key holds (the tag ends at the first `}` after the
     /// first `{`, which lies in the part both names share).
     fn keys(&self, key: &[u8]) -> (Vec<u8>, Vec<u8>) {
-        let mut lock_key = Vec::with_capacity(self.prefix.len() + key.len() + 2);
-        lock_key.extend_from_slice(&self.prefix);
+        let mut lock_key = Vec::with_capacity(self.0.prefix.len() + key.len() + 2);
+        lock_key.extend_from_slice(&self.0.prefix);
         lock_key.push(b'{');
         lock_key.extend_from_slice(key);
         lock_key.push(b'}');
@@ -269,11 +319,11 @@ impl RedisLocks {
     }
 
     fn connection(&self) -> Result<MutexGuard<'_, Option<Connection>>, Error> {
-        let mut guard = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.0.conn.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
-            let c = self.client.get_connection_with_timeout(self.timeout)?;
-            c.set_read_timeout(Some(self.timeout))?;
-            c.set_write_timeout(Some(self.timeout))?;
+            let c = self.0.client.get_connection_with_timeout(self.0.timeout)?;
+            c.set_read_timeout(Some(self.0.timeout))?;
+            c.set_write_timeout(Some(self.0.timeout))?;
             *guard = Some(c);
         }
         Ok(guard)
@@ -379,7 +429,8 @@ impl Backend for RedisLocks {
     fn release(&self, hold: &RedisHold) -> Result<(), Error> {
         // Safe to retry: it only ever deletes the key while it holds our token.
         let outcome: i64 = self.retrying(|c| {
-            self.release
+            self.0
+                .release
                 .key(&hold.key)
                 .key(&hold.channel)
                 .arg(&hold.token)
@@ -391,10 +442,25 @@ impl Backend for RedisLocks {
         }
     }
 
+    /// Inside a tokio runtime the release goes to the blocking pool (the guard's owner cannot
+    /// be told the outcome anyway); elsewhere it is made in place.
+    fn release_on_drop(&self, hold: RedisHold) {
+        #[cfg(feature = "tokio")]
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let me = self.clone();
+            runtime.spawn_blocking(move || {
+                let _ = me.release(&hold);
+            });
+            return;
+        }
+        let _ = self.release(&hold);
+    }
+
     fn extend(&self, hold: &mut RedisHold, exptime_ns: u64) -> Result<(), Error> {
         let ttl = ttl_ms(exptime_ns);
         let renewed: i64 = self.retrying(|c| {
-            self.extend
+            self.0
+                .extend
                 .key(&hold.key)
                 .arg(&hold.token)
                 .arg(ttl)
@@ -414,7 +480,8 @@ impl Backend for RedisLocks {
             fence_key.extend_from_slice(b":fence");
             let t: u64 = self
                 .run(|c| {
-                    self.fence
+                    self.0
+                        .fence
                         .key(&hold.key)
                         .key(&fence_key)
                         .arg(&hold.token)
@@ -450,11 +517,11 @@ impl Backend for RedisLocks {
             std::thread::sleep(step.saturating_sub(started.elapsed()));
             started.elapsed()
         };
-        let Ok(mut slot) = self.subscriber.try_lock() else {
+        let Ok(mut slot) = self.0.subscriber.try_lock() else {
             return poll(started);
         };
         if slot.is_none() {
-            match self.client.get_connection_with_timeout(self.timeout) {
+            match self.0.client.get_connection_with_timeout(self.0.timeout) {
                 Ok(c) => *slot = Some(c),
                 Err(_) => return poll(started),
             }

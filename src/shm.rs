@@ -181,6 +181,42 @@ impl LockTable {
         lock::guard(self, key.as_ref(), opts, Some(opts.timeout))
     }
 
+    /// [`lock`](Self::lock) for async code (tokio): waits on resty's schedule with
+    /// `tokio::time::sleep`, so the runtime thread is never blocked; the elapsed time is the
+    /// sum of the steps. Each attempt is a few atomic operations, made in place; dropping the
+    /// guard releases with one CAS, which never blocks either.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("shmlock-doc-async-{}", std::process::id()));
+    /// # let _ = std::fs::remove_file(&path);
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// use shmlock::{LockOptions, LockTable};
+    ///
+    /// let table = LockTable::open(&path, 64)?;
+    /// let guard = table.lock_async("user:42", &LockOptions::default()).await?;
+    /// drop(guard);
+    /// # std::fs::remove_file(&path).unwrap();
+    /// # Ok::<(), shmlock::Error>(())
+    /// # }).unwrap();
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn lock_async(
+        &self,
+        key: impl AsRef<[u8]>,
+        opts: &LockOptions,
+    ) -> Result<LockGuard<'_>, Error> {
+        let resolved = opts.resolve()?;
+        let key = key.as_ref();
+        let (hold, elapsed) = crate::backend::acquire_async(
+            &resolved,
+            opts.timeout,
+            || std::future::ready(Backend::try_acquire(self, key, resolved.exptime_ns)),
+            |busy: &ShmBusy| self.reap_if_dead(&busy.0),
+        )
+        .await?;
+        Ok(LockGuard::new(self, hold, elapsed, resolved.exptime_ns))
+    }
+
     /// Takes `key` if nobody holds it, without waiting. `Ok(None)` if it is held.
     /// `exptime` is the lease length (zero: never expires).
     pub fn try_lock(
