@@ -27,7 +27,7 @@ pub(crate) struct Slot {
     /// Lease deadline on the table clock (ns); `u64::MAX` = never expires.
     pub deadline: AtomicU64,
     /// Start time of the owning process (`/proc/<pid>/stat` field 22, for pid-reuse checks),
-    /// packed with the generation of the claim that wrote it: see [`Owner`].
+    /// packed with the generation of the claim that wrote it: see [`OwnerField`].
     pub owner_start: AtomicU64,
     /// Home word: fencing counter of the keys whose home is this slot.
     pub fence: AtomicU64,
@@ -113,14 +113,14 @@ impl Slot {
 /// time of a CLAIMING entry only when the generations agree (otherwise it may still be the
 /// previous occupant's), and that of a HELD entry always (it was published with the word).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Owner(pub u64);
+pub(crate) struct OwnerField(pub u64);
 
 const OWNER_GEN_BITS: u32 = 24;
 const OWNER_GEN_MASK: u64 = (1 << OWNER_GEN_BITS) - 1;
 
-impl Owner {
-    pub(crate) fn new(start: u64, claim: Word) -> Owner {
-        Owner((start << OWNER_GEN_BITS) | (claim.gen() & OWNER_GEN_MASK))
+impl OwnerField {
+    pub(crate) fn new(start: u64, claim: Word) -> OwnerField {
+        OwnerField((start << OWNER_GEN_BITS) | (claim.gen() & OWNER_GEN_MASK))
     }
 
     pub(crate) fn start(self) -> u64 {

@@ -45,7 +45,7 @@
 use crate::clock::{deadline, Clock};
 use crate::primitive::{crash_point, fence, spin, AtomicU32, Ordering, SETTLE_ROUNDS};
 use crate::process::{Liveness, Owner};
-use crate::slot::{Owner as SlotOwner, Slot, State, Word, WAITERS};
+use crate::slot::{OwnerField, Slot, State, Word, WAITERS};
 
 /// A key's 128-bit seeded xxh3.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -497,7 +497,7 @@ where
     #[inline]
     fn fill(&self, slot: &Slot, req: &Request<'_>, now: u64, claiming: Word) {
         slot.owner_start.store(
-            SlotOwner::new(req.owner.start, claiming).0,
+            OwnerField::new(req.owner.start, claiming).0,
             Ordering::Relaxed,
         );
         crash_point();
@@ -559,7 +559,7 @@ where
         if c.state() == State::Free {
             return false;
         }
-        let owner = SlotOwner(slot.owner_start.load(Ordering::Relaxed));
+        let owner = OwnerField(slot.owner_start.load(Ordering::Relaxed));
         fence(Ordering::Acquire);
         if slot.control.load(Ordering::Relaxed) != c.0 {
             return false; // moved on: not this owner's entry any more
@@ -767,7 +767,7 @@ where
             hi: slot.hash_hi.load(Ordering::Relaxed),
         };
         let deadline = slot.deadline.load(Ordering::Relaxed);
-        let owner_start = SlotOwner(slot.owner_start.load(Ordering::Relaxed)).start();
+        let owner_start = OwnerField(slot.owner_start.load(Ordering::Relaxed)).start();
         let acquired_at = slot.acquired_at.load(Ordering::Relaxed);
         let token = slot.token.load(Ordering::Relaxed);
         let (key_len, preview) = slot.read_preview();
@@ -859,14 +859,14 @@ mod tests {
         // the field is still the previous occupant's (generation 4): only the pid counts
         let earlier = Word::new(State::Claiming, 0, me.pid, 4);
         slot.owner_start
-            .store(SlotOwner::new(me.start + 1, earlier).0, Ordering::SeqCst);
+            .store(OwnerField::new(me.start + 1, earlier).0, Ordering::SeqCst);
         assert!(!t.owner_dead(slot, claim));
         // written by this claim, with another start time: the claimer died, its pid reused
         slot.owner_start
-            .store(SlotOwner::new(me.start + 1, claim).0, Ordering::SeqCst);
+            .store(OwnerField::new(me.start + 1, claim).0, Ordering::SeqCst);
         assert!(t.owner_dead(slot, claim));
         slot.owner_start
-            .store(SlotOwner::new(me.start, claim).0, Ordering::SeqCst);
+            .store(OwnerField::new(me.start, claim).0, Ordering::SeqCst);
         assert!(!t.owner_dead(slot, claim));
     }
 
