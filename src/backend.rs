@@ -55,8 +55,8 @@ pub trait Backend: Sealed {
     /// told the outcome. A backend whose release is a network call inside an async runtime
     /// hands it to a blocking task instead of stalling the executor.
     #[doc(hidden)]
-    fn release_on_drop(&self, hold: Self::Hold) {
-        let _ = self.release(&hold);
+    fn release_on_drop(&self, hold: &Self::Hold) {
+        let _ = self.release(hold);
     }
 
     /// Moves the deadline of a hold to now + `exptime_ns` (0: never).

@@ -43,9 +43,9 @@ fn release<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Result<(), Er
 }
 
 /// The release of a dropped guard or lock object: by this process only, outcome unseen.
-fn release_on_drop<B: Backend>(backend: &B, holding: Holding<B::Hold>) {
-    if holding.ours().is_ok() {
-        backend.release_on_drop(holding.hold);
+fn release_on_drop<B: Backend>(backend: &B, holding: &Holding<B::Hold>) {
+    if let Ok(hold) = holding.ours() {
+        backend.release_on_drop(hold);
     }
 }
 
@@ -136,6 +136,7 @@ where
 }
 
 /// `try_lock` of any backend: one attempt for a guard, `Ok(None)` if the key is held.
+#[inline]
 pub(crate) fn try_guard<'b, B: Backend>(
     backend: &'b B,
     key: &[u8],
@@ -243,8 +244,11 @@ impl<'b, B: Backend> Lock<'b, B> {
     /// Releases the key. [`Error::Unlocked`] if none is held; [`Error::Expired`] if the
     /// lease ran out and someone else took the key (their hold is left alone).
     pub fn unlock(&mut self) -> Result<(), Error> {
-        let holding = self.holding.take().ok_or(Error::Unlocked)?;
-        release(self.backend, &holding)
+        // Released in place and cleared after: moving the holding out first would reload it
+        // in 16-byte pieces just written in 8-byte ones (a store-forwarding stall).
+        let result = release(self.backend, self.holding.as_ref().ok_or(Error::Unlocked)?);
+        self.holding = None;
+        result
     }
 
     /// Renews the lease: `None` for the object's exptime, `Some(ttl)` for another length
@@ -303,7 +307,7 @@ impl<'b, B: Backend> Lock<'b, B> {
 
 impl<B: Backend> Drop for Lock<'_, B> {
     fn drop(&mut self) {
-        if let Some(holding) = self.holding.take() {
+        if let Some(holding) = &self.holding {
             release_on_drop(self.backend, holding);
         }
     }
@@ -418,10 +422,13 @@ impl<'b, B: Backend> LockGuard<'b, B> {
 }
 
 impl<B: Backend> Drop for LockGuard<'_, B> {
+    #[inline]
     fn drop(&mut self) {
-        // SAFETY: Drop runs once, and the other takers consume the guard without Drop.
-        let holding = unsafe { ManuallyDrop::take(&mut self.holding) };
-        release_on_drop(self.backend, holding);
+        // Released in place (moving the holding out would reload it in pieces just written).
+        release_on_drop(self.backend, &self.holding);
+        // SAFETY: Drop runs once, the other takers of the holding consume the guard without
+        // running Drop, and the holding is not touched after this.
+        unsafe { ManuallyDrop::drop(&mut self.holding) };
     }
 }
 

@@ -75,6 +75,7 @@ struct Inner {
 
 /// A hold in Redis: the lock key, this acquisition's token, and its fencing token once
 /// asked for (0 before).
+#[derive(Clone)]
 pub struct RedisHold {
     key: Vec<u8>,
     channel: Vec<u8>,
@@ -444,16 +445,16 @@ impl Backend for RedisLocks {
 
     /// Inside a tokio runtime the release goes to the blocking pool (the guard's owner cannot
     /// be told the outcome anyway); elsewhere it is made in place.
-    fn release_on_drop(&self, hold: RedisHold) {
+    fn release_on_drop(&self, hold: &RedisHold) {
         #[cfg(feature = "tokio")]
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let me = self.clone();
+            let (me, hold) = (self.clone(), hold.clone());
             runtime.spawn_blocking(move || {
                 let _ = me.release(&hold);
             });
             return;
         }
-        let _ = self.release(&hold);
+        let _ = self.release(hold);
     }
 
     fn extend(&self, hold: &mut RedisHold, exptime_ns: u64) -> Result<(), Error> {

@@ -177,6 +177,7 @@ impl LockTable {
     }
 
     /// Takes `key`, waiting as `opts` says; released when the guard drops.
+    #[inline]
     pub fn lock(&self, key: impl AsRef<[u8]>, opts: &LockOptions) -> Result<LockGuard<'_>, Error> {
         lock::guard(self, key.as_ref(), opts, Some(opts.timeout))
     }
@@ -219,6 +220,7 @@ impl LockTable {
 
     /// Takes `key` if nobody holds it, without waiting. `Ok(None)` if it is held.
     /// `exptime` is the lease length (zero: never expires).
+    #[inline]
     pub fn try_lock(
         &self,
         key: impl AsRef<[u8]>,
