@@ -20,7 +20,8 @@ use shmlock::{Lock, LockOptions, LockTable};
 const HOT_KEYS: usize = 4;
 const COLD_KEYS: usize = 1000;
 const KEYS: usize = HOT_KEYS + COLD_KEYS;
-/// Elapsed is a sum of backoff steps (0, 1, 3, 7, 15 ... ms): one bucket per power of two.
+/// Waits by whole milliseconds, one bucket per power of two: <1, 1-2, 3-6, 7-14, 15-30 ms...
+/// (Polling, a wait is a sum of steps, 1, 3, 7, 15 ms: one bucket each.)
 const BUCKETS: usize = 12;
 /// Per worker: acquisitions, acquisitions that waited, wait time (µs), then the buckets.
 const WORKER_WORDS: usize = 3 + BUCKETS;
@@ -146,7 +147,7 @@ fn main() -> ExitCode {
     }
     let wall = started.elapsed();
 
-    println!("\nworker  acquired  waited  mean wait   elapsed: 0ms  <=1ms  <=3ms  <=7ms  <=15ms  <=31ms  more");
+    println!("\nworker  acquired  waited  mean wait   waited: <1ms  1-2ms  3-6ms  7-14ms  15-30ms  31-62ms  more");
     let mut total = 0;
     for id in 0..workers {
         let base = KEYS + id * WORKER_WORDS;
@@ -156,7 +157,7 @@ fn main() -> ExitCode {
         let b: Vec<u64> = (0..BUCKETS).map(|i| w(3 + i)).collect();
         let more: u64 = b[6..].iter().sum();
         println!(
-            "{id:>6}  {acquired:>8}  {waited:>6}  {:>7.2}ms   {:>10}  {:>5}  {:>5}  {:>5}  {:>6}  {:>6}  {more:>4}",
+            "{id:>6}  {acquired:>8}  {waited:>6}  {:>7.2}ms   {:>11}  {:>5}  {:>5}  {:>6}  {:>7}  {:>7}  {more:>4}",
             if waited > 0 { wait_us as f64 / waited as f64 / 1000.0 } else { 0.0 },
             b[0], b[1], b[2], b[3], b[4], b[5],
         );
