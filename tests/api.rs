@@ -631,3 +631,25 @@ fn keep_alive_reports_a_lock_broken_under_it() {
     assert!(matches!(lease, Err(Error::Expired)));
     assert!(matches!(g.unlock(), Err(Error::Expired)));
 }
+
+#[test]
+fn handles_are_send_sync_and_cheap_clones() {
+    fn send_sync<T: Send + Sync + Clone>() {}
+    send_sync::<LockTable>();
+    #[cfg(feature = "redis")]
+    send_sync::<shmlock::RedisLocks>();
+    // a guard can move to another thread (locks belong to processes, not threads)
+    fn send<T: Send>() {}
+    send::<shmlock::LockGuard<'static>>();
+    let (t, _p) = table("clone", 4);
+    let c = t.clone();
+    let g = t
+        .try_lock("shared", Duration::from_secs(30))
+        .unwrap()
+        .unwrap();
+    assert!(c.is_locked("shared").unwrap());
+    std::thread::scope(|s| {
+        s.spawn(move || g.unlock().unwrap());
+    });
+    assert!(!c.is_locked("shared").unwrap());
+}
