@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::redis_server::RedisServer;
 use common::TempPath;
-use shmlock::{Error, LockOptions, LockTable, RedisLocks};
+use shmlock::{Error, LockGuard, LockOptions, LockTable, RedisLocks};
 
 /// Ticks every millisecond until stopped: counts how often the runtime let it run.
 fn ticker() -> (Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
@@ -29,19 +29,18 @@ fn is_sum_of_steps(d: Duration) -> bool {
     d == Duration::from_millis(ms) && ms > 0 && (ms + 1).is_power_of_two()
 }
 
-// One thread: a wait that blocked it would starve the ticker and the releasing task.
-#[tokio::test(flavor = "current_thread")]
-async fn shm_waits_without_blocking_the_runtime() {
-    let path = TempPath::new("async");
-    let table = LockTable::open(&path, 16).unwrap();
-    let held = table.lock("k", &LockOptions::default()).unwrap();
+/// On this (one-thread) runtime: waits for a key with `wait` while `release` frees it after
+/// 60 ms. A wait that blocked the thread would starve both the releaser and the ticker.
+async fn wait_while_released<'a, B: shmlock::Backend + 'a>(
+    wait: impl std::future::Future<Output = Result<LockGuard<'a, B>, Error>>,
+    release: impl FnOnce(),
+) -> LockGuard<'a, B> {
     let (ticks, t) = ticker();
     let releaser = async {
         tokio::time::sleep(Duration::from_millis(60)).await;
-        drop(held);
+        release();
     };
-    let opts = LockOptions::default();
-    let (guard, ()) = tokio::join!(table.lock_async("k", &opts), releaser);
+    let (guard, ()) = tokio::join!(wait, releaser);
     let guard = guard.unwrap();
     assert!(is_sum_of_steps(guard.elapsed()), "{:?}", guard.elapsed());
     assert!(
@@ -49,6 +48,16 @@ async fn shm_waits_without_blocking_the_runtime() {
         "the runtime was blocked"
     );
     t.abort();
+    guard
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn shm_waits_without_blocking_the_runtime() {
+    let path = TempPath::new("async");
+    let table = LockTable::open(&path, 16).unwrap();
+    let held = table.lock("k", &LockOptions::default()).unwrap();
+    let opts = LockOptions::default();
+    let guard = wait_while_released(table.lock_async("k", &opts), || drop(held)).await;
     let short = LockOptions {
         timeout: Duration::from_millis(5),
         ..LockOptions::default()
@@ -67,20 +76,8 @@ async fn redis_waits_without_blocking_the_runtime_and_drop_releases() {
     let redis = RedisLocks::open(&server.url()).unwrap();
     let other = RedisLocks::open(&server.url()).unwrap();
     let held = other.lock("k", &LockOptions::default()).unwrap();
-    let (ticks, t) = ticker();
-    let releaser = async {
-        tokio::time::sleep(Duration::from_millis(60)).await;
-        held.unlock().unwrap();
-    };
     let opts = LockOptions::default();
-    let (guard, ()) = tokio::join!(redis.lock_async("k", &opts), releaser);
-    let guard = guard.unwrap();
-    assert!(is_sum_of_steps(guard.elapsed()), "{:?}", guard.elapsed());
-    assert!(
-        ticks.load(Ordering::Relaxed) >= 10,
-        "the runtime was blocked"
-    );
-    t.abort();
+    let guard = wait_while_released(redis.lock_async("k", &opts), || held.unlock().unwrap()).await;
     // dropped inside the runtime: released on the blocking pool, soon
     drop(guard);
     for _ in 0..500 {
