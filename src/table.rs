@@ -122,7 +122,6 @@ pub(crate) struct Entry {
     pub word: Word,
     pub hash: KeyHash,
     pub deadline: u64,
-    pub owner_start: u64,
     pub acquired_at: u64,
     pub token: u64,
     pub key_len: u64,
@@ -767,7 +766,6 @@ where
             hi: slot.hash_hi.load(Ordering::Relaxed),
         };
         let deadline = slot.deadline.load(Ordering::Relaxed);
-        let owner_start = OwnerField(slot.owner_start.load(Ordering::Relaxed)).start();
         let acquired_at = slot.acquired_at.load(Ordering::Relaxed);
         let token = slot.token.load(Ordering::Relaxed);
         let (key_len, preview) = slot.read_preview();
@@ -780,7 +778,6 @@ where
             word: c,
             hash,
             deadline,
-            owner_start,
             acquired_at,
             token,
             key_len,
