@@ -10,12 +10,33 @@ use std::path::PathBuf;
 pub enum Error {
     /// The key is empty.
     EmptyKey,
-    /// The key is longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes.
+    /// The key is longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes, or than a
+    /// [`SharedDict`](crate::SharedDict)'s longest key.
     KeyTooLong(usize),
     /// A [`LockOptions`](crate::LockOptions) value is out of range.
     InvalidOptions(&'static str),
     /// The capacity asked for is 0 or above [`MAX_CAPACITY`](crate::MAX_CAPACITY).
     InvalidCapacity(u64),
+    /// The key or value lengths asked of a new [`SharedDict`](crate::SharedDict) are out
+    /// of range.
+    InvalidLayout(&'static str),
+    /// The value is longer than the dict's longest value (chosen when it was created).
+    ValueTooLong {
+        /// Bytes given.
+        len: usize,
+        /// The dict's limit.
+        max: usize,
+    },
+    /// [`SharedDict::add`](crate::SharedDict::add): the key already has a live value.
+    Exists,
+    /// The key has no live value ([`replace`](crate::SharedDict::replace),
+    /// [`incr`](crate::SharedDict::incr) without `init`, [`ttl`](crate::SharedDict::ttl),
+    /// [`expire`](crate::SharedDict::expire)).
+    NotFound,
+    /// [`SharedDict::incr`](crate::SharedDict::incr) on a value that is not a number.
+    NotANumber,
+    /// A `safe_` store found no free slot for the key and evicts nothing.
+    NoMemory,
     /// This [`Lock`](crate::Lock) already holds a key.
     Locked,
     /// The key stayed held by someone else for the whole timeout.
@@ -65,6 +86,14 @@ pub enum FormatError {
     },
     /// The header is damaged or describes a layout this version does not write.
     Corrupt(&'static str),
+    /// A shmlock file of the other kind: a shared dict opened as a lock table, or the
+    /// other way round.
+    WrongKind {
+        /// What the file is.
+        found: &'static str,
+        /// What it was opened as.
+        expected: &'static str,
+    },
 }
 
 impl Error {
@@ -108,7 +137,7 @@ impl fmt::Display for Error {
             Error::EmptyKey => f.write_str("empty key"),
             Error::KeyTooLong(n) => write!(
                 f,
-                "key of {n} bytes is longer than {} bytes",
+                "key of {n} bytes is too long (locks: at most {} bytes; a dict: its max_key_len)",
                 crate::MAX_KEY_LEN
             ),
             Error::InvalidOptions(why) => write!(f, "invalid lock options: {why}"),
@@ -117,6 +146,14 @@ impl fmt::Display for Error {
                 "capacity {n} is out of range 1..={}",
                 crate::MAX_CAPACITY
             ),
+            Error::InvalidLayout(why) => write!(f, "invalid dict layout: {why}"),
+            Error::ValueTooLong { len, max } => {
+                write!(f, "value of {len} bytes is longer than the dict's {max}")
+            }
+            Error::Exists => f.write_str("exists"),
+            Error::NotFound => f.write_str("not found"),
+            Error::NotANumber => f.write_str("not a number"),
+            Error::NoMemory => f.write_str("no memory: no free slot for the key"),
             Error::Locked => f.write_str("locked: this lock already holds a key"),
             Error::Timeout => f.write_str("timeout"),
             Error::Unlocked => f.write_str("unlocked: this lock holds nothing"),
@@ -142,6 +179,9 @@ impl fmt::Display for FormatError {
                 write!(f, "truncated table: {len} bytes, expected {expected}")
             }
             FormatError::Corrupt(why) => write!(f, "corrupt table: {why}"),
+            FormatError::WrongKind { found, expected } => {
+                write!(f, "this file is a shmlock {found}, not a {expected}")
+            }
         }
     }
 }

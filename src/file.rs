@@ -15,16 +15,19 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::{Error, FormatError};
-use crate::format::{Header, HEADER_SIZE, MAX_CAPACITY};
+use crate::format::{Header, Layout, HEADER_SIZE};
 use crate::slot::Slot;
 
 /// How to open a table file.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct OpenSpec {
+    /// What the file must hold; the lengths of a dict's layout count only when creating.
+    pub layout: Layout,
     /// Slots of a table this call creates; ignored when attaching.
     pub capacity: u64,
     /// Permission bits of a table this call creates.
@@ -33,37 +36,65 @@ pub(crate) struct OpenSpec {
     pub create: bool,
 }
 
-/// The slots of a mapped table file.
-pub(crate) struct MappedSlots {
-    ptr: NonNull<Slot>,
-    len: usize,
-    // Keeps the mapping (and so `ptr`) valid; unmapped on drop.
+/// The body (everything after the header) of a mapped table file.
+pub(crate) struct Mapping {
+    body: NonNull<AtomicU64>,
+    words: usize,
+    // Keeps the mapping (and so `body`) valid; unmapped on drop.
     _map: MmapRaw,
 }
 
-// SAFETY: the slots are only reached through `&Slot`, whose fields are all atomics, so
-// sharing them across threads is as sound as sharing the atomics; the mapping itself is
-// owned and unmapped exactly once.
-unsafe impl Send for MappedSlots {}
+// SAFETY: the body is only reached through atomics (`&[AtomicU64]`, or `&Slot` whose fields
+// are all atomics), so sharing it across threads is as sound as sharing the atomics; the
+// mapping itself is owned and unmapped exactly once.
+unsafe impl Send for Mapping {}
 // SAFETY: as above.
-unsafe impl Sync for MappedSlots {}
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// The body as words. Every layout is made of 8-byte-aligned atomics.
+    #[inline]
+    pub(crate) fn words(&self) -> &[AtomicU64] {
+        // SAFETY: the mapping is `HEADER_SIZE + words * 8` bytes (checked against the file
+        // size before mapping, and the file is never shrunk by us), so the range is in
+        // bounds; it starts one page in, so it is aligned; every bit pattern is a valid
+        // `AtomicU64`; all mutation, by us or by other processes, is atomic; and `self`
+        // keeps the mapping alive for the returned lifetime.
+        unsafe { std::slice::from_raw_parts(self.body.as_ptr(), self.words) }
+    }
+}
+
+/// The slots of a mapped lock table.
+pub(crate) struct MappedSlots(Mapping);
+
+impl MappedSlots {
+    /// The body of a lock-table file: slots right after the header.
+    pub(crate) fn new(map: Mapping, header: &Header) -> MappedSlots {
+        assert!(header.layout == Layout::Locks);
+        assert!(map.words * 8 == header.slot_count as usize * std::mem::size_of::<Slot>());
+        MappedSlots(map)
+    }
+}
 
 impl AsRef<[Slot]> for MappedSlots {
     #[inline]
     fn as_ref(&self) -> &[Slot] {
-        // SAFETY: the mapping is `HEADER_SIZE + len * size_of::<Slot>()` bytes (checked
-        // against the file size before mapping, and the file is never shrunk by us), so
-        // `ptr..ptr+len` is in bounds; it is page-aligned plus 4096, so 64-byte aligned;
-        // every bit pattern is a valid `Slot` (integers only); all mutation, by us or by
-        // other processes, goes through the atomics, and `self` keeps the mapping alive
-        // for the returned lifetime.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        let words = self.0.words();
+        // SAFETY: `new` checked that the body is exactly a whole number of slots; it is
+        // page-aligned plus 4096, so 64-byte aligned; every bit pattern is a valid `Slot`
+        // (atomic integers only), and the slice borrows the mapping.
+        unsafe {
+            std::slice::from_raw_parts(
+                words.as_ptr().cast::<Slot>(),
+                words.len() * 8 / std::mem::size_of::<Slot>(),
+            )
+        }
     }
 }
 
 /// An open, validated, mapped table.
 pub(crate) struct Opened {
-    pub slots: MappedSlots,
+    pub map: Mapping,
     pub header: Header,
     pub created: bool,
 }
@@ -76,10 +107,10 @@ pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
             .custom_flags(libc::O_CLOEXEC)
             .open(path)
         {
-            Ok(file) => return attach(path, file, false),
+            Ok(file) => return attach(path, file, false, spec.layout),
             Err(e) if e.kind() == io::ErrorKind::NotFound && spec.create => {
                 if let Some(file) = create(path, spec)? {
-                    return attach(path, file, true);
+                    return attach(path, file, true, spec.layout);
                 }
                 // Someone else linked first: attach to theirs.
             }
@@ -91,9 +122,7 @@ pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
 /// Builds a complete table beside `path` and links it into place. `None` if `path`
 /// appeared meanwhile.
 fn create(path: &Path, spec: OpenSpec) -> Result<Option<File>, Error> {
-    if spec.capacity == 0 || spec.capacity > MAX_CAPACITY {
-        return Err(Error::InvalidCapacity(spec.capacity));
-    }
+    spec.layout.check(spec.capacity)?;
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -116,6 +145,7 @@ fn create(path: &Path, spec: OpenSpec) -> Result<Option<File>, Error> {
         // The umask may have cleared bits the caller asked for.
         file.set_permissions(fs::Permissions::from_mode(spec.mode))?;
         let header = Header {
+            layout: spec.layout,
             slot_count: spec.capacity,
             seed: random_u64(),
             boot_id: boot_id(),
@@ -152,12 +182,19 @@ fn reserve(file: &File, len: u64) -> io::Result<()> {
     }
 }
 
-fn attach(path: &Path, file: File, created: bool) -> Result<Opened, Error> {
+fn attach(path: &Path, file: File, created: bool, layout: Layout) -> Result<Opened, Error> {
     let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     let mut head = vec![0u8; HEADER_SIZE.min(len as usize)];
     file.read_exact_at(&mut head, 0)
         .map_err(|e| Error::io(path, e))?;
     let header = Header::decode(&head).map_err(|e| e.at(path))?;
+    if header.layout.magic() != layout.magic() {
+        let wrong = FormatError::WrongKind {
+            found: header.layout.name(),
+            expected: layout.name(),
+        };
+        return Err(Error::from(wrong).at(path));
+    }
     let expected = header.file_len();
     if len < expected {
         return Err(Error::from(FormatError::Truncated { len, expected }).at(path));
@@ -169,29 +206,33 @@ fn attach(path: &Path, file: File, created: bool) -> Result<Opened, Error> {
         .len(expected as usize)
         .map_raw(&file)
         .map_err(|e| Error::io(path, e))?;
-    let ptr = NonNull::new(map.as_mut_ptr().wrapping_add(HEADER_SIZE).cast::<Slot>())
-        .expect("mmap returned null");
-    let slots = MappedSlots {
-        ptr,
-        len: header.slot_count as usize,
+    let body = NonNull::new(
+        map.as_mut_ptr()
+            .wrapping_add(HEADER_SIZE)
+            .cast::<AtomicU64>(),
+    )
+    .expect("mmap returned null");
+    let map = Mapping {
+        body,
+        words: (header.body_len() / 8) as usize,
         _map: map,
     };
     let header = if header.boot_id != boot_id() {
-        reset_after_reboot(path, &file, &slots)?
+        reset_after_reboot(path, &file, &map)?
     } else {
         header
     };
     Ok(Opened {
-        slots,
+        map,
         header,
         created,
     })
 }
 
 /// Deadlines and pids of an earlier boot mean nothing now: every entry is stale. The first
-/// process of this boot to attach clears the slots, under `flock` so that it happens once.
+/// process of this boot to attach clears the body, under `flock` so that it happens once.
 #[cold]
-fn reset_after_reboot(path: &Path, file: &File, slots: &MappedSlots) -> Result<Header, Error> {
+fn reset_after_reboot(path: &Path, file: &File, map: &Mapping) -> Result<Header, Error> {
     let fd = file.as_raw_fd();
     // SAFETY: valid fd; flock blocks until granted.
     if unsafe { libc::flock(fd, libc::LOCK_EX) } != 0 {
@@ -204,8 +245,8 @@ fn reset_after_reboot(path: &Path, file: &File, slots: &MappedSlots) -> Result<H
         let mut header = Header::decode(&head).map_err(|e| e.at(path))?;
         let now_boot = boot_id();
         if header.boot_id != now_boot {
-            for slot in slots.as_ref() {
-                slot.clear();
+            for word in map.words() {
+                word.store(0, Ordering::Relaxed);
             }
             header.boot_id = now_boot;
             file.write_all_at(&header.encode(), 0)

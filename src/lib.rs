@@ -43,6 +43,7 @@ compile_error!("shmlock needs 64-bit atomics");
 compile_error!("shmlock supports unix systems only");
 
 mod clock;
+mod dict;
 mod error;
 mod format;
 mod primitive;
@@ -70,6 +71,8 @@ mod loom_tests;
 
 #[cfg(not(loom))]
 pub use backend::Backend;
+#[cfg(not(loom))]
+pub use dict::{DictOptions, Fetched, Item, Put, SharedDict, Source, Stored, Value, ValueRef};
 pub use error::{Error, FormatError};
 #[cfg(not(loom))]
 pub use lock::{KeepAlive, Lock, LockGuard};

@@ -11,7 +11,7 @@ use crate::check_key;
 use crate::clock::{Clock, Monotonic};
 use crate::error::Error;
 use crate::file::{self, MappedSlots, OpenSpec};
-use crate::format::Header;
+use crate::format::{Header, Layout};
 use crate::futex::{self, Futex};
 use crate::lock::{self, LockGuard};
 use crate::options::LockOptions;
@@ -90,6 +90,7 @@ impl Default for OpenOptions {
     fn default() -> Self {
         OpenOptions {
             spec: OpenSpec {
+                layout: Layout::Locks,
                 capacity: 1024,
                 mode: 0o600,
                 create: true,
@@ -151,7 +152,12 @@ impl LockTable {
         let judge = options.liveness.unwrap_or(same_pid_ns);
         Ok(LockTable {
             inner: Arc::new(Inner {
-                table: Table::new(opened.slots, Monotonic, Kernel { judge }, Futex),
+                table: Table::new(
+                    MappedSlots::new(opened.map, &opened.header),
+                    Monotonic,
+                    Kernel { judge },
+                    Futex,
+                ),
                 header: opened.header,
                 path: path.to_path_buf(),
                 created: opened.created,

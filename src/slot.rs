@@ -57,29 +57,6 @@ const _: () = {
 };
 
 impl Slot {
-    /// Zeroes every field (used only while no process of this boot can be using the table).
-    pub(crate) fn clear(&self) {
-        for w in [
-            &self.control,
-            &self.hash_lo,
-            &self.hash_hi,
-            &self.lease,
-            &self.deadline,
-            &self.owner_start,
-            &self.fence,
-            &self.acquired_at,
-            &self.token,
-            &self.key_len,
-        ] {
-            w.store(0, Ordering::Relaxed);
-        }
-        self.reach.store(0, Ordering::Relaxed);
-        self.wait.store(0, Ordering::Relaxed);
-        for w in &self.preview {
-            w.store(0, Ordering::Relaxed);
-        }
-    }
-
     /// Copies the key's first bytes into the preview words.
     pub(crate) fn write_preview(&self, key: &[u8]) {
         self.key_len.store(key.len() as u64, Ordering::Relaxed);

@@ -1,0 +1,840 @@
+//! The [`SharedDict`] handle and its ngx.shared.DICT operations.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::entry::{Copied, Entry, Geometry, Kind, Look, PackedKey};
+use super::writer::{WriterLock, Writing};
+use crate::clock::{deadline, Clock, Monotonic};
+use crate::error::Error;
+use crate::file::{self, Mapping, OpenSpec};
+use crate::format::{Header, Layout, MAX_VALUE_LEN};
+use crate::primitive::{spin, SETTLE_ROUNDS};
+use crate::process::{self, Kernel};
+
+/// How far from its home a key may be placed: a lookup reads at most this many entries.
+pub(crate) const WINDOW: usize = 64;
+/// How many entries near its home a full window offers for eviction (the LRU sample).
+const EVICTION_SAMPLE: usize = 8;
+
+// Words of the control page.
+const WRITER: usize = 0;
+const WAIT: usize = 1;
+const LEN: usize = 2;
+const EVICTIONS: usize = 3;
+const REPAIRS: usize = 4;
+const CONTROL_WORDS: usize = crate::format::DICT_CONTROL_SIZE / 8;
+
+/// A value in the dict: bytes, or a number (what [`SharedDict::incr`] makes and adds to).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Value {
+    /// Any bytes.
+    Bytes(Vec<u8>),
+    /// A signed 64-bit number.
+    Int(i64),
+}
+
+impl Value {
+    /// The bytes, if this is a byte value.
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        match self {
+            Value::Bytes(b) => Some(b),
+            Value::Int(_) => None,
+        }
+    }
+
+    /// The number, if this is a number.
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            Value::Int(n) => Some(*n),
+            Value::Bytes(_) => None,
+        }
+    }
+}
+
+/// A value to store: bytes (`&[u8]`, `&str`, `&Vec<u8>`, ...) or a number (`i64`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ValueRef<'a> {
+    /// Bytes.
+    Bytes(&'a [u8]),
+    /// A number.
+    Int(i64),
+}
+
+impl<'a> From<&'a [u8]> for ValueRef<'a> {
+    fn from(b: &'a [u8]) -> Self {
+        ValueRef::Bytes(b)
+    }
+}
+impl<'a, const N: usize> From<&'a [u8; N]> for ValueRef<'a> {
+    fn from(b: &'a [u8; N]) -> Self {
+        ValueRef::Bytes(b)
+    }
+}
+impl<'a> From<&'a Vec<u8>> for ValueRef<'a> {
+    fn from(b: &'a Vec<u8>) -> Self {
+        ValueRef::Bytes(b)
+    }
+}
+impl<'a> From<&'a str> for ValueRef<'a> {
+    fn from(s: &'a str) -> Self {
+        ValueRef::Bytes(s.as_bytes())
+    }
+}
+impl<'a> From<&'a String> for ValueRef<'a> {
+    fn from(s: &'a String) -> Self {
+        ValueRef::Bytes(s.as_bytes())
+    }
+}
+impl From<i64> for ValueRef<'_> {
+    fn from(n: i64) -> Self {
+        ValueRef::Int(n)
+    }
+}
+impl<'a> From<&'a Value> for ValueRef<'a> {
+    fn from(v: &'a Value) -> Self {
+        match v {
+            Value::Bytes(b) => ValueRef::Bytes(b),
+            Value::Int(n) => ValueRef::Int(*n),
+        }
+    }
+}
+
+/// A value read from the dict, with the flags it was stored with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Item {
+    /// The value.
+    pub value: Value,
+    /// The user flags given to [`SharedDict::put`] (0 otherwise).
+    pub flags: u32,
+}
+
+/// How a store went: like ngx's third return value, `forcible` says a live entry of
+/// another key was evicted to make room.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "`forcible` says whether a live entry was evicted"]
+pub struct Stored {
+    /// A live entry of another key was evicted (the least recently used of the sample).
+    pub forcible: bool,
+}
+
+/// The five ways of storing, as ngx names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Put {
+    /// Store whatever is there; evict if there is no room.
+    Set,
+    /// Store whatever is there; [`Error::NoMemory`] if there is no room.
+    SafeSet,
+    /// Store only if the key has no live value ([`Error::Exists`]); evict if there is no
+    /// room.
+    Add,
+    /// Like `Add`, but [`Error::NoMemory`] instead of evicting.
+    SafeAdd,
+    /// Store only if the key has a live value ([`Error::NotFound`]).
+    Replace,
+}
+
+/// How to open a [`SharedDict`]: the layout and permissions of a dict this call creates.
+///
+/// ```
+/// # let path = std::env::temp_dir().join(format!("shmlock-doc-dopts-{}", std::process::id()));
+/// # let _ = std::fs::remove_file(&path);
+/// use shmlock::SharedDict;
+/// let dict = SharedDict::options()
+///     .capacity(4096)
+///     .max_key_len(64)
+///     .max_value_len(1024)
+///     .mode(0o660)
+///     .open(&path)?;
+/// assert_eq!((dict.capacity(), dict.max_key_len(), dict.max_value_len()), (4096, 64, 1024));
+/// // Attaching uses the file's own layout, whatever is asked for.
+/// assert_eq!(SharedDict::open(&path, 8, 8)?.max_value_len(), 1024);
+/// # std::fs::remove_file(&path).unwrap();
+/// # Ok::<(), shmlock::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct DictOptions {
+    spec: OpenSpec,
+    max_key: usize,
+    max_value: usize,
+}
+
+impl Default for DictOptions {
+    fn default() -> Self {
+        DictOptions {
+            spec: OpenSpec {
+                layout: Layout::Locks, // set from the lengths in `open`
+                capacity: 1024,
+                mode: 0o600,
+                create: true,
+            },
+            max_key: 250,
+            max_value: 256,
+        }
+    }
+}
+
+impl DictOptions {
+    /// How many entries a dict this call creates has room for (default 1024).
+    pub fn capacity(mut self, capacity: usize) -> Self {
+        self.spec.capacity = capacity as u64;
+        self
+    }
+
+    /// The longest key of a dict this call creates, 1 to 65535 bytes (default 250).
+    pub fn max_key_len(mut self, len: usize) -> Self {
+        self.max_key = len;
+        self
+    }
+
+    /// The longest value of a dict this call creates, at most 1 MiB (default 256).
+    pub fn max_value_len(mut self, len: usize) -> Self {
+        self.max_value = len;
+        self
+    }
+
+    /// Permission bits of a dict this call creates (default `0o600`).
+    pub fn mode(mut self, mode: u32) -> Self {
+        self.spec.mode = mode;
+        self
+    }
+
+    /// Whether a missing file is created (default) or an error.
+    pub fn create(mut self, create: bool) -> Self {
+        self.spec.create = create;
+        self
+    }
+
+    /// Opens (and maybe creates) the dict at `path`.
+    pub fn open(self, path: impl AsRef<Path>) -> Result<SharedDict, Error> {
+        if self.max_key > crate::MAX_KEY_LEN || self.max_value > MAX_VALUE_LEN as usize {
+            return Err(Error::InvalidLayout(
+                "keys are at most 65535 bytes and values at most 1 MiB",
+            ));
+        }
+        let mut spec = self.spec;
+        spec.layout = Layout::Dict {
+            max_key: self.max_key as u32,
+            max_value: self.max_value as u32,
+        };
+        SharedDict::with_spec(path.as_ref(), spec)
+    }
+}
+
+/// A key-value cache shared by processes through a memory-mapped file: `lua_shared_dict`
+/// for Rust prefork servers.
+///
+/// Values are bytes or numbers of up to [`max_value_len`](Self::max_value_len) bytes, each
+/// with a time to live and 32 user flags. Expired entries read as absent. When a key finds
+/// no free slot near its home, [`set`](Self::set) evicts the least recently used entry of a
+/// sample and says so ([`Stored::forcible`]); the `safe_` variants refuse instead.
+///
+/// Reads are lock-free and never see a half-written value, even while a writer in another
+/// process rewrites it. Writes are serialized by one writer lock per dict; a writer killed
+/// in the middle of one leaves that entry absent (and the lock free), never garbled.
+///
+/// A cheap `Clone` handle; `Send + Sync`.
+///
+/// ```
+/// use shmlock::{Error, SharedDict, Value};
+/// use std::time::Duration;
+///
+/// # let path = std::env::temp_dir().join(format!("shmlock-doc-dict-{}", std::process::id()));
+/// # let _ = std::fs::remove_file(&path);
+/// let dict = SharedDict::open(&path, 1024, 64)?;
+/// let _ = dict.set("dog", "bark", Duration::ZERO)?;       // zero: never expires
+/// assert_eq!(dict.get("dog")?.unwrap().value, Value::Bytes(b"bark".to_vec()));
+///
+/// assert!(matches!(dict.add("dog", "woof", Duration::ZERO), Err(Error::Exists)));
+/// assert_eq!(dict.incr("hits", 1, Some(0), Duration::from_secs(60))?, 1);
+/// assert!(matches!(dict.incr("dog", 1, None, Duration::ZERO), Err(Error::NotANumber)));
+/// assert!(matches!(dict.set("big", &[0u8; 65][..], Duration::ZERO),
+///                  Err(Error::ValueTooLong { len: 65, max: 64 })));
+/// # std::fs::remove_file(&path).unwrap();
+/// # Ok::<(), shmlock::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct SharedDict {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    map: Mapping,
+    header: Header,
+    geometry: Geometry,
+    slots: usize,
+    path: PathBuf,
+    created: bool,
+    liveness: Kernel,
+}
+
+impl SharedDict {
+    /// Attaches to the dict at `path`, creating it with room for `capacity` entries whose
+    /// values are at most `max_value_len` bytes (keys at most 250) if it does not exist.
+    /// Creation is atomic: of many processes opening a new path at once, all end up on one
+    /// dict. Attaching uses the file's own layout.
+    pub fn open(
+        path: impl AsRef<Path>,
+        capacity: usize,
+        max_value_len: usize,
+    ) -> Result<SharedDict, Error> {
+        SharedDict::options()
+            .capacity(capacity)
+            .max_value_len(max_value_len)
+            .open(path)
+    }
+
+    /// Options for opening a dict.
+    pub fn options() -> DictOptions {
+        DictOptions::default()
+    }
+
+    fn with_spec(path: &Path, spec: OpenSpec) -> Result<SharedDict, Error> {
+        let opened = file::open(path, spec)?;
+        let header = opened.header;
+        let Layout::Dict { max_key, max_value } = header.layout else {
+            unreachable!("file::open checked the kind");
+        };
+        let entry_words = header.layout.slot_size() / 8;
+        let geometry = Geometry::new(entry_words, max_key as usize, max_value as usize);
+        Ok(SharedDict {
+            inner: Arc::new(Inner {
+                map: opened.map,
+                header,
+                geometry,
+                slots: header.slot_count as usize,
+                path: path.to_path_buf(),
+                created: opened.created,
+                liveness: Kernel {
+                    judge: header.pid_ns == process::pid_namespace(),
+                },
+            }),
+        })
+    }
+
+    /// How many entries fit (fixed when the file was created).
+    pub fn capacity(&self) -> usize {
+        self.inner.slots
+    }
+
+    /// The longest key (fixed when the file was created).
+    pub fn max_key_len(&self) -> usize {
+        self.inner.geometry.max_key
+    }
+
+    /// The longest value (fixed when the file was created).
+    pub fn max_value_len(&self) -> usize {
+        self.inner.geometry.max_value
+    }
+
+    /// Entries stored, counting expired ones not yet removed (as ngx's memory use does);
+    /// [`flush_expired`](Self::flush_expired) removes those.
+    pub fn len(&self) -> usize {
+        (self.control(LEN).load(Ordering::Relaxed) as usize).min(self.capacity())
+    }
+
+    /// Whether no entry is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Slots not holding an entry: ngx's `free_space`, counted in entries.
+    pub fn free_slots(&self) -> usize {
+        self.capacity() - self.len()
+    }
+
+    /// How many live entries stores have evicted since the file was created.
+    pub fn evictions(&self) -> u64 {
+        self.control(EVICTIONS).load(Ordering::Relaxed)
+    }
+
+    /// How many times a writer found the previous writer dead and repaired after it.
+    pub fn repairs(&self) -> u64 {
+        self.control(REPAIRS).load(Ordering::Relaxed)
+    }
+
+    /// The file this dict lives in.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Whether this handle's `open` created the file.
+    pub fn created(&self) -> bool {
+        self.inner.created
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Reads
+
+    /// The live value of `key`, or `None` if it has none (absent or expired).
+    pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Item>, Error> {
+        let k = self.pack(key.as_ref())?;
+        let now = self.now();
+        Ok(match self.lookup(&k, true) {
+            Some((i, c)) if c.deadline > now => {
+                self.entry(i).touch(now);
+                Some(item(c))
+            }
+            _ => None,
+        })
+    }
+
+    /// Like [`get`](Self::get), but an expired value that is still stored is returned too,
+    /// flagged `true` (stale), as ngx's `get_stale` does.
+    pub fn get_stale(&self, key: impl AsRef<[u8]>) -> Result<Option<(Item, bool)>, Error> {
+        let k = self.pack(key.as_ref())?;
+        let now = self.now();
+        Ok(self.lookup(&k, true).map(|(i, c)| {
+            self.entry(i).touch(now);
+            let stale = c.deadline <= now;
+            (item(c), stale)
+        }))
+    }
+
+    /// Time left to live of `key`'s value: `None` if it never expires,
+    /// [`Error::NotFound`] if there is no live value.
+    pub fn ttl(&self, key: impl AsRef<[u8]>) -> Result<Option<Duration>, Error> {
+        let k = self.pack(key.as_ref())?;
+        let now = self.now();
+        match self.lookup(&k, false) {
+            Some((_, c)) if c.deadline == u64::MAX => Ok(None),
+            Some((_, c)) if c.deadline > now => Ok(Some(Duration::from_nanos(c.deadline - now))),
+            _ => Err(Error::NotFound),
+        }
+    }
+
+    /// Up to `max` keys with live values (0: all), in table order. Like ngx, this reads
+    /// the whole table: not for a hot path.
+    pub fn keys(&self, max: usize) -> Result<Vec<Vec<u8>>, Error> {
+        let now = self.now();
+        let mut out = Vec::new();
+        for i in 0..self.capacity() {
+            if max != 0 && out.len() >= max {
+                break;
+            }
+            let found = self.read_stable(i, |e| e.read_key());
+            if let Some((key, deadline)) = found {
+                if deadline > now {
+                    out.push(key);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Writes
+
+    /// Stores `value` under `key` for `ttl` (zero: never expires), whatever was there.
+    /// Evicts the least recently used entry of the key's neighbourhood if there is no room.
+    pub fn set<'v>(
+        &self,
+        key: impl AsRef<[u8]>,
+        value: impl Into<ValueRef<'v>>,
+        ttl: Duration,
+    ) -> Result<Stored, Error> {
+        self.put(Put::Set, key, value, ttl, 0)
+    }
+
+    /// [`set`](Self::set) that never evicts: [`Error::NoMemory`] instead.
+    pub fn safe_set<'v>(
+        &self,
+        key: impl AsRef<[u8]>,
+        value: impl Into<ValueRef<'v>>,
+        ttl: Duration,
+    ) -> Result<Stored, Error> {
+        self.put(Put::SafeSet, key, value, ttl, 0)
+    }
+
+    /// Stores only if `key` has no live value, else [`Error::Exists`]. May evict.
+    pub fn add<'v>(
+        &self,
+        key: impl AsRef<[u8]>,
+        value: impl Into<ValueRef<'v>>,
+        ttl: Duration,
+    ) -> Result<Stored, Error> {
+        self.put(Put::Add, key, value, ttl, 0)
+    }
+
+    /// [`add`](Self::add) that never evicts: [`Error::NoMemory`] instead.
+    pub fn safe_add<'v>(
+        &self,
+        key: impl AsRef<[u8]>,
+        value: impl Into<ValueRef<'v>>,
+        ttl: Duration,
+    ) -> Result<Stored, Error> {
+        self.put(Put::SafeAdd, key, value, ttl, 0)
+    }
+
+    /// Stores only if `key` has a live value, else [`Error::NotFound`].
+    pub fn replace<'v>(
+        &self,
+        key: impl AsRef<[u8]>,
+        value: impl Into<ValueRef<'v>>,
+        ttl: Duration,
+    ) -> Result<Stored, Error> {
+        self.put(Put::Replace, key, value, ttl, 0)
+    }
+
+    /// The general store, with ngx's user `flags` (read back in [`Item::flags`]).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("shmlock-doc-put-{}", std::process::id()));
+    /// # let _ = std::fs::remove_file(&path);
+    /// use shmlock::{Put, SharedDict};
+    /// use std::time::Duration;
+    ///
+    /// let dict = SharedDict::open(&path, 64, 16)?;
+    /// let _ = dict.put(Put::Set, "k", "v", Duration::from_secs(10), 0xbeef)?;
+    /// assert_eq!(dict.get("k")?.unwrap().flags, 0xbeef);
+    /// # std::fs::remove_file(&path).unwrap();
+    /// # Ok::<(), shmlock::Error>(())
+    /// ```
+    pub fn put<'v>(
+        &self,
+        how: Put,
+        key: impl AsRef<[u8]>,
+        value: impl Into<ValueRef<'v>>,
+        ttl: Duration,
+        flags: u32,
+    ) -> Result<Stored, Error> {
+        let k = self.pack(key.as_ref())?;
+        let (kind, bytes) = self.encode(value.into())?;
+        let w = self.write_lock();
+        let now = self.now();
+        let until = deadline(now, ttl_ns(ttl));
+        let existing = self.find_locked(&w, &k);
+        let live = existing.as_ref().is_some_and(|(_, d)| *d > now);
+        match how {
+            Put::Add | Put::SafeAdd if live => return Err(Error::Exists),
+            Put::Replace if !live => return Err(Error::NotFound),
+            _ => {}
+        }
+        let (i, stored) = match existing {
+            Some((i, _)) => (i, Stored { forcible: false }),
+            None => self.place(&w, &k, now, matches!(how, Put::Set | Put::Add))?,
+        };
+        self.entry(i).store(&k, kind, &bytes, flags, until, now);
+        Ok(stored)
+    }
+
+    /// Adds `by` to the number under `key` and returns the sum, keeping the value's time to
+    /// live. With no live value: [`Error::NotFound`] if `init` is `None`, else stores
+    /// `init + by` for `init_ttl` (zero: never expires), evicting if need be.
+    /// [`Error::NotANumber`] if the value is bytes. Wraps on overflow.
+    pub fn incr(
+        &self,
+        key: impl AsRef<[u8]>,
+        by: i64,
+        init: Option<i64>,
+        init_ttl: Duration,
+    ) -> Result<i64, Error> {
+        let k = self.pack(key.as_ref())?;
+        if self.max_value_len() < 8 {
+            return Err(Error::ValueTooLong {
+                len: 8,
+                max: self.max_value_len(),
+            });
+        }
+        let w = self.write_lock();
+        let now = self.now();
+        let existing = self.lookup_locked(&w, &k, true);
+        let (i, sum, until, flags) = match existing {
+            Some((i, c)) if c.deadline > now => {
+                if c.kind != Kind::Int {
+                    return Err(Error::NotANumber);
+                }
+                let n = i64::from_le_bytes(c.value[..8].try_into().expect("8-byte number"));
+                (i, n.wrapping_add(by), c.deadline, c.flags)
+            }
+            existing => {
+                let init = init.ok_or(Error::NotFound)?;
+                let i = match existing {
+                    Some((i, _)) => i,
+                    None => self.place(&w, &k, now, true)?.0,
+                };
+                (i, init.wrapping_add(by), deadline(now, ttl_ns(init_ttl)), 0)
+            }
+        };
+        self.entry(i)
+            .store(&k, Kind::Int, &sum.to_le_bytes(), flags, until, now);
+        Ok(sum)
+    }
+
+    /// Sets a new time to live on `key`'s live value (zero: never expires), or
+    /// [`Error::NotFound`].
+    pub fn expire(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<(), Error> {
+        let k = self.pack(key.as_ref())?;
+        let w = self.write_lock();
+        let now = self.now();
+        match self.find_locked(&w, &k) {
+            Some((i, d)) if d > now => {
+                self.entry(i).set_deadline(deadline(now, ttl_ns(ttl)));
+                Ok(())
+            }
+            _ => Err(Error::NotFound),
+        }
+    }
+
+    /// Removes `key`'s entry. Returns whether it had a live value.
+    pub fn delete(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
+        let k = self.pack(key.as_ref())?;
+        let w = self.write_lock();
+        let now = self.now();
+        Ok(match self.find_locked(&w, &k) {
+            Some((i, d)) => {
+                self.entry(i).free();
+                self.control(LEN).fetch_sub(1, Ordering::Relaxed);
+                d > now
+            }
+            None => false,
+        })
+    }
+
+    /// Makes every entry expired, as ngx's `flush_all` does: reads miss at once, and
+    /// [`flush_expired`](Self::flush_expired) frees the slots.
+    pub fn flush_all(&self) {
+        let _w = self.write_lock();
+        for i in 0..self.capacity() {
+            let e = self.entry(i);
+            if e.is_used() && e.deadline() != 0 {
+                e.set_deadline(0);
+            }
+        }
+    }
+
+    /// Removes up to `max` expired entries (0: all) and returns how many it removed.
+    pub fn flush_expired(&self, max: usize) -> usize {
+        let _w = self.write_lock();
+        let now = self.now();
+        let mut removed = 0;
+        for i in 0..self.capacity() {
+            if max != 0 && removed >= max {
+                break;
+            }
+            let e = self.entry(i);
+            if e.is_used() && e.deadline() <= now {
+                e.free();
+                removed += 1;
+            }
+        }
+        self.control(LEN)
+            .fetch_sub(removed as u64, Ordering::Relaxed);
+        removed
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Internals
+
+    fn now(&self) -> u64 {
+        Monotonic.now()
+    }
+
+    fn pack(&self, key: &[u8]) -> Result<PackedKey, Error> {
+        if key.is_empty() {
+            return Err(Error::EmptyKey);
+        }
+        if key.len() > self.max_key_len() {
+            return Err(Error::KeyTooLong(key.len()));
+        }
+        let hash = xxhash_rust::xxh3::xxh3_64_with_seed(key, self.inner.header.seed);
+        Ok(PackedKey::new(key, hash))
+    }
+
+    fn encode<'v>(&self, value: ValueRef<'v>) -> Result<(Kind, std::borrow::Cow<'v, [u8]>), Error> {
+        let (kind, bytes) = match value {
+            ValueRef::Bytes(b) => (Kind::Bytes, std::borrow::Cow::Borrowed(b)),
+            ValueRef::Int(n) => (Kind::Int, std::borrow::Cow::Owned(n.to_le_bytes().to_vec())),
+        };
+        if bytes.len() > self.max_value_len() {
+            return Err(Error::ValueTooLong {
+                len: bytes.len(),
+                max: self.max_value_len(),
+            });
+        }
+        Ok((kind, bytes))
+    }
+
+    fn words(&self) -> &[AtomicU64] {
+        self.inner.map.words()
+    }
+
+    fn control(&self, word: usize) -> &AtomicU64 {
+        &self.words()[word]
+    }
+
+    fn writer_lock(&self) -> WriterLock<'_> {
+        let wait = &self.words()[WAIT];
+        // SAFETY: the control page's WAIT word is only ever accessed as this one AtomicU32
+        // (its low half, in every process), so there are no mixed-size accesses; the
+        // pointer is 8-byte aligned, in bounds, and lives as long as `self`'s mapping.
+        let wait = unsafe { AtomicU32::from_ptr(wait.as_ptr().cast::<u32>()) };
+        WriterLock {
+            word: &self.words()[WRITER],
+            wait,
+        }
+    }
+
+    /// Takes the writer lock, repairing after a writer that died holding it.
+    fn write_lock(&self) -> Held<'_> {
+        let (writing, dead) = self.writer_lock().lock(&self.inner.liveness);
+        if dead {
+            self.repair();
+        }
+        Held(writing)
+    }
+
+    fn entry(&self, i: usize) -> Entry<'_> {
+        let n = self.inner.geometry.entry_words;
+        let at = CONTROL_WORDS + i * n;
+        Entry::new(&self.words()[at..at + n], self.inner.geometry)
+    }
+
+    fn home(&self, k: &PackedKey) -> usize {
+        ((u128::from(k.hash) * self.capacity() as u128) >> 64) as usize
+    }
+
+    fn window(&self) -> usize {
+        WINDOW.min(self.capacity())
+    }
+
+    fn at(&self, home: usize, d: usize) -> usize {
+        (home + d) % self.capacity()
+    }
+
+    fn reach(&self, home: usize) -> usize {
+        let r = self.entry(home).reach().load(Ordering::Acquire) as usize;
+        r.min(self.window() - 1)
+    }
+
+    /// Reads entry `i` until a read is not torn; after a bounded spin (a writer
+    /// descheduled mid-copy, or dead), reads it under the writer lock instead.
+    fn read_stable<T>(&self, i: usize, read: impl Fn(&Entry<'_>) -> Result<T, Look>) -> T {
+        let e = self.entry(i);
+        for round in 0..SETTLE_ROUNDS {
+            match read(&e) {
+                Ok(t) => return t,
+                Err(_) => spin(round),
+            }
+        }
+        let _w = self.write_lock();
+        read(&e).unwrap_or_else(|look| unreachable!("{look:?} under the writer lock"))
+    }
+
+    /// The key's entry, expired or not: lock-free.
+    fn lookup(&self, k: &PackedKey, want_value: bool) -> Option<(usize, Copied)> {
+        let home = self.home(k);
+        for d in 0..=self.reach(home) {
+            let i = self.at(home, d);
+            let found = self.read_stable(i, |e| match e.read(k, want_value) {
+                Look::Found(c) => Ok(Some(c)),
+                Look::Free | Look::Other => Ok(None),
+                busy => Err(busy),
+            });
+            if let Some(c) = found {
+                return Some((i, c));
+            }
+        }
+        None
+    }
+
+    /// [`lookup`](Self::lookup) for a writer: nothing can change under it.
+    fn lookup_locked(
+        &self,
+        _w: &Held<'_>,
+        k: &PackedKey,
+        want_value: bool,
+    ) -> Option<(usize, Copied)> {
+        let home = self.home(k);
+        (0..=self.reach(home)).find_map(|d| {
+            let i = self.at(home, d);
+            match self.entry(i).read(k, want_value) {
+                Look::Found(c) => Some((i, c)),
+                Look::Free | Look::Other => None,
+                other => unreachable!("{other:?} under the writer lock"),
+            }
+        })
+    }
+
+    /// The key's entry and its deadline, for a writer.
+    fn find_locked(&self, w: &Held<'_>, k: &PackedKey) -> Option<(usize, u64)> {
+        self.lookup_locked(w, k, false)
+            .map(|(i, c)| (i, c.deadline))
+    }
+
+    /// Finds a slot for a key that has no entry: the nearest free or expired slot of its
+    /// window, else (if `evict`) the least recently used of the first few. Raises the
+    /// home's reach before the caller writes there.
+    fn place(
+        &self,
+        _w: &Held<'_>,
+        k: &PackedKey,
+        now: u64,
+        evict: bool,
+    ) -> Result<(usize, Stored), Error> {
+        let home = self.home(k);
+        let mut chosen = None;
+        for d in 0..self.window() {
+            let e = self.entry(self.at(home, d));
+            if !e.is_used() {
+                self.control(LEN).fetch_add(1, Ordering::Relaxed);
+                chosen = Some((d, false));
+                break;
+            }
+            if e.deadline() <= now {
+                chosen = Some((d, false));
+                break;
+            }
+        }
+        if chosen.is_none() && evict {
+            let victim = (0..EVICTION_SAMPLE.min(self.window()))
+                .min_by_key(|&d| self.entry(self.at(home, d)).used_at())
+                .expect("a window is never empty");
+            self.control(EVICTIONS).fetch_add(1, Ordering::Relaxed);
+            chosen = Some((victim, true));
+        }
+        let (d, forcible) = chosen.ok_or(Error::NoMemory)?;
+        let reach = self.entry(home).reach();
+        if reach.load(Ordering::Relaxed) < d as u64 {
+            reach.store(d as u64, Ordering::Release);
+        }
+        Ok((self.at(home, d), Stored { forcible }))
+    }
+
+    /// After a writer died holding the lock: empties the entry it was writing, if any, and
+    /// recounts the entries.
+    #[cold]
+    fn repair(&self) {
+        let mut used = 0;
+        for i in 0..self.capacity() {
+            let e = self.entry(i);
+            e.repair();
+            used += u64::from(e.is_used());
+        }
+        self.control(LEN).store(used, Ordering::Relaxed);
+        self.control(REPAIRS).fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The writer lock, held: what the functions that need it take as proof.
+struct Held<'a>(#[allow(dead_code)] Writing<'a>);
+
+fn ttl_ns(ttl: Duration) -> u64 {
+    ttl.as_nanos().min(u128::from(u64::MAX - 1)) as u64
+}
+
+fn item(c: Copied) -> Item {
+    let value = match c.kind {
+        Kind::Int if c.value.len() >= 8 => Value::Int(i64::from_le_bytes(
+            c.value[..8].try_into().expect("8 bytes"),
+        )),
+        Kind::Int => Value::Int(0),
+        Kind::Bytes => Value::Bytes(c.value),
+    };
+    Item {
+        value,
+        flags: c.flags,
+    }
+}

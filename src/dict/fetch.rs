@@ -1,0 +1,121 @@
+//! The cache-stampede recipe of lua-resty-lock, as one call.
+
+use std::time::Duration;
+
+use super::api::{SharedDict, Value};
+use crate::backend::Backend;
+use crate::error::Error;
+use crate::lock;
+use crate::options::LockOptions;
+
+/// Where [`SharedDict::get_or_fetch`] got its value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The cache had it: no lock was taken.
+    Cache,
+    /// Missing at first; another process stored it while this one waited for the lock.
+    Filled,
+    /// This process called `fetch` and stored the result.
+    Fetched,
+}
+
+/// A value from [`SharedDict::get_or_fetch`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fetched {
+    /// The value.
+    pub value: Value,
+    /// Where it came from.
+    pub source: Source,
+    /// How long the lock was waited for (zero on a cache hit).
+    pub waited: Duration,
+}
+
+impl SharedDict {
+    /// Reads `key` through the cache, so that of all the processes that miss it at once
+    /// only one calls `fetch`: resty.lock's recipe. On a miss, takes `key` in `locks`
+    /// (default [`LockOptions`]), looks in the dict again (someone may have filled it
+    /// meanwhile), and only if it is still missing calls `fetch`, stores the result for
+    /// `ttl` and unlocks.
+    ///
+    /// Errors of the dict or the lock (a lock [`Timeout`](Error::Timeout), a value longer
+    /// than the dict's limit) come back through `E: From<Error>`, as do `fetch`'s own;
+    /// nothing is stored when `fetch` fails.
+    ///
+    /// ```
+    /// use shmlock::{LockTable, SharedDict, Source};
+    /// use std::time::Duration;
+    ///
+    /// # let dir = std::env::temp_dir().join(format!("shmlock-doc-fetch-{}", std::process::id()));
+    /// # let _ = std::fs::remove_dir_all(&dir);
+    /// # std::fs::create_dir_all(&dir).unwrap();
+    /// let cache = SharedDict::open(dir.join("cache"), 1024, 256)?;
+    /// let locks = LockTable::open(dir.join("locks"), 1024)?;
+    ///
+    /// let slow_backend = || Ok::<_, shmlock::Error>(b"row 42".to_vec());
+    /// let first = cache.get_or_fetch(&locks, "item:42", Duration::from_secs(60), slow_backend)?;
+    /// assert_eq!(first.source, Source::Fetched);
+    /// let never = || -> Result<Vec<u8>, shmlock::Error> { unreachable!("cached") };
+    /// let again = cache.get_or_fetch(&locks, "item:42", Duration::from_secs(60), never)?;
+    /// assert_eq!((again.source, again.value.as_bytes()), (Source::Cache, Some(&b"row 42"[..])));
+    /// # std::fs::remove_dir_all(&dir).unwrap();
+    /// # Ok::<(), shmlock::Error>(())
+    /// ```
+    pub fn get_or_fetch<B, E, F>(
+        &self,
+        locks: &B,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        fetch: F,
+    ) -> Result<Fetched, E>
+    where
+        B: Backend,
+        E: From<Error>,
+        F: FnOnce() -> Result<Vec<u8>, E>,
+    {
+        self.get_or_fetch_with(locks, key, ttl, &LockOptions::default(), fetch)
+    }
+
+    /// [`get_or_fetch`](Self::get_or_fetch) with the lock's options: how long to wait for
+    /// the process that is fetching (`timeout`), and the lease it gets (`exptime`, which
+    /// should outlast the slowest fetch).
+    pub fn get_or_fetch_with<B, E, F>(
+        &self,
+        locks: &B,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        opts: &LockOptions,
+        fetch: F,
+    ) -> Result<Fetched, E>
+    where
+        B: Backend,
+        E: From<Error>,
+        F: FnOnce() -> Result<Vec<u8>, E>,
+    {
+        let key = key.as_ref();
+        if let Some(hit) = self.get(key)? {
+            return Ok(Fetched {
+                value: hit.value,
+                source: Source::Cache,
+                waited: Duration::ZERO,
+            });
+        }
+        let guard = lock::guard(locks, key, opts, Some(opts.timeout))?;
+        let waited = guard.elapsed();
+        // The double check: whoever held the lock before us may have stored the value.
+        if let Some(hit) = self.get(key)? {
+            return Ok(Fetched {
+                value: hit.value,
+                source: Source::Filled,
+                waited,
+            });
+        }
+        let value = fetch()?;
+        let _ = self.set(key, &value, ttl)?;
+        drop(guard);
+        Ok(Fetched {
+            value: Value::Bytes(value),
+            source: Source::Fetched,
+            waited,
+        })
+    }
+}

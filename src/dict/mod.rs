@@ -1,0 +1,24 @@
+//! [`SharedDict`]: ngx's `lua_shared_dict` for processes, a key-value cache in a mapped file.
+//!
+//! The same machinery as the lock table (a fixed-slot table in a file that forked workers
+//! inherit and other processes attach to by path), with entries that carry a value. Reads
+//! are lock-free (a per-entry seqlock, see [`entry`]); writes take the dict's writer lock
+//! (see [`writer`]), one per dict as in ngx, held for one entry's copy.
+//!
+//! Entries never move: a key lives within [`WINDOW`] slots of its home, and each home
+//! records the farthest distance at which one of its keys was placed (`reach`), so a
+//! lookup reads at most `reach + 1` entries and never stops at a gap.
+
+pub(crate) mod entry;
+#[cfg(not(loom))]
+mod fetch;
+#[cfg(not(loom))]
+mod writer;
+
+#[cfg(not(loom))]
+pub use api::*;
+#[cfg(not(loom))]
+pub use fetch::{Fetched, Source};
+
+#[cfg(not(loom))]
+mod api;

@@ -1,0 +1,451 @@
+//! SharedDict in one process: ngx.shared.DICT's documented behaviour of each operation,
+//! the layout limits, eviction, and the file checks. Behaviour across processes is in
+//! tests/procs.rs.
+
+mod common;
+
+use std::thread::sleep;
+use std::time::Duration;
+
+use common::TempPath;
+use shmlock::{Error, FormatError, LockTable, Put, SharedDict, Source, Value};
+
+const NEVER: Duration = Duration::ZERO;
+const SHORT: Duration = Duration::from_millis(30);
+/// Longer than SHORT plus the coarse clock's tick, with room to spare.
+const PAST_SHORT: Duration = Duration::from_millis(120);
+
+fn dict(name: &str, capacity: usize, max_value: usize) -> (TempPath, SharedDict) {
+    let path = TempPath::new(name);
+    let dict = SharedDict::open(&path, capacity, max_value).unwrap();
+    (path, dict)
+}
+
+fn bytes(dict: &SharedDict, key: &str) -> Option<Vec<u8>> {
+    dict.get(key)
+        .unwrap()
+        .map(|i| i.value.as_bytes().unwrap().to_vec())
+}
+
+#[test]
+fn get_set_and_flags() {
+    let (_p, d) = dict("get-set", 64, 32);
+    assert_eq!(d.get("dog").unwrap(), None);
+    assert!(!d.set("dog", "bark", NEVER).unwrap().forcible);
+    assert_eq!(bytes(&d, "dog").unwrap(), b"bark");
+    // overwrite with a shorter value: no leftovers of the longer one
+    let _ = d.set("dog", "wo", NEVER).unwrap();
+    assert_eq!(bytes(&d, "dog").unwrap(), b"wo");
+    let _ = d.set("empty", "", NEVER).unwrap();
+    assert_eq!(bytes(&d, "empty").unwrap(), b"");
+    let _ = d.put(Put::Set, "f", "v", NEVER, 7).unwrap();
+    assert_eq!(d.get("f").unwrap().unwrap().flags, 7);
+    let _ = d.set("f", "v", NEVER).unwrap();
+    assert_eq!(
+        d.get("f").unwrap().unwrap().flags,
+        0,
+        "set without flags clears them"
+    );
+    let _ = d.set("n", 42i64, NEVER).unwrap();
+    assert_eq!(d.get("n").unwrap().unwrap().value, Value::Int(42));
+    // keys are bytes: a binary key and its near neighbours are distinct
+    let _ = d.set(b"\x00\xffk".as_slice(), "bin", NEVER).unwrap();
+    assert_eq!(
+        d.get(b"\x00\xffk").unwrap().unwrap().value,
+        Value::Bytes(b"bin".to_vec())
+    );
+    assert_eq!(d.get(b"\x00\xff").unwrap(), None);
+    assert_eq!(d.len(), 5);
+}
+
+#[test]
+fn expired_values_are_absent_on_every_read_but_stale_reads_see_them() {
+    let (_p, d) = dict("expiry", 64, 32);
+    let _ = d.set("short", "v", SHORT).unwrap();
+    let _ = d.set("long", "v", Duration::from_secs(3600)).unwrap();
+    assert!(d.get("short").unwrap().is_some());
+    sleep(PAST_SHORT);
+    assert_eq!(d.get("short").unwrap(), None);
+    assert!(matches!(d.ttl("short"), Err(Error::NotFound)));
+    assert!(matches!(
+        d.replace("short", "x", NEVER),
+        Err(Error::NotFound)
+    ));
+    assert!(matches!(
+        d.incr("short", 1, None, NEVER),
+        Err(Error::NotFound)
+    ));
+    assert!(matches!(d.expire("short", NEVER), Err(Error::NotFound)));
+    assert_eq!(d.keys(0).unwrap(), vec![b"long".to_vec()]);
+    let (item, stale) = d.get_stale("short").unwrap().unwrap();
+    assert_eq!((item.value, stale), (Value::Bytes(b"v".to_vec()), true));
+    assert!(!d.get_stale("long").unwrap().unwrap().1);
+    // add over an expired value succeeds, and is not forcible
+    assert!(!d.add("short", "new", NEVER).unwrap().forcible);
+    assert_eq!(bytes(&d, "short").unwrap(), b"new");
+    // delete reports whether a live value went
+    let _ = d.set("gone", "v", SHORT).unwrap();
+    sleep(PAST_SHORT);
+    assert!(!d.delete("gone").unwrap());
+    assert!(d.delete("long").unwrap());
+    assert!(!d.delete("long").unwrap());
+    assert_eq!(d.get_stale("long").unwrap(), None);
+}
+
+#[test]
+fn ttl_and_expire() {
+    let (_p, d) = dict("ttl", 64, 32);
+    let _ = d.set("forever", "v", NEVER).unwrap();
+    assert_eq!(d.ttl("forever").unwrap(), None);
+    let _ = d.set("hour", "v", Duration::from_secs(3600)).unwrap();
+    let left = d.ttl("hour").unwrap().unwrap();
+    assert!(left <= Duration::from_secs(3600) && left > Duration::from_secs(3500));
+    assert!(matches!(d.ttl("absent"), Err(Error::NotFound)));
+    // expire: a new ttl, zero meaning never
+    d.expire("hour", NEVER).unwrap();
+    assert_eq!(d.ttl("hour").unwrap(), None);
+    d.expire("forever", SHORT).unwrap();
+    assert!(d.ttl("forever").unwrap().unwrap() <= SHORT);
+    sleep(PAST_SHORT);
+    assert_eq!(d.get("forever").unwrap(), None);
+    // expire keeps value and flags
+    let _ = d.put(Put::Set, "kept", "v", NEVER, 3).unwrap();
+    d.expire("kept", Duration::from_secs(60)).unwrap();
+    let item = d.get("kept").unwrap().unwrap();
+    assert_eq!((item.value, item.flags), (Value::Bytes(b"v".to_vec()), 3));
+}
+
+#[test]
+fn add_replace_and_their_errors() {
+    let (_p, d) = dict("add-replace", 64, 32);
+    assert!(matches!(d.replace("k", "v", NEVER), Err(Error::NotFound)));
+    let _ = d.add("k", "one", NEVER).unwrap();
+    assert!(matches!(d.add("k", "two", NEVER), Err(Error::Exists)));
+    assert!(matches!(d.safe_add("k", "two", NEVER), Err(Error::Exists)));
+    assert_eq!(bytes(&d, "k").unwrap(), b"one");
+    let _ = d.replace("k", "three", SHORT).unwrap();
+    assert_eq!(bytes(&d, "k").unwrap(), b"three");
+    assert!(d.ttl("k").unwrap().is_some(), "replace sets the new ttl");
+}
+
+#[test]
+fn incr_with_and_without_init_keeps_the_ttl() {
+    let (_p, d) = dict("incr", 64, 32);
+    assert!(matches!(d.incr("n", 1, None, NEVER), Err(Error::NotFound)));
+    assert_eq!(
+        d.incr("n", 5, Some(10), Duration::from_secs(3600)).unwrap(),
+        15
+    );
+    let ttl = d.ttl("n").unwrap().unwrap();
+    assert_eq!(
+        d.incr("n", -20, Some(1000), NEVER).unwrap(),
+        -5,
+        "init only when absent"
+    );
+    let after = d.ttl("n").unwrap().unwrap();
+    assert!(after <= ttl, "incr keeps the existing ttl");
+    assert_eq!(d.get("n").unwrap().unwrap().value, Value::Int(-5));
+    let _ = d.set("s", "12", NEVER).unwrap();
+    assert!(matches!(
+        d.incr("s", 1, Some(0), NEVER),
+        Err(Error::NotANumber)
+    ));
+    assert_eq!(
+        d.incr("max", 1, Some(i64::MAX), NEVER).unwrap(),
+        i64::MIN,
+        "wraps"
+    );
+    // a number set directly is a number to incr
+    let _ = d.set("direct", 7i64, NEVER).unwrap();
+    assert_eq!(d.incr("direct", 1, None, NEVER).unwrap(), 8);
+    // a dict whose values cannot hold a number says so
+    let (_p2, tiny) = dict("incr-tiny", 8, 4);
+    assert!(matches!(
+        tiny.incr("n", 1, Some(0), NEVER),
+        Err(Error::ValueTooLong { len: 8, max: 4 })
+    ));
+}
+
+#[test]
+fn flush_all_then_flush_expired_counts() {
+    let (_p, d) = dict("flush", 64, 32);
+    for k in ["a", "b", "c", "d"] {
+        let _ = d.set(k, "v", NEVER).unwrap();
+    }
+    d.flush_all();
+    for k in ["a", "b", "c", "d"] {
+        assert_eq!(d.get(k).unwrap(), None);
+    }
+    assert!(d.keys(0).unwrap().is_empty());
+    assert_eq!(d.len(), 4, "flush_all frees nothing");
+    assert_eq!(d.flush_expired(3), 3);
+    assert_eq!(d.flush_expired(0), 1);
+    assert_eq!(d.flush_expired(0), 0);
+    assert_eq!(d.len(), 0);
+    assert_eq!(d.free_slots(), 64);
+}
+
+#[test]
+fn keys_lists_live_keys_up_to_max() {
+    let (_p, d) = dict("keys", 64, 8);
+    for i in 0..10 {
+        let _ = d.set(format!("k{i}"), "v", NEVER).unwrap();
+    }
+    let mut all = d.keys(0).unwrap();
+    all.sort();
+    let mut want: Vec<Vec<u8>> = (0..10).map(|i| format!("k{i}").into_bytes()).collect();
+    want.sort();
+    assert_eq!(all, want);
+    assert_eq!(d.keys(3).unwrap().len(), 3);
+}
+
+#[test]
+fn a_full_dict_evicts_the_least_recently_used_and_safe_variants_refuse() {
+    // 8 slots: every key's window is the whole table and the LRU sample is all of it.
+    let (_p, d) = dict("evict", 8, 8);
+    for i in 0..8 {
+        assert!(!d.set(format!("k{i}"), "v", NEVER).unwrap().forcible);
+        sleep(Duration::from_millis(10)); // distinct use times on the coarse clock
+    }
+    assert_eq!(d.free_slots(), 0);
+    // k0 is the oldest: reading it makes k1 the least recently used
+    assert!(d.get("k0").unwrap().is_some());
+    assert!(matches!(
+        d.safe_set("new", "v", NEVER),
+        Err(Error::NoMemory)
+    ));
+    assert!(matches!(
+        d.safe_add("new", "v", NEVER),
+        Err(Error::NoMemory)
+    ));
+    assert_eq!(d.evictions(), 0);
+    let stored = d.set("new", "v", NEVER).unwrap();
+    assert!(stored.forcible);
+    assert_eq!(d.evictions(), 1);
+    assert_eq!(d.get("k1").unwrap(), None, "the least recently used went");
+    assert!(d.get("k0").unwrap().is_some());
+    assert!(d.get("new").unwrap().is_some());
+    // updating an existing key on a full dict never evicts
+    assert!(!d.safe_set("k2", "w", NEVER).unwrap().forcible);
+    // an expired entry is reused before any live one is evicted
+    d.expire("k3", Duration::from_millis(1)).unwrap();
+    sleep(PAST_SHORT);
+    assert!(!d.safe_set("newer", "v", NEVER).unwrap().forcible);
+    assert_eq!(d.evictions(), 1);
+    assert_eq!(d.len(), 8);
+}
+
+#[test]
+fn limits_are_typed_errors() {
+    let (_p, d) = dict("limits", 8, 16);
+    assert!(matches!(d.get(""), Err(Error::EmptyKey)));
+    assert!(matches!(d.set("", "v", NEVER), Err(Error::EmptyKey)));
+    let long = "k".repeat(251);
+    assert!(matches!(
+        d.set(&long, "v", NEVER),
+        Err(Error::KeyTooLong(251))
+    ));
+    assert!(matches!(d.get(&long), Err(Error::KeyTooLong(251))));
+    let _ = d.set("k".repeat(250), "v", NEVER).unwrap();
+    assert!(matches!(
+        d.set("k", &[0u8; 17], NEVER),
+        Err(Error::ValueTooLong { len: 17, max: 16 })
+    ));
+    let _ = d.set("k", &[1u8; 16], NEVER).unwrap();
+    assert_eq!(bytes(&d, "k").unwrap(), [1u8; 16]);
+
+    let path = TempPath::new("bad-layout");
+    for opts in [
+        SharedDict::options().capacity(0),
+        SharedDict::options().capacity(shmlock::MAX_CAPACITY + 1),
+        SharedDict::options().max_key_len(0),
+        SharedDict::options().max_key_len(65536),
+        SharedDict::options().max_value_len((1 << 20) + 1),
+    ] {
+        let err = opts.open(&path).err().expect("a bad layout was accepted");
+        assert!(
+            matches!(err, Error::InvalidCapacity(_) | Error::InvalidLayout(_)),
+            "{err}"
+        );
+        assert!(!path.0.exists(), "nothing is left behind");
+    }
+    assert!(matches!(
+        SharedDict::options()
+            .capacity(1 << 24)
+            .max_value_len(1 << 20)
+            .open(&path),
+        Err(Error::InvalidLayout(_))
+    ));
+}
+
+#[test]
+fn files_of_the_other_kind_or_damaged_are_refused() {
+    let (path, _d) = dict("kind", 8, 8);
+    let err = LockTable::open(&path, 8).err().unwrap();
+    assert!(matches!(
+        err,
+        Error::Format {
+            source: FormatError::WrongKind { .. },
+            ..
+        }
+    ));
+    assert!(
+        err.to_string().contains("shared dict, not a lock table"),
+        "{err}"
+    );
+    let locks = TempPath::new("kind-locks");
+    LockTable::open(&locks, 8).unwrap();
+    assert!(matches!(
+        SharedDict::open(&locks, 8, 8),
+        Err(Error::Format {
+            source: FormatError::WrongKind { .. },
+            ..
+        })
+    ));
+    // truncated: an error, not a SIGBUS
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let len = f.metadata().unwrap().len();
+    f.set_len(len - 1).unwrap();
+    assert!(matches!(
+        SharedDict::open(&path, 8, 8),
+        Err(Error::Format {
+            source: FormatError::Truncated { .. },
+            ..
+        })
+    ));
+    // missing, without create
+    let missing = TempPath::new("kind-missing");
+    assert!(matches!(
+        SharedDict::options().create(false).open(&missing),
+        Err(Error::Io { .. })
+    ));
+}
+
+#[test]
+fn attaching_keeps_the_files_layout_and_sees_the_same_entries() {
+    let (path, d) = dict("attach", 100, 40);
+    let _ = d.set("k", "v", NEVER).unwrap();
+    let other = SharedDict::options()
+        .capacity(5)
+        .max_value_len(1)
+        .max_key_len(3)
+        .open(&path)
+        .unwrap();
+    assert!(d.created() && !other.created());
+    assert_eq!(
+        (other.capacity(), other.max_value_len(), other.max_key_len()),
+        (100, 40, 250)
+    );
+    assert_eq!(bytes(&other, "k").unwrap(), b"v");
+}
+
+#[test]
+fn many_keys_fill_the_table_and_stay_findable() {
+    // Every key fits when the table is not overfull, and nothing is found twice.
+    let (_p, d) = dict("many", 4096, 16);
+    let n = 3600; // 88 % of the slots
+    let mut evicted = 0;
+    for i in 0..n {
+        evicted += u32::from(
+            d.set(format!("key:{i}"), &format!("{i}"), NEVER)
+                .unwrap()
+                .forcible,
+        );
+    }
+    let present = (0..n)
+        .filter(|i| bytes(&d, &format!("key:{i}")) == Some(format!("{i}").into_bytes()))
+        .count();
+    assert_eq!(present + evicted as usize, n);
+    assert_eq!(d.len(), present);
+    assert_eq!(d.keys(0).unwrap().len(), present);
+    assert!(present >= n * 99 / 100, "only {present} of {n} kept");
+}
+
+#[test]
+fn get_or_fetch_fetches_once_and_reports_where_values_came_from() {
+    let (_p, d) = dict("fetch", 64, 64);
+    let locks_path = TempPath::new("fetch-locks");
+    let locks = LockTable::open(&locks_path, 64).unwrap();
+    let mut calls = 0;
+    let got = d
+        .get_or_fetch(&locks, "item:1", Duration::from_secs(60), || {
+            calls += 1;
+            Ok::<_, Error>(b"one".to_vec())
+        })
+        .unwrap();
+    assert_eq!(
+        (got.source, got.value.as_bytes()),
+        (Source::Fetched, Some(&b"one"[..]))
+    );
+    let got = d
+        .get_or_fetch(&locks, "item:1", Duration::from_secs(60), || {
+            calls += 1;
+            Ok::<_, Error>(b"two".to_vec())
+        })
+        .unwrap();
+    assert_eq!(
+        (got.source, got.value.as_bytes()),
+        (Source::Cache, Some(&b"one"[..]))
+    );
+    assert_eq!(calls, 1);
+    // a failed fetch stores nothing and unlocks
+    let err = d
+        .get_or_fetch(&locks, "item:2", Duration::from_secs(60), || {
+            Err::<Vec<u8>, _>(Error::NotFound)
+        })
+        .unwrap_err();
+    assert!(matches!(err, Error::NotFound));
+    assert_eq!(d.get("item:2").unwrap(), None);
+    assert!(!locks.is_locked("item:2").unwrap());
+    // a value the dict cannot hold is an error, and unlocks too
+    let err = d
+        .get_or_fetch(&locks, "item:3", Duration::from_secs(60), || {
+            Ok::<_, Error>(vec![0; 65])
+        })
+        .unwrap_err();
+    assert!(matches!(err, Error::ValueTooLong { len: 65, max: 64 }));
+    assert!(!locks.is_locked("item:3").unwrap());
+    // while another holder has the key, the waiter times out as the lock says
+    let held = locks
+        .try_lock("item:4", Duration::from_secs(60))
+        .unwrap()
+        .unwrap();
+    let opts = shmlock::LockOptions {
+        timeout: Duration::from_millis(20),
+        ..Default::default()
+    };
+    let err = d
+        .get_or_fetch_with(&locks, "item:4", Duration::from_secs(60), &opts, || {
+            Ok::<_, Error>(b"x".to_vec())
+        })
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout));
+    drop(held);
+}
+
+#[test]
+fn get_or_fetch_double_checks_after_waiting() {
+    // The holder stores the value and unlocks while we wait: we must not fetch again.
+    let (_p, d) = dict("fetch-wait", 64, 64);
+    let locks_path = TempPath::new("fetch-wait-locks");
+    let locks = LockTable::open(&locks_path, 64).unwrap();
+    let guard = locks
+        .try_lock("k", Duration::from_secs(60))
+        .unwrap()
+        .unwrap();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            d.get_or_fetch(&locks, "k", Duration::from_secs(60), || {
+                Ok::<_, Error>(b"fetched twice".to_vec())
+            })
+            .unwrap()
+        });
+        // the waiter is either still before its first look or waiting for the lock
+        sleep(Duration::from_millis(50));
+        let _ = d.set("k", "filled", NEVER).unwrap();
+        drop(guard);
+        let got = waiter.join().unwrap();
+        assert_eq!(got.value.as_bytes(), Some(&b"filled"[..]));
+        assert_ne!(got.source, Source::Fetched);
+    });
+}
