@@ -12,6 +12,8 @@
 pub(crate) mod entry;
 #[cfg(not(loom))]
 mod fetch;
+#[cfg(all(test, loom))]
+mod loom_tests;
 #[cfg(not(loom))]
 mod writer;
 
