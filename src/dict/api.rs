@@ -45,6 +45,14 @@ impl Value {
         }
     }
 
+    /// The bytes, taken out; a number comes back as the error.
+    pub fn into_bytes(self) -> Result<Vec<u8>, Value> {
+        match self {
+            Value::Bytes(b) => Ok(b),
+            other => Err(other),
+        }
+    }
+
     /// The number, if this is a number.
     pub fn as_int(&self) -> Option<i64> {
         match self {
@@ -353,6 +361,12 @@ impl SharedDict {
     /// How many times a writer found the previous writer dead and repaired after it.
     pub fn repairs(&self) -> u64 {
         self.control(REPAIRS).load(Ordering::Relaxed)
+    }
+
+    /// The pid of the process that holds the writer lock right now, if any (a snapshot;
+    /// 0 for a writer outside the creator's pid namespace). Writers hold it for one copy.
+    pub fn writer_pid(&self) -> Option<u32> {
+        self.writer_lock().holder()
     }
 
     /// The file this dict lives in.

@@ -38,8 +38,13 @@ impl SharedDict {
     /// `ttl` and unlocks.
     ///
     /// Errors of the dict or the lock (a lock [`Timeout`](Error::Timeout), a value longer
-    /// than the dict's limit) come back through `E: From<Error>`, as do `fetch`'s own;
-    /// nothing is stored when `fetch` fails.
+    /// than the dict's limit) come back through `E: From<Error>`, as do `fetch`'s own.
+    /// Nothing is stored when `fetch` fails (or its value cannot be stored), so each
+    /// waiter then takes the lock in turn and tries again, as in resty's recipe: one
+    /// backend call at a time, never a stampede.
+    ///
+    /// The default options wait 5 s for the process that is fetching and give it a 30 s
+    /// lease; a slower backend needs [`get_or_fetch_with`](Self::get_or_fetch_with).
     ///
     /// ```
     /// use shmlock::{LockTable, SharedDict, Source};

@@ -109,6 +109,12 @@ impl<'a> WriterLock<'a> {
         }
     }
 
+    /// The pid in the word, if it is locked.
+    pub(crate) fn holder(&self) -> Option<u32> {
+        let cur = self.word.load(Ordering::Relaxed);
+        (cur & LOCKED != 0).then_some(((cur >> PID_SHIFT) & PID_MASK) as u32)
+    }
+
     fn wake(&self) {
         self.wait.fetch_add(1, Ordering::SeqCst);
         Futex.wake_all(self.wait);

@@ -1,6 +1,7 @@
 //! Helpers shared by the test binaries.
 #![allow(dead_code)]
 
+pub mod fork;
 #[cfg(feature = "redis")]
 pub mod redis_server;
 

@@ -1,0 +1,392 @@
+//! SharedDict across real processes: forked workers and a separately started one.
+//!
+//! Like tests/procs.rs this binary has its own small harness (`harness = false`), so it is
+//! single-threaded and `fork` is safe. `dict_procs FILTER` runs the tests whose name
+//! contains FILTER; `dict_procs --role NAME ARGS…` is how a test starts this binary as an
+//! unrelated process.
+
+mod common;
+
+use std::io::Write;
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::fork::{fork, xorshift, Child, Shared};
+use common::TempPath;
+use shmlock::{Error, SharedDict, Value};
+
+type TestFn = fn();
+
+const TESTS: &[(&str, TestFn)] = &[
+    (
+        "operations_are_seen_across_processes",
+        operations_are_seen_across_processes,
+    ),
+    (
+        "incr_is_atomic_across_processes",
+        incr_is_atomic_across_processes,
+    ),
+    (
+        "an_unrelated_process_reads_by_path",
+        an_unrelated_process_reads_by_path,
+    ),
+    (
+        "readers_never_see_a_torn_value_while_writers_are_killed",
+        readers_never_see_a_torn_value_while_writers_are_killed,
+    ),
+    (
+        "a_writer_killed_holding_the_lock_leaves_the_entry_absent_or_whole",
+        a_writer_killed_holding_the_lock_leaves_the_entry_absent_or_whole,
+    ),
+];
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--role") {
+        std::process::exit(role(&args[i + 1..]));
+    }
+    let filter = args.iter().skip(1).find(|a| !a.starts_with('-'));
+    let (mut passed, mut failed) = (0, 0);
+    for (name, test) in TESTS {
+        if filter.is_some_and(|f| !name.contains(f.as_str())) {
+            continue;
+        }
+        print!("test {name} ... ");
+        std::io::stdout().flush().unwrap();
+        let started = Instant::now();
+        match std::panic::catch_unwind(test) {
+            Ok(()) => {
+                passed += 1;
+                println!("ok ({:.2}s)", started.elapsed().as_secs_f64());
+            }
+            Err(_) => {
+                failed += 1;
+                println!("FAILED");
+            }
+        }
+    }
+    println!("\ndict_procs: {passed} passed, {failed} failed");
+    std::process::exit(if failed == 0 { 0 } else { 1 });
+}
+
+const NEVER: Duration = Duration::ZERO;
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Runs `f` in a forked child and asserts it succeeded.
+fn in_child(f: impl FnOnce()) {
+    let child = fork(|| {
+        f();
+        0
+    });
+    assert_eq!(child.wait(LIMIT), 0, "the child failed");
+}
+
+fn bytes(d: &SharedDict, key: &str) -> Option<Vec<u8>> {
+    d.get(key)
+        .unwrap()
+        .map(|i| i.value.as_bytes().unwrap().to_vec())
+}
+
+// ---------------------------------------------------------------------------------------
+// ngx.shared.DICT's behaviour, one process writing and another reading
+
+fn operations_are_seen_across_processes() {
+    let path = TempPath::new("dict-ops");
+    let d = SharedDict::open(&path, 64, 32).unwrap();
+    in_child(|| {
+        let _ = d.set("a", "from child", NEVER).unwrap();
+        let _ = d.set("short", "v", Duration::from_millis(30)).unwrap();
+        let _ = d.set("hour", "v", Duration::from_secs(3600)).unwrap();
+        let _ = d.put(shmlock::Put::Set, "flagged", "v", NEVER, 9).unwrap();
+        assert_eq!(d.incr("n", 1, Some(0), NEVER).unwrap(), 1);
+    });
+    assert_eq!(bytes(&d, "a").unwrap(), b"from child");
+    assert!(matches!(d.add("a", "x", NEVER), Err(Error::Exists)));
+    assert_eq!(d.get("flagged").unwrap().unwrap().flags, 9);
+    assert!(d.ttl("hour").unwrap().unwrap() > Duration::from_secs(3500));
+    std::thread::sleep(Duration::from_millis(120));
+    assert_eq!(
+        d.get("short").unwrap(),
+        None,
+        "expired in another process's write"
+    );
+    assert!(d.get_stale("short").unwrap().unwrap().1);
+    assert_eq!(d.incr("n", 1, None, NEVER).unwrap(), 2);
+
+    in_child(|| {
+        assert!(matches!(
+            d.incr("a", 1, None, NEVER),
+            Err(Error::NotANumber)
+        ));
+        assert!(matches!(
+            d.replace("nope", "x", NEVER),
+            Err(Error::NotFound)
+        ));
+        assert!(d.delete("hour").unwrap());
+        d.flush_all();
+    });
+    for key in ["a", "n", "flagged", "hour"] {
+        assert_eq!(d.get(key).unwrap(), None, "{key} survived flush_all");
+    }
+    // a, short, flagged, n: flushed but still stored; hour was deleted
+    assert_eq!(d.len(), 4);
+    let removed = fork(|| d.flush_expired(0) as i32).wait(LIMIT);
+    assert_eq!(removed, 4);
+    assert_eq!((d.len(), d.free_slots()), (0, 64));
+
+    // no memory: a full small dict refuses safe stores from any process, set evicts
+    let small_path = TempPath::new("dict-ops-small");
+    let small = SharedDict::open(&small_path, 4, 8).unwrap();
+    in_child(|| {
+        for i in 0..4 {
+            let _ = small.set(format!("k{i}"), "v", NEVER).unwrap();
+        }
+    });
+    assert!(matches!(
+        small.safe_set("new", "v", NEVER),
+        Err(Error::NoMemory)
+    ));
+    assert!(small.set("new", "v", NEVER).unwrap().forcible);
+    assert_eq!(small.evictions(), 1);
+    assert_eq!(small.len(), 4);
+}
+
+fn incr_is_atomic_across_processes() {
+    const WORKERS: usize = 4;
+    const EACH: i64 = 5_000;
+    let path = TempPath::new("dict-incr");
+    let d = SharedDict::open(&path, 64, 8).unwrap();
+    let children: Vec<Child> = (0..WORKERS)
+        .map(|_| {
+            fork(|| {
+                for _ in 0..EACH {
+                    d.incr("count", 1, Some(0), NEVER).unwrap();
+                }
+                0
+            })
+        })
+        .collect();
+    for c in &children {
+        assert_eq!(c.wait(LIMIT), 0);
+    }
+    assert_eq!(
+        d.get("count").unwrap().unwrap().value,
+        Value::Int(WORKERS as i64 * EACH)
+    );
+}
+
+fn an_unrelated_process_reads_by_path() {
+    let path = TempPath::new("dict-unrelated");
+    let d = SharedDict::open(&path, 16, 32).unwrap();
+    let _ = d.set("greeting", "hello from the parent", NEVER).unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--role", "get-then-set"])
+        .arg(&path.0)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"hello from the parent\n");
+    assert_eq!(bytes(&d, "reply").unwrap(), b"hello from the child");
+}
+
+// ---------------------------------------------------------------------------------------
+// Torn reads and dead writers
+
+/// A value that says what it is: key id, length, generation, filler, then a checksum of
+/// all of that. Any mix of two values, or of a value and garbage, fails `verify`.
+fn make_value(key: u32, gen: u64, len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len);
+    v.extend_from_slice(&key.to_le_bytes());
+    v.extend_from_slice(&(len as u32).to_le_bytes());
+    v.extend_from_slice(&gen.to_le_bytes());
+    let mut x = gen | 1;
+    while v.len() < len - 8 {
+        v.push(xorshift(&mut x) as u8);
+    }
+    let sum = xxhash_rust::xxh3::xxh3_64(&v);
+    v.extend_from_slice(&sum.to_le_bytes());
+    v
+}
+
+fn verify(key: u32, v: &[u8]) -> bool {
+    v.len() >= 24
+        && u32::from_le_bytes(v[0..4].try_into().unwrap()) == key
+        && u32::from_le_bytes(v[4..8].try_into().unwrap()) as usize == v.len()
+        && xxhash_rust::xxh3::xxh3_64(&v[..v.len() - 8]).to_le_bytes() == v[v.len() - 8..]
+}
+
+const TORN_KEYS: u64 = 48;
+const TORN_MAX: usize = 2048;
+
+/// Sets random keys to values of random length until told to stop.
+fn torn_writer(d: &SharedDict, stop: &Shared, counters: &Shared, seed: u64) -> i32 {
+    let mut x = seed | 1;
+    while stop.word(0).load(Ordering::Relaxed) == 0 {
+        let key = (xorshift(&mut x) % TORN_KEYS) as u32;
+        let len = 24 + (xorshift(&mut x) as usize % (TORN_MAX - 24));
+        let _ = d
+            .set(format!("t:{key}"), &make_value(key, x, len), NEVER)
+            .unwrap();
+        counters.word(0).fetch_add(1, Ordering::Relaxed);
+    }
+    0
+}
+
+/// Reads random keys and checks every value it gets; counts reads and bad values.
+fn torn_reader(d: &SharedDict, stop: &Shared, counters: &Shared, seed: u64) -> i32 {
+    let mut x = seed | 1;
+    while stop.word(0).load(Ordering::Relaxed) == 0 {
+        let key = (xorshift(&mut x) % TORN_KEYS) as u32;
+        if let Some(item) = d.get(format!("t:{key}")).unwrap() {
+            let ok = item.value.as_bytes().is_some_and(|v| verify(key, v));
+            counters
+                .word(if ok { 1 } else { 2 })
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    0
+}
+
+fn readers_never_see_a_torn_value_while_writers_are_killed() {
+    const WRITERS: usize = 2;
+    const READERS: usize = 2;
+    let secs: u64 = std::env::var("SHMLOCK_CHAOS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
+    let path = TempPath::new("dict-torn");
+    // Fewer slots than keys: writes evict, so entries also change key under the readers.
+    let d = SharedDict::open(&path, 32, TORN_MAX).unwrap();
+    let stop = Shared::new(1);
+    // writes, good reads, bad reads
+    let counters = Shared::new(3);
+    let spawn_writer = |seed: u64| fork(|| torn_writer(&d, &stop, &counters, seed));
+    let mut writers: Vec<Child> = (0..WRITERS as u64).map(|i| spawn_writer(i + 1)).collect();
+    let readers: Vec<Child> = (0..READERS as u64)
+        .map(|i| fork(|| torn_reader(&d, &stop, &counters, 100 + i)))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let (mut kills, mut x, mut seed) = (0u64, 0xdead_u64, 1000);
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(xorshift(&mut x) % 20_000));
+        let victim = (xorshift(&mut x) % WRITERS as u64) as usize;
+        writers[victim].kill();
+        kills += 1;
+        seed += 1;
+        writers[victim] = spawn_writer(seed);
+    }
+    stop.word(0).store(1, Ordering::SeqCst);
+    for c in writers.iter().chain(&readers) {
+        assert_eq!(
+            c.wait(LIMIT),
+            0,
+            "a worker failed (or hung on a dead writer)"
+        );
+    }
+    let (writes, good, bad) = (
+        counters.word(0).load(Ordering::SeqCst),
+        counters.word(1).load(Ordering::SeqCst),
+        counters.word(2).load(Ordering::SeqCst),
+    );
+    print!(
+        "[{writes} writes, {good} checked reads, {kills} writer kills, {} repairs, {} evictions] ",
+        d.repairs(),
+        d.evictions()
+    );
+    assert_eq!(bad, 0, "readers saw {bad} torn values");
+    assert!(writes > 0 && good > 0 && kills > 0);
+    // Whatever the kills left, the dict is whole: every stored value checks out, the
+    // count matches, and every key can be written and read again.
+    let keys = d.keys(0).unwrap();
+    assert_eq!(d.len(), keys.len());
+    for key in 0..TORN_KEYS as u32 {
+        if let Some(item) = d.get(format!("t:{key}")).unwrap() {
+            assert!(verify(key, item.value.as_bytes().unwrap()));
+        }
+    }
+    let _ = d.set("after", "whole", NEVER).unwrap();
+    assert_eq!(bytes(&d, "after").unwrap(), b"whole");
+}
+
+fn a_writer_killed_holding_the_lock_leaves_the_entry_absent_or_whole() {
+    const BIG: usize = 1 << 20;
+    let path = TempPath::new("dict-killed-writer");
+    let d = SharedDict::open(&path, 4, BIG).unwrap();
+    let _ = d.set("big", &make_value(7, 1, BIG), NEVER).unwrap();
+    let _ = d.set("other", "untouched", NEVER).unwrap();
+    // A writer rewriting a 1 MiB value spends most of its time inside the writer lock;
+    // stop it until it is caught there, then kill it.
+    let writer = fork(|| {
+        let mut gen = 2;
+        loop {
+            let _ = d.set("big", &make_value(7, gen, BIG), NEVER).unwrap();
+            gen += 1;
+        }
+    });
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "never caught the writer holding the lock"
+        );
+        std::thread::sleep(Duration::from_micros(300));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(writer.0, libc::SIGSTOP) };
+        // SIGSTOP is asynchronous: wait until the child is really stopped.
+        let mut status = 0;
+        // SAFETY: our own child; status is a valid out-pointer.
+        let r = unsafe { libc::waitpid(writer.0, &mut status, libc::WUNTRACED) };
+        assert!(r == writer.0 && libc::WIFSTOPPED(status));
+        if d.writer_pid() == Some(writer.0 as u32) {
+            break;
+        }
+        // SAFETY: as above.
+        unsafe { libc::kill(writer.0, libc::SIGCONT) };
+    }
+    writer.kill();
+    assert_eq!(d.repairs(), 0);
+    // Another process reads: it must get a whole value or nothing, and not hang.
+    in_child(|| {
+        if let Some(item) = d.get("big").unwrap() {
+            assert!(
+                verify(7, item.value.as_bytes().unwrap()),
+                "torn after a writer's death"
+            );
+        }
+        assert_eq!(bytes(&d, "other").unwrap(), b"untouched");
+    });
+    // Someone took the lock over from the dead writer and repaired after it.
+    assert_eq!(d.repairs(), 1);
+    assert_eq!(d.writer_pid(), None);
+    assert_eq!(d.len(), d.keys(0).unwrap().len());
+    let _ = d.set("big", &make_value(7, 99, 100), NEVER).unwrap();
+    assert!(verify(7, &bytes(&d, "big").unwrap()));
+}
+
+// ---------------------------------------------------------------------------------------
+// Roles: this binary started by a test as an unrelated process.
+
+fn role(args: &[String]) -> i32 {
+    match args.first().map(String::as_str) {
+        // get-then-set PATH: print "greeting", store "reply"
+        Some("get-then-set") => {
+            let d = SharedDict::options().create(false).open(&args[1]).unwrap();
+            let greeting = d.get("greeting").unwrap().unwrap();
+            println!(
+                "{}",
+                String::from_utf8_lossy(greeting.value.as_bytes().unwrap())
+            );
+            let _ = d.set("reply", "hello from the child", NEVER).unwrap();
+            0
+        }
+        other => {
+            eprintln!("unknown role {other:?}");
+            2
+        }
+    }
+}
