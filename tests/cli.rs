@@ -7,7 +7,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::TempPath;
-use shmlock::LockTable;
+use shmlock::{LockTable, SharedDict};
 
 fn shmlock(file: &TempPath) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_shmlock"));
@@ -306,4 +306,41 @@ fn the_redis_backend_runs_inspects_and_unlocks() {
     ]));
     assert_eq!(down.status.code(), Some(2));
     assert_eq!(String::from_utf8_lossy(&down.stderr).lines().count(), 1);
+}
+
+#[test]
+fn inspect_shows_a_shared_dicts_counters_and_live_keys() {
+    let file = TempPath::new("cli-dict");
+    let dict = SharedDict::open(&file, 16, 32).unwrap();
+    let _ = dict.set("item:1", "v", Duration::ZERO).unwrap();
+    let _ = dict.set("item:2", "v", Duration::from_secs(3600)).unwrap();
+    let _ = dict.set("gone", "v", Duration::from_millis(1)).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let text = String::from_utf8(output(shmlock(&file).arg("inspect")).stdout).unwrap();
+    assert!(
+        text.contains("shared dict, capacity 16, entries 3 (2 live)"),
+        "{text}"
+    );
+    assert!(text.contains("writer none"), "{text}");
+    let lines: Vec<&str> = text.lines().skip(2).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].starts_with("item:1") && lines[0].ends_with("never"),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with("item:2") && lines[1].ends_with('s'),
+        "{text}"
+    );
+    let json =
+        String::from_utf8(output(shmlock(&file).args(["inspect", "--json"])).stdout).unwrap();
+    assert!(
+        json.contains("\"kind\":\"dict\",\"capacity\":16,\"entries\":3,\"live\":2"),
+        "{json}"
+    );
+    assert!(
+        json.contains("{\"key\":\"item:1\",\"key_hex\":\"6974656d3a31\",\"ttl_ms\":null}"),
+        "{json}"
+    );
+    assert!(json.contains("\"writer_pid\":null"), "{json}");
 }

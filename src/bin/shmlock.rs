@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use shmlock::{
-    Backend, Error, Holder, HolderState, Lock, LockOptions, LockTable, RedisHolder, RedisLocks,
+    Backend, Error, FormatError, Holder, HolderState, Lock, LockOptions, LockTable, RedisHolder,
+    RedisLocks, SharedDict,
 };
 
 /// Where the table is when neither --file nor $SHMLOCK_FILE says.
@@ -31,6 +32,7 @@ const DEFAULT_CAPACITY: usize = 1024;
         "Examples:\n",
         "  shmlock run nightly-report -- ./report.sh\n",
         "  shmlock inspect\n",
+        "  shmlock --file /dev/shm/app-cache inspect      # a SharedDict: counters and keys\n",
         "  shmlock --file /dev/shm/app-locks unlock --force user:42\n",
         "  shmlock --redis redis://10.0.0.5:6379/ run nightly-report -- ./report.sh",
     )
@@ -89,7 +91,7 @@ struct RunArgs {
     command: Vec<String>,
 }
 
-/// List the locks held in the table
+/// List the locks held in the table (or, for a SharedDict file, its counters and keys)
 #[derive(Args)]
 #[command(after_help = concat!(
     "Examples:\n",
@@ -349,7 +351,13 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
 }
 
 fn inspect(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
-    let table = LockTable::options().create(false).open(file)?;
+    let table = match LockTable::options().create(false).open(file) {
+        Err(Error::Format {
+            source: FormatError::WrongKind { .. },
+            ..
+        }) => return inspect_dict(file, a),
+        other => other?,
+    };
     let mut holders: Vec<Holder> = table
         .holders()
         .into_iter()
@@ -479,6 +487,81 @@ fn write_json(
         t.occupancy(),
         holders.join(",")
     )
+}
+
+/// A shared dict's counters, and its live keys with their time to live.
+fn inspect_dict(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
+    let dict = SharedDict::options().create(false).open(file)?;
+    let mut keys: Vec<(Vec<u8>, Option<Duration>)> = dict
+        .keys(0)?
+        .into_iter()
+        // a key may expire or go between the two looks
+        .filter_map(|k| dict.ttl(&k).ok().map(|ttl| (k, ttl)))
+        .collect();
+    keys.sort();
+    let shown = |k: &[u8]| -> String {
+        String::from_utf8_lossy(k)
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect()
+    };
+    let writer = dict.writer_pid();
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    let result = if a.json {
+        let keys: Vec<String> = keys
+            .iter()
+            .map(|(k, ttl)| {
+                let hex: String = k.iter().map(|b| format!("{b:02x}")).collect();
+                format!(
+                    "{{\"key\":{},\"key_hex\":\"{hex}\",\"ttl_ms\":{}}}",
+                    json_str(&String::from_utf8_lossy(k)),
+                    ttl.map_or("null".to_string(), |d| d.as_millis().to_string())
+                )
+            })
+            .collect();
+        writeln!(
+            out,
+            "{{\"file\":{},\"kind\":\"dict\",\"capacity\":{},\"entries\":{},\"live\":{},\"max_key_len\":{},\"max_value_len\":{},\"evictions\":{},\"repairs\":{},\"writer_pid\":{},\"keys\":[{}]}}",
+            json_str(&file.to_string_lossy()),
+            dict.capacity(),
+            dict.len(),
+            keys.len(),
+            dict.max_key_len(),
+            dict.max_value_len(),
+            dict.evictions(),
+            dict.repairs(),
+            writer.map_or("null".to_string(), |p| p.to_string()),
+            keys.join(",")
+        )
+    } else {
+        (|| {
+            writeln!(
+                out,
+                "{}: shared dict, capacity {}, entries {} ({} live), keys up to {} B, values up to {} B, evictions {}, repairs {}, writer {}",
+                file.display(),
+                dict.capacity(),
+                dict.len(),
+                keys.len(),
+                dict.max_key_len(),
+                dict.max_value_len(),
+                dict.evictions(),
+                dict.repairs(),
+                writer.map_or("none".to_string(), |p| format!("pid {p}"))
+            )?;
+            if keys.is_empty() {
+                return writeln!(out, "no live keys");
+            }
+            writeln!(out, "{:<48} {:>10}", "KEY", "TTL")?;
+            for (k, ttl) in &keys {
+                let ttl = ttl.map_or("never".to_string(), |d| format!("{:.3}s", d.as_secs_f64()));
+                writeln!(out, "{:<48} {:>10}", shown(k), ttl)?;
+            }
+            Ok(())
+        })()
+    };
+    result.map_err(|e| Fail(format!("stdout: {e}"), 2))?;
+    Ok(0)
 }
 
 fn refuse_without_force(a: &UnlockArgs) -> Result<(), Fail> {
