@@ -7,16 +7,14 @@
 
 mod common;
 
-use std::io::Write;
 use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::fork::{fork, xorshift, Child, Shared};
+use common::harness::TestFn;
 use common::TempPath;
 use shmlock::{Error, SharedDict, Value};
-
-type TestFn = fn();
 
 const TESTS: &[(&str, TestFn)] = &[
     (
@@ -42,32 +40,7 @@ const TESTS: &[(&str, TestFn)] = &[
 ];
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--role") {
-        std::process::exit(role(&args[i + 1..]));
-    }
-    let filter = args.iter().skip(1).find(|a| !a.starts_with('-'));
-    let (mut passed, mut failed) = (0, 0);
-    for (name, test) in TESTS {
-        if filter.is_some_and(|f| !name.contains(f.as_str())) {
-            continue;
-        }
-        print!("test {name} ... ");
-        std::io::stdout().flush().unwrap();
-        let started = Instant::now();
-        match std::panic::catch_unwind(test) {
-            Ok(()) => {
-                passed += 1;
-                println!("ok ({:.2}s)", started.elapsed().as_secs_f64());
-            }
-            Err(_) => {
-                failed += 1;
-                println!("FAILED");
-            }
-        }
-    }
-    println!("\ndict_procs: {passed} passed, {failed} failed");
-    std::process::exit(if failed == 0 { 0 } else { 1 });
+    common::harness::main("dict_procs", TESTS, role);
 }
 
 const NEVER: Duration = Duration::ZERO;

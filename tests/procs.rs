@@ -12,13 +12,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::fork::{fork, xorshift, Child, Gate, Shared};
+use common::harness::TestFn;
 use common::TempPath;
 use shmlock::{Error, Lock, LockOptions, LockTable};
 
 // ---------------------------------------------------------------------------------------
 // Harness
-
-type TestFn = fn();
 
 /// The tests, by function name.
 macro_rules! tests {
@@ -54,33 +53,7 @@ fn tests() -> Vec<(&'static str, TestFn)> {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--role") {
-        std::process::exit(role(&args[i + 1..]));
-    }
-    // cargo passes libtest flags (--quiet, --nocapture, ...); the first bare word filters.
-    let filter = args.iter().skip(1).find(|a| !a.starts_with('-'));
-    let (mut passed, mut failed) = (0, 0);
-    for (name, test) in tests() {
-        if filter.is_some_and(|f| !name.contains(f.as_str())) {
-            continue;
-        }
-        print!("test {name} ... ");
-        std::io::stdout().flush().unwrap();
-        let started = Instant::now();
-        match std::panic::catch_unwind(test) {
-            Ok(()) => {
-                passed += 1;
-                println!("ok ({:.2}s)", started.elapsed().as_secs_f64());
-            }
-            Err(_) => {
-                failed += 1;
-                println!("FAILED");
-            }
-        }
-    }
-    println!("\nprocs: {passed} passed, {failed} failed");
-    std::process::exit(if failed == 0 { 0 } else { 1 });
+    common::harness::main("procs", &tests(), role);
 }
 
 fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {

@@ -5,15 +5,16 @@
 //! whenever the demo forks its workers. `stampede FILTER` runs the tests whose name
 //! contains FILTER.
 
+mod common;
+
 // The test uses the demo's `run`; its command line (`main` and the rest) is dead here.
 #[allow(dead_code)]
 #[path = "../examples/stampede_server.rs"]
 mod demo;
 
-use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-type TestFn = fn();
+use common::harness::TestFn;
 
 const TESTS: &[(&str, TestFn)] = &[
     (
@@ -27,30 +28,7 @@ const TESTS: &[(&str, TestFn)] = &[
 ];
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    // cargo passes libtest flags (--quiet, --nocapture, ...); the first bare word filters.
-    let filter = args.iter().skip(1).find(|a| !a.starts_with('-'));
-    let (mut passed, mut failed) = (0, 0);
-    for &(name, test) in TESTS {
-        if filter.is_some_and(|f| !name.contains(f.as_str())) {
-            continue;
-        }
-        print!("test {name} ... ");
-        std::io::stdout().flush().unwrap();
-        let started = Instant::now();
-        match std::panic::catch_unwind(test) {
-            Ok(()) => {
-                passed += 1;
-                println!("ok ({:.2}s)", started.elapsed().as_secs_f64());
-            }
-            Err(_) => {
-                failed += 1;
-                println!("FAILED");
-            }
-        }
-    }
-    println!("\nstampede: {passed} passed, {failed} failed");
-    std::process::exit(if failed == 0 { 0 } else { 1 });
+    common::harness::main("stampede", TESTS, common::harness::no_roles);
 }
 
 fn short_round(lock: bool) -> demo::Config {

@@ -383,11 +383,16 @@ fn state_name(s: HolderState) -> &'static str {
     }
 }
 
-fn shown_key(h: &Holder) -> String {
-    let mut k: String = String::from_utf8_lossy(&h.key_preview)
+/// Key bytes for a terminal: UTF-8 with invalid bytes replaced, control characters as `?`.
+fn printable(key: &[u8]) -> String {
+    String::from_utf8_lossy(key)
         .chars()
         .map(|c| if c.is_control() { '?' } else { c })
-        .collect();
+        .collect()
+}
+
+fn shown_key(h: &Holder) -> String {
+    let mut k = printable(&h.key_preview);
     if h.key_len > h.key_preview.len() {
         k.push('…');
     }
@@ -499,12 +504,6 @@ fn inspect_dict(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
         .filter_map(|k| dict.ttl(&k).ok().map(|ttl| (k, ttl)))
         .collect();
     keys.sort();
-    let shown = |k: &[u8]| -> String {
-        String::from_utf8_lossy(k)
-            .chars()
-            .map(|c| if c.is_control() { '?' } else { c })
-            .collect()
-    };
     let writer = dict.writer_pid();
     let out = std::io::stdout();
     let mut out = out.lock();
@@ -555,7 +554,7 @@ fn inspect_dict(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
             writeln!(out, "{:<48} {:>10}", "KEY", "TTL")?;
             for (k, ttl) in &keys {
                 let ttl = ttl.map_or("never".to_string(), |d| format!("{:.3}s", d.as_secs_f64()));
-                writeln!(out, "{:<48} {:>10}", shown(k), ttl)?;
+                writeln!(out, "{:<48} {:>10}", printable(k), ttl)?;
             }
             Ok(())
         })()

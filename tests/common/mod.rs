@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod fork;
+pub mod harness;
 #[cfg(feature = "redis")]
 pub mod redis_server;
 
