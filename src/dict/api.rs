@@ -646,7 +646,7 @@ impl SharedDict {
         Monotonic.now()
     }
 
-    fn pack(&self, key: &[u8]) -> Result<PackedKey, Error> {
+    fn pack<'k>(&self, key: &'k [u8]) -> Result<PackedKey<'k>, Error> {
         if key.is_empty() {
             return Err(Error::EmptyKey);
         }

@@ -71,32 +71,38 @@ impl Meta {
     }
 }
 
-/// A key packed the way entries store it, with its hash.
-pub(crate) struct PackedKey {
+/// A key with its hash, read the way entries store it: as little-endian words.
+pub(crate) struct PackedKey<'k> {
     pub hash: u64,
     pub len: usize,
-    words: Vec<u64>,
+    key: &'k [u8],
 }
 
-impl PackedKey {
-    pub(crate) fn new(key: &[u8], hash: u64) -> PackedKey {
+impl<'k> PackedKey<'k> {
+    pub(crate) fn new(key: &'k [u8], hash: u64) -> PackedKey<'k> {
         PackedKey {
             hash,
             len: key.len(),
-            words: pack(key),
+            key,
         }
+    }
+
+    fn words(&self) -> impl Iterator<Item = u64> + 'k {
+        packed(self.key)
     }
 }
 
-fn pack(bytes: &[u8]) -> Vec<u64> {
-    bytes
-        .chunks(8)
-        .map(|c| {
+/// Bytes as little-endian words, the last one zero-padded (no allocation: the lookup path
+/// runs this for every key it compares).
+fn packed(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    bytes.chunks(8).map(|c| match <[u8; 8]>::try_from(c) {
+        Ok(whole) => u64::from_le_bytes(whole),
+        Err(_) => {
             let mut b = [0u8; 8];
             b[..c.len()].copy_from_slice(c);
             u64::from_le_bytes(b)
-        })
-        .collect()
+        }
+    })
 }
 
 fn words_for(len: usize) -> usize {
@@ -207,8 +213,8 @@ impl<'a> Entry<'a> {
         if meta.key_len() != key.len || self.w[HASH].load(Ordering::Relaxed) != key.hash {
             return Look::Other;
         }
-        for (i, &want) in key.words.iter().enumerate() {
-            if self.w[HEAD_WORDS + i].load(Ordering::Relaxed) != want {
+        for (word, want) in self.w[HEAD_WORDS..].iter().zip(key.words()) {
+            if word.load(Ordering::Relaxed) != want {
                 return Look::Other;
             }
         }
@@ -310,11 +316,11 @@ impl<'a> Entry<'a> {
             w[HASH].store(key.hash, Ordering::Relaxed);
             w[DEADLINE].store(deadline, Ordering::Relaxed);
             w[FLAGS].store(u64::from(flags), Ordering::Relaxed);
-            for (i, &k) in key.words.iter().enumerate() {
-                w[HEAD_WORDS + i].store(k, Ordering::Relaxed);
+            for (word, k) in w[HEAD_WORDS..].iter().zip(key.words()) {
+                word.store(k, Ordering::Relaxed);
             }
-            for (i, v) in pack(value).into_iter().enumerate() {
-                w[at + i].store(v, Ordering::Relaxed);
+            for (word, v) in w[at..].iter().zip(packed(value)) {
+                word.store(v, Ordering::Relaxed);
                 crash_point();
             }
         });

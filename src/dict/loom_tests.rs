@@ -26,7 +26,7 @@ fn words() -> Arc<Vec<AtomicU64>> {
     )
 }
 
-fn key(name: &[u8]) -> PackedKey {
+fn key(name: &[u8]) -> PackedKey<'_> {
     // One hash for both keys, so only the key bytes tell them apart.
     PackedKey::new(name, 0x5eed)
 }
