@@ -515,7 +515,8 @@ impl SharedDict {
         flags: u32,
     ) -> Result<Stored, Error> {
         let k = self.pack(key.as_ref())?;
-        let (kind, bytes) = self.encode(value.into())?;
+        let mut int = [0u8; 8];
+        let (kind, bytes) = self.encode(value.into(), &mut int)?;
         let w = self.write_lock();
         let now = self.now();
         let until = deadline(now, ttl_ns(ttl));
@@ -530,7 +531,7 @@ impl SharedDict {
             Some((i, _)) => (i, Stored { forcible: false }),
             None => self.place(&w, &k, now, matches!(how, Put::Set | Put::Add))?,
         };
-        self.entry(i).store(&k, kind, &bytes, flags, until, now);
+        self.entry(i).store(&k, kind, bytes, flags, until, now);
         Ok(stored)
     }
 
@@ -657,10 +658,18 @@ impl SharedDict {
         Ok(PackedKey::new(key, hash))
     }
 
-    fn encode<'v>(&self, value: ValueRef<'v>) -> Result<(Kind, std::borrow::Cow<'v, [u8]>), Error> {
-        let (kind, bytes) = match value {
-            ValueRef::Bytes(b) => (Kind::Bytes, std::borrow::Cow::Borrowed(b)),
-            ValueRef::Int(n) => (Kind::Int, std::borrow::Cow::Owned(n.to_le_bytes().to_vec())),
+    /// The kind and bytes to store; a number's bytes go in `buf`, so nothing allocates.
+    fn encode<'v>(
+        &self,
+        value: ValueRef<'v>,
+        buf: &'v mut [u8; 8],
+    ) -> Result<(Kind, &'v [u8]), Error> {
+        let (kind, bytes): (Kind, &[u8]) = match value {
+            ValueRef::Bytes(b) => (Kind::Bytes, b),
+            ValueRef::Int(n) => {
+                *buf = n.to_le_bytes();
+                (Kind::Int, buf)
+            }
         };
         if bytes.len() > self.max_value_len() {
             return Err(Error::ValueTooLong {
