@@ -452,3 +452,28 @@ fn get_or_fetch_double_checks_after_waiting() {
         assert_ne!(got.source, Source::Fetched);
     });
 }
+
+#[test]
+fn entries_left_mid_write_in_a_damaged_file_read_as_absent_not_a_panic() {
+    // A file whose entries all say "a write is in progress" while nobody holds the writer
+    // lock: no live protocol leaves that, a damaged or hostile file can. Offsets are the
+    // documented format: 4 KiB header, 4 KiB control page, entries of the layout's size,
+    // each starting with its sequence word.
+    let (path, d) = dict("odd-seq", 8, 8);
+    let _ = d.set("k", "v", NEVER).unwrap();
+    let entry_size = 64 + 256 + 64; // max_key_len 250 and max_value_len 8, rounded to 64
+    let mut file = std::fs::read(&path).unwrap();
+    assert_eq!(file.len(), 8192 + 8 * entry_size);
+    for i in 0..8 {
+        file[8192 + i * entry_size] |= 1;
+    }
+    std::fs::write(&path, &file).unwrap();
+    // The file was rewritten in place (same inode): this handle sees the damage.
+    assert_eq!(d.get("k").unwrap(), None);
+    assert!(d.keys(0).unwrap().is_empty());
+    assert!(matches!(d.ttl("k"), Err(Error::NotFound)));
+    assert!(matches!(d.incr("k", 1, None, NEVER), Err(Error::NotFound)));
+    let _ = d.set("k", "again", NEVER).unwrap();
+    assert_eq!(bytes(&d, "k"), Some(b"again".to_vec()));
+    assert_eq!(d.len(), 1);
+}

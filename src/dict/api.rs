@@ -601,7 +601,7 @@ impl SharedDict {
         Ok(match self.find_locked(&w, &k) {
             Some((i, d)) => {
                 self.entry(i).free();
-                self.control(LEN).fetch_sub(1, Ordering::Relaxed);
+                self.uncount(1);
                 d > now
             }
             None => false,
@@ -635,8 +635,7 @@ impl SharedDict {
                 removed += 1;
             }
         }
-        self.control(LEN)
-            .fetch_sub(removed as u64, Ordering::Relaxed);
+        self.uncount(removed as u64);
         removed
     }
 
@@ -742,8 +741,41 @@ impl SharedDict {
                 Err(_) => spin(round),
             }
         }
-        let _w = self.write_lock();
-        read(&e).unwrap_or_else(|look| unreachable!("{look:?} under the writer lock"))
+        let w = self.write_lock();
+        self.read_locked(&w, &e, read)
+    }
+
+    /// Reads an entry while holding the writer lock. No write can be in progress then, so
+    /// an odd `seq` was left by a dead writer or by damage to the file: the entry is
+    /// emptied, as the repair after a dead writer does.
+    fn read_locked<T>(
+        &self,
+        _w: &Held<'_>,
+        e: &Entry<'_>,
+        read: impl Fn(&Entry<'_>) -> Result<T, Look>,
+    ) -> T {
+        let mut round = 0;
+        loop {
+            let was_used = e.is_used();
+            if e.repair() && was_used {
+                self.uncount(1);
+            }
+            match read(e) {
+                Ok(t) => return t,
+                // Only a process writing outside the protocol gets here.
+                Err(_) => spin(round.min(SETTLE_ROUNDS)),
+            }
+            round += 1;
+        }
+    }
+
+    /// Takes `n` from the entry count, which the file may have damaged: never below zero.
+    fn uncount(&self, n: u64) {
+        let _ = self
+            .control(LEN)
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                Some(c.saturating_sub(n))
+            });
     }
 
     /// The key's entry, expired or not: lock-free.
@@ -766,18 +798,18 @@ impl SharedDict {
     /// [`lookup`](Self::lookup) for a writer: nothing can change under it.
     fn lookup_locked(
         &self,
-        _w: &Held<'_>,
-        k: &PackedKey,
+        w: &Held<'_>,
+        k: &PackedKey<'_>,
         want_value: bool,
     ) -> Option<(usize, Copied)> {
         let home = self.home(k);
         (0..=self.reach(home)).find_map(|d| {
             let i = self.at(home, d);
-            match self.entry(i).read(k, want_value) {
-                Look::Found(c) => Some((i, c)),
-                Look::Free | Look::Other => None,
-                other => unreachable!("{other:?} under the writer lock"),
-            }
+            self.read_locked(w, &self.entry(i), |e| match e.read(k, want_value) {
+                Look::Found(c) => Ok(Some((i, c))),
+                Look::Free | Look::Other => Ok(None),
+                busy => Err(busy),
+            })
         })
     }
 
