@@ -228,7 +228,7 @@ fn write_redis(
         let holders: Vec<String> = held
             .iter()
             .map(|h| {
-                let hex: String = h.key.iter().map(|b| format!("{b:02x}")).collect();
+                let hex = hex(&h.key);
                 format!(
                     "{{\"key\":{},\"key_hex\":\"{hex}\",\"ttl_ms\":{},\"token\":{}}}",
                     json_str(&String::from_utf8_lossy(&h.key)),
@@ -383,6 +383,11 @@ fn state_name(s: HolderState) -> &'static str {
     }
 }
 
+/// Key bytes in hex, for JSON (the exact bytes, whatever they are).
+fn hex(key: &[u8]) -> String {
+    key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Key bytes for a terminal: UTF-8 with invalid bytes replaced, control characters as `?`.
 fn printable(key: &[u8]) -> String {
     String::from_utf8_lossy(key)
@@ -466,7 +471,7 @@ fn write_json(
     let holders: Vec<String> = hs
         .iter()
         .map(|h| {
-            let hex: String = h.key_preview.iter().map(|b| format!("{b:02x}")).collect();
+            let hex = hex(&h.key_preview);
             format!(
                 "{{\"key\":{},\"key_hex\":\"{hex}\",\"key_len\":{},\"truncated\":{},\"pid\":{},\"alive\":{},\"state\":\"{}\",\"age_ms\":{},\"ttl_ms\":{},\"expired\":{},\"token\":{},\"waiters\":{}}}",
                 json_str(&String::from_utf8_lossy(&h.key_preview)),
@@ -511,7 +516,7 @@ fn inspect_dict(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
         let keys: Vec<String> = keys
             .iter()
             .map(|(k, ttl)| {
-                let hex: String = k.iter().map(|b| format!("{b:02x}")).collect();
+                let hex = hex(k);
                 format!(
                     "{{\"key\":{},\"key_hex\":\"{hex}\",\"ttl_ms\":{}}}",
                     json_str(&String::from_utf8_lossy(k)),

@@ -92,10 +92,16 @@ impl<'a> WriterLock<'a> {
                         // The dead owner's sleepers would otherwise sleep out RECHECK.
                         self.wake();
                     }
+                    // Whatever the dead writer stored is visible by now: its process had
+                    // ended before the kernel reported it gone. The caller repairs.
                     return (Writing { lock: self }, true);
                 }
                 continue;
             }
+            // The lost-wakeup guard: `seen` is read before the waiters bit is set, and the
+            // releaser clears the word before it bumps `wait`, so a release after our CAS
+            // changes `wait` and the futex returns at once (a release before it fails the
+            // CAS). SeqCst keeps the load and the CAS in that order.
             let seen = self.wait.load(Ordering::SeqCst);
             if cur & WAITERS == 0
                 && self
