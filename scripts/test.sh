@@ -23,4 +23,10 @@ started=$SECONDS
 loom
 echo "loom: models passed in $((SECONDS - started)) s (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
 
-cargo test --all-features
+# Tests that need root (namespaces, mounts, uid switches: the liveness cases of issue 12) are
+# ignored unless asked for; as root (as CI runs) they run too, elsewhere they say why not.
+if [ "$(id -u)" -eq 0 ]; then
+    cargo test --all-features -- --include-ignored
+else
+    cargo test --all-features
+fi
