@@ -67,6 +67,12 @@ pub trait Backend: Sealed {
     #[doc(hidden)]
     fn token(&self, hold: &Self::Hold) -> Option<u64>;
 
+    /// The hold is left to run out its lease: whatever it needs must outlive its guard.
+    #[doc(hidden)]
+    fn leave(&self, hold: &Self::Hold) {
+        let _ = hold;
+    }
+
     /// Whether a short spin before sleeping can pay off (a local backend).
     #[doc(hidden)]
     fn spins(&self) -> bool;

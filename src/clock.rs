@@ -1,24 +1,68 @@
-//! Time for lease deadlines.
+//! Time for lease deadlines: one clock for every process of the machine.
 //!
-//! Deadlines are nanoseconds on a monotonic clock, so wall-clock jumps change nothing. The
-//! clock is a type parameter of the table so that tests and loom models can drive it.
+//! Deadlines are nanoseconds of the **host's** monotonic clock, so wall-clock jumps change
+//! nothing and every process attached reads the same instant, whatever its time namespace:
+//! a process in a time namespace (`unshare -T`, a CRIU restore) sees `CLOCK_MONOTONIC`
+//! shifted by a fixed offset, which it reads once from `/proc/self/timens_offsets` and
+//! takes back out. The clock does not run while the machine is suspended, for the holders
+//! and their waiters alike: a lease resumes with the time it had left.
+//!
+//! The clock is a type parameter of the table so that tests and loom models can drive it.
 
 /// A monotonic source of nanoseconds shared by every process using one table.
 pub(crate) trait Clock {
     fn now(&self) -> u64;
 }
 
-/// `CLOCK_MONOTONIC_COARSE`: a vDSO read of a few nanoseconds, with the kernel tick as
-/// resolution (1-4 ms), which is what millisecond-scale leases need. It is the same clock
-/// in every process of one boot; the header's boot id guards against reuse across boots.
-#[cfg(not(loom))]
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Monotonic;
+/// Adds a lease length to a time; a lease of zero means "never expires".
+pub(crate) fn deadline(now: u64, exptime_ns: u64) -> u64 {
+    if exptime_ns == 0 {
+        u64::MAX
+    } else {
+        now.saturating_add(exptime_ns)
+    }
+}
 
 #[cfg(not(loom))]
-impl Clock for Monotonic {
+pub(crate) use host::*;
+
+#[cfg(not(loom))]
+mod host {
+    use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
+
+    use super::Clock;
+    use crate::error::Error;
+
+    /// `CLOCK_MONOTONIC_COARSE` minus this process's time-namespace offset: a vDSO read of
+    /// a few nanoseconds with the kernel tick as resolution (1-4 ms), which is what
+    /// millisecond-scale leases need.
+    #[derive(Clone, Copy, Debug, Default)]
+    pub(crate) struct Monotonic;
+
+    static OFFSET: AtomicI64 = AtomicI64::new(0);
+    static STATE: AtomicU8 = AtomicU8::new(UNREAD);
+    const UNREAD: u8 = 0;
+    const KNOWN: u8 = 1;
+    /// Known before a fork; the child may be in the namespace its parent made for it.
+    const INHERITED: u8 = 2;
+
+    const OFFSETS: &str = "/proc/self/timens_offsets";
+
+    impl Clock for Monotonic {
+        #[inline]
+        fn now(&self) -> u64 {
+            if STATE.load(Ordering::Relaxed) != KNOWN {
+                let _ = refresh();
+            }
+            let raw = raw_now() as i64;
+            raw.wrapping_sub(OFFSET.load(Ordering::Relaxed)).max(0) as u64
+        }
+    }
+
+    /// This process's own `CLOCK_MONOTONIC_COARSE`: for durations measured within one
+    /// process, where an offset cancels out.
     #[inline]
-    fn now(&self) -> u64 {
+    pub(crate) fn raw_now() -> u64 {
         let mut ts = libc::timespec {
             tv_sec: 0,
             tv_nsec: 0,
@@ -30,13 +74,102 @@ impl Clock for Monotonic {
             .saturating_mul(1_000_000_000)
             .saturating_add(ts.tv_nsec as u64)
     }
-}
 
-/// Adds a lease length to a time; a lease of zero means "never expires".
-pub(crate) fn deadline(now: u64, exptime_ns: u64) -> u64 {
-    if exptime_ns == 0 {
-        u64::MAX
-    } else {
-        now.saturating_add(exptime_ns)
+    /// Makes sure this process knows its offset: a table cannot be used by a process that
+    /// cannot tell its clock from the others'.
+    pub(crate) fn check() -> Result<(), Error> {
+        refresh()
+    }
+
+    #[cold]
+    fn refresh() -> Result<(), Error> {
+        match read_offset() {
+            Ok(off) => {
+                OFFSET.store(off, Ordering::Relaxed);
+                STATE.store(KNOWN, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                // A forked child that lost sight of /proc keeps its parent's offset.
+                if STATE.load(Ordering::Relaxed) == INHERITED {
+                    STATE.store(KNOWN, Ordering::Relaxed);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// In a forked child (async-signal-safe): look the offset up again on next use.
+    pub(crate) fn forget_offset() {
+        if STATE.load(Ordering::Relaxed) == KNOWN {
+            STATE.store(INHERITED, Ordering::Relaxed);
+        }
+    }
+
+    fn read_offset() -> Result<i64, Error> {
+        match std::fs::read_to_string(OFFSETS) {
+            Ok(text) => parse(&text)
+                .ok_or_else(|| Error::io(OFFSETS, std::io::Error::other("unexpected contents"))),
+            // No such file but a /proc: a kernel without time namespaces, so no offset.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if std::path::Path::new("/proc/self/stat").exists() {
+                    Ok(0)
+                } else {
+                    Err(Error::io(
+                        OFFSETS,
+                        std::io::Error::new(
+                            e.kind(),
+                            "cannot tell this process's clock offset (time namespace) \
+                             without /proc: mount /proc to use a shared table",
+                        ),
+                    ))
+                }
+            }
+            Err(e) => Err(Error::io(OFFSETS, e)),
+        }
+    }
+
+    /// The monotonic offset in ns from `timens_offsets` ("monotonic SECS NANOS").
+    pub(crate) fn parse(text: &str) -> Option<i64> {
+        for line in text.lines() {
+            let mut f = line.split_ascii_whitespace();
+            if f.next() != Some("monotonic") {
+                continue;
+            }
+            let secs: i64 = f.next()?.parse().ok()?;
+            let nanos: i64 = f.next()?.parse().ok()?;
+            return secs.checked_mul(1_000_000_000)?.checked_add(nanos);
+        }
+        // The file exists but names no monotonic offset: none.
+        Some(0)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn parses_offsets() {
+            assert_eq!(parse("monotonic 0 0\nboottime 0 0\n"), Some(0));
+            assert_eq!(
+                parse("monotonic 3600 5\nboottime 0 0\n"),
+                Some(3_600_000_000_005)
+            );
+            assert_eq!(
+                parse("boottime 1 0\nmonotonic -2 0\n"),
+                Some(-2_000_000_000)
+            );
+            assert_eq!(parse("monotonic x 0\n"), None);
+            assert_eq!(parse(""), Some(0));
+        }
+
+        #[test]
+        fn host_clock_is_this_process_clock_outside_a_time_namespace() {
+            check().unwrap();
+            let a = Monotonic.now();
+            let b = raw_now();
+            // this test does not run in a time namespace
+            assert!(a.abs_diff(b) < 1_000_000_000, "{a} {b}");
+        }
     }
 }

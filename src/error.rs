@@ -50,6 +50,12 @@ pub enum Error {
     NotOwner,
     /// Every slot of the table holds a live lock; none was evicted.
     TableFull,
+    /// The table or dict was opened read-only (for inspection) and cannot be changed.
+    ReadOnly,
+    /// This writer stalled past the bound (stopped, or descheduled for that long) while it
+    /// held a [`SharedDict`](crate::SharedDict)'s writer lock, and another writer took the
+    /// lock over: the write was not made (the entry it was writing reads as absent).
+    Stalled,
     /// The file at `path` is not a usable lock table.
     Format {
         /// The file.
@@ -160,6 +166,11 @@ impl fmt::Display for Error {
             Error::Expired => f.write_str("expired: the lease ran out and the key was taken"),
             Error::NotOwner => f.write_str("not owner: the hold belongs to the parent process"),
             Error::TableFull => f.write_str("lock table full"),
+            Error::ReadOnly => f.write_str("opened read-only: this handle cannot change it"),
+            Error::Stalled => f.write_str(
+                "stalled: this writer held the dict's writer lock past the bound and was \
+                 taken over; the write was not made",
+            ),
             Error::Format { path, source } => write!(f, "{}: {source}", path.display()),
             Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
             #[cfg(feature = "redis")]
@@ -173,7 +184,12 @@ impl fmt::Display for FormatError {
         match self {
             FormatError::NotATable => f.write_str("not a shmlock table (bad magic)"),
             FormatError::UnsupportedVersion(v) => {
-                write!(f, "shmlock table format version {v} is not supported")
+                write!(
+                    f,
+                    "shmlock table format version {v} is not supported (this build uses \
+                     version {}: remove the file once no process uses it)",
+                    crate::format::VERSION
+                )
             }
             FormatError::Truncated { len, expected } => {
                 write!(f, "truncated table: {len} bytes, expected {expected}")

@@ -1,132 +1,261 @@
 //! Creating, attaching to and mapping a table file.
 //!
-//! Creation is race-free without any lock: the table is built completely in a temporary
-//! file in the same directory and then `link`ed to its path, which fails if the path
-//! exists. Of many processes creating one path at once, exactly one link wins and the
-//! others attach to the winner's file; nobody ever sees a half-written table. (`rename`
-//! would silently replace a table others already use.)
+//! Creation is race-free without any lock: the table is built completely in an unnamed
+//! file (`O_TMPFILE`) in the same directory and then linked to its path, which fails if
+//! the path exists. Of many processes creating one path at once, exactly one link wins
+//! and the others attach to the winner's file; nobody ever sees a half-written table, and
+//! a creator killed midway leaves nothing behind. (Where `O_TMPFILE` or `/proc` is
+//! missing, a named temporary file is used instead, which a kill can leave behind.)
+//!
+//! A symbolic link at the path is followed when it leads to an existing file, so a table
+//! can be reached through one. A table is never *created* through a link: a dangling link
+//! at the path is an error, not a place to create one (in a shared directory such as
+//! `/dev/shm` anyone can plant one).
 //!
 //! Attaching reads the header with `pread` and checks the file size before mapping, so a
-//! foreign, truncated or corrupt file is an error, never a SIGBUS.
+//! foreign, truncated or corrupt file is an error, never a SIGBUS. A process that opens
+//! the file for writing then registers as an owner (see `registry.rs`), under the init
+//! lock, after resetting a table left by an earlier boot if — and only if — it read this
+//! boot's id, the file names another, and no other process has the file open for writing.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::{Error, FormatError};
 use crate::format::{Header, Layout, HEADER_SIZE};
-use crate::slot::Slot;
+use crate::registry::{self, FileLocks, HeldFd, Identity, OwnerId, Registry};
 
 /// How to open a table file.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct OpenSpec {
     /// What the file must hold; the lengths of a dict's layout count only when creating.
     pub layout: Layout,
-    /// Slots of a table this call creates; ignored when attaching.
+    /// Keys of a table this call creates; ignored when attaching.
     pub capacity: u64,
+    /// Registry entries (processes attached at once) of a table this call creates.
+    pub registry: u32,
     /// Permission bits of a table this call creates.
     pub mode: u32,
     /// Create the file if it does not exist.
     pub create: bool,
+    /// Map it read-only, register nothing (for inspection by anyone who can read it).
+    pub read_only: bool,
 }
 
-/// The body (everything after the header) of a mapped table file.
+impl OpenSpec {
+    pub(crate) fn new(layout: Layout) -> OpenSpec {
+        OpenSpec {
+            layout,
+            capacity: 1024,
+            registry: crate::format::DEFAULT_REGISTRY,
+            mode: 0o600,
+            create: true,
+            read_only: false,
+        }
+    }
+}
+
+/// How long an attaching process waits for another one to finish attaching.
+const INIT_PATIENCE: Duration = Duration::from_secs(10);
+/// How many times the path may vanish and reappear under one open before it gives up.
+const OPEN_ROUNDS: u32 = 100;
+
+/// Everything after the header of a mapped table file: the registry, then the body.
 pub(crate) struct Mapping {
-    body: NonNull<AtomicU64>,
-    words: usize,
-    // Keeps the mapping (and so `body`) valid; unmapped on drop.
+    base: NonNull<AtomicU64>,
+    registry_words: usize,
+    /// Where the body starts: the registry takes whole pages.
+    body_at: usize,
+    body_words: usize,
+    // Keeps the mapping (and so `base`) valid; unmapped on drop.
     _map: MmapRaw,
 }
 
-// SAFETY: the body is only reached through atomics (`&[AtomicU64]`, or `&Slot` whose fields
-// are all atomics), so sharing it across threads is as sound as sharing the atomics; the
-// mapping itself is owned and unmapped exactly once.
+// SAFETY: the mapping is only reached through atomics (`&[AtomicU64]`, or structs whose
+// fields are all atomics), so sharing it across threads is as sound as sharing the atomics;
+// the mapping itself is owned and unmapped exactly once.
 unsafe impl Send for Mapping {}
 // SAFETY: as above.
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
+    /// The registry's words (its entries; padding excluded).
+    #[inline]
+    pub(crate) fn registry(&self) -> Registry<'_> {
+        // SAFETY: the registry starts one page into the mapping (aligned) and is
+        // `registry_words` long, inside the mapping (its length was checked against the
+        // file before mapping); every bit pattern is a valid `AtomicU64`; all mutation, by
+        // us or others, is atomic; `self` keeps the mapping alive for the lifetime.
+        Registry::new(unsafe {
+            std::slice::from_raw_parts(self.base.as_ptr(), self.registry_words)
+        })
+    }
+
     /// The body as words. Every layout is made of 8-byte-aligned atomics.
     #[inline]
     pub(crate) fn words(&self) -> &[AtomicU64] {
-        // SAFETY: the mapping is `HEADER_SIZE + words * 8` bytes (checked against the file
-        // size before mapping, and the file is never shrunk by us), so the range is in
-        // bounds; it starts one page in, so it is aligned; every bit pattern is a valid
-        // `AtomicU64`; all mutation, by us or by other processes, is atomic; and `self`
-        // keeps the mapping alive for the returned lifetime.
-        unsafe { std::slice::from_raw_parts(self.body.as_ptr(), self.words) }
+        &self.all()[self.body_at..]
+    }
+
+    /// Everything mapped: registry pages, then the body.
+    fn all(&self) -> &[AtomicU64] {
+        // SAFETY: as for `registry`: the mapping is exactly `body_at + body_words` words
+        // (checked against the file); page-aligned; atomics only; borrowed from `self`.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.body_at + self.body_words) }
     }
 }
 
-/// The slots of a mapped lock table.
-pub(crate) struct MappedSlots(Mapping);
-
-impl MappedSlots {
-    /// The body of a lock-table file: slots right after the header.
-    pub(crate) fn new(map: Mapping, header: &Header) -> MappedSlots {
-        assert!(header.layout == Layout::Locks);
-        assert!(map.words * 8 == header.slot_count as usize * std::mem::size_of::<Slot>());
-        MappedSlots(map)
-    }
-}
-
-impl AsRef<[Slot]> for MappedSlots {
-    #[inline]
-    fn as_ref(&self) -> &[Slot] {
-        let words = self.0.words();
-        // SAFETY: `new` checked that the body is exactly a whole number of slots; it is
-        // page-aligned plus 4096, so 64-byte aligned; every bit pattern is a valid `Slot`
-        // (atomic integers only), and the slice borrows the mapping.
-        unsafe {
-            std::slice::from_raw_parts(
-                words.as_ptr().cast::<Slot>(),
-                words.len() * 8 / std::mem::size_of::<Slot>(),
-            )
-        }
-    }
-}
-
-/// An open, validated, mapped table.
+/// An open, validated, mapped table, registered as one of its owners unless read-only.
 pub(crate) struct Opened {
     pub map: Mapping,
     pub header: Header,
     pub created: bool,
+    /// The descriptor the mapping came from. It holds no lock, so it can test others'.
+    pub file: File,
+    /// This process's registration (`None`: read-only).
+    pub registered: Option<Registered>,
+}
+
+/// A process's place in a file's registry: the descriptor that holds its locks, and the
+/// owner id its entries carry ([`OwnerId::UNKNOWN`] if no entry could be had).
+pub(crate) struct Registered {
+    pub fd: HeldFd,
+    pub owner: OwnerId,
 }
 
 pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
-    loop {
+    if spec.mode & !0o777 != 0 {
+        return Err(Error::InvalidOptions(
+            "mode may only hold permission bits (at most 0o777)",
+        ));
+    }
+    crate::clock::check()?;
+    for _ in 0..OPEN_ROUNDS {
+        let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
         match OpenOptions::new()
             .read(true)
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC)
+            .write(!spec.read_only)
+            .custom_flags(flags)
             .open(path)
         {
-            Ok(file) => return attach(path, file, false, spec.layout),
-            Err(e) if e.kind() == io::ErrorKind::NotFound && spec.create => {
+            Ok(file) => return attach(path, file, false, spec),
+            Err(e) if e.kind() == io::ErrorKind::NotFound && spec.create && !spec.read_only => {
                 if let Some(file) = create(path, spec)? {
-                    return attach(path, file, true, spec.layout);
+                    return attach(path, file, true, spec);
                 }
-                // Someone else linked first: attach to theirs.
+                // Something is at the path: someone else linked first, or a dangling link.
+                if let Ok(m) = fs::symlink_metadata(path) {
+                    if m.file_type().is_symlink() && fs::metadata(path).is_err() {
+                        return Err(Error::io(
+                            path,
+                            io::Error::new(
+                                io::ErrorKind::NotFound,
+                                "a dangling symbolic link is at the path; a table is never \
+                                 created through a link (remove it, or point it at a table)",
+                            ),
+                        ));
+                    }
+                }
             }
             Err(e) => return Err(Error::io(path, e)),
         }
     }
+    Err(Error::io(
+        path,
+        io::Error::other("the path kept appearing and vanishing while it was opened"),
+    ))
 }
 
-/// Builds a complete table beside `path` and links it into place. `None` if `path`
-/// appeared meanwhile.
+/// Builds a complete table beside `path` and links it into place. `None` if something
+/// appeared at `path` meanwhile.
 fn create(path: &Path, spec: OpenSpec) -> Result<Option<File>, Error> {
-    spec.layout.check(spec.capacity)?;
+    spec.layout.check(spec.capacity, spec.registry)?;
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    let header = Header {
+        seed: random_u64(),
+        boot_id: boot_id().unwrap_or([0; 16]),
+        created_ns: unix_ns(),
+        token_base: unix_ns(),
+        ..Header::new(spec.layout, spec.capacity, spec.registry)
+    };
+    let build = |file: &File| -> io::Result<()> {
+        // The umask may have cleared bits the caller asked for.
+        file.set_permissions(fs::Permissions::from_mode(spec.mode))?;
+        reserve(file, header.file_len())?;
+        file.write_all_at(&header.encode(), 0)
+    };
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .mode(spec.mode)
+        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+        .open(&dir)
+    {
+        Ok(file) => {
+            build(&file).map_err(|e| Error::io(path, e))?;
+            match link_unnamed(&file, path) {
+                Ok(true) => return Ok(Some(file)),
+                Ok(false) => return Ok(None),
+                // Neither /proc nor the right to link by descriptor: use a named file.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EPERM)) => {}
+                Err(e) => return Err(Error::io(path, e)),
+            }
+        }
+        // The filesystem cannot make unnamed files.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+            ) => {}
+        Err(e) => return Err(Error::io(&dir, e)),
+    }
+    create_named(path, &dir, spec, build)
+}
+
+/// Links an `O_TMPFILE` file to `path`. `Ok(false)`: the path exists.
+fn link_unnamed(file: &File, path: &Path) -> io::Result<bool> {
+    use nix::fcntl::{AtFlags, AT_FDCWD};
+    let proc_path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    let linked = nix::unistd::linkat(
+        AT_FDCWD,
+        proc_path.as_str(),
+        AT_FDCWD,
+        path,
+        AtFlags::AT_SYMLINK_FOLLOW,
+    )
+    .or_else(|e| {
+        if e == nix::errno::Errno::ENOENT {
+            nix::unistd::linkat(file, "", AT_FDCWD, path, AtFlags::AT_EMPTY_PATH)
+        } else {
+            Err(e)
+        }
+    });
+    match linked {
+        Ok(()) => Ok(true),
+        Err(nix::errno::Errno::EEXIST) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Creation through a named temporary file, where unnamed ones cannot be linked.
+fn create_named(
+    path: &Path,
+    dir: &Path,
+    spec: OpenSpec,
+    build: impl Fn(&File) -> io::Result<()>,
+) -> Result<Option<File>, Error> {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let tmp = dir.join(format!(
         ".{name}.{}.{:x}.tmp",
@@ -141,25 +270,11 @@ fn create(path: &Path, spec: OpenSpec) -> Result<Option<File>, Error> {
         .custom_flags(libc::O_CLOEXEC)
         .open(&tmp)
         .map_err(|e| Error::io(&tmp, e))?;
-    let result = (|| {
-        // The umask may have cleared bits the caller asked for.
-        file.set_permissions(fs::Permissions::from_mode(spec.mode))?;
-        let header = Header {
-            layout: spec.layout,
-            slot_count: spec.capacity,
-            seed: random_u64(),
-            boot_id: boot_id(),
-            created_ns: unix_ns(),
-            pid_ns: crate::process::pid_namespace(),
-        };
-        reserve(&file, header.file_len())?;
-        file.write_all_at(&header.encode(), 0)?;
-        match fs::hard_link(&tmp, path) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-            Err(e) => Err(e),
-        }
-    })();
+    let result = build(&file).and_then(|()| match fs::hard_link(&tmp, path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    });
     let _ = fs::remove_file(&tmp);
     match result {
         Ok(true) => Ok(Some(file)),
@@ -171,27 +286,36 @@ fn create(path: &Path, spec: OpenSpec) -> Result<Option<File>, Error> {
 /// Allocates the whole file now, so a full filesystem fails here instead of raising SIGBUS
 /// on first touch of a page.
 fn reserve(file: &File, len: u64) -> io::Result<()> {
-    // SAFETY: a valid open fd and an in-range length; posix_fallocate returns the error
-    // number instead of setting errno.
-    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) };
-    match rc {
-        0 => Ok(()),
+    match nix::fcntl::posix_fallocate(file, 0, len as libc::off_t) {
+        Ok(()) => Ok(()),
         // Filesystems without fallocate: fall back to extending the file (sparse).
-        libc::EOPNOTSUPP | libc::EINVAL => file.set_len(len),
-        e => Err(io::Error::from_raw_os_error(e)),
+        Err(nix::errno::Errno::EOPNOTSUPP | nix::errno::Errno::EINVAL) => file.set_len(len),
+        Err(e) => Err(e.into()),
     }
 }
 
-fn attach(path: &Path, file: File, created: bool, layout: Layout) -> Result<Opened, Error> {
-    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+fn attach(path: &Path, file: File, created: bool, spec: OpenSpec) -> Result<Opened, Error> {
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.file_type().is_file() {
+        let what = if meta.file_type().is_fifo() {
+            "a FIFO"
+        } else {
+            "not a regular file"
+        };
+        return Err(Error::io(
+            path,
+            io::Error::other(format!("{what}, not a table")),
+        ));
+    }
+    let len = meta.len();
     let mut head = vec![0u8; HEADER_SIZE.min(len as usize)];
     file.read_exact_at(&mut head, 0)
         .map_err(|e| Error::io(path, e))?;
     let header = Header::decode(&head).map_err(|e| e.at(path))?;
-    if header.layout.magic() != layout.magic() {
+    if header.layout.magic() != spec.layout.magic() {
         let wrong = FormatError::WrongKind {
             found: header.layout.name(),
-            expected: layout.name(),
+            expected: spec.layout.name(),
         };
         return Err(Error::from(wrong).at(path));
     }
@@ -202,88 +326,176 @@ fn attach(path: &Path, file: File, created: bool, layout: Layout) -> Result<Open
     if len > expected {
         return Err(Error::from(FormatError::Corrupt("file longer than its layout")).at(path));
     }
-    let map = MmapOptions::new()
-        .len(expected as usize)
-        .map_raw(&file)
-        .map_err(|e| Error::io(path, e))?;
-    let body = NonNull::new(
-        map.as_mut_ptr()
-            .wrapping_add(HEADER_SIZE)
-            .cast::<AtomicU64>(),
-    )
-    .expect("mmap returned null");
+    let mut options = MmapOptions::new();
+    options
+        .offset(HEADER_SIZE as u64)
+        .len(header.mapped_len() as usize);
+    let map = if spec.read_only {
+        options.map_raw_read_only(&file)
+    } else {
+        options.map_raw(&file)
+    }
+    .map_err(|e| Error::io(path, e))?;
+    let base = NonNull::new(map.as_mut_ptr().cast::<AtomicU64>()).expect("mmap returned null");
     let map = Mapping {
-        body,
-        words: (header.body_len() / 8) as usize,
+        base,
+        registry_words: header.registry as usize * registry::ENTRY_WORDS,
+        body_at: (header.registry_len() / 8) as usize,
+        body_words: (header.layout.body_len(header.slot_count) / 8) as usize,
         _map: map,
     };
-    let header = if header.boot_id != boot_id() {
-        reset_after_reboot(path, &file, &map)?
-    } else {
-        header
-    };
+    if spec.read_only {
+        return Ok(Opened {
+            map,
+            header,
+            created,
+            file,
+            registered: None,
+        });
+    }
+    let lock_fd = registry::reopen(&file, path).map_err(|e| Error::io(path, e))?;
+    let (header, registered) = join(path, &file, lock_fd, &map, header)?;
     Ok(Opened {
         map,
         header,
         created,
+        file,
+        registered: Some(registered),
     })
 }
 
-/// Deadlines and pids of an earlier boot mean nothing now: every entry is stale. The first
-/// process of this boot to attach clears the body, under `flock` so that it happens once.
-#[cold]
-fn reset_after_reboot(path: &Path, file: &File, map: &Mapping) -> Result<Header, Error> {
-    let fd = file.as_raw_fd();
-    // SAFETY: valid fd; flock blocks until granted.
-    if unsafe { libc::flock(fd, libc::LOCK_EX) } != 0 {
-        return Err(Error::io(path, io::Error::last_os_error()));
+/// Under the init lock: resets a table left by an earlier boot (if it may), marks the file
+/// in use by this process and takes a registry entry.
+fn join(
+    path: &Path,
+    file: &File,
+    lock_fd: OwnedFd,
+    map: &Mapping,
+    header: Header,
+) -> Result<(Header, Registered), Error> {
+    let unknown = |fd: OwnedFd| Registered {
+        fd: HeldFd::new(fd),
+        owner: OwnerId::UNKNOWN,
+    };
+    match registry::take_init_lock(&lock_fd, INIT_PATIENCE) {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(Error::io(
+                path,
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "another process has been attaching to this table for 10 s \
+                     (stopped in the middle?)",
+                ),
+            ))
+        }
+        // No byte-range locks on this filesystem: no registry (expiry only), no reset.
+        Err(_) => return Ok((header, unknown(lock_fd))),
     }
     let result = (|| {
-        let mut head = vec![0u8; HEADER_SIZE];
-        file.read_exact_at(&mut head, 0)
-            .map_err(|e| Error::io(path, e))?;
-        let mut header = Header::decode(&head).map_err(|e| e.at(path))?;
-        let now_boot = boot_id();
-        if header.boot_id != now_boot {
-            for word in map.words() {
-                word.store(0, Ordering::Relaxed);
+        let header = match boot_id() {
+            Some(now) if now != header.boot_id => {
+                match registry::others_attached(file) {
+                    Ok(false) => reset(path, file, map, header, now)?,
+                    // In use by a live process (of this boot, since locks do not survive a
+                    // reboot): whoever it is, the entries are not stale. Leave them.
+                    _ => header,
+                }
             }
-            header.boot_id = now_boot;
-            file.write_all_at(&header.encode(), 0)
-                .map_err(|e| Error::io(path, e))?;
+            // Same boot, or no boot id to go by: never wipe on doubt.
+            _ => header,
+        };
+        let mut registered = unknown(lock_fd);
+        if matches!(
+            registry::mark_attached(registered.fd.get().unwrap()),
+            Ok(true)
+        ) {
+            let me = crate::process::current();
+            let id = Identity {
+                pid: me.pid,
+                start: me.start,
+                pid_ns: crate::process::pid_namespace(),
+            };
+            let locks = FileLocks {
+                take: registered.fd.get(),
+                probe: file,
+            };
+            let hint = me.pid as usize;
+            if let Some(owner) = map.registry().register(&locks, id, hint) {
+                registered.owner = owner;
+            }
         }
-        Ok(header)
+        Ok((header, registered))
     })();
-    // SAFETY: valid fd.
-    unsafe { libc::flock(fd, libc::LOCK_UN) };
+    if let Ok((_, r)) = &result {
+        if let Some(fd) = r.fd.get() {
+            registry::drop_init_lock(fd);
+        }
+    }
     result
 }
 
-/// The kernel's boot id (`/proc/sys/kernel/random/boot_id`), or zeros where there is none.
-pub(crate) fn boot_id() -> [u8; 16] {
-    let mut id = [0u8; 16];
-    if let Ok(text) = fs::read_to_string("/proc/sys/kernel/random/boot_id") {
-        let hex: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();
-        for (i, pair) in hex.chunks(2).take(16).enumerate() {
-            let s = std::str::from_utf8(pair).unwrap_or("0");
-            id[i] = u8::from_str_radix(s, 16).unwrap_or(0);
+/// Empties a table of an earlier boot: its deadlines and owners mean nothing now. Fencing
+/// tokens carry on above every token handed out before. Caller holds the init lock and
+/// checked that nobody else has the file open for writing.
+#[cold]
+fn reset(
+    path: &Path,
+    file: &File,
+    map: &Mapping,
+    mut header: Header,
+    boot: [u8; 16],
+) -> Result<Header, Error> {
+    let max_fence = match header.layout {
+        Layout::Locks => {
+            const FENCE: usize = std::mem::offset_of!(crate::slot::Slot, fence) / 8;
+            const SLOT: usize = crate::format::SLOT_SIZE / 8;
+            (0..header.slot_count as usize)
+                .map(|i| map.words()[i * SLOT + FENCE].load(Ordering::Relaxed))
+                .max()
+                .unwrap_or(0)
         }
+        Layout::Dict { .. } => 0,
+    };
+    for w in map.all() {
+        w.store(0, Ordering::Relaxed);
     }
-    id
+    header.boot_id = boot;
+    header.token_base = unix_ns().max(
+        header
+            .token_base
+            .saturating_add(max_fence)
+            .saturating_add(1),
+    );
+    file.write_all_at(&header.encode(), 0)
+        .map_err(|e| Error::io(path, e))?;
+    Ok(header)
+}
+
+/// The kernel's boot id (`/proc/sys/kernel/random/boot_id`), or `None` where it cannot be
+/// read (no `/proc`, a masked `/proc/sys`, ...).
+pub(crate) fn boot_id() -> Option<[u8; 16]> {
+    let text = fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let hex: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut id = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        id[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    (id != [0; 16]).then_some(id)
 }
 
 fn random_u64() -> u64 {
     let mut buf = [0u8; 8];
-    // SAFETY: writes at most 8 bytes into `buf`.
-    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
-    if n == 8 {
-        u64::from_le_bytes(buf)
-    } else {
-        unix_ns() ^ (u64::from(std::process::id()) << 32)
+    match getrandom::fill(&mut buf) {
+        Ok(()) => u64::from_le_bytes(buf),
+        Err(_) => unix_ns() ^ (u64::from(std::process::id()) << 32),
     }
 }
 
-fn unix_ns() -> u64 {
+pub(crate) fn unix_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)

@@ -1,52 +1,80 @@
-//! The file formats: a 4 KiB header, then the body: `slot_count` slots of the layout's
-//! slot size (a shared dict has a 4 KiB control page before its slots).
+//! The file formats: a 4 KiB header, the owner registry, then the body.
 //!
 //! ```text
 //! offset  size  field
 //!      0     8  magic  "SHMLOCK\0" (lock table) or "SHMDICT\0" (shared dict)
-//!      8     4  format version (1)
+//!      8     4  format version (2)
 //!     12     4  header size (4096)
 //!     16     8  slot count
-//!     24     4  slot size (lock table: 128)
+//!     24     4  slot size (lock table: 64)
 //!     28     4  flags (0)
 //!     32     8  hash seed
-//!     40    16  boot id of the boot whose monotonic clock the deadlines use
+//!     40    16  boot id of the boot whose monotonic clock the deadlines use (zeros: unknown)
 //!     56     8  creation time (unix ns, informational)
-//!     64     8  pid namespace of the creator (0: unknown)
-//! lock table:
-//!     72     8  xxh3-64 of bytes 0..72
-//! shared dict:
-//!     72     4  longest key, bytes
-//!     76     4  longest value, bytes
-//!     80     8  xxh3-64 of bytes 0..80
+//!     64     8  capacity: keys that can be held (or stored) at once
+//!     72     4  registry entries
+//!     76     4  reserved (0)
+//!     80     8  token base: every fencing token is above it (unix ns at creation or reset)
+//!     88     4  shared dict: longest key, bytes (lock table: 0)
+//!     92     4  shared dict: longest value, bytes (lock table: 0)
+//!     96     8  xxh3-64 of bytes 0..96
 //! ```
 //!
-//! All integers little-endian. The header is written once, before the file becomes visible
-//! under its path, and rewritten only when a table from an earlier boot is reset. A reader
-//! accepts exactly what this module writes: anything else is a typed error.
+//! All integers little-endian; the rest of the header page is zero, but for two bytes
+//! that only carry open-file-description locks (never data): [`INIT_LOCK_BYTE`] and
+//! [`ATTACHED_LOCK_BYTE`].
+//!
+//! After the header come the owner registry ([`REGISTRY_ENTRY`] bytes an entry, rounded up
+//! to whole pages; see `registry.rs`), then the body: for a lock table the hot slots
+//! (64 bytes each, see `slot.rs`) followed by as many cold slots (what only inspection
+//! reads); for a shared dict a 4 KiB control page and its entries.
+//!
+//! The header is written once, before the file becomes visible under its path, and
+//! rewritten only when a table from an earlier boot is reset. A reader accepts exactly
+//! what this module writes: anything else is a typed error.
 
 use crate::error::{Error, FormatError};
-use crate::slot::Slot;
 
 pub(crate) const MAGIC: [u8; 8] = *b"SHMLOCK\0";
 pub(crate) const DICT_MAGIC: [u8; 8] = *b"SHMDICT\0";
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
 pub(crate) const HEADER_SIZE: usize = 4096;
-pub(crate) const SLOT_SIZE: usize = std::mem::size_of::<Slot>();
-/// Upper bound on capacity: 2^24 slots is a 2 GiB lock table.
+const PAGE: u64 = 4096;
+/// Bytes of a lock table's hot slot, and of its cold one.
+pub(crate) const SLOT_SIZE: usize = 64;
+pub(crate) const COLD_SIZE: usize = 64;
+/// Upper bound on capacity: 2^24 keys (a lock table of 4 GiB, with its headroom).
 pub(crate) const MAX_CAPACITY: u64 = 1 << 24;
-/// A shared dict's control page (writer lock, counters), between header and slots.
+/// A lock table has this many slots per key of capacity: at most half full, so probes
+/// stay short however full the user fills it (see `table.rs`).
+pub(crate) const HEADROOM: u64 = 2;
+/// A shared dict's control page (writer lock, counters), between registry and slots.
 pub(crate) const DICT_CONTROL_SIZE: usize = 4096;
 /// A dict slot's fixed part, before the key and value bytes.
 pub(crate) const DICT_SLOT_HEAD: usize = 64;
 /// Upper bound on a dict's value length (1 MiB) and on its whole body (64 GiB).
 pub(crate) const MAX_VALUE_LEN: u32 = 1 << 20;
 pub(crate) const MAX_DICT_BODY: u64 = 1 << 36;
+/// Bytes of one owner-registry entry.
+pub(crate) const REGISTRY_ENTRY: u64 = 32;
+/// The most registry entries a file can have: entry numbers are 16 bits, and the last
+/// number means "no entry".
+pub(crate) const MAX_REGISTRY: u32 = 0xffff;
+/// Registry entries of a file created without saying how many processes may attach.
+pub(crate) const DEFAULT_REGISTRY: u32 = 1024;
+/// The byte that attaching processes lock (write) while they check for a reboot and take
+/// their registry entry, so that a reset and a registration never overlap.
+pub(crate) const INIT_LOCK_BYTE: u64 = 4000;
+/// The byte every process that opened the file for writing keeps read-locked while it
+/// has it open: while any is, the table is in use and is never reset.
+pub(crate) const ATTACHED_LOCK_BYTE: u64 = 4001;
+/// Bytes of the checked part of the header; the checksum follows it.
+const CHECKED: usize = 96;
 
 /// What the slots of a file hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Layout {
-    /// Lock entries of [`SLOT_SIZE`] bytes.
+    /// Lock entries: [`SLOT_SIZE`]-byte hot slots, then as many cold ones.
     Locks,
     /// Shared-dict entries with room for a key and a value of at most these lengths.
     Dict { max_key: u32, max_value: u32 },
@@ -78,26 +106,31 @@ impl Layout {
         }
     }
 
-    /// Bytes between the header and the first slot.
-    pub(crate) fn control_size(self) -> usize {
+    /// Slots that back `capacity` keys.
+    pub(crate) fn slots_for(self, capacity: u64) -> u64 {
         match self {
-            Layout::Locks => 0,
-            Layout::Dict { .. } => DICT_CONTROL_SIZE,
+            Layout::Locks => capacity * HEADROOM,
+            Layout::Dict { .. } => capacity,
         }
     }
 
-    /// Bytes of the checked part of the header (the checksum follows it).
-    fn checked(self) -> usize {
+    /// Bytes of the body after the registry: control page, slots (and cold slots).
+    pub(crate) fn body_len(self, slot_count: u64) -> u64 {
         match self {
-            Layout::Locks => 72,
-            Layout::Dict { .. } => 80,
+            Layout::Locks => slot_count * (SLOT_SIZE + COLD_SIZE) as u64,
+            Layout::Dict { .. } => DICT_CONTROL_SIZE as u64 + slot_count * self.slot_size() as u64,
         }
     }
 
-    /// Whether a table of `slot_count` slots of this layout can be made.
-    pub(crate) fn check(self, slot_count: u64) -> Result<(), Error> {
-        if slot_count == 0 || slot_count > MAX_CAPACITY {
-            return Err(Error::InvalidCapacity(slot_count));
+    /// Whether a file for `capacity` keys and `registry` processes can be made.
+    pub(crate) fn check(self, capacity: u64, registry: u32) -> Result<(), Error> {
+        if capacity == 0 || capacity > MAX_CAPACITY {
+            return Err(Error::InvalidCapacity(capacity));
+        }
+        if registry == 0 || registry > MAX_REGISTRY {
+            return Err(Error::InvalidOptions(
+                "max_processes must be 1..=65535 (the owner registry's entries)",
+            ));
         }
         if let Layout::Dict { max_key, max_value } = self {
             if max_key == 0 || max_key as usize > crate::MAX_KEY_LEN {
@@ -110,7 +143,7 @@ impl Layout {
                     "the longest value must be at most 1 MiB",
                 ));
             }
-            if slot_count * self.slot_size() as u64 > MAX_DICT_BODY {
+            if capacity * self.slot_size() as u64 > MAX_DICT_BODY {
                 return Err(Error::InvalidLayout("the dict would be larger than 64 GiB"));
             }
         }
@@ -130,19 +163,42 @@ pub(crate) struct Header {
     pub seed: u64,
     pub boot_id: [u8; 16],
     pub created_ns: u64,
-    /// The creator's pid namespace: pids in the table are only judged by processes of it.
-    pub pid_ns: u64,
+    /// Keys that can be held at once (a lock table has [`HEADROOM`] slots per key).
+    pub capacity: u64,
+    /// Entries of the owner registry.
+    pub registry: u32,
+    /// Every fencing token handed out is above this.
+    pub token_base: u64,
 }
 
 impl Header {
-    /// Total file size for this layout.
-    pub(crate) fn file_len(&self) -> u64 {
-        HEADER_SIZE as u64 + self.body_len()
+    /// A header for a new file.
+    pub(crate) fn new(layout: Layout, capacity: u64, registry: u32) -> Header {
+        Header {
+            layout,
+            slot_count: layout.slots_for(capacity),
+            seed: 0,
+            boot_id: [0; 16],
+            created_ns: 0,
+            capacity,
+            registry,
+            token_base: 0,
+        }
     }
 
-    /// Bytes after the header: control page and slots.
-    pub(crate) fn body_len(&self) -> u64 {
-        self.layout.control_size() as u64 + self.slot_count * self.layout.slot_size() as u64
+    /// Total file size for this layout.
+    pub(crate) fn file_len(&self) -> u64 {
+        HEADER_SIZE as u64 + self.registry_len() + self.layout.body_len(self.slot_count)
+    }
+
+    /// Bytes of the registry, whole pages.
+    pub(crate) fn registry_len(&self) -> u64 {
+        (u64::from(self.registry) * REGISTRY_ENTRY).div_ceil(PAGE) * PAGE
+    }
+
+    /// Bytes after the header: registry and body.
+    pub(crate) fn mapped_len(&self) -> u64 {
+        self.registry_len() + self.layout.body_len(self.slot_count)
     }
 
     pub(crate) fn encode(&self) -> [u8; HEADER_SIZE] {
@@ -156,14 +212,16 @@ impl Header {
         b[32..40].copy_from_slice(&self.seed.to_le_bytes());
         b[40..56].copy_from_slice(&self.boot_id);
         b[56..64].copy_from_slice(&self.created_ns.to_le_bytes());
-        b[64..72].copy_from_slice(&self.pid_ns.to_le_bytes());
+        b[64..72].copy_from_slice(&self.capacity.to_le_bytes());
+        b[72..76].copy_from_slice(&self.registry.to_le_bytes());
+        // 76..80: reserved
+        b[80..88].copy_from_slice(&self.token_base.to_le_bytes());
         if let Layout::Dict { max_key, max_value } = self.layout {
-            b[72..76].copy_from_slice(&max_key.to_le_bytes());
-            b[76..80].copy_from_slice(&max_value.to_le_bytes());
+            b[88..92].copy_from_slice(&max_key.to_le_bytes());
+            b[92..96].copy_from_slice(&max_value.to_le_bytes());
         }
-        let checked = self.layout.checked();
-        let sum = xxhash_rust::xxh3::xxh3_64(&b[..checked]);
-        b[checked..checked + 8].copy_from_slice(&sum.to_le_bytes());
+        let sum = xxhash_rust::xxh3::xxh3_64(&b[..CHECKED]);
+        b[CHECKED..CHECKED + 8].copy_from_slice(&sum.to_le_bytes());
         b
     }
 
@@ -176,18 +234,15 @@ impl Header {
             }
             .into()
         };
-        if bytes.len() < 88 {
+        if bytes.len() < 12 {
             return Err(truncated());
         }
         let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
         let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
-        let layout = if bytes[0..8] == MAGIC {
-            Layout::Locks
+        let dict = if bytes[0..8] == MAGIC {
+            false
         } else if bytes[0..8] == DICT_MAGIC {
-            Layout::Dict {
-                max_key: u32_at(72),
-                max_value: u32_at(76),
-            }
+            true
         } else {
             return Err(FormatError::NotATable.into());
         };
@@ -195,27 +250,44 @@ impl Header {
         if version != VERSION {
             return Err(FormatError::UnsupportedVersion(version).into());
         }
-        let checked = layout.checked();
-        if xxhash_rust::xxh3::xxh3_64(&bytes[..checked]) != u64_at(checked) {
+        if bytes.len() < HEADER_SIZE {
+            return Err(truncated());
+        }
+        if xxhash_rust::xxh3::xxh3_64(&bytes[..CHECKED]) != u64_at(CHECKED) {
             return Err(FormatError::Corrupt("header checksum mismatch").into());
         }
-        let slot_count = u64_at(16);
-        if let Err(e) = layout.check(slot_count) {
+        let layout = if dict {
+            Layout::Dict {
+                max_key: u32_at(88),
+                max_value: u32_at(92),
+            }
+        } else {
+            if u64_at(88) != 0 {
+                return Err(FormatError::Corrupt("reserved header bytes are not zero").into());
+            }
+            Layout::Locks
+        };
+        let capacity = u64_at(64);
+        let registry = u32_at(72);
+        if let Err(e) = layout.check(capacity, registry) {
             return Err(match e {
-                Error::InvalidCapacity(_) => FormatError::Corrupt("slot count out of range"),
+                Error::InvalidCapacity(_) => FormatError::Corrupt("capacity out of range"),
+                Error::InvalidOptions(_) => FormatError::Corrupt("registry size out of range"),
                 _ => FormatError::Corrupt("key or value length out of range"),
             }
             .into());
         }
+        let slot_count = u64_at(16);
+        if slot_count != layout.slots_for(capacity) {
+            return Err(FormatError::Corrupt("slot count does not match the capacity").into());
+        }
         if u32_at(12) as usize != HEADER_SIZE || u32_at(24) as usize != layout.slot_size() {
             return Err(FormatError::Corrupt("unknown header or slot size").into());
         }
-        if u32_at(28) != 0 {
+        if u32_at(28) != 0 || u32_at(76) != 0 {
             return Err(FormatError::Corrupt("unknown flags").into());
         }
-        // The rest of the header is reserved and written as zeros; a shorter read is caught
-        // by the size check after decoding.
-        if bytes[checked + 8..].iter().any(|&b| b != 0) {
+        if bytes[CHECKED + 8..HEADER_SIZE].iter().any(|&b| b != 0) {
             return Err(FormatError::Corrupt("reserved header bytes are not zero").into());
         }
         let mut boot_id = [0u8; 16];
@@ -226,7 +298,9 @@ impl Header {
             seed: u64_at(32),
             boot_id,
             created_ns: u64_at(56),
-            pid_ns: u64_at(64),
+            capacity,
+            registry,
+            token_base: u64_at(80),
         })
     }
 }
@@ -237,12 +311,11 @@ mod tests {
 
     fn sample() -> Header {
         Header {
-            layout: Layout::Locks,
-            slot_count: 1024,
             seed: 0x1234_5678_9abc_def0,
             boot_id: [7; 16],
             created_ns: 42,
-            pid_ns: 99,
+            token_base: 1_700_000_000_000_000_000,
+            ..Header::new(Layout::Locks, 1024, 64)
         }
     }
 
@@ -250,6 +323,9 @@ mod tests {
     fn round_trips() {
         let h = sample();
         assert_eq!(Header::decode(&h.encode()).unwrap(), h);
+        assert_eq!(h.slot_count, 2048);
+        assert_eq!(h.registry_len(), 4096);
+        assert_eq!(h.file_len(), 4096 + 4096 + 2048 * 128);
     }
 
     fn dict() -> Header {
@@ -258,20 +334,18 @@ mod tests {
                 max_key: 250,
                 max_value: 64,
             },
+            slot_count: 1024,
             ..sample()
         }
     }
 
     #[test]
-    fn dict_header_round_trips_and_keeps_the_lock_format() {
+    fn dict_header_round_trips() {
         let h = dict();
         assert_eq!(Header::decode(&h.encode()).unwrap(), h);
         assert_eq!(h.layout.slot_size(), 384);
         assert_eq!(&h.encode()[..8], b"SHMDICT\0");
-        // The lock table's bytes are those of format 1 before dicts existed.
-        let locks = sample().encode();
-        assert_eq!(&locks[..8], b"SHMLOCK\0");
-        assert!(locks[80..].iter().all(|&b| b == 0));
+        assert_eq!(&sample().encode()[..8], b"SHMLOCK\0");
     }
 
     #[test]
@@ -286,10 +360,11 @@ mod tests {
 
         assert!(err(&[0u8; HEADER_SIZE]).contains("not a shmlock table"));
         assert!(err(&good[..10]).contains("truncated"));
+        assert!(err(&good[..100]).contains("truncated"));
 
         let mut v = good;
-        v[8] = 2;
-        assert!(err(&v).contains("version 2"));
+        v[8] = 1;
+        assert!(err(&v).contains("version 1"));
 
         // every single-bit flip anywhere in the header is caught
         for byte in 0..HEADER_SIZE {
@@ -303,16 +378,31 @@ mod tests {
 
     #[test]
     fn rejects_out_of_range_layout_even_with_valid_checksum() {
-        for count in [0, MAX_CAPACITY + 1, u64::MAX] {
+        for capacity in [0, MAX_CAPACITY + 1, u64::MAX / 4] {
             let h = Header {
-                slot_count: count,
+                capacity,
+                slot_count: capacity.wrapping_mul(HEADROOM),
                 ..sample()
             };
-            assert!(Header::decode(&h.encode()).is_err());
+            assert!(Header::decode(&h.encode()).is_err(), "{capacity}");
         }
+        for registry in [0, MAX_REGISTRY + 1] {
+            let h = Header {
+                registry,
+                ..sample()
+            };
+            assert!(Header::decode(&h.encode()).is_err(), "{registry}");
+        }
+        // slots that do not back the capacity
+        let h = Header {
+            slot_count: 1024,
+            ..sample()
+        };
+        assert!(Header::decode(&h.encode()).is_err());
         for (max_key, max_value) in [(0, 64), (65536, 64), (250, MAX_VALUE_LEN + 1)] {
             let h = Header {
                 layout: Layout::Dict { max_key, max_value },
+                slot_count: 1024,
                 ..sample()
             };
             assert!(

@@ -3,35 +3,28 @@
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
-use crate::table::Notify;
-
 /// Whether this build can sleep on a wait word (and be woken by another process).
 pub(crate) const AVAILABLE: bool = cfg!(target_os = "linux");
 
-/// Wakes sleepers with `FUTEX_WAKE` on the shared (not process-private) word.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Futex;
-
-impl Notify for Futex {
-    fn wake_all(&self, word: &AtomicU32) {
-        #[cfg(target_os = "linux")]
-        // SAFETY: `word` is a live, aligned u32 in memory mapped by this process; FUTEX_WAKE
-        // only looks at the address, and a shared futex is keyed by the mapping, so it
-        // reaches waiters in other processes.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                word.as_ptr(),
-                libc::FUTEX_WAKE,
-                i32::MAX,
-                std::ptr::null::<libc::timespec>(),
-                std::ptr::null::<u32>(),
-                0u32,
-            );
-        }
-        #[cfg(not(target_os = "linux"))]
-        let _ = word;
+/// Wakes every sleeper with `FUTEX_WAKE` on the shared (not process-private) word.
+pub(crate) fn wake_all(word: &AtomicU32) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: `word` is a live, aligned u32 in memory mapped by this process; FUTEX_WAKE
+    // only looks at the address, and a shared futex is keyed by the mapping, so it
+    // reaches waiters in other processes.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        );
     }
+    #[cfg(not(target_os = "linux"))]
+    let _ = word;
 }
 
 /// Sleeps until `word` is woken, or no longer holds `expected`, or `timeout` passes

@@ -42,12 +42,16 @@ compile_error!("shmlock needs 64-bit atomics");
 #[cfg(not(unix))]
 compile_error!("shmlock supports unix systems only");
 
+#[cfg(not(loom))]
+mod attachment;
 mod clock;
 mod dict;
 mod error;
 mod format;
 mod primitive;
+#[cfg(not(loom))]
 mod process;
+mod registry;
 mod slot;
 mod table;
 

@@ -68,6 +68,13 @@ fn token<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Option<u64> {
     backend.token(holding.ours().ok()?)
 }
 
+/// A hold left to run out its lease: its token, and whatever keeps it valid kept.
+fn leave<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Option<u64> {
+    let hold = holding.ours().ok()?;
+    backend.leave(hold);
+    backend.token(hold)
+}
+
 /// What [`LockGuard::keep_alive`] and [`Lock::keep_alive`] hand to the work they guard.
 #[derive(Debug, Default)]
 pub struct KeepAlive {
@@ -274,7 +281,7 @@ impl<'b, B: Backend> Lock<'b, B> {
     /// [`Error::Unlocked`] if nothing is held.
     pub fn leave_to_expire(&mut self) -> Result<Option<u64>, Error> {
         let holding = self.holding.take().ok_or(Error::Unlocked)?;
-        Ok(token(self.backend, &holding))
+        Ok(leave(self.backend, &holding))
     }
 
     /// Runs `work` while a background thread renews the lease every third of exptime, so a
@@ -411,7 +418,7 @@ impl<'b, B: Backend> LockGuard<'b, B> {
     /// ```
     pub fn leave_to_expire(self) -> Option<u64> {
         let (backend, holding) = self.into_holding();
-        token(backend, &holding)
+        leave(backend, &holding)
     }
 
     /// Releases the key now and reports whether the hold was still ours.

@@ -1,5 +1,6 @@
-//! Loom models of the slot protocol: the production source of `table.rs`, run on heap
-//! slots with loom's atomics, a clock and a liveness oracle the model drives.
+//! Loom models of the slot protocol and the owner registry: the production source of
+//! `table.rs` and `registry.rs`, run on heap slots with loom's atomics, a clock, a
+//! liveness oracle and a stall oracle the model drives.
 //!
 //! ```sh
 //! LOOM_MAX_PREEMPTIONS=2 RUSTFLAGS="--cfg loom" \
@@ -7,74 +8,87 @@
 //! ```
 //!
 //! Threads stand in for processes. Key hashes are built by hand so a model can put keys in
-//! the homes and probe positions it needs.
+//! the homes and probe positions it needs. What loom cannot prove is said in `table.rs`.
 
 use std::sync::Arc;
 
-use loom::sync::atomic::{AtomicU32, AtomicU64};
+use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use loom::thread;
 
-use crate::clock::Clock;
 use crate::primitive::{crash, Ordering};
-use crate::process::{Liveness, Owner};
-use crate::slot::Slot;
-use crate::table::{Attempt, Busy, Held, KeyHash, Notify, Prepared, Request, Table};
+use crate::registry::{EntryLocks, Identity, OwnerId, Registry, ENTRY_WORDS};
+use crate::slot::{Cold, Slot, State, Word};
+use crate::table::{Attempt, Busy, Env, Held, KeyHash, Prepared, Request, Slots, Table};
 
-/// Time the model sets; loom does not model time itself.
-#[derive(Clone)]
-struct FakeClock(Arc<AtomicU64>);
+/// Heap slots.
+struct Heap(Vec<Slot>, Vec<Cold>);
 
-impl Clock for FakeClock {
-    fn now(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
+impl Slots for Heap {
+    fn hot(&self) -> &[Slot] {
+        &self.0
+    }
+    fn cold(&self) -> &[Cold] {
+        &self.1
     }
 }
 
-/// Pids below 64 the model has declared dead.
+/// Time the model sets (loom does not model time), owners the model has declared dead,
+/// stalls the model declares, and a count of wake-ups instead of system calls.
 #[derive(Clone)]
-struct FakeLiveness(Arc<AtomicU64>);
+struct ModelEnv {
+    now: Arc<AtomicU64>,
+    dead: Arc<AtomicU64>,
+    stalled: Arc<AtomicBool>,
+    wakes: Arc<AtomicU64>,
+}
 
-impl FakeLiveness {
+impl ModelEnv {
     fn kill(&self, pid: u32) {
-        self.0.fetch_or(1 << pid, Ordering::SeqCst);
+        self.dead.fetch_or(1 << pid, Ordering::SeqCst);
     }
 }
 
-impl Liveness for FakeLiveness {
-    fn is_dead(&self, pid: u32, _start: Option<u64>) -> bool {
-        self.0.load(Ordering::SeqCst) & (1 << pid) != 0
+impl Env for ModelEnv {
+    fn now(&self) -> u64 {
+        self.now.load(Ordering::SeqCst)
     }
-}
-
-/// Counts wake-ups instead of making system calls.
-#[derive(Clone)]
-struct Wakes(Arc<AtomicU64>);
-
-impl Notify for Wakes {
+    fn is_dead(&self, owner: OwnerId) -> bool {
+        // "pid" n is owner entry n; unknown owners are never judged
+        !owner.is_unknown()
+            && owner.entry() < 64
+            && self.dead.load(Ordering::SeqCst) & (1 << owner.entry()) != 0
+    }
     fn wake_all(&self, _word: &AtomicU32) {
-        self.0.fetch_add(1, Ordering::SeqCst);
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+    }
+    fn stalled(&self, _i: usize, _word: Word) -> bool {
+        self.stalled.load(Ordering::SeqCst)
     }
 }
 
-type T = Table<Vec<Slot>, FakeClock, FakeLiveness, Wakes>;
+type T = Table<Heap, ModelEnv>;
 
 struct Model {
     table: Arc<T>,
-    clock: FakeClock,
-    liveness: FakeLiveness,
+    env: ModelEnv,
 }
 
 const LEASE: u64 = 1_000;
 
 fn model(slots: usize) -> Model {
-    let clock = FakeClock(Arc::new(AtomicU64::new(100)));
-    let liveness = FakeLiveness(Arc::new(AtomicU64::new(0)));
-    let wakes = Wakes(Arc::new(AtomicU64::new(0)));
-    let slots: Vec<Slot> = (0..slots).map(|_| Slot::default()).collect();
+    let env = ModelEnv {
+        now: Arc::new(AtomicU64::new(100)),
+        dead: Arc::new(AtomicU64::new(0)),
+        stalled: Arc::new(AtomicBool::new(false)),
+        wakes: Arc::new(AtomicU64::new(0)),
+    };
+    let heap = Heap(
+        (0..slots).map(|_| Slot::default()).collect(),
+        (0..slots).map(|_| Cold::default()).collect(),
+    );
     Model {
-        table: Arc::new(Table::new(slots, clock.clone(), liveness.clone(), wakes)),
-        clock,
-        liveness,
+        table: Arc::new(Table::new(heap, env.clone())),
+        env,
     }
 }
 
@@ -85,15 +99,20 @@ fn key(home: usize, n: usize, id: u64, tag: u8) -> KeyHash {
     let lo = ((home as u128) << 64).div_ceil(n as u128) as u64;
     KeyHash {
         lo,
-        hi: (u64::from(tag) << 56) | id,
+        hi: (u64::from(tag) << 57) | id,
     }
+}
+
+/// Process "pid" n: registry entry n, generation 1.
+fn owner(pid: u32) -> OwnerId {
+    OwnerId::new(pid as u16, 1)
 }
 
 fn req(hash: KeyHash, pid: u32, lease: u64) -> Request<'static> {
     Request {
         key: b"k",
         hash,
-        owner: Owner { pid, start: 1 },
+        owner: owner(pid),
         lease,
         exptime: LEASE,
     }
@@ -135,7 +154,11 @@ fn claimers(table: &Arc<T>, k: KeyHash, first_pid: u32) -> Vec<thread::JoinHandl
 
 /// Live (CLAIMING, HELD or EXTENDING) entries of `hash`.
 fn entries_of(table: &T, hash: KeyHash) -> usize {
-    table.entries().iter().filter(|e| e.hash == hash).count()
+    table
+        .entries()
+        .iter()
+        .filter(|e| e.hash == hash && e.word.state() != State::Broken)
+        .count()
 }
 
 /// Model 1 — two claimers of one key: never both win, and a loser saw the key busy.
@@ -239,7 +262,7 @@ fn expiry_steal() {
         let m = model(2);
         let k = key(0, 2, 1, 4);
         let old = take(&m.table, k, 1, 1).unwrap();
-        m.clock.0.store(100 + LEASE, Ordering::SeqCst); // the lease is over
+        m.env.now.store(100 + LEASE, Ordering::SeqCst); // the lease is over
         let stealers = claimers(&m.table, k, 2);
         let t = m.table.clone();
         let late = thread::spawn(move || t.release(&old));
@@ -268,8 +291,8 @@ fn dead_owner_steal() {
         let m = model(2);
         let k = key(0, 2, 1, 4);
         let _dead = take(&m.table, k, 1, 1).unwrap();
-        let lv = m.liveness.clone();
-        let killer = thread::spawn(move || lv.kill(1));
+        let env = m.env.clone();
+        let killer = thread::spawn(move || env.kill(1));
         let waiters: Vec<_> = (0..2)
             .map(|i| {
                 let t = m.table.clone();
@@ -278,7 +301,7 @@ fn dead_owner_steal() {
                     match t.try_acquire(&r).unwrap() {
                         Attempt::Acquired(h) => Some(h),
                         Attempt::Busy(b) => {
-                            if t.reap_if_dead(&b) {
+                            if t.recover(&b) {
                                 acquired(t.try_acquire(&r).unwrap())
                             } else {
                                 None
@@ -298,7 +321,7 @@ fn dead_owner_steal() {
         // once the death is known, the key is never wedged
         if won.is_empty() {
             let b = busy(m.table.try_acquire(&req(k, 5, 20)).unwrap()).unwrap();
-            assert!(m.table.reap_if_dead(&b));
+            assert!(m.table.recover(&b));
             assert!(take(&m.table, k, 5, 21).is_some());
         }
     });
@@ -312,9 +335,9 @@ fn extend_versus_steal_at_the_deadline() {
         let m = model(2);
         let k = key(0, 2, 1, 4);
         let mut h = take(&m.table, k, 1, 1).unwrap();
-        let (t, clock) = (m.table.clone(), m.clock.clone());
+        let (t, env) = (m.table.clone(), m.env.clone());
         let stealer = thread::spawn(move || {
-            clock.0.store(100 + LEASE, Ordering::SeqCst); // time reaches the deadline
+            env.now.store(100 + LEASE, Ordering::SeqCst); // time reaches the deadline
             take(&t, k, 2, 2)
         });
         let t = m.table.clone();
@@ -363,19 +386,19 @@ fn death_at_every_step() {
                 let r = req(other, 2, 2);
                 match t.try_acquire(&r).unwrap() {
                     Attempt::Acquired(h) => t.release(&h).unwrap(),
-                    Attempt::Busy(b) => assert_eq!(b.word.pid(), 1),
+                    Attempt::Busy(b) => assert_eq!(b.word.owner(), owner(1)),
                 }
             });
             victim.join().unwrap();
             neighbour.join().unwrap();
-            m.liveness.kill(1);
+            m.env.kill(1);
             // After the death: both keys can be taken, reaping what the victim left.
             for (hash, pid) in [(other, 3), (k, 4)] {
                 let r = req(hash, pid, 30 + u64::from(pid));
                 let got = match m.table.try_acquire(&r).unwrap() {
                     Attempt::Acquired(h) => Some(h),
                     Attempt::Busy(b) => {
-                        assert!(m.table.reap_if_dead(&b), "a dead owner's entry stuck");
+                        assert!(m.table.recover(&b), "a dead owner's entry stuck");
                         acquired(m.table.try_acquire(&r).unwrap())
                     }
                 };
@@ -432,7 +455,7 @@ fn fencing_tokens_order_successive_holders() {
         let k = key(0, 2, 1, 4);
         let old = take(&m.table, k, 1, 1).unwrap();
         let first = m.table.token(&old).unwrap();
-        m.clock.0.store(100 + LEASE, Ordering::SeqCst);
+        m.env.now.store(100 + LEASE, Ordering::SeqCst);
         let t = m.table.clone();
         let stale = thread::spawn(move || t.token(&old));
         let t = m.table.clone();
@@ -454,5 +477,302 @@ fn fencing_tokens_order_successive_holders() {
         if let Some(n) = next {
             assert!(n > first);
         }
+    });
+}
+
+/// Model 10 — a claim on the fast path (home free, reach 0) racing a claim of the same key
+/// on the slow path, which finds the home taken by another key (released meanwhile) and
+/// raises the reach to place the key farther out. Never two entries of the key: either
+/// the fast claim's CAS fails on the raised reach, or the raise reads the fast claim's
+/// entry and the slow claimer's rescan defers to it.
+#[test]
+fn fast_claim_versus_slow_claim_that_raises_reach() {
+    loom::model(|| {
+        let m = model(3);
+        let k = key(0, 3, 1, 7);
+        let other = key(0, 3, 2, 5);
+        let o = take(&m.table, other, 9, 1).unwrap();
+        assert_eq!(o.slot, 0);
+        let t = m.table.clone();
+        let releaser = thread::spawn(move || t.release(&o).unwrap());
+        let ts = claimers(&m.table, k, 1);
+        releaser.join().unwrap();
+        let won: Vec<Held> = ts.into_iter().filter_map(|t| t.join().unwrap()).collect();
+        assert!(won.len() <= 1, "two holders of one key");
+        assert_eq!(entries_of(&m.table, k), won.len());
+        for h in &won {
+            m.table.release(h).unwrap();
+        }
+        assert!(take(&m.table, k, 3, 20).is_some(), "the key was wedged");
+    });
+}
+
+/// Model 11 — an owner nobody can judge (no registry entry): even with every registered
+/// owner declared dead, a waiter never frees its entry; only its expiry does.
+#[test]
+fn an_owner_that_cannot_be_judged_is_alive_until_its_lease_ends() {
+    loom::model(|| {
+        let m = model(2);
+        let k = key(0, 2, 1, 4);
+        let r = Request {
+            owner: OwnerId::UNKNOWN,
+            ..req(k, 0, 1)
+        };
+        let h = acquired(m.table.try_acquire(&r).unwrap()).unwrap();
+        let env = m.env.clone();
+        let killer = thread::spawn(move || env.dead.store(u64::MAX, Ordering::SeqCst));
+        let t = m.table.clone();
+        let waiter = thread::spawn(move || match t.try_acquire(&req(k, 2, 2)).unwrap() {
+            Attempt::Acquired(_) => panic!("took the key of a live holder"),
+            Attempt::Busy(b) => {
+                assert!(!t.recover(&b), "freed an owner that cannot be judged");
+            }
+        });
+        killer.join().unwrap();
+        waiter.join().unwrap();
+        assert_eq!(entries_of(&m.table, k), 1);
+        m.env.now.store(100 + LEASE, Ordering::SeqCst);
+        assert!(take(&m.table, k, 3, 3).is_some(), "expiry did not end it");
+        assert_eq!(m.table.release(&h), Err(crate::table::Lost));
+    });
+}
+
+/// Model 12 — a claimer stalled past the bound (stopped mid-claim) is broken by a waiter,
+/// then resumes: its CAS fails and it backs out of its own broken slot. At most one holder,
+/// the winner's fields are its own, and no broken slot is left behind.
+#[test]
+fn a_stalled_claim_is_broken_and_its_owner_backs_out() {
+    loom::model(|| {
+        let m = model(2);
+        let k = key(0, 2, 1, 4);
+        m.env.stalled.store(true, Ordering::SeqCst);
+        let t = m.table.clone();
+        let stopped = thread::spawn(move || take(&t, k, 1, 11));
+        let t = m.table.clone();
+        let waiter = thread::spawn(move || {
+            let r = req(k, 2, 22);
+            match t.try_acquire(&r).unwrap() {
+                Attempt::Acquired(h) => Some(h),
+                Attempt::Busy(b) => {
+                    if t.recover(&b) {
+                        acquired(t.try_acquire(&r).unwrap())
+                    } else {
+                        None
+                    }
+                }
+            }
+        });
+        let a = stopped.join().unwrap();
+        let b = waiter.join().unwrap();
+        assert!(a.is_none() || b.is_none(), "two holders of one key");
+        let won = usize::from(a.is_some()) + usize::from(b.is_some());
+        assert_eq!(entries_of(&m.table, k), won);
+        assert!(
+            m.table
+                .entries()
+                .iter()
+                .all(|e| e.word.state() != State::Broken),
+            "a broken slot was left behind"
+        );
+        if let Some(h) = b {
+            let slot = &m.table.slots()[h.slot];
+            assert_eq!(
+                slot.lease.load(Ordering::SeqCst),
+                22,
+                "the winner's fields were overwritten"
+            );
+            assert_eq!(slot.deadline.load(Ordering::SeqCst), 100 + LEASE);
+            m.table.release(&h).unwrap();
+        }
+        if let Some(h) = a {
+            m.table.release(&h).unwrap();
+        }
+    });
+}
+
+/// Model 13 — a holder stalled in the middle of a renewal, past its deadline, is broken by
+/// a waiter and resumes: the renewal reports the lease lost and never moves the deadline of
+/// the waiter's hold; the renewal and the waiter's hold never both stand.
+#[test]
+fn a_stalled_renewal_past_its_deadline_is_broken_and_reports_the_lease_lost() {
+    loom::model(|| {
+        let m = model(2);
+        let k = key(0, 2, 1, 4);
+        let mut h = take(&m.table, k, 1, 11).unwrap();
+        m.env.stalled.store(true, Ordering::SeqCst);
+        let t = m.table.clone();
+        let holder = thread::spawn(move || {
+            let r = t.extend(&mut h, 50 * LEASE);
+            (r, h)
+        });
+        let (t, env) = (m.table.clone(), m.env.clone());
+        let waiter = thread::spawn(move || {
+            env.now.store(100 + LEASE, Ordering::SeqCst); // the old deadline passes
+            let r = req(k, 2, 22);
+            match t.try_acquire(&r).unwrap() {
+                Attempt::Acquired(h) => Some(h),
+                Attempt::Busy(b) => {
+                    if t.recover(&b) {
+                        acquired(t.try_acquire(&r).unwrap())
+                    } else {
+                        None
+                    }
+                }
+            }
+        });
+        let (extended, h) = holder.join().unwrap();
+        let won = waiter.join().unwrap();
+        assert!(
+            !(extended.is_ok() && won.is_some()),
+            "renewal and steal both stand"
+        );
+        assert!(entries_of(&m.table, k) <= 1);
+        assert!(m
+            .table
+            .entries()
+            .iter()
+            .all(|e| e.word.state() != State::Broken));
+        if let Some(w) = won {
+            let slot = &m.table.slots()[w.slot];
+            assert_eq!(
+                slot.deadline.load(Ordering::SeqCst),
+                100 + 2 * LEASE,
+                "the stale renewal moved the new holder's deadline"
+            );
+            assert_eq!(m.table.release(&h), Err(crate::table::Lost));
+            m.table.release(&w).unwrap();
+        } else if extended.is_ok() {
+            m.table.release(&h).unwrap();
+        }
+    });
+}
+
+/// Model 14 — the registry: process 1 registers and holds; process 2 registers beside it;
+/// process 1 dies (the kernel drops its lock) while process 3 takes an entry, maybe the
+/// same one with a new generation, and a judge looks at process 1. The judge says "dead"
+/// only after the death, never of a live owner; a process that left cleanly is dead at
+/// once; a judge that cannot ask the kernel says "alive".
+#[test]
+fn registry_judges_only_the_dead_and_reuses_entries_with_a_new_generation() {
+    loom::model(|| {
+        let words: Arc<Vec<AtomicU64>> =
+            Arc::new((0..2 * ENTRY_WORDS).map(|_| AtomicU64::new(0)).collect());
+        let locks: Arc<Vec<AtomicU32>> = Arc::new((0..2).map(|_| AtomicU32::new(0)).collect());
+        let died = Arc::new(AtomicBool::new(false));
+        fn id(pid: u32) -> Identity {
+            Identity {
+                pid,
+                start: 0,
+                pid_ns: 0,
+            }
+        }
+        let shared = |me: u32| SharedLocks {
+            locks: locks.clone(),
+            me,
+        };
+        let reg = Registry::new(&words);
+        let p1 = reg.register(&shared(1), id(1), 0).unwrap();
+        let p2 = reg.register(&shared(2), id(2), 0).unwrap();
+        assert_ne!(p1, p2);
+        assert!(!reg.is_dead(&shared(9), p1) && !reg.is_dead(&shared(9), p2));
+
+        let (l, d) = (locks.clone(), died.clone());
+        let death = thread::spawn(move || {
+            d.store(true, Ordering::SeqCst);
+            // the kernel drops the dead process's lock
+            l[p1.entry() as usize].store(0, Ordering::SeqCst);
+        });
+        let (w, l) = (words.clone(), locks.clone());
+        let newcomer = thread::spawn(move || {
+            let reg = Registry::new(&w);
+            reg.register(&SharedLocks { locks: l, me: 3 }, id(3), 0)
+        });
+        let (w, l, d) = (words.clone(), locks.clone(), died.clone());
+        let judge = thread::spawn(move || {
+            let reg = Registry::new(&w);
+            if reg.is_dead(&SharedLocks { locks: l, me: 9 }, p1) {
+                assert!(d.load(Ordering::SeqCst), "a live owner was judged dead");
+            }
+            // without the kernel, only a generation that moved on (which needed the old
+            // lock gone) can say "dead"
+            if reg.is_dead(&Blind, p1) {
+                assert!(
+                    d.load(Ordering::SeqCst),
+                    "a judge that cannot ask said dead"
+                );
+            }
+        });
+        death.join().unwrap();
+        let p3 = newcomer.join().unwrap();
+        judge.join().unwrap();
+        // after the death: process 1 is dead, 2 lives; process 3 got the freed entry (if
+        // it looked after the death) under a new generation, and lives
+        assert!(reg.is_dead(&shared(9), p1));
+        assert!(!reg.is_dead(&shared(9), p2));
+        if let Some(p3) = p3 {
+            assert_eq!(p3.entry(), p1.entry());
+            assert_ne!(p3, p1);
+            assert!(!reg.is_dead(&shared(9), p3));
+            // leaving cleanly: dead at once, before the lock is even dropped
+            reg.unregister(p3);
+            assert!(reg.is_dead(&shared(9), p3));
+        }
+    });
+}
+
+/// The fake kernel lock table shared by the model's "processes".
+struct SharedLocks {
+    locks: Arc<Vec<AtomicU32>>,
+    me: u32,
+}
+
+impl EntryLocks for SharedLocks {
+    fn try_take(&self, i: usize) -> std::io::Result<bool> {
+        Ok(self.locks[i]
+            .compare_exchange(0, self.me, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok())
+    }
+    fn is_held(&self, i: usize) -> std::io::Result<bool> {
+        Ok(self.locks[i].load(Ordering::SeqCst) != 0)
+    }
+}
+
+/// A kernel that cannot be asked (locks unsupported, an error).
+struct Blind;
+
+impl EntryLocks for Blind {
+    fn try_take(&self, _: usize) -> std::io::Result<bool> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
+    fn is_held(&self, _: usize) -> std::io::Result<bool> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
+}
+
+/// Model 15 — a thread takes its key again while the slot's fields still say exactly what
+/// its hold would write (the one-CAS claim), racing another process's claim of the key and
+/// a renewal-free steal attempt: one winner, one entry, and the hold's fields are right.
+#[test]
+fn a_one_cas_claim_racing_a_rival() {
+    loom::model(|| {
+        let m = model(2);
+        let k = key(0, 2, 1, 4);
+        let h = take(&m.table, k, 1, 5).unwrap();
+        m.table.release(&h).unwrap();
+        let ts: Vec<_> = [(1, 5), (2, 6)]
+            .into_iter()
+            .map(|(pid, lease)| {
+                let t = m.table.clone();
+                thread::spawn(move || take(&t, k, pid, lease))
+            })
+            .collect();
+        let won: Vec<Held> = ts.into_iter().filter_map(|t| t.join().unwrap()).collect();
+        assert_eq!(won.len(), 1, "no winner, or two");
+        assert_eq!(entries_of(&m.table, k), 1);
+        let w = won[0];
+        let slot = &m.table.slots()[w.slot];
+        assert_eq!(slot.lease.load(Ordering::SeqCst), w.lease);
+        assert_eq!(slot.hash_lo.load(Ordering::SeqCst), k.lo);
+        m.table.release(&w).unwrap();
     });
 }

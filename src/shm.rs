@@ -2,24 +2,71 @@
 
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::attachment::Attachment;
 use crate::backend::{Backend, Sealed};
 use crate::check_key;
 use crate::clock::{Clock, Monotonic};
 use crate::error::Error;
-use crate::file::{self, MappedSlots, OpenSpec};
+use crate::file::{self, Mapping, OpenSpec};
 use crate::format::{Header, Layout};
-use crate::futex::{self, Futex};
+use crate::futex;
 use crate::lock::{self, LockGuard};
 use crate::options::LockOptions;
-use crate::process::{self, Kernel, Owner};
-use crate::slot::State;
-use crate::table::{Attempt, Busy, Entry, Held, KeyHash, Prepared, Request, Table};
+use crate::registry::OwnerId;
+use crate::slot::{Cold, Slot, State, Word};
+use crate::table::{self, Attempt, Busy, Entry, Held, KeyHash, Prepared, Request, Table};
 
-type Slots = Table<MappedSlots, Monotonic, Kernel, Futex>;
+type Locks = Table<MappedSlots, ShmEnv>;
+
+/// The hot slots and cold side array of a mapped lock table.
+struct MappedSlots {
+    map: Arc<Mapping>,
+    len: usize,
+}
+
+impl table::Slots for MappedSlots {
+    #[inline]
+    fn hot(&self) -> &[Slot] {
+        let words = self.map.words();
+        // SAFETY: the body of a lock table is `len` hot slots then `len` cold slots (the
+        // header checked that `slot_count` and the file size agree); it starts on a page
+        // boundary, so every slot is 64-byte aligned; every bit pattern of a slot (atomic
+        // integers only) is valid; the slice borrows the mapping.
+        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<Slot>(), self.len) }
+    }
+
+    #[inline]
+    fn cold(&self) -> &[Cold] {
+        let words = &self.map.words()[self.len * std::mem::size_of::<Slot>() / 8..];
+        // SAFETY: as above, for the cold slots after the hot ones.
+        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<Cold>(), self.len) }
+    }
+}
+
+/// The lock table's world: the host clock, the registry's verdicts, futex wake-ups.
+struct ShmEnv {
+    att: Attachment,
+}
+
+impl table::Env for ShmEnv {
+    #[inline]
+    fn now(&self) -> u64 {
+        Monotonic.now()
+    }
+    fn is_dead(&self, owner: OwnerId) -> bool {
+        self.att.is_dead(owner)
+    }
+    fn wake_all(&self, word: &AtomicU32) {
+        futex::wake_all(word);
+    }
+    fn stalled(&self, i: usize, word: Word) -> bool {
+        self.att.stalled(i, word.0)
+    }
+}
 
 /// A lock table in a memory-mapped file, shared by every process that opens the same path
 /// (and by forked children of a process that opened it).
@@ -50,22 +97,11 @@ pub struct LockTable {
 }
 
 struct Inner {
-    table: Slots,
+    table: Locks,
     header: Header,
     path: PathBuf,
     created: bool,
-    /// This process is in another pid namespace than the table's creator: its pid means
-    /// nothing to the others, so its entries carry pid 0 (judged by expiry alone).
-    foreign_pid_ns: bool,
-    /// Process-local memory of when each slot's owner was last checked for liveness, so
-    /// a `try_lock` loop does not turn into a loop of system calls.
-    checked: [AtomicU64; LIVENESS_GATES],
 }
-
-const LIVENESS_GATES: usize = 64;
-
-/// The least time between two liveness checks of one slot from this process.
-const LIVENESS_INTERVAL_NS: u64 = 1_000_000;
 
 /// How to open a [`LockTable`]: capacity and permissions of a table this call creates.
 ///
@@ -83,19 +119,14 @@ const LIVENESS_INTERVAL_NS: u64 = 1_000_000;
 #[derive(Clone, Copy, Debug)]
 pub struct OpenOptions {
     spec: OpenSpec,
-    liveness: Option<bool>,
+    liveness: bool,
 }
 
 impl Default for OpenOptions {
     fn default() -> Self {
         OpenOptions {
-            spec: OpenSpec {
-                layout: Layout::Locks,
-                capacity: 1024,
-                mode: 0o600,
-                create: true,
-            },
-            liveness: None,
+            spec: OpenSpec::new(Layout::Locks),
+            liveness: true,
         }
     }
 }
@@ -107,7 +138,18 @@ impl OpenOptions {
         self
     }
 
-    /// Permission bits of a table this call creates (default `0o600`).
+    /// How many processes may be attached to a table this call creates at once, each
+    /// with an entry in its owner registry (default 1024, at most 65535). A process that
+    /// finds no free entry still works, but its keys are reclaimed only by expiry if it
+    /// dies.
+    pub fn max_processes(mut self, n: u32) -> Self {
+        self.spec.registry = n;
+        self
+    }
+
+    /// Permission bits of a table this call creates (default `0o600`; anything beyond
+    /// `0o777` is [`Error::InvalidOptions`]). Every process that can open the file for
+    /// writing can take, break and inspect every lock in it.
     pub fn mode(mut self, mode: u32) -> Self {
         self.spec.mode = mode;
         self
@@ -119,11 +161,18 @@ impl OpenOptions {
         self
     }
 
-    /// Whether this process reclaims the keys of holders it sees dead (by pid and start
-    /// time). Default: yes when it shares the pid namespace of the table's creator, no
-    /// otherwise (pids of another namespace mean nothing here); expiry works either way.
+    /// Whether this process reclaims the keys of holders the kernel says are dead
+    /// (default: yes). With `false` it waits for their leases to expire instead.
     pub fn liveness(mut self, judge: bool) -> Self {
-        self.liveness = Some(judge);
+        self.liveness = judge;
+        self
+    }
+
+    /// Opens the file for reading only: for inspecting a table ([`LockTable::holders`])
+    /// with nothing but read permission. Nothing is created or registered, and every call
+    /// that would change the table is [`Error::ReadOnly`].
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.spec.read_only = read_only;
         self
     }
 
@@ -148,28 +197,52 @@ impl LockTable {
 
     fn with_options(path: &Path, options: OpenOptions) -> Result<LockTable, Error> {
         let opened = file::open(path, options.spec)?;
-        let same_pid_ns = opened.header.pid_ns == process::pid_namespace();
-        let judge = options.liveness.unwrap_or(same_pid_ns);
+        let header = opened.header;
+        let map = Arc::new(opened.map);
+        let att = Attachment::new(
+            map.clone(),
+            opened.file,
+            path.to_path_buf(),
+            opened.registered,
+            options.liveness,
+        );
+        let slots = MappedSlots {
+            map,
+            len: header.slot_count as usize,
+        };
         Ok(LockTable {
             inner: Arc::new(Inner {
-                table: Table::new(
-                    MappedSlots::new(opened.map, &opened.header),
-                    Monotonic,
-                    Kernel { judge },
-                    Futex,
-                ),
-                header: opened.header,
+                table: Table::new(slots, ShmEnv { att }),
+                header,
                 path: path.to_path_buf(),
                 created: opened.created,
-                foreign_pid_ns: !same_pid_ns,
-                checked: std::array::from_fn(|_| AtomicU64::new(0)),
             }),
         })
     }
 
-    /// How many keys can be held at once (fixed when the file was created).
+    fn att(&self) -> &Attachment {
+        &self.inner.table.env().att
+    }
+
+    fn writable(&self) -> Result<(), Error> {
+        if self.att().read_only() {
+            Err(Error::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// How many keys can be held at once (fixed when the file was created). The table has
+    /// twice as many slots, so probes stay short even when it is this full.
     pub fn capacity(&self) -> usize {
-        self.inner.header.slot_count as usize
+        self.inner.header.capacity as usize
+    }
+
+    /// Whether this process has an entry in the table's owner registry, so that its keys
+    /// are reclaimed at once if it dies (`false`: read-only, or every entry was taken, or
+    /// the filesystem has no byte-range locks; its keys then wait for their expiry).
+    pub fn registered(&self) -> bool {
+        !self.att().read_only() && !self.att().owner().is_unknown()
     }
 
     /// The file this table lives in.
@@ -218,7 +291,7 @@ impl LockTable {
             &resolved,
             opts.timeout,
             || std::future::ready(Backend::try_acquire(self, key, resolved.exptime_ns)),
-            |busy: &ShmBusy| self.reap_if_dead(&busy.0),
+            |busy: &ShmBusy| self.inner.table.recover(&busy.0),
         )
         .await?;
         Ok(LockGuard::new(self, hold, elapsed, resolved.exptime_ns))
@@ -249,8 +322,20 @@ impl LockTable {
         table
             .entries()
             .into_iter()
-            .map(|e| Holder::from_entry(&e, now, !table.is_owner_dead(&e)))
+            .map(|e| self.holder(&e, now, !table.is_owner_dead(&e)))
             .collect()
+    }
+
+    fn holder(&self, e: &Entry, now: u64, owner_alive: bool) -> Holder {
+        let mut h = Holder::from_entry(e, now, owner_alive, self.inner.header.token_base);
+        if let Some(id) = self.att().identity(e.word.owner()) {
+            let here = crate::process::pid_namespace();
+            // A pid from another pid namespace would name some other process here.
+            if id.pid_ns == here || id.pid_ns == 0 || here == 0 {
+                h.pid = id.pid;
+            }
+        }
+        h
     }
 
     /// Breaks the lock on `key`, whoever holds it, and returns who did (`None`: nobody).
@@ -258,11 +343,12 @@ impl LockTable {
     /// woken. For operators clearing a stuck lock: the holder may still be running.
     pub fn force_unlock(&self, key: impl AsRef<[u8]>) -> Result<Option<Holder>, Error> {
         let key = check_key(key.as_ref())?;
+        self.writable()?;
         let table = &self.inner.table;
         let now = table.now();
         Ok(table
             .break_hold(self.hash(key))
-            .map(|(e, dead)| Holder::from_entry(&e, now, !dead)))
+            .map(|(e, dead)| self.holder(&e, now, !dead)))
     }
 
     /// The format version of the file (see `src/format.rs`).
@@ -285,6 +371,9 @@ impl LockTable {
     /// many. Claimers do this lazily for the keys they meet; this is for housekeeping
     /// (after a crash, before inspecting).
     pub fn reap(&self) -> usize {
+        if self.writable().is_err() {
+            return 0;
+        }
         self.inner.table.reap_all()
     }
 
@@ -301,33 +390,22 @@ impl LockTable {
     #[inline(always)]
     fn request<'k>(&self, key: &'k [u8], exptime_ns: u64) -> Result<Request<'k>, Error> {
         let key = check_key(key)?;
-        let owner = if self.inner.foreign_pid_ns {
-            Owner { pid: 0, start: 0 }
-        } else {
-            process::current()
-        };
+        let att = self.att();
+        if att.read_only() {
+            return Err(Error::ReadOnly);
+        }
         Ok(Request {
             key,
             hash: self.hash(key),
-            owner,
-            lease: next_lease(),
+            owner: att.owner(),
+            lease: thread_lease(),
             exptime: exptime_ns,
         })
     }
 
-    /// Checks the holder that made an attempt busy, at most once per interval per slot.
-    fn reap_if_dead(&self, busy: &Busy) -> bool {
-        let gate = &self.inner.checked[busy.slot % LIVENESS_GATES];
-        let now = Monotonic.now();
-        let last = gate.load(Ordering::Relaxed);
-        if now.saturating_sub(last) < LIVENESS_INTERVAL_NS
-            || gate
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_err()
-        {
-            return false;
-        }
-        self.inner.table.reap_if_dead(busy)
+    /// The token a holder sees: the home's counter above the file's base.
+    fn token_of(&self, count: u64) -> u64 {
+        self.inner.header.token_base.saturating_add(count)
     }
 }
 
@@ -348,9 +426,11 @@ pub struct Holder {
     pub key_preview: Vec<u8>,
     /// The full key length.
     pub key_len: usize,
-    /// The owning process (0 when it is in another pid namespace than the table's creator).
+    /// The owning process, as its entry in the owner registry says (for inspection only;
+    /// 0 when unknown, or when it is in another pid namespace than the caller).
     pub pid: u32,
-    /// Whether the owner is alive, as far as this process can tell (pid, start time).
+    /// Whether the owner is alive: `false` only when the kernel says it is gone (its
+    /// registry lock was dropped); an owner that cannot be judged counts as alive.
     pub owner_alive: bool,
     /// What the entry is doing.
     pub state: HolderState,
@@ -376,25 +456,29 @@ pub enum HolderState {
     Held,
     /// Held, with the owner moving its deadline.
     Extending,
+    /// A claim or renewal that stalled past the bound and was broken: the key is free,
+    /// but the slot stays out of use until its owner resumes (and frees it) or dies.
+    Broken,
 }
 
 impl Holder {
-    fn from_entry(e: &Entry, now: u64, owner_alive: bool) -> Holder {
+    fn from_entry(e: &Entry, now: u64, owner_alive: bool, token_base: u64) -> Holder {
         let state = match e.word.state() {
             State::Claiming => HolderState::Claiming,
             State::Extending => HolderState::Extending,
+            State::Broken => HolderState::Broken,
             _ => HolderState::Held,
         };
         // a claim's fields may still be the previous occupant's
-        let settled = state != HolderState::Claiming;
+        let settled = matches!(state, HolderState::Held | HolderState::Extending);
         Holder {
             key_preview: e.preview.clone(),
             key_len: e.key_len as usize,
-            pid: e.word.pid(),
+            pid: 0,
             owner_alive,
             state,
             waiters: e.word.has_waiters(),
-            token: (settled && e.token != 0).then_some(e.token),
+            token: (settled && e.token != 0).then(|| token_base.saturating_add(e.token)),
             age: Duration::from_nanos(now.saturating_sub(e.acquired_at)),
             ttl: (e.deadline != u64::MAX)
                 .then(|| Duration::from_nanos(e.deadline.saturating_sub(now))),
@@ -403,28 +487,26 @@ impl Holder {
     }
 }
 
-/// A per-acquisition id, unique within the process without a shared counter on the lock
-/// path: a thread number in the high bits, a thread-local count in the low 40.
-fn next_lease() -> u64 {
+/// The calling thread's number within the process, which every hold it takes carries as
+/// its lease: with the entry's owner and generation it tells the holder's holds from those
+/// of the process's other threads. (The same for every hold of one thread, so a thread
+/// that takes its key again within a clock tick finds the slot's fields already right.)
+fn thread_lease() -> u64 {
     static THREADS: AtomicU64 = AtomicU64::new(1);
     thread_local! {
-        static NEXT: Cell<u64> = const { Cell::new(0) };
+        static ID: Cell<u64> = const { Cell::new(0) };
     }
-    let fresh = || THREADS.fetch_add(1, Ordering::Relaxed) << 40;
-    NEXT.try_with(|next| {
-        let mut v = next.get();
-        if v == 0 || v & ((1 << 40) - 1) == (1 << 40) - 1 {
-            v = fresh();
+    ID.try_with(|id| {
+        if id.get() == 0 {
+            id.set(THREADS.fetch_add(1, Ordering::Relaxed));
         }
-        v += 1;
-        next.set(v);
-        v
+        id.get()
     })
-    .unwrap_or_else(|_| fresh() + 1)
+    .unwrap_or_else(|_| THREADS.fetch_add(1, Ordering::Relaxed))
 }
 
 /// A hold on the table: the slot's word and lease, and its fencing token once asked for
-/// (tokens start at 1; 0 means "not yet").
+/// (0 means "not yet").
 pub struct ShmHold {
     held: Held,
     token: Cell<u64>,
@@ -477,9 +559,14 @@ impl Backend for LockTable {
 
     fn token(&self, hold: &ShmHold) -> Option<u64> {
         if hold.token.get() == 0 {
-            hold.token.set(self.inner.table.token(&hold.held)?);
+            let count = self.inner.table.token(&hold.held)?;
+            hold.token.set(self.token_of(count));
         }
         Some(hold.token.get())
+    }
+
+    fn leave(&self, _hold: &ShmHold) {
+        self.att().keep();
     }
 
     fn spins(&self) -> bool {
@@ -491,7 +578,7 @@ impl Backend for LockTable {
     }
 
     fn reap(&self, busy: &ShmBusy) -> bool {
-        self.reap_if_dead(&busy.0)
+        self.inner.table.recover(&busy.0)
     }
 
     fn sleep(&self, busy: &ShmBusy, step: Duration) -> Duration {

@@ -1,45 +1,55 @@
-//! One entry of the lock table and its control word.
+//! One entry of the lock table: its hot line, its cold line and its control word.
 //!
-//! A slot is two cache lines. The first holds everything the claim protocol reads while
-//! scanning (control word, key hash) and the per-home words (`fence`, `reach`, `wait`)
-//! that belong to the keys whose home is this slot, whatever the slot itself holds. The
-//! second holds what only inspection reads (age, token, key preview).
+//! The hot slot is one cache line: everything the claim path reads and writes (control
+//! word, key hash, deadline, lease) and the per-home words (`fence`, the overflow of
+//! `reach`, `wait`) that belong to the keys whose home is this slot, whatever the slot
+//! itself holds. An uncontended lock and unlock of a key at its home touch this one line.
+//! What only inspection reads (key preview, fencing token shown) lives in a cold slot of
+//! a side array, written when a key first moves into the slot and when a token is taken.
 //!
 //! Every field is atomic: other processes read and write the same memory.
 
 use crate::primitive::{AtomicU32, AtomicU64, Ordering};
+use crate::registry::OwnerId;
 
-/// Bytes of the key kept in the slot for inspection.
+/// Bytes of the key kept for inspection.
 pub(crate) const PREVIEW_LEN: usize = 40;
 const PREVIEW_WORDS: usize = PREVIEW_LEN / 8;
 
-/// A lock-table entry. See the module docs of [`crate::table`] for the protocol.
+/// A lock-table entry's hot line. See the module docs of [`crate::table`] for the protocol.
 #[repr(C, align(64))]
 #[derive(Default)]
 pub(crate) struct Slot {
     /// The [`Word`] that decides who owns the slot.
     pub control: AtomicU64,
-    /// 128-bit seeded xxh3 of the key held (valid in CLAIMING once written, and in HELD).
+    /// 128-bit seeded xxh3 of the key held (valid in HELD and EXTENDING).
     pub hash_lo: AtomicU64,
     pub hash_hi: AtomicU64,
-    /// Per-acquisition id, so a holder recognises its own hold even across `gen` wrap.
-    pub lease: AtomicU64,
     /// Lease deadline on the table clock (ns); `u64::MAX` = never expires.
     pub deadline: AtomicU64,
-    /// Start time of the owning process (`/proc/<pid>/stat` field 22, for pid-reuse checks),
-    /// packed with the generation of the claim that wrote it: see [`OwnerField`].
-    pub owner_start: AtomicU64,
+    /// The holding thread's id within its process, so a holder tells its own holds from
+    /// those of its process's other threads, even across a `gen` wrap.
+    pub lease: AtomicU64,
+    /// When the current hold began (table clock, ns): for inspection, but free to write
+    /// here, in the line the claim writes anyway.
+    pub acquired_at: AtomicU64,
     /// Home word: fencing counter of the keys whose home is this slot.
     pub fence: AtomicU64,
-    /// Home word: greatest distance from this home at which one of its keys was ever placed.
+    /// Home word: the reach of this home when it does not fit the control word's 5 bits.
     pub reach: AtomicU32,
     /// Home word: futex word the waiters of this home's keys sleep on.
     pub wait: AtomicU32,
-    /// When the current hold began (table clock, ns).
-    pub acquired_at: AtomicU64,
-    /// Fencing token of the current hold, 0 until the holder asks for one.
+}
+
+/// What only inspection reads of a slot.
+#[repr(C, align(64))]
+#[derive(Default)]
+pub(crate) struct Cold {
+    /// Fencing token of the hold whose lease id is in `token_of` (shown only while that
+    /// hold is the slot's).
     pub token: AtomicU64,
-    /// Full length of the key held.
+    pub token_of: AtomicU64,
+    /// Full length of the key whose preview this is.
     pub key_len: AtomicU64,
     /// The first [`PREVIEW_LEN`] bytes of the key, little-endian packed.
     pub preview: [AtomicU64; PREVIEW_WORDS],
@@ -48,15 +58,16 @@ pub(crate) struct Slot {
 #[cfg(not(loom))]
 const _: () = {
     use std::mem::{align_of, offset_of, size_of};
-    assert!(size_of::<Slot>() == 128);
-    assert!(align_of::<Slot>() == 64);
+    assert!(size_of::<Slot>() == crate::format::SLOT_SIZE);
+    assert!(size_of::<Cold>() == crate::format::COLD_SIZE);
+    assert!(align_of::<Slot>() == 64 && align_of::<Cold>() == 64);
     assert!(offset_of!(Slot, control) == 0);
+    assert!(offset_of!(Slot, reach) == 56);
     assert!(offset_of!(Slot, wait) == 60);
-    assert!(offset_of!(Slot, acquired_at) == 64);
-    assert!(offset_of!(Slot, preview) == 88);
+    assert!(offset_of!(Cold, preview) == 24);
 };
 
-impl Slot {
+impl Cold {
     /// Copies the key's first bytes into the preview words.
     pub(crate) fn write_preview(&self, key: &[u8]) {
         self.key_len.store(key.len() as u64, Ordering::Relaxed);
@@ -84,82 +95,70 @@ impl Slot {
     }
 }
 
-/// The `owner_start` field: the owner's start time in the high 40 bits (clock ticks after
-/// boot: centuries), and the low 24 bits of the generation of the CLAIMING word whose owner
-/// wrote it. A claimer writes it first thing after its claim CAS; a reader trusts the start
-/// time of a CLAIMING entry only when the generations agree (otherwise it may still be the
-/// previous occupant's), and that of a HELD entry always (it was published with the word).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct OwnerField(pub u64);
-
-const OWNER_GEN_BITS: u32 = 24;
-const OWNER_GEN_MASK: u64 = (1 << OWNER_GEN_BITS) - 1;
-
-impl OwnerField {
-    pub(crate) fn new(start: u64, claim: Word) -> OwnerField {
-        OwnerField((start << OWNER_GEN_BITS) | (claim.gen() & OWNER_GEN_MASK))
-    }
-
-    pub(crate) fn start(self) -> u64 {
-        self.0 >> OWNER_GEN_BITS
-    }
-
-    /// Whether this was written by the owner of `claim`.
-    pub(crate) fn written_by(self, claim: Word) -> bool {
-        self.0 & OWNER_GEN_MASK == claim.gen() & OWNER_GEN_MASK
-    }
-}
-
-/// Slot states (the low two bits of a [`Word`]).
+/// Slot states (the low three bits of a [`Word`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum State {
     /// Nobody owns the slot.
     Free = 0,
-    /// A claimer owns the slot and is checking that its key has no other entry.
+    /// A claimer owns the slot, is writing its fields and checking that its key has no
+    /// other entry.
     Claiming = 1,
     /// The key is held.
     Held = 2,
     /// The holder is moving its deadline; the entry is held and not stealable by expiry.
     Extending = 3,
+    /// A claim or an extension that stalled past the bound, broken by someone else: no
+    /// longer an entry of its key, but its owner may still write the fields, so the slot
+    /// stays out of use until the owner backs out or dies.
+    Broken = 4,
 }
 
 /// The control word of a slot:
 ///
 /// ```text
-///  63          33 32        11 10     3   2      1   0
-/// +--------------+------------+--------+-------+-------+
-/// |   gen (31)   |  pid (22)  | tag(8) |waiters| state |
-/// +--------------+------------+--------+-------+-------+
+///  63         38 37         16 15      11 10    4    3      2   0
+/// +-------------+-------------+----------+-------+-------+-------+
+/// |   gen (26)  |  owner (22) | reach (5)|tag (7)|waiters| state |
+/// +-------------+-------------+----------+-------+-------+-------+
 /// ```
 ///
-/// * `gen` grows on every transition, so a CAS from a value read earlier fails if anything
-///   happened in between (no ABA within 2^31 transitions of one slot).
-/// * `pid` is the process that owns a CLAIMING, HELD or EXTENDING entry (for liveness checks).
-/// * `tag` is 8 bits of the key hash, so a scanner can skip most foreign CLAIMING entries
-///   whose full hash may not be written yet.
+/// * `gen` grows on every transition of the entry, so a CAS from a value read earlier
+///   fails if anything happened in between.
+/// * `owner` is the [`OwnerId`] (registry entry and generation) of the process that owns a
+///   CLAIMING, HELD, EXTENDING or BROKEN entry.
+/// * `reach` belongs to the slot as a *home*, not to its entry: the greatest distance from
+///   here at which a key of this home was ever placed (31: see [`Slot::reach`]). Keeping
+///   it in the home's control word makes raising it and claiming the home one location,
+///   so a claim at home and a raise are ordered by the word itself. It survives every
+///   transition of the entry.
+/// * `tag` is 7 bits of the key hash, so a scanner can skip most foreign entries without
+///   reading their hash, and recognise a CLAIMING entry whose hash may not be written yet.
 /// * `waiters` is set by a waiter about to sleep on the home's futex word; whoever frees
 ///   the entry wakes them.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Word(pub u64);
 
-const STATE_MASK: u64 = 0b11;
-pub(crate) const WAITERS: u64 = 1 << 2;
-const TAG_SHIFT: u32 = 3;
-const PID_SHIFT: u32 = 11;
-const PID_BITS: u32 = 22;
-const GEN_SHIFT: u32 = 33;
-
-/// The largest pid a word can carry (Linux's `PID_MAX_LIMIT` is 2^22).
-pub(crate) const MAX_PID: u32 = (1 << PID_BITS) - 1;
+const STATE_MASK: u64 = 0b111;
+pub(crate) const WAITERS: u64 = 1 << 3;
+const TAG_SHIFT: u32 = 4;
+const TAG_MASK: u64 = 0x7f;
+const REACH_SHIFT: u32 = 11;
+const REACH_MASK: u64 = 0x1f << REACH_SHIFT;
+/// A reach this large or more is kept in [`Slot::reach`].
+pub(crate) const REACH_OVERFLOW: u32 = 31;
+const OWNER_SHIFT: u32 = 16;
+const GEN_SHIFT: u32 = 38;
+const GEN_MASK: u64 = (1 << 26) - 1;
 
 impl Word {
-    pub(crate) fn new(state: State, tag: u8, pid: u32, gen: u64) -> Word {
-        debug_assert!(pid <= MAX_PID);
+    /// An entry word; `reach` is carried over from the word it replaces.
+    pub(crate) fn new(state: State, tag: u8, owner: OwnerId, gen: u64, reach: Word) -> Word {
         Word(
             state as u64
-                | (u64::from(tag) << TAG_SHIFT)
-                | (u64::from(pid & MAX_PID) << PID_SHIFT)
-                | (gen << GEN_SHIFT),
+                | ((u64::from(tag) & TAG_MASK) << TAG_SHIFT)
+                | (reach.0 & REACH_MASK)
+                | (u64::from(owner.bits()) << OWNER_SHIFT)
+                | ((gen & GEN_MASK) << GEN_SHIFT),
         )
     }
 
@@ -168,16 +167,29 @@ impl Word {
             0 => State::Free,
             1 => State::Claiming,
             2 => State::Held,
-            _ => State::Extending,
+            3 => State::Extending,
+            // 4, and the values no version writes (a damaged file): nobody's entry, out
+            // of use until its owner is seen dead.
+            _ => State::Broken,
         }
     }
 
     pub(crate) fn tag(self) -> u8 {
-        (self.0 >> TAG_SHIFT) as u8
+        ((self.0 >> TAG_SHIFT) & TAG_MASK) as u8
     }
 
-    pub(crate) fn pid(self) -> u32 {
-        ((self.0 >> PID_SHIFT) as u32) & MAX_PID
+    /// The reach bits (see [`REACH_OVERFLOW`]).
+    pub(crate) fn reach(self) -> u32 {
+        ((self.0 & REACH_MASK) >> REACH_SHIFT) as u32
+    }
+
+    /// The same word with the reach bits set to `r` (at most [`REACH_OVERFLOW`]).
+    pub(crate) fn with_reach(self, r: u32) -> Word {
+        Word(self.0 & !REACH_MASK | u64::from(r.min(REACH_OVERFLOW)) << REACH_SHIFT)
+    }
+
+    pub(crate) fn owner(self) -> OwnerId {
+        OwnerId::from_bits((self.0 >> OWNER_SHIFT) as u32)
     }
 
     pub(crate) fn gen(self) -> u64 {
@@ -188,19 +200,32 @@ impl Word {
         self.0 & WAITERS != 0
     }
 
-    /// The word without the waiters bit: what identifies one hold.
+    /// The word without the waiters and reach bits: what identifies one state of one
+    /// entry. An owner's transitions are CASes from the word whose ident it owns.
     pub(crate) fn ident(self) -> u64 {
-        self.0 & !WAITERS
+        self.0 & !(WAITERS | REACH_MASK)
     }
 
-    /// The same entry one transition later, in `state`, keeping tag and pid.
+    /// The same entry one transition later, in `state`, keeping tag, owner and reach.
     pub(crate) fn next(self, state: State) -> Word {
-        Word::new(state, self.tag(), self.pid(), self.gen().wrapping_add(1))
+        Word::new(
+            state,
+            self.tag(),
+            self.owner(),
+            self.gen().wrapping_add(1),
+            self,
+        )
     }
 
-    /// A free slot one transition later.
+    /// A free slot one transition later (the reach stays: it is the home's).
     pub(crate) fn freed(self) -> Word {
-        Word::new(State::Free, 0, 0, self.gen().wrapping_add(1))
+        Word::new(
+            State::Free,
+            0,
+            OwnerId::from_bits(0),
+            self.gen().wrapping_add(1),
+            self,
+        )
     }
 }
 
@@ -210,7 +235,8 @@ impl std::fmt::Debug for Word {
             .field("state", &self.state())
             .field("waiters", &self.has_waiters())
             .field("tag", &self.tag())
-            .field("pid", &self.pid())
+            .field("reach", &self.reach())
+            .field("owner", &self.owner())
             .field("gen", &self.gen())
             .finish()
     }
@@ -222,24 +248,35 @@ mod tests {
 
     #[test]
     fn word_fields_round_trip() {
-        let w = Word::new(State::Held, 0xab, MAX_PID, (1 << 31) - 1);
+        let owner = OwnerId::new(0xfffe, 0x1ab);
+        assert_eq!(owner.entry(), 0xfffe);
+        let base = Word(0).with_reach(17);
+        let w = Word::new(State::Held, 0x5b, owner, GEN_MASK, base);
         assert_eq!(w.state(), State::Held);
-        assert_eq!(w.tag(), 0xab);
-        assert_eq!(w.pid(), MAX_PID);
-        assert_eq!(w.gen(), (1 << 31) - 1);
+        assert_eq!(w.tag(), 0x5b);
+        assert_eq!(w.owner(), owner);
+        assert_eq!(w.reach(), 17);
+        assert_eq!(w.gen(), GEN_MASK);
         assert!(!w.has_waiters());
         let flagged = Word(w.0 | WAITERS);
         assert!(flagged.has_waiters());
         assert_eq!(flagged.ident(), w.ident());
-        // gen wraps instead of spilling into other fields
+        assert_eq!(w.with_reach(3).ident(), w.ident());
+        // gen wraps instead of spilling into other fields; the reach stays
         let n = w.next(State::Free);
         assert_eq!(n.gen(), 0);
         assert_eq!(n.state(), State::Free);
+        assert_eq!(n.reach(), 17);
+        assert_eq!(w.freed().reach(), 17);
+        assert_eq!(w.freed().owner(), OwnerId::from_bits(0));
+        assert_eq!(Word(0).with_reach(1000).reach(), REACH_OVERFLOW);
+        // states no version writes are out of use, not free
+        assert_eq!(Word(7).state(), State::Broken);
     }
 
     #[test]
     fn preview_clamps_length_read_from_file() {
-        let s = Slot::default();
+        let s = Cold::default();
         s.write_preview(b"user:42");
         assert_eq!(s.read_preview(), (7, b"user:42".to_vec()));
         let long = vec![b'x'; 100];

@@ -1,51 +1,86 @@
-//! The slot protocol: how a key is claimed, held, extended, released and stolen.
+//! The slot protocol: how a key is claimed, held, extended, released, stolen and broken.
 //!
 //! The table is a fixed array of [`Slot`]s, open-addressed by a 128-bit seeded hash of the
-//! key. A key's *home* is `hash * len >> 64`; its entry lives at some distance `d` from
-//! home, with `d <= reach(home)`, where `reach` is a per-home high-water mark that only
-//! grows and is raised *before* an entry is published at a new distance.
+//! key, with twice as many slots as the capacity asked for (so it is at most half full
+//! and probes stay short). A key's *home* is `hash * len >> 64`; its entry lives at some
+//! distance `d` from home, with `d <= reach(home)`, where `reach` is a per-home high-water
+//! mark, kept in the home's control word, that only grows and is raised *before* an entry
+//! is published at a new distance.
 //!
 //! # States and transitions
 //!
 //! ```text
-//!            claim CAS                 promote (owner)
-//!   FREE ─────────────────▶ CLAIMING ─────────────────▶ HELD ◀──┐
-//!    ▲  ◀── withdraw (owner) ──┘ │                        │ │    │ end extend (owner)
-//!    │  ◀── reap (owner dead) ───┘                        │ └─▶ EXTENDING
-//!    │                                                    │   begin extend CAS (owner)
-//!    └──── release CAS (owner) / steal CAS (expired or dead owner) ──┘
+//!            claim CAS                 promote CAS (owner)
+//!   FREE ─────────────────▶ CLAIMING ─────────────────▶ HELD ◀──────────────┐
+//!    ▲ ▲ ◀── withdraw CAS (owner) ─┤                     │  │ begin CAS      │ end CAS
+//!    │ │ ◀── reap CAS (owner dead) ┤                     │  └──▶ EXTENDING ─┘ (owner)
+//!    │ │                           │ break CAS (stalled)  │          │ break CAS (stalled
+//!    │ │                           ▼                      │          │ past its deadline)
+//!    │ └── back out CAS (owner) ─ BROKEN ◀────────────────┼──────────┘
+//!    │     or reap CAS (owner dead)                       │
+//!    └──── release CAS (owner) / steal CAS (expired, or owner dead) ─┘
 //! ```
 //!
-//! Ownership is decided by CAS on the control [`Word`] alone. Every other field of a slot
-//! is written only by the process that owns the word in CLAIMING or EXTENDING, and those
-//! two states are taken from their owner only when the owner is dead, so a slow (even
-//! stopped) process can never scribble over an entry it lost. HELD entries are published
-//! with a release store after their fields, so a scanner that acquires a HELD word sees the
-//! key hash, lease and deadline of that very hold.
+//! Ownership is decided by CAS on the control [`Word`] alone, and every transition an
+//! owner makes is a CAS from the exact entry it owns ([`Word::ident`]: the waiters and
+//! reach bits may change under it), so an owner that was stopped, or broken, finds its
+//! CAS failing when it resumes and touches nothing of anyone else's.
+//!
+//! The other fields of a slot are written only by the owner of a CLAIMING or EXTENDING
+//! word. Those two states are never freed under a live owner: when one stalls past the
+//! bound (its owner stopped, or descheduled for that long), a waiter breaks it into
+//! BROKEN, which is nobody's entry (its key is free to be claimed elsewhere) and is not
+//! reused until its owner backs out (frees it when its own CAS fails) or dies. So late
+//! writes of a resumed owner land only in its own broken slot. HELD entries are published
+//! with a CAS after their fields, so a scanner that acquires a HELD word sees the key
+//! hash, lease and deadline of that very hold.
 //!
 //! # Why two live entries of one key cannot exist
 //!
-//! A claimer first publishes a CLAIMING entry (SeqCst CAS), then rescans the key's whole
-//! range (SeqCst loads), so of two concurrent claimers of a key at least one sees the other
-//! (the store-load pattern of Dekker's algorithm). A freed slot earlier in the range (the
-//! "release hole") changes nothing: nobody stops at the first free slot when looking for
-//! the key. Conflicts resolve by distance from home: a claimer that sees a CLAIMING entry
-//! of its key (by tag) nearer home withdraws; one that sees it farther away waits for it to
-//! resolve; one that sees a live HELD entry of its key withdraws. Waits only point away
-//! from home, so they cannot form a cycle, and a claimer that cannot wait any longer
-//! withdraws, which is always safe.
+//! A claimer publishes a CLAIMING entry, then makes one more read-modify-write of the
+//! key's home word (a claim *at* home is that RMW), then rescans the key's whole range.
+//! RMWs of one word are totally ordered and each reads the one before it, so of two
+//! claimers of a key the later RMW of the home word synchronizes with the earlier one:
+//! the later claimer's rescan sees the earlier claimer's entry (and its raised reach).
+//! A freed slot earlier in the range (the "release hole") changes nothing: nobody stops at
+//! the first free slot when looking for the key. Conflicts resolve by distance from home:
+//! a claimer that sees a CLAIMING entry of its key (by tag) nearer home withdraws; one that
+//! sees it farther away waits for it to resolve; one that sees a live HELD entry of its
+//! key withdraws. Waits only point away from home, so they cannot form a cycle, and a
+//! claimer that cannot wait any longer withdraws, which is always safe.
 //!
-//! # Dead processes
+//! The common case, a key whose home is free and has reach 0, claims the home word from
+//! exactly "free, reach 0": a rival that must place the key farther out raises the reach
+//! with an RMW of that same word first, so either our CAS fails or the rival's raise reads
+//! our CLAIMING entry and its rescan defers to it. That claim needs no rescan. And when the
+//! free home's fields already hold exactly what the claim would write (the same thread
+//! took the same key there within the same clock tick: hash, lease, deadline), the claim
+//! goes from FREE to HELD in that one CAS: a free slot's fields change only under an
+//! owner, so they cannot change between the reads and a CAS that finds the slot still free.
 //!
-//! A process can die at any instruction. What it leaves behind is one entry of its own key
-//! (CLAIMING, HELD or EXTENDING, with its pid in the word), which a waiter reaps once the
-//! owner is seen dead, and which expiry reaps anyway for HELD entries. No state of one key
-//! blocks another key: `reach` and the home words are single atomic updates.
+//! What loom proves here and what it cannot: loom checks every interleaving and every
+//! value an acquire/release execution allows, but it models `SeqCst` accesses as `AcqRel`
+//! (it has no single total order of them). The argument above therefore rests only on
+//! RMWs of one location and acquire/release, which loom does model, not on `SeqCst` loads;
+//! the `SeqCst` orderings in the code are belt and braces for the C++ model. Loom does not
+//! model time (the clock is driven by the models), the kernel's locks (a fake registry
+//! lock table), or processes (threads stand in, a "crash" unwinds a thread at a chosen
+//! step and never runs it again).
+//!
+//! # Dead and stalled owners
+//!
+//! A process can die or stop at any instruction. What it leaves behind is one entry of
+//! its own key (CLAIMING, HELD, EXTENDING or BROKEN), recorded with its [`OwnerId`]. A
+//! waiter reaps it when the registry says the owner is dead (see `registry.rs`), expiry
+//! reaps a HELD entry anyway, and a CLAIMING entry (or an EXTENDING one past its
+//! deadline) that stays unchanged for the stall bound is broken, so no key stays busy
+//! longer than max(its lease, the bound) after its owner stops making progress. No state
+//! of one key blocks another key: `reach` and the home words are single atomic updates.
 
-use crate::clock::{deadline, Clock};
+use crate::clock::deadline;
 use crate::primitive::{crash_point, fence, spin, AtomicU32, Ordering, SETTLE_ROUNDS};
-use crate::process::{Liveness, Owner};
-use crate::slot::{OwnerField, Slot, State, Word, WAITERS};
+use crate::registry::OwnerId;
+use crate::slot::{Cold, Slot, State, Word, REACH_OVERFLOW, WAITERS};
 
 /// A key's 128-bit seeded xxh3.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,8 +98,9 @@ impl KeyHash {
         }
     }
 
+    /// 7 bits of the hash, as control words carry them.
     pub(crate) fn tag(self) -> u8 {
-        (self.hi >> 56) as u8
+        (self.hi >> 57) as u8
     }
 
     /// The home slot, by multiply-shift range reduction (any table length works).
@@ -73,12 +109,32 @@ impl KeyHash {
     }
 }
 
+/// Where the slots live: hot lines and their cold side array, of one length.
+pub(crate) trait Slots {
+    fn hot(&self) -> &[Slot];
+    fn cold(&self) -> &[Cold];
+}
+
+/// What the protocol needs from the world: time, the owners' liveness, wake-ups, and a
+/// memory of how long an entry has looked the same.
+pub(crate) trait Env {
+    /// The table clock (ns).
+    fn now(&self) -> u64;
+    /// Whether the owner is gone for good: only on the kernel's word (see `registry.rs`).
+    fn is_dead(&self, owner: OwnerId) -> bool;
+    /// Wakes the processes sleeping on a home's wait word.
+    fn wake_all(&self, word: &AtomicU32);
+    /// Notes that slot `i` reads `word` now; `true` once this process has seen that very
+    /// word there for at least the stall bound.
+    fn stalled(&self, i: usize, word: Word) -> bool;
+}
+
 /// One acquisition attempt.
 pub(crate) struct Request<'k> {
     pub key: &'k [u8],
     pub hash: KeyHash,
-    pub owner: Owner,
-    /// Unique per acquisition within the owner process.
+    pub owner: OwnerId,
+    /// The holding thread's id within the owner process (see `Slot::lease`).
     pub lease: u64,
     /// Lease length in ns; 0 = never expires.
     pub exptime: u64,
@@ -111,7 +167,8 @@ pub(crate) enum Attempt {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct TableFull;
 
-/// The hold is gone: it was stolen after expiry or death, or broken by force.
+/// The hold is gone: it was stolen after expiry or death, or broken by force or as
+/// stalled.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Lost;
 
@@ -123,6 +180,7 @@ pub(crate) struct Entry {
     pub hash: KeyHash,
     pub deadline: u64,
     pub acquired_at: u64,
+    /// 0 unless the holder took a token (and the cold line still shows it).
     pub token: u64,
     pub key_len: u64,
     pub preview: Vec<u8>,
@@ -130,8 +188,8 @@ pub(crate) struct Entry {
 
 /// What a scanner concluded about one slot.
 enum Seen {
-    /// Free, or an entry of another key.
     Free,
+    /// An entry of another key, or a broken one.
     Other,
     /// The control word moved while the slot was read: look again.
     Changed,
@@ -159,44 +217,36 @@ pub(crate) enum Prepared {
 /// How many times a claim restarts after yielding to a rival before it reports the key busy.
 const MAX_RESTARTS: u32 = 16;
 
-/// Wakes the processes sleeping on a home's wait word.
-pub(crate) trait Notify {
-    fn wake_all(&self, word: &AtomicU32);
-}
-
-/// The lock table over some slots, a clock, a liveness oracle and a waker.
-pub(crate) struct Table<S, C, L, N> {
+/// The lock table over some slots and an environment.
+pub(crate) struct Table<S, E> {
     slots: S,
-    clock: C,
-    liveness: L,
-    notify: N,
+    env: E,
 }
 
-impl<S, C, L, N> Table<S, C, L, N>
-where
-    S: AsRef<[Slot]>,
-    C: Clock,
-    L: Liveness,
-    N: Notify,
-{
-    pub(crate) fn new(slots: S, clock: C, liveness: L, notify: N) -> Self {
-        assert!(!slots.as_ref().is_empty() && slots.as_ref().len() <= u32::MAX as usize);
-        Table {
-            slots,
-            clock,
-            liveness,
-            notify,
-        }
+impl<S: Slots, E: Env> Table<S, E> {
+    pub(crate) fn new(slots: S, env: E) -> Self {
+        let n = slots.hot().len();
+        assert!(n > 0 && n <= u32::MAX as usize && slots.cold().len() == n);
+        Table { slots, env }
     }
 
     #[inline]
     pub(crate) fn slots(&self) -> &[Slot] {
-        self.slots.as_ref()
+        self.slots.hot()
+    }
+
+    #[inline]
+    fn cold(&self, i: usize) -> &Cold {
+        &self.slots.cold()[i]
+    }
+
+    pub(crate) fn env(&self) -> &E {
+        &self.env
     }
 
     #[inline]
     pub(crate) fn now(&self) -> u64 {
-        self.clock.now()
+        self.env.now()
     }
 
     #[inline]
@@ -210,11 +260,44 @@ where
         }
     }
 
+    #[inline]
+    fn word(&self, i: usize, order: Ordering) -> Word {
+        Word(self.slots()[i].control.load(order))
+    }
+
     /// The reach of a home, clamped: the file may have been written by anyone.
     #[inline]
     fn reach(&self, home: usize, order: Ordering) -> usize {
-        let r = self.slots()[home].reach.load(order) as usize;
-        r.min(self.slots().len() - 1)
+        let r = self.word(home, order).reach();
+        let r = if r < REACH_OVERFLOW {
+            r
+        } else {
+            self.slots()[home].reach.load(order).max(REACH_OVERFLOW)
+        };
+        (r as usize).min(self.slots().len() - 1)
+    }
+
+    /// Raises a home's reach to at least `d`, before an entry is published there.
+    fn raise_reach(&self, home: usize, d: usize) {
+        let slot = &self.slots()[home];
+        let d = d.min(u32::MAX as usize) as u32;
+        if d >= REACH_OVERFLOW {
+            slot.reach.fetch_max(d, Ordering::SeqCst);
+            crash_point();
+        }
+        let mut c = Word(slot.control.load(Ordering::SeqCst));
+        while c.reach() < d.min(REACH_OVERFLOW) {
+            match slot.control.compare_exchange(
+                c.0,
+                c.with_reach(d).0,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => break,
+                Err(now) => c = Word(now),
+            }
+        }
+        crash_point();
     }
 
     /// Reads the key hash of an occupied slot and checks the word did not move meanwhile.
@@ -223,7 +306,7 @@ where
         let lo = slot.hash_lo.load(Ordering::Relaxed);
         let hi = slot.hash_hi.load(Ordering::Relaxed);
         fence(Ordering::Acquire);
-        if slot.control.load(Ordering::Relaxed) != c.0 {
+        if Word(slot.control.load(Ordering::Relaxed)).ident() != c.ident() {
             return None;
         }
         Some(KeyHash { lo, hi })
@@ -233,6 +316,7 @@ where
     fn examine(&self, slot: &Slot, c: Word, hash: KeyHash, now: u64) -> Seen {
         match c.state() {
             State::Free => Seen::Free,
+            State::Broken => Seen::Other,
             _ if c.tag() != hash.tag() => Seen::Other,
             State::Claiming => Seen::Claiming,
             State::Held | State::Extending => match self.hash_of(slot, c) {
@@ -249,49 +333,97 @@ where
         }
     }
 
-    /// Waits a bounded time for a CLAIMING/EXTENDING word to move on. Reaps it if its
-    /// owner is dead. `None`: still there, owner alive.
+    /// Waits a bounded time for a CLAIMING word to move on, then frees it if its owner is
+    /// dead or breaks it if it stalled. `None`: still there, owner alive and not stalled.
     fn settle(&self, i: usize, c: Word) -> Option<Word> {
         let slot = &self.slots()[i];
-        for round in 0..SETTLE_ROUNDS {
-            let now = Word(slot.control.load(Ordering::SeqCst));
-            if now != c {
-                return Some(now);
+        // A claim this process has watched for the whole bound is not worth a spin.
+        if !self.env.stalled(i, c) {
+            for round in 0..SETTLE_ROUNDS {
+                let now = Word(slot.control.load(Ordering::SeqCst));
+                if now.ident() != c.ident() {
+                    return Some(now);
+                }
+                spin(round);
             }
-            spin(round);
         }
-        // A CLAIMING entry's start time may not be written yet, so only the pid counts.
-        if self.liveness.is_dead(c.pid(), None) {
-            let _ = slot.control.compare_exchange(
-                c.0,
-                c.freed().0,
-                Ordering::SeqCst,
-                Ordering::Relaxed,
-            );
-            crash_point();
-            return Some(Word(slot.control.load(Ordering::SeqCst)));
+        if self.unstick(i, c) {
+            return Some(self.word(i, Ordering::SeqCst));
         }
         None
     }
 
-    /// Frees an entry that is no longer its owner's to keep. Fails if it moved.
-    fn force_release(&self, i: usize, c: Word, home: usize) -> bool {
-        let ok = self.slots()[i]
-            .control
-            .compare_exchange(c.0, c.freed().0, Ordering::SeqCst, Ordering::Relaxed)
-            .is_ok();
-        crash_point();
-        if ok && c.has_waiters() {
-            self.wake(home);
+    /// Frees a CLAIMING or EXTENDING entry whose owner is dead, or breaks one that stalled
+    /// (an EXTENDING one only once its deadline passed: its holder's lease still counts).
+    /// `true` if the entry changed (by us or anyone).
+    fn unstick(&self, i: usize, c: Word) -> bool {
+        let slot = &self.slots()[i];
+        let stalled = self.env.stalled(i, c)
+            && (c.state() == State::Claiming
+                || slot.deadline.load(Ordering::Relaxed) <= self.now());
+        let to = if self.env.is_dead(c.owner()) {
+            c.freed()
+        } else if stalled {
+            c.next(State::Broken)
+        } else {
+            return Word(slot.control.load(Ordering::SeqCst)).ident() != c.ident();
+        };
+        self.replace(i, c, to);
+        true
+    }
+
+    /// Moves entry `c` of slot `i` to `to` (the reach and waiters bits as they are now,
+    /// but waiters are woken and cleared). `false` if the entry moved on meanwhile.
+    fn replace(&self, i: usize, c: Word, to: Word) -> bool {
+        let slot = &self.slots()[i];
+        let mut cur = c;
+        loop {
+            let new = to.with_reach(cur.reach());
+            match slot
+                .control
+                .compare_exchange(cur.0, new.0, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => {
+                    crash_point();
+                    if cur.has_waiters() {
+                        self.wake_from(i, cur);
+                    }
+                    return true;
+                }
+                Err(now) if Word(now).ident() == c.ident() => cur = Word(now),
+                Err(_) => return false,
+            }
         }
-        ok
+    }
+
+    /// Wakes the waiters of the entry `c` in slot `i`, whose home comes from its hash.
+    fn wake_from(&self, i: usize, c: Word) {
+        let slots = self.slots();
+        // Only HELD (and EXTENDING) words carry the waiters bit, and their hash is
+        // published with them; a damaged file may say otherwise: then wake slot i's home.
+        let slot = &slots[i];
+        let hash = KeyHash {
+            lo: slot.hash_lo.load(Ordering::Relaxed),
+            hi: slot.hash_hi.load(Ordering::Relaxed),
+        };
+        let home = if matches!(c.state(), State::Held | State::Extending) {
+            hash.home(slots.len())
+        } else {
+            i
+        };
+        self.wake(home);
+    }
+
+    /// Frees an entry that is no longer its owner's to keep (expired, dead owner, forced).
+    fn force_release(&self, i: usize, c: Word) -> bool {
+        self.replace(i, c, c.freed())
     }
 
     fn wake(&self, home: usize) {
         let word = &self.slots()[home].wait;
         word.fetch_add(1, Ordering::SeqCst);
         crash_point();
-        self.notify.wake_all(word);
+        self.env.wake_all(word);
     }
 
     /// One attempt to take `req.key`, without waiting for a holder.
@@ -302,60 +434,127 @@ where
         }
     }
 
-    /// The common case: the key's whole range is its home slot (reach 0), and that slot is
-    /// free. This is the general algorithm with both scans reduced to that one slot. `None`
-    /// means "not that case", not "busy": go on with [`try_acquire_slow`](Self::try_acquire_slow).
+    /// The common case: the key's home is free and its reach is 0, so the home is the
+    /// key's whole range. `None` means "not that case", not "busy": go on with
+    /// [`try_acquire_slow`](Self::try_acquire_slow).
     #[inline(always)]
     pub(crate) fn try_acquire_fast(&self, req: &Request<'_>) -> Option<Held> {
         let slots = self.slots();
         let home = req.hash.home(slots.len());
         let slot = &slots[home];
-        if slot.reach.load(Ordering::Acquire) != 0 {
+        let c = Word(slot.control.load(Ordering::Acquire));
+        if c.state() != State::Free || c.reach() != 0 {
             return None;
         }
-        let c = Word(slot.control.load(Ordering::Relaxed));
-        if c.state() != State::Free {
-            return None;
+        let now = self.now();
+        let until = deadline(now, req.exptime);
+        let held = |word| Held {
+            slot: home,
+            home,
+            word,
+            lease: req.lease,
+        };
+        // Only from "free, reach 0": a rival that raised the reach first makes the CAS
+        // fail. A free slot's fields change only under an owner, so if they already say
+        // what this hold would write (this thread took this key here within this clock
+        // tick), the hold is published by the one CAS.
+        if slot.hash_lo.load(Ordering::Relaxed) == req.hash.lo
+            && slot.hash_hi.load(Ordering::Relaxed) == req.hash.hi
+            && slot.lease.load(Ordering::Relaxed) == req.lease
+            && slot.deadline.load(Ordering::Relaxed) == until
+            && slot.acquired_at.load(Ordering::Relaxed) == now
+        {
+            let word = Word::new(
+                State::Held,
+                req.hash.tag(),
+                req.owner,
+                c.gen().wrapping_add(1),
+                c,
+            );
+            slot.control
+                .compare_exchange(c.0, word.0, Ordering::SeqCst, Ordering::Relaxed)
+                .ok()?;
+            crash_point();
+            return Some(held(word));
         }
         let claiming = Word::new(
             State::Claiming,
             req.hash.tag(),
-            req.owner.pid,
+            req.owner,
             c.gen().wrapping_add(1),
+            c,
         );
         slot.control
             .compare_exchange(c.0, claiming.0, Ordering::SeqCst, Ordering::Relaxed)
             .ok()?;
         crash_point();
-        self.fill(slot, req, self.now(), claiming);
-        if slot.reach.load(Ordering::SeqCst) != 0 {
-            // A rival raised the reach meanwhile: step back and scan like everyone else.
-            self.withdraw(slot, claiming);
-            return None;
-        }
-        Some(self.promote(slot, claiming, home, home, req))
+        self.fill(home, req, now);
+        self.promote(slot, claiming).ok().map(held)
     }
 
+    /// CLAIMING → HELD, keeping the reach bits a rival may have raised meanwhile. `Err`:
+    /// the claim was broken as stalled (and has been backed out of).
     #[inline]
-    fn promote(
-        &self,
-        slot: &Slot,
-        claiming: Word,
-        i: usize,
-        home: usize,
-        req: &Request<'_>,
-    ) -> Held {
-        // Only the owner moves its own CLAIMING word (waiters flag HELD words only), so a
-        // plain release store publishes the filled fields.
-        let held = claiming.next(State::Held);
-        slot.control.store(held.0, Ordering::Release);
-        crash_point();
-        Held {
-            slot: i,
-            home,
-            word: held,
-            lease: req.lease,
+    fn promote(&self, slot: &Slot, claiming: Word) -> Result<Word, Lost> {
+        let mut cur = claiming;
+        loop {
+            let held = cur.next(State::Held);
+            match slot
+                .control
+                .compare_exchange(cur.0, held.0, Ordering::SeqCst, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    crash_point();
+                    return Ok(held);
+                }
+                Err(now) if Word(now).ident() == claiming.ident() => cur = Word(now),
+                Err(_) => {
+                    self.back_out(slot, claiming);
+                    return Err(Lost);
+                }
+            }
         }
+    }
+
+    /// CLAIMING → FREE by its owner (or back out if it was broken meanwhile).
+    fn withdraw(&self, slot: &Slot, claiming: Word) {
+        let mut cur = claiming;
+        loop {
+            match slot.control.compare_exchange(
+                cur.0,
+                cur.freed().0,
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) if Word(now).ident() == claiming.ident() => cur = Word(now),
+                Err(_) => {
+                    self.back_out(slot, claiming);
+                    break;
+                }
+            }
+        }
+        crash_point();
+    }
+
+    /// Our CLAIMING or EXTENDING entry `mine` was broken as stalled: the BROKEN slot is
+    /// still ours (nobody reuses it while we live), so free it now that we write no more.
+    #[cold]
+    fn back_out(&self, slot: &Slot, mine: Word) {
+        let broken = mine.next(State::Broken);
+        let mut cur = Word(slot.control.load(Ordering::SeqCst));
+        while cur.ident() == broken.ident() {
+            match slot.control.compare_exchange(
+                cur.0,
+                cur.freed().0,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => break,
+                Err(now) => cur = Word(now),
+            }
+        }
+        crash_point();
     }
 
     /// The general claim: two scans of the key's range, with rivals and stale entries.
@@ -377,7 +576,7 @@ where
                     break;
                 }
                 let i = self.at(home, d);
-                let c = Word(slots[i].control.load(Ordering::SeqCst));
+                let c = self.word(i, Ordering::SeqCst);
                 match self.examine(&slots[i], c, hash, now) {
                     Seen::Free => {
                         if free.is_none() {
@@ -399,7 +598,7 @@ where
                     },
                     Seen::Key => return Ok(Attempt::Busy(busy(i, home, c))),
                     Seen::Expired => {
-                        self.force_release(i, c, home);
+                        self.force_release(i, c);
                         continue;
                     }
                 }
@@ -414,16 +613,16 @@ where
 
             // Claim: make room in the reach first, so every later scan covers our slot.
             if fd > reach {
-                slots[home].reach.fetch_max(fd as u32, Ordering::SeqCst);
-                crash_point();
+                self.raise_reach(home, fd);
             }
             let fi = self.at(home, fd);
             let slot = &slots[fi];
             let claiming = Word::new(
                 State::Claiming,
                 hash.tag(),
-                req.owner.pid,
+                req.owner,
                 fc.gen().wrapping_add(1),
+                fc,
             );
             if slot
                 .control
@@ -433,7 +632,12 @@ where
                 continue 'restart;
             }
             crash_point();
-            self.fill(slot, req, now, claiming);
+            if fd != 0 {
+                // The RMW of the home word that orders this claim with every other claim
+                // of the home's keys (a claim at home is one already).
+                slots[home].control.fetch_or(0, Ordering::SeqCst);
+            }
+            self.fill(fi, req, now);
 
             // Pass 2 (decisive): after publishing, look at the whole range again.
             let range = self.reach(home, Ordering::SeqCst).max(fd);
@@ -450,12 +654,12 @@ where
                     continue;
                 }
                 let i = self.at(home, d);
-                let c = Word(slots[i].control.load(Ordering::SeqCst));
+                let c = self.word(i, Ordering::SeqCst);
                 match self.examine(&slots[i], c, hash, now) {
                     Seen::Free | Seen::Other => {}
                     Seen::Changed => continue,
                     Seen::Expired => {
-                        self.force_release(i, c, home);
+                        self.force_release(i, c);
                         continue;
                     }
                     Seen::Key => {
@@ -484,22 +688,31 @@ where
                 d += 1;
             }
 
-            return Ok(Attempt::Acquired(
-                self.promote(slot, claiming, fi, home, req),
-            ));
+            match self.promote(slot, claiming) {
+                Ok(word) => {
+                    return Ok(Attempt::Acquired(Held {
+                        slot: fi,
+                        home,
+                        word,
+                        lease: req.lease,
+                    }))
+                }
+                // Broken as stalled while we scanned: start over.
+                Err(Lost) => {
+                    restarts += 1;
+                    if restarts > MAX_RESTARTS {
+                        return Ok(Attempt::Busy(busy(fi, home, claiming)));
+                    }
+                    continue 'restart;
+                }
+            }
         }
     }
 
-    /// Writes the fields of a freshly claimed slot (owner-only, before promotion). The
-    /// owner's identity goes first: a claimer that dies after this store is judged by pid
-    /// and start time, so a reused pid cannot keep its claim alive.
+    /// Writes the fields of slot `i`, freshly claimed (owner-only, before promotion).
     #[inline]
-    fn fill(&self, slot: &Slot, req: &Request<'_>, now: u64, claiming: Word) {
-        slot.owner_start.store(
-            OwnerField::new(req.owner.start, claiming).0,
-            Ordering::Relaxed,
-        );
-        crash_point();
+    fn fill(&self, i: usize, req: &Request<'_>, now: u64) {
+        let slot = &self.slots()[i];
         // The same key in the same slot again is the common case: skip rewriting its name.
         if slot.hash_lo.load(Ordering::Relaxed) != req.hash.lo
             || slot.hash_hi.load(Ordering::Relaxed) != req.hash.hi
@@ -507,18 +720,12 @@ where
             slot.hash_lo.store(req.hash.lo, Ordering::Relaxed);
             slot.hash_hi.store(req.hash.hi, Ordering::Relaxed);
             crash_point();
-            slot.write_preview(req.key);
+            self.cold(i).write_preview(req.key);
         }
         slot.lease.store(req.lease, Ordering::Relaxed);
         slot.deadline
             .store(deadline(now, req.exptime), Ordering::Relaxed);
         slot.acquired_at.store(now, Ordering::Relaxed);
-        slot.token.store(0, Ordering::Relaxed);
-        crash_point();
-    }
-
-    fn withdraw(&self, slot: &Slot, claiming: Word) {
-        slot.control.store(claiming.freed().0, Ordering::Release);
         crash_point();
     }
 
@@ -540,51 +747,36 @@ where
     }
 
     /// Frees slot `i` if it holds an expired entry or (with `check_owner`) one whose owner
-    /// is dead. The home to wake is computed from the entry's own hash.
+    /// is dead.
     fn reap_slot(&self, i: usize, now: u64, check_owner: bool) -> bool {
-        let slots = self.slots();
-        let slot = &slots[i];
+        let slot = &self.slots()[i];
         let c = Word(slot.control.load(Ordering::SeqCst));
         let expired = c.state() == State::Held && slot.deadline.load(Ordering::Relaxed) <= now;
-        if c.state() == State::Free || !(expired || check_owner && self.owner_dead(slot, c)) {
+        if c.state() == State::Free || !(expired || check_owner && self.env.is_dead(c.owner())) {
             return false;
         }
-        // Only HELD words carry the waiters bit, and their hash is published with them.
-        let home = self.hash_of(slot, c).map_or(i, |h| h.home(slots.len()));
-        self.force_release(i, c, home)
+        self.force_release(i, c)
     }
 
-    fn owner_dead(&self, slot: &Slot, c: Word) -> bool {
-        if c.state() == State::Free {
-            return false;
-        }
-        let owner = OwnerField(slot.owner_start.load(Ordering::Relaxed));
-        fence(Ordering::Acquire);
-        if slot.control.load(Ordering::Relaxed) != c.0 {
-            return false; // moved on: not this owner's entry any more
-        }
-        // A HELD/EXTENDING entry published its owner with the word; a CLAIMING one only
-        // once the generations agree (before that the field may be the last occupant's).
-        let start = match c.state() {
-            State::Claiming if !owner.written_by(c) => None,
-            _ => Some(owner.start()),
-        };
-        self.liveness.is_dead(c.pid(), start)
-    }
-
-    /// Checks the owner of the entry that made an attempt busy; reaps the entry if the owner
-    /// is dead. `true` when the entry is gone or changed, so retrying is worthwhile now.
-    pub(crate) fn reap_if_dead(&self, b: &Busy) -> bool {
-        let slot = &self.slots()[b.slot];
-        let c = Word(slot.control.load(Ordering::Acquire));
+    /// The waiter's look at the entry that made an attempt busy: frees it if its owner is
+    /// dead, breaks it if it stalled. `true` when the entry is gone or changed, so
+    /// retrying is worthwhile now.
+    pub(crate) fn recover(&self, b: &Busy) -> bool {
+        let c = self.word(b.slot, Ordering::Acquire);
         if c.ident() != b.word.ident() {
             return true;
         }
-        if self.owner_dead(slot, c) {
-            self.force_release(b.slot, c, b.home);
-            return true;
+        match c.state() {
+            State::Held => {
+                // Freed by us, or changed meanwhile: either way worth a retry.
+                self.env.is_dead(c.owner()) && {
+                    self.force_release(b.slot, c);
+                    true
+                }
+            }
+            State::Claiming | State::Extending => self.unstick(b.slot, c),
+            State::Free | State::Broken => true,
         }
-        false
     }
 
     /// Before sleeping on a busy key: flags the entry as waited on and returns the wait-word
@@ -619,7 +811,7 @@ where
         &self.slots()[home].wait
     }
 
-    /// Whether `held` is still this holder's: same word (but for the waiters bit) and lease.
+    /// Whether `held` is still this holder's: same entry and lease.
     #[inline]
     fn owns(&self, slot: &Slot, c: Word, held: &Held) -> bool {
         c.ident() == held.word.ident() && slot.lease.load(Ordering::Relaxed) == held.lease
@@ -645,7 +837,7 @@ where
                 }
                 return Ok(());
             }
-            // Only the waiters bit can have changed under a live hold: retry.
+            // Only the waiters and reach bits can change under a live hold: retry.
         }
     }
 
@@ -660,13 +852,12 @@ where
                 return Err(Lost);
             }
             if slot.deadline.load(Ordering::Relaxed) <= now {
-                if self.force_release(held.slot, c, held.home) {
+                if self.force_release(held.slot, c) {
                     return Err(Lost);
                 }
                 continue;
             }
-            let waiters = c.0 & WAITERS;
-            let extending = Word(c.next(State::Extending).0 | waiters);
+            let extending = Word(c.next(State::Extending).0 | (c.0 & WAITERS));
             if slot
                 .control
                 .compare_exchange(c.0, extending.0, Ordering::SeqCst, Ordering::Relaxed)
@@ -678,18 +869,35 @@ where
             slot.deadline
                 .store(deadline(now, exptime), Ordering::Relaxed);
             crash_point();
-            // Nobody sets the waiters bit on an EXTENDING word, so `waiters` is current.
-            let back = Word(extending.next(State::Held).0 | waiters);
-            slot.control.store(back.0, Ordering::Release);
-            crash_point();
-            held.word = back;
-            return Ok(());
+            // Nobody flags an EXTENDING word; only the reach may change meanwhile.
+            let mut cur = extending;
+            loop {
+                let back = Word(cur.next(State::Held).0 | (cur.0 & WAITERS));
+                match slot.control.compare_exchange(
+                    cur.0,
+                    back.0,
+                    Ordering::SeqCst,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => {
+                        crash_point();
+                        held.word = back;
+                        return Ok(());
+                    }
+                    Err(now) if Word(now).ident() == extending.ident() => cur = Word(now),
+                    Err(_) => {
+                        self.back_out(slot, extending);
+                        return Err(Lost);
+                    }
+                }
+            }
         }
     }
 
     /// A fencing token for `held`: greater than the token of every earlier holder of the
     /// key. Taken from the home's counter, then checked against the hold, so a holder that
     /// lost its lease before asking gets `None`, never a token that outranks its successor.
+    /// The caller adds the file's token base.
     pub(crate) fn token(&self, held: &Held) -> Option<u64> {
         let slots = self.slots();
         let t = slots[held.home]
@@ -702,7 +910,10 @@ where
         if !self.owns(slot, c, held) {
             return None;
         }
-        slot.token.store(t, Ordering::Relaxed);
+        // For inspection only: shown while the hold it names is the slot's.
+        let cold = self.cold(held.slot);
+        cold.token.store(t, Ordering::Relaxed);
+        cold.token_of.store(held.lease, Ordering::Release);
         Some(t)
     }
 
@@ -715,7 +926,7 @@ where
         let mut d = 0;
         while d <= reach {
             let i = self.at(home, d);
-            let c = Word(slots[i].control.load(Ordering::Acquire));
+            let c = self.word(i, Ordering::Acquire);
             match self.examine(&slots[i], c, hash, now) {
                 Seen::Changed => continue,
                 Seen::Key => return Some(busy(i, home, c)),
@@ -726,25 +937,51 @@ where
         None
     }
 
-    /// Breaks the live entry of a key, whoever holds it (its holder's next unlock or renewal
-    /// gets `Lost`). Returns the entry as it was and whether its owner was dead, or `None`
-    /// if the key was not held.
+    /// Breaks whatever keeps a key busy, whoever owns it: its live entry (its holder's
+    /// next unlock or renewal gets `Lost`), and any claim of it in progress. An entry its
+    /// owner may still be writing (CLAIMING, EXTENDING) becomes BROKEN unless the owner is
+    /// dead. Returns the live entry as it was and whether its owner was dead, or `None` if
+    /// the key was not held.
     pub(crate) fn break_hold(&self, hash: KeyHash) -> Option<(Entry, bool)> {
-        loop {
-            let b = self.find(hash)?;
-            let Some(snapshot) = self.entry(b.slot) else {
-                continue; // moved meanwhile: look again
+        let slots = self.slots();
+        let home = hash.home(slots.len());
+        let now = self.now();
+        let mut found = None;
+        let mut d = 0;
+        while d <= self.reach(home, Ordering::Acquire) {
+            let i = self.at(home, d);
+            let c = self.word(i, Ordering::Acquire);
+            let live = match self.examine(&slots[i], c, hash, now) {
+                Seen::Changed => continue,
+                Seen::Key => true,
+                // A claim that may be of this key (by tag): breaking it is always safe.
+                Seen::Claiming => false,
+                _ => {
+                    d += 1;
+                    continue;
+                }
             };
-            let dead = self.is_owner_dead(&snapshot);
-            if snapshot.word == b.word && self.force_release(b.slot, b.word, b.home) {
-                return Some((snapshot, dead));
+            let snapshot = self.entry(i);
+            let dead = self.env.is_dead(c.owner());
+            let to = if dead || c.state() == State::Held {
+                c.freed()
+            } else {
+                c.next(State::Broken)
+            };
+            if !self.replace(i, c, to) {
+                continue; // moved meanwhile: look again
             }
+            if live && found.is_none() {
+                found = snapshot.map(|e| (e, dead));
+            }
+            d += 1;
         }
+        found
     }
 
-    /// Whether the owner recorded in an entry is dead, as the liveness oracle judges it.
+    /// Whether the owner recorded in an entry is dead, as the registry judges it.
     pub(crate) fn is_owner_dead(&self, e: &Entry) -> bool {
-        self.owner_dead(&self.slots()[e.slot as usize], e.word)
+        e.word.state() != State::Free && self.env.is_dead(e.word.owner())
     }
 
     /// Snapshots every occupied slot (for inspection; consistent per slot).
@@ -757,6 +994,7 @@ where
     /// A consistent snapshot of slot `i`, if it is occupied.
     fn entry(&self, i: usize) -> Option<Entry> {
         let slot = &self.slots()[i];
+        let cold = self.cold(i);
         let c = Word(slot.control.load(Ordering::Acquire));
         if c.state() == State::Free {
             return None;
@@ -767,10 +1005,12 @@ where
         };
         let deadline = slot.deadline.load(Ordering::Relaxed);
         let acquired_at = slot.acquired_at.load(Ordering::Relaxed);
-        let token = slot.token.load(Ordering::Relaxed);
-        let (key_len, preview) = slot.read_preview();
+        let lease = slot.lease.load(Ordering::Relaxed);
+        let token_of = cold.token_of.load(Ordering::Acquire);
+        let token = cold.token.load(Ordering::Relaxed);
+        let (key_len, preview) = cold.read_preview();
         fence(Ordering::Acquire);
-        if slot.control.load(Ordering::Relaxed) != c.0 {
+        if Word(slot.control.load(Ordering::Relaxed)).ident() != c.ident() {
             return None; // moved while read: not a consistent snapshot
         }
         Some(Entry {
@@ -779,7 +1019,7 @@ where
             hash,
             deadline,
             acquired_at,
-            token,
+            token: if token_of == lease { token } else { 0 },
             key_len,
             preview,
         })
@@ -793,102 +1033,179 @@ fn busy(slot: usize, home: usize, word: Word) -> Busy {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::clock::Monotonic;
-    use crate::process::{self, Kernel};
+    use std::cell::Cell;
+    use std::collections::HashSet;
+    use std::sync::Mutex;
 
-    struct Quiet;
-    impl Notify for Quiet {
+    /// Heap slots, a settable clock, dead owners by hand, stalls on demand.
+    #[derive(Default)]
+    struct TestEnv {
+        now: Cell<u64>,
+        dead: Mutex<HashSet<OwnerId>>,
+        stalled: Cell<bool>,
+    }
+
+    impl Env for TestEnv {
+        fn now(&self) -> u64 {
+            self.now.get()
+        }
+        fn is_dead(&self, owner: OwnerId) -> bool {
+            self.dead.lock().unwrap().contains(&owner)
+        }
         fn wake_all(&self, _: &AtomicU32) {}
+        fn stalled(&self, _: usize, _: Word) -> bool {
+            self.stalled.get()
+        }
     }
 
-    fn table() -> Table<Vec<Slot>, Monotonic, Kernel, Quiet> {
-        let slots = (0..8).map(|_| Slot::default()).collect();
-        Table::new(slots, Monotonic, Kernel { judge: true }, Quiet)
+    struct Heap(Vec<Slot>, Vec<Cold>);
+    impl Slots for Heap {
+        fn hot(&self) -> &[Slot] {
+            &self.0
+        }
+        fn cold(&self) -> &[Cold] {
+            &self.1
+        }
     }
 
-    fn request(hash: KeyHash, owner: Owner, lease: u64) -> Request<'static> {
+    fn table(n: usize) -> Table<Heap, TestEnv> {
+        let heap = Heap(
+            (0..n).map(|_| Slot::default()).collect(),
+            (0..n).map(|_| Cold::default()).collect(),
+        );
+        let env = TestEnv::default();
+        env.now.set(1000);
+        Table::new(heap, env)
+    }
+
+    fn request(hash: KeyHash, owner: OwnerId, lease: u64) -> Request<'static> {
         Request {
             key: b"k",
             hash,
             owner,
             lease,
-            exptime: 60_000_000_000,
+            exptime: 60_000,
         }
     }
 
+    fn held(a: Result<Attempt, TableFull>) -> Held {
+        match a {
+            Ok(Attempt::Acquired(h)) => h,
+            other => panic!("not acquired: {other:?}"),
+        }
+    }
+
+    fn busy_of(a: Result<Attempt, TableFull>) -> Busy {
+        match a {
+            Ok(Attempt::Busy(b)) => b,
+            other => panic!("not busy: {other:?}"),
+        }
+    }
+
+    const A: OwnerId = OwnerId::UNKNOWN;
+
     #[test]
-    fn a_live_pid_with_another_start_time_is_a_dead_owner() {
-        let t = table();
-        let me = process::current();
-        let hash = KeyHash::of(b"reused", 1);
-        // an entry that claims our pid, but a process started at another time: the pid
-        // was reused after its owner died
-        let impostor = Owner {
-            pid: me.pid,
-            start: me.start + 1,
-        };
-        let Ok(Attempt::Acquired(_)) = t.try_acquire(&request(hash, impostor, 1)) else {
-            panic!()
-        };
-        let Ok(Attempt::Busy(b)) = t.try_acquire(&request(hash, me, 2)) else {
-            panic!()
-        };
-        assert!(t.reap_if_dead(&b));
-        let Ok(Attempt::Acquired(h)) = t.try_acquire(&request(hash, me, 3)) else {
-            panic!("not reclaimed")
-        };
-        // our own entry, with the right start time, is alive
-        let Ok(Attempt::Busy(b)) = t.try_acquire(&request(hash, me, 4)) else {
-            panic!()
-        };
-        assert!(!t.reap_if_dead(&b));
+    fn a_dead_owner_is_reaped_and_a_live_one_is_not() {
+        let t = table(8);
+        let me = OwnerId::new(1, 1);
+        let other = OwnerId::new(2, 1);
+        let hash = KeyHash::of(b"k", 1);
+        held(t.try_acquire(&request(hash, other, 1)));
+        let b = busy_of(t.try_acquire(&request(hash, me, 2)));
+        assert!(!t.recover(&b), "a live owner's hold was taken");
+        t.env().dead.lock().unwrap().insert(other);
+        assert!(t.recover(&b));
+        let h = held(t.try_acquire(&request(hash, me, 3)));
         assert_eq!(t.reap_all(), 0);
         t.release(&h).unwrap();
     }
 
     #[test]
-    fn a_claim_is_judged_by_start_time_once_its_owner_wrote_it() {
-        let t = table();
-        let me = process::current();
-        let slot = &t.slots()[0];
-        let claim = Word::new(State::Claiming, 0, me.pid, 5);
-        slot.control.store(claim.0, Ordering::SeqCst);
-        // the field is still the previous occupant's (generation 4): only the pid counts
-        let earlier = Word::new(State::Claiming, 0, me.pid, 4);
-        slot.owner_start
-            .store(OwnerField::new(me.start + 1, earlier).0, Ordering::SeqCst);
-        assert!(!t.owner_dead(slot, claim));
-        // written by this claim, with another start time: the claimer died, its pid reused
-        slot.owner_start
-            .store(OwnerField::new(me.start + 1, claim).0, Ordering::SeqCst);
-        assert!(t.owner_dead(slot, claim));
-        slot.owner_start
-            .store(OwnerField::new(me.start, claim).0, Ordering::SeqCst);
-        assert!(!t.owner_dead(slot, claim));
+    fn an_unknown_owner_is_never_judged_and_expiry_still_works() {
+        let t = table(8);
+        let hash = KeyHash::of(b"k", 1);
+        let h = held(t.try_acquire(&request(hash, A, 1)));
+        let b = busy_of(t.try_acquire(&request(hash, OwnerId::new(1, 1), 2)));
+        assert!(!t.recover(&b));
+        t.env().now.set(1000 + 60_000);
+        held(t.try_acquire(&request(hash, OwnerId::new(1, 1), 3)));
+        assert_eq!(t.release(&h), Err(Lost));
     }
 
     #[test]
-    fn reap_all_frees_expired_and_dead_entries_only() {
-        let t = table();
-        let me = process::current();
-        let dead = Owner {
-            pid: me.pid,
-            start: me.start + 1,
-        };
-        let mut expiring = request(KeyHash::of(b"expiring", 1), me, 1);
-        expiring.exptime = 1;
-        for r in [
-            expiring,
-            request(KeyHash::of(b"dead", 1), dead, 2),
-            request(KeyHash::of(b"live", 1), me, 3),
-        ] {
-            assert!(matches!(t.try_acquire(&r), Ok(Attempt::Acquired(_))));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-        assert_eq!(t.entries().len(), 3);
-        assert_eq!(t.reap_all(), 2);
-        let left = t.entries();
-        assert_eq!(left.len(), 1);
-        assert_eq!(left[0].hash, KeyHash::of(b"live", 1));
+    fn a_stalled_claim_is_broken_and_its_owner_backs_out() {
+        let t = table(8);
+        let hash = KeyHash::of(b"k", 1);
+        let home = hash.home(8);
+        let slot = &t.slots()[home];
+        // a claimer that stopped right after its claim CAS
+        let c = Word(slot.control.load(Ordering::Relaxed));
+        let claiming = Word::new(State::Claiming, hash.tag(), A, c.gen() + 1, c);
+        slot.control.store(claiming.0, Ordering::Relaxed);
+        let b = busy_of(t.try_acquire(&request(hash, OwnerId::new(1, 1), 2)));
+        assert!(!t.recover(&b), "broken before the bound");
+        t.env().stalled.set(true);
+        assert!(t.recover(&b));
+        assert_eq!(t.word(home, Ordering::Relaxed).state(), State::Broken);
+        // the key is free again (elsewhere), the broken slot is out of use
+        let h = held(t.try_acquire(&request(hash, OwnerId::new(1, 1), 3)));
+        assert_ne!(h.slot, home);
+        // the stopped claimer resumes: its promote fails and it frees its own slot
+        assert_eq!(t.promote(slot, claiming), Err(Lost));
+        assert_eq!(t.word(home, Ordering::Relaxed).state(), State::Free);
+        assert_eq!(t.entries().len(), 1);
+        t.release(&h).unwrap();
+    }
+
+    #[test]
+    fn an_extension_is_broken_only_past_its_deadline() {
+        let t = table(8);
+        let hash = KeyHash::of(b"k", 1);
+        let h = held(t.try_acquire(&request(hash, A, 1)));
+        let slot = &t.slots()[h.slot];
+        let ext = h.word.next(State::Extending);
+        slot.control.store(ext.0, Ordering::Relaxed);
+        t.env().stalled.set(true);
+        let b = busy_of(t.try_acquire(&request(hash, OwnerId::new(1, 1), 2)));
+        assert!(!t.recover(&b), "a lease still running was broken");
+        t.env().now.set(1000 + 60_000);
+        assert!(t.recover(&b));
+        assert_eq!(t.word(h.slot, Ordering::Relaxed).state(), State::Broken);
+    }
+
+    #[test]
+    fn force_unlock_breaks_a_claim_in_progress() {
+        let t = table(8);
+        let hash = KeyHash::of(b"k", 1);
+        let home = hash.home(8);
+        let slot = &t.slots()[home];
+        let c = Word(slot.control.load(Ordering::Relaxed));
+        let claiming = Word::new(
+            State::Claiming,
+            hash.tag(),
+            OwnerId::new(3, 1),
+            c.gen() + 1,
+            c,
+        );
+        slot.control.store(claiming.0, Ordering::Relaxed);
+        assert_eq!(t.break_hold(hash), None); // not held: nothing to report
+        assert_eq!(t.word(home, Ordering::Relaxed).state(), State::Broken);
+        held(t.try_acquire(&request(hash, OwnerId::new(1, 1), 3)));
+    }
+
+    #[test]
+    fn reach_survives_transitions_and_overflows_into_the_home_word() {
+        let t = table(64);
+        t.raise_reach(5, 3);
+        assert_eq!(t.reach(5, Ordering::Relaxed), 3);
+        t.raise_reach(5, 2);
+        assert_eq!(t.reach(5, Ordering::Relaxed), 3);
+        t.raise_reach(5, 40);
+        assert_eq!(t.reach(5, Ordering::Relaxed), 40);
+        // a claim and release of slot 5 itself keep its reach
+        let slot = &t.slots()[5];
+        let c = Word(slot.control.load(Ordering::Relaxed));
+        assert_eq!(c.freed().reach(), REACH_OVERFLOW);
+        assert_eq!(t.reach(5, Ordering::Relaxed), 40);
     }
 }

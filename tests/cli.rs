@@ -7,7 +7,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::TempPath;
-use shmlock::{LockTable, SharedDict};
+use shmlock::{LockOptions, LockTable, SharedDict};
 
 fn shmlock(file: &TempPath) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_shmlock"));
@@ -242,6 +242,57 @@ fn errors_are_one_line_on_stderr_with_a_nonzero_exit() {
         output(shmlock(&other).args(["run", "", "--", "true"])),
         "empty key",
     );
+}
+
+/// Issue #12: `inspect` only reads, so read access to the file is enough. The table is
+/// root's, mode 0644, with a holder; `shmlock inspect` runs as uid 65534 (nobody).
+#[test]
+#[ignore = "needs root: creates a root-owned table and runs `shmlock inspect` as uid 65534 through setpriv"]
+fn inspect_needs_read_access_only() {
+    common::harness::require_root();
+    let file = TempPath::new("cli-read-only");
+    let table = LockTable::options()
+        .capacity(64)
+        .mode(0o644)
+        .open(&file)
+        .unwrap();
+    let guard = table.lock("job:ro", &LockOptions::default()).unwrap();
+    let nobody = |program: &str| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+            .arg(program)
+            .env_remove("SHMLOCK_FILE");
+        c
+    };
+    // The setup: nobody may read the file and run the command, and may not write the file.
+    let bin = env!("CARGO_BIN_EXE_shmlock");
+    let script = "test -r \"$1\" && test ! -w \"$1\" && test -x \"$2\"";
+    let setup = output(
+        nobody("sh")
+            .args(["-c", script, "sh"])
+            .arg(&file.0)
+            .arg(bin),
+    );
+    assert!(
+        setup.status.success(),
+        "setup: uid 65534's access: {setup:?}"
+    );
+
+    let out = output(nobody(bin).arg("--file").arg(&file.0).arg("inspect"));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "inspect with read access only: {:?}; stderr: {stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains("job:ro") && stdout.contains(&std::process::id().to_string()),
+        "{stdout}"
+    );
+    guard.unlock().unwrap();
 }
 
 #[test]

@@ -457,15 +457,17 @@ fn get_or_fetch_double_checks_after_waiting() {
 fn entries_left_mid_write_in_a_damaged_file_read_as_absent_not_a_panic() {
     // A file whose entries all say "a write is in progress" while nobody holds the writer
     // lock: no live protocol leaves that, a damaged or hostile file can. Offsets are the
-    // documented format: 4 KiB header, 4 KiB control page, entries of the layout's size,
-    // each starting with its sequence word.
+    // documented format: 4 KiB header, the owner registry (1024 entries of 32 bytes by
+    // default), a 4 KiB control page, entries of the layout's size, each starting with its
+    // sequence word.
     let (path, d) = dict("odd-seq", 8, 8);
     let _ = d.set("k", "v", NEVER).unwrap();
     let entry_size = 64 + 256 + 64; // max_key_len 250 and max_value_len 8, rounded to 64
+    let entries = 4096 + 1024 * 32 + 4096;
     let mut file = std::fs::read(&path).unwrap();
-    assert_eq!(file.len(), 8192 + 8 * entry_size);
+    assert_eq!(file.len(), entries + 8 * entry_size);
     for i in 0..8 {
-        file[8192 + i * entry_size] |= 1;
+        file[entries + i * entry_size] |= 1;
     }
     std::fs::write(&path, &file).unwrap();
     // The file was rewritten in place (same inode): this handle sees the damage.

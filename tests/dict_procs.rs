@@ -323,7 +323,9 @@ fn a_writer_killed_holding_the_lock_leaves_the_entry_absent_or_whole() {
     }
     writer.kill();
     assert_eq!(d.repairs(), 0);
-    // Another process reads: it must get a whole value or nothing, and not hang.
+    // Another process reads: it must get a whole value or nothing, and not hang. Then it
+    // writes: if its read did not already take the lock over (the writer may have died
+    // between two entry writes, the entry whole), its write does.
     in_child(|| {
         if let Some(item) = d.get("big").unwrap() {
             assert!(
@@ -332,6 +334,7 @@ fn a_writer_killed_holding_the_lock_leaves_the_entry_absent_or_whole() {
             );
         }
         assert_eq!(bytes(&d, "other").unwrap(), b"untouched");
+        let _ = d.set("probe", "p", NEVER).unwrap();
     });
     // Someone took the lock over from the dead writer and repaired after it.
     assert_eq!(d.repairs(), 1);

@@ -351,7 +351,8 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
 }
 
 fn inspect(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
-    let table = match LockTable::options().create(false).open(file) {
+    // Read-only: anyone who can read the file can inspect it.
+    let table = match LockTable::options().read_only(true).open(file) {
         Err(Error::Format {
             source: FormatError::WrongKind { .. },
             ..
@@ -501,7 +502,7 @@ fn write_json(
 
 /// A shared dict's counters, and its live keys with their time to live.
 fn inspect_dict(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
-    let dict = SharedDict::options().create(false).open(file)?;
+    let dict = SharedDict::options().read_only(true).open(file)?;
     let mut keys: Vec<(Vec<u8>, Option<Duration>)> = dict
         .keys(0)?
         .into_iter()

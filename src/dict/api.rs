@@ -5,14 +5,15 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::entry::{Copied, Entry, Geometry, Kind, Look, PackedKey};
-use super::writer::{WriterLock, Writing};
+use super::entry::{Aborted, Copied, Entry, Geometry, Kind, Look, PackedKey};
+use super::writer::{WriterEnv, WriterLock, Writing};
+use crate::attachment::Attachment;
 use crate::clock::{deadline, Clock, Monotonic};
 use crate::error::Error;
-use crate::file::{self, Mapping, OpenSpec};
+use crate::file::{self, OpenSpec};
 use crate::format::{Header, Layout, MAX_VALUE_LEN};
 use crate::primitive::{spin, SETTLE_ROUNDS};
-use crate::process::{self, Kernel};
+use crate::registry::OwnerId;
 
 /// How far from its home a key may be placed: a lookup reads at most this many entries.
 pub(crate) const WINDOW: usize = 64;
@@ -26,6 +27,52 @@ const LEN: usize = 2;
 const EVICTIONS: usize = 3;
 const REPAIRS: usize = 4;
 const CONTROL_WORDS: usize = crate::format::DICT_CONTROL_SIZE / 8;
+
+/// How long a waiting writer sleeps before it looks at the holder again.
+const RECHECK: Duration = Duration::from_millis(10);
+/// How many times one operation starts over when a write was refused because a stale
+/// writer (one taken over) marked its entry meanwhile.
+const RETRIES: usize = 8;
+
+/// The writer lock's world: this process's registration and the futex.
+struct DictEnv<'a>(&'a Attachment);
+
+impl WriterEnv for DictEnv<'_> {
+    fn owner(&self) -> OwnerId {
+        self.0.owner()
+    }
+    fn is_dead(&self, owner: OwnerId) -> bool {
+        self.0.is_dead(owner)
+    }
+    fn stalled(&self, word: u64) -> bool {
+        self.0.stalled(0, word)
+    }
+    fn sleep(&self, wait: &AtomicU32, seen: u32) {
+        crate::futex::wait(wait, seen, RECHECK);
+    }
+}
+
+/// What a write under the lock came to.
+enum Outcome<T> {
+    Done(T),
+    /// An entry it needed was marked by a stale writer: start the operation over.
+    Retry,
+}
+
+impl<T> Outcome<T> {
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
+        match self {
+            Outcome::Done(t) => Outcome::Done(f(t)),
+            Outcome::Retry => Outcome::Retry,
+        }
+    }
+}
+
+impl From<Aborted> for Error {
+    fn from(_: Aborted) -> Error {
+        Error::Stalled
+    }
+}
 
 /// A value in the dict: bytes, or a number (what [`SharedDict::incr`] makes and adds to).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,12 +219,8 @@ pub struct DictOptions {
 impl Default for DictOptions {
     fn default() -> Self {
         DictOptions {
-            spec: OpenSpec {
-                layout: Layout::Locks, // set from the lengths in `open`
-                capacity: 1024,
-                mode: 0o600,
-                create: true,
-            },
+            // The layout is set from the lengths in `open`.
+            spec: OpenSpec::new(Layout::Locks),
             max_key: 250,
             max_value: 256,
         }
@@ -203,9 +246,24 @@ impl DictOptions {
         self
     }
 
-    /// Permission bits of a dict this call creates (default `0o600`).
+    /// Permission bits of a dict this call creates (default `0o600`; anything beyond
+    /// `0o777` is [`Error::InvalidOptions`]).
     pub fn mode(mut self, mode: u32) -> Self {
         self.spec.mode = mode;
+        self
+    }
+
+    /// How many processes may be attached to a dict this call creates at once (default
+    /// 1024, at most 65535); see [`OpenOptions::max_processes`](crate::OpenOptions::max_processes).
+    pub fn max_processes(mut self, n: u32) -> Self {
+        self.spec.registry = n;
+        self
+    }
+
+    /// Opens the file for reading only (for inspection): reads work, and every store is
+    /// [`Error::ReadOnly`].
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.spec.read_only = read_only;
         self
     }
 
@@ -269,13 +327,12 @@ pub struct SharedDict {
 }
 
 struct Inner {
-    map: Mapping,
+    att: Attachment,
     header: Header,
     geometry: Geometry,
     slots: usize,
     path: PathBuf,
     created: bool,
-    liveness: Kernel,
 }
 
 impl SharedDict {
@@ -307,17 +364,21 @@ impl SharedDict {
         };
         let entry_words = header.layout.slot_size() / 8;
         let geometry = Geometry::new(entry_words, max_key as usize, max_value as usize);
+        let att = Attachment::new(
+            Arc::new(opened.map),
+            opened.file,
+            path.to_path_buf(),
+            opened.registered,
+            true,
+        );
         Ok(SharedDict {
             inner: Arc::new(Inner {
-                map: opened.map,
+                att,
                 header,
                 geometry,
                 slots: header.slot_count as usize,
                 path: path.to_path_buf(),
                 created: opened.created,
-                liveness: Kernel {
-                    judge: header.pid_ns == process::pid_namespace(),
-                },
             }),
         })
     }
@@ -358,15 +419,25 @@ impl SharedDict {
         self.control(EVICTIONS).load(Ordering::Relaxed)
     }
 
-    /// How many times a writer found the previous writer dead and repaired after it.
+    /// How many times a writer took the writer lock over from a writer that died or
+    /// stalled past the bound, and recovered after it.
     pub fn repairs(&self) -> u64 {
         self.control(REPAIRS).load(Ordering::Relaxed)
     }
 
     /// The pid of the process that holds the writer lock right now, if any (a snapshot;
-    /// 0 for a writer outside the creator's pid namespace). Writers hold it for one copy.
+    /// 0 when the registry does not know it, or it is in another pid namespace). Writers
+    /// hold it for one copy.
     pub fn writer_pid(&self) -> Option<u32> {
-        self.writer_lock().holder()
+        let owner = self.writer_lock().holder()?;
+        let here = crate::process::pid_namespace();
+        Some(
+            self.inner
+                .att
+                .identity(owner)
+                .filter(|id| id.pid_ns == here || id.pid_ns == 0 || here == 0)
+                .map_or(0, |id| id.pid),
+        )
     }
 
     /// The file this dict lives in.
@@ -388,7 +459,7 @@ impl SharedDict {
         let now = self.now();
         Ok(match self.lookup(&k, true) {
             Some((i, c)) if c.deadline > now => {
-                self.entry(i).touch(now);
+                self.touch(i, now);
                 Some(item(c))
             }
             _ => None,
@@ -401,7 +472,7 @@ impl SharedDict {
         let k = self.pack(key.as_ref())?;
         let now = self.now();
         Ok(self.lookup(&k, true).map(|(i, c)| {
-            self.entry(i).touch(now);
+            self.touch(i, now);
             let stale = c.deadline <= now;
             (item(c), stale)
         }))
@@ -428,7 +499,7 @@ impl SharedDict {
             if max != 0 && out.len() >= max {
                 break;
             }
-            let found = self.read_stable(i, |e| e.read_key());
+            let found = self.read_stable(i, None, |e| e.read_key());
             if let Some((key, deadline)) = found {
                 if deadline > now {
                     out.push(key);
@@ -517,22 +588,27 @@ impl SharedDict {
         let k = self.pack(key.as_ref())?;
         let mut int = [0u8; 8];
         let (kind, bytes) = self.encode(value.into(), &mut int)?;
-        let w = self.write_lock();
-        let now = self.now();
-        let until = deadline(now, ttl_ns(ttl));
-        let existing = self.find_locked(&w, &k);
-        let live = existing.as_ref().is_some_and(|(_, d)| *d > now);
-        match how {
-            Put::Add | Put::SafeAdd if live => return Err(Error::Exists),
-            Put::Replace if !live => return Err(Error::NotFound),
-            _ => {}
-        }
-        let (i, stored) = match existing {
-            Some((i, _)) => (i, Stored { forcible: false }),
-            None => self.place(&w, &k, now, matches!(how, Put::Set | Put::Add))?,
-        };
-        self.entry(i).store(&k, kind, bytes, flags, until, now);
-        Ok(stored)
+        self.writing(|w| {
+            let now = self.now();
+            let until = deadline(now, ttl_ns(ttl));
+            let existing = self.find_locked(w, &k);
+            let live = existing.as_ref().is_some_and(|(_, d)| *d > now);
+            match how {
+                Put::Add | Put::SafeAdd if live => return Err(Error::Exists),
+                Put::Replace if !live => return Err(Error::NotFound),
+                _ => {}
+            }
+            let (i, stored) = match existing {
+                Some((i, _)) => (i, Stored { forcible: false }),
+                None => self.place(w, &k, now, matches!(how, Put::Set | Put::Add))?,
+            };
+            Ok(self
+                .write(
+                    self.entry(i)
+                        .store(&w.0, &k, kind, bytes, flags, until, now),
+                )?
+                .map(|()| stored))
+        })
     }
 
     /// Adds `by` to the number under `key` and returns the sum, keeping the value's time to
@@ -553,89 +629,105 @@ impl SharedDict {
                 max: self.max_value_len(),
             });
         }
-        let w = self.write_lock();
-        let now = self.now();
-        let existing = self.lookup_locked(&w, &k, true);
-        let (i, sum, until, flags) = match existing {
-            Some((i, c)) if c.deadline > now => {
-                if c.kind != Kind::Int {
-                    return Err(Error::NotANumber);
+        self.writing(|w| {
+            let now = self.now();
+            let existing = self.lookup_locked(w, &k, true);
+            let (i, sum, until, flags) = match existing {
+                Some((i, c)) if c.deadline > now => {
+                    if c.kind != Kind::Int {
+                        return Err(Error::NotANumber);
+                    }
+                    let n = i64::from_le_bytes(c.value[..8].try_into().expect("8-byte number"));
+                    (i, n.wrapping_add(by), c.deadline, c.flags)
                 }
-                let n = i64::from_le_bytes(c.value[..8].try_into().expect("8-byte number"));
-                (i, n.wrapping_add(by), c.deadline, c.flags)
-            }
-            existing => {
-                let init = init.ok_or(Error::NotFound)?;
-                let i = match existing {
-                    Some((i, _)) => i,
-                    None => self.place(&w, &k, now, true)?.0,
-                };
-                (i, init.wrapping_add(by), deadline(now, ttl_ns(init_ttl)), 0)
-            }
-        };
-        self.entry(i)
-            .store(&k, Kind::Int, &sum.to_le_bytes(), flags, until, now);
-        Ok(sum)
+                existing => {
+                    let init = init.ok_or(Error::NotFound)?;
+                    let i = match existing {
+                        Some((i, _)) => i,
+                        None => self.place(w, &k, now, true)?.0,
+                    };
+                    (i, init.wrapping_add(by), deadline(now, ttl_ns(init_ttl)), 0)
+                }
+            };
+            let bytes = sum.to_le_bytes();
+            let stored = self
+                .entry(i)
+                .store(&w.0, &k, Kind::Int, &bytes, flags, until, now);
+            Ok(self.write(stored)?.map(|()| sum))
+        })
     }
 
     /// Sets a new time to live on `key`'s live value (zero: never expires), or
     /// [`Error::NotFound`].
     pub fn expire(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<(), Error> {
         let k = self.pack(key.as_ref())?;
-        let w = self.write_lock();
-        let now = self.now();
-        match self.find_locked(&w, &k) {
-            Some((i, d)) if d > now => {
-                self.entry(i).set_deadline(deadline(now, ttl_ns(ttl)));
-                Ok(())
+        self.writing(|w| {
+            let now = self.now();
+            match self.find_locked(w, &k) {
+                Some((i, d)) if d > now => {
+                    let done = self.entry(i).set_deadline(&w.0, deadline(now, ttl_ns(ttl)));
+                    self.write(done)
+                }
+                _ => Err(Error::NotFound),
             }
-            _ => Err(Error::NotFound),
-        }
+        })
     }
 
     /// Removes `key`'s entry. Returns whether it had a live value.
     pub fn delete(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
         let k = self.pack(key.as_ref())?;
-        let w = self.write_lock();
-        let now = self.now();
-        Ok(match self.find_locked(&w, &k) {
-            Some((i, d)) => {
-                self.entry(i).free();
-                self.uncount(1);
-                d > now
+        self.writing(|w| {
+            let now = self.now();
+            match self.find_locked(w, &k) {
+                Some((i, d)) => Ok(self.write(self.entry(i).free(&w.0))?.map(|()| {
+                    self.uncount(1);
+                    d > now
+                })),
+                None => Ok(Outcome::Done(false)),
             }
-            None => false,
         })
     }
 
     /// Makes every entry expired, as ngx's `flush_all` does: reads miss at once, and
-    /// [`flush_expired`](Self::flush_expired) frees the slots.
+    /// [`flush_expired`](Self::flush_expired) frees the slots. (A writer taken over midway,
+    /// having stalled past the bound, stops where it was.)
     pub fn flush_all(&self) {
-        let _w = self.write_lock();
-        for i in 0..self.capacity() {
-            let e = self.entry(i);
-            if e.is_used() && e.deadline() != 0 {
-                e.set_deadline(0);
+        let _ = self.writing(|w| {
+            for i in 0..self.capacity() {
+                let e = self.entry(i);
+                if e.is_stable() && e.is_used() && e.deadline() != 0 {
+                    if let Outcome::Retry = self.write(e.set_deadline(&w.0, 0))? {
+                        return Ok(Outcome::Retry);
+                    }
+                }
             }
-        }
+            Ok(Outcome::Done(()))
+        });
     }
 
     /// Removes up to `max` expired entries (0: all) and returns how many it removed.
     pub fn flush_expired(&self, max: usize) -> usize {
-        let _w = self.write_lock();
-        let now = self.now();
-        let mut removed = 0;
-        for i in 0..self.capacity() {
-            if max != 0 && removed >= max {
-                break;
+        let Ok(removed) = self.writing(|w| {
+            let now = self.now();
+            let mut removed = 0;
+            for i in 0..self.capacity() {
+                if max != 0 && removed >= max {
+                    break;
+                }
+                let e = self.entry(i);
+                if e.is_stable() && e.is_used() && e.deadline() <= now {
+                    match e.free(&w.0) {
+                        Ok(()) => removed += 1,
+                        Err(Aborted::NotStable) => {}
+                        Err(Aborted::TakenOver) => break,
+                    }
+                }
             }
-            let e = self.entry(i);
-            if e.is_used() && e.deadline() <= now {
-                e.free();
-                removed += 1;
-            }
-        }
-        self.uncount(removed as u64);
+            self.uncount(removed as u64);
+            Ok(Outcome::Done(removed))
+        }) else {
+            return 0;
+        };
         removed
     }
 
@@ -680,7 +772,7 @@ impl SharedDict {
     }
 
     fn words(&self) -> &[AtomicU64] {
-        self.inner.map.words()
+        self.inner.att.map.words()
     }
 
     fn control(&self, word: usize) -> &AtomicU64 {
@@ -699,13 +791,56 @@ impl SharedDict {
         }
     }
 
-    /// Takes the writer lock, repairing after a writer that died holding it.
-    fn write_lock(&self) -> Held<'_> {
-        let (writing, dead) = self.writer_lock().lock(&self.inner.liveness);
-        if dead {
-            self.repair();
+    /// Marks entry `i` used now (the LRU hint), unless this handle is read-only.
+    fn touch(&self, i: usize, now: u64) {
+        if !self.inner.att.read_only() {
+            self.entry(i).touch(now);
         }
-        Held(writing)
+    }
+
+    /// Takes the writer lock, recovering after a writer that died or stalled holding it.
+    fn write_lock(&self) -> Result<Locked<'_>, Error> {
+        if self.inner.att.read_only() {
+            return Err(Error::ReadOnly);
+        }
+        let (writing, took_over) = self.writer_lock().lock(&DictEnv(&self.inner.att));
+        let w = Locked(writing);
+        if took_over {
+            self.recover(&w);
+        }
+        Ok(w)
+    }
+
+    /// Runs `op` under the writer lock, starting over (a few times) when a write found its
+    /// entry marked by a writer that was taken over. [`Error::Stalled`] if this writer was
+    /// taken over itself: it stalled past the bound while holding the lock.
+    fn writing<T>(
+        &self,
+        mut op: impl FnMut(&Locked<'_>) -> Result<Outcome<T>, Error>,
+    ) -> Result<T, Error> {
+        for _ in 0..RETRIES {
+            let w = self.write_lock()?;
+            let outcome = op(&w);
+            let released = w.0.release();
+            match outcome? {
+                Outcome::Done(t) => {
+                    return released.map(|()| t).map_err(|_| Error::Stalled);
+                }
+                Outcome::Retry if released.is_err() => return Err(Error::Stalled),
+                Outcome::Retry => {}
+            }
+        }
+        Err(Error::Stalled)
+    }
+
+    /// What an entry write under the lock came to: done, start over (its entry was marked
+    /// by a stale writer meanwhile), or [`Error::Stalled`] (we were taken over).
+    fn write(&self, done: Result<(), Aborted>) -> Result<Outcome<()>, Error> {
+        match done {
+            Ok(()) => Ok(Outcome::Done(())),
+            Err(Aborted::NotStable) => Ok(Outcome::Retry),
+            Err(Aborted::TakenOver) => Err(Error::Stalled),
+        }
     }
 
     fn entry(&self, i: usize) -> Entry<'_> {
@@ -732,8 +867,14 @@ impl SharedDict {
     }
 
     /// Reads entry `i` until a read is not torn; after a bounded spin (a writer
-    /// descheduled mid-copy, or dead), reads it under the writer lock instead.
-    fn read_stable<T>(&self, i: usize, read: impl Fn(&Entry<'_>) -> Result<T, Look>) -> T {
+    /// descheduled mid-copy, or dead, or stopped), reads it under the writer lock instead
+    /// (a read-only handle, which cannot take it, reads the entry as absent then).
+    fn read_stable<T>(
+        &self,
+        i: usize,
+        absent: T,
+        read: impl Fn(&Entry<'_>) -> Result<T, Look>,
+    ) -> T {
         let e = self.entry(i);
         for round in 0..SETTLE_ROUNDS {
             match read(&e) {
@@ -741,25 +882,24 @@ impl SharedDict {
                 Err(_) => spin(round),
             }
         }
-        let w = self.write_lock();
-        self.read_locked(&w, &e, read)
+        match self.write_lock() {
+            Ok(w) => self.read_locked(&w, &e, read),
+            Err(_) => absent,
+        }
     }
 
-    /// Reads an entry while holding the writer lock. No write can be in progress then, so
-    /// an odd `seq` was left by a dead writer or by damage to the file: the entry is
-    /// emptied, as the repair after a dead writer does.
+    /// Reads an entry while holding the writer lock. No write of ours is in progress then,
+    /// so one in progress is a stale writer's (taken over, or dead), or damage to the
+    /// file: the entry is cleaned first (see [`Entry::clean`]).
     fn read_locked<T>(
         &self,
-        _w: &Held<'_>,
+        _w: &Locked<'_>,
         e: &Entry<'_>,
         read: impl Fn(&Entry<'_>) -> Result<T, Look>,
     ) -> T {
         let mut round = 0;
         loop {
-            let was_used = e.is_used();
-            if e.repair() && was_used {
-                self.uncount(1);
-            }
+            self.clean(e);
             match read(e) {
                 Ok(t) => return t,
                 // Only a process writing outside the protocol gets here.
@@ -769,8 +909,18 @@ impl SharedDict {
         }
     }
 
+    /// Cleans an entry under the writer lock (see [`Entry::clean`]); whether it is usable.
+    fn clean(&self, e: &Entry<'_>) -> bool {
+        let (usable, emptied) = e.clean(|o| self.inner.att.is_dead(o));
+        self.uncount(emptied);
+        usable
+    }
+
     /// Takes `n` from the entry count, which the file may have damaged: never below zero.
     fn uncount(&self, n: u64) {
+        if n == 0 {
+            return;
+        }
         let _ = self
             .control(LEN)
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
@@ -783,7 +933,7 @@ impl SharedDict {
         let home = self.home(k);
         for d in 0..=self.reach(home) {
             let i = self.at(home, d);
-            let found = self.read_stable(i, |e| match e.read(k, want_value) {
+            let found = self.read_stable(i, None, |e| match e.read(k, want_value) {
                 Look::Found(c) => Ok(Some(c)),
                 Look::Free | Look::Other => Ok(None),
                 busy => Err(busy),
@@ -795,10 +945,10 @@ impl SharedDict {
         None
     }
 
-    /// [`lookup`](Self::lookup) for a writer: nothing can change under it.
+    /// [`lookup`](Self::lookup) for a writer: nothing but stale writers can change under it.
     fn lookup_locked(
         &self,
-        w: &Held<'_>,
+        w: &Locked<'_>,
         k: &PackedKey<'_>,
         want_value: bool,
     ) -> Option<(usize, Copied)> {
@@ -814,17 +964,17 @@ impl SharedDict {
     }
 
     /// The key's entry and its deadline, for a writer.
-    fn find_locked(&self, w: &Held<'_>, k: &PackedKey) -> Option<(usize, u64)> {
+    fn find_locked(&self, w: &Locked<'_>, k: &PackedKey) -> Option<(usize, u64)> {
         self.lookup_locked(w, k, false)
             .map(|(i, c)| (i, c.deadline))
     }
 
     /// Finds a slot for a key that has no entry: the nearest free or expired slot of its
-    /// window, else (if `evict`) the least recently used of the first few. Raises the
-    /// home's reach before the caller writes there.
+    /// window, else (if `evict`) the least recently used of the first few. Quarantined
+    /// entries are out of use. Raises the home's reach before the caller writes there.
     fn place(
         &self,
-        _w: &Held<'_>,
+        _w: &Locked<'_>,
         k: &PackedKey,
         now: u64,
         evict: bool,
@@ -833,6 +983,9 @@ impl SharedDict {
         let mut chosen = None;
         for d in 0..self.window() {
             let e = self.entry(self.at(home, d));
+            if !self.clean(&e) {
+                continue;
+            }
             if !e.is_used() {
                 self.control(LEN).fetch_add(1, Ordering::Relaxed);
                 chosen = Some((d, false));
@@ -844,11 +997,13 @@ impl SharedDict {
             }
         }
         if chosen.is_none() && evict {
-            let victim = (0..EVICTION_SAMPLE.min(self.window()))
+            chosen = (0..EVICTION_SAMPLE.min(self.window()))
+                .filter(|&d| self.entry(self.at(home, d)).is_stable())
                 .min_by_key(|&d| self.entry(self.at(home, d)).used_at())
-                .expect("a window is never empty");
-            self.control(EVICTIONS).fetch_add(1, Ordering::Relaxed);
-            chosen = Some((victim, true));
+                .map(|d| (d, true));
+            if chosen.is_some() {
+                self.control(EVICTIONS).fetch_add(1, Ordering::Relaxed);
+            }
         }
         let (d, forcible) = chosen.ok_or(Error::NoMemory)?;
         let reach = self.entry(home).reach();
@@ -858,15 +1013,15 @@ impl SharedDict {
         Ok((self.at(home, d), Stored { forcible }))
     }
 
-    /// After a writer died holding the lock: empties the entry it was writing, if any, and
-    /// recounts the entries.
+    /// After taking the writer lock over: cleans every entry (empties the dead writer's,
+    /// quarantines a live one's) and recounts the entries.
     #[cold]
-    fn repair(&self) {
+    fn recover(&self, _w: &Locked<'_>) {
         let mut used = 0;
         for i in 0..self.capacity() {
             let e = self.entry(i);
-            e.repair();
-            used += u64::from(e.is_used());
+            self.clean(&e);
+            used += u64::from(e.is_stable() && e.is_used());
         }
         self.control(LEN).store(used, Ordering::Relaxed);
         self.control(REPAIRS).fetch_add(1, Ordering::Relaxed);
@@ -874,7 +1029,7 @@ impl SharedDict {
 }
 
 /// The writer lock, held: what the functions that need it take as proof.
-struct Held<'a>(#[allow(dead_code)] Writing<'a>);
+struct Locked<'a>(Writing<'a>);
 
 fn ttl_ns(ttl: Duration) -> u64 {
     ttl.as_nanos().min(u128::from(u64::MAX - 1)) as u64

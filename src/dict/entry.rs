@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! word  field
-//!    0  seq       even: stable; odd: a write is in progress
+//!    0  seq       state (2 bits) · count (38 bits) · owner of a write in progress (24 bits)
 //!    1  meta      bit 0 used · bits 1-2 kind · bits 8-23 key length · bits 32-63 value length
 //!    2  hash      seeded xxh3-64 of the key (a cheap filter; keys are compared in full)
 //!    3  deadline  table clock, ns; u64::MAX never expires
@@ -16,15 +16,27 @@
 //!    8  key bytes, then value bytes, little-endian packed, each padded to whole words
 //! ```
 //!
-//! Writers are serialized by the dict's writer lock, so `seq` needs no CAS: a writer makes
-//! it odd, writes, and makes it even again. A reader copies the words between two reads of
-//! `seq` and keeps the copy only if both are the same even number. A writer that dies in the
-//! middle leaves `seq` odd; [`Entry::repair`], run by whoever takes the writer lock from the
-//! dead, frees such an entry, so it reads as absent, never as a mix of two values.
+//! `seq` states: STABLE (readable), WRITING (by the owner in the word), QUARANTINED (a
+//! write by a writer whose lock was taken over: absent, out of use) and DONE (quarantined,
+//! and its writer has stopped writing: ready to be emptied).
+//!
+//! A writer holding the dict's writer lock moves `seq` from STABLE to WRITING with a CAS
+//! that records its owner id, checks that the lock is still its own, writes, and moves it
+//! back to STABLE with a CAS from the exact word it wrote. A reader copies the words
+//! between two reads of `seq` and keeps the copy only if both are the same STABLE word.
+//!
+//! Whoever takes the writer lock over (its owner dead or stalled) looks at every entry: a
+//! WRITING one whose writer is dead is emptied; one whose writer is alive (stopped, and
+//! may yet resume and write) is quarantined with a CAS, so its late writes land only
+//! there, and its own final CAS fails; it then marks the entry DONE, and the next writer
+//! empties it. An interrupted write therefore reads as absent, never as a mix of two
+//! values, and never lands in an entry someone else is using.
 //!
 //! Every word is an atomic: other processes write the same memory.
 
+use super::writer::Writing;
 use crate::primitive::{crash_point, fence, AtomicU64, Ordering};
+use crate::registry::OwnerId;
 
 const SEQ: usize = 0;
 const META: usize = 1;
@@ -35,6 +47,50 @@ const USED_AT: usize = 5;
 const REACH: usize = 6;
 /// Words before the key bytes.
 pub(crate) const HEAD_WORDS: usize = 8;
+
+const STABLE: u64 = 0;
+const WRITING: u64 = 1;
+const QUARANTINED: u64 = 2;
+const DONE: u64 = 3;
+const COUNT_SHIFT: u32 = 2;
+const COUNT_MASK: u64 = (1 << 38) - 1;
+const OWNER_SHIFT: u32 = 40;
+
+/// The `seq` word: state, count, owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Seq(u64);
+
+impl Seq {
+    fn new(state: u64, count: u64, owner: OwnerId) -> Seq {
+        Seq(state | (count & COUNT_MASK) << COUNT_SHIFT | u64::from(owner.bits()) << OWNER_SHIFT)
+    }
+    fn state(self) -> u64 {
+        self.0 & 3
+    }
+    fn count(self) -> u64 {
+        (self.0 >> COUNT_SHIFT) & COUNT_MASK
+    }
+    fn owner(self) -> OwnerId {
+        OwnerId::from_bits((self.0 >> OWNER_SHIFT) as u32)
+    }
+    fn with_state(self, state: u64) -> Seq {
+        Seq(self.0 & !3 | state)
+    }
+    /// Stable again, one count later, nobody's.
+    fn settled(self) -> Seq {
+        Seq::new(STABLE, self.count() + 1, OwnerId::from_bits(0))
+    }
+}
+
+/// A write was not made (or not kept): the writer lock is no longer this writer's, or the
+/// entry is in someone else's hands. The caller looks again under the lock, or gives up.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Aborted {
+    /// The lock was taken over: this writer must stop.
+    TakenOver,
+    /// The entry is not stable (a stale writer marked it): clean it and try again.
+    NotStable,
+}
 
 /// What kind of value an entry holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,8 +248,10 @@ impl<'a> Entry<'a> {
     /// The lengths come from the file, so they are clamped before use.
     pub(crate) fn read(&self, key: &PackedKey, want_value: bool) -> Look {
         let s1 = self.w[SEQ].load(Ordering::Acquire);
-        if s1 & 1 == 1 {
-            return Look::Busy;
+        match Seq(s1).state() {
+            STABLE => {}
+            WRITING => return Look::Busy,
+            _ => return Look::Free, // quarantined: absent
         }
         let look = self.copy(key, want_value);
         if self.validate(s1) {
@@ -254,8 +312,10 @@ impl<'a> Entry<'a> {
     /// entry is free; `Err` if it changed or is being written.
     pub(crate) fn read_key(&self) -> Result<Option<(Vec<u8>, u64)>, Look> {
         let s1 = self.w[SEQ].load(Ordering::Acquire);
-        if s1 & 1 == 1 {
-            return Err(Look::Busy);
+        match Seq(s1).state() {
+            STABLE => {}
+            WRITING => return Err(Look::Busy),
+            _ => return Ok(None),
         }
         let meta = Meta(self.w[META].load(Ordering::Relaxed));
         let mut out = None;
@@ -285,32 +345,81 @@ impl<'a> Entry<'a> {
         self.w[DEADLINE].load(Ordering::Relaxed)
     }
 
-    /// Runs one write: `seq` odd, the writes, `seq` even. Caller holds the writer lock.
-    fn write(&self, body: impl FnOnce(&[AtomicU64])) {
-        // Even unless the file was damaged; `| 1` and `+ 1` leave it even either way.
-        let s = self.w[SEQ].load(Ordering::Relaxed);
-        self.w[SEQ].store(s | 1, Ordering::Relaxed);
-        // Orders the odd `seq` before every write that follows (see `validate`).
+    /// Whether the entry is stable (not being written, not quarantined). Exact for a
+    /// caller that holds the writer lock and has cleaned it.
+    pub(crate) fn is_stable(&self) -> bool {
+        Seq(self.w[SEQ].load(Ordering::Acquire)).state() == STABLE
+    }
+
+    /// Runs one write: `seq` STABLE → WRITING (with our owner id), a check that the lock
+    /// is still ours, the writes, WRITING → STABLE. Caller holds the writer lock.
+    fn write(&self, w: &Writing<'_>, body: impl FnOnce(&[AtomicU64])) -> Result<(), Aborted> {
+        let s = Seq(self.w[SEQ].load(Ordering::Relaxed));
+        if s.state() != STABLE {
+            return Err(Aborted::NotStable);
+        }
+        let writing = Seq::new(WRITING, s.count() + 1, w.owner());
+        if self.w[SEQ]
+            .compare_exchange(s.0, writing.0, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return Err(Aborted::NotStable);
+        }
+        // Orders the marked `seq` before every write that follows (see `validate`).
         fence(Ordering::Release);
         crash_point();
-        body(self.w);
-        self.w[SEQ].store((s | 1).wrapping_add(1), Ordering::Release);
+        if !w.still_mine() {
+            // Taken over before we wrote anything: the entry is as it was.
+            self.finish(writing);
+            return Err(Aborted::TakenOver);
+        }
         crash_point();
+        body(self.w);
+        if self.finish(writing) {
+            Ok(())
+        } else {
+            Err(Aborted::TakenOver)
+        }
+    }
+
+    /// Ends our write: WRITING → STABLE, or, if whoever took the lock over quarantined the
+    /// entry meanwhile, QUARANTINED → DONE (we write no more). `true` for the former.
+    fn finish(&self, writing: Seq) -> bool {
+        let ok = self.w[SEQ]
+            .compare_exchange(
+                writing.0,
+                writing.settled().0,
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
+            .is_ok();
+        if !ok {
+            let _ = self.w[SEQ].compare_exchange(
+                writing.with_state(QUARANTINED).0,
+                writing.with_state(DONE).0,
+                Ordering::Release,
+                Ordering::Relaxed,
+            );
+        }
+        crash_point();
+        ok
     }
 
     /// Stores `key` with its value. Caller holds the writer lock and has checked lengths.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn store(
         &self,
+        w: &Writing<'_>,
         key: &PackedKey,
         kind: Kind,
         value: &[u8],
         flags: u32,
         deadline: u64,
         now: u64,
-    ) {
+    ) -> Result<(), Aborted> {
         debug_assert!(key.len <= self.g.max_key && value.len() <= self.g.max_value);
         let at = self.g.value_at();
-        self.write(|w| {
+        self.write(w, |w| {
             w[META].store(Meta::used(kind, key.len, value.len()).0, Ordering::Relaxed);
             crash_point();
             w[HASH].store(key.hash, Ordering::Relaxed);
@@ -323,40 +432,100 @@ impl<'a> Entry<'a> {
                 word.store(v, Ordering::Relaxed);
                 crash_point();
             }
-        });
+        })?;
         self.w[USED_AT].store(now, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Moves the deadline of the entry. Caller holds the writer lock.
-    pub(crate) fn set_deadline(&self, deadline: u64) {
-        self.write(|w| w[DEADLINE].store(deadline, Ordering::Relaxed));
+    pub(crate) fn set_deadline(&self, w: &Writing<'_>, deadline: u64) -> Result<(), Aborted> {
+        self.write(w, |e| e[DEADLINE].store(deadline, Ordering::Relaxed))
     }
 
     /// Empties the entry. Caller holds the writer lock.
-    pub(crate) fn free(&self) {
-        self.write(|w| w[META].store(Meta::FREE.0, Ordering::Relaxed));
+    pub(crate) fn free(&self, w: &Writing<'_>) -> Result<(), Aborted> {
+        self.write(w, |e| e[META].store(Meta::FREE.0, Ordering::Relaxed))
     }
 
-    /// After a writer died holding the writer lock: if it died inside this entry, empty it
-    /// and make `seq` even. Caller holds the writer lock. Returns whether it did.
-    pub(crate) fn repair(&self) -> bool {
-        let s = self.w[SEQ].load(Ordering::Relaxed);
-        if s & 1 == 0 {
-            return false;
+    /// Deals with a write this holder of the lock did not start (its writer was taken
+    /// over): empties the entry if that writer is dead or done, quarantines it if it may
+    /// still write. Returns whether the entry is stable now (usable), and how many used
+    /// entries it emptied (0 or 1). Caller holds the writer lock.
+    pub(crate) fn clean(&self, is_dead: impl Fn(OwnerId) -> bool) -> (bool, u64) {
+        let mut emptied = 0;
+        loop {
+            let s = Seq(self.w[SEQ].load(Ordering::Acquire));
+            match s.state() {
+                STABLE => return (true, emptied),
+                WRITING if !is_dead(s.owner()) => {
+                    let _ = self.w[SEQ].compare_exchange(
+                        s.0,
+                        s.with_state(QUARANTINED).0,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    );
+                    crash_point();
+                }
+                QUARANTINED if !is_dead(s.owner()) => return (false, emptied),
+                // A dead writer's, or one that is done: nobody writes here any more.
+                _ => {
+                    let was_used = self.is_used();
+                    self.w[META].store(Meta::FREE.0, Ordering::Relaxed);
+                    crash_point();
+                    if self.w[SEQ]
+                        .compare_exchange(s.0, s.settled().0, Ordering::Release, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        emptied += u64::from(was_used);
+                    }
+                    crash_point();
+                }
+            }
         }
-        self.w[META].store(Meta::FREE.0, Ordering::Relaxed);
-        self.w[SEQ].store(s.wrapping_add(1), Ordering::Release);
-        true
     }
 }
 
 #[cfg(all(test, not(loom)))]
 mod tests {
+    use super::super::writer::{WriterEnv, WriterLock};
     use super::*;
+    use crate::primitive::AtomicU32;
 
     fn entry_words(g: Geometry) -> Vec<AtomicU64> {
         (0..g.entry_words).map(|_| AtomicU64::new(0)).collect()
     }
+
+    /// One writer, never taken over; `dead` says who is dead.
+    struct Env {
+        me: OwnerId,
+    }
+
+    impl WriterEnv for Env {
+        fn owner(&self) -> OwnerId {
+            self.me
+        }
+        fn is_dead(&self, _: OwnerId) -> bool {
+            false
+        }
+        fn stalled(&self, _: u64) -> bool {
+            false
+        }
+        fn sleep(&self, _: &AtomicU32, _: u32) {}
+    }
+
+    /// Runs `f` holding a writer lock of its own as owner `me`.
+    fn locked<R>(me: OwnerId, f: impl FnOnce(&Writing<'_>) -> R) -> R {
+        let (word, wait) = (AtomicU64::new(0), AtomicU32::new(0));
+        let (w, took_over) = WriterLock {
+            word: &word,
+            wait: &wait,
+        }
+        .lock(&Env { me });
+        assert!(!took_over);
+        f(&w)
+    }
+
+    const ME: OwnerId = OwnerId::UNKNOWN;
 
     #[test]
     fn stores_reads_and_frees() {
@@ -365,7 +534,10 @@ mod tests {
         let e = Entry::new(&words, g);
         let k = PackedKey::new(b"user:42 long", 7);
         assert_eq!(e.read(&k, true), Look::Free);
-        e.store(&k, Kind::Bytes, b"twenty bytes of data", 5, 99, 1);
+        locked(ME, |w| {
+            e.store(w, &k, Kind::Bytes, b"twenty bytes of data", 5, 99, 1)
+        })
+        .unwrap();
         let Look::Found(c) = e.read(&k, true) else {
             panic!("not found")
         };
@@ -384,23 +556,74 @@ mod tests {
             e.read(&PackedKey::new(b"user:42 lonG", 7), true),
             Look::Other
         );
-        e.free();
+        locked(ME, |w| e.free(w)).unwrap();
         assert_eq!(e.read(&k, true), Look::Free);
-        assert_eq!(words[SEQ].load(Ordering::Relaxed), 4);
+        assert_eq!(
+            Seq(words[SEQ].load(Ordering::Relaxed)),
+            Seq::new(STABLE, 4, OwnerId::from_bits(0))
+        );
     }
 
     #[test]
-    fn an_odd_seq_is_busy_until_repaired_and_then_absent() {
+    fn an_interrupted_write_is_busy_then_quarantined_or_emptied() {
         let g = Geometry::new(16, 8, 8);
         let words = entry_words(g);
         let e = Entry::new(&words, g);
         let k = PackedKey::new(b"k", 1);
-        e.store(&k, Kind::Int, &5i64.to_le_bytes(), 0, u64::MAX, 1);
-        words[SEQ].fetch_add(1, Ordering::Relaxed); // a writer died here
+        locked(ME, |w| {
+            e.store(w, &k, Kind::Int, &5i64.to_le_bytes(), 0, u64::MAX, 1)
+        })
+        .unwrap();
+        let stale = OwnerId::new(3, 1);
+        // a writer (owner 3) was here when it was taken over
+        let writing = Seq::new(WRITING, 3, stale);
+        words[SEQ].store(writing.0, Ordering::Relaxed);
         assert_eq!(e.read(&k, true), Look::Busy);
-        assert!(e.repair());
-        assert!(!e.repair());
+        // alive: quarantined, absent, out of use
+        assert_eq!(e.clean(|_| false), (false, 0));
         assert_eq!(e.read(&k, true), Look::Free);
+        assert!(!e.is_stable());
+        // it resumes and ends its write: the CAS fails, it says it is done
+        assert!(!e.finish(writing));
+        assert_eq!(e.clean(|_| false), (true, 1));
+        assert_eq!(e.read(&k, true), Look::Free);
+        assert!(e.is_stable() && !e.is_used());
+        // a dead writer's entry is emptied at once
+        locked(ME, |w| {
+            e.store(w, &k, Kind::Int, &5i64.to_le_bytes(), 0, u64::MAX, 1)
+        })
+        .unwrap();
+        let s = Seq(words[SEQ].load(Ordering::Relaxed));
+        words[SEQ].store(Seq::new(WRITING, s.count() + 1, stale).0, Ordering::Relaxed);
+        assert_eq!(e.clean(|o| o == stale), (true, 1));
+        assert_eq!(e.read(&k, true), Look::Free);
+    }
+
+    #[test]
+    fn a_writer_taken_over_before_it_wrote_leaves_the_entry_as_it_was() {
+        let g = Geometry::new(16, 8, 8);
+        let words = entry_words(g);
+        let e = Entry::new(&words, g);
+        let k = PackedKey::new(b"k", 1);
+        let (word, wait) = (AtomicU64::new(0), AtomicU32::new(0));
+        let lock = WriterLock {
+            word: &word,
+            wait: &wait,
+        };
+        let (w, _) = lock.lock(&Env { me: ME });
+        e.store(&w, &k, Kind::Int, &5i64.to_le_bytes(), 0, u64::MAX, 1)
+            .unwrap();
+        // someone takes the lock over (the word changes under us)
+        word.fetch_add(1 << 26, Ordering::SeqCst);
+        assert_eq!(
+            e.store(&w, &k, Kind::Int, &6i64.to_le_bytes(), 0, u64::MAX, 1),
+            Err(Aborted::TakenOver)
+        );
+        let Look::Found(c) = e.read(&k, true) else {
+            panic!("not found")
+        };
+        assert_eq!(c.value, 5i64.to_le_bytes());
+        assert!(w.release().is_err());
     }
 
     #[test]

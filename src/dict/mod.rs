@@ -14,7 +14,6 @@ pub(crate) mod entry;
 mod fetch;
 #[cfg(all(test, loom))]
 mod loom_tests;
-#[cfg(not(loom))]
 mod writer;
 
 #[cfg(not(loom))]

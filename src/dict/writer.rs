@@ -1,37 +1,54 @@
 //! The dict's writer lock: one per dict, as ngx's shared dicts have one mutex per zone.
 //! Readers never take it; writers hold it for one entry's copy.
 //!
-//! The lock word records its owner, so a writer that dies holding it does not wedge the
-//! dict: the next writer sees the owner dead, takes the lock over, and repairs the entry
-//! the dead writer was in the middle of (see [`entry`](super::entry)).
-//!
 //! ```text
-//!  63              24 23       2      1        0
-//! +------------------+-----------+-------+--------+
-//! | start time (40)  | pid (22)  |waiters| locked |
-//! +------------------+-----------+-------+--------+
+//!  63                 26 25            2      1        0
+//! +---------------------+---------------+-------+--------+
+//! |      epoch (38)     |  owner (24)   |waiters| locked |
+//! +---------------------+---------------+-------+--------+
 //! ```
 //!
-//! The start time (`/proc/<pid>/stat` field 22) goes in the same CAS as the pid, so a
-//! reused pid is never mistaken for the owner.
+//! The word records its owner (an [`OwnerId`] of the registry) and an epoch that grows
+//! with every acquisition, so that no two holds share a word. It is taken over, without
+//! waiting for its owner, when the registry says the owner is dead, or when this process
+//! has seen the very same word for the stall bound (the owner stopped, or descheduled that
+//! long). Release is a CAS from the exact word the owner took: an owner that was taken
+//! over finds it failing.
+//!
+//! A writer that was taken over may resume and go on writing. What it can reach is
+//! contained by the entries' protocol (see [`entry`](super::entry)): every entry write
+//! begins with a CAS that marks the entry as being written by its owner, then checks —
+//! with a read-modify-write of this word — that the lock is still its own; whoever takes
+//! the lock over then quarantines any entry such a writer marked, and a quarantined entry
+//! is out of use until its writer says it is done or dies.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
-
-use crate::futex::{self, Futex};
-use crate::primitive::{spin, SETTLE_ROUNDS};
-use crate::process::{self, Kernel, Liveness};
-use crate::table::Notify;
+use crate::primitive::{spin, AtomicU32, AtomicU64, Ordering, SETTLE_ROUNDS};
+use crate::registry::OwnerId;
 
 const LOCKED: u64 = 1;
 const WAITERS: u64 = 2;
-const PID_SHIFT: u32 = 2;
-const PID_MASK: u64 = (1 << 22) - 1;
-const START_SHIFT: u32 = 24;
-const START_MASK: u64 = (1 << 40) - 1;
+const OWNER_SHIFT: u32 = 2;
+const EPOCH_SHIFT: u32 = 26;
 
-/// How long a waiting writer sleeps before it looks at the owner's liveness again.
-const RECHECK: Duration = Duration::from_millis(10);
+/// What the writer lock needs from the world.
+pub(crate) trait WriterEnv {
+    /// The owner id this process's holds carry.
+    fn owner(&self) -> OwnerId;
+    /// Whether `owner` is gone for good (only on the kernel's word).
+    fn is_dead(&self, owner: OwnerId) -> bool;
+    /// Notes that the lock reads `word` now; `true` once this process has seen that same
+    /// word for the stall bound.
+    fn stalled(&self, word: u64) -> bool;
+    /// Sleeps a little while `wait` still reads `seen` (woken by a release).
+    fn sleep(&self, wait: &AtomicU32, seen: u32);
+}
+
+/// Wakes every writer asleep on the lock.
+fn wake(wait: &AtomicU32) {
+    wait.fetch_add(1, Ordering::SeqCst);
+    #[cfg(not(loom))]
+    crate::futex::wake_all(wait);
+}
 
 /// The writer lock's words in the control page.
 #[derive(Clone, Copy)]
@@ -40,68 +57,73 @@ pub(crate) struct WriterLock<'a> {
     pub wait: &'a AtomicU32,
 }
 
-/// The writer lock, held; released on drop.
+/// The writer lock, held. Release it with [`release`](Writing::release) (or drop it).
 pub(crate) struct Writing<'a> {
     lock: WriterLock<'a>,
+    /// The word this hold took, without the waiters bit.
+    mine: u64,
+    owner: OwnerId,
+}
+
+/// The hold was taken over: the writer stalled past the bound (or was judged dead).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct TakenOver;
+
+fn owner_of(word: u64) -> OwnerId {
+    OwnerId::from_bits((word >> OWNER_SHIFT) as u32)
+}
+
+fn next_hold(cur: u64, owner: OwnerId) -> u64 {
+    let epoch = (cur >> EPOCH_SHIFT).wrapping_add(1);
+    LOCKED | u64::from(owner.bits()) << OWNER_SHIFT | epoch << EPOCH_SHIFT
 }
 
 impl<'a> WriterLock<'a> {
-    fn me(pid_ns_judged: bool) -> u64 {
-        let me = process::current();
-        // Outside the creator's pid namespace our pid means nothing to the others: record
-        // none, so nobody judges us (and a dead writer there waits for a live one's check).
-        let pid = if pid_ns_judged {
-            u64::from(me.pid) & PID_MASK
-        } else {
-            0
-        };
-        LOCKED | pid << PID_SHIFT | (me.start & START_MASK) << START_SHIFT
-    }
-
-    /// Takes the lock. The flag says the previous owner died holding it: the caller must
-    /// repair before writing.
-    pub(crate) fn lock(self, liveness: &Kernel) -> (Writing<'a>, bool) {
-        let me = Self::me(liveness.judge);
+    /// Takes the lock. The flag says it was taken over from a dead or stalled owner: the
+    /// caller must recover (see `SharedDict::recover`) before writing.
+    pub(crate) fn lock(self, env: &impl WriterEnv) -> (Writing<'a>, bool) {
+        let owner = env.owner();
         let mut round = 0;
         loop {
-            let cur = self.word.load(Ordering::Relaxed);
+            let cur = self.word.load(Ordering::Acquire);
             if cur & LOCKED == 0 {
+                let mine = next_hold(cur, owner);
                 if self
                     .word
-                    .compare_exchange(cur, me, Ordering::Acquire, Ordering::Relaxed)
+                    .compare_exchange(cur, mine, Ordering::SeqCst, Ordering::Relaxed)
                     .is_ok()
                 {
-                    return (Writing { lock: self }, false);
+                    return (self.held(mine, owner), false);
                 }
                 continue;
             }
-            if round < SETTLE_ROUNDS {
+            // A holder this process has watched for the whole bound is not worth a spin;
+            // one that may just be busy for a moment is, before a system call.
+            let stalled = env.stalled(cur & !WAITERS);
+            if !stalled && round < SETTLE_ROUNDS {
                 spin(round);
                 round += 1;
                 continue;
             }
-            let pid = ((cur >> PID_SHIFT) & PID_MASK) as u32;
-            let start = (cur >> START_SHIFT) & START_MASK;
-            if liveness.is_dead(pid, (start != 0).then_some(start)) {
+            if stalled || env.is_dead(owner_of(cur)) {
+                let mine = next_hold(cur, owner);
                 if self
                     .word
-                    .compare_exchange(cur, me, Ordering::Acquire, Ordering::Relaxed)
+                    .compare_exchange(cur, mine, Ordering::SeqCst, Ordering::Relaxed)
                     .is_ok()
                 {
                     if cur & WAITERS != 0 {
-                        // The dead owner's sleepers would otherwise sleep out RECHECK.
-                        self.wake();
+                        // The old owner's sleepers would otherwise sleep out their step.
+                        wake(self.wait);
                     }
-                    // Whatever the dead writer stored is visible by now: its process had
-                    // ended before the kernel reported it gone. The caller repairs.
-                    return (Writing { lock: self }, true);
+                    return (self.held(mine, owner), true);
                 }
                 continue;
             }
             // The lost-wakeup guard: `seen` is read before the waiters bit is set, and the
             // releaser clears the word before it bumps `wait`, so a release after our CAS
-            // changes `wait` and the futex returns at once (a release before it fails the
-            // CAS). SeqCst keeps the load and the CAS in that order.
+            // changes `wait` and the sleep returns at once (a release before it fails the
+            // CAS).
             let seen = self.wait.load(Ordering::SeqCst);
             if cur & WAITERS == 0
                 && self
@@ -111,27 +133,71 @@ impl<'a> WriterLock<'a> {
             {
                 continue;
             }
-            futex::wait(self.wait, seen, RECHECK);
+            env.sleep(self.wait, seen);
         }
     }
 
-    /// The pid in the word, if it is locked.
-    pub(crate) fn holder(&self) -> Option<u32> {
-        let cur = self.word.load(Ordering::Relaxed);
-        (cur & LOCKED != 0).then_some(((cur >> PID_SHIFT) & PID_MASK) as u32)
+    fn held(self, mine: u64, owner: OwnerId) -> Writing<'a> {
+        Writing {
+            lock: self,
+            mine,
+            owner,
+        }
     }
 
-    fn wake(&self) {
-        self.wait.fetch_add(1, Ordering::SeqCst);
-        Futex.wake_all(self.wait);
+    /// The owner in the word, if it is locked.
+    pub(crate) fn holder(&self) -> Option<OwnerId> {
+        let cur = self.word.load(Ordering::Relaxed);
+        (cur & LOCKED != 0).then_some(owner_of(cur))
     }
 }
 
+impl Writing<'_> {
+    /// The owner id this hold's entry writes carry.
+    pub(crate) fn owner(&self) -> OwnerId {
+        self.owner
+    }
+
+    /// Whether the lock is still this hold's. A read-modify-write, not a load: of an entry
+    /// writer's check and a takeover, the later one in the word's order sees the earlier
+    /// (so a takeover's recovery sees the entry this writer marked, or the writer sees it
+    /// lost the lock).
+    pub(crate) fn still_mine(&self) -> bool {
+        self.lock.word.fetch_or(0, Ordering::SeqCst) & !WAITERS == self.mine
+    }
+
+    /// Releases the lock: a CAS from the word this hold took. `Err` if it was taken over.
+    pub(crate) fn release(self) -> Result<(), TakenOver> {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.unlock()
+    }
+
+    fn unlock(&self) -> Result<(), TakenOver> {
+        let mut cur = self.mine;
+        loop {
+            // Unlocked, with the epoch kept: the next hold's word is new.
+            let free = self.mine & !((1 << EPOCH_SHIFT) - 1);
+            match self
+                .lock
+                .word
+                .compare_exchange(cur, free, Ordering::SeqCst, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    if cur & WAITERS != 0 {
+                        wake(self.lock.wait);
+                    }
+                    return Ok(());
+                }
+                Err(now) if now & !WAITERS == self.mine => cur = now,
+                Err(_) => return Err(TakenOver),
+            }
+        }
+    }
+}
+
+/// Releases on drop, for a writer that unwinds; whether it was taken over is then moot.
 impl Drop for Writing<'_> {
     fn drop(&mut self) {
-        let prev = self.lock.word.swap(0, Ordering::Release);
-        if prev & WAITERS != 0 {
-            self.lock.wake();
-        }
+        let _ = self.unlock();
     }
 }

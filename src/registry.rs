@@ -1,0 +1,510 @@
+//! The owner registry: who may hold entries of a file, and whether they are still alive.
+//!
+//! Every process that opens a table for writing takes an entry of the registry, a small
+//! array in the file after the header, and keeps an open-file-description lock
+//! (`F_OFD_SETLK`) on that entry's first byte for as long as it has the table open. Lock
+//! entries and the dict's writer lock record their owner as an [`OwnerId`] (registry
+//! entry and 8 bits of that entry's generation), never as a pid.
+//!
+//! An owner is **dead** only when the kernel says so: its registry entry moved on to
+//! another generation (which needs the old lock gone), or nobody holds the entry's lock
+//! (`F_OFD_GETLK`). The kernel drops such a lock when the last descriptor of its open file
+//! description closes, which happens when the process is gone, whatever its pid, user,
+//! mount or time namespace and whatever `/proc` it sees; a process whose main thread
+//! exited keeps its descriptors while any thread runs. Anything that cannot be judged (no
+//! registry entry, a lock call that fails, an entry number out of range) is **alive**:
+//! expiry and the stall bound are the backstop.
+//!
+//! ```text
+//! entry word 0:  generation (32) | reserved (31) | taken (1)
+//!       word 1:  pid (in the owner's pid namespace; for inspection only)
+//!       word 2:  start time (`/proc/self/stat` field 22; inspection only)
+//!       word 3:  pid namespace id (inspection only)
+//! ```
+//!
+//! Taking an entry: lock its byte (non-blocking; a held byte belongs to a live process),
+//! then publish the next generation with `taken`. Leaving it: clear `taken`, then close
+//! the descriptor. So `taken` with the current generation and no lock means the owner
+//! died.
+//!
+//! A forked child shares its parent's open file descriptions, so it must not keep the
+//! parent's registration alive: a `pthread_atfork` child handler closes the inherited
+//! registration descriptors, and the child takes an entry of its own on first use. A
+//! child made without that handler (a raw `clone`) keeps the parent's entry alive while it
+//! lives, which only delays recovery of the parent's keys to their expiry.
+
+use crate::primitive::{AtomicU64, Ordering};
+
+/// Who owns an entry: a registry entry number (16 bits) and the low 6 bits of that
+/// entry's generation. 22 bits in all, as control words carry it. (A generation that
+/// wrapped back to the same 6 bits can only make a dead owner look alive, never the
+/// reverse: expiry is then the backstop.)
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct OwnerId(u32);
+
+const GEN_BITS: u32 = 6;
+const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
+const NO_ENTRY: u32 = 0xffff;
+
+impl OwnerId {
+    /// An owner nobody can judge (it has no registry entry): never seen dead.
+    pub(crate) const UNKNOWN: OwnerId = OwnerId(NO_ENTRY << GEN_BITS);
+
+    pub(crate) fn new(entry: u16, generation: u32) -> OwnerId {
+        OwnerId(u32::from(entry) << GEN_BITS | (generation & GEN_MASK))
+    }
+
+    /// From the 22 bits a control word carries.
+    pub(crate) fn from_bits(bits: u32) -> OwnerId {
+        OwnerId(bits & ((1 << (16 + GEN_BITS)) - 1))
+    }
+
+    pub(crate) fn bits(self) -> u32 {
+        self.0
+    }
+
+    pub(crate) fn entry(self) -> u32 {
+        self.0 >> GEN_BITS
+    }
+
+    fn gen_low(self) -> u32 {
+        self.0 & GEN_MASK
+    }
+
+    pub(crate) fn is_unknown(self) -> bool {
+        self.entry() == NO_ENTRY
+    }
+}
+
+impl std::fmt::Debug for OwnerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_unknown() {
+            write!(f, "OwnerId(unknown)")
+        } else {
+            write!(f, "OwnerId({}/{})", self.entry(), self.gen_low())
+        }
+    }
+}
+
+/// The per-entry locks, as the kernel keeps them (or as a model fakes them).
+pub(crate) trait EntryLocks {
+    /// Takes entry `i`'s lock for this process. `Ok(false)`: another holds it.
+    fn try_take(&self, i: usize) -> std::io::Result<bool>;
+    /// Whether anyone (this process included) holds entry `i`'s lock.
+    fn is_held(&self, i: usize) -> std::io::Result<bool>;
+}
+
+const TAKEN: u64 = 1;
+/// Words of one entry.
+pub(crate) const ENTRY_WORDS: usize = 4;
+
+/// What the registry says of an owner, for inspection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Identity {
+    pub pid: u32,
+    pub start: u64,
+    pub pid_ns: u64,
+}
+
+/// The registry words of a file.
+#[derive(Clone, Copy)]
+pub(crate) struct Registry<'a> {
+    words: &'a [AtomicU64],
+}
+
+impl<'a> Registry<'a> {
+    pub(crate) fn new(words: &'a [AtomicU64]) -> Registry<'a> {
+        Registry { words }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        (self.words.len() / ENTRY_WORDS).min(NO_ENTRY as usize)
+    }
+
+    fn word(&self, i: usize) -> &'a AtomicU64 {
+        &self.words[i * ENTRY_WORDS]
+    }
+
+    /// Takes a free entry for `me`, starting the search at `hint`. Entries that look free
+    /// are tried first (each try is a system call). `None`: every entry is held by a live
+    /// process, or the locks cannot be taken at all here.
+    pub(crate) fn register(
+        &self,
+        locks: &impl EntryLocks,
+        me: Identity,
+        hint: usize,
+    ) -> Option<OwnerId> {
+        let n = self.len();
+        for looks_free_only in [true, false] {
+            for k in 0..n {
+                let i = (hint + k) % n;
+                if looks_free_only && self.word(i).load(Ordering::Relaxed) & TAKEN != 0 {
+                    continue;
+                }
+                match locks.try_take(i) {
+                    Ok(true) => return Some(self.claim(i, me)),
+                    Ok(false) => continue,
+                    Err(_) => return None,
+                }
+            }
+        }
+        None
+    }
+
+    /// Publishes a new generation of entry `i`, whose lock this process just took.
+    fn claim(&self, i: usize, me: Identity) -> OwnerId {
+        let at = i * ENTRY_WORDS;
+        self.words[at + 1].store(u64::from(me.pid), Ordering::Relaxed);
+        self.words[at + 2].store(me.start, Ordering::Relaxed);
+        self.words[at + 3].store(me.pid_ns, Ordering::Relaxed);
+        // Nobody else writes an entry whose lock we hold, but the file may have been
+        // damaged: take whatever generation is there and move past it.
+        let old = self.word(i).load(Ordering::Relaxed);
+        let generation = ((old >> 32) as u32).wrapping_add(1);
+        self.word(i)
+            .store(u64::from(generation) << 32 | TAKEN, Ordering::SeqCst);
+        OwnerId::new(i as u16, generation)
+    }
+
+    /// Leaves an entry this process registered (before its lock is dropped).
+    pub(crate) fn unregister(&self, owner: OwnerId) {
+        let i = owner.entry() as usize;
+        if owner.is_unknown() || i >= self.len() {
+            return;
+        }
+        let w = self.word(i).load(Ordering::Relaxed);
+        if w & TAKEN != 0 && (w >> 32) as u32 & GEN_MASK == owner.gen_low() {
+            let _ =
+                self.word(i)
+                    .compare_exchange(w, w & !TAKEN, Ordering::SeqCst, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether `owner` is gone: its entry moved to another generation or was left, or
+    /// nobody holds the entry's lock. Doubt (an error, a number out of range) is "alive".
+    pub(crate) fn is_dead(&self, locks: &impl EntryLocks, owner: OwnerId) -> bool {
+        let i = owner.entry() as usize;
+        if owner.is_unknown() || i >= self.len() {
+            return false;
+        }
+        let w = self.word(i).load(Ordering::SeqCst);
+        if (w >> 32) as u32 & GEN_MASK != owner.gen_low() || w & TAKEN == 0 {
+            // Moved on (the old lock was free for that) or left.
+            return true;
+        }
+        // The owner took the lock before it published this generation, and gives it up
+        // only after clearing `taken`, or by dying.
+        matches!(locks.is_held(i), Ok(false))
+    }
+
+    /// Pid, start time and pid namespace of `owner`, if the registry still has them.
+    pub(crate) fn identity(&self, owner: OwnerId) -> Option<Identity> {
+        let i = owner.entry() as usize;
+        if owner.is_unknown() || i >= self.len() {
+            return None;
+        }
+        let at = i * ENTRY_WORDS;
+        let w = self.word(i).load(Ordering::Acquire);
+        let id = Identity {
+            pid: self.words[at + 1].load(Ordering::Relaxed) as u32,
+            start: self.words[at + 2].load(Ordering::Relaxed),
+            pid_ns: self.words[at + 3].load(Ordering::Relaxed),
+        };
+        (w & TAKEN != 0 && (w >> 32) as u32 & GEN_MASK == owner.gen_low()).then_some(id)
+    }
+}
+
+#[cfg(not(loom))]
+pub(crate) use ofd::*;
+
+/// The kernel's side: open-file-description locks on the file, and the fork handler.
+#[cfg(not(loom))]
+mod ofd {
+    use std::fs::File;
+    use std::io;
+    use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+    use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+
+    use nix::fcntl::{fcntl, FcntlArg};
+
+    use super::EntryLocks;
+    use crate::format::{ATTACHED_LOCK_BYTE, HEADER_SIZE, INIT_LOCK_BYTE, REGISTRY_ENTRY};
+
+    fn flock(kind: libc::c_int, start: u64, len: u64) -> libc::flock {
+        // SAFETY: `flock` is a plain C struct of integers, for which all zeros is valid.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = kind as libc::c_short;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_start = start as libc::off_t;
+        fl.l_len = len as libc::off_t;
+        fl
+    }
+
+    /// Sets (or clears, with `F_UNLCK`) an open-file-description lock without waiting.
+    /// `Ok(false)`: another open file description holds a conflicting lock.
+    pub(crate) fn set_lock(
+        fd: impl AsFd,
+        kind: libc::c_int,
+        start: u64,
+        len: u64,
+    ) -> io::Result<bool> {
+        match fcntl(fd, FcntlArg::F_OFD_SETLK(&flock(kind, start, len))) {
+            Ok(_) => Ok(true),
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether another open file description holds a lock on the range that conflicts
+    /// with `kind` (a write lock conflicts with any).
+    pub(crate) fn lock_held(
+        fd: impl AsFd,
+        kind: libc::c_int,
+        start: u64,
+        len: u64,
+    ) -> io::Result<bool> {
+        let mut fl = flock(kind, start, len);
+        fcntl(fd, FcntlArg::F_OFD_GETLK(&mut fl))?;
+        Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
+    }
+
+    /// The registry's locks in one file: taken through this process's own registration
+    /// descriptor, tested through a descriptor that holds no lock (a lock of our own open
+    /// file description would not conflict with the test).
+    pub(crate) struct FileLocks<'a> {
+        pub take: Option<&'a OwnedFd>,
+        pub probe: &'a File,
+    }
+
+    fn entry_byte(i: usize) -> u64 {
+        HEADER_SIZE as u64 + i as u64 * REGISTRY_ENTRY
+    }
+
+    impl EntryLocks for FileLocks<'_> {
+        fn try_take(&self, i: usize) -> io::Result<bool> {
+            let fd = self.take.ok_or(io::ErrorKind::PermissionDenied)?;
+            set_lock(fd, libc::F_WRLCK, entry_byte(i), 1)
+        }
+
+        fn is_held(&self, i: usize) -> io::Result<bool> {
+            lock_held(self.probe, libc::F_WRLCK, entry_byte(i), 1)
+        }
+    }
+
+    /// Takes the init lock through `fd`, retrying for up to `patience`. `Ok(false)`: a
+    /// process kept it all that time (stopped in the middle of attaching?).
+    pub(crate) fn take_init_lock(fd: &OwnedFd, patience: std::time::Duration) -> io::Result<bool> {
+        let until = std::time::Instant::now() + patience;
+        loop {
+            if set_lock(fd, libc::F_WRLCK, INIT_LOCK_BYTE, 1)? {
+                return Ok(true);
+            }
+            if std::time::Instant::now() >= until {
+                return Ok(false);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    pub(crate) fn drop_init_lock(fd: &OwnedFd) {
+        let _ = set_lock(fd, libc::F_UNLCK, INIT_LOCK_BYTE, 1);
+    }
+
+    /// Marks the file as in use by this process for as long as `fd` stays open.
+    pub(crate) fn mark_attached(fd: &OwnedFd) -> io::Result<bool> {
+        set_lock(fd, libc::F_RDLCK, ATTACHED_LOCK_BYTE, 1)
+    }
+
+    /// Whether any other process has the file open for writing.
+    pub(crate) fn others_attached(probe: &File) -> io::Result<bool> {
+        lock_held(probe, libc::F_WRLCK, ATTACHED_LOCK_BYTE, 1)
+    }
+
+    /// Bumped in every forked child: registrations made before it belong to the parent.
+    static FORK_EPOCH: AtomicU64 = AtomicU64::new(1);
+    /// The registration descriptors this process holds, so the fork handler can close the
+    /// child's copies (the parent keeps its own).
+    static HELD_FDS: [AtomicI32; 1024] = [const { AtomicI32::new(-1) }; 1024];
+
+    /// In a forked child (async-signal-safe: atomics and close(2)): closes the inherited
+    /// registration descriptors. The parent's locks stay, held by the open file
+    /// descriptions the parent still has.
+    pub(crate) fn close_inherited() {
+        for slot in &HELD_FDS {
+            let fd = slot.swap(-1, Ordering::Relaxed);
+            if fd >= 0 {
+                // SAFETY: `fd` was a registration descriptor of the parent, inherited by
+                // this child and used by nothing else here; nobody closes it again (its
+                // `HeldFd` sees the new epoch and leaves the number alone).
+                unsafe { libc::close(fd) };
+            }
+        }
+        FORK_EPOCH.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The current fork epoch: a registration made in another one is not this process's.
+    #[inline]
+    pub(crate) fn fork_epoch() -> u64 {
+        FORK_EPOCH.load(Ordering::Relaxed)
+    }
+
+    /// A registration descriptor of this process: closed on drop, or by the fork handler
+    /// in a child (which then must not close it again).
+    pub(crate) struct HeldFd {
+        fd: Option<OwnedFd>,
+        slot: Option<usize>,
+        epoch: u64,
+    }
+
+    impl HeldFd {
+        /// Tracks `fd` for the fork handler.
+        pub(crate) fn new(fd: OwnedFd) -> HeldFd {
+            crate::process::install_fork_handler();
+            let raw = fd.as_raw_fd();
+            let slot = HELD_FDS.iter().position(|s| {
+                s.compare_exchange(-1, raw, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            });
+            HeldFd {
+                fd: Some(fd),
+                slot,
+                epoch: fork_epoch(),
+            }
+        }
+
+        /// The descriptor, while it is this process's.
+        pub(crate) fn get(&self) -> Option<&OwnedFd> {
+            (self.epoch == fork_epoch()).then_some(self.fd.as_ref()?)
+        }
+    }
+
+    impl Drop for HeldFd {
+        fn drop(&mut self) {
+            let fd = self.fd.take().expect("dropped once");
+            if self.epoch != fork_epoch() {
+                // The fork handler closed this number in this child; it may name another
+                // file by now.
+                std::mem::forget(fd);
+                return;
+            }
+            if let Some(slot) = self.slot {
+                HELD_FDS[slot].store(-1, Ordering::Relaxed);
+            }
+            drop(fd);
+        }
+    }
+
+    /// Opens a new open file description of the file behind `fd` (the registration must
+    /// not share the mapping's or a parent's). Through `/proc/self/fd`, else by `path`
+    /// if it is still the same file.
+    pub(crate) fn reopen(fd: &File, path: &std::path::Path) -> io::Result<OwnedFd> {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let open = |p: &std::path::Path| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(p)
+        };
+        let want = fd.metadata()?;
+        let proc_path = std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        let file = match open(&proc_path) {
+            Ok(f) => f,
+            Err(_) => open(path)?,
+        };
+        let got = file.metadata()?;
+        if got.dev() != want.dev() || got.ino() != want.ino() {
+            return Err(io::Error::other("the path names another file now"));
+        }
+        Ok(OwnedFd::from(file))
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::fs::{File, OpenOptions};
+    use std::sync::atomic::AtomicU64;
+
+    use super::*;
+
+    fn file() -> (std::path::PathBuf, File) {
+        let path = std::env::temp_dir().join(format!(
+            "shmlock-registry-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        f.set_len(8192).unwrap();
+        (path, f)
+    }
+
+    fn me(pid: u32) -> Identity {
+        Identity {
+            pid,
+            start: 7,
+            pid_ns: 9,
+        }
+    }
+
+    /// The kernel facts the registry rests on: a lock of one open file description is seen
+    /// from another one of the same process, and goes when its last descriptor closes.
+    #[test]
+    fn open_file_description_locks_judge_owners_in_one_process() {
+        let (path, probe) = file();
+        let words: Vec<AtomicU64> = (0..2 * ENTRY_WORDS).map(|_| AtomicU64::new(0)).collect();
+        let reg = Registry::new(&words);
+        let fd1 = reopen(&probe, &path).unwrap();
+        let fd2 = reopen(&probe, &path).unwrap();
+        fn with<'a>(take: Option<&'a std::os::fd::OwnedFd>, probe: &'a File) -> FileLocks<'a> {
+            FileLocks { take, probe }
+        }
+        let locks = |_: Option<()>| with(None, &probe);
+        let a = reg.register(&with(Some(&fd1), &probe), me(1), 0).unwrap();
+        let b = reg.register(&with(Some(&fd2), &probe), me(2), 0).unwrap();
+        assert_ne!(a.entry(), b.entry());
+        assert_eq!(reg.identity(a), Some(me(1)));
+        assert!(!reg.is_dead(&locks(None), a) && !reg.is_dead(&locks(None), b));
+        // the descriptor closes: the owner is gone
+        drop(fd1);
+        assert!(reg.is_dead(&locks(None), a));
+        assert!(!reg.is_dead(&locks(None), b));
+        // its entry (the only one free) is taken again under a new generation; the old
+        // owner stays dead
+        let fd3 = reopen(&probe, &path).unwrap();
+        let c = reg
+            .register(&with(Some(&fd3), &probe), me(3), a.entry() as usize)
+            .unwrap();
+        assert_eq!(c.entry(), a.entry());
+        assert!(reg.is_dead(&locks(None), a) && !reg.is_dead(&locks(None), c));
+        assert_eq!(reg.identity(a), None);
+        // leaving cleanly is dead at once
+        reg.unregister(b);
+        assert!(reg.is_dead(&locks(None), b));
+        // out-of-range and unknown owners are alive
+        assert!(!reg.is_dead(&locks(None), OwnerId::new(1000, 1)));
+        assert!(!reg.is_dead(&locks(None), OwnerId::UNKNOWN));
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn a_full_registry_gives_no_entry() {
+        let (path, probe) = file();
+        let words: Vec<AtomicU64> = (0..ENTRY_WORDS).map(|_| AtomicU64::new(0)).collect();
+        let reg = Registry::new(&words);
+        let fd1 = reopen(&probe, &path).unwrap();
+        let fd2 = reopen(&probe, &path).unwrap();
+        let take = |fd| FileLocks {
+            take: Some(fd),
+            probe: &probe,
+        };
+        assert!(reg.register(&take(&fd1), me(1), 0).is_some());
+        assert_eq!(reg.register(&take(&fd2), me(2), 0), None);
+        let _ = std::fs::remove_file(&path);
+    }
+}
