@@ -169,3 +169,56 @@ fn a_release_wakes_a_waiter_on_another_connection() {
     let woken = wait_for_a_release(&server.url(), true);
     assert!(woken < Duration::from_millis(900), "{woken:?}: not woken");
 }
+
+#[test]
+fn threads_waiting_on_one_handle_are_each_woken_by_their_own_keys_release() {
+    const N: usize = 6;
+    const GAP: Duration = Duration::from_millis(300);
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    // another "host" holds the N keys
+    let holder = RedisLocks::open(&server.url()).unwrap();
+    let guards: Vec<_> = (0..N)
+        .map(|i| {
+            holder
+                .lock(format!("k{i}"), &LockOptions::default())
+                .unwrap()
+        })
+        .collect();
+    // polling alone would see a release only after 2 s
+    let opts = LockOptions {
+        step: Duration::from_secs(2),
+        max_step: Duration::from_secs(2),
+        timeout: Duration::from_secs(10),
+        ..LockOptions::default()
+    };
+    let start = std::time::Instant::now();
+    std::thread::scope(|s| {
+        let waiters: Vec<_> = (0..N)
+            .map(|i| {
+                let redis = &redis;
+                s.spawn(move || {
+                    let g = redis.lock(format!("k{i}"), &opts).unwrap();
+                    let at = start.elapsed();
+                    g.unlock().unwrap();
+                    at
+                })
+            })
+            .collect();
+        let mut released = Vec::new();
+        for g in guards {
+            std::thread::sleep(GAP);
+            released.push(start.elapsed());
+            g.unlock().unwrap();
+        }
+        for (i, w) in waiters.into_iter().enumerate() {
+            let at = w.join().unwrap();
+            // woken by its own key's release: after it, and before the next one
+            assert!(
+                at >= released[i] && at < released[i] + GAP - Duration::from_millis(50),
+                "waiter {i} got its key at {at:?}, released at {:?}",
+                released[i]
+            );
+        }
+    });
+}
