@@ -222,3 +222,38 @@ fn threads_waiting_on_one_handle_are_each_woken_by_their_own_keys_release() {
         }
     });
 }
+
+#[test]
+fn max_hold_caps_renewals_by_keep_alive() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url())
+        .unwrap()
+        .with_max_hold(Duration::from_millis(400));
+    let opts = LockOptions {
+        exptime: Duration::from_millis(150),
+        ..LockOptions::default()
+    };
+    let mut guard = redis.lock("job", &opts).unwrap();
+    let started = std::time::Instant::now();
+    // a "hung" job: it would run for 5 s, but it watches the lease
+    let (ran, lease) = guard.keep_alive(|alive| {
+        while !alive.is_lost() && started.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        started.elapsed()
+    });
+    assert!(matches!(lease, Err(Error::MaxHoldReached)), "{lease:?}");
+    // renewed past its first 150 ms lease, refused at 400 ms
+    assert!(ran >= Duration::from_millis(400), "{ran:?}");
+    assert!(ran < Duration::from_secs(2), "{ran:?}");
+    assert!(matches!(guard.expire(None), Err(Error::MaxHoldReached)));
+    // the last renewal set the lease to end at the cap: the key is free soon after
+    let other = RedisLocks::open(&server.url()).unwrap();
+    let wait = LockOptions {
+        timeout: Duration::from_secs(2),
+        ..LockOptions::default()
+    };
+    assert!(other.lock("job", &wait).is_ok());
+    assert!(started.elapsed() < Duration::from_millis(1200));
+    drop(guard);
+}

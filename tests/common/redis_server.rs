@@ -129,8 +129,11 @@ impl RedisServer {
         if self.tls {
             return true;
         }
+        // a server with a password answers -NOAUTH: up all the same
         let mut buf = [0u8; 7];
-        s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+        s.write_all(b"PING\r\n").is_ok()
+            && s.read_exact(&mut buf).is_ok()
+            && (&buf == b"+PONG\r\n" || &buf == b"-NOAUTH")
     }
 
     /// Kills the server (SIGKILL, by pid) and waits for it.
