@@ -28,6 +28,9 @@ fn sentinel_failover_with_replicas_required_keeps_the_lock_and_its_token() {
         .unwrap()
         .with_replicas(2, Duration::from_millis(500));
 
+    #[cfg(feature = "tokio")]
+    async_round_trip(&redis, "async-k");
+
     // With both replicas stopped, nothing can be granted: a typed error, and the key that
     // the SET took on the master is released again.
     for r in &setup.replicas {
@@ -204,6 +207,12 @@ fn cluster_routes_every_slot_range_lists_holders_on_every_master_and_survives_a_
         assert_eq!(h.pid, Some(std::process::id()));
         assert!(h.token.is_some() && h.token == h.last_token);
     }
+    // a waiter is woken by the release (published on one node, heard on another)
+    let woken = wait_for_release(&redis, &other, "wake");
+    assert!(woken < Duration::from_millis(1500), "{woken:?}: not woken");
+    #[cfg(feature = "tokio")]
+    async_round_trip(&other, "async-k");
+
     // force_unlock reaches the key's master, whichever it is
     let broken = 0;
     assert!(other.force_unlock(&keys[broken]).unwrap());
@@ -242,6 +251,46 @@ fn cluster_routes_every_slot_range_lists_holders_on_every_master_and_survives_a_
             .all(|h| h.pid == Some(std::process::id())),
         "only this process's holds are left"
     );
+}
+
+/// lock_async, a token and the release of the dropped guard, on a runtime of its own.
+#[cfg(feature = "tokio")]
+fn async_round_trip(redis: &RedisLocks, key: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let g = redis
+            .lock_async(key, &LockOptions::default())
+            .await
+            .unwrap();
+        assert!(g.token().unwrap() >= 1);
+        g.unlock().unwrap();
+    });
+    assert!(!redis.is_locked(key).unwrap());
+}
+
+/// `holder` takes `key` and releases it after 100 ms while a thread of `waiter` waits
+/// with 2 s steps: how long the waiter waited.
+fn wait_for_release(holder: &RedisLocks, waiter: &RedisLocks, key: &str) -> Duration {
+    let held = holder.lock(key, &LockOptions::default()).unwrap();
+    std::thread::scope(|s| {
+        let w = s.spawn(|| {
+            let opts = LockOptions {
+                step: Duration::from_secs(2),
+                max_step: Duration::from_secs(2),
+                ..LockOptions::default()
+            };
+            let g = waiter.lock(key, &opts).unwrap();
+            let waited = g.elapsed();
+            g.unlock().unwrap();
+            waited
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        held.unlock().unwrap();
+        w.join().unwrap()
+    })
 }
 
 #[cfg(all(feature = "redis-tls", feature = "tokio"))]
