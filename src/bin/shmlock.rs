@@ -341,7 +341,7 @@ fn write_redis(
     let cluster = held.iter().any(|h| !h.node.is_empty());
     write!(
         out,
-        "{:<32} {:>28} {:>10} {:>10} {:>8}",
+        "{:<32} {:>24} {:>10} {:>10} {:>8}",
         "KEY", "HOLDER", "AGE", "TTL", "TOKEN"
     )?;
     writeln!(out, "{}", if cluster { "  NODE" } else { "" })?;
@@ -355,7 +355,7 @@ fn write_redis(
         };
         write!(
             out,
-            "{:<32} {:>28} {:>10} {:>10} {:>8}",
+            "{:<32} {:>24} {:>10} {:>10} {:>8}",
             printable(&h.key),
             holder,
             secs(age(h), "?"),

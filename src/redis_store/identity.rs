@@ -7,6 +7,7 @@
 //! holder's clock), and the holder's host name (last, as it is the one free-form field).
 //! Values written by anything else parse as "unknown holder", never as an error.
 
+use std::fmt::Write;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -45,13 +46,32 @@ fn host_name() -> &'static str {
     })
 }
 
+/// A token no other acquisition anywhere shares, and the value to store for a hold with
+/// it (one read of the pid for both).
+pub(crate) fn new_hold() -> (String, String) {
+    let pid = std::process::id();
+    let token = token_for(pid);
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let mut value = String::with_capacity(TOKEN_LEN + 64);
+    value.push_str(&token);
+    let _ = write!(value, " 0 {pid} {since} {}", host_name());
+    (token, value)
+}
+
 /// A token no other acquisition anywhere shares: 128 bits, the high 64 and a base for the
 /// low 64 drawn at random once per process (again after `fork`), plus a per-process count.
+#[cfg(test)]
 pub(crate) fn random_token() -> String {
+    token_for(std::process::id())
+}
+
+/// [`random_token`] in the process `pid` (the caller's).
+fn token_for(pid: u32) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static SEED: Mutex<Option<(u32, u64, u64)>> = Mutex::new(None);
     static COUNT: AtomicU64 = AtomicU64::new(0);
-    let pid = std::process::id();
     let (hi, lo) = {
         let mut seed = SEED.lock().unwrap_or_else(|e| e.into_inner());
         match *seed {
@@ -70,14 +90,6 @@ pub(crate) fn random_token() -> String {
     };
     let n = COUNT.fetch_add(1, Ordering::Relaxed);
     format!("{hi:016x}{:016x}", lo.wrapping_add(n))
-}
-
-/// The value stored for a new hold with `token`.
-pub(crate) fn value(token: &str) -> String {
-    let since = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    format!("{token} 0 {} {since} {}", std::process::id(), host_name())
 }
 
 /// Who holds a key, as far as its value tells.
@@ -120,9 +132,9 @@ mod tests {
 
     #[test]
     fn a_value_reads_back_and_garbage_reads_as_unknown() {
-        let token = random_token();
+        let (token, v) = new_hold();
         assert_eq!(token.len(), TOKEN_LEN);
-        let v = value(&token);
+        assert_ne!(random_token(), token);
         let id = parse(v.as_bytes());
         assert_eq!(id.token, None);
         assert_eq!(id.pid, Some(std::process::id()));

@@ -548,11 +548,11 @@ impl RedisLocks {
         exptime_ns: u64,
     ) -> Result<Result<RedisHold, RedisBusy>, Error> {
         let (key, channel) = self.channel_keys(crate::check_key(key)?);
-        let token = identity::random_token();
+        let (token, value) = identity::new_hold();
         let ttl = self.lease_ms(exptime_ns, Duration::ZERO).unwrap_or(1);
         let mut conn = self.0.pool.aio().await?;
         let set: redis::RedisResult<Option<String>> =
-            set_nx(&key, &token, ttl).query_async(&mut conn).await;
+            set_nx(&key, &value, ttl).query_async(&mut conn).await;
         let set = match set {
             Ok(set) => set,
             Err(e) => {
@@ -613,10 +613,10 @@ impl RedisLocks {
     }
 }
 
-/// `SET key value NX [PX ttl]` for a new hold with `token`.
-fn set_nx(key: &[u8], token: &str, ttl_ms: u64) -> redis::Cmd {
+/// `SET key value NX [PX ttl]` for a new hold.
+fn set_nx(key: &[u8], value: &str, ttl_ms: u64) -> redis::Cmd {
     let mut set = redis::cmd("SET");
-    set.arg(key).arg(identity::value(token)).arg("NX");
+    set.arg(key).arg(value).arg("NX");
     if ttl_ms != 0 {
         set.arg("PX").arg(ttl_ms);
     }
@@ -655,11 +655,11 @@ impl Backend for RedisLocks {
         exptime_ns: u64,
     ) -> Result<Result<RedisHold, RedisBusy>, Error> {
         let (key, channel) = self.channel_keys(crate::check_key(key)?);
-        let token = identity::random_token();
+        let (token, value) = identity::new_hold();
         let ttl = self.lease_ms(exptime_ns, Duration::ZERO).unwrap_or(1);
         let mut took = false;
         let outcome = self.0.pool.run(|c| {
-            let set: Option<String> = set_nx(&key, &token, ttl).query(c)?;
+            let set: Option<String> = set_nx(&key, &value, ttl).query(c)?;
             if set.is_none() {
                 return Ok(None);
             }
