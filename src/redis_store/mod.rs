@@ -613,6 +613,27 @@ impl RedisLocks {
     }
 }
 
+/// A hold whose release task has not run: if the runtime drops the task unrun (it is
+/// shutting down), the release is made in place, where blocking is allowed again.
+#[cfg(feature = "tokio")]
+struct ReleaseOnCancel(RedisLocks, Option<RedisHold>);
+
+#[cfg(feature = "tokio")]
+impl ReleaseOnCancel {
+    fn disarm(&mut self) {
+        self.1 = None;
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Drop for ReleaseOnCancel {
+    fn drop(&mut self) {
+        if let Some(hold) = self.1.take() {
+            let _ = self.0.release(&hold);
+        }
+    }
+}
+
 /// `SET key value NX [PX ttl]` for a new hold.
 fn set_nx(key: &[u8], value: &str, ttl_ms: u64) -> redis::Cmd {
     let mut set = redis::cmd("SET");
@@ -708,9 +729,12 @@ impl Backend for RedisLocks {
     fn release_on_drop(&self, hold: &RedisHold) {
         #[cfg(feature = "tokio")]
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (me, hold) = (self.clone(), hold.clone());
+            let mut pending = ReleaseOnCancel(self.clone(), Some(hold.clone()));
             runtime.spawn(async move {
-                let _ = me.release_async(&hold).await;
+                if let Some(hold) = pending.1.clone() {
+                    let _ = pending.0.release_async(&hold).await;
+                }
+                pending.disarm(); // released (or told why not): nothing left to do
             });
             return;
         }
