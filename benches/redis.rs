@@ -1,11 +1,15 @@
 //! The Redis backend's acquire+release pair against the same two round trips written by hand
 //! with the same client: `SET key token NX PX ttl`, then a compare-and-delete `EVAL`.
 //!
+//! Then the thread scaling of one handle: lock+unlock pairs per second of 8 threads sharing
+//! one `RedisLocks` against 8 threads with a handle each (distinct keys), and of 1 thread.
+//!
 //! `cargo bench --bench redis` (starts its own redis-server on a free loopback port).
 
 #[path = "../tests/common/redis_server.rs"]
 mod redis_server;
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use shmlock::{Lock, LockOptions, RedisLocks};
@@ -39,6 +43,52 @@ fn per_pair(samples: usize, pairs: u32, candidates: &mut [&mut dyn FnMut(u32)]) 
         }
     }
     times.into_iter().map(median).collect()
+}
+
+/// Pairs per second of `handles.len()` threads, thread `i` locking its own key through
+/// `handles[i]`, for `run`.
+fn pairs_per_sec(handles: &[&RedisLocks], run: Duration) -> f64 {
+    let stop = AtomicBool::new(false);
+    let pairs = AtomicU64::new(0);
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for (i, redis) in handles.iter().enumerate() {
+            let (stop, pairs) = (&stop, &pairs);
+            s.spawn(move || {
+                let key = format!("thread-{i}");
+                let mut lock = Lock::new(*redis, LockOptions::default()).unwrap();
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    lock.lock(&key).unwrap();
+                    lock.unlock().unwrap();
+                    n += 1;
+                }
+                pairs.fetch_add(n, Ordering::Relaxed);
+            });
+        }
+        std::thread::sleep(run);
+        stop.store(true, Ordering::Relaxed);
+    });
+    pairs.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// 1 thread, 8 threads sharing one handle, 8 threads with a handle each: medians of
+/// `samples` interleaved runs, in pairs/s.
+fn scaling(url: &str, samples: usize, run: Duration) -> (f64, f64, f64) {
+    let shared = RedisLocks::open(url).unwrap();
+    let own: Vec<RedisLocks> = (0..8).map(|_| RedisLocks::open(url).unwrap()).collect();
+    let shared8 = vec![&shared; 8];
+    let own8: Vec<&RedisLocks> = own.iter().collect();
+    // warm up: every handle's connections made
+    pairs_per_sec(&shared8, run / 4);
+    pairs_per_sec(&own8, run / 4);
+    let (mut one, mut sh, mut ow) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..samples {
+        one.push(pairs_per_sec(&shared8[..1], run));
+        sh.push(pairs_per_sec(&shared8, run));
+        ow.push(pairs_per_sec(&own8, run));
+    }
+    (median(one), median(sh), median(ow))
 }
 
 fn main() {
@@ -102,5 +152,28 @@ fn main() {
         "\ngoal: <= 1.1x the raw pair ({:.2}x): {}",
         ours / raw,
         if ours / raw <= 1.1 { "met" } else { "MISSED" }
+    );
+
+    let (samples, run) = if quick {
+        (3, Duration::from_millis(200))
+    } else {
+        (11, Duration::from_millis(700))
+    };
+    let (one, shared, own) = scaling(&server.url(), samples, run);
+    println!("\n| lock+unlock pairs/s, distinct keys, loopback | median |\n|---|---|");
+    println!("| 1 thread | {:.1} k/s |", one / 1e3);
+    println!(
+        "| 8 threads sharing one RedisLocks | {:.1} k/s |",
+        shared / 1e3
+    );
+    println!(
+        "| 8 threads with a RedisLocks each | {:.1} k/s |",
+        own / 1e3
+    );
+    println!("| shared / own | {:.2}x |", shared / own);
+    println!(
+        "\ngoal: 8 threads on one handle >= 0.9x 8 handles ({:.2}x): {}",
+        shared / own,
+        if shared / own >= 0.9 { "met" } else { "MISSED" }
     );
 }

@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# Makes sure redis-server is installed (Debian package), for the Redis backend's tests.
+# Makes sure what the Redis backend's tests start is installed (Debian packages):
+# redis-server (also for the Cluster, and with TLS), redis-sentinel, redis-cli (to create
+# the Cluster) and openssl (to make the TLS test's self-signed certificate).
 set -euo pipefail
-if command -v redis-server >/dev/null 2>&1; then
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+if [ ${#missing[@]} = 0 ]; then
     exit 0
 fi
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-    echo "redis-server is missing: install it (Debian/Ubuntu: apt-get install redis-server)" >&2
+    echo "missing: ${missing[*]}: install them (Debian/Ubuntu: apt-get install ${missing[*]})" >&2
     exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >/dev/null
-apt-get install -y -qq --no-install-recommends redis-server >/dev/null
-# The package may start a system instance on 6379; the tests start their own.
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# The packages may start system instances on 6379 and 26379; the tests start their own.
 (service redis-server stop || true) >/dev/null 2>&1
-command -v redis-server >/dev/null
+(service redis-sentinel stop || true) >/dev/null 2>&1
+command -v redis-server >/dev/null && command -v redis-sentinel >/dev/null &&
+    command -v redis-cli >/dev/null && command -v openssl >/dev/null

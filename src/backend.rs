@@ -73,6 +73,14 @@ pub trait Backend: Sealed {
         let _ = hold;
     }
 
+    /// The fencing token of a hold, or why there is none: [`Error::Expired`] if the hold
+    /// was lost, or the backend's own error (a Redis backend that cannot reach its server
+    /// or its replicas).
+    #[doc(hidden)]
+    fn try_token(&self, hold: &Self::Hold) -> Result<u64, Error> {
+        self.token(hold).ok_or(Error::Expired)
+    }
+
     /// Whether a short spin before sleeping can pay off (a local backend).
     #[doc(hidden)]
     fn spins(&self) -> bool;

@@ -46,6 +46,19 @@ pub enum Error {
     /// The lease ran out and the key was taken by someone else (or broken by force); the new
     /// owner's hold was left untouched.
     Expired,
+    /// A hold may not be renewed any longer: it has been held for the longest time its
+    /// handle allows ([`RedisLocks::with_max_hold`](crate::RedisLocks)). The lease runs
+    /// out at its current deadline.
+    MaxHoldReached,
+    /// Fewer replicas than required acknowledged a write that grants something (a hold,
+    /// a renewal, a fencing token) in time: it was not granted (a new hold was released
+    /// again). See `RedisLocks::with_replicas`.
+    NotReplicated {
+        /// Replicas that acknowledged the write.
+        acked: u64,
+        /// Replicas required.
+        wanted: u64,
+    },
     /// The hold belongs to another process: this is a copy inherited across `fork`.
     NotOwner,
     /// Every slot of the table holds a live lock; none was evicted.
@@ -164,6 +177,13 @@ impl fmt::Display for Error {
             Error::Timeout => f.write_str("timeout"),
             Error::Unlocked => f.write_str("unlocked: this lock holds nothing"),
             Error::Expired => f.write_str("expired: the lease ran out and the key was taken"),
+            Error::MaxHoldReached => {
+                f.write_str("the hold reached its longest allowed time and is not renewed")
+            }
+            Error::NotReplicated { acked, wanted } => write!(
+                f,
+                "not replicated: {acked} of {wanted} required replicas acknowledged in time"
+            ),
             Error::NotOwner => f.write_str("not owner: the hold belongs to the parent process"),
             Error::TableFull => f.write_str("lock table full"),
             Error::ReadOnly => f.write_str("opened read-only: this handle cannot change it"),

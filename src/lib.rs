@@ -30,7 +30,8 @@
 //! Layout of the source: `table` holds the slot protocol, `slot` the entry and its control
 //! word, `format` the file header, `file` creation and mapping, `shm` the [`LockTable`]
 //! backend, `backend` the [`Backend`] trait and the waiting loop, `wait` the backoff
-//! schedule, `lock` the [`Lock`] and [`LockGuard`] API over any backend.
+//! schedule, `lock` the [`Lock`] and [`LockGuard`] API over any backend, `redis_store`
+//! (feature `redis`) the [`RedisLocks`] backend: one server, Sentinel or Cluster.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]

@@ -75,6 +75,10 @@ fn leave<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Option<u64> {
     backend.token(hold)
 }
 
+fn try_token<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Result<u64, Error> {
+    backend.try_token(holding.ours()?)
+}
+
 /// What [`LockGuard::keep_alive`] and [`Lock::keep_alive`] hand to the work they guard.
 #[derive(Debug, Default)]
 pub struct KeepAlive {
@@ -90,7 +94,8 @@ impl KeepAlive {
 }
 
 /// Runs `work` while a scoped thread renews `holding` every third of `exptime_ns`.
-/// Returns the work's result and whether the lease held throughout.
+/// Returns the work's result and whether the lease held throughout: a renewal that finds
+/// the lease lost, or refused past the backend's longest hold, stops the renewals.
 fn keep_alive<B, R>(
     backend: &B,
     holding: &mut Holding<B::Hold>,
@@ -124,9 +129,9 @@ where
                 }
                 match backend.extend(&mut holding.hold, exptime_ns) {
                     Ok(()) => {}
-                    Err(Error::Expired) => {
+                    Err(e @ (Error::Expired | Error::MaxHoldReached)) => {
                         status.lost.store(true, Ordering::Release);
-                        return Err(Error::Expired);
+                        return Err(e);
                     }
                     // Unreachable for now: try again next time; if the lease lapses
                     // meanwhile, that renewal says Expired.
@@ -276,6 +281,13 @@ impl<'b, B: Backend> Lock<'b, B> {
         token(self.backend, self.holding.as_ref()?)
     }
 
+    /// [`token`](Lock::token), saying why there is none: [`Error::Unlocked`] if nothing is
+    /// held, [`Error::Expired`] if the lease was lost, or the backend's error (for Redis
+    /// with replicas required, [`Error::NotReplicated`]: the token was not handed out).
+    pub fn try_token(&self) -> Result<u64, Error> {
+        try_token(self.backend, self.holding.as_ref().ok_or(Error::Unlocked)?)
+    }
+
     /// Stops holding the key without unlocking it: it stays taken until its lease runs out
     /// (see [`LockGuard::leave_to_expire`]). Returns the fencing token of the hold;
     /// [`Error::Unlocked`] if nothing is held.
@@ -358,6 +370,11 @@ impl<'b, B: Backend> LockGuard<'b, B> {
     /// The fencing token of this hold (see [`Lock::token`]).
     pub fn token(&self) -> Option<u64> {
         token(self.backend, &self.holding)
+    }
+
+    /// The fencing token of this hold, saying why there is none (see [`Lock::try_token`]).
+    pub fn try_token(&self) -> Result<u64, Error> {
+        try_token(self.backend, &self.holding)
     }
 
     /// Renews the lease (see [`Lock::expire`]).

@@ -88,3 +88,22 @@ async fn redis_waits_without_blocking_the_runtime_and_drop_releases() {
     }
     panic!("the dropped guard's key is still held");
 }
+
+#[test]
+fn a_redis_guard_dropped_as_its_runtime_ends_is_still_released() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let guard = redis
+            .lock_async("k", &LockOptions::default())
+            .await
+            .unwrap();
+        drop(guard); // its release task is spawned, and never runs: block_on ends here
+    });
+    drop(rt);
+    assert!(!redis.is_locked("k").unwrap());
+}

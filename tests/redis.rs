@@ -169,3 +169,91 @@ fn a_release_wakes_a_waiter_on_another_connection() {
     let woken = wait_for_a_release(&server.url(), true);
     assert!(woken < Duration::from_millis(900), "{woken:?}: not woken");
 }
+
+#[test]
+fn threads_waiting_on_one_handle_are_each_woken_by_their_own_keys_release() {
+    const N: usize = 6;
+    const GAP: Duration = Duration::from_millis(300);
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    // another "host" holds the N keys
+    let holder = RedisLocks::open(&server.url()).unwrap();
+    let guards: Vec<_> = (0..N)
+        .map(|i| {
+            holder
+                .lock(format!("k{i}"), &LockOptions::default())
+                .unwrap()
+        })
+        .collect();
+    // polling alone would see a release only after 2 s
+    let opts = LockOptions {
+        step: Duration::from_secs(2),
+        max_step: Duration::from_secs(2),
+        timeout: Duration::from_secs(10),
+        ..LockOptions::default()
+    };
+    let start = std::time::Instant::now();
+    std::thread::scope(|s| {
+        let waiters: Vec<_> = (0..N)
+            .map(|i| {
+                let redis = &redis;
+                s.spawn(move || {
+                    let g = redis.lock(format!("k{i}"), &opts).unwrap();
+                    let at = start.elapsed();
+                    g.unlock().unwrap();
+                    at
+                })
+            })
+            .collect();
+        let mut released = Vec::new();
+        for g in guards {
+            std::thread::sleep(GAP);
+            released.push(start.elapsed());
+            g.unlock().unwrap();
+        }
+        for (i, w) in waiters.into_iter().enumerate() {
+            let at = w.join().unwrap();
+            // woken by its own key's release: after it, and before the next one
+            assert!(
+                at >= released[i] && at < released[i] + GAP - Duration::from_millis(50),
+                "waiter {i} got its key at {at:?}, released at {:?}",
+                released[i]
+            );
+        }
+    });
+}
+
+#[test]
+fn max_hold_caps_renewals_by_keep_alive() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url())
+        .unwrap()
+        .with_max_hold(Duration::from_millis(400));
+    let opts = LockOptions {
+        exptime: Duration::from_millis(150),
+        ..LockOptions::default()
+    };
+    let mut guard = redis.lock("job", &opts).unwrap();
+    let started = std::time::Instant::now();
+    // a "hung" job: it would run for 5 s, but it watches the lease
+    let (ran, lease) = guard.keep_alive(|alive| {
+        while !alive.is_lost() && started.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        started.elapsed()
+    });
+    assert!(matches!(lease, Err(Error::MaxHoldReached)), "{lease:?}");
+    // renewed past its first 150 ms lease, refused at 400 ms
+    assert!(ran >= Duration::from_millis(400), "{ran:?}");
+    assert!(ran < Duration::from_secs(2), "{ran:?}");
+    assert!(matches!(guard.expire(None), Err(Error::MaxHoldReached)));
+    // the last renewal set the lease to end at the cap: the key is free soon after
+    let other = RedisLocks::open(&server.url()).unwrap();
+    let wait = LockOptions {
+        timeout: Duration::from_secs(2),
+        ..LockOptions::default()
+    };
+    assert!(other.lock("job", &wait).is_ok());
+    assert!(started.elapsed() < Duration::from_millis(1200));
+    drop(guard);
+}

@@ -7,7 +7,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
 use shmlock::{
@@ -41,9 +41,22 @@ struct Cli {
     /// The lock table file [default: $SHMLOCK_FILE, else /dev/shm/shmlock]
     #[arg(long, global = true, value_name = "PATH", conflicts_with = "redis")]
     file: Option<PathBuf>,
-    /// Use the locks in this Redis server instead of a table file (redis://host:port/db)
+    /// Use the locks in Redis instead of a table file: redis://[:PASSWORD@]host:port/db
+    /// (rediss:// for TLS). Several URLs, comma-separated, with --redis-cluster or
+    /// --redis-sentinel. A password may come from $REDISCLI_AUTH instead of the URL.
     #[arg(long, global = true, value_name = "URL")]
     redis: Option<String>,
+    /// The --redis URLs are nodes of a Redis Cluster
+    #[arg(
+        long,
+        global = true,
+        requires = "redis",
+        conflicts_with = "redis_sentinel"
+    )]
+    redis_cluster: bool,
+    /// The --redis URLs are sentinels; use the master they know by this name
+    #[arg(long, global = true, value_name = "MASTER", requires = "redis")]
+    redis_sentinel: Option<String>,
     /// Key prefix in Redis
     #[arg(long, global = true, value_name = "PREFIX", default_value = "shmlock:")]
     redis_prefix: String,
@@ -69,7 +82,10 @@ enum Cmd {
     "\n",
     "While COMMAND runs the lease is renewed every EXPTIME/3, so a live job keeps the lock\n",
     "however long it runs and a dead one loses it within EXPTIME. If shmlock itself dies,\n",
-    "COMMAND is killed with it (PR_SET_PDEATHSIG), and the key is free for the next run.",
+    "COMMAND is killed with it (PR_SET_PDEATHSIG), and the key is free for the next run.\n",
+    "If the lease cannot be renewed (the lock was broken, a Redis server restarted empty,\n",
+    "or no renewal got through for most of a lease), or COMMAND outlives --max-time,\n",
+    "COMMAND is sent SIGTERM (SIGKILL 5 s later) and run exits 2.",
 ))]
 struct RunArgs {
     /// The lock name
@@ -86,6 +102,10 @@ struct RunArgs {
     /// Exit code when the lock could not be taken
     #[arg(short = 'E', long, value_name = "N", default_value_t = 1)]
     conflict_exit_code: u8,
+    /// Stop renewing after this many seconds: COMMAND is terminated and the lock released
+    /// [default: no limit]
+    #[arg(long, value_name = "SECS")]
+    max_time: Option<f64>,
     /// The command and its arguments
     #[arg(required = true, last = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -169,7 +189,14 @@ fn main() -> ExitCode {
         (None, Cmd::Inspect(a)) => inspect(&file, a),
         (None, Cmd::Unlock(a)) => unlock(&file, a),
         (None, Cmd::Create(a)) => create(&file, a),
-        (Some(url), command) => redis(url, &cli.redis_prefix, command),
+        (Some(url), command) => {
+            let topology = match (&cli.redis_sentinel, cli.redis_cluster) {
+                (Some(master), _) => Topology::Sentinel(master),
+                (None, true) => Topology::Cluster,
+                (None, false) => Topology::Single,
+            };
+            redis(url, topology, &cli.redis_prefix, command)
+        }
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -185,15 +212,67 @@ fn secs(v: f64, what: &str) -> Result<Duration, Fail> {
         .map_err(|_| Fail(format!("{what} must be a number of seconds >= 0"), 2))
 }
 
-fn redis(url: &str, prefix: &str, command: Cmd) -> Result<u8, Fail> {
-    let redis = RedisLocks::open(url)?.with_prefix(prefix);
+/// What the --redis URLs name.
+enum Topology<'a> {
+    Single,
+    Cluster,
+    Sentinel(&'a str),
+}
+
+/// `url` with the password from $REDISCLI_AUTH if it has none (as redis-cli does), so a
+/// password need not be on the command line. URLs that do not parse are left as they are
+/// (opening them reports why).
+fn with_env_password(url: &str) -> String {
+    let Ok(password) = std::env::var("REDISCLI_AUTH") else {
+        return url.to_string();
+    };
+    match redis::parse_redis_url(url) {
+        Some(mut parsed) if parsed.password().is_none() => {
+            if parsed.set_password(Some(&password)).is_ok() {
+                parsed.to_string()
+            } else {
+                url.to_string()
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// `url` for printing: any password replaced by `***`.
+fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return url.to_string();
+    };
+    let userinfo = &authority[..at];
+    let user = match userinfo.find(':') {
+        Some(colon) => format!("{}:***", &userinfo[..colon]),
+        None => userinfo.to_string(),
+    };
+    format!("{}{user}{}", &url[..scheme_end + 3], &rest[at..])
+}
+
+fn redis(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -> Result<u8, Fail> {
+    let urls: Vec<String> = url.split(',').map(with_env_password).collect();
+    let redis = match topology {
+        Topology::Single => RedisLocks::open(&urls[0])?,
+        Topology::Cluster => RedisLocks::open_cluster(&urls)?,
+        Topology::Sentinel(master) => RedisLocks::open_sentinel(master, &urls)?,
+    }
+    .with_prefix(prefix);
     match command {
         Cmd::Run(a) => run(&redis, a),
         Cmd::Inspect(a) => {
             let mut held = redis.holders()?;
             held.sort_by(|x, y| x.key.cmp(&y.key));
+            let shown: Vec<String> = url.split(',').map(redact_url).collect();
             let out = std::io::stdout();
-            write_redis(&mut out.lock(), url, &held, a.json)
+            write_redis(&mut out.lock(), &shown.join(","), &held, a.json)
                 .map_err(|e| Fail(format!("stdout: {e}"), 2))?;
             Ok(0)
         }
@@ -219,21 +298,27 @@ fn write_redis(
     held: &[RedisHolder],
     json: bool,
 ) -> std::io::Result<()> {
-    let ttl = |h: &RedisHolder| {
-        h.ttl
-            .map_or("null".to_string(), |d| d.as_millis().to_string())
+    let ms = |d: Option<Duration>| d.map_or("null".to_string(), |d| d.as_millis().to_string());
+    let num = |n: Option<u64>| n.map_or("null".to_string(), |t| t.to_string());
+    let age = |h: &RedisHolder| {
+        h.since
+            .map(|t| SystemTime::now().duration_since(t).unwrap_or_default())
     };
-    let token = |h: &RedisHolder| h.last_token.map_or("null".to_string(), |t| t.to_string());
     if json {
         let holders: Vec<String> = held
             .iter()
             .map(|h| {
                 let hex = hex(&h.key);
                 format!(
-                    "{{\"key\":{},\"key_hex\":\"{hex}\",\"ttl_ms\":{},\"token\":{}}}",
+                    "{{\"key\":{},\"key_hex\":\"{hex}\",\"ttl_ms\":{},\"token\":{},\"holder_token\":{},\"host\":{},\"pid\":{},\"age_ms\":{},\"node\":{}}}",
                     json_str(&String::from_utf8_lossy(&h.key)),
-                    ttl(h),
-                    token(h)
+                    ms(h.ttl),
+                    num(h.last_token),
+                    num(h.token),
+                    h.host.as_deref().map_or("null".to_string(), json_str),
+                    num(h.pid.map(u64::from)),
+                    ms(age(h)),
+                    json_str(&h.node),
                 )
             })
             .collect();
@@ -244,14 +329,49 @@ fn write_redis(
             holders.join(",")
         );
     }
-    writeln!(out, "{url}: {} locks held", held.len())?;
+    writeln!(
+        out,
+        "{}: {} locks held",
+        printable(url.as_bytes()),
+        held.len()
+    )?;
+    if held.is_empty() {
+        return Ok(());
+    }
+    let cluster = held.iter().any(|h| !h.node.is_empty());
+    write!(
+        out,
+        "{:<32} {:>24} {:>10} {:>10} {:>8}",
+        "KEY", "HOLDER", "AGE", "TTL", "TOKEN"
+    )?;
+    writeln!(out, "{}", if cluster { "  NODE" } else { "" })?;
     for h in held {
+        let holder = match (&h.host, h.pid) {
+            (Some(host), Some(pid)) => format!("{}:{pid}", printable(host.as_bytes())),
+            _ => "?".to_string(),
+        };
+        let secs = |d: Option<Duration>, none: &str| {
+            d.map_or(none.to_string(), |d| format!("{:.3}s", d.as_secs_f64()))
+        };
+        write!(
+            out,
+            "{:<32} {:>24} {:>10} {:>10} {:>8}",
+            printable(&h.key),
+            holder,
+            secs(age(h), "?"),
+            secs(h.ttl, "never"),
+            h.token
+                .or(h.last_token)
+                .map_or("-".to_string(), |t| t.to_string()),
+        )?;
         writeln!(
             out,
-            "{:<40} ttl {:>10} token {:>8}",
-            String::from_utf8_lossy(&h.key),
-            ttl(h),
-            token(h)
+            "{}",
+            if cluster {
+                format!("  {}", h.node)
+            } else {
+                String::new()
+            }
         )?;
     }
     Ok(())
@@ -275,6 +395,7 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
         timeout: Duration::ZERO,
         ..LockOptions::default()
     };
+    let max_time = a.max_time.map(|m| secs(m, "--max-time")).transpose()?;
     let mut lock = Lock::new(backend, opts)?;
     // One call waits at most exptime (resty's cap); wait longer by asking again.
     let started = Instant::now();
@@ -288,6 +409,9 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
         }
     }
 
+    // The lease was set by the server a round trip at most before this (far less than the
+    // margin below).
+    let locked_at = Instant::now();
     let mut cmd = Command::new(&a.command[0]);
     cmd.args(&a.command[1..]);
     // SAFETY: the closure runs in the forked child before exec and only makes two
@@ -316,24 +440,72 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     std::thread::spawn(move || {
         let _ = done.send(child.wait());
     });
+    // Stops the command (SIGTERM, SIGKILL if it is still there 5 s later), releases what
+    // is left of the lock, and fails with `why`.
+    let terminate = |lock: &mut Lock<'_, B>, why: String| -> Fail {
+        // SAFETY: signalling our own child, which has not been reaped (the helper thread
+        // has not reported its exit).
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+        if exited.recv_timeout(Duration::from_secs(5)).is_err() {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            let _ = exited.recv();
+        }
+        let _ = lock.unlock();
+        Fail(format!("{why}; command terminated"), 2)
+    };
+    let every = exptime / 3;
+    // A lease is counted from just before the command that set it was sent; the command
+    // is stopped a tenth of a lease before the last one could lapse.
+    let margin = exptime / 10;
+    let mut lease_end = locked_at + exptime - margin;
+    let mut next_renewal = locked_at + every;
+    let stop_at = max_time.map(|m| locked_at + m);
     let status = loop {
-        match exited.recv_timeout(exptime / 3) {
+        let wake = stop_at.map_or(next_renewal.min(lease_end), |s| {
+            s.min(next_renewal).min(lease_end)
+        });
+        match exited.recv_timeout(wake.saturating_duration_since(Instant::now())) {
             Ok(status) => break status.map_err(|e| Fail(format!("wait: {e}"), 2))?,
-            Err(mpsc::RecvTimeoutError::Timeout) => match lock.expire(None) {
-                Ok(()) => {}
-                Err(Error::Expired) => {
-                    // SAFETY: signalling our own child.
-                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
-                    let _ = exited.recv();
-                    return Err(Fail(
-                        format!("lost the lock on {:?}; command terminated", a.key),
-                        2,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let now = Instant::now();
+                if stop_at.is_some_and(|s| now >= s) {
+                    return Err(terminate(
+                        &mut lock,
+                        format!("{:?} held for --max-time", a.key),
                     ));
                 }
-                // Unreachable for now (a Redis outage): try again at the next renewal;
-                // if the lease lapses meanwhile, that one reports Expired.
-                Err(e) => eprintln!("shmlock: renewing {:?}: {e}", a.key),
-            },
+                if now >= lease_end {
+                    return Err(terminate(
+                        &mut lock,
+                        format!("could not renew the lock on {:?} in time", a.key),
+                    ));
+                }
+                if now < next_renewal {
+                    continue;
+                }
+                let sent = Instant::now();
+                match lock.expire(None) {
+                    Ok(()) => {
+                        lease_end = sent + exptime - margin;
+                        next_renewal = sent + every;
+                    }
+                    // Broken by force, or gone with a server that restarted empty.
+                    Err(Error::Expired) => {
+                        return Err(terminate(
+                            &mut lock,
+                            format!("lost the lock on {:?}", a.key),
+                        ))
+                    }
+                    // Unreachable for now (a Redis outage, a failover, replicas missing):
+                    // try again soon; the command is stopped if no renewal gets through
+                    // before the lease could lapse.
+                    Err(e) => {
+                        eprintln!("shmlock: renewing {:?}: {e}", a.key);
+                        next_renewal = now + every / 4;
+                    }
+                }
+            }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(Fail("lost track of the command".into(), 2))
             }
@@ -617,4 +789,24 @@ fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
         table.capacity()
     );
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_in_urls_are_redacted_and_the_rest_kept() {
+        for (url, shown) in [
+            ("redis://127.0.0.1:6379/", "redis://127.0.0.1:6379/"),
+            ("redis://:pw@h:1/0", "redis://:***@h:1/0"),
+            ("rediss://user:p%40ss@h:1/", "rediss://user:***@h:1/"),
+            ("redis://user@h:1/", "redis://user@h:1/"),
+            ("redis://:a@b@h:1/?x=@", "redis://:***@h:1/?x=@"),
+            ("redis://:pw@h", "redis://:***@h"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
 }

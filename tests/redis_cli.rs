@@ -1,0 +1,192 @@
+//! `shmlock --redis`: inspect with hostile data and a password, and `run` stopping its
+//! command when the lease cannot be kept (a server restarted empty, a server gone, and
+//! --max-time).
+
+mod common;
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::redis_server::{eventually, RedisServer};
+use shmlock::{Lock, LockOptions, RedisLocks};
+
+fn shmlock(url: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_shmlock"));
+    c.env_remove("SHMLOCK_FILE")
+        .env_remove("REDISCLI_AUTH")
+        .args(["--redis", url])
+        .stdin(Stdio::null());
+    c
+}
+
+fn output(c: &mut Command) -> Output {
+    c.output().unwrap()
+}
+
+#[test]
+fn inspect_shows_holders_escapes_keys_redacts_the_password_and_survives_garbage() {
+    let server = RedisServer::start_with(&["--requirepass", "s3cret-pw"]);
+    let url = format!("redis://:s3cret-pw@127.0.0.1:{}/", server.port);
+    let bare = format!("redis://127.0.0.1:{}/", server.port);
+    let redis = RedisLocks::open(&url).unwrap();
+    let mut job = Lock::new(&redis, LockOptions::default()).unwrap();
+    job.lock("job").unwrap();
+    let token = job.try_token().unwrap();
+    let evil = redis
+        .lock("evil\x1b[2J\x07", &LockOptions::default())
+        .unwrap();
+    let garbled = redis.lock("garbled", &LockOptions::default()).unwrap();
+    // someone else's writes: a fence counter that is no number, a lock value of another
+    // format
+    let cli = |args: &[&str]| {
+        let mut all = vec!["-a", "s3cret-pw", "--no-auth-warning"];
+        all.extend(args);
+        server.cli(&all)
+    };
+    cli(&["SET", "shmlock:{garbled}:fence", "not a number"]);
+    cli(&["SET", "shmlock:{foreign}", "written by another tool"]);
+
+    let text = output(shmlock(&url).arg("inspect"));
+    assert!(text.status.success(), "{text:?}");
+    let stdout = String::from_utf8(text.stdout).unwrap();
+    assert!(!stdout.contains("s3cret-pw"), "{stdout}");
+    assert!(
+        stdout.starts_with(&format!(
+            "redis://:***@127.0.0.1:{}/: 4 locks held",
+            server.port
+        )),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains(['\x1b', '\x07']),
+        "raw control bytes: {stdout:?}"
+    );
+    assert!(stdout.contains("evil?[2J?"), "{stdout}");
+    let line = |key: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(key))
+            .unwrap_or_else(|| panic!("no {key}: {stdout}"))
+            .to_string()
+    };
+    let ours = format!(":{}", std::process::id());
+    assert!(line("job ").contains(&ours), "{stdout}");
+    assert!(line("job ").ends_with(&format!(" {token}")), "{stdout}");
+    assert!(line("garbled").contains(&ours), "{stdout}");
+    assert!(line("foreign").contains(" ? "), "{stdout}");
+
+    let json = output(shmlock(&url).args(["inspect", "--json"]));
+    assert!(json.status.success());
+    let json = String::from_utf8(json.stdout).unwrap();
+    assert!(!json.contains("s3cret-pw"), "{json}");
+    assert!(json.contains("\"key\":\"evil\\u001b[2J\\u0007\""), "{json}");
+    assert!(
+        json.contains("{\"key\":\"job\",\"key_hex\":\"6a6f62\",\"ttl_ms\":")
+            && json.contains(&format!(
+                "\"token\":{token},\"holder_token\":{token},\"host\":"
+            ))
+            && json.contains(&format!("\"pid\":{}", std::process::id())),
+        "{json}"
+    );
+    assert!(
+        json.contains("\"key\":\"garbled\",\"key_hex\":\"676172626c6564\",\"ttl_ms\":")
+            && json.contains("\"token\":null,\"holder_token\":null"),
+        "{json}"
+    );
+
+    // the password from the environment, as redis-cli takes it
+    let from_env = output(
+        shmlock(&bare)
+            .env("REDISCLI_AUTH", "s3cret-pw")
+            .arg("inspect"),
+    );
+    assert!(from_env.status.success(), "{from_env:?}");
+    let no_password = output(shmlock(&bare).arg("inspect"));
+    assert_eq!(no_password.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&no_password.stderr).lines().count(),
+        1
+    );
+    drop((evil, garbled));
+    job.unlock().unwrap();
+}
+
+/// Starts `shmlock run KEY -- sleep 30` with these options and waits until it holds KEY.
+fn run_sleeping(url: &str, key: &str, opts: &[&str]) -> Child {
+    let redis = RedisLocks::open(url).unwrap();
+    let child = shmlock(url)
+        .arg("run")
+        .args(opts)
+        .args([key, "--", "sleep", "30"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("the run holds its key", Duration::from_secs(10), || {
+        redis.is_locked(key).unwrap()
+    });
+    child
+}
+
+/// Waits for `child` (at most 10 s): its exit code, stderr and how long it took.
+fn finish(child: Child, since: Instant) -> (Option<i32>, String, Duration) {
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        since.elapsed(),
+    )
+}
+
+#[test]
+fn run_stops_its_command_when_a_server_restarts_empty() {
+    let mut server = RedisServer::start();
+    let run = run_sleeping(&server.url(), "job", &["--exptime", "1.5"]);
+    let since = Instant::now();
+    server.restart(); // empty: the hold is gone
+    let (code, stderr, took) = finish(run, since);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("lost the lock on \"job\"; command terminated"),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+#[test]
+fn run_stops_its_command_before_an_unrenewed_lease_could_lapse() {
+    let mut server = RedisServer::start();
+    let run = run_sleeping(&server.url(), "job", &["--exptime", "1.5"]);
+    let since = Instant::now();
+    server.stop(); // no renewal gets through any more
+    let (code, stderr, took) = finish(run, since);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("could not renew the lock on \"job\" in time; command terminated"),
+        "{stderr}"
+    );
+    // the last renewal was at most 0.5 s before the stop; the lease would end 1.5 s after
+    // it, and the command is stopped 0.15 s before that
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+}
+
+#[test]
+fn run_max_time_stops_a_command_that_runs_too_long() {
+    let server = RedisServer::start();
+    let started = Instant::now();
+    let run = run_sleeping(
+        &server.url(),
+        "job",
+        &["--exptime", "5", "--max-time", "0.5"],
+    );
+    let (code, stderr, took) = finish(run, started);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("\"job\" held for --max-time; command terminated"),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(!RedisLocks::open(&server.url())
+        .unwrap()
+        .is_locked("job")
+        .unwrap());
+}

@@ -1,0 +1,342 @@
+//! The Redis backend beyond one server, against real servers started here: a master with
+//! two replicas and three sentinels (a failover with and without replicas required), a
+//! 3-master Cluster (every slot range, holders across nodes, a node restart), and TLS.
+//! One binary, so that these slow set-ups run side by side.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis_server::{await_failover, eventually, ClusterSetup, SentinelSetup, MASTER_NAME};
+use shmlock::{Error, Lock, LockOptions, RedisLocks};
+
+fn lease(exptime: Duration) -> LockOptions {
+    LockOptions {
+        exptime,
+        ..LockOptions::default()
+    }
+}
+
+/// A lock taken with 2 replicas required survives the master's SIGKILL: after the
+/// failover nobody else gets the key before its lease ends, and the next holder's fencing
+/// token is greater.
+#[test]
+fn sentinel_failover_with_replicas_required_keeps_the_lock_and_its_token() {
+    let setup = SentinelSetup::start();
+    let urls = setup.sentinel_urls();
+    let redis = RedisLocks::open_sentinel(MASTER_NAME, &urls)
+        .unwrap()
+        .with_replicas(2, Duration::from_millis(500));
+
+    #[cfg(feature = "tokio")]
+    async_round_trip(&redis, "async-k");
+
+    // With both replicas stopped, nothing can be granted: a typed error, and the key that
+    // the SET took on the master is released again.
+    for r in &setup.replicas {
+        r.pause(true);
+    }
+    let refused = redis.try_lock("k", Duration::from_secs(30));
+    for r in &setup.replicas {
+        r.pause(false);
+    }
+    assert!(
+        matches!(
+            refused,
+            Err(Error::NotReplicated {
+                acked: 0,
+                wanted: 2
+            })
+        ),
+        "{refused:?}"
+    );
+    assert!(!redis.is_locked("k").unwrap());
+
+    let exptime = Duration::from_secs(8);
+    let mut lock = Lock::new(&redis, lease(exptime)).unwrap();
+    lock.lock("k").unwrap();
+    let taken = Instant::now();
+    let first = lock.try_token().unwrap();
+
+    let old = setup.master.port;
+    let mut master = setup.master;
+    master.stop(); // SIGKILL
+    let new = await_failover(&setup.sentinels, old);
+    assert_ne!(new, old);
+
+    // a client that connects now reaches the promoted replica, which has the hold
+    let other = RedisLocks::open_sentinel(MASTER_NAME, &urls).unwrap();
+    let holders = other.holders().unwrap();
+    assert_eq!(holders.len(), 1);
+    assert_eq!(holders[0].pid, Some(std::process::id()));
+    assert_eq!(holders[0].token, Some(first));
+    let mut checks = 0;
+    while taken.elapsed() + Duration::from_millis(700) < exptime {
+        assert!(
+            other.try_lock("k", exptime).unwrap().is_none(),
+            "another client took the key {:?} into an {exptime:?} lease",
+            taken.elapsed()
+        );
+        checks += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(checks > 0, "the failover took the whole lease");
+    // The old handle follows the master too (after at most one error on a connection to
+    // the dead master) and finds its hold; but one replica is left, so a renewal that
+    // requires two is refused.
+    let renewal = match lock.expire(None) {
+        Err(Error::Redis(_)) => lock.expire(None),
+        other => other,
+    };
+    assert!(
+        matches!(
+            renewal,
+            Err(Error::NotReplicated {
+                acked: 1,
+                wanted: 2
+            })
+        ),
+        "{renewal:?}"
+    );
+    lock.unlock().unwrap();
+    let mut next = Lock::new(&other, lease(exptime)).unwrap();
+    next.lock("k").unwrap();
+    assert!(next.try_token().unwrap() > first);
+    next.unlock().unwrap();
+}
+
+/// The same failover without replicas required, when the replicas had not yet received
+/// the writes (they are stopped for the few milliseconds of the grant): the promoted
+/// replica never saw the hold, so a second client takes the key at once, and the fence
+/// counter is back where it was before the first holder's token, which the second holder
+/// gets again. This is what `with_replicas` prevents; fencing tokens checked by the
+/// storage are what protects the data, and only while they never go backwards (the
+/// README says why both are needed).
+#[test]
+fn sentinel_failover_without_replicas_required_can_lose_the_lock_and_rewind_tokens() {
+    let setup = SentinelSetup::start();
+    let urls = setup.sentinel_urls();
+    let redis = RedisLocks::open_sentinel(MASTER_NAME, &urls).unwrap();
+    // some history for the counter, replicated
+    for _ in 0..3 {
+        let g = redis.lock("k", &LockOptions::default()).unwrap();
+        g.token().unwrap();
+        g.unlock().unwrap();
+    }
+    eventually("replicas caught up", Duration::from_secs(10), || {
+        setup
+            .replicas
+            .iter()
+            .all(|r| r.cli(&["GET", "shmlock:{k}:fence"]).trim() == "3")
+    });
+
+    // The replicas are cut off from the master while the hold is granted: stopped, and
+    // their replication links closed by the master, so nothing of what follows reaches
+    // them (not even through a socket buffer).
+    for r in &setup.replicas {
+        r.pause(true);
+    }
+    setup.master.cli(&["CLIENT", "KILL", "TYPE", "replica"]);
+    let mut lock = Lock::new(&redis, lease(Duration::from_secs(30))).unwrap();
+    lock.lock("k").unwrap(); // granted at once: nothing waits for the replicas
+    let first = lock.try_token().unwrap();
+    assert_eq!(first, 4);
+    let old = setup.master.port;
+    let mut master = setup.master;
+    master.stop(); // SIGKILL, before the replicas got the writes
+    for r in &setup.replicas {
+        r.pause(false);
+    }
+    await_failover(&setup.sentinels, old);
+
+    let other = RedisLocks::open_sentinel(MASTER_NAME, &urls).unwrap();
+    let second = other
+        .try_lock("k", Duration::from_secs(30))
+        .unwrap()
+        .expect("the promoted replica never saw the hold: the key is free");
+    // the promoted replica's counter is at 3, as replicated: the second holder gets the
+    // first holder's token again, two holders that a fencing store cannot tell apart
+    let rewound = second.try_token().unwrap();
+    assert_eq!(rewound, first);
+    second.unlock().unwrap();
+    // the first holder learns it at its next renewal
+    let renewal = match lock.expire(None) {
+        Err(Error::Redis(_)) => lock.expire(None),
+        other => other,
+    };
+    assert!(matches!(renewal, Err(Error::Expired)), "{renewal:?}");
+}
+
+#[test]
+fn cluster_routes_every_slot_range_lists_holders_on_every_master_and_survives_a_node_restart() {
+    let mut cluster = ClusterSetup::start();
+    let urls = cluster.urls();
+    let redis = RedisLocks::open_cluster(&urls).unwrap();
+    let other = RedisLocks::open_cluster(&urls[2..]).unwrap();
+    let keys: Vec<String> = (0..24).map(|i| format!("job:{i}")).collect();
+    let mut held = Vec::new();
+    for k in &keys {
+        let mut lock = Lock::new(&redis, lease(Duration::from_secs(30))).unwrap();
+        lock.lock(k).unwrap();
+        assert!(lock.try_token().unwrap() >= 1);
+        assert!(other
+            .try_lock(k, Duration::from_secs(30))
+            .unwrap()
+            .is_none());
+        held.push(lock);
+    }
+    // the keys span every master's slot range
+    let owners: Vec<usize> = keys
+        .iter()
+        .map(|k| cluster.node_of(&format!("shmlock:{{{k}}}")))
+        .collect();
+    for n in 0..3 {
+        assert!(owners.contains(&n), "no key on node {n}: {owners:?}");
+    }
+    // holders() asks every master
+    let holders = other.holders().unwrap();
+    assert_eq!(holders.len(), keys.len());
+    let mut nodes: Vec<&str> = holders.iter().map(|h| h.node.as_str()).collect();
+    nodes.sort();
+    nodes.dedup();
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+    for h in &holders {
+        let i = keys.iter().position(|k| k.as_bytes() == h.key).unwrap();
+        assert_eq!(
+            h.node,
+            format!("127.0.0.1:{}", cluster.nodes[owners[i]].port)
+        );
+        assert_eq!(h.pid, Some(std::process::id()));
+        assert!(h.token.is_some() && h.token == h.last_token);
+    }
+    // a waiter is woken by the release (published on one node, heard on another)
+    let woken = wait_for_release(&redis, &other, "wake");
+    assert!(woken < Duration::from_millis(1500), "{woken:?}: not woken");
+    #[cfg(feature = "tokio")]
+    async_round_trip(&other, "async-k");
+
+    // force_unlock reaches the key's master, whichever it is
+    let broken = 0;
+    assert!(other.force_unlock(&keys[broken]).unwrap());
+    assert!(matches!(held[broken].expire(None), Err(Error::Expired)));
+
+    // restart one master empty: its holds are gone (the empty-restart case), the others
+    // stay held, and the handles carry on once the cluster is whole again
+    let victim = owners[1];
+    cluster.nodes[victim].restart();
+    cluster.await_ok();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for (i, k) in keys.iter().enumerate().skip(broken + 1) {
+        let renewal = loop {
+            match held[i].expire(None) {
+                Err(Error::Redis(_)) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                other => break other,
+            }
+        };
+        if owners[i] == victim {
+            assert!(matches!(renewal, Err(Error::Expired)), "{k}: {renewal:?}");
+            let g = other.try_lock(k, Duration::from_secs(30)).unwrap();
+            assert!(g.is_some(), "{k} is free after its master restarted empty");
+        } else {
+            renewal.unwrap();
+            assert!(other.is_locked(k).unwrap());
+            held[i].unlock().unwrap();
+        }
+    }
+    assert!(
+        other
+            .holders()
+            .unwrap()
+            .iter()
+            .all(|h| h.pid == Some(std::process::id())),
+        "only this process's holds are left"
+    );
+}
+
+/// lock_async, a token and the release of the dropped guard, on a runtime of its own.
+#[cfg(feature = "tokio")]
+fn async_round_trip(redis: &RedisLocks, key: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let g = redis
+            .lock_async(key, &LockOptions::default())
+            .await
+            .unwrap();
+        assert!(g.token().unwrap() >= 1);
+        g.unlock().unwrap();
+    });
+    assert!(!redis.is_locked(key).unwrap());
+}
+
+/// `holder` takes `key` and releases it after 100 ms while a thread of `waiter` waits
+/// with 2 s steps: how long the waiter waited.
+fn wait_for_release(holder: &RedisLocks, waiter: &RedisLocks, key: &str) -> Duration {
+    let held = holder.lock(key, &LockOptions::default()).unwrap();
+    std::thread::scope(|s| {
+        let w = s.spawn(|| {
+            let opts = LockOptions {
+                step: Duration::from_secs(2),
+                max_step: Duration::from_secs(2),
+                ..LockOptions::default()
+            };
+            let g = waiter.lock(key, &opts).unwrap();
+            let waited = g.elapsed();
+            g.unlock().unwrap();
+            waited
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        held.unlock().unwrap();
+        w.join().unwrap()
+    })
+}
+
+#[cfg(all(feature = "redis-tls", feature = "tokio"))]
+#[test]
+fn tls_with_a_self_signed_certificate_authority() {
+    let tls = common::redis_server::TlsSetup::start();
+    let redis = RedisLocks::open_with_root_cert(&tls.url(), &tls.ca_pem).unwrap();
+    let mut lock = Lock::new(&redis, LockOptions::default()).unwrap();
+    lock.lock("secure").unwrap();
+    let token = lock.try_token().unwrap();
+    assert_eq!(redis.holders().unwrap()[0].token, Some(token));
+    assert!(redis
+        .try_lock("secure", Duration::from_secs(1))
+        .unwrap()
+        .is_none());
+    lock.unlock().unwrap();
+    // async over TLS too
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let g = redis
+            .lock_async("secure", &LockOptions::default())
+            .await
+            .unwrap();
+        assert!(g.token().unwrap() > token);
+        g.unlock().unwrap();
+    });
+    // a certificate nobody vouches for, plain text on a TLS port, a wrong password:
+    // typed errors at open
+    let untrusted = RedisLocks::open(&tls.url());
+    assert!(
+        matches!(untrusted, Err(Error::Redis(_))),
+        "untrusted CA accepted"
+    );
+    let plain = RedisLocks::open(&format!(
+        "redis://:{}@127.0.0.1:{}/",
+        tls.password, tls.server.port
+    ));
+    assert!(matches!(plain, Err(Error::Redis(_))));
+    let wrong = RedisLocks::open_with_root_cert(
+        &format!("rediss://:wrong@127.0.0.1:{}/", tls.server.port),
+        &tls.ca_pem,
+    );
+    assert!(matches!(wrong, Err(Error::Redis(_))));
+}
