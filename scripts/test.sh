@@ -4,8 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p target
-# The Redis backend's tests start their own redis-server: make sure there is one.
+# The Redis backend's tests start their own servers: make sure they are installed; so are
+# the tools the process tests drive.
 bash scripts/redis-server.sh
+bash scripts/test-tools.sh
 
 loom() {
     LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" RUSTFLAGS="--cfg loom $*" \

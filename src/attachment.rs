@@ -1,15 +1,17 @@
 //! This process's attachment to one table file: its registration (taken anew in a forked
-//! child), its judgement of other owners, and its memory of entries that look stalled.
+//! child), its judgement of other owners, and the stall bound.
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
-use crate::clock::raw_now;
+use crate::clock::{raw_now, Clock, Monotonic};
+use crate::error::Error;
 use crate::file::{Mapping, Registered};
-use crate::registry::{self, fork_epoch, FileLocks, HeldFd, Identity, OwnerId};
+use crate::process::fork_epoch;
+use crate::registry::{self, FileId, FileLocks, HeldFd, Identity, OwnerId};
 
 /// How long an entry in a transitional state (a claim, an extension, the dict's writer
 /// lock) must look exactly the same before a waiter may break it. Such states last
@@ -25,10 +27,12 @@ const GATES: usize = 64;
 
 pub(crate) struct Attachment {
     pub map: Arc<Mapping>,
-    /// The descriptor the mapping came from; it holds no lock, so it can test others'.
-    file: File,
+    /// A descriptor of the file that holds no lock, to test others' (re-opened if the
+    /// program closed ours and reused its number).
+    probe: Mutex<File>,
+    id: FileId,
     path: PathBuf,
-    /// `false`: judge nobody dead (expiry and the stall bound only).
+    /// `false`: leave dead holders' keys to their leases (`OpenOptions::liveness`).
     judge: bool,
     read_only: bool,
     reg: Mutex<Option<Registered>>,
@@ -36,16 +40,13 @@ pub(crate) struct Attachment {
     cached: AtomicU64,
     /// Per owner entry (mod 64): `owner << 40 | ms` of its last "alive" verdict.
     alive_at: [AtomicU64; GATES],
-    /// Per slot (mod 64): `hash of (slot, word) << 32 | ms` of its first sighting.
-    seen: [AtomicU64; GATES],
-    /// A lease was left to expire: keep the registration for the life of the process.
-    kept: AtomicBool,
 }
 
 impl Attachment {
     pub(crate) fn new(
         map: Arc<Mapping>,
         file: File,
+        id: FileId,
         path: PathBuf,
         registered: Option<Registered>,
         judge: bool,
@@ -56,15 +57,14 @@ impl Attachment {
             .map_or(0, |r| fork_epoch() << 32 | u64::from(r.owner.bits()));
         Attachment {
             map,
-            file,
+            probe: Mutex::new(file),
+            id,
             path,
             judge,
             read_only,
             reg: Mutex::new(registered),
             cached: AtomicU64::new(cached),
             alive_at: std::array::from_fn(|_| AtomicU64::new(0)),
-            seen: std::array::from_fn(|_| AtomicU64::new(0)),
-            kept: AtomicBool::new(false),
         }
     }
 
@@ -72,24 +72,29 @@ impl Attachment {
         self.read_only
     }
 
+    /// Whether dead holders' keys are taken before their leases end.
+    pub(crate) fn judges(&self) -> bool {
+        self.judge
+    }
+
     /// The owner id this process's entries carry.
     #[inline]
-    pub(crate) fn owner(&self) -> OwnerId {
+    pub(crate) fn owner(&self) -> Result<OwnerId, Error> {
         let c = self.cached.load(Ordering::Relaxed);
-        if c >> 32 == fork_epoch() & 0xffff_ffff {
-            return OwnerId::from_bits(c as u32);
+        if c != 0 && c >> 32 == fork_epoch() & 0xffff_ffff {
+            return Ok(OwnerId::from_bits(c as u32));
         }
         self.reregister()
     }
 
-    /// In a forked child (or before any registration): takes an entry of our own.
+    /// In a forked child: takes an entry of our own (the parent's is the parent's).
     #[cold]
-    fn reregister(&self) -> OwnerId {
+    fn reregister(&self) -> Result<OwnerId, Error> {
         if self.read_only {
-            return OwnerId::UNKNOWN;
+            return Err(Error::ReadOnly);
         }
         // The mutex may have been held by a thread of the parent that does not exist in
-        // this child: do not wait for it forever (an unknown owner only delays recovery).
+        // this child: do not wait for it forever.
         let mut guard = None;
         for _ in 0..1000 {
             match self.reg.try_lock() {
@@ -97,74 +102,87 @@ impl Attachment {
                     guard = Some(g);
                     break;
                 }
-                Err(std::sync::TryLockError::Poisoned(p)) => {
+                Err(TryLockError::Poisoned(p)) => {
                     guard = Some(p.into_inner());
                     break;
                 }
-                Err(std::sync::TryLockError::WouldBlock) => {
-                    std::thread::sleep(Duration::from_millis(1))
-                }
+                Err(TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(1)),
             }
         }
-        let Some(mut reg) = guard else {
-            return OwnerId::UNKNOWN;
-        };
-        if let Some(r) = reg.as_ref().filter(|r| r.fd.get().is_some()) {
+        let mut reg = guard.ok_or_else(|| {
+            Error::io(
+                &self.path,
+                std::io::Error::other("could not register this forked process"),
+            )
+        })?;
+        if let Some(r) = reg.as_ref().filter(|r| r.fd.is_ours()) {
             let owner = r.owner;
-            self.cached.store(
-                fork_epoch() << 32 | u64::from(owner.bits()),
-                Ordering::Relaxed,
-            );
-            return owner;
+            self.remember(owner);
+            return Ok(owner);
         }
-        let fresh = self.register_again();
-        let owner = fresh.as_ref().map_or(OwnerId::UNKNOWN, |r| r.owner);
         // The parent's registration (if any) is dropped without closing its descriptor
-        // number: the fork handler closed our copy already.
-        *reg = fresh;
+        // number: it was closed when this child first looked at itself.
+        *reg = None;
+        let fresh = self.register_again()?;
+        let owner = fresh.owner;
+        *reg = Some(fresh);
+        self.remember(owner);
+        Ok(owner)
+    }
+
+    fn remember(&self, owner: OwnerId) {
         self.cached.store(
             fork_epoch() << 32 | u64::from(owner.bits()),
             Ordering::Relaxed,
         );
-        owner
     }
 
-    fn register_again(&self) -> Option<Registered> {
-        let fd = registry::reopen(&self.file, &self.path).ok()?;
-        let mut r = Registered {
-            fd: HeldFd::new(fd),
-            owner: OwnerId::UNKNOWN,
-        };
-        let lock = r.fd.get()?;
-        if !matches!(
-            registry::take_init_lock(lock, Duration::from_secs(10)),
-            Ok(true)
-        ) {
-            return Some(r);
+    fn register_again(&self) -> Result<Registered, Error> {
+        let probe = self.probe();
+        let fd = registry::reopen(&probe, &self.path, self.id, true)
+            .map_err(|e| Error::io(&self.path, e))?;
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while !registry::mark_attached(&fd).map_err(|e| Error::io(&self.path, e))? {
+            if std::time::Instant::now() >= until {
+                return Err(Error::io(
+                    &self.path,
+                    std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "another process has been resetting this table for 10 s (stopped?)",
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
-        if matches!(registry::mark_attached(lock), Ok(true)) {
-            let me = crate::process::current();
-            let id = Identity {
-                pid: me.pid,
-                start: me.start,
-                pid_ns: crate::process::pid_namespace(),
-            };
-            let locks = FileLocks {
-                take: Some(lock),
-                probe: &self.file,
-            };
-            if let Some(owner) = self.map.registry().register(&locks, id, me.pid as usize) {
-                r.owner = owner;
+        let owner = crate::file::register(
+            &self.path,
+            &probe,
+            &fd,
+            &self.map,
+            self.map.registry().len() as u32,
+        )?;
+        Ok(Registered {
+            fd: HeldFd::new(fd, self.id),
+            owner,
+        })
+    }
+
+    /// The probe descriptor, re-opened first if it no longer names the table's file.
+    fn probe(&self) -> std::sync::MutexGuard<'_, File> {
+        let mut probe = self.probe.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.id.names(&*probe) {
+            if let Ok(fd) = registry::reopen(&probe, &self.path, self.id, false) {
+                *probe = File::from(fd);
             }
         }
-        registry::drop_init_lock(lock);
-        Some(r)
+        probe
     }
 
     /// Whether `owner` is gone for good, by the registry (at most one system call per
-    /// owner and millisecond from this process; "alive" in between).
+    /// owner and millisecond from this process; "alive" in between). A verdict "dead" is
+    /// only given through a descriptor checked to name the table's file.
     pub(crate) fn is_dead(&self, owner: OwnerId) -> bool {
-        if !self.judge || owner.is_unknown() || owner == self.owner() {
+        if owner.is_unknown() || self.owner().is_ok_and(|me| me == owner) {
             return false;
         }
         let gate = &self.alive_at[owner.entry() as usize % GATES];
@@ -173,11 +191,14 @@ impl Attachment {
         if g >> 40 == u64::from(owner.bits()) && now.wrapping_sub(g) & ((1 << 40) - 1) < 1 {
             return false;
         }
+        let probe = self.probe();
         let locks = FileLocks {
             take: None,
-            probe: &self.file,
+            probe: &probe,
         };
-        let dead = self.map.registry().is_dead(&locks, owner);
+        // Asked twice around a check of the descriptor: a "nobody holds it" through a
+        // number that names another file by the time we look means nothing.
+        let dead = self.map.registry().is_dead(&locks, owner) && self.id.names(&*probe);
         if !dead {
             gate.store(
                 u64::from(owner.bits()) << 40 | (now & ((1 << 40) - 1)),
@@ -191,43 +212,33 @@ impl Attachment {
     pub(crate) fn identity(&self, owner: OwnerId) -> Option<Identity> {
         self.map.registry().identity(owner)
     }
-
-    /// Notes that slot `i` reads `word` now; `true` once this process has seen that same
-    /// word there for [`STALL_BOUND`].
-    pub(crate) fn stalled(&self, i: usize, word: u64) -> bool {
-        let mark =
-            (xxhash_rust::xxh3::xxh3_64_with_seed(&word.to_le_bytes(), i as u64) >> 32) << 32;
-        let now = (raw_now() / 1_000_000) & 0xffff_ffff;
-        let cell = &self.seen[i % GATES];
-        let c = cell.load(Ordering::Relaxed);
-        if c & !0xffff_ffff == mark && c != 0 {
-            let since = now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff;
-            return since >= STALL_BOUND.as_millis() as u64;
-        }
-        cell.store(mark | now, Ordering::Relaxed);
-        false
-    }
-
-    /// A hold was left to expire: it must keep a live owner for as long as this process
-    /// lives, even after its last handle to the table is dropped.
-    pub(crate) fn keep(&self) {
-        self.kept.store(true, Ordering::Relaxed);
-    }
 }
 
 impl Drop for Attachment {
     fn drop(&mut self) {
         let reg = self.reg.get_mut().unwrap_or_else(|p| p.into_inner()).take();
         let Some(reg) = reg else { return };
-        if self.kept.load(Ordering::Relaxed) {
-            // Leases left to expire still name this registration: keep it (and its lock)
-            // until the process ends.
-            std::mem::forget(reg);
-            return;
-        }
         if reg.fd.get().is_some() {
             self.map.registry().unregister(reg.owner);
         }
         drop(reg); // closing the descriptor drops the locks
     }
+}
+
+/// Notes in a slot's stall mark that it reads the entry `ident` now, and says whether
+/// that very entry has been seen there, by any process, for [`STALL_BOUND`]. The mark is
+/// a hash of the entry and the time it was first seen (host clock, ms): every process
+/// reads the same clock, so a string of short-lived pollers adds up as one waiter would.
+/// (Two entries whose hashes agree could cut a wait short; breaking a claim early costs
+/// its owner only a retry.)
+pub(crate) fn stalled(seen: &AtomicU64, ident: u64) -> bool {
+    let hash = xxhash_rust::xxh3::xxh3_64(&ident.to_le_bytes()) >> 32 | 1;
+    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
+    let c = seen.load(Ordering::Relaxed);
+    if c >> 32 == hash {
+        let since = now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff;
+        return since >= STALL_BOUND.as_millis() as u64;
+    }
+    let _ = seen.compare_exchange(c, hash << 32 | now, Ordering::Relaxed, Ordering::Relaxed);
+    false
 }

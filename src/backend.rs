@@ -34,10 +34,16 @@ pub trait Backend: Sealed {
     #[doc(hidden)]
     type Busy;
 
-    /// The common case, inlined into `lock`. `Ok(None)`: not settled here, go on with
-    /// [`try_acquire`](Self::try_acquire).
+    /// The first attempt, its common case inlined into `lock`. `Ok(Err(Some(busy)))`: the
+    /// attempt was made and found the key held; `Ok(Err(None))`: nothing was settled here,
+    /// go on with [`try_acquire`](Self::try_acquire).
     #[doc(hidden)]
-    fn acquire_fast(&self, key: &[u8], exptime_ns: u64) -> Result<Option<Self::Hold>, Error>;
+    #[allow(clippy::type_complexity)]
+    fn acquire_fast(
+        &self,
+        key: &[u8],
+        exptime_ns: u64,
+    ) -> Result<Result<Self::Hold, Option<Self::Busy>>, Error>;
 
     /// One attempt to take `key` for `exptime_ns` (0: never expires), without waiting.
     #[doc(hidden)]
@@ -99,7 +105,8 @@ pub trait Backend: Sealed {
     fn sleep(&self, busy: &Self::Busy, step: Duration) -> Duration;
 }
 
-/// Everything but the fast path: one attempt, then resty's schedule of sleeps, plain
+/// Everything but the fast path: one attempt (unless `first` says how the first went),
+/// then resty's schedule of sleeps, plain
 /// (`notify: false`: elapsed = sum of the steps) or woken by whoever frees the key
 /// (elapsed = time actually waited). `timeout: None` tries once.
 #[cold]
@@ -109,10 +116,14 @@ pub(crate) fn acquire_slow<B: Backend>(
     key: &[u8],
     opts: &Resolved,
     timeout: Option<Duration>,
+    first: Option<B::Busy>,
 ) -> Result<(B::Hold, Duration), Error> {
-    let mut busy = match backend.try_acquire(key, opts.exptime_ns)? {
-        Ok(hold) => return Ok((hold, Duration::ZERO)),
-        Err(busy) => busy,
+    let mut busy = match first {
+        Some(busy) => busy,
+        None => match backend.try_acquire(key, opts.exptime_ns)? {
+            Ok(hold) => return Ok((hold, Duration::ZERO)),
+            Err(busy) => busy,
+        },
     };
     let mut schedule = Schedule::new(opts, timeout.unwrap_or(Duration::ZERO));
     let notify = opts.notify && backend.can_notify();

@@ -4,7 +4,8 @@
 //! nothing and every process attached reads the same instant, whatever its time namespace:
 //! a process in a time namespace (`unshare -T`, a CRIU restore) sees `CLOCK_MONOTONIC`
 //! shifted by a fixed offset, which it reads once from `/proc/self/timens_offsets` and
-//! takes back out. The clock does not run while the machine is suspended, for the holders
+//! takes back out (a process in the initial namespace, told by its namespace link, has
+//! none; one that cannot tell is refused rather than trusted). The clock does not run while the machine is suspended, for the holders
 //! and their waiters alike: a lease resumes with the time it had left.
 //!
 //! The clock is a type parameter of the table so that tests and loom models can drive it.
@@ -51,7 +52,7 @@ mod host {
     impl Clock for Monotonic {
         #[inline]
         fn now(&self) -> u64 {
-            if STATE.load(Ordering::Relaxed) != KNOWN {
+            if STATE.load(Ordering::Acquire) != KNOWN {
                 let _ = refresh();
             }
             let raw = raw_now() as i64;
@@ -77,25 +78,29 @@ mod host {
 
     /// Makes sure this process knows its offset: a table cannot be used by a process that
     /// cannot tell its clock from the others'.
+    #[inline]
     pub(crate) fn check() -> Result<(), Error> {
+        // A forked child finds out here first that it is one (and forgets the offset).
+        crate::process::token();
+        if STATE.load(Ordering::Acquire) == KNOWN {
+            // Known already: a later unshare for children does not change our own.
+            return Ok(());
+        }
         refresh()
     }
 
     #[cold]
+    #[inline(never)]
     fn refresh() -> Result<(), Error> {
         match read_offset() {
             Ok(off) => {
                 OFFSET.store(off, Ordering::Relaxed);
-                STATE.store(KNOWN, Ordering::Relaxed);
+                STATE.store(KNOWN, Ordering::Release);
                 Ok(())
             }
-            Err(e) => {
-                // A forked child that lost sight of /proc keeps its parent's offset.
-                if STATE.load(Ordering::Relaxed) == INHERITED {
-                    STATE.store(KNOWN, Ordering::Relaxed);
-                }
-                Err(e)
-            }
+            // A forked child that cannot read its own offset does not borrow its parent's:
+            // the parent may have made a new time namespace for it.
+            Err(e) => Err(e),
         }
     }
 
@@ -106,30 +111,55 @@ mod host {
         }
     }
 
-    fn read_offset() -> Result<i64, Error> {
-        match std::fs::read_to_string(OFFSETS) {
-            Ok(text) => parse(&text)
-                .ok_or_else(|| Error::io(OFFSETS, std::io::Error::other("unexpected contents"))),
-            // No such file but a /proc: a kernel without time namespaces, so no offset.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                if std::path::Path::new("/proc/self/stat").exists() {
-                    Ok(0)
-                } else {
-                    Err(Error::io(
-                        OFFSETS,
-                        std::io::Error::new(
-                            e.kind(),
-                            "cannot tell this process's clock offset (time namespace) \
-                             without /proc: mount /proc to use a shared table",
-                        ),
-                    ))
-                }
-            }
-            Err(e) => Err(Error::io(OFFSETS, e)),
-        }
+    /// The inode of the initial time namespace (the kernel's `PROC_TIME_INIT_INO`): a
+    /// process there has no offset at all.
+    const INITIAL_TIME_NS: u64 = 0xEFFF_FFFA;
+
+    fn unknown(why: &str) -> Error {
+        Error::io(
+            OFFSETS,
+            std::io::Error::other(format!(
+                "cannot tell this process's clock offset (time namespace): {why}"
+            )),
+        )
     }
 
-    /// The monotonic offset in ns from `timens_offsets` ("monotonic SECS NANOS").
+    /// This process's monotonic offset. `timens_offsets` describes the namespace this
+    /// process's *children* get, which is its own only until it unshares one for them, and
+    /// it reads empty once the main thread has exited; so the namespace links of the
+    /// calling thread decide first: the initial namespace has no offset, and the file is
+    /// believed only when it describes the namespace the thread is in.
+    fn read_offset() -> Result<i64, Error> {
+        use std::os::unix::fs::MetadataExt;
+        let ns = |link: &str| std::fs::metadata(format!("/proc/thread-self/ns/{link}"));
+        let mine = match ns("time") {
+            Ok(m) => m,
+            // A kernel without time namespaces, if /proc is there at all.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return if std::path::Path::new("/proc/thread-self/stat").exists() {
+                    Ok(0)
+                } else {
+                    Err(unknown("no /proc: mount /proc to use a shared table"))
+                };
+            }
+            Err(e) => return Err(Error::io("/proc/thread-self/ns/time", e)),
+        };
+        if mine.ino() == INITIAL_TIME_NS {
+            return Ok(0);
+        }
+        let children = ns("time_for_children").map_err(|e| Error::io(OFFSETS, e))?;
+        if children.ino() != mine.ino() || children.dev() != mine.dev() {
+            return Err(unknown(
+                "this process made a new time namespace for its children; open the table \
+                 before doing so, or from a child",
+            ));
+        }
+        let text = std::fs::read_to_string(OFFSETS).map_err(|e| Error::io(OFFSETS, e))?;
+        parse(&text).ok_or_else(|| unknown("the offsets could not be read"))
+    }
+
+    /// The monotonic offset in ns from `timens_offsets` ("monotonic SECS NANOS"); `None`
+    /// if it has no such line (as when read for a process whose main thread exited).
     pub(crate) fn parse(text: &str) -> Option<i64> {
         for line in text.lines() {
             let mut f = line.split_ascii_whitespace();
@@ -140,8 +170,7 @@ mod host {
             let nanos: i64 = f.next()?.parse().ok()?;
             return secs.checked_mul(1_000_000_000)?.checked_add(nanos);
         }
-        // The file exists but names no monotonic offset: none.
-        Some(0)
+        None
     }
 
     #[cfg(test)]
@@ -160,7 +189,7 @@ mod host {
                 Some(-2_000_000_000)
             );
             assert_eq!(parse("monotonic x 0\n"), None);
-            assert_eq!(parse(""), Some(0));
+            assert_eq!(parse(""), None);
         }
 
         #[test]

@@ -65,6 +65,15 @@ pub enum Error {
     TableFull,
     /// The table or dict was opened read-only (for inspection) and cannot be changed.
     ReadOnly,
+    /// Every entry of the file's owner registry is held by a live process: this process
+    /// cannot register, so it cannot take locks (create the file with a larger
+    /// `max_processes`).
+    TooManyProcesses {
+        /// The file.
+        path: PathBuf,
+        /// Its registry's entries.
+        max: u32,
+    },
     /// This writer stalled past the bound (stopped, or descheduled for that long) while it
     /// held a [`SharedDict`](crate::SharedDict)'s writer lock, and another writer took the
     /// lock over: the write was not made (the entry it was writing reads as absent).
@@ -187,6 +196,12 @@ impl fmt::Display for Error {
             Error::NotOwner => f.write_str("not owner: the hold belongs to the parent process"),
             Error::TableFull => f.write_str("lock table full"),
             Error::ReadOnly => f.write_str("opened read-only: this handle cannot change it"),
+            Error::TooManyProcesses { path, max } => write!(
+                f,
+                "{}: all {max} owner-registry entries are held by live processes \
+                 (create the file with a larger max_processes)",
+                path.display()
+            ),
             Error::Stalled => f.write_str(
                 "stalled: this writer held the dict's writer lock past the bound and was \
                  taken over; the write was not made",

@@ -14,9 +14,10 @@
 //!
 //! Attaching reads the header with `pread` and checks the file size before mapping, so a
 //! foreign, truncated or corrupt file is an error, never a SIGBUS. A process that opens
-//! the file for writing then registers as an owner (see `registry.rs`), under the init
-//! lock, after resetting a table left by an earlier boot if — and only if — it read this
-//! boot's id, the file names another, and no other process has the file open for writing.
+//! the file for writing then marks it in use (a read lock on one header byte) and
+//! registers as an owner (see `registry.rs`), after resetting a table left by an earlier
+//! boot if — and only if — it read this boot's id, the file names another, and it could
+//! lock that byte for writing (no other process has the file open for writing).
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -32,7 +33,7 @@ use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::{Error, FormatError};
 use crate::format::{Header, Layout, HEADER_SIZE};
-use crate::registry::{self, FileLocks, HeldFd, Identity, OwnerId, Registry};
+use crate::registry::{self, FileId, FileLocks, HeldFd, Identity, OwnerId, Registry};
 
 /// How to open a table file.
 #[derive(Clone, Copy, Debug)]
@@ -64,8 +65,8 @@ impl OpenSpec {
     }
 }
 
-/// How long an attaching process waits for another one to finish attaching.
-const INIT_PATIENCE: Duration = Duration::from_secs(10);
+/// How long an attaching process waits for another one to finish resetting the table.
+const ATTACH_PATIENCE: Duration = Duration::from_secs(10);
 /// How many times the path may vanish and reappear under one open before it gives up.
 const OPEN_ROUNDS: u32 = 100;
 
@@ -121,12 +122,14 @@ pub(crate) struct Opened {
     pub created: bool,
     /// The descriptor the mapping came from. It holds no lock, so it can test others'.
     pub file: File,
+    /// The file's device and inode, which every descriptor used later must still name.
+    pub id: FileId,
     /// This process's registration (`None`: read-only).
     pub registered: Option<Registered>,
 }
 
 /// A process's place in a file's registry: the descriptor that holds its locks, and the
-/// owner id its entries carry ([`OwnerId::UNKNOWN`] if no entry could be had).
+/// owner id its entries carry.
 pub(crate) struct Registered {
     pub fd: HeldFd,
     pub owner: OwnerId,
@@ -345,99 +348,126 @@ fn attach(path: &Path, file: File, created: bool, spec: OpenSpec) -> Result<Open
         _map: map,
     };
     if spec.read_only {
+        let id = FileId::of(&file).map_err(|e| Error::io(path, e))?;
         return Ok(Opened {
             map,
             header,
             created,
             file,
+            id,
             registered: None,
         });
     }
-    let lock_fd = registry::reopen(&file, path).map_err(|e| Error::io(path, e))?;
-    let (header, registered) = join(path, &file, lock_fd, &map, header)?;
+    let id = FileId::of(&file).map_err(|e| Error::io(path, e))?;
+    let lock_fd = registry::reopen(&file, path, id, true).map_err(|e| Error::io(path, e))?;
+    let header = join(path, &file, &lock_fd, &map, header)?;
+    let owner = register(path, &file, &lock_fd, &map, header.registry)?;
     Ok(Opened {
         map,
         header,
         created,
         file,
-        registered: Some(registered),
+        id,
+        registered: Some(Registered {
+            fd: HeldFd::new(lock_fd, id),
+            owner,
+        }),
     })
 }
 
-/// Under the init lock: resets a table left by an earlier boot (if it may), marks the file
-/// in use by this process and takes a registry entry.
+/// Marks the file in use by this process (a read lock on its attached byte, held for as
+/// long as `lock_fd` is open), after resetting a table left by an earlier boot if — and
+/// only if — it read this boot's id, the file names another, and it could take that byte
+/// for writing (no other process has the file open). Returns the header as it is once the
+/// byte is held: a reset by another process in the meantime is seen.
 fn join(
     path: &Path,
     file: &File,
-    lock_fd: OwnedFd,
+    lock_fd: &OwnedFd,
     map: &Mapping,
-    header: Header,
-) -> Result<(Header, Registered), Error> {
-    let unknown = |fd: OwnedFd| Registered {
-        fd: HeldFd::new(fd),
-        owner: OwnerId::UNKNOWN,
+    mut header: Header,
+) -> Result<Header, Error> {
+    let unsupported = |e: io::Error| {
+        Error::io(
+            path,
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "byte-range locks (F_OFD_SETLK) do not work on this file ({e}): the \
+                         owner registry needs them"
+                ),
+            ),
+        )
     };
-    match registry::take_init_lock(&lock_fd, INIT_PATIENCE) {
-        Ok(true) => {}
-        Ok(false) => {
+    let until = std::time::Instant::now() + ATTACH_PATIENCE;
+    loop {
+        if let Some(now) = boot_id().filter(|now| *now != header.boot_id) {
+            if registry::attach_alone(lock_fd).map_err(unsupported)? {
+                // Nobody else has the file open: it is ours to reset (re-read under the
+                // lock: someone may have reset it already).
+                header = read_header(path, file)?;
+                if header.boot_id != now {
+                    reset(path, file, map, header, now)?;
+                }
+            }
+            // Otherwise in use by a live process (of this boot, since locks do not survive
+            // a reboot): whoever it is, its entries are not stale. Leave them.
+        }
+        if registry::mark_attached(lock_fd).map_err(unsupported)? {
+            // Held now (a write lock of ours became this read lock): no reset can start.
+            return read_header(path, file);
+        }
+        // Someone is resetting right now.
+        if std::time::Instant::now() >= until {
             return Err(Error::io(
                 path,
                 io::Error::new(
                     io::ErrorKind::TimedOut,
-                    "another process has been attaching to this table for 10 s \
-                     (stopped in the middle?)",
+                    "another process has been resetting this table for 10 s (stopped?)",
                 ),
-            ))
+            ));
         }
-        // No byte-range locks on this filesystem: no registry (expiry only), no reset.
-        Err(_) => return Ok((header, unknown(lock_fd))),
+        std::thread::sleep(Duration::from_millis(1));
+        header = read_header(path, file)?;
     }
-    let result = (|| {
-        let header = match boot_id() {
-            Some(now) if now != header.boot_id => {
-                match registry::others_attached(file) {
-                    Ok(false) => reset(path, file, map, header, now)?,
-                    // In use by a live process (of this boot, since locks do not survive a
-                    // reboot): whoever it is, the entries are not stale. Leave them.
-                    _ => header,
-                }
-            }
-            // Same boot, or no boot id to go by: never wipe on doubt.
-            _ => header,
-        };
-        let mut registered = unknown(lock_fd);
-        if matches!(
-            registry::mark_attached(registered.fd.get().unwrap()),
-            Ok(true)
-        ) {
-            let me = crate::process::current();
-            let id = Identity {
-                pid: me.pid,
-                start: me.start,
-                pid_ns: crate::process::pid_namespace(),
-            };
-            let locks = FileLocks {
-                take: registered.fd.get(),
-                probe: file,
-            };
-            let hint = me.pid as usize;
-            if let Some(owner) = map.registry().register(&locks, id, hint) {
-                registered.owner = owner;
-            }
-        }
-        Ok((header, registered))
-    })();
-    if let Ok((_, r)) = &result {
-        if let Some(fd) = r.fd.get() {
-            registry::drop_init_lock(fd);
-        }
-    }
-    result
+}
+
+/// Takes a registry entry for this process through `lock_fd`, or says why it cannot.
+pub(crate) fn register(
+    path: &Path,
+    file: &File,
+    lock_fd: &OwnedFd,
+    map: &Mapping,
+    entries: u32,
+) -> Result<OwnerId, Error> {
+    let me = crate::process::current();
+    let id = Identity {
+        pid: me.pid,
+        start: me.start,
+        pid_ns: crate::process::pid_namespace(),
+    };
+    let locks = FileLocks {
+        take: Some(lock_fd),
+        probe: file,
+    };
+    map.registry()
+        .register(&locks, id, me.pid as usize)
+        .ok_or(Error::TooManyProcesses {
+            path: path.to_path_buf(),
+            max: entries,
+        })
+}
+
+fn read_header(path: &Path, file: &File) -> Result<Header, Error> {
+    let mut head = vec![0u8; HEADER_SIZE];
+    file.read_exact_at(&mut head, 0)
+        .map_err(|e| Error::io(path, e))?;
+    Header::decode(&head).map_err(|e| e.at(path))
 }
 
 /// Empties a table of an earlier boot: its deadlines and owners mean nothing now. Fencing
-/// tokens carry on above every token handed out before. Caller holds the init lock and
-/// checked that nobody else has the file open for writing.
+/// tokens carry on above every token handed out before. Caller holds the attached byte
+/// for writing: nobody else has the file open for writing.
 #[cold]
 fn reset(
     path: &Path,

@@ -20,9 +20,8 @@
 //!     96     8  xxh3-64 of bytes 0..96
 //! ```
 //!
-//! All integers little-endian; the rest of the header page is zero, but for two bytes
-//! that only carry open-file-description locks (never data): [`INIT_LOCK_BYTE`] and
-//! [`ATTACHED_LOCK_BYTE`].
+//! All integers little-endian; the rest of the header page is zero. One byte of it,
+//! [`ATTACHED_LOCK_BYTE`], only ever carries open-file-description locks (never data).
 //!
 //! After the header come the owner registry ([`REGISTRY_ENTRY`] bytes an entry, rounded up
 //! to whole pages; see `registry.rs`), then the body: for a lock table the hot slots
@@ -62,11 +61,9 @@ pub(crate) const REGISTRY_ENTRY: u64 = 32;
 pub(crate) const MAX_REGISTRY: u32 = 0xffff;
 /// Registry entries of a file created without saying how many processes may attach.
 pub(crate) const DEFAULT_REGISTRY: u32 = 1024;
-/// The byte that attaching processes lock (write) while they check for a reboot and take
-/// their registry entry, so that a reset and a registration never overlap.
-pub(crate) const INIT_LOCK_BYTE: u64 = 4000;
 /// The byte every process that opened the file for writing keeps read-locked while it
-/// has it open: while any is, the table is in use and is never reset.
+/// has it open: while any is, the table is in use and is never reset (a reset holds it
+/// locked for writing, which keeps anyone from attaching meanwhile).
 pub(crate) const ATTACHED_LOCK_BYTE: u64 = 4001;
 /// Bytes of the checked part of the header; the checksum follows it.
 const CHECKED: usize = 96;

@@ -16,7 +16,8 @@ use crate::LockTable;
 /// release its parent's hold.
 struct Holding<H> {
     hold: H,
-    pid: u32,
+    /// The process that took it (see `process::token`).
+    process: u64,
 }
 
 impl<H> Holding<H> {
@@ -24,13 +25,13 @@ impl<H> Holding<H> {
     fn new(hold: H) -> Holding<H> {
         Holding {
             hold,
-            pid: process::current_pid(),
+            process: process::token(),
         }
     }
 
     #[inline]
     fn ours(&self) -> Result<&H, Error> {
-        if self.pid == process::current_pid() {
+        if self.process == process::token() {
             Ok(&self.hold)
         } else {
             Err(Error::NotOwner)
@@ -68,11 +69,13 @@ fn token<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Option<u64> {
     backend.token(holding.ours().ok()?)
 }
 
-/// A hold left to run out its lease: its token, and whatever keeps it valid kept.
+/// A hold left to run out its lease: its token (taken while the hold is still ours), then
+/// the hold given up to its lease.
 fn leave<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Option<u64> {
     let hold = holding.ours().ok()?;
+    let token = backend.token(hold);
     backend.leave(hold);
-    backend.token(hold)
+    token
 }
 
 fn try_token<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Result<u64, Error> {
@@ -176,8 +179,8 @@ pub(crate) fn guard<'b, B: Backend>(
 ) -> Result<LockGuard<'b, B>, Error> {
     let resolved = opts.resolve()?;
     let (hold, elapsed) = match backend.acquire_fast(key, resolved.exptime_ns)? {
-        Some(hold) => (hold, Duration::ZERO),
-        None => acquire_slow(backend, key, &resolved, timeout)?,
+        Ok(hold) => (hold, Duration::ZERO),
+        Err(first) => acquire_slow(backend, key, &resolved, timeout, first)?,
     };
     Ok(LockGuard::new(backend, hold, elapsed, resolved.exptime_ns))
 }
@@ -244,11 +247,14 @@ impl<'b, B: Backend> Lock<'b, B> {
             return Err(Error::Locked);
         }
         let key = key.as_ref();
-        if let Some(hold) = self.backend.acquire_fast(key, self.opts.exptime_ns)? {
-            self.holding = Some(Holding::new(hold));
-            return Ok(Duration::ZERO);
-        }
-        let (hold, elapsed) = acquire_slow(self.backend, key, &self.opts, Some(timeout))?;
+        let first = match self.backend.acquire_fast(key, self.opts.exptime_ns)? {
+            Ok(hold) => {
+                self.holding = Some(Holding::new(hold));
+                return Ok(Duration::ZERO);
+            }
+            Err(first) => first,
+        };
+        let (hold, elapsed) = acquire_slow(self.backend, key, &self.opts, Some(timeout), first)?;
         self.holding = Some(Holding::new(hold));
         Ok(elapsed)
     }

@@ -61,7 +61,7 @@ impl Env for ModelEnv {
     fn wake_all(&self, _word: &AtomicU32) {
         self.wakes.fetch_add(1, Ordering::SeqCst);
     }
-    fn stalled(&self, _i: usize, _word: Word) -> bool {
+    fn stalled(&self, _seen: &AtomicU64, _word: Word) -> bool {
         self.stalled.load(Ordering::SeqCst)
     }
 }

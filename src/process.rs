@@ -1,15 +1,24 @@
-//! Who this process is, for inspection and for telling a forked child from its parent.
+//! Who this process is, and whether it is still the process that did something earlier
+//! (or a child forked since).
 //!
 //! `getpid()` is a real system call (~100 ns here), too dear for the lock path, so the pid
-//! and the process start time are cached and forgotten in a `pthread_atfork` child
-//! handler, which also drops the registration descriptors the child inherited (see
-//! `registry.rs`) and the cached clock offset (see `clock.rs`).
+//! is cached, with a random token naming this process (pids repeat across pid
+//! namespaces: a child that is pid 1 of a new one may carry its parent's number). A forked
+//! child must not believe either: they live in a page marked
+//! `MADV_WIPEONFORK`, which the kernel hands every child zeroed, however it was forked
+//! (`fork`, glibc's `_Fork` that runs no atfork handlers, `clone` without `CLONE_VM`). A
+//! `pthread_atfork` child handler clears it too, where that `madvise` is unsupported.
+//!
+//! The first call in a new child then does the child's work: a new fork epoch (so that
+//! registrations made before belong to the parent), the inherited registration
+//! descriptors closed (see `registry.rs`), the clock offset looked up again (see
+//! `clock.rs`).
 //!
 //! Nothing here decides whether another process is alive: pids mean nothing across pid
 //! namespaces and `/proc` may hide them. The owner registry does that.
 
 use std::fs;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Once;
 
 /// The identity of this process, as inspection shows it.
@@ -20,45 +29,141 @@ pub(crate) struct Me {
     pub start: u64,
 }
 
-static PID: AtomicU32 = AtomicU32::new(0);
+/// What a forked child must find zeroed: this process's token and cached pid.
+#[repr(C)]
+struct Cell {
+    /// A random non-zero number naming this process image, and none of its children.
+    token: AtomicU64,
+    pid: AtomicU32,
+}
+
+/// Where the cell lives: the wipe-on-fork page, or this static where the page could not be
+/// had (the fork handler clears it then).
+static FALLBACK: Cell = Cell {
+    token: AtomicU64::new(0),
+    pid: AtomicU32::new(0),
+};
+static CELL: AtomicPtr<Cell> = AtomicPtr::new(std::ptr::null_mut());
 static START: AtomicU64 = AtomicU64::new(0);
-static ATFORK: Once = Once::new();
+/// Bumped in every forked child, on its first look at itself.
+static FORK_EPOCH: AtomicU64 = AtomicU64::new(1);
+static SETUP: Once = Once::new();
 
 extern "C" fn in_forked_child() {
-    // Async-signal-safe: atomic stores and close(2).
-    PID.store(0, Ordering::Relaxed);
-    START.store(0, Ordering::Relaxed);
-    crate::registry::close_inherited();
-    crate::clock::forget_offset();
+    // Async-signal-safe: atomic stores. The child does the rest on first use.
+    cell().token.store(0, Ordering::Relaxed);
+    cell().pid.store(0, Ordering::Relaxed);
 }
 
-/// Installs the fork handler (once per process).
-pub(crate) fn install_fork_handler() {
-    ATFORK.call_once(|| {
-        // SAFETY: the handler only stores to atomics and closes descriptors the child
-        // inherited and owns, which is allowed in the child of a multi-threaded process.
-        let rc = unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
-        assert_eq!(rc, 0, "pthread_atfork failed");
-    });
+#[inline]
+fn cell() -> &'static Cell {
+    let p = CELL.load(Ordering::Acquire);
+    if p.is_null() {
+        &FALLBACK
+    } else {
+        // SAFETY: a non-null pointer here points into the page `setup` mapped, which is
+        // never unmapped; the page is aligned and only ever accessed as this one `Cell`
+        // of atomics (zeroed memory is a valid `Cell`).
+        unsafe { &*p }
+    }
 }
 
-/// The pid of the calling process, cached.
+/// Maps the wipe-on-fork page and installs the fork handler (once per process image),
+/// and names this process.
+fn setup() {
+    // SAFETY: an anonymous private mapping of one page: no file, no aliasing; checked for
+    // failure below.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if page != libc::MAP_FAILED {
+        // SAFETY: `page` is the mapping just made, one page long.
+        if unsafe { libc::madvise(page, 4096, libc::MADV_WIPEONFORK) } == 0 {
+            CELL.store(page.cast::<Cell>(), Ordering::Release);
+        } else {
+            // SAFETY: unmapping the page just mapped, which nothing refers to.
+            unsafe { libc::munmap(page, 4096) };
+        }
+    }
+    // SAFETY: the handler only stores to atomics, which a fork child may do.
+    let rc = unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
+    assert_eq!(rc, 0, "pthread_atfork failed");
+    name_this_process();
+}
+
+fn name_this_process() {
+    let pid = std::process::id();
+    START.store(start_time(pid).unwrap_or(0), Ordering::Relaxed);
+    cell().pid.store(pid, Ordering::Relaxed);
+    cell().token.store(new_token(), Ordering::Release);
+}
+
+fn new_token() -> u64 {
+    let mut b = [0u8; 8];
+    if getrandom::fill(&mut b).is_err() {
+        b = (std::process::id() as u64 ^ crate::clock::raw_now()).to_le_bytes();
+    }
+    u64::from_le_bytes(b) | 1
+}
+
+/// A number naming this process, which no forked child shares (however it was forked,
+/// and whatever pid it has in whatever pid namespace: a child that is pid 1 of a new
+/// namespace may have its parent's pid number).
+#[inline]
+pub(crate) fn token() -> u64 {
+    let t = cell().token.load(Ordering::Acquire);
+    if t != 0 {
+        return t;
+    }
+    refresh();
+    cell().token.load(Ordering::Acquire)
+}
+
+/// The pid of the calling process, cached (for inspection).
 #[inline]
 pub(crate) fn current_pid() -> u32 {
-    let pid = PID.load(Ordering::Relaxed);
-    if pid != 0 {
-        return pid;
-    }
-    refresh()
+    token();
+    cell().pid.load(Ordering::Relaxed)
+}
+
+/// The fork epoch of the calling process: a registration made in another one is the
+/// parent's, not this process's.
+#[inline]
+pub(crate) fn fork_epoch() -> u64 {
+    token();
+    FORK_EPOCH.load(Ordering::Relaxed)
 }
 
 #[cold]
-fn refresh() -> u32 {
-    install_fork_handler();
-    let pid = std::process::id();
-    START.store(start_time(pid).unwrap_or(0), Ordering::Relaxed);
-    PID.store(pid, Ordering::Relaxed);
-    pid
+fn refresh() {
+    if !SETUP.is_completed() {
+        // The first look of this process image (every thread waits for it).
+        SETUP.call_once(setup);
+        return;
+    }
+    // Set up, yet zeroed: this is a forked child (the page or the handler cleared it).
+    // One thread does the child's work: the one that names the process.
+    if cell()
+        .token
+        .compare_exchange(0, u64::MAX, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        while cell().token.load(Ordering::Acquire) == u64::MAX {
+            std::hint::spin_loop();
+        }
+        return;
+    }
+    FORK_EPOCH.fetch_add(1, Ordering::Relaxed);
+    crate::registry::close_inherited();
+    crate::clock::forget_offset();
+    name_this_process();
 }
 
 /// The calling process, as inspection shows it.
@@ -84,11 +189,11 @@ pub(crate) fn parse_start(line: &[u8]) -> Option<u64> {
     rest.split_ascii_whitespace().nth(19)?.parse().ok()
 }
 
-/// The pid namespace of this process (`/proc/self/ns/pid` as device and inode), or 0
-/// where it cannot be told. A pid only means something within its namespace.
+/// The pid namespace of this process (`/proc/thread-self/ns/pid` as device and inode),
+/// or 0 where it cannot be told. A pid only means something within its namespace.
 pub(crate) fn pid_namespace() -> u64 {
     use std::os::unix::fs::MetadataExt;
-    fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.dev().rotate_left(32) ^ m.ino())
+    fs::metadata("/proc/thread-self/ns/pid").map_or(0, |m| m.dev().rotate_left(32) ^ m.ino())
 }
 
 #[cfg(all(test, not(loom)))]
@@ -111,5 +216,12 @@ mod tests {
         assert_ne!(me.start, 0);
         assert_eq!(start_time(me.pid), Some(me.start));
         assert_ne!(pid_namespace(), 0);
+        let epoch = fork_epoch();
+        assert_eq!(fork_epoch(), epoch);
+        assert!(
+            !CELL.load(Ordering::Relaxed).is_null(),
+            "no wipe-on-fork page"
+        );
+        assert_eq!(token(), token());
     }
 }

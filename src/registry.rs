@@ -28,10 +28,14 @@
 //! died.
 //!
 //! A forked child shares its parent's open file descriptions, so it must not keep the
-//! parent's registration alive: a `pthread_atfork` child handler closes the inherited
-//! registration descriptors, and the child takes an entry of its own on first use. A
-//! child made without that handler (a raw `clone`) keeps the parent's entry alive while it
-//! lives, which only delays recovery of the parent's keys to their expiry.
+//! parent's registration alive: on its first look at itself (see `process.rs`) it closes
+//! the registration descriptors it inherited and takes an entry of its own. A child that
+//! never uses the library keeps its inherited copies open while it lives, which only
+//! delays recovery of its parent's keys, should the parent die first, to their expiry.
+//!
+//! Every descriptor is checked to still name the table's file (device and inode) before
+//! a lock is taken or tested through it: a program may close ours behind our back and
+//! open something else under the same number.
 
 use crate::primitive::{AtomicU64, Ordering};
 
@@ -223,12 +227,37 @@ mod ofd {
     use std::fs::File;
     use std::io;
     use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+    use std::os::unix::fs::MetadataExt;
     use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
     use nix::fcntl::{fcntl, FcntlArg};
 
     use super::EntryLocks;
-    use crate::format::{ATTACHED_LOCK_BYTE, HEADER_SIZE, INIT_LOCK_BYTE, REGISTRY_ENTRY};
+    use crate::format::{ATTACHED_LOCK_BYTE, HEADER_SIZE, REGISTRY_ENTRY};
+    use crate::process::fork_epoch;
+
+    /// A file, by device and inode: what a descriptor must still name before it is used
+    /// (a program may close ours and reuse the number for something else).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(crate) struct FileId {
+        pub dev: u64,
+        pub ino: u64,
+    }
+
+    impl FileId {
+        pub(crate) fn of(fd: impl AsFd) -> io::Result<FileId> {
+            let st = nix::sys::stat::fstat(fd)?;
+            Ok(FileId {
+                dev: st.st_dev,
+                ino: st.st_ino,
+            })
+        }
+
+        /// Whether `fd` names this file.
+        pub(crate) fn names(self, fd: impl AsFd) -> bool {
+            FileId::of(fd).is_ok_and(|id| id == self)
+        }
+    }
 
     fn flock(kind: libc::c_int, start: u64, len: u64) -> libc::flock {
         // SAFETY: `flock` is a plain C struct of integers, for which all zeros is valid.
@@ -270,7 +299,8 @@ mod ofd {
 
     /// The registry's locks in one file: taken through this process's own registration
     /// descriptor, tested through a descriptor that holds no lock (a lock of our own open
-    /// file description would not conflict with the test).
+    /// file description would not conflict with the test). The caller has checked that
+    /// both still name the table's file.
     pub(crate) struct FileLocks<'a> {
         pub take: Option<&'a OwnedFd>,
         pub probe: &'a File,
@@ -291,99 +321,100 @@ mod ofd {
         }
     }
 
-    /// Takes the init lock through `fd`, retrying for up to `patience`. `Ok(false)`: a
-    /// process kept it all that time (stopped in the middle of attaching?).
-    pub(crate) fn take_init_lock(fd: &OwnedFd, patience: std::time::Duration) -> io::Result<bool> {
-        let until = std::time::Instant::now() + patience;
-        loop {
-            if set_lock(fd, libc::F_WRLCK, INIT_LOCK_BYTE, 1)? {
-                return Ok(true);
-            }
-            if std::time::Instant::now() >= until {
-                return Ok(false);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-    }
-
-    pub(crate) fn drop_init_lock(fd: &OwnedFd) {
-        let _ = set_lock(fd, libc::F_UNLCK, INIT_LOCK_BYTE, 1);
-    }
-
-    /// Marks the file as in use by this process for as long as `fd` stays open.
+    /// Marks the file as in use by this process for as long as `fd` stays open (a read
+    /// lock on one header byte, shared by every process that has the file open for
+    /// writing). `Ok(false)`: a process is resetting the table right now.
     pub(crate) fn mark_attached(fd: &OwnedFd) -> io::Result<bool> {
         set_lock(fd, libc::F_RDLCK, ATTACHED_LOCK_BYTE, 1)
     }
 
-    /// Whether any other process has the file open for writing.
-    pub(crate) fn others_attached(probe: &File) -> io::Result<bool> {
-        lock_held(probe, libc::F_WRLCK, ATTACHED_LOCK_BYTE, 1)
+    /// Takes the attached byte for writing: only possible while no other process has the
+    /// file open for writing, and keeps any from attaching until it is turned into a read
+    /// lock by [`mark_attached`].
+    pub(crate) fn attach_alone(fd: &OwnedFd) -> io::Result<bool> {
+        set_lock(fd, libc::F_WRLCK, ATTACHED_LOCK_BYTE, 1)
     }
 
-    /// Bumped in every forked child: registrations made before it belong to the parent.
-    static FORK_EPOCH: AtomicU64 = AtomicU64::new(1);
-    /// The registration descriptors this process holds, so the fork handler can close the
-    /// child's copies (the parent keeps its own).
+    /// The registration descriptors this process holds (number, and the file's device and
+    /// inode), so that a forked child closes its copies (the parent keeps its own) and
+    /// nothing else that later took their numbers.
     static HELD_FDS: [AtomicI32; 1024] = [const { AtomicI32::new(-1) }; 1024];
+    static HELD_DEV: [AtomicU64; 1024] = [const { AtomicU64::new(0) }; 1024];
+    static HELD_INO: [AtomicU64; 1024] = [const { AtomicU64::new(0) }; 1024];
 
-    /// In a forked child (async-signal-safe: atomics and close(2)): closes the inherited
-    /// registration descriptors. The parent's locks stay, held by the open file
-    /// descriptions the parent still has.
+    /// In a forked child, on its first look at itself: closes the registration descriptors
+    /// inherited from the parent, which would otherwise keep the parent's registrations
+    /// alive after the parent died. The parent's locks stay, held by its own copies.
     pub(crate) fn close_inherited() {
-        for slot in &HELD_FDS {
+        for (k, slot) in HELD_FDS.iter().enumerate() {
             let fd = slot.swap(-1, Ordering::Relaxed);
-            if fd >= 0 {
-                // SAFETY: `fd` was a registration descriptor of the parent, inherited by
-                // this child and used by nothing else here; nobody closes it again (its
-                // `HeldFd` sees the new epoch and leaves the number alone).
+            if fd < 0 {
+                continue;
+            }
+            let want = FileId {
+                dev: HELD_DEV[k].load(Ordering::Relaxed),
+                ino: HELD_INO[k].load(Ordering::Relaxed),
+            };
+            // SAFETY: only inspecting the number: `fstat` reads nothing through it but
+            // the metadata of whatever it names.
+            let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            if want.names(borrowed) {
+                // SAFETY: `fd` names the table file, a registration descriptor the child
+                // inherited and that nothing else in the child uses; its `HeldFd` sees the
+                // new fork epoch and leaves the number alone.
                 unsafe { libc::close(fd) };
             }
         }
-        FORK_EPOCH.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The current fork epoch: a registration made in another one is not this process's.
-    #[inline]
-    pub(crate) fn fork_epoch() -> u64 {
-        FORK_EPOCH.load(Ordering::Relaxed)
-    }
-
-    /// A registration descriptor of this process: closed on drop, or by the fork handler
-    /// in a child (which then must not close it again).
+    /// A registration descriptor of this process: closed on drop, or, in a forked child,
+    /// by the child's first look at itself (the `HeldFd` then leaves the number alone).
     pub(crate) struct HeldFd {
         fd: Option<OwnedFd>,
+        file: FileId,
         slot: Option<usize>,
         epoch: u64,
     }
 
     impl HeldFd {
-        /// Tracks `fd` for the fork handler.
-        pub(crate) fn new(fd: OwnedFd) -> HeldFd {
-            crate::process::install_fork_handler();
+        /// Tracks `fd`, a descriptor of the file `file`, for forked children.
+        pub(crate) fn new(fd: OwnedFd, file: FileId) -> HeldFd {
+            let epoch = fork_epoch();
             let raw = fd.as_raw_fd();
             let slot = HELD_FDS.iter().position(|s| {
                 s.compare_exchange(-1, raw, Ordering::Relaxed, Ordering::Relaxed)
                     .is_ok()
             });
+            if let Some(k) = slot {
+                HELD_DEV[k].store(file.dev, Ordering::Relaxed);
+                HELD_INO[k].store(file.ino, Ordering::Relaxed);
+            }
             HeldFd {
                 fd: Some(fd),
+                file,
                 slot,
-                epoch: fork_epoch(),
+                epoch,
             }
         }
 
-        /// The descriptor, while it is this process's.
+        /// The descriptor, while it is this process's and still names the file.
         pub(crate) fn get(&self) -> Option<&OwnedFd> {
-            (self.epoch == fork_epoch()).then_some(self.fd.as_ref()?)
+            let fd = self.fd.as_ref()?;
+            (self.epoch == fork_epoch() && self.file.names(fd)).then_some(fd)
+        }
+
+        /// Whether this descriptor belongs to this process (not a parent's, forked from).
+        pub(crate) fn is_ours(&self) -> bool {
+            self.epoch == fork_epoch()
         }
     }
 
     impl Drop for HeldFd {
         fn drop(&mut self) {
             let fd = self.fd.take().expect("dropped once");
-            if self.epoch != fork_epoch() {
-                // The fork handler closed this number in this child; it may name another
-                // file by now.
+            if self.epoch != fork_epoch() || !self.file.names(&fd) {
+                // A parent's descriptor (closed when this child first looked at itself),
+                // or ours closed behind our back and its number reused: not ours to close.
                 std::mem::forget(fd);
                 return;
             }
@@ -394,29 +425,35 @@ mod ofd {
         }
     }
 
-    /// Opens a new open file description of the file behind `fd` (the registration must
-    /// not share the mapping's or a parent's). Through `/proc/self/fd`, else by `path`
-    /// if it is still the same file.
-    pub(crate) fn reopen(fd: &File, path: &std::path::Path) -> io::Result<OwnedFd> {
-        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    /// Opens a new open file description of the table file `want` (the registration must
+    /// not share the mapping's or a parent's): through `/proc/self/fd` of `fd`, else by
+    /// `path`, accepting only the same file.
+    pub(crate) fn reopen(
+        fd: &File,
+        path: &std::path::Path,
+        want: FileId,
+        write: bool,
+    ) -> io::Result<OwnedFd> {
+        use std::os::unix::fs::OpenOptionsExt;
         let open = |p: &std::path::Path| {
             std::fs::OpenOptions::new()
                 .read(true)
-                .write(true)
-                .custom_flags(libc::O_CLOEXEC)
+                .write(write)
+                .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
                 .open(p)
         };
-        let want = fd.metadata()?;
         let proc_path = std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-        let file = match open(&proc_path) {
-            Ok(f) => f,
-            Err(_) => open(path)?,
-        };
-        let got = file.metadata()?;
-        if got.dev() != want.dev() || got.ino() != want.ino() {
-            return Err(io::Error::other("the path names another file now"));
+        for candidate in [proc_path.as_path(), path] {
+            if let Ok(file) = open(candidate) {
+                let meta = file.metadata()?;
+                if meta.dev() == want.dev && meta.ino() == want.ino {
+                    return Ok(OwnedFd::from(file));
+                }
+            }
         }
-        Ok(OwnedFd::from(file))
+        Err(io::Error::other(
+            "the table file can no longer be opened (its path names another file now)",
+        ))
     }
 }
 
@@ -459,8 +496,8 @@ mod tests {
         let (path, probe) = file();
         let words: Vec<AtomicU64> = (0..2 * ENTRY_WORDS).map(|_| AtomicU64::new(0)).collect();
         let reg = Registry::new(&words);
-        let fd1 = reopen(&probe, &path).unwrap();
-        let fd2 = reopen(&probe, &path).unwrap();
+        let fd1 = reopen(&probe, &path, FileId::of(&probe).unwrap(), true).unwrap();
+        let fd2 = reopen(&probe, &path, FileId::of(&probe).unwrap(), true).unwrap();
         fn with<'a>(take: Option<&'a std::os::fd::OwnedFd>, probe: &'a File) -> FileLocks<'a> {
             FileLocks { take, probe }
         }
@@ -476,7 +513,7 @@ mod tests {
         assert!(!reg.is_dead(&locks(None), b));
         // its entry (the only one free) is taken again under a new generation; the old
         // owner stays dead
-        let fd3 = reopen(&probe, &path).unwrap();
+        let fd3 = reopen(&probe, &path, FileId::of(&probe).unwrap(), true).unwrap();
         let c = reg
             .register(&with(Some(&fd3), &probe), me(3), a.entry() as usize)
             .unwrap();
@@ -497,8 +534,8 @@ mod tests {
         let (path, probe) = file();
         let words: Vec<AtomicU64> = (0..ENTRY_WORDS).map(|_| AtomicU64::new(0)).collect();
         let reg = Registry::new(&words);
-        let fd1 = reopen(&probe, &path).unwrap();
-        let fd2 = reopen(&probe, &path).unwrap();
+        let fd1 = reopen(&probe, &path, FileId::of(&probe).unwrap(), true).unwrap();
+        let fd2 = reopen(&probe, &path, FileId::of(&probe).unwrap(), true).unwrap();
         let take = |fd| FileLocks {
             take: Some(fd),
             probe: &probe,

@@ -18,7 +18,9 @@ use crate::lock::{self, LockGuard};
 use crate::options::LockOptions;
 use crate::registry::OwnerId;
 use crate::slot::{Cold, Slot, State, Word};
-use crate::table::{self, Attempt, Busy, Entry, Held, KeyHash, Prepared, Request, Table};
+use crate::table::{
+    self, Attempt, Busy, Entry, Held, KeyHash, Prepared, Request, Table, TableFull,
+};
 
 type Locks = Table<MappedSlots, ShmEnv>;
 
@@ -63,8 +65,11 @@ impl table::Env for ShmEnv {
     fn wake_all(&self, word: &AtomicU32) {
         futex::wake_all(word);
     }
-    fn stalled(&self, i: usize, word: Word) -> bool {
-        self.att.stalled(i, word.0)
+    fn reaps_dead_holders(&self) -> bool {
+        self.att.judges()
+    }
+    fn stalled(&self, seen: &AtomicU64, word: Word) -> bool {
+        crate::attachment::stalled(seen, word.ident())
     }
 }
 
@@ -161,8 +166,9 @@ impl OpenOptions {
         self
     }
 
-    /// Whether this process reclaims the keys of holders the kernel says are dead
-    /// (default: yes). With `false` it waits for their leases to expire instead.
+    /// Whether this process takes the keys of holders the kernel says are dead at once
+    /// (default: yes). With `false` it waits for their leases to expire instead. (What a
+    /// dead process left half-claimed is freed either way.)
     pub fn liveness(mut self, judge: bool) -> Self {
         self.liveness = judge;
         self
@@ -202,6 +208,7 @@ impl LockTable {
         let att = Attachment::new(
             map.clone(),
             opened.file,
+            opened.id,
             path.to_path_buf(),
             opened.registered,
             options.liveness,
@@ -232,17 +239,19 @@ impl LockTable {
         }
     }
 
+    /// Whether this process has an entry in the table's owner registry, so that its keys
+    /// are reclaimed at once if it dies. Always, for a handle that opened the file for
+    /// writing (opening fails with [`Error::TooManyProcesses`] otherwise); `false` for a
+    /// read-only handle, or in a forked child that could not take an entry of its own
+    /// (its lock calls then say why).
+    pub fn registered(&self) -> bool {
+        self.att().owner().is_ok()
+    }
+
     /// How many keys can be held at once (fixed when the file was created). The table has
     /// twice as many slots, so probes stay short even when it is this full.
     pub fn capacity(&self) -> usize {
         self.inner.header.capacity as usize
-    }
-
-    /// Whether this process has an entry in the table's owner registry, so that its keys
-    /// are reclaimed at once if it dies (`false`: read-only, or every entry was taken, or
-    /// the filesystem has no byte-range locks; its keys then wait for their expiry).
-    pub fn registered(&self) -> bool {
-        !self.att().read_only() && !self.att().owner().is_unknown()
     }
 
     /// The file this table lives in.
@@ -390,14 +399,14 @@ impl LockTable {
     #[inline(always)]
     fn request<'k>(&self, key: &'k [u8], exptime_ns: u64) -> Result<Request<'k>, Error> {
         let key = check_key(key)?;
-        let att = self.att();
-        if att.read_only() {
-            return Err(Error::ReadOnly);
-        }
+        let owner = self.att().owner()?;
+        // Deadlines must mean the same instant to everyone: a process that cannot tell its
+        // clock's offset takes nothing.
+        crate::clock::check()?;
         Ok(Request {
             key,
             hash: self.hash(key),
-            owner: att.owner(),
+            owner,
             lease: thread_lease(),
             exptime: exptime_ns,
         })
@@ -422,7 +431,7 @@ impl std::fmt::Debug for LockTable {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Holder {
-    /// The first bytes of the key (at most 40).
+    /// The first bytes of the key (at most 32).
     pub key_preview: Vec<u8>,
     /// The full key length.
     pub key_len: usize,
@@ -515,6 +524,17 @@ pub struct ShmHold {
 /// What a busy attempt saw: the holder's entry.
 pub struct ShmBusy(Busy);
 
+fn hold_or_busy(a: Result<Attempt, TableFull>) -> Result<Result<ShmHold, ShmBusy>, Error> {
+    match a {
+        Ok(Attempt::Acquired(held)) => Ok(Ok(ShmHold {
+            held,
+            token: Cell::new(0),
+        })),
+        Ok(Attempt::Busy(busy)) => Ok(Err(ShmBusy(busy))),
+        Err(TableFull) => Err(Error::TableFull),
+    }
+}
+
 impl Sealed for LockTable {}
 
 impl Backend for LockTable {
@@ -522,24 +542,25 @@ impl Backend for LockTable {
     type Busy = ShmBusy;
 
     #[inline(always)]
-    fn acquire_fast(&self, key: &[u8], exptime_ns: u64) -> Result<Option<ShmHold>, Error> {
+    fn acquire_fast(
+        &self,
+        key: &[u8],
+        exptime_ns: u64,
+    ) -> Result<Result<ShmHold, Option<ShmBusy>>, Error> {
         let req = self.request(key, exptime_ns)?;
-        Ok(self.inner.table.try_acquire_fast(&req).map(|held| ShmHold {
-            held,
-            token: Cell::new(0),
-        }))
+        match self.inner.table.try_acquire_fast(&req) {
+            Some(held) => Ok(Ok(ShmHold {
+                held,
+                token: Cell::new(0),
+            })),
+            // The general claim, with the request already made (key checked and hashed).
+            None => Ok(hold_or_busy(self.inner.table.try_acquire_slow(&req))?.map_err(Some)),
+        }
     }
 
     fn try_acquire(&self, key: &[u8], exptime_ns: u64) -> Result<Result<ShmHold, ShmBusy>, Error> {
         let req = self.request(key, exptime_ns)?;
-        match self.inner.table.try_acquire(&req) {
-            Ok(Attempt::Acquired(held)) => Ok(Ok(ShmHold {
-                held,
-                token: Cell::new(0),
-            })),
-            Ok(Attempt::Busy(busy)) => Ok(Err(ShmBusy(busy))),
-            Err(_) => Err(Error::TableFull),
-        }
+        hold_or_busy(self.inner.table.try_acquire(&req))
     }
 
     #[inline]
@@ -565,8 +586,8 @@ impl Backend for LockTable {
         Some(hold.token.get())
     }
 
-    fn leave(&self, _hold: &ShmHold) {
-        self.att().keep();
+    fn leave(&self, hold: &ShmHold) {
+        self.inner.table.disown(&hold.held);
     }
 
     fn spins(&self) -> bool {

@@ -5,7 +5,8 @@
 //! `reach`, `wait`) that belong to the keys whose home is this slot, whatever the slot
 //! itself holds. An uncontended lock and unlock of a key at its home touch this one line.
 //! What only inspection reads (key preview, fencing token shown) lives in a cold slot of
-//! a side array, written when a key first moves into the slot and when a token is taken.
+//! a side array, written when a key first moves into the slot and when a token is taken,
+//! with the mark waiters leave on an entry that stands still.
 //!
 //! Every field is atomic: other processes read and write the same memory.
 
@@ -13,7 +14,7 @@ use crate::primitive::{AtomicU32, AtomicU64, Ordering};
 use crate::registry::OwnerId;
 
 /// Bytes of the key kept for inspection.
-pub(crate) const PREVIEW_LEN: usize = 40;
+pub(crate) const PREVIEW_LEN: usize = 32;
 const PREVIEW_WORDS: usize = PREVIEW_LEN / 8;
 
 /// A lock-table entry's hot line. See the module docs of [`crate::table`] for the protocol.
@@ -51,6 +52,10 @@ pub(crate) struct Cold {
     pub token_of: AtomicU64,
     /// Full length of the key whose preview this is.
     pub key_len: AtomicU64,
+    /// Written by waiters, never by the slot's owner: which transitional word (hash of it)
+    /// was first seen here and when (table clock, ms), so that any process can tell how
+    /// long a claim or renewal has stood still (see `Env::stalled`).
+    pub seen: AtomicU64,
     /// The first [`PREVIEW_LEN`] bytes of the key, little-endian packed.
     pub preview: [AtomicU64; PREVIEW_WORDS],
 }
@@ -64,7 +69,7 @@ const _: () = {
     assert!(offset_of!(Slot, control) == 0);
     assert!(offset_of!(Slot, reach) == 56);
     assert!(offset_of!(Slot, wait) == 60);
-    assert!(offset_of!(Cold, preview) == 24);
+    assert!(offset_of!(Cold, preview) == 32);
 };
 
 impl Cold {

@@ -37,35 +37,38 @@
 //!
 //! # Why two live entries of one key cannot exist
 //!
-//! A claimer publishes a CLAIMING entry, then makes one more read-modify-write of the
-//! key's home word (a claim *at* home is that RMW), then rescans the key's whole range.
-//! RMWs of one word are totally ordered and each reads the one before it, so of two
-//! claimers of a key the later RMW of the home word synchronizes with the earlier one:
-//! the later claimer's rescan sees the earlier claimer's entry (and its raised reach).
-//! A freed slot earlier in the range (the "release hole") changes nothing: nobody stops at
-//! the first free slot when looking for the key. Conflicts resolve by distance from home:
-//! a claimer that sees a CLAIMING entry of its key (by tag) nearer home withdraws; one that
-//! sees it farther away waits for it to resolve; one that sees a live HELD entry of its
-//! key withdraws. Waits only point away from home, so they cannot form a cycle, and a
-//! claimer that cannot wait any longer withdraws, which is always safe.
+//! A claimer publishes a CLAIMING entry, then a `SeqCst` fence, then rescans the key's
+//! whole range (the store-load pattern of Dekker's algorithm): of two claimers' fences one
+//! comes first in the single order of `SeqCst` fences, and the other's rescan sees the
+//! first's claim (and its raised reach, raised before the claim). A freed slot earlier in
+//! the range (the "release hole") changes nothing: nobody stops at the first free slot
+//! when looking for the key. Conflicts resolve by distance from home: a claimer that sees
+//! a CLAIMING entry of its key (by tag) nearer home withdraws; one that sees it farther
+//! away waits for it to resolve; one that sees a live HELD entry of its key withdraws.
+//! Waits only point away from home, so they cannot form a cycle, and a claimer that cannot
+//! wait any longer withdraws, which is always safe.
 //!
 //! The common case, a key whose home is free and has reach 0, claims the home word from
-//! exactly "free, reach 0": a rival that must place the key farther out raises the reach
-//! with an RMW of that same word first, so either our CAS fails or the rival's raise reads
-//! our CLAIMING entry and its rescan defers to it. That claim needs no rescan. And when the
-//! free home's fields already hold exactly what the claim would write (the same thread
-//! took the same key there within the same clock tick: hash, lease, deadline), the claim
-//! goes from FREE to HELD in that one CAS: a free slot's fields change only under an
-//! owner, so they cannot change between the reads and a CAS that finds the slot still free.
+//! exactly "free, reach 0", and needs neither fence nor rescan: a rival that must place
+//! the key farther out raises the reach with an RMW of that same word first, so either our
+//! CAS fails or the rival's raise reads our CLAIMING entry (RMWs of one word are totally
+//! ordered, each reading the one before) and its rescan defers to it. When the free
+//! home's fields already hold exactly what the claim would write (the same thread took
+//! the same key there within the same clock tick: hash, lease, deadline), the claim goes
+//! from FREE to HELD in that one CAS: a free slot's fields change only under an owner, so
+//! they cannot change between the reads and a CAS that finds the slot still free. A free
+//! home with a non-zero reach is claimed at once too, then rescanned as any claim is.
 //!
 //! What loom proves here and what it cannot: loom checks every interleaving and every
-//! value an acquire/release execution allows, but it models `SeqCst` accesses as `AcqRel`
-//! (it has no single total order of them). The argument above therefore rests only on
-//! RMWs of one location and acquire/release, which loom does model, not on `SeqCst` loads;
-//! the `SeqCst` orderings in the code are belt and braces for the C++ model. Loom does not
-//! model time (the clock is driven by the models), the kernel's locks (a fake registry
-//! lock table), or processes (threads stand in, a "crash" unwinds a thread at a chosen
-//! step and never runs it again).
+//! value an acquire/release execution allows, and it models `SeqCst` fences, but it
+//! models `SeqCst` accesses as `AcqRel` (it has no single total order of them). The
+//! argument above therefore rests only on `SeqCst` fences, RMWs of one location and
+//! acquire/release, all of which loom models; the `SeqCst` accesses in the code are belt
+//! and braces (in the C++ model they alone would order the claims). On x86 the fence
+//! after a locked CAS costs a second full barrier; that price is paid on the slow path
+//! only. Loom does not model time (the clock is driven by the models), the kernel's locks
+//! (a fake registry lock table), or processes (threads stand in, a "crash" unwinds a
+//! thread at a chosen step and never runs it again).
 //!
 //! # Dead and stalled owners
 //!
@@ -78,7 +81,7 @@
 //! of one key blocks another key: `reach` and the home words are single atomic updates.
 
 use crate::clock::deadline;
-use crate::primitive::{crash_point, fence, spin, AtomicU32, Ordering, SETTLE_ROUNDS};
+use crate::primitive::{crash_point, fence, spin, AtomicU32, AtomicU64, Ordering, SETTLE_ROUNDS};
 use crate::registry::OwnerId;
 use crate::slot::{Cold, Slot, State, Word, REACH_OVERFLOW, WAITERS};
 
@@ -124,9 +127,16 @@ pub(crate) trait Env {
     fn is_dead(&self, owner: OwnerId) -> bool;
     /// Wakes the processes sleeping on a home's wait word.
     fn wake_all(&self, word: &AtomicU32);
-    /// Notes that slot `i` reads `word` now; `true` once this process has seen that very
-    /// word there for at least the stall bound.
-    fn stalled(&self, i: usize, word: Word) -> bool;
+    /// Whether a held key whose holder died is taken before its lease ends (the default;
+    /// `OpenOptions::liveness(false)` waits for the lease). Entries a dead owner left in
+    /// between states are freed either way: nothing else ever frees them.
+    fn reaps_dead_holders(&self) -> bool {
+        true
+    }
+    /// Notes in `seen` (a slot's stall mark, shared by every process) that the slot reads
+    /// `word` now; `true` once that very word has been seen there, by anyone, for at least
+    /// the stall bound.
+    fn stalled(&self, seen: &AtomicU64, word: Word) -> bool;
 }
 
 /// One acquisition attempt.
@@ -338,7 +348,7 @@ impl<S: Slots, E: Env> Table<S, E> {
     fn settle(&self, i: usize, c: Word) -> Option<Word> {
         let slot = &self.slots()[i];
         // A claim this process has watched for the whole bound is not worth a spin.
-        if !self.env.stalled(i, c) {
+        if !self.env.stalled(&self.cold(i).seen, c) {
             for round in 0..SETTLE_ROUNDS {
                 let now = Word(slot.control.load(Ordering::SeqCst));
                 if now.ident() != c.ident() {
@@ -358,7 +368,7 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// `true` if the entry changed (by us or anyone).
     fn unstick(&self, i: usize, c: Word) -> bool {
         let slot = &self.slots()[i];
-        let stalled = self.env.stalled(i, c)
+        let stalled = self.env.stalled(&self.cold(i).seen, c)
             && (c.state() == State::Claiming
                 || slot.deadline.load(Ordering::Relaxed) <= self.now());
         let to = if self.env.is_dead(c.owner()) {
@@ -458,12 +468,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         // fail. A free slot's fields change only under an owner, so if they already say
         // what this hold would write (this thread took this key here within this clock
         // tick), the hold is published by the one CAS.
-        if slot.hash_lo.load(Ordering::Relaxed) == req.hash.lo
-            && slot.hash_hi.load(Ordering::Relaxed) == req.hash.hi
-            && slot.lease.load(Ordering::Relaxed) == req.lease
-            && slot.deadline.load(Ordering::Relaxed) == until
-            && slot.acquired_at.load(Ordering::Relaxed) == now
-        {
+        if Self::fields_say(slot, req, now, until) {
             let word = Word::new(
                 State::Held,
                 req.hash.tag(),
@@ -492,6 +497,18 @@ impl<S: Slots, E: Env> Table<S, E> {
         self.promote(slot, claiming).ok().map(held)
     }
 
+    /// Whether a free slot's fields already say what a claim of `req` would write (this
+    /// thread took this key there within this clock tick), so the hold can be published as
+    /// HELD by the claim's CAS itself.
+    #[inline(always)]
+    fn fields_say(slot: &Slot, req: &Request<'_>, now: u64, until: u64) -> bool {
+        slot.hash_lo.load(Ordering::Relaxed) == req.hash.lo
+            && slot.hash_hi.load(Ordering::Relaxed) == req.hash.hi
+            && slot.lease.load(Ordering::Relaxed) == req.lease
+            && slot.deadline.load(Ordering::Relaxed) == until
+            && slot.acquired_at.load(Ordering::Relaxed) == now
+    }
+
     /// CLAIMING → HELD, keeping the reach bits a rival may have raised meanwhile. `Err`:
     /// the claim was broken as stalled (and has been backed out of).
     #[inline]
@@ -516,9 +533,11 @@ impl<S: Slots, E: Env> Table<S, E> {
         }
     }
 
-    /// CLAIMING → FREE by its owner (or back out if it was broken meanwhile).
-    fn withdraw(&self, slot: &Slot, claiming: Word) {
-        let mut cur = claiming;
+    /// Takes back a claim that lost to a rival: CLAIMING (or a HELD published directly)
+    /// → FREE by its owner, waking anyone who flagged it; backs out if the claim was
+    /// broken meanwhile.
+    fn withdraw(&self, slot: &Slot, claim: Word) {
+        let mut cur = claim;
         loop {
             match slot.control.compare_exchange(
                 cur.0,
@@ -526,15 +545,30 @@ impl<S: Slots, E: Env> Table<S, E> {
                 Ordering::SeqCst,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => break,
-                Err(now) if Word(now).ident() == claiming.ident() => cur = Word(now),
+                Ok(_) => {
+                    crash_point();
+                    if cur.has_waiters() {
+                        let i = self.index_of(slot);
+                        self.wake_from(i, cur);
+                    }
+                    return;
+                }
+                Err(now) if Word(now).ident() == claim.ident() => cur = Word(now),
                 Err(_) => {
-                    self.back_out(slot, claiming);
-                    break;
+                    if claim.state() == State::Claiming {
+                        self.back_out(slot, claim);
+                    }
+                    // A HELD claim taken by someone else (forced): nothing of ours is left.
+                    return;
                 }
             }
         }
-        crash_point();
+    }
+
+    /// The index of a slot of this table.
+    fn index_of(&self, slot: &Slot) -> usize {
+        let base = self.slots().as_ptr() as usize;
+        (slot as *const Slot as usize - base) / std::mem::size_of::<Slot>()
     }
 
     /// Our CLAIMING or EXTENDING entry `mine` was broken as stalled: the BROKEN slot is
@@ -567,11 +601,17 @@ impl<S: Slots, E: Env> Table<S, E> {
         let now = self.now();
         let mut restarts = 0;
         'restart: loop {
-            // Pass 1 (advisory): is the key held, and where is the first free slot?
             let reach = self.reach(home, Ordering::Acquire);
             let mut free = None;
+            // A free home is the nearest place there is: claim it at once and let pass 2,
+            // which is decisive anyway, find the key held elsewhere if it is.
+            let hc = self.word(home, Ordering::SeqCst);
+            if hc.state() == State::Free && !cfg!(shmlock_broken) {
+                free = Some((0, hc));
+            }
+            // Pass 1 (advisory): is the key held, and where is the first free slot?
             let mut d = 0;
-            while d < n {
+            while d < n && free.is_none_or(|(fd, _)| fd != 0) {
                 if d > reach && free.is_some() {
                     break;
                 }
@@ -617,13 +657,12 @@ impl<S: Slots, E: Env> Table<S, E> {
             }
             let fi = self.at(home, fd);
             let slot = &slots[fi];
-            let claiming = Word::new(
-                State::Claiming,
-                hash.tag(),
-                req.owner,
-                fc.gen().wrapping_add(1),
-                fc,
-            );
+            // With the fields already right the claim is published as HELD (and taken back
+            // like any claim if the rescan finds a conflict); else CLAIMING, then filled.
+            let until = deadline(now, req.exptime);
+            let direct = Self::fields_say(slot, req, now, until);
+            let state = if direct { State::Held } else { State::Claiming };
+            let claiming = Word::new(state, hash.tag(), req.owner, fc.gen().wrapping_add(1), fc);
             if slot
                 .control
                 .compare_exchange(fc.0, claiming.0, Ordering::SeqCst, Ordering::Relaxed)
@@ -632,12 +671,12 @@ impl<S: Slots, E: Env> Table<S, E> {
                 continue 'restart;
             }
             crash_point();
-            if fd != 0 {
-                // The RMW of the home word that orders this claim with every other claim
-                // of the home's keys (a claim at home is one already).
-                slots[home].control.fetch_or(0, Ordering::SeqCst);
+            // Orders this claim before the rescan, against every other claimer's fence (of
+            // two claimers of a key, the later fence's rescan sees the earlier claim).
+            fence(Ordering::SeqCst);
+            if !direct {
+                self.fill(fi, req, now);
             }
-            self.fill(fi, req, now);
 
             // Pass 2 (decisive): after publishing, look at the whole range again.
             let range = self.reach(home, Ordering::SeqCst).max(fd);
@@ -688,7 +727,12 @@ impl<S: Slots, E: Env> Table<S, E> {
                 d += 1;
             }
 
-            match self.promote(slot, claiming) {
+            let promoted = if direct {
+                Ok(claiming)
+            } else {
+                self.promote(slot, claiming)
+            };
+            match promoted {
                 Ok(word) => {
                     return Ok(Attempt::Acquired(Held {
                         slot: fi,
@@ -752,7 +796,10 @@ impl<S: Slots, E: Env> Table<S, E> {
         let slot = &self.slots()[i];
         let c = Word(slot.control.load(Ordering::SeqCst));
         let expired = c.state() == State::Held && slot.deadline.load(Ordering::Relaxed) <= now;
-        if c.state() == State::Free || !(expired || check_owner && self.env.is_dead(c.owner())) {
+        let judged = check_owner
+            && (c.state() != State::Held || self.env.reaps_dead_holders())
+            && self.env.is_dead(c.owner());
+        if c.state() == State::Free || !(expired || judged) {
             return false;
         }
         self.force_release(i, c)
@@ -769,7 +816,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         match c.state() {
             State::Held => {
                 // Freed by us, or changed meanwhile: either way worth a retry.
-                self.env.is_dead(c.owner()) && {
+                self.env.reaps_dead_holders() && self.env.is_dead(c.owner()) && {
                     self.force_release(b.slot, c);
                     true
                 }
@@ -894,6 +941,35 @@ impl<S: Slots, E: Env> Table<S, E> {
         }
     }
 
+    /// Gives a hold up to its lease: it stays HELD until its deadline (or for good with
+    /// none), but no longer names its owner, so the owner's death does not free it. Does
+    /// nothing if the hold was lost already.
+    pub(crate) fn disown(&self, held: &Held) {
+        let slot = &self.slots()[held.slot];
+        loop {
+            let c = Word(slot.control.load(Ordering::Acquire));
+            if !self.owns(slot, c, held) {
+                return;
+            }
+            let nobody = Word::new(
+                State::Held,
+                c.tag(),
+                OwnerId::UNKNOWN,
+                c.gen().wrapping_add(1),
+                c,
+            );
+            let nobody = Word(nobody.0 | (c.0 & WAITERS));
+            if slot
+                .control
+                .compare_exchange(c.0, nobody.0, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+            {
+                crash_point();
+                return;
+            }
+        }
+    }
+
     /// A fencing token for `held`: greater than the token of every earlier holder of the
     /// key. Taken from the home's counter, then checked against the hold, so a holder that
     /// lost its lease before asking gets `None`, never a token that outranks its successor.
@@ -913,7 +989,8 @@ impl<S: Slots, E: Env> Table<S, E> {
         // For inspection only: shown while the hold it names is the slot's.
         let cold = self.cold(held.slot);
         cold.token.store(t, Ordering::Relaxed);
-        cold.token_of.store(held.lease, Ordering::Release);
+        cold.token_of
+            .store(token_label(c, held.lease), Ordering::Release);
         Some(t)
     }
 
@@ -1019,11 +1096,21 @@ impl<S: Slots, E: Env> Table<S, E> {
             hash,
             deadline,
             acquired_at,
-            token: if token_of == lease { token } else { 0 },
+            token: if token_of == token_label(c, lease) {
+                token
+            } else {
+                0
+            },
             key_len,
             preview,
         })
     }
+}
+
+/// What a slot's cold line records of the hold whose token it shows: its owner and lease
+/// (the thread within that owner).
+fn token_label(c: Word, lease: u64) -> u64 {
+    lease ^ u64::from(c.owner().bits()) << 40
 }
 
 fn busy(slot: usize, home: usize, word: Word) -> Busy {
@@ -1053,7 +1140,7 @@ mod tests {
             self.dead.lock().unwrap().contains(&owner)
         }
         fn wake_all(&self, _: &AtomicU32) {}
-        fn stalled(&self, _: usize, _: Word) -> bool {
+        fn stalled(&self, _: &AtomicU64, _: Word) -> bool {
             self.stalled.get()
         }
     }

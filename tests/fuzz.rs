@@ -33,7 +33,7 @@ fn exercise(bytes: &[u8]) -> bool {
         "{registry}"
     );
     for h in table.holders() {
-        assert!(h.key_preview.len() <= 40);
+        assert!(h.key_preview.len() <= 32);
     }
     let _ = table.occupancy();
     let _ = table.reap();

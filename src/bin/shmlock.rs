@@ -122,7 +122,7 @@ struct RunArgs {
     "  {\"file\", \"format_version\", \"capacity\", \"occupancy\", \"holders\": [{\"key\",\n",
     "   \"key_hex\", \"key_len\", \"truncated\", \"pid\", \"alive\", \"state\", \"age_ms\",\n",
     "   \"ttl_ms\", \"expired\", \"token\", \"waiters\"}]}\n",
-    "\"key\" is the preview (first 40 bytes) as UTF-8 with invalid bytes replaced, \"key_hex\"\n",
+    "\"key\" is the preview (first 32 bytes) as UTF-8 with invalid bytes replaced, \"key_hex\"\n",
     "the same bytes in hex; \"ttl_ms\" (never expires) and \"token\" may be null; \"state\" is\n",
     "\"held\", \"claiming\" or \"extending\".",
 ))]

@@ -34,18 +34,29 @@ const RECHECK: Duration = Duration::from_millis(10);
 /// writer (one taken over) marked its entry meanwhile.
 const RETRIES: usize = 8;
 
-/// The writer lock's world: this process's registration and the futex.
-struct DictEnv<'a>(&'a Attachment);
+/// The writer lock's world for one writer that wants it: this process's registration,
+/// what it saw of the lock's word and since when (a writer waits until it has the lock,
+/// so it watches the holder for the whole stall bound itself), and the futex.
+struct DictEnv<'a> {
+    att: &'a Attachment,
+    owner: OwnerId,
+    seen: std::cell::Cell<(u64, std::time::Instant)>,
+}
 
 impl WriterEnv for DictEnv<'_> {
     fn owner(&self) -> OwnerId {
-        self.0.owner()
+        self.owner
     }
     fn is_dead(&self, owner: OwnerId) -> bool {
-        self.0.is_dead(owner)
+        self.att.is_dead(owner)
     }
     fn stalled(&self, word: u64) -> bool {
-        self.0.stalled(0, word)
+        let (w, since) = self.seen.get();
+        if w == word {
+            return since.elapsed() >= crate::attachment::STALL_BOUND;
+        }
+        self.seen.set((word, std::time::Instant::now()));
+        false
     }
     fn sleep(&self, wait: &AtomicU32, seen: u32) {
         crate::futex::wait(wait, seen, RECHECK);
@@ -367,6 +378,7 @@ impl SharedDict {
         let att = Attachment::new(
             Arc::new(opened.map),
             opened.file,
+            opened.id,
             path.to_path_buf(),
             opened.registered,
             true,
@@ -739,6 +751,7 @@ impl SharedDict {
     }
 
     fn pack<'k>(&self, key: &'k [u8]) -> Result<PackedKey<'k>, Error> {
+        crate::clock::check()?;
         if key.is_empty() {
             return Err(Error::EmptyKey);
         }
@@ -803,7 +816,12 @@ impl SharedDict {
         if self.inner.att.read_only() {
             return Err(Error::ReadOnly);
         }
-        let (writing, took_over) = self.writer_lock().lock(&DictEnv(&self.inner.att));
+        let env = DictEnv {
+            att: &self.inner.att,
+            owner: self.inner.att.owner()?,
+            seen: std::cell::Cell::new((0, std::time::Instant::now())),
+        };
+        let (writing, took_over) = self.writer_lock().lock(&env);
         let w = Locked(writing);
         if took_over {
             self.recover(&w);
@@ -893,13 +911,13 @@ impl SharedDict {
     /// file: the entry is cleaned first (see [`Entry::clean`]).
     fn read_locked<T>(
         &self,
-        _w: &Locked<'_>,
+        w: &Locked<'_>,
         e: &Entry<'_>,
         read: impl Fn(&Entry<'_>) -> Result<T, Look>,
     ) -> T {
         let mut round = 0;
         loop {
-            self.clean(e);
+            self.clean(w, e);
             match read(e) {
                 Ok(t) => return t,
                 // Only a process writing outside the protocol gets here.
@@ -910,8 +928,8 @@ impl SharedDict {
     }
 
     /// Cleans an entry under the writer lock (see [`Entry::clean`]); whether it is usable.
-    fn clean(&self, e: &Entry<'_>) -> bool {
-        let (usable, emptied) = e.clean(|o| self.inner.att.is_dead(o));
+    fn clean(&self, w: &Locked<'_>, e: &Entry<'_>) -> bool {
+        let (usable, emptied) = e.clean(&w.0, |o| self.inner.att.is_dead(o));
         self.uncount(emptied);
         usable
     }
@@ -974,7 +992,7 @@ impl SharedDict {
     /// entries are out of use. Raises the home's reach before the caller writes there.
     fn place(
         &self,
-        _w: &Locked<'_>,
+        w: &Locked<'_>,
         k: &PackedKey,
         now: u64,
         evict: bool,
@@ -983,7 +1001,7 @@ impl SharedDict {
         let mut chosen = None;
         for d in 0..self.window() {
             let e = self.entry(self.at(home, d));
-            if !self.clean(&e) {
+            if !self.clean(w, &e) {
                 continue;
             }
             if !e.is_used() {
@@ -1006,21 +1024,26 @@ impl SharedDict {
             }
         }
         let (d, forcible) = chosen.ok_or(Error::NoMemory)?;
-        let reach = self.entry(home).reach();
-        if reach.load(Ordering::Relaxed) < d as u64 {
-            reach.store(d as u64, Ordering::Release);
-        }
+        // Only ever raised, and by an RMW: a writer taken over in the middle of this (that
+        // resumes later) must not lower a reach its successor raised.
+        self.entry(home)
+            .reach()
+            .fetch_max(d as u64, Ordering::Release);
         Ok((self.at(home, d), Stored { forcible }))
     }
 
     /// After taking the writer lock over: cleans every entry (empties the dead writer's,
     /// quarantines a live one's) and recounts the entries.
     #[cold]
-    fn recover(&self, _w: &Locked<'_>) {
+    fn recover(&self, w: &Locked<'_>) {
         let mut used = 0;
         for i in 0..self.capacity() {
+            // A big dict takes a while: show the writers waiting that we are not stalled.
+            if i % 4096 == 4095 && !w.0.heartbeat() {
+                return; // taken over: the new holder recovers
+            }
             let e = self.entry(i);
-            self.clean(&e);
+            self.clean(w, &e);
             used += u64::from(e.is_stable() && e.is_used());
         }
         self.control(LEN).store(used, Ordering::Relaxed);

@@ -450,8 +450,12 @@ impl<'a> Entry<'a> {
     /// Deals with a write this holder of the lock did not start (its writer was taken
     /// over): empties the entry if that writer is dead or done, quarantines it if it may
     /// still write. Returns whether the entry is stable now (usable), and how many used
-    /// entries it emptied (0 or 1). Caller holds the writer lock.
-    pub(crate) fn clean(&self, is_dead: impl Fn(OwnerId) -> bool) -> (bool, u64) {
+    /// entries it emptied (0 or 1). Caller holds the writer lock `w`.
+    ///
+    /// Emptying is itself a write under our own mark (a CAS to WRITING by us first), so a
+    /// cleaner that is taken over in the middle empties only the entry it marked, never one
+    /// its successor has filled since.
+    pub(crate) fn clean(&self, w: &Writing<'_>, is_dead: impl Fn(OwnerId) -> bool) -> (bool, u64) {
         let mut emptied = 0;
         loop {
             let s = Seq(self.w[SEQ].load(Ordering::Acquire));
@@ -469,16 +473,21 @@ impl<'a> Entry<'a> {
                 QUARANTINED if !is_dead(s.owner()) => return (false, emptied),
                 // A dead writer's, or one that is done: nobody writes here any more.
                 _ => {
+                    let mine = Seq::new(WRITING, s.count() + 1, w.owner());
+                    if self.w[SEQ]
+                        .compare_exchange(s.0, mine.0, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    fence(Ordering::Release);
+                    crash_point();
                     let was_used = self.is_used();
                     self.w[META].store(Meta::FREE.0, Ordering::Relaxed);
                     crash_point();
-                    if self.w[SEQ]
-                        .compare_exchange(s.0, s.settled().0, Ordering::Release, Ordering::Relaxed)
-                        .is_ok()
-                    {
+                    if self.finish(mine) {
                         emptied += u64::from(was_used);
                     }
-                    crash_point();
                 }
             }
         }
@@ -580,12 +589,12 @@ mod tests {
         words[SEQ].store(writing.0, Ordering::Relaxed);
         assert_eq!(e.read(&k, true), Look::Busy);
         // alive: quarantined, absent, out of use
-        assert_eq!(e.clean(|_| false), (false, 0));
+        assert_eq!(locked(ME, |w| e.clean(w, |_| false)), (false, 0));
         assert_eq!(e.read(&k, true), Look::Free);
         assert!(!e.is_stable());
         // it resumes and ends its write: the CAS fails, it says it is done
         assert!(!e.finish(writing));
-        assert_eq!(e.clean(|_| false), (true, 1));
+        assert_eq!(locked(ME, |w| e.clean(w, |_| false)), (true, 1));
         assert_eq!(e.read(&k, true), Look::Free);
         assert!(e.is_stable() && !e.is_used());
         // a dead writer's entry is emptied at once
@@ -595,7 +604,7 @@ mod tests {
         .unwrap();
         let s = Seq(words[SEQ].load(Ordering::Relaxed));
         words[SEQ].store(Seq::new(WRITING, s.count() + 1, stale).0, Ordering::Relaxed);
-        assert_eq!(e.clean(|o| o == stale), (true, 1));
+        assert_eq!(locked(ME, |w| e.clean(w, |o| o == stale)), (true, 1));
         assert_eq!(e.read(&k, true), Look::Free);
     }
 

@@ -91,7 +91,7 @@ impl Dict {
         let (w, took_over) = lock.lock(&env);
         let w = ManuallyDrop::new(w);
         if took_over {
-            self.entry().clean(|o| self.is_dead(o));
+            self.entry().clean(&w, |o| self.is_dead(o));
         }
         let r = self
             .entry()
@@ -194,7 +194,7 @@ fn dict_writer_death_leaves_the_entry_whole_or_absent() {
             };
             let (w, took_over) = lock.lock(&env);
             if took_over {
-                d.entry().clean(|o| d.is_dead(o));
+                d.entry().clean(&w, |o| d.is_dead(o));
             }
             match d.read(b"k") {
                 Look::Free => {}

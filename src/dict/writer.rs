@@ -60,8 +60,8 @@ pub(crate) struct WriterLock<'a> {
 /// The writer lock, held. Release it with [`release`](Writing::release) (or drop it).
 pub(crate) struct Writing<'a> {
     lock: WriterLock<'a>,
-    /// The word this hold took, without the waiters bit.
-    mine: u64,
+    /// The word this hold took (or moved on to, see `heartbeat`), without the waiters bit.
+    mine: std::cell::Cell<u64>,
     owner: OwnerId,
 }
 
@@ -140,7 +140,7 @@ impl<'a> WriterLock<'a> {
     fn held(self, mine: u64, owner: OwnerId) -> Writing<'a> {
         Writing {
             lock: self,
-            mine,
+            mine: std::cell::Cell::new(mine),
             owner,
         }
     }
@@ -163,7 +163,30 @@ impl Writing<'_> {
     /// (so a takeover's recovery sees the entry this writer marked, or the writer sees it
     /// lost the lock).
     pub(crate) fn still_mine(&self) -> bool {
-        self.lock.word.fetch_or(0, Ordering::SeqCst) & !WAITERS == self.mine
+        self.lock.word.fetch_or(0, Ordering::SeqCst) & !WAITERS == self.mine.get()
+    }
+
+    /// Moves the lock's word on to a new epoch, still ours: a holder that works long under
+    /// the lock (a recovery over a big dict) shows it is not stalled. `false` if the lock
+    /// was taken over meanwhile.
+    pub(crate) fn heartbeat(&self) -> bool {
+        let mine = self.mine.get();
+        let mut cur = mine;
+        loop {
+            let next = next_hold(mine, self.owner) | (cur & WAITERS);
+            match self
+                .lock
+                .word
+                .compare_exchange(cur, next, Ordering::SeqCst, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    self.mine.set(next & !WAITERS);
+                    return true;
+                }
+                Err(now) if now & !WAITERS == mine => cur = now,
+                Err(_) => return false,
+            }
+        }
     }
 
     /// Releases the lock: a CAS from the word this hold took. `Err` if it was taken over.
@@ -173,10 +196,11 @@ impl Writing<'_> {
     }
 
     fn unlock(&self) -> Result<(), TakenOver> {
-        let mut cur = self.mine;
+        let mine = self.mine.get();
+        let mut cur = mine;
         loop {
             // Unlocked, with the epoch kept: the next hold's word is new.
-            let free = self.mine & !((1 << EPOCH_SHIFT) - 1);
+            let free = mine & !((1 << EPOCH_SHIFT) - 1);
             match self
                 .lock
                 .word
@@ -188,7 +212,7 @@ impl Writing<'_> {
                     }
                     return Ok(());
                 }
-                Err(now) if now & !WAITERS == self.mine => cur = now,
+                Err(now) if now & !WAITERS == mine => cur = now,
                 Err(_) => return Err(TakenOver),
             }
         }

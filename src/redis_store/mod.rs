@@ -666,8 +666,12 @@ impl Backend for RedisLocks {
     type Hold = RedisHold;
     type Busy = RedisBusy;
 
-    fn acquire_fast(&self, _key: &[u8], _exptime_ns: u64) -> Result<Option<RedisHold>, Error> {
-        Ok(None) // every attempt is a round trip: there is no cheaper first try
+    fn acquire_fast(
+        &self,
+        _key: &[u8],
+        _exptime_ns: u64,
+    ) -> Result<Result<RedisHold, Option<RedisBusy>>, Error> {
+        Ok(Err(None)) // every attempt is a round trip: there is no cheaper first try
     }
 
     fn try_acquire(

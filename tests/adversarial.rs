@@ -1,0 +1,1758 @@
+//! Real-process attacks on the two promises: "a key never has two live holders" and
+//! "nothing dead or stopped wedges a key for good". Each test is an attack that once
+//! worked (descriptors closed behind the library's back, time namespaces, `_Fork`, pid 1
+//! of a new namespace, stopped writers, reboots, leases left to expire, short-lived
+//! pollers, ...) and asserts what the design promises; two chaos tests SIGSTOP and SIGKILL
+//! workers at random for 20 s each.
+//! `adversarial FILTER` runs the tests whose name contains FILTER; the root-only ones run
+//! with `--include-ignored` as root.
+
+mod common;
+
+use std::ffi::CString;
+use std::fs;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::fork::{fork, xorshift, Child, Shared};
+use common::harness::{require_root, Test};
+use common::TempPath;
+use shmlock::{Error, HolderState, Lock, LockOptions, LockTable};
+
+const ROOT_NS: &str = "needs root: time namespaces";
+
+const TESTS: &[Test] = &[
+    Test::new(
+        "a_replaced_probe_descriptor_never_makes_a_live_holder_look_dead",
+        a_replaced_probe_descriptor_never_makes_a_live_holder_look_dead,
+    ),
+    Test::new(
+        "a_forked_worker_that_closes_inherited_fds_stays_alive",
+        a_forked_worker_that_closes_inherited_fds_stays_alive,
+    ),
+    Test::new(
+        "a_process_with_no_registry_entry_takes_no_locks",
+        a_process_with_no_registry_entry_takes_no_locks,
+    ),
+    Test::new(
+        "an_opener_stopped_while_attaching_blocks_nobody",
+        an_opener_stopped_while_attaching_blocks_nobody,
+    ),
+    Test::new(
+        "two_stopped_claims_64_slots_apart_are_both_broken",
+        two_stopped_claims_64_slots_apart_are_both_broken,
+    ),
+    Test::new(
+        "control_two_stopped_claims_32_slots_apart_are_broken",
+        control_two_stopped_claims_32_slots_apart_are_broken,
+    ),
+    Test::new(
+        "concurrent_attach_after_reboot_keeps_tokens_growing",
+        concurrent_attach_after_reboot_keeps_tokens_growing,
+    ),
+    Test::new(
+        "a_process_that_unshared_a_time_namespace_keeps_its_own_clock",
+        a_process_that_unshared_a_time_namespace_keeps_its_own_clock,
+    )
+    .needs_root(ROOT_NS),
+    Test::new(
+        "an_opener_whose_main_thread_exited_never_misreads_its_clock",
+        an_opener_whose_main_thread_exited_never_misreads_its_clock,
+    )
+    .needs_root(ROOT_NS),
+    Test::new(
+        "a_child_of_underscore_fork_never_releases_the_parents_hold",
+        a_child_of_underscore_fork_never_releases_the_parents_hold,
+    ),
+    Test::new(
+        "a_dict_writer_stopped_inside_place_never_lowers_reach",
+        a_dict_writer_stopped_inside_place_never_lowers_reach,
+    ),
+    Test::new(
+        "dict_chaos_with_sigstop_and_sigkill",
+        dict_chaos_with_sigstop_and_sigkill,
+    ),
+    Test::new(
+        "a_lease_left_to_expire_outlives_its_process",
+        a_lease_left_to_expire_outlives_its_process,
+    ),
+    Test::new(
+        "a_lease_left_to_expire_outlives_an_exec",
+        a_lease_left_to_expire_outlives_an_exec,
+    ),
+    Test::new(
+        "leases_left_to_expire_never_fill_the_registry",
+        leases_left_to_expire_never_fill_the_registry,
+    ),
+    Test::new(
+        "big_dict_takeover_recovery_versus_the_bound",
+        big_dict_takeover_recovery_versus_the_bound,
+    ),
+    Test::new(
+        "a_stopped_claim_is_broken_for_short_lived_pollers_too",
+        a_stopped_claim_is_broken_for_short_lived_pollers_too,
+    ),
+    Test::new(
+        "registry_full_of_dead_entries_is_reused",
+        registry_full_of_dead_entries_is_reused,
+    ),
+    Test::new(
+        "killed_mid_claim_many_times_leaves_nothing",
+        killed_mid_claim_many_times_leaves_nothing,
+    ),
+    Test::new(
+        "killed_mid_claim_in_a_new_pid_namespace_many_times_leaves_nothing",
+        killed_mid_claim_in_a_new_pid_namespace_many_times_leaves_nothing,
+    )
+    .needs_root("needs root: new pid namespaces"),
+    Test::new(
+        "a_pid_1_child_in_a_new_pid_namespace_never_releases_the_parents_hold",
+        a_pid_1_child_in_a_new_pid_namespace_never_releases_the_parents_hold,
+    )
+    .needs_root("needs root: new pid namespaces"),
+    Test::new(
+        "chaos_with_sigstop_and_sigkill",
+        chaos_with_sigstop_and_sigkill,
+    ),
+];
+
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        print!($($arg)*);
+        let _ = std::io::stdout().flush();
+    }};
+}
+
+fn main() {
+    common::harness::run("adversarial", TESTS, common::harness::no_roles);
+}
+
+const K: &str = "review:K";
+
+fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
+    LockOptions {
+        exptime: Duration::from_millis(exptime_ms),
+        timeout: Duration::from_millis(timeout_ms),
+        ..LockOptions::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Process helpers
+
+/// A child killed (and reaped) on drop.
+struct Proc(Option<Child>);
+
+impl Proc {
+    fn new(c: Child) -> Proc {
+        Proc(Some(c))
+    }
+    fn pid(&self) -> libc::pid_t {
+        self.0.as_ref().unwrap().0
+    }
+    fn wait(&mut self, limit: Duration) -> i32 {
+        let c = self.0.take().unwrap();
+        c.wait(limit)
+    }
+    fn try_wait(&mut self) -> Option<i32> {
+        let pid = self.pid();
+        let mut status = 0;
+        // SAFETY: our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            self.0 = None;
+            return Some(if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::WTERMSIG(status)
+            });
+        }
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.kill();
+        }
+    }
+}
+
+fn proc_state(pid: libc::pid_t) -> Option<u8> {
+    let stat = fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    stat.get(close + 2).copied()
+}
+
+fn stop(pid: libc::pid_t) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !matches!(proc_state(pid), Some(b'T' | b't')) {
+        assert!(Instant::now() < deadline, "{pid} did not stop");
+        std::thread::yield_now();
+    }
+}
+
+fn cont(pid: libc::pid_t) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+}
+
+/// Waits until `w` is nonzero (a child's signal through shared memory).
+fn await_word(s: &Shared, w: usize, limit: Duration) -> u64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        let v = s.word(w).load(Ordering::SeqCst);
+        if v != 0 {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "word {w} never set");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The descriptors of this process that name `path`.
+fn fds_naming(path: &Path) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        if let (Ok(n), Ok(target)) = (
+            e.file_name().to_string_lossy().parse::<i32>(),
+            fs::read_link(e.path()),
+        ) {
+            if target == path {
+                out.push(n);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A child that takes K (lease `exptime_ms`) on its own handle, sets `ready[0]`, and holds
+/// it for 30 s, counting in `ready[1]` how many times it saw itself still K's holder.
+fn holder(path: &Path, ready: &Shared, exptime_ms: u64) -> Proc {
+    let p = Proc::new(fork(|| {
+        let t = LockTable::open(path, 64).unwrap();
+        let g = t.lock(K, &opts(exptime_ms, 1_000)).unwrap();
+        ready
+            .word(0)
+            .store(u64::from(std::process::id()), Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(30));
+        drop(g);
+        0
+    }));
+    await_word(ready, 0, Duration::from_secs(10));
+    p
+}
+
+// ---------------------------------------------------------------------------------------
+// F1: a descriptor number reused behind the library's back
+
+/// A waiter process whose table descriptors were replaced by another file (what
+/// `closefrom(3)` followed by opening a log file does) asks the kernel about the holder's
+/// registry lock through a descriptor that names another file now: the waiter must not
+/// take that "unlocked" for a verdict (the holder is alive).
+fn a_replaced_probe_descriptor_never_makes_a_live_holder_look_dead() {
+    let path = TempPath::new("probe");
+    drop(LockTable::open(&path, 64).unwrap());
+    let ready = Shared::new(2);
+    let _h = holder(&path.0, &ready, 60_000);
+    let other = TempPath::new("other-file");
+    let mut waiter = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let fds = fds_naming(&path.0);
+        let scratch = fs::File::create(&other).unwrap();
+        scratch.set_len(8192).unwrap();
+        // Only the lowest: the descriptor the mapping came from (the liveness probe).
+        // SAFETY: replacing a descriptor number, as a careless closefrom+open would.
+        unsafe { libc::dup2(scratch.as_raw_fd(), fds[0]) };
+        let r = t.lock(K, &opts(60_000, 1_500)).map(std::mem::forget);
+        match r {
+            Ok(()) => {
+                note!(
+                    "[waiter got K while pid {} holds it] ",
+                    ready.word(0).load(Ordering::SeqCst)
+                );
+                1
+            }
+            Err(Error::Timeout) => 0,
+            Err(e) => {
+                eprintln!("{e}");
+                2
+            }
+        }
+    }));
+    assert_eq!(
+        waiter.wait(Duration::from_secs(20)),
+        0,
+        "two live holders of K"
+    );
+}
+
+/// The prefork pattern: a master opens the table and forks a worker; the worker does the
+/// usual daemon hygiene (close every inherited descriptor above 2, then open its own log
+/// file, which takes the lowest free number) and then uses the table it inherited. Its
+/// re-registration must go to the table, not to whatever took the number: the master must
+/// find it alive while it holds K.
+fn a_forked_worker_that_closes_inherited_fds_stays_alive() {
+    let path = TempPath::new("prefork");
+    let table = LockTable::open(&path, 64).unwrap();
+    let log = TempPath::new("worker-log");
+    let flag = Shared::new(2);
+    let _worker = Proc::new(fork(|| {
+        // SAFETY: closing every descriptor above stderr, as daemons do after fork.
+        unsafe { libc::close_range(3, u32::MAX, 0) };
+        let _log = fs::File::create(&log).unwrap(); // gets fd 3
+        let g = table.lock(K, &opts(60_000, 1_000)).unwrap();
+        flag.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(30));
+        drop(g);
+        0
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    let got = table.lock(K, &opts(60_000, 1_500));
+    let stole = got.is_ok();
+    if let Ok(g) = got {
+        note!("[master got K while the worker holds it] ");
+        std::mem::forget(g);
+    }
+    assert!(!stole, "two live holders of K");
+}
+
+// ---------------------------------------------------------------------------------------
+// F: unregistered owners (registry full) leave BROKEN slots nobody can free
+
+/// Takes and releases `key` for good. The lease alternates between two lengths, so that
+/// every claim goes through CLAIMING (a thread taking its key again within one clock tick
+/// with the same lease publishes HELD with one CAS, and CLAIMING is then rarely seen).
+fn claim_loop(path: &Path, key: &str) -> i32 {
+    let Ok(table) = LockTable::open(path, 64) else {
+        return 92;
+    };
+    for i in 0u64.. {
+        let Ok(g) = table.lock(key, &opts(30_000 + i % 2, 30_000)) else {
+            return 93;
+        };
+        if g.unlock().is_err() {
+            return 94;
+        }
+    }
+    0
+}
+
+/// SIGSTOPs `pid` until `table` shows a Claiming entry (left stopped then).
+fn catch_claiming(table: &LockTable, pid: libc::pid_t, tries: usize, x: &mut u64) -> bool {
+    catch_claiming_beyond(table, pid, tries, x, 0)
+}
+
+/// The same, with `before` Claiming entries of other (stopped) claimers already there.
+fn catch_claiming_beyond(
+    table: &LockTable,
+    pid: libc::pid_t,
+    tries: usize,
+    x: &mut u64,
+    before: usize,
+) -> bool {
+    let mut seen: std::collections::BTreeMap<String, usize> = Default::default();
+    for _ in 0..tries {
+        stop(pid);
+        let hs = table.holders();
+        *seen
+            .entry(format!(
+                "{:?}",
+                hs.iter().map(|h| h.state).collect::<Vec<_>>()
+            ))
+            .or_default() += 1;
+        let n = hs
+            .iter()
+            .filter(|h| h.state == HolderState::Claiming)
+            .count();
+        if n > before {
+            return true;
+        }
+        cont(pid);
+        for _ in 0..xorshift(x) % 20_000 {
+            std::hint::spin_loop();
+        }
+    }
+    note!("[states seen while stopped: {seen:?}] ");
+    false
+}
+
+/// A table whose registry is full (`max_processes(1)`, taken by the test). A process
+/// that cannot register must not take locks at all: an entry whose owner nobody can judge
+/// would, once its claim is broken into BROKEN, stay out of use for good if that process
+/// died. Opening fails with `TooManyProcesses`; once the test's handle is dropped, the
+/// entry is free again.
+fn a_process_with_no_registry_entry_takes_no_locks() {
+    let path = TempPath::new("unknown-owner");
+    let table = LockTable::options()
+        .capacity(2) // 4 slots
+        .max_processes(1)
+        .open(&path)
+        .unwrap();
+    assert!(table.registered());
+    let other = fork(|| match LockTable::open(&path.0, 2) {
+        Err(Error::TooManyProcesses { max: 1, .. }) => 0,
+        Err(e) => {
+            eprintln!("open with the registry full: {e}");
+            1
+        }
+        Ok(_) => {
+            eprintln!("a process with no registry entry opened the table");
+            2
+        }
+    });
+    assert_eq!(other.wait(Duration::from_secs(10)), 0);
+    drop(table);
+    let again = fork(|| match LockTable::open(&path.0, 2) {
+        Ok(t) if t.registered() => 0,
+        _ => 1,
+    });
+    assert_eq!(
+        again.wait(Duration::from_secs(10)),
+        0,
+        "the entry was not freed"
+    );
+    note!("[full registry: TooManyProcesses; free again once the holder left] ");
+}
+
+// ---------------------------------------------------------------------------------------
+// F: the init lock has no bound
+
+/// A process that opens and drops the table in a loop is SIGSTOPped at random moments of
+/// its attaching (200 times) and left stopped while another process opens the table:
+/// each open must succeed at once. (Only a reset after a reboot, which holds the attached
+/// byte for writing, keeps others out while it runs.)
+fn an_opener_stopped_while_attaching_blocks_nobody() {
+    let path = TempPath::new("init-lock");
+    drop(LockTable::open(&path, 64).unwrap());
+    let mut opener = Proc::new(fork(|| loop {
+        let t = LockTable::open(&path, 64).unwrap();
+        drop(t);
+    }));
+    let mut x = 0xfeed;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..200 {
+        for _ in 0..xorshift(&mut x) % 50_000 {
+            std::hint::spin_loop();
+        }
+        stop(opener.pid());
+        let t0 = Instant::now();
+        let r = LockTable::open(&path, 64);
+        slowest = slowest.max(t0.elapsed());
+        assert!(r.is_ok(), "open while an opener is stopped: {:?}", r.err());
+        cont(opener.pid());
+    }
+    let _ = opener.try_wait();
+    note!("[200 opens beside a stopped opener; slowest {slowest:.1?}] ");
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a stopped opener held others up"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// F: the stall memory has 64 cells, and two stalled slots 64 apart evict each other
+
+/// Two keys whose homes are `apart` slots apart (in a table of 128 slots).
+fn keys_apart(table: &LockTable, apart: usize) -> (String, String) {
+    let mut by_home = std::collections::HashMap::new();
+    for n in 0.. {
+        let k = format!("k{n}");
+        let g = table.try_lock(&k, Duration::from_secs(5)).unwrap().unwrap();
+        let (home, _) = table.debug_placement(&k).unwrap();
+        drop(g);
+        if let Some(other) = by_home.get(&((home + apart) % 128)) {
+            return (k, String::clone(other));
+        }
+        by_home.insert(home, k);
+    }
+    unreachable!()
+}
+
+/// Two claimers, of keys A and B whose homes are 64 slots apart, are stopped mid-claim and
+/// left stopped. One waiter process with two threads waits for A and for B. The design
+/// bounds a stopped claim at ~0.5 s; both waits should succeed well within 5 s.
+fn two_stopped_claims_64_slots_apart_are_both_broken() {
+    two_stopped_claims(64);
+}
+
+/// The control: the same 32 slots apart.
+fn control_two_stopped_claims_32_slots_apart_are_broken() {
+    two_stopped_claims(32);
+}
+
+fn two_stopped_claims(apart: usize) {
+    let path = TempPath::new("cells");
+    let table = LockTable::open(&path, 64).unwrap(); // 128 slots
+    let (a, b) = keys_apart(&table, apart);
+    let mut x = 0xabc;
+    let mut wa = Proc::new(fork(|| claim_loop(&path.0, &a)));
+    assert!(
+        catch_claiming(&table, wa.pid(), 50_000, &mut x),
+        "A never caught"
+    );
+    let mut wb = Proc::new(fork(|| claim_loop(&path.0, &b)));
+    assert!(
+        catch_claiming(&table, wb.pid(), 50_000, &mut x),
+        "B never caught"
+    );
+    let states: Vec<_> = table.holders().iter().map(|h| h.state).collect();
+    let mut waiter = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let (t, a, b) = (&t, &a, &b);
+        let res = std::thread::scope(|s| {
+            let ja = s.spawn(move || t.lock(a, &opts(30_000, 5_000)).map(|g| g.elapsed()));
+            let jb = s.spawn(move || t.lock(b, &opts(30_000, 5_000)).map(|g| g.elapsed()));
+            (ja.join().unwrap(), jb.join().unwrap())
+        });
+        note!("[waiting for A: {:?}, for B: {:?}] ", res.0, res.1);
+        // The bound is 500 ms; allow three times that.
+        let slow = |r: &Result<Duration, Error>| {
+            r.as_ref()
+                .map_or(true, |d| *d > Duration::from_millis(1_500))
+        };
+        i32::from(slow(&res.0)) + 2 * i32::from(slow(&res.1))
+    }));
+    let code = waiter.wait(Duration::from_secs(30));
+    let _ = (wa.try_wait(), wb.try_wait());
+    assert_eq!(code, 0, "stopped claims left unbroken (entries {states:?})");
+}
+
+// ---------------------------------------------------------------------------------------
+// F: reboot reset vs a concurrent attacher
+
+fn set_boot_id_in_header(path: &Path, id: [u8; 16]) {
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut h = [0u8; 96];
+    f.read_exact_at(&mut h, 0).unwrap();
+    h[40..56].copy_from_slice(&id);
+    let sum = xxhash_rust::xxh3::xxh3_64(&h);
+    f.write_all_at(&h, 0).unwrap();
+    f.write_all_at(&sum.to_le_bytes(), 96).unwrap();
+}
+
+fn ofd_lock(f: &fs::File, byte: i64, kind: i32) -> bool {
+    // SAFETY: a zeroed flock is valid.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = byte;
+    fl.l_len = 1;
+    // SAFETY: valid descriptor and flock.
+    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) == 0 }
+}
+
+/// After a reboot (the file names another boot), two processes attach at once. Both read
+/// the old header before either marks the file in use; the first resets the table (and
+/// moves its token base past every old token); the second must then use the header as it
+/// is, so every token after the reboot is above those handed out before it.
+fn concurrent_attach_after_reboot_keeps_tokens_growing() {
+    let path = TempPath::new("reboot");
+    let mut before = 0;
+    {
+        let t = LockTable::open(&path, 64).unwrap();
+        for _ in 0..1000 {
+            let g = t.lock(K, &opts(1_000, 1_000)).unwrap();
+            before = before.max(g.token().unwrap());
+        }
+    }
+    set_boot_id_in_header(&path.0, [0x42; 16]);
+    // Somebody is attaching (holds the init lock) while A and B start.
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    assert!(ofd_lock(&f, 4000, libc::F_WRLCK));
+    let tokens = Shared::new(4);
+    let attach = |slot: usize| {
+        let (path, tokens) = (&path, &tokens);
+        Proc::new(fork(move || {
+            let t = LockTable::open(path, 64).unwrap();
+            // take turns: A first, then B; A stays attached until B is done
+            if slot == 1 {
+                await_word(tokens, 0, Duration::from_secs(20));
+            }
+            let g = t.lock(K, &opts(1_000, 5_000)).unwrap();
+            tokens
+                .word(slot)
+                .store(g.token().unwrap(), Ordering::SeqCst);
+            drop(g);
+            if slot == 0 {
+                await_word(tokens, 1, Duration::from_secs(20));
+            }
+            0
+        }))
+    };
+    let mut a = attach(0);
+    let mut b = attach(1);
+    std::thread::sleep(Duration::from_millis(300)); // both have read the header by now
+    assert!(ofd_lock(&f, 4000, libc::F_UNLCK));
+    assert_eq!(a.wait(Duration::from_secs(20)), 0);
+    assert_eq!(b.wait(Duration::from_secs(20)), 0);
+    let (ta, tb) = (
+        tokens.word(0).load(Ordering::SeqCst),
+        tokens.word(1).load(Ordering::SeqCst),
+    );
+    note!("[before reboot up to {before}; after: A {ta}, then B {tb}] ");
+    assert!(ta > before && tb > ta, "fencing tokens went backwards");
+}
+
+// ---------------------------------------------------------------------------------------
+// F: /proc/self/timens_offsets is the offset of the namespace for children
+
+/// A process that unshares a time namespace for the children it will start (setting their
+/// monotonic clock 3600 s ahead) stays in its own namespace, but `timens_offsets` now shows
+/// the children's offset. Opening a table afterwards must not take that offset for its own
+/// (its leases would be expired for everyone else).
+fn a_process_that_unshared_a_time_namespace_keeps_its_own_clock() {
+    require_root();
+    let path = TempPath::new("timens-unshare");
+    drop(LockTable::open(&path, 64).unwrap());
+    let ready = Shared::new(2);
+    let _h = Proc::new(fork(|| {
+        // SAFETY: plain system call.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWTIME) }, 0);
+        fs::write("/proc/self/timens_offsets", "monotonic 3600 0\n").unwrap();
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.lock(K, &opts(60_000, 1_000)).unwrap();
+        ready.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(30));
+        drop(g);
+        0
+    }));
+    await_word(&ready, 0, Duration::from_secs(10));
+    let table = LockTable::open(&path, 64).unwrap();
+    let got = table.lock(K, &opts(60_000, 1_000));
+    let stole = got.is_ok();
+    if let Ok(g) = got {
+        note!("[took K at once though its holder has 60 s left] ");
+        std::mem::forget(g);
+    }
+    assert!(!stole, "two live holders of K");
+}
+
+/// In a time namespace with a +3600 s offset, a process whose main thread has exited opens
+/// the table from another thread: `/proc/self/timens_offsets` of a process whose leader is
+/// a zombie reads empty: it must not take that for "no offset" (every lease would look
+/// expired to it); finding K busy, or refusing, are both right.
+fn an_opener_whose_main_thread_exited_never_misreads_its_clock() {
+    require_root();
+    let path = TempPath::new("timens-zombie");
+    let table = LockTable::open(&path, 64).unwrap();
+    let g = table.lock(K, &opts(60_000, 1_000)).unwrap();
+    let result = Shared::new(2);
+    let mut middle = Proc::new(fork(|| {
+        // SAFETY: plain system call.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWTIME) }, 0);
+        fs::write("/proc/self/timens_offsets", "monotonic 3600 0\n").unwrap();
+        let inner = fork(|| {
+            let p = path.0.clone();
+            let w0 = result.word(0) as *const std::sync::atomic::AtomicU64 as usize;
+            let w1 = result.word(1) as *const std::sync::atomic::AtomicU64 as usize;
+            std::thread::spawn(move || {
+                // SAFETY: words of a shared mapping that outlives this process.
+                let (w0, w1) = unsafe {
+                    (
+                        &*(w0 as *const std::sync::atomic::AtomicU64),
+                        &*(w1 as *const std::sync::atomic::AtomicU64),
+                    )
+                };
+                std::thread::sleep(Duration::from_millis(200)); // the leader is gone by now
+                let off = fs::read_to_string("/proc/self/timens_offsets").unwrap_or_default();
+                let code = match LockTable::open(&p, 64).and_then(|t| {
+                    t.try_lock(K, Duration::from_secs(60))
+                        .map(|g| g.map(std::mem::forget))
+                }) {
+                    Ok(Some(())) => 2,
+                    Ok(None) => 1,
+                    Err(_) => 3,
+                };
+                w1.store(off.len() as u64, Ordering::SeqCst);
+                w0.store(code, Ordering::SeqCst);
+                // SAFETY: leaving the process.
+                unsafe { libc::_exit(0) };
+            });
+            // SAFETY: SYS_exit ends the calling (main) thread only; nothing on this stack
+            // is used again.
+            unsafe { libc::syscall(libc::SYS_exit, 0) };
+            unreachable!()
+        });
+        inner.wait(Duration::from_secs(20))
+    }));
+    let code = await_word(&result, 0, Duration::from_secs(20));
+    let _ = middle.wait(Duration::from_secs(20));
+    note!(
+        "[timens_offsets read {} bytes; the waiter {}] ",
+        result.word(1).load(Ordering::SeqCst),
+        match code {
+            1 => "found K busy",
+            2 => "TOOK K from a live 60 s holder",
+            _ => "was refused (its clock offset cannot be read)",
+        }
+    );
+    drop(g);
+    // Finding K busy, or refusing to work with a clock it cannot vouch for, are both
+    // right; taking K is not.
+    assert_ne!(code, 2, "two live holders of K");
+}
+
+// ---------------------------------------------------------------------------------------
+// F: children made without the fork handler
+
+extern "C" {
+    fn _Fork() -> libc::pid_t;
+}
+
+/// glibc's `_Fork` (POSIX 2024; async-signal-safe fork) runs no atfork handlers, so the
+/// child keeps the parent's memory as it was: its copy of the parent's guard must still
+/// know it is not the child's (dropping it must not release the parent's hold).
+fn a_child_of_underscore_fork_never_releases_the_parents_hold() {
+    let path = TempPath::new("underscore-fork");
+    let table = LockTable::open(&path, 64).unwrap();
+    let g = table.lock(K, &opts(60_000, 1_000)).unwrap();
+    // SAFETY: single-threaded test binary.
+    let pid = unsafe { _Fork() };
+    if pid == 0 {
+        drop(g); // the child's copy goes out of scope
+                 // SAFETY: leave.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let stolen = table.is_locked(K).unwrap();
+    note!(
+        "[after the _Fork child dropped its copy, K is {}] ",
+        if stolen { "still held" } else { "FREE" }
+    );
+    drop(g);
+    assert!(stolen, "the parent's hold was released by its child");
+}
+
+// ---------------------------------------------------------------------------------------
+// Chaos with SIGSTOP pauses longer than the bound, and SIGKILLs
+
+const ENTER: u32 = 1;
+const EXIT: u32 = 2;
+const KILL: u32 = 3;
+const FAIL: u32 = 4;
+
+fn log(fd: libc::c_int, kind: u32, pid: u32, key: u32, token: u64) {
+    let mut rec = [0u8; 24];
+    rec[0..4].copy_from_slice(&kind.to_le_bytes());
+    rec[4..8].copy_from_slice(&pid.to_le_bytes());
+    rec[8..12].copy_from_slice(&key.to_le_bytes());
+    rec[16..24].copy_from_slice(&token.to_le_bytes());
+    // SAFETY: writing 24 bytes from a valid buffer.
+    let n = unsafe { libc::write(fd, rec.as_ptr().cast(), rec.len()) };
+    assert_eq!(n, 24);
+}
+
+const HOT: u32 = 3;
+const KEYS: u32 = HOT + 40;
+
+/// Locks, logs ENTER, does a shared non-atomic read-modify-write of the key's counter,
+/// logs EXIT, unlocks. Leases are long (30 s): a SIGSTOP of 0.6-1.5 s must never cost a
+/// holder its lease, so any overlap is a bug.
+fn chaos_worker(
+    table: &LockTable,
+    fd: libc::c_int,
+    stop: &Shared,
+    counters: &Shared,
+    seed: u64,
+) -> i32 {
+    let me = std::process::id();
+    let mut lock = Lock::new(table, opts(30_000, 20_000)).unwrap();
+    let mut x = seed | 1;
+    while stop.word(0).load(Ordering::Relaxed) == 0 {
+        let r = xorshift(&mut x);
+        let key = if r % 2 == 0 {
+            (r >> 8) as u32 % HOT
+        } else {
+            HOT + (r >> 8) as u32 % (KEYS - HOT)
+        };
+        match lock.lock(format!("chaos:{key}")) {
+            Ok(_) => {}
+            Err(Error::Timeout) => continue, // a stopped holder keeps its key (30 s lease)
+            Err(e) => {
+                log(fd, FAIL, me, key, 0);
+                eprintln!("lock: {e}");
+                return 1;
+            }
+        }
+        let token = lock.token().unwrap_or(0);
+        log(fd, ENTER, me, key, token);
+        let c = counters.word(key as usize);
+        let v = c.load(Ordering::Relaxed);
+        match r % 16 {
+            0 => std::thread::sleep(Duration::from_micros(300)),
+            1..=4 => (0..(r >> 20) % 3000).for_each(|_| std::hint::spin_loop()),
+            _ => {}
+        }
+        if r % 32 == 7 && lock.expire(None).is_err() {
+            log(fd, FAIL, me, key, 5);
+            return 4;
+        }
+        c.store(v + 1, Ordering::Relaxed);
+        log(fd, EXIT, me, key, token);
+        match lock.unlock() {
+            Ok(()) => {}
+            Err(e) => {
+                log(fd, FAIL, me, key, 2);
+                eprintln!("unlock: {e}");
+                return 3;
+            }
+        }
+        counters
+            .word(KEYS as usize + key as usize)
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    0
+}
+
+/// 8 workers on 2 cores; every ~10 ms one is SIGSTOPped for 0.6-1.5 s (past the 500 ms
+/// bound) or SIGKILLed. The log is replayed for overlaps; the counters must equal the
+/// number of completed critical sections (an overlap loses increments).
+fn chaos_with_sigstop_and_sigkill() {
+    let env = |name: &str, default: u64| -> u64 {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
+    let secs = env("REVIEW_CHAOS_SECS", 20);
+    let workers_n = env("REVIEW_CHAOS_WORKERS", 8) as usize;
+    let cap = env("REVIEW_CHAOS_CAP", 64) as usize;
+    let path = TempPath::new("chaos-stop");
+    let table = LockTable::open(&path, cap).unwrap();
+    let log_path = TempPath::new("chaos-stop-log");
+    let c_path = CString::new(log_path.0.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid path.
+    let fd = unsafe {
+        libc::open(
+            c_path.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND,
+            0o600,
+        )
+    };
+    assert!(fd >= 0);
+    let stop_flag = Shared::new(1);
+    let counters = Shared::new(2 * KEYS as usize);
+    let spawn = |seed: u64| {
+        let (table, stop_flag, counters) = (&table, &stop_flag, &counters);
+        fork(move || chaos_worker(table, fd, stop_flag, counters, seed))
+    };
+    let mut workers: Vec<Child> = (0..workers_n as u64).map(|i| spawn(i + 1)).collect();
+    let mut stopped: Vec<Option<Instant>> = vec![None; workers_n];
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let (mut kills, mut stops) = (0u64, 0u64);
+    let mut x = 0x0dd_ba11_u64;
+    let mut seed = 100;
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(xorshift(&mut x) % 20_000));
+        for (i, s) in stopped.iter_mut().enumerate() {
+            if s.is_some_and(|until| Instant::now() >= until) {
+                cont(workers[i].0);
+                *s = None;
+            }
+        }
+        let victim = (xorshift(&mut x) % workers_n as u64) as usize;
+        if stopped[victim].is_some() {
+            continue;
+        }
+        if xorshift(&mut x) % 4 == 0 {
+            log(fd, KILL, workers[victim].0 as u32, 0, 0);
+            workers[victim].kill();
+            kills += 1;
+            seed += 1;
+            workers[victim] = spawn(seed * 1_000_003);
+        } else {
+            // SAFETY: our child.
+            unsafe { libc::kill(workers[victim].0, libc::SIGSTOP) };
+            stops += 1;
+            let pause = 600 + xorshift(&mut x) % 900;
+            stopped[victim] = Some(Instant::now() + Duration::from_millis(pause));
+        }
+    }
+    for (i, s) in stopped.iter().enumerate() {
+        if s.is_some() {
+            cont(workers[i].0);
+        }
+    }
+    stop_flag.word(0).store(1, Ordering::SeqCst);
+    for w in &workers {
+        assert_eq!(
+            w.wait(Duration::from_secs(90)),
+            0,
+            "a surviving worker failed"
+        );
+    }
+    // SAFETY: our descriptor.
+    unsafe { libc::close(fd) };
+    let bytes = fs::read(&log_path).unwrap();
+    let mut holder: std::collections::HashMap<u32, (u32, u64)> = Default::default();
+    let mut last_token: std::collections::HashMap<u32, u64> = Default::default();
+    let mut killed = std::collections::HashSet::new();
+    let (mut enters, mut overlaps, mut bad_tokens, mut bad_exits) = (0u64, 0u64, 0u64, 0u64);
+    for rec in bytes.chunks(24) {
+        let u32_at = |o: usize| u32::from_le_bytes(rec[o..o + 4].try_into().unwrap());
+        let (kind, pid, key) = (u32_at(0), u32_at(4), u32_at(8));
+        let token = u64::from_le_bytes(rec[16..24].try_into().unwrap());
+        match kind {
+            ENTER => {
+                enters += 1;
+                if let Some((hp, _)) = holder.get(&key) {
+                    if !killed.contains(hp) {
+                        overlaps += 1;
+                    }
+                }
+                if token <= last_token.get(&key).copied().unwrap_or(0) {
+                    bad_tokens += 1;
+                }
+                holder.insert(key, (pid, token));
+                last_token.insert(key, token);
+            }
+            EXIT => {
+                if holder.remove(&key) != Some((pid, token)) {
+                    bad_exits += 1;
+                }
+            }
+            KILL => {
+                killed.insert(pid);
+            }
+            _ => panic!("a worker failed: pid {pid} key {key} code {token}"),
+        }
+    }
+    // counters: a killed worker may have died between its store and its tally (+1 at most
+    // per kill), never fewer increments than tallies.
+    let mut lost = 0i64;
+    for k in 0..KEYS as usize {
+        let inc = counters.word(k).load(Ordering::SeqCst) as i64;
+        let tally = counters.word(KEYS as usize + k).load(Ordering::SeqCst) as i64;
+        if inc < tally {
+            lost += tally - inc;
+        }
+    }
+    note!("[{secs}s, {workers_n} workers, capacity {cap}: {stops} stops, {kills} kills, {enters} critical sections; overlaps {overlaps}, bad tokens {bad_tokens}, bad exits {bad_exits}, lost increments {lost}] ");
+    assert!(kills > 0 && stops > 0 && enters > 0);
+    assert_eq!((overlaps, bad_tokens, bad_exits, lost), (0, 0, 0, 0));
+    let mut lock = Lock::new(&table, opts(30_000, 5_000)).unwrap();
+    for key in 0..KEYS {
+        lock.lock(format!("chaos:{key}")).unwrap();
+        lock.unlock().unwrap();
+    }
+    table.reap();
+    assert_eq!(table.occupancy(), 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// F: the dict's reach is raised with a plain store, by writers that may have been taken over
+
+fn header_u64(path: &Path, at: u64) -> u64 {
+    let f = fs::File::open(path).unwrap();
+    let mut b = [0u8; 8];
+    f.read_exact_at(&mut b, at).unwrap();
+    u64::from_le_bytes(b)
+}
+
+/// Where this process mapped `path` (the mapping that starts at file offset 4096), found
+/// by inode (a file created through O_TMPFILE shows another name in the maps).
+fn mapping_base(path: &Path) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let ino = fs::metadata(path).unwrap().ino().to_string();
+    let maps = fs::read_to_string("/proc/self/maps").unwrap();
+    for line in maps.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() >= 5 && f[4] == ino && f[2] == "00001000" {
+            return usize::from_str_radix(f[0].split('-').next().unwrap(), 16).unwrap();
+        }
+    }
+    panic!("{} is not mapped:\n{maps}", path.display());
+}
+
+fn wait_file(p: &Path, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while !p.exists() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    true
+}
+
+/// A writer W is stopped (by a debugger, standing in for SIGSTOP or an overloaded machine)
+/// inside `place`, between its load of the home's reach and its store of the new reach.
+/// Another process takes the writer lock over after the bound and stores two keys of the
+/// same home farther out (reach 2). W resumes: it must not lower the reach (the key at
+/// distance 2 would become invisible, a `set` of it would make a second entry, and after
+/// `delete` the other value would come back).
+fn a_dict_writer_stopped_inside_place_never_lowers_reach() {
+    if std::process::Command::new("gdb")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        panic!("needs gdb");
+    }
+    let path = TempPath::new("dict-reach");
+    let d = shmlock::SharedDict::open(&path, 64, 16).unwrap();
+    let seed = header_u64(&path.0, 32);
+    let slot_size = header_u64(&path.0, 24) & 0xffff_ffff;
+    let registry = header_u64(&path.0, 72) & 0xffff_ffff;
+    let registry_len = (registry * 32).div_ceil(4096) * 4096;
+    let home = |k: &str| {
+        let h = xxhash_rust::xxh3::xxh3_64_with_seed(k.as_bytes(), seed);
+        ((u128::from(h) * 64) >> 64) as u64
+    };
+    // four keys of one home
+    let mut by_home: std::collections::HashMap<u64, Vec<String>> = Default::default();
+    let keys = (0..)
+        .find_map(|n| {
+            let k = format!("key{n}");
+            let v = by_home.entry(home(&k)).or_default();
+            v.push(k);
+            (v.len() == 4).then(|| v.clone())
+        })
+        .unwrap();
+    let h = home(&keys[0]);
+    let (x, k1, k2, k3) = (&keys[0], &keys[1], &keys[2], &keys[3]);
+    let never = Duration::ZERO;
+    let _ = d.set(x.as_str(), "x", never).unwrap(); // distance 0
+    let shared = Shared::new(4);
+    let flags = TempPath::new("gdb-flags");
+    fs::create_dir_all(&flags.0).unwrap();
+    let (attached, stopped) = (flags.0.join("attached"), flags.0.join("stopped"));
+    let mut w = Proc::new(fork(|| {
+        let base = mapping_base(&path.0) as u64;
+        let addr = base + registry_len + 4096 + h * slot_size + 6 * 8;
+        shared.word(1).store(addr, Ordering::SeqCst);
+        await_word(&shared, 0, Duration::from_secs(60));
+        let r = d.set(k1.as_str(), "w", never);
+        shared
+            .word(2)
+            .store(if r.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
+        0
+    }));
+    let addr = await_word(&shared, 1, Duration::from_secs(10));
+    let mut gdb = std::process::Command::new("gdb")
+        .args(["-q", "-nx", "-batch", "-p", &w.pid().to_string()])
+        .args(["-ex", "set pagination off"])
+        .args(["-ex", &format!("rwatch *(long*){addr:#x}")])
+        .args(["-ex", &format!("shell touch {}", attached.display())])
+        .args(["-ex", "continue", "-ex", "continue"])
+        .args(["-ex", &format!("shell touch {}", stopped.display())])
+        .args(["-ex", "shell sleep 3", "-ex", "delete", "-ex", "detach"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_file(&attached, Duration::from_secs(30)),
+        "gdb did not attach"
+    );
+    shared.word(0).store(1, Ordering::SeqCst);
+    assert!(
+        wait_file(&stopped, Duration::from_secs(30)),
+        "W never read the reach twice"
+    );
+    assert_eq!(
+        d.writer_pid(),
+        Some(w.pid() as u32),
+        "W should hold the writer lock"
+    );
+    // After the bound, take the lock over and fill distances 1 and 2 of the home.
+    let t0 = Instant::now();
+    let _ = d.set(k3.as_str(), "k3", never).unwrap();
+    let took_over = t0.elapsed();
+    let _ = d.set(k2.as_str(), "old", never).unwrap();
+    let before = d.get(k2.as_str()).unwrap().map(|i| i.value);
+    let _ = gdb.wait();
+    await_word(&shared, 2, Duration::from_secs(10));
+    let _ = w.wait(Duration::from_secs(10));
+    let after_resume = d.get(k2.as_str()).unwrap().map(|i| i.value);
+    let _ = d.set(k2.as_str(), "new", never).unwrap();
+    let after_set = d.get(k2.as_str()).unwrap().map(|i| i.value);
+    let copies = d
+        .keys(0)
+        .unwrap()
+        .iter()
+        .filter(|k| k.as_slice() == k2.as_bytes())
+        .count();
+    let existed = d.delete(k2.as_str()).unwrap();
+    let after_delete = d.get(k2.as_str()).unwrap().map(|i| i.value);
+    let show = |v: &Option<shmlock::Value>| match v {
+        Some(shmlock::Value::Bytes(b)) => String::from_utf8_lossy(b).into_owned(),
+        Some(other) => format!("{other:?}"),
+        None => "absent".into(),
+    };
+    note!(
+        "[home {h}; took over after {took_over:.2?}; get(k2): {} before W resumed, {} after; \
+         after set(\"new\"): {}; {copies} entries of k2; delete said {existed}, then get: {}] ",
+        show(&before),
+        show(&after_resume),
+        show(&after_set),
+        show(&after_delete)
+    );
+    let _ = fs::remove_dir_all(&flags.0);
+    assert_eq!(show(&after_resume), "old", "a stored key became invisible");
+    assert_eq!(copies, 1, "two entries for one key");
+    assert_eq!(
+        show(&after_set),
+        "new",
+        "get returned an older value after set"
+    );
+    assert_eq!(
+        show(&after_delete),
+        "absent",
+        "a value came back after delete"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Dict chaos: writers SIGSTOPped past the bound and SIGKILLed; readers check every value,
+// a controller checks delete, set-then-get and duplicates; counters are tallied.
+
+fn make_value(key: u32, gen: u64, len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len);
+    v.extend_from_slice(&key.to_le_bytes());
+    v.extend_from_slice(&(len as u32).to_le_bytes());
+    v.extend_from_slice(&gen.to_le_bytes());
+    let mut x = gen | 1;
+    while v.len() < len - 8 {
+        v.push(xorshift(&mut x) as u8);
+    }
+    let sum = xxhash_rust::xxh3::xxh3_64(&v);
+    v.extend_from_slice(&sum.to_le_bytes());
+    v
+}
+
+fn verify(key: u32, v: &[u8]) -> bool {
+    v.len() >= 24
+        && u32::from_le_bytes(v[0..4].try_into().unwrap()) == key
+        && u32::from_le_bytes(v[4..8].try_into().unwrap()) as usize == v.len()
+        && xxhash_rust::xxh3::xxh3_64(&v[..v.len() - 8]).to_le_bytes() == v[v.len() - 8..]
+}
+
+fn gen_of(v: &[u8]) -> u64 {
+    u64::from_le_bytes(v[8..16].try_into().unwrap())
+}
+
+const DKEYS: u64 = 48;
+fn dmax() -> usize {
+    std::env::var("REVIEW_DICT_MAX")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4096)
+}
+
+fn dict_chaos_with_sigstop_and_sigkill() {
+    use shmlock::{SharedDict, Value};
+    let secs: u64 = std::env::var("REVIEW_CHAOS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    const WRITERS: usize = 3;
+    let path = TempPath::new("dict-chaos");
+    let d = SharedDict::open(&path, 32, dmax()).unwrap();
+    let cpath = TempPath::new("dict-chaos-counters");
+    let c = SharedDict::open(&cpath, 64, 8).unwrap();
+    let stop_flag = Shared::new(1);
+    // 0 writes, 1 good reads, 2 torn, 3 incr ok, 4 controller rounds, 5 resurrections,
+    // 6 stale reads, 7 duplicates, 8 reader/controller errors, 9 stalled errors
+    let k = Shared::new(16);
+    let writer = |seed: u64| {
+        let (d, c, stop_flag, k) = (&d, &c, &stop_flag, &k);
+        fork(move || {
+            let mut x = seed | 1;
+            while stop_flag.word(0).load(Ordering::Relaxed) == 0 {
+                let key = (xorshift(&mut x) % DKEYS) as u32;
+                let len = 24 + (xorshift(&mut x) as usize % (dmax() - 24));
+                match d.set(format!("t:{key}"), &make_value(key, x, len), Duration::ZERO) {
+                    Ok(_) => {
+                        k.word(0).fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(Error::Stalled) => {
+                        k.word(9).fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        eprintln!("set: {e}");
+                        return 1;
+                    }
+                }
+                match c.incr("count", 1, Some(0), Duration::ZERO) {
+                    Ok(_) => {
+                        k.word(3).fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(Error::Stalled) => {
+                        k.word(9).fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        eprintln!("incr: {e}");
+                        return 1;
+                    }
+                }
+            }
+            0
+        })
+    };
+    let mut writers: Vec<Child> = (0..WRITERS as u64).map(|i| writer(i + 1)).collect();
+    let readers: Vec<Child> = (0..2u64)
+        .map(|i| {
+            let (d, stop_flag, k) = (&d, &stop_flag, &k);
+            fork(move || {
+                let mut x = 77 + i;
+                while stop_flag.word(0).load(Ordering::Relaxed) == 0 {
+                    let key = (xorshift(&mut x) % DKEYS) as u32;
+                    match d.get(format!("t:{key}")) {
+                        Ok(Some(item)) => {
+                            let ok = item.value.as_bytes().is_some_and(|v| verify(key, v));
+                            k.word(if ok { 1 } else { 2 })
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            eprintln!("get: {e}");
+                            k.word(8).fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                0
+            })
+        })
+        .collect();
+    // The controller: never stopped.
+    let controller = {
+        let (d, stop_flag, k) = (&d, &stop_flag, &k);
+        fork(move || {
+            let mut gen = 1u64;
+            while stop_flag.word(0).load(Ordering::Relaxed) == 0 {
+                let key = 1000 + (gen % 8) as u32;
+                let name = format!("r:{key}");
+                let v = make_value(key, gen, 64);
+                if d.set(name.as_str(), &v, Duration::ZERO).is_err() {
+                    gen += 1;
+                    continue;
+                }
+                match d.get(name.as_str()) {
+                    Ok(Some(item)) => {
+                        let b = item.value.as_bytes().unwrap();
+                        if !verify(key, b) || gen_of(b) != gen {
+                            k.word(6).fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Ok(None) => {} // evicted meanwhile
+                    Err(_) => {
+                        k.word(8).fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                if d.delete(name.as_str()).is_err() {
+                    gen += 1;
+                    continue;
+                }
+                for _ in 0..3 {
+                    if let Ok(Some(_)) = d.get(name.as_str()) {
+                        k.word(5).fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                // A listing is no snapshot: a writer's key evicted from one slot and stored
+                // again in a later one can show twice. The controller's own keys cannot move
+                // while it lists (only it stores them), so twice means two entries.
+                if gen % 64 == 0 {
+                    if let Ok(keys) = d.keys(0) {
+                        let mut seen = std::collections::HashSet::new();
+                        for key in keys.into_iter().filter(|k| k.starts_with(b"r:")) {
+                            if !seen.insert(key) {
+                                k.word(7).fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                }
+                k.word(4).fetch_add(1, Ordering::Relaxed);
+                gen += 1;
+            }
+            0
+        })
+    };
+    let mut stopped: Vec<Option<Instant>> = vec![None; WRITERS];
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let (mut kills, mut stops, mut x, mut seed) = (0u64, 0u64, 0xfeed_u64, 1000u64);
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(xorshift(&mut x) % 30_000));
+        for (i, s) in stopped.iter_mut().enumerate() {
+            if s.is_some_and(|until| Instant::now() >= until) {
+                cont(writers[i].0);
+                *s = None;
+            }
+        }
+        let victim = (xorshift(&mut x) % WRITERS as u64) as usize;
+        if stopped[victim].is_some() {
+            continue;
+        }
+        if xorshift(&mut x) % 3 == 0 {
+            writers[victim].kill();
+            kills += 1;
+            seed += 1;
+            writers[victim] = writer(seed);
+        } else {
+            // SAFETY: our child.
+            unsafe { libc::kill(writers[victim].0, libc::SIGSTOP) };
+            stops += 1;
+            stopped[victim] =
+                Some(Instant::now() + Duration::from_millis(600 + xorshift(&mut x) % 900));
+        }
+    }
+    for (i, s) in stopped.iter().enumerate() {
+        if s.is_some() {
+            cont(writers[i].0);
+        }
+    }
+    stop_flag.word(0).store(1, Ordering::SeqCst);
+    for ch in writers
+        .iter()
+        .chain(&readers)
+        .chain(std::iter::once(&controller))
+    {
+        assert_eq!(
+            ch.wait(Duration::from_secs(60)),
+            0,
+            "a worker failed or hung"
+        );
+    }
+    let w = |i| k.word(i).load(Ordering::SeqCst);
+    let count = match c.get("count").unwrap() {
+        Some(item) => match item.value {
+            Value::Int(n) => n,
+            _ => -1,
+        },
+        None => -2,
+    };
+    note!(
+        "[{secs}s: {stops} stops, {kills} kills, {} repairs; {} sets, {} stalled, {} good reads, \
+         {} torn, {} controller rounds, {} resurrections, {} stale reads, {} duplicates, {} \
+         errors; counter {count} vs {} incr Ok (+ at most {kills} in flight)] ",
+        d.repairs(),
+        w(0),
+        w(9),
+        w(1),
+        w(2),
+        w(4),
+        w(5),
+        w(6),
+        w(7),
+        w(8),
+        w(3)
+    );
+    assert!(w(1) > 0 && w(4) > 0 && stops > 0);
+    assert_eq!((w(2), w(5), w(6), w(7), w(8)), (0, 0, 0, 0, 0));
+    let keys = d.keys(0).unwrap();
+    let uniq: std::collections::HashSet<_> = keys.iter().collect();
+    assert_eq!(uniq.len(), keys.len(), "duplicate keys at the end");
+    assert!(
+        count >= w(3) as i64 && count <= (w(3) + kills + w(9)) as i64,
+        "the counter lost or gained increments"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// F: leave_to_expire ("only one worker runs this tick") does not outlive the process
+
+/// The README's cron pattern: whoever gets the lease for this minute does the work and
+/// leaves the lease to expire. The winner finishes and exits well within the minute; a
+/// second runner arriving in the same minute must not get the lease.
+fn a_lease_left_to_expire_outlives_its_process() {
+    let path = TempPath::new("leave-exit");
+    let table = LockTable::open(&path, 64).unwrap();
+    let mut first = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let got = t.try_lock("cron:12:00", Duration::from_secs(60)).unwrap();
+        match got {
+            Some(g) => {
+                let _ = g.leave_to_expire();
+                0 // work done, exit
+            }
+            None => 1,
+        }
+    }));
+    assert_eq!(first.wait(Duration::from_secs(10)), 0);
+    let second = table
+        .try_lock("cron:12:00", Duration::from_secs(60))
+        .unwrap();
+    let ran_twice = second.is_some();
+    note!(
+        "[second runner in the same minute {}] ",
+        if ran_twice {
+            "GOT the lease"
+        } else {
+            "was refused"
+        }
+    );
+    assert!(
+        !ran_twice,
+        "a lease left to expire was reaped when its process exited"
+    );
+}
+
+/// The same for a launcher that takes the lease and execs the job.
+fn a_lease_left_to_expire_outlives_an_exec() {
+    let path = TempPath::new("leave-exec");
+    let table = LockTable::open(&path, 64).unwrap();
+    let flag = Shared::new(1);
+    let _launcher = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.try_lock("job", Duration::from_secs(60)).unwrap().unwrap();
+        let _ = g.leave_to_expire();
+        flag.word(0).store(1, Ordering::SeqCst);
+        let sleep = CString::new("/bin/sleep").unwrap();
+        let arg = CString::new("30").unwrap();
+        // SAFETY: valid NUL-terminated strings and a NULL-terminated argv.
+        unsafe {
+            libc::execv(
+                sleep.as_ptr(),
+                [sleep.as_ptr(), arg.as_ptr(), std::ptr::null()].as_ptr(),
+            )
+        };
+        99
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(200)); // the exec is done
+    let second = table.try_lock("job", Duration::from_secs(60)).unwrap();
+    let twice = second.is_some();
+    note!(
+        "[while the exec'd job runs, a second launcher {}] ",
+        if twice {
+            "GOT the lease"
+        } else {
+            "was refused"
+        }
+    );
+    assert!(
+        !twice,
+        "a lease left to expire was reaped when its process exec'd"
+    );
+}
+
+/// A long-lived process that opens a handle per run and leaves each lease to expire must
+/// not keep a registration (and its descriptor) per run: the registry would fill up.
+fn leases_left_to_expire_never_fill_the_registry() {
+    let path = TempPath::new("leave-leak");
+    drop(
+        LockTable::options()
+            .capacity(4096)
+            .max_processes(64)
+            .open(&path)
+            .unwrap(),
+    );
+    let mut child = Proc::new(fork(|| {
+        for i in 0..100 {
+            let t = LockTable::open(&path, 64).unwrap();
+            if !t.registered() {
+                note!(
+                    "[run {i}: no registry entry left; fds open: {}] ",
+                    fds_naming(&path.0).len()
+                );
+                return 1;
+            }
+            let g = t
+                .try_lock(format!("run:{i}"), Duration::from_millis(10))
+                .unwrap()
+                .unwrap();
+            let _ = g.leave_to_expire();
+        }
+        0
+    }));
+    assert_eq!(child.wait(Duration::from_secs(30)), 0, "registrations leak");
+}
+
+// ---------------------------------------------------------------------------------------
+// The dict's takeover scans every entry under the lock; the bound is 500 ms
+
+/// A big dict (REVIEW_BIG_DICT entries, default 4M): how long a takeover's recovery holds
+/// the writer lock, and what two writers that keep writing make of it once it exceeds the
+/// bound (each takes the lock over from the other while it is still recovering).
+fn big_dict_takeover_recovery_versus_the_bound() {
+    use shmlock::SharedDict;
+    let Some(n) = std::env::var("REVIEW_BIG_DICT")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+    else {
+        note!("[set REVIEW_BIG_DICT=16000000 to run: it needs ~2 GiB of /dev/shm] ");
+        return;
+    };
+    let path = TempPath::new("big-dict");
+    let d = SharedDict::options()
+        .capacity(n)
+        .max_key_len(8)
+        .max_value_len(8)
+        .open(&path)
+        .unwrap();
+    // A writer stopped holding the lock, then killed: the next writer takes over.
+    let t0 = Instant::now();
+    let w = fork(|| loop {
+        let _ = d.set("a", "b", Duration::ZERO);
+    });
+    let mut x = 1u64;
+    loop {
+        std::thread::sleep(Duration::from_micros(xorshift(&mut x) % 500));
+        stop(w.0);
+        if d.writer_pid() == Some(w.0 as u32) {
+            break;
+        }
+        cont(w.0);
+    }
+    w.kill();
+    let t1 = Instant::now();
+    let _ = d.set("c", "d", Duration::ZERO).unwrap();
+    let recover = t1.elapsed();
+    // A second takeover after a stop of 600 ms, with two live writers waiting.
+    let ok = Shared::new(4);
+    let spawn = |slot: usize| {
+        let (d, ok) = (&d, &ok);
+        fork(move || {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                match d.set(format!("w{slot}"), "v", Duration::ZERO) {
+                    Ok(_) => ok.word(slot).fetch_add(1, Ordering::Relaxed),
+                    Err(_) => ok.word(2 + slot).fetch_add(1, Ordering::Relaxed),
+                };
+            }
+            0
+        })
+    };
+    let staller = fork(|| loop {
+        let _ = d.set("s", "t", Duration::ZERO);
+    });
+    loop {
+        std::thread::sleep(Duration::from_micros(xorshift(&mut x) % 500));
+        stop(staller.0);
+        if d.writer_pid() == Some(staller.0 as u32) {
+            break;
+        }
+        cont(staller.0);
+    }
+    let (a, b) = (spawn(0), spawn(1));
+    std::thread::sleep(Duration::from_millis(700));
+    staller.kill();
+    a.wait(Duration::from_secs(60));
+    b.wait(Duration::from_secs(60));
+    let w = |i| ok.word(i).load(Ordering::SeqCst);
+    note!(
+        "[{n} entries (setup {:.1?}): a takeover's recovery held the lock {recover:.2?}; then \
+         10 s of two writers: {} + {} sets ok, {} + {} failed (Stalled); {} repairs] ",
+        t1 - t0,
+        w(0),
+        w(1),
+        w(2),
+        w(3),
+        d.repairs()
+    );
+    assert!(
+        recover < Duration::from_millis(500),
+        "recovery outlasts the bound"
+    );
+    assert!(
+        w(0) + w(1) > 100,
+        "writers livelock taking the lock over from each other"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The stall memory is per process
+
+/// A claimer is stopped mid-claim and left stopped. Fresh processes poll the key with
+/// `try_lock` every 100 ms for 5 s (a cron job, `shmlock run --nonblock`, a CLI with a short
+/// timeout): none of them watches the claim for 500 ms itself, yet together they must
+/// break it after the bound.
+fn a_stopped_claim_is_broken_for_short_lived_pollers_too() {
+    let path = TempPath::new("pollers");
+    let table = LockTable::open(&path, 64).unwrap();
+    let mut x = 0x77;
+    let mut w = Proc::new(fork(|| claim_loop(&path.0, K)));
+    assert!(
+        catch_claiming(&table, w.pid(), 50_000, &mut x),
+        "never caught the claimer"
+    );
+    let t0 = Instant::now();
+    let mut polls = 0;
+    let mut got = None;
+    while t0.elapsed() < Duration::from_secs(5) {
+        polls += 1;
+        let mut p = Proc::new(fork(|| {
+            let t = LockTable::open(&path, 64).unwrap();
+            let r = t.try_lock(K, Duration::from_secs(1)).map(|g| g.is_some());
+            i32::from(matches!(r, Ok(true)))
+        }));
+        if p.wait(Duration::from_secs(5)) == 1 {
+            got = Some(t0.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = w.try_wait();
+    note!(
+        "[{polls} fresh pollers: {}] ",
+        got.map_or("none got K".to_string(), |t| format!("K after {t:.2?}"))
+    );
+    assert!(
+        got.is_some(),
+        "a stopped claim is never broken by short-lived processes"
+    );
+}
+
+/// Every registry entry is left TAKEN by a process that was SIGKILLed: a new process must
+/// still get an entry (the locks are gone).
+fn registry_full_of_dead_entries_is_reused() {
+    let path = TempPath::new("registry-dead");
+    drop(LockTable::options().max_processes(4).open(&path).unwrap());
+    let flag = Shared::new(8);
+    for i in 0..4 {
+        let c = fork(|| {
+            let t = LockTable::open(&path, 64).unwrap();
+            flag.word(i)
+                .store(1 + u64::from(t.registered()), Ordering::SeqCst);
+            std::thread::sleep(Duration::from_secs(30));
+            drop(t);
+            0
+        });
+        await_word(&flag, i, Duration::from_secs(10));
+        c.kill();
+    }
+    let registered: Vec<_> = (0..4)
+        .map(|i| flag.word(i).load(Ordering::SeqCst) == 2)
+        .collect();
+    let t = LockTable::open(&path, 64).unwrap();
+    note!(
+        "[dead processes registered: {registered:?}; a new one registered: {}] ",
+        t.registered()
+    );
+    assert!(t.registered());
+}
+
+// ---------------------------------------------------------------------------------------
+// The lead's "killed mid-claim" scenarios, with a claimer that really goes through CLAIMING
+// (tests/liveness.rs's claim_loop mostly takes the one-CAS path and is never caught there
+// on a machine with a 4 ms clock tick).
+
+fn killed_mid_claim_many_times_leaves_nothing() {
+    killed_mid_claim(false);
+}
+
+fn killed_mid_claim_in_a_new_pid_namespace_many_times_leaves_nothing() {
+    require_root();
+    killed_mid_claim(true);
+}
+
+fn killed_mid_claim(new_pid_ns: bool) {
+    const KILLS: usize = 20;
+    let path = TempPath::new("killed-mid-claim");
+    let table = LockTable::open(&path, 16).unwrap();
+    let mut x = 0x31337;
+    let mut worst = Duration::ZERO;
+    let pidfile = Shared::new(2);
+    for n in 0..KILLS {
+        pidfile.word(0).store(0, Ordering::SeqCst);
+        // The worker: our child, or (new pid ns) the child of a middle process of ours.
+        let middle = Proc::new(fork(|| {
+            if new_pid_ns {
+                // SAFETY: plain system call.
+                assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWPID) }, 0);
+                let inner = fork(|| claim_loop(&path.0, K));
+                pidfile.word(0).store(inner.0 as u64, Ordering::SeqCst);
+                inner.wait(Duration::from_secs(120))
+            } else {
+                pidfile
+                    .word(0)
+                    .store(u64::from(std::process::id()), Ordering::SeqCst);
+                claim_loop(&path.0, K)
+            }
+        }));
+        let pid = await_word(&pidfile, 0, Duration::from_secs(10)) as libc::pid_t;
+        assert!(
+            catch_claiming(&table, pid, 50_000, &mut x),
+            "worker {n} never caught claiming: state {:?}, entries {:?}",
+            proc_state(pid).map(char::from),
+            table.holders()
+        );
+        // SAFETY: our (grand)child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let mut middle = middle;
+        let _ = middle.wait(Duration::from_secs(10));
+        let t0 = Instant::now();
+        let g = table
+            .lock(K, &opts(30_000, 5_000))
+            .unwrap_or_else(|e| panic!("kill {n}: {e}; entries {:?}", table.holders()));
+        worst = worst.max(t0.elapsed());
+        assert_eq!(
+            table.holders().len(),
+            1,
+            "kill {n}: left {:?}",
+            table.holders()
+        );
+        drop(g);
+    }
+    note!("[{KILLS} kills in Claiming; K back within {worst:.2?} each time] ");
+    assert!(table.holders().is_empty());
+}
+
+// ---------------------------------------------------------------------------------------
+// F: a guard tells its process by pid only
+
+/// A container's init (pid 1 in its namespace) holds K and forks a child into a new pid
+/// namespace (as sandboxes and nested containers do): the child is pid 1 too, and its copy
+/// of the guard must still not count as its own.
+fn a_pid_1_child_in_a_new_pid_namespace_never_releases_the_parents_hold() {
+    require_root();
+    let path = TempPath::new("pid1");
+    let table = LockTable::open(&path, 64).unwrap();
+    let r = Shared::new(2);
+    let mut middle = Proc::new(fork(|| {
+        // SAFETY: plain system call.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWPID) }, 0);
+        let init = fork(|| {
+            // pid 1 of a new namespace
+            let t = LockTable::open(&path, 64).unwrap();
+            let g = t.lock(K, &opts(60_000, 1_000)).unwrap();
+            // SAFETY: plain system call.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWPID) }, 0);
+            let gref = &g;
+            let child = fork(move || {
+                // The child's copy of the guard goes out of scope (it is pid 1 as well).
+                // SAFETY: this is the child's own copy of the memory; the original is never
+                // used in this process again.
+                drop(unsafe { std::ptr::read(gref) });
+                0
+            });
+            child.wait(Duration::from_secs(10));
+            r.word(1)
+                .store(u64::from(std::process::id()), Ordering::SeqCst);
+            r.word(0).store(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_secs(30));
+            drop(g);
+            0
+        });
+        init.wait(Duration::from_secs(60))
+    }));
+    await_word(&r, 0, Duration::from_secs(10));
+    let held = table.is_locked(K).unwrap();
+    note!(
+        "[the holder is pid {} in its namespace; after its child dropped its copy, K is {}] ",
+        r.word(1).load(Ordering::SeqCst),
+        if held { "still held" } else { "FREE" }
+    );
+    let _ = middle.try_wait();
+    assert!(held, "a forked child released its parent's hold");
+}
