@@ -221,7 +221,7 @@ fn single_process(r: &mut Report, s: &Scale) {
     let dict = &t.dict;
     let map: RwLock<HashMap<Vec<u8>, Vec<u8>>> = RwLock::new(HashMap::new());
     for k in &keys {
-        let _ = dict.set(k, &value, Duration::ZERO).unwrap();
+        dict.set(k, &value, Duration::ZERO).unwrap();
         map.write().unwrap().insert(k.clone(), value.to_vec());
     }
     let k = |i: u64| black_box(keys[i as usize % KEYS].as_slice());

@@ -306,7 +306,7 @@ impl Handler {
                 return Ok((bytes(&hit.value)?, "cache"));
             }
             let value = self.backend(id)?;
-            let _ = self.dict.set(&key, &value, self.cfg.ttl)?;
+            self.dict.set(&key, &value, self.cfg.ttl)?;
             return Ok((value, "fetched"));
         }
         // The lease must outlast the slowest fetch, or a second request would take the

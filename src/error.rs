@@ -87,6 +87,7 @@ pub enum Error {
     },
     /// The Redis server could not be reached, or answered with an error.
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Redis(redis::RedisError),
     /// An operating-system error on `path` (permission denied, no space, ...).
     Io {

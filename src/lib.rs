@@ -34,7 +34,8 @@
 //! (feature `redis`) the [`RedisLocks`] backend: one server, Sentinel or Cluster.
 
 #![deny(unsafe_op_in_unsafe_fn)]
-#![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs, missing_debug_implementations)]
 // Loom builds compile only the protocol; the file and API layers sit unused.
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 
@@ -83,9 +84,10 @@ pub use error::{Error, FormatError};
 pub use lock::{KeepAlive, Lock, LockGuard};
 pub use options::LockOptions;
 #[cfg(all(feature = "redis", not(loom)))]
-pub use redis_store::{RedisBusy, RedisHold, RedisHolder, RedisLocks};
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis_store::{RedisHolder, RedisLocks};
 #[cfg(not(loom))]
-pub use shm::{Holder, HolderState, LockTable, OpenOptions, ShmBusy, ShmHold};
+pub use shm::{Holder, HolderState, LockTable, OpenOptions};
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 65535;

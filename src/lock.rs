@@ -219,6 +219,15 @@ pub struct Lock<'b, B: Backend = LockTable> {
     holding: Option<Holding<B::Hold>>,
 }
 
+impl<B: Backend> std::fmt::Debug for Lock<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock")
+            .field("timeout", &self.timeout)
+            .field("locked", &self.holding.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<'b, B: Backend> Lock<'b, B> {
     /// A lock object on `backend`. Fails with [`Error::InvalidOptions`] on nonsense options.
     pub fn new(backend: &'b B, opts: LockOptions) -> Result<Lock<'b, B>, Error> {

@@ -289,6 +289,7 @@ impl LockTable {
     /// # }).unwrap();
     /// ```
     #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub async fn lock_async(
         &self,
         key: impl AsRef<[u8]>,
@@ -516,12 +517,14 @@ fn thread_lease() -> u64 {
 
 /// A hold on the table: the slot's word and lease, and its fencing token once asked for
 /// (0 means "not yet").
+#[derive(Debug)]
 pub struct ShmHold {
     held: Held,
     token: Cell<u64>,
 }
 
 /// What a busy attempt saw: the holder's entry.
+#[derive(Debug)]
 pub struct ShmBusy(Busy);
 
 fn hold_or_busy(a: Result<Attempt, TableFull>) -> Result<Result<ShmHold, ShmBusy>, Error> {

@@ -1031,7 +1031,7 @@ fn a_dict_writer_stopped_inside_place_never_lowers_reach() {
     let h = home(&keys[0]);
     let (x, k1, k2, k3) = (&keys[0], &keys[1], &keys[2], &keys[3]);
     let never = Duration::ZERO;
-    let _ = d.set(x.as_str(), "x", never).unwrap(); // distance 0
+    d.set(x.as_str(), "x", never).unwrap(); // distance 0
     let shared = Shared::new(4);
     let flags = TempPath::new("gdb-flags");
     fs::create_dir_all(&flags.0).unwrap();
@@ -1076,15 +1076,15 @@ fn a_dict_writer_stopped_inside_place_never_lowers_reach() {
     );
     // After the bound, take the lock over and fill distances 1 and 2 of the home.
     let t0 = Instant::now();
-    let _ = d.set(k3.as_str(), "k3", never).unwrap();
+    d.set(k3.as_str(), "k3", never).unwrap();
     let took_over = t0.elapsed();
-    let _ = d.set(k2.as_str(), "old", never).unwrap();
+    d.set(k2.as_str(), "old", never).unwrap();
     let before = d.get(k2.as_str()).unwrap().map(|i| i.value);
     let _ = gdb.wait();
     await_word(&shared, 2, Duration::from_secs(10));
     let _ = w.wait(Duration::from_secs(10));
     let after_resume = d.get(k2.as_str()).unwrap().map(|i| i.value);
-    let _ = d.set(k2.as_str(), "new", never).unwrap();
+    d.set(k2.as_str(), "new", never).unwrap();
     let after_set = d.get(k2.as_str()).unwrap().map(|i| i.value);
     let copies = d
         .keys(0)
@@ -1516,7 +1516,7 @@ fn big_dict_takeover_recovery_versus_the_bound() {
     }
     w.kill();
     let t1 = Instant::now();
-    let _ = d.set("c", "d", Duration::ZERO).unwrap();
+    d.set("c", "d", Duration::ZERO).unwrap();
     let recover = t1.elapsed();
     // A second takeover after a stop of 600 ms, with two live writers waiting.
     let ok = Shared::new(4);

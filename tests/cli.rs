@@ -363,9 +363,9 @@ fn the_redis_backend_runs_inspects_and_unlocks() {
 fn inspect_shows_a_shared_dicts_counters_and_live_keys() {
     let file = TempPath::new("cli-dict");
     let dict = SharedDict::open(&file, 16, 32).unwrap();
-    let _ = dict.set("item:1", "v", Duration::ZERO).unwrap();
-    let _ = dict.set("item:2", "v", Duration::from_secs(3600)).unwrap();
-    let _ = dict.set("gone", "v", Duration::from_millis(1)).unwrap();
+    dict.set("item:1", "v", Duration::ZERO).unwrap();
+    dict.set("item:2", "v", Duration::from_secs(3600)).unwrap();
+    dict.set("gone", "v", Duration::from_millis(1)).unwrap();
     std::thread::sleep(Duration::from_millis(50));
     let text = String::from_utf8(output(shmlock(&file).arg("inspect")).stdout).unwrap();
     assert!(

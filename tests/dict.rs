@@ -34,22 +34,22 @@ fn get_set_and_flags() {
     assert!(!d.set("dog", "bark", NEVER).unwrap().forcible);
     assert_eq!(bytes(&d, "dog").unwrap(), b"bark");
     // overwrite with a shorter value: no leftovers of the longer one
-    let _ = d.set("dog", "wo", NEVER).unwrap();
+    d.set("dog", "wo", NEVER).unwrap();
     assert_eq!(bytes(&d, "dog").unwrap(), b"wo");
-    let _ = d.set("empty", "", NEVER).unwrap();
+    d.set("empty", "", NEVER).unwrap();
     assert_eq!(bytes(&d, "empty").unwrap(), b"");
-    let _ = d.put(Put::Set, "f", "v", NEVER, 7).unwrap();
+    d.put(Put::Set, "f", "v", NEVER, 7).unwrap();
     assert_eq!(d.get("f").unwrap().unwrap().flags, 7);
-    let _ = d.set("f", "v", NEVER).unwrap();
+    d.set("f", "v", NEVER).unwrap();
     assert_eq!(
         d.get("f").unwrap().unwrap().flags,
         0,
         "set without flags clears them"
     );
-    let _ = d.set("n", 42i64, NEVER).unwrap();
+    d.set("n", 42i64, NEVER).unwrap();
     assert_eq!(d.get("n").unwrap().unwrap().value, Value::Int(42));
     // keys are bytes: a binary key and its near neighbours are distinct
-    let _ = d.set(b"\x00\xffk".as_slice(), "bin", NEVER).unwrap();
+    d.set(b"\x00\xffk".as_slice(), "bin", NEVER).unwrap();
     assert_eq!(
         d.get(b"\x00\xffk").unwrap().unwrap().value,
         Value::Bytes(b"bin".to_vec())
@@ -61,8 +61,8 @@ fn get_set_and_flags() {
 #[test]
 fn expired_values_are_absent_on_every_read_but_stale_reads_see_them() {
     let (_p, d) = dict("expiry", 64, 32);
-    let _ = d.set("short", "v", SHORT).unwrap();
-    let _ = d.set("long", "v", Duration::from_secs(3600)).unwrap();
+    d.set("short", "v", SHORT).unwrap();
+    d.set("long", "v", Duration::from_secs(3600)).unwrap();
     assert!(d.get("short").unwrap().is_some());
     sleep(PAST_SHORT);
     assert_eq!(d.get("short").unwrap(), None);
@@ -84,7 +84,7 @@ fn expired_values_are_absent_on_every_read_but_stale_reads_see_them() {
     assert!(!d.add("short", "new", NEVER).unwrap().forcible);
     assert_eq!(bytes(&d, "short").unwrap(), b"new");
     // delete reports whether a live value went
-    let _ = d.set("gone", "v", SHORT).unwrap();
+    d.set("gone", "v", SHORT).unwrap();
     sleep(PAST_SHORT);
     assert!(!d.delete("gone").unwrap());
     assert!(d.delete("long").unwrap());
@@ -95,9 +95,9 @@ fn expired_values_are_absent_on_every_read_but_stale_reads_see_them() {
 #[test]
 fn ttl_and_expire() {
     let (_p, d) = dict("ttl", 64, 32);
-    let _ = d.set("forever", "v", NEVER).unwrap();
+    d.set("forever", "v", NEVER).unwrap();
     assert_eq!(d.ttl("forever").unwrap(), None);
-    let _ = d.set("hour", "v", Duration::from_secs(3600)).unwrap();
+    d.set("hour", "v", Duration::from_secs(3600)).unwrap();
     let left = d.ttl("hour").unwrap().unwrap();
     assert!(left <= Duration::from_secs(3600) && left > Duration::from_secs(3500));
     assert!(matches!(d.ttl("absent"), Err(Error::NotFound)));
@@ -109,7 +109,7 @@ fn ttl_and_expire() {
     sleep(PAST_SHORT);
     assert_eq!(d.get("forever").unwrap(), None);
     // expire keeps value and flags
-    let _ = d.put(Put::Set, "kept", "v", NEVER, 3).unwrap();
+    d.put(Put::Set, "kept", "v", NEVER, 3).unwrap();
     d.expire("kept", Duration::from_secs(60)).unwrap();
     let item = d.get("kept").unwrap().unwrap();
     assert_eq!((item.value, item.flags), (Value::Bytes(b"v".to_vec()), 3));
@@ -119,11 +119,11 @@ fn ttl_and_expire() {
 fn add_replace_and_their_errors() {
     let (_p, d) = dict("add-replace", 64, 32);
     assert!(matches!(d.replace("k", "v", NEVER), Err(Error::NotFound)));
-    let _ = d.add("k", "one", NEVER).unwrap();
+    d.add("k", "one", NEVER).unwrap();
     assert!(matches!(d.add("k", "two", NEVER), Err(Error::Exists)));
     assert!(matches!(d.safe_add("k", "two", NEVER), Err(Error::Exists)));
     assert_eq!(bytes(&d, "k").unwrap(), b"one");
-    let _ = d.replace("k", "three", SHORT).unwrap();
+    d.replace("k", "three", SHORT).unwrap();
     assert_eq!(bytes(&d, "k").unwrap(), b"three");
     assert!(d.ttl("k").unwrap().is_some(), "replace sets the new ttl");
 }
@@ -145,7 +145,7 @@ fn incr_with_and_without_init_keeps_the_ttl() {
     let after = d.ttl("n").unwrap().unwrap();
     assert!(after <= ttl, "incr keeps the existing ttl");
     assert_eq!(d.get("n").unwrap().unwrap().value, Value::Int(-5));
-    let _ = d.set("s", "12", NEVER).unwrap();
+    d.set("s", "12", NEVER).unwrap();
     assert!(matches!(
         d.incr("s", 1, Some(0), NEVER),
         Err(Error::NotANumber)
@@ -156,7 +156,7 @@ fn incr_with_and_without_init_keeps_the_ttl() {
         "wraps"
     );
     // a number set directly is a number to incr
-    let _ = d.set("direct", 7i64, NEVER).unwrap();
+    d.set("direct", 7i64, NEVER).unwrap();
     assert_eq!(d.incr("direct", 1, None, NEVER).unwrap(), 8);
     // a dict whose values cannot hold a number says so
     let (_p2, tiny) = dict("incr-tiny", 8, 4);
@@ -170,7 +170,7 @@ fn incr_with_and_without_init_keeps_the_ttl() {
 fn flush_all_then_flush_expired_counts() {
     let (_p, d) = dict("flush", 64, 32);
     for k in ["a", "b", "c", "d"] {
-        let _ = d.set(k, "v", NEVER).unwrap();
+        d.set(k, "v", NEVER).unwrap();
     }
     d.flush_all();
     for k in ["a", "b", "c", "d"] {
@@ -189,7 +189,7 @@ fn flush_all_then_flush_expired_counts() {
 fn keys_lists_live_keys_up_to_max() {
     let (_p, d) = dict("keys", 64, 8);
     for i in 0..10 {
-        let _ = d.set(format!("k{i}"), "v", NEVER).unwrap();
+        d.set(format!("k{i}"), "v", NEVER).unwrap();
     }
     let mut all = d.keys(0).unwrap();
     all.sort();
@@ -246,7 +246,7 @@ fn limits_are_typed_errors() {
         Err(Error::KeyTooLong(251))
     ));
     assert!(matches!(d.get(&long), Err(Error::KeyTooLong(251))));
-    let _ = d.set("k".repeat(250), "v", NEVER).unwrap();
+    d.set("k".repeat(250), "v", NEVER).unwrap();
     assert!(matches!(
         d.set("k", &[0u8; 17], NEVER),
         Err(Error::ValueTooLong { len: 17, max: 16 })
@@ -262,7 +262,7 @@ fn limits_are_typed_errors() {
         SharedDict::options().max_key_len(65536),
         SharedDict::options().max_value_len((1 << 20) + 1),
     ] {
-        let err = opts.open(&path).err().expect("a bad layout was accepted");
+        let err = opts.open(&path).expect_err("a bad layout was accepted");
         assert!(
             matches!(err, Error::InvalidCapacity(_) | Error::InvalidLayout(_)),
             "{err}"
@@ -324,7 +324,7 @@ fn files_of_the_other_kind_or_damaged_are_refused() {
 #[test]
 fn attaching_keeps_the_files_layout_and_sees_the_same_entries() {
     let (path, d) = dict("attach", 100, 40);
-    let _ = d.set("k", "v", NEVER).unwrap();
+    d.set("k", "v", NEVER).unwrap();
     let other = SharedDict::options()
         .capacity(5)
         .max_value_len(1)
@@ -445,7 +445,7 @@ fn get_or_fetch_double_checks_after_waiting() {
         });
         // the waiter is either still before its first look or waiting for the lock
         sleep(Duration::from_millis(50));
-        let _ = d.set("k", "filled", NEVER).unwrap();
+        d.set("k", "filled", NEVER).unwrap();
         drop(guard);
         let got = waiter.join().unwrap();
         assert_eq!(got.value.as_bytes(), Some(&b"filled"[..]));
@@ -461,7 +461,7 @@ fn entries_left_mid_write_in_a_damaged_file_read_as_absent_not_a_panic() {
     // default), a 4 KiB control page, entries of the layout's size, each starting with its
     // sequence word.
     let (path, d) = dict("odd-seq", 8, 8);
-    let _ = d.set("k", "v", NEVER).unwrap();
+    d.set("k", "v", NEVER).unwrap();
     let entry_size = 64 + 256 + 64; // max_key_len 250 and max_value_len 8, rounded to 64
     let entries = 4096 + 1024 * 32 + 4096;
     let mut file = std::fs::read(&path).unwrap();
@@ -475,7 +475,7 @@ fn entries_left_mid_write_in_a_damaged_file_read_as_absent_not_a_panic() {
     assert!(d.keys(0).unwrap().is_empty());
     assert!(matches!(d.ttl("k"), Err(Error::NotFound)));
     assert!(matches!(d.incr("k", 1, None, NEVER), Err(Error::NotFound)));
-    let _ = d.set("k", "again", NEVER).unwrap();
+    d.set("k", "again", NEVER).unwrap();
     assert_eq!(bytes(&d, "k"), Some(b"again".to_vec()));
     assert_eq!(d.len(), 1);
 }

@@ -68,10 +68,10 @@ fn operations_are_seen_across_processes() {
     let path = TempPath::new("dict-ops");
     let d = SharedDict::open(&path, 64, 32).unwrap();
     in_child(|| {
-        let _ = d.set("a", "from child", NEVER).unwrap();
-        let _ = d.set("short", "v", Duration::from_millis(30)).unwrap();
-        let _ = d.set("hour", "v", Duration::from_secs(3600)).unwrap();
-        let _ = d.put(shmlock::Put::Set, "flagged", "v", NEVER, 9).unwrap();
+        d.set("a", "from child", NEVER).unwrap();
+        d.set("short", "v", Duration::from_millis(30)).unwrap();
+        d.set("hour", "v", Duration::from_secs(3600)).unwrap();
+        d.put(shmlock::Put::Set, "flagged", "v", NEVER, 9).unwrap();
         assert_eq!(d.incr("n", 1, Some(0), NEVER).unwrap(), 1);
     });
     assert_eq!(bytes(&d, "a").unwrap(), b"from child");
@@ -113,7 +113,7 @@ fn operations_are_seen_across_processes() {
     let small = SharedDict::open(&small_path, 4, 8).unwrap();
     in_child(|| {
         for i in 0..4 {
-            let _ = small.set(format!("k{i}"), "v", NEVER).unwrap();
+            small.set(format!("k{i}"), "v", NEVER).unwrap();
         }
     });
     assert!(matches!(
@@ -152,7 +152,7 @@ fn incr_is_atomic_across_processes() {
 fn an_unrelated_process_reads_by_path() {
     let path = TempPath::new("dict-unrelated");
     let d = SharedDict::open(&path, 16, 32).unwrap();
-    let _ = d.set("greeting", "hello from the parent", NEVER).unwrap();
+    d.set("greeting", "hello from the parent", NEVER).unwrap();
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--role", "get-then-set"])
         .arg(&path.0)
@@ -282,7 +282,7 @@ fn readers_never_see_a_torn_value_while_writers_are_killed() {
             assert!(verify(key, item.value.as_bytes().unwrap()));
         }
     }
-    let _ = d.set("after", "whole", NEVER).unwrap();
+    d.set("after", "whole", NEVER).unwrap();
     assert_eq!(bytes(&d, "after").unwrap(), b"whole");
 }
 
@@ -290,14 +290,14 @@ fn a_writer_killed_holding_the_lock_leaves_the_entry_absent_or_whole() {
     const BIG: usize = 1 << 20;
     let path = TempPath::new("dict-killed-writer");
     let d = SharedDict::open(&path, 4, BIG).unwrap();
-    let _ = d.set("big", &make_value(7, 1, BIG), NEVER).unwrap();
-    let _ = d.set("other", "untouched", NEVER).unwrap();
+    d.set("big", &make_value(7, 1, BIG), NEVER).unwrap();
+    d.set("other", "untouched", NEVER).unwrap();
     // A writer rewriting a 1 MiB value spends most of its time inside the writer lock;
     // stop it until it is caught there, then kill it.
     let writer = fork(|| {
         let mut gen = 2;
         loop {
-            let _ = d.set("big", &make_value(7, gen, BIG), NEVER).unwrap();
+            d.set("big", &make_value(7, gen, BIG), NEVER).unwrap();
             gen += 1;
         }
     });
@@ -334,13 +334,13 @@ fn a_writer_killed_holding_the_lock_leaves_the_entry_absent_or_whole() {
             );
         }
         assert_eq!(bytes(&d, "other").unwrap(), b"untouched");
-        let _ = d.set("probe", "p", NEVER).unwrap();
+        d.set("probe", "p", NEVER).unwrap();
     });
     // Someone took the lock over from the dead writer and repaired after it.
     assert_eq!(d.repairs(), 1);
     assert_eq!(d.writer_pid(), None);
     assert_eq!(d.len(), d.keys(0).unwrap().len());
-    let _ = d.set("big", &make_value(7, 99, 100), NEVER).unwrap();
+    d.set("big", &make_value(7, 99, 100), NEVER).unwrap();
     assert!(verify(7, &bytes(&d, "big").unwrap()));
 }
 
@@ -357,7 +357,7 @@ fn role(args: &[String]) -> i32 {
                 "{}",
                 String::from_utf8_lossy(greeting.value.as_bytes().unwrap())
             );
-            let _ = d.set("reply", "hello from the child", NEVER).unwrap();
+            d.set("reply", "hello from the child", NEVER).unwrap();
             0
         }
         other => {

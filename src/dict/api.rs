@@ -180,7 +180,6 @@ pub struct Item {
 /// How a store went: like ngx's third return value, `forcible` says a live entry of
 /// another key was evicted to make room.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[must_use = "`forcible` says whether a live entry was evicted"]
 pub struct Stored {
     /// A live entry of another key was evicted (the least recently used of the sample).
     pub forcible: bool,
@@ -321,7 +320,7 @@ impl DictOptions {
 /// # let path = std::env::temp_dir().join(format!("shmlock-doc-dict-{}", std::process::id()));
 /// # let _ = std::fs::remove_file(&path);
 /// let dict = SharedDict::open(&path, 1024, 64)?;
-/// let _ = dict.set("dog", "bark", Duration::ZERO)?;       // zero: never expires
+/// dict.set("dog", "bark", Duration::ZERO)?;       // zero: never expires
 /// assert_eq!(dict.get("dog")?.unwrap().value, Value::Bytes(b"bark".to_vec()));
 ///
 /// assert!(matches!(dict.add("dog", "woof", Duration::ZERO), Err(Error::Exists)));
@@ -335,6 +334,17 @@ impl DictOptions {
 #[derive(Clone)]
 pub struct SharedDict {
     inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SharedDict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedDict")
+            .field("path", &self.inner.path)
+            .field("capacity", &self.capacity())
+            .field("max_key_len", &self.max_key_len())
+            .field("max_value_len", &self.max_value_len())
+            .finish()
+    }
 }
 
 struct Inner {
@@ -584,7 +594,7 @@ impl SharedDict {
     /// use std::time::Duration;
     ///
     /// let dict = SharedDict::open(&path, 64, 16)?;
-    /// let _ = dict.put(Put::Set, "k", "v", Duration::from_secs(10), 0xbeef)?;
+    /// dict.put(Put::Set, "k", "v", Duration::from_secs(10), 0xbeef)?;
     /// assert_eq!(dict.get("k")?.unwrap().flags, 0xbeef);
     /// # std::fs::remove_file(&path).unwrap();
     /// # Ok::<(), shmlock::Error>(())

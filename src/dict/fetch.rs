@@ -115,7 +115,7 @@ impl SharedDict {
             });
         }
         let value = fetch()?;
-        let _ = self.set(key, &value, ttl)?;
+        self.set(key, &value, ttl)?;
         drop(guard);
         Ok(Fetched {
             value: Value::Bytes(value),

@@ -53,6 +53,16 @@ use conn::{Pool, Topology};
 #[derive(Clone)]
 pub struct RedisLocks(Arc<Inner>);
 
+impl std::fmt::Debug for RedisLocks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLocks")
+            .field("prefix", &String::from_utf8_lossy(&self.0.prefix))
+            .field("replicas", &self.0.replicas)
+            .field("max_hold", &self.0.max_hold)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What a [`RedisLocks`] and its clones share.
 struct Inner {
     pool: Arc<Pool>,
@@ -69,7 +79,7 @@ struct Inner {
 
 /// A hold in Redis: the lock key, this acquisition's token, when it was taken, and its
 /// fencing token once asked for (0 before).
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct RedisHold {
     key: Vec<u8>,
     channel: Vec<u8>,
@@ -117,6 +127,7 @@ fn escape_glob(s: &[u8]) -> Vec<u8> {
 }
 
 /// A busy attempt on Redis: the key to wait for and its release channel.
+#[derive(Debug)]
 pub struct RedisBusy {
     key: Vec<u8>,
     channel: Vec<u8>,
@@ -144,6 +155,7 @@ impl RedisLocks {
     /// # Ok::<(), shmlock::Error>(())
     /// ```
     #[cfg(feature = "redis-tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-tls")))]
     pub fn open_with_root_cert(url: &str, root_cert_pem: &[u8]) -> Result<RedisLocks, Error> {
         let certs = redis::TlsCertificates {
             client_tls: None,
@@ -308,6 +320,7 @@ impl RedisLocks {
     /// (elapsed = the sum of the steps). A guard dropped inside a runtime releases on a
     /// spawned task (see [`LockGuard`]'s drop).
     #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub async fn lock_async(
         &self,
         key: impl AsRef<[u8]>,
