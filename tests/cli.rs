@@ -96,18 +96,35 @@ fn a_second_run_waits_then_runs_or_gives_up() {
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "first\nsecond\n");
 }
 
+/// `shmlock --file FILE inspect --json ARGS`, parsed: one JSON object on one line.
+fn inspect_json(file: &TempPath, args: &[&str]) -> serde_json::Value {
+    let out = output(shmlock(file).args(["inspect", "--json"]).args(args));
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
 #[test]
 fn inspect_shows_the_holder_alive_then_dead_and_unlock_force_frees_it() {
     let file = TempPath::new("cli-inspect");
     let mut holder = holding(&file, "job:1", "sleep 30", &[]);
-    let json =
-        String::from_utf8(output(shmlock(&file).args(["inspect", "--json"])).stdout).unwrap();
-    assert!(json.contains("\"key\":\"job:1\""), "{json}");
-    assert!(
-        json.contains(&format!("\"pid\":{},\"alive\":true", holder.id())),
-        "{json}"
-    );
-    assert!(json.contains("\"capacity\":1024"), "{json}");
+    let json = inspect_json(&file, &[]);
+    assert_eq!(json["capacity"], 1024);
+    assert_eq!(json["format_version"], 2);
+    assert_eq!(json["occupancy"], 1);
+    let h = &json["holders"][0];
+    assert_eq!(h["key"], "job:1");
+    assert_eq!(h["key_hex"], "6a6f623a31");
+    assert_eq!(h["key_len"], 5);
+    assert_eq!(h["truncated"], false);
+    assert_eq!(h["pid"], holder.id());
+    assert_eq!(h["alive"], true);
+    assert_eq!(h["state"], "held");
+    assert!(h["age_ms"].is_u64() && h["ttl_ms"].is_u64(), "{json}");
+    assert_eq!(h["expired"], false);
+    assert!(h["token"].is_null() || h["token"].is_u64(), "{json}");
+    assert_eq!(h["waiters"], false);
     let text = String::from_utf8(output(shmlock(&file).arg("inspect")).stdout).unwrap();
     assert!(
         text.contains("job:1") && text.contains(&holder.id().to_string()),
@@ -117,16 +134,11 @@ fn inspect_shows_the_holder_alive_then_dead_and_unlock_force_frees_it() {
     holder.kill().unwrap();
     holder.wait().unwrap();
     // a dead owner's entry is hidden by default and shown, as dead, with --all
-    let json =
-        String::from_utf8(output(shmlock(&file).args(["inspect", "--json"])).stdout).unwrap();
-    assert!(json.contains("\"holders\":[]"), "{json}");
-    let json =
-        String::from_utf8(output(shmlock(&file).args(["inspect", "--json", "--all"])).stdout)
-            .unwrap();
-    assert!(
-        json.contains(&format!("\"pid\":{},\"alive\":false", holder.id())),
-        "{json}"
-    );
+    let json = inspect_json(&file, &[]);
+    assert_eq!(json["holders"], serde_json::json!([]));
+    let json = inspect_json(&file, &["--all"]);
+    assert_eq!(json["holders"][0]["pid"], holder.id());
+    assert_eq!(json["holders"][0]["alive"], false);
 
     let refused = output(shmlock(&file).args(["unlock", "job:1"]));
     assert_eq!(refused.status.code(), Some(2));
@@ -383,15 +395,21 @@ fn inspect_shows_a_shared_dicts_counters_and_live_keys() {
         lines[1].starts_with("item:2") && lines[1].ends_with('s'),
         "{text}"
     );
-    let json =
-        String::from_utf8(output(shmlock(&file).args(["inspect", "--json"])).stdout).unwrap();
+    let json = inspect_json(&file, &[]);
+    assert_eq!(json["kind"], "dict");
+    assert_eq!(json["capacity"], 16);
+    assert_eq!(json["entries"], 3);
+    assert_eq!(json["live"], 2);
+    assert_eq!(json["max_key_len"], 250);
     assert!(
-        json.contains("\"kind\":\"dict\",\"capacity\":16,\"entries\":3,\"live\":2"),
+        json["max_value_len"].is_u64() && json["evictions"].is_u64(),
         "{json}"
     );
-    assert!(
-        json.contains("{\"key\":\"item:1\",\"key_hex\":\"6974656d3a31\",\"ttl_ms\":null}"),
-        "{json}"
+    assert_eq!(json["repairs"], 0);
+    assert_eq!(json["writer_pid"], serde_json::Value::Null);
+    assert_eq!(
+        json["keys"][0],
+        serde_json::json!({"key": "item:1", "key_hex": "6974656d3a31", "ttl_ms": null})
     );
-    assert!(json.contains("\"writer_pid\":null"), "{json}");
+    assert!(json["keys"][1]["ttl_ms"].is_u64(), "{json}");
 }

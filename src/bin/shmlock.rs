@@ -298,36 +298,29 @@ fn write_redis(
     held: &[RedisHolder],
     json: bool,
 ) -> std::io::Result<()> {
-    let ms = |d: Option<Duration>| d.map_or("null".to_string(), |d| d.as_millis().to_string());
-    let num = |n: Option<u64>| n.map_or("null".to_string(), |t| t.to_string());
     let age = |h: &RedisHolder| {
         h.since
             .map(|t| SystemTime::now().duration_since(t).unwrap_or_default())
     };
     if json {
-        let holders: Vec<String> = held
-            .iter()
-            .map(|h| {
-                let hex = hex(&h.key);
-                format!(
-                    "{{\"key\":{},\"key_hex\":\"{hex}\",\"ttl_ms\":{},\"token\":{},\"holder_token\":{},\"host\":{},\"pid\":{},\"age_ms\":{},\"node\":{}}}",
-                    json_str(&String::from_utf8_lossy(&h.key)),
-                    ms(h.ttl),
-                    num(h.last_token),
-                    num(h.token),
-                    h.host.as_deref().map_or("null".to_string(), json_str),
-                    num(h.pid.map(u64::from)),
-                    ms(age(h)),
-                    json_str(&h.node),
-                )
-            })
-            .collect();
-        return writeln!(
-            out,
-            "{{\"redis\":{},\"holders\":[{}]}}",
-            json_str(url),
-            holders.join(",")
-        );
+        let report = RedisReport {
+            redis: url,
+            holders: held
+                .iter()
+                .map(|h| RedisEntry {
+                    key: String::from_utf8_lossy(&h.key).into_owned(),
+                    key_hex: hex(&h.key),
+                    ttl_ms: h.ttl.map(|d| d.as_millis() as u64),
+                    token: h.last_token,
+                    holder_token: h.token,
+                    host: h.host.clone(),
+                    pid: h.pid,
+                    age_ms: age(h).map(|d| d.as_millis() as u64),
+                    node: h.node.clone(),
+                })
+                .collect(),
+        };
+        return print_json(out, &report);
     }
     writeln!(
         out,
@@ -621,18 +614,79 @@ fn write_table(
     Ok(())
 }
 
-fn json_str(s: &str) -> String {
-    let mut o = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
+/// One JSON object on a line, as `--json` promises.
+fn print_json(out: &mut impl Write, value: &impl serde::Serialize) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *out, value)?;
+    writeln!(out)
+}
+
+/// `inspect --json` of a lock table (the schema `inspect --help` describes).
+#[derive(serde::Serialize)]
+struct TableReport<'a> {
+    file: std::borrow::Cow<'a, str>,
+    format_version: u32,
+    capacity: usize,
+    occupancy: usize,
+    holders: Vec<TableEntry>,
+}
+
+#[derive(serde::Serialize)]
+struct TableEntry {
+    key: String,
+    key_hex: String,
+    key_len: usize,
+    truncated: bool,
+    pid: u32,
+    alive: bool,
+    state: &'static str,
+    age_ms: u64,
+    ttl_ms: Option<u64>,
+    expired: bool,
+    token: Option<u64>,
+    waiters: bool,
+}
+
+/// `inspect --json` of a shared dict.
+#[derive(serde::Serialize)]
+struct DictReport<'a> {
+    file: std::borrow::Cow<'a, str>,
+    kind: &'static str,
+    capacity: usize,
+    entries: usize,
+    live: usize,
+    max_key_len: usize,
+    max_value_len: usize,
+    evictions: u64,
+    repairs: u64,
+    writer_pid: Option<u32>,
+    keys: Vec<DictKey>,
+}
+
+#[derive(serde::Serialize)]
+struct DictKey {
+    key: String,
+    key_hex: String,
+    ttl_ms: Option<u64>,
+}
+
+/// `inspect --redis --json`.
+#[derive(serde::Serialize)]
+struct RedisReport<'a> {
+    redis: &'a str,
+    holders: Vec<RedisEntry>,
+}
+
+#[derive(serde::Serialize)]
+struct RedisEntry {
+    key: String,
+    key_hex: String,
+    ttl_ms: Option<u64>,
+    token: Option<u64>,
+    holder_token: Option<u64>,
+    host: Option<String>,
+    pid: Option<u32>,
+    age_ms: Option<u64>,
+    node: String,
 }
 
 fn write_json(
@@ -641,35 +695,30 @@ fn write_json(
     t: &LockTable,
     hs: &[Holder],
 ) -> std::io::Result<()> {
-    let holders: Vec<String> = hs
-        .iter()
-        .map(|h| {
-            let hex = hex(&h.key_preview);
-            format!(
-                "{{\"key\":{},\"key_hex\":\"{hex}\",\"key_len\":{},\"truncated\":{},\"pid\":{},\"alive\":{},\"state\":\"{}\",\"age_ms\":{},\"ttl_ms\":{},\"expired\":{},\"token\":{},\"waiters\":{}}}",
-                json_str(&String::from_utf8_lossy(&h.key_preview)),
-                h.key_len,
-                h.key_len > h.key_preview.len(),
-                h.pid,
-                h.owner_alive,
-                state_name(h.state),
-                h.age.as_millis(),
-                h.ttl.map_or("null".to_string(), |d| d.as_millis().to_string()),
-                h.expired,
-                h.token.map_or("null".to_string(), |t| t.to_string()),
-                h.waiters,
-            )
-        })
-        .collect();
-    writeln!(
-        out,
-        "{{\"file\":{},\"format_version\":{},\"capacity\":{},\"occupancy\":{},\"holders\":[{}]}}",
-        json_str(&file.to_string_lossy()),
-        t.format_version(),
-        t.capacity(),
-        t.occupancy(),
-        holders.join(",")
-    )
+    let report = TableReport {
+        file: file.to_string_lossy(),
+        format_version: t.format_version(),
+        capacity: t.capacity(),
+        occupancy: t.occupancy(),
+        holders: hs
+            .iter()
+            .map(|h| TableEntry {
+                key: String::from_utf8_lossy(&h.key_preview).into_owned(),
+                key_hex: hex(&h.key_preview),
+                key_len: h.key_len,
+                truncated: h.key_len > h.key_preview.len(),
+                pid: h.pid,
+                alive: h.owner_alive,
+                state: state_name(h.state),
+                age_ms: h.age.as_millis() as u64,
+                ttl_ms: h.ttl.map(|d| d.as_millis() as u64),
+                expired: h.expired,
+                token: h.token,
+                waiters: h.waiters,
+            })
+            .collect(),
+    };
+    print_json(out, &report)
 }
 
 /// A shared dict's counters, and its live keys with their time to live.
@@ -686,31 +735,27 @@ fn inspect_dict(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
     let out = std::io::stdout();
     let mut out = out.lock();
     let result = if a.json {
-        let keys: Vec<String> = keys
-            .iter()
-            .map(|(k, ttl)| {
-                let hex = hex(k);
-                format!(
-                    "{{\"key\":{},\"key_hex\":\"{hex}\",\"ttl_ms\":{}}}",
-                    json_str(&String::from_utf8_lossy(k)),
-                    ttl.map_or("null".to_string(), |d| d.as_millis().to_string())
-                )
-            })
-            .collect();
-        writeln!(
-            out,
-            "{{\"file\":{},\"kind\":\"dict\",\"capacity\":{},\"entries\":{},\"live\":{},\"max_key_len\":{},\"max_value_len\":{},\"evictions\":{},\"repairs\":{},\"writer_pid\":{},\"keys\":[{}]}}",
-            json_str(&file.to_string_lossy()),
-            dict.capacity(),
-            dict.len(),
-            keys.len(),
-            dict.max_key_len(),
-            dict.max_value_len(),
-            dict.evictions(),
-            dict.repairs(),
-            writer.map_or("null".to_string(), |p| p.to_string()),
-            keys.join(",")
-        )
+        let report = DictReport {
+            file: file.to_string_lossy(),
+            kind: "dict",
+            capacity: dict.capacity(),
+            entries: dict.len(),
+            live: keys.len(),
+            max_key_len: dict.max_key_len(),
+            max_value_len: dict.max_value_len(),
+            evictions: dict.evictions(),
+            repairs: dict.repairs(),
+            writer_pid: writer,
+            keys: keys
+                .iter()
+                .map(|(k, ttl)| DictKey {
+                    key: String::from_utf8_lossy(k).into_owned(),
+                    key_hex: hex(k),
+                    ttl_ms: ttl.map(|d| d.as_millis() as u64),
+                })
+                .collect(),
+        };
+        print_json(&mut out, &report)
     } else {
         (|| {
             writeln!(
