@@ -407,15 +407,13 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     let locked_at = Instant::now();
     let mut cmd = Command::new(&a.command[0]);
     cmd.args(&a.command[1..]);
-    // SAFETY: the closure runs in the forked child before exec and only makes two
-    // async-signal-safe system calls.
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe system calls (prctl, getppid, _exit).
     unsafe {
         cmd.pre_exec(|| {
             // Die with us: the key must never be free while the command still runs.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() == 1 {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+            if nix::unistd::getppid().as_raw() == 1 {
                 // we already died between fork and prctl
                 libc::_exit(137);
             }
@@ -436,12 +434,12 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     // Stops the command (SIGTERM, SIGKILL if it is still there 5 s later), releases what
     // is left of the lock, and fails with `why`.
     let terminate = |lock: &mut Lock<'_, B>, why: String| -> Fail {
-        // SAFETY: signalling our own child, which has not been reaped (the helper thread
-        // has not reported its exit).
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+        // Our own child, not reaped yet (the helper thread has not reported its exit), so
+        // the pid is still its.
+        let child = nix::unistd::Pid::from_raw(pid as libc::pid_t);
+        let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGTERM);
         if exited.recv_timeout(Duration::from_secs(5)).is_err() {
-            // SAFETY: as above.
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
             let _ = exited.recv();
         }
         let _ = lock.unlock();

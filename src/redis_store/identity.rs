@@ -18,15 +18,9 @@ pub(crate) const TOKEN_LEN: usize = 32;
 fn host_name() -> &'static str {
     static HOST: OnceLock<String> = OnceLock::new();
     HOST.get_or_init(|| {
-        let mut buf = [0u8; 256];
-        // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
-        let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-        let name = if rc == 0 {
-            let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-            String::from_utf8_lossy(&buf[..end]).into_owned()
-        } else {
-            String::new()
-        };
+        let name = nix::unistd::gethostname()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         // one field of a space-separated value: no spaces, no control characters
         let name: String = name
             .chars()
@@ -49,8 +43,8 @@ fn host_name() -> &'static str {
 /// A token no other acquisition anywhere shares, and the value to store for a hold with
 /// it (one read of the pid for both).
 pub(crate) fn new_hold() -> (String, String) {
-    let pid = std::process::id();
-    let token = token_for(pid);
+    let pid = crate::process::current_pid();
+    let token = token_for(crate::process::token());
     let since = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
@@ -64,26 +58,25 @@ pub(crate) fn new_hold() -> (String, String) {
 /// low 64 drawn at random once per process (again after `fork`), plus a per-process count.
 #[cfg(test)]
 pub(crate) fn random_token() -> String {
-    token_for(std::process::id())
+    token_for(crate::process::token())
 }
 
-/// [`random_token`] in the process `pid` (the caller's).
-fn token_for(pid: u32) -> String {
+/// [`random_token`] in the process named `me` (the caller's: see `process::token`, which
+/// no forked child shares, even one whose pid number is its parent's).
+fn token_for(me: u64) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
-    static SEED: Mutex<Option<(u32, u64, u64)>> = Mutex::new(None);
+    static SEED: Mutex<Option<(u64, u64, u64)>> = Mutex::new(None);
     static COUNT: AtomicU64 = AtomicU64::new(0);
     let (hi, lo) = {
         let mut seed = SEED.lock().unwrap_or_else(|e| e.into_inner());
         match *seed {
-            Some((p, hi, lo)) if p == pid => (hi, lo),
+            Some((p, hi, lo)) if p == me => (hi, lo),
             _ => {
                 let mut buf = [0u8; 16];
-                // SAFETY: writes at most 16 bytes into `buf`.
-                let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
-                assert_eq!(n, 16, "getrandom failed");
+                getrandom::fill(&mut buf).expect("the system's random source failed");
                 let hi = u64::from_le_bytes(buf[..8].try_into().unwrap());
                 let lo = u64::from_le_bytes(buf[8..].try_into().unwrap());
-                *seed = Some((pid, hi, lo));
+                *seed = Some((me, hi, lo));
                 (hi, lo)
             }
         }
