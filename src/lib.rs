@@ -41,8 +41,12 @@
 
 #[cfg(not(target_has_atomic = "64"))]
 compile_error!("shmlock needs 64-bit atomics");
-#[cfg(not(unix))]
-compile_error!("shmlock supports unix systems only");
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "shmlock builds on Linux only: it needs open-file-description locks (F_OFD_SETLK) for \
+     its owner registry, MADV_WIPEONFORK to tell a forked child from its parent, futexes \
+     in shared mappings, CLOCK_MONOTONIC_COARSE and /proc/self/timens_offsets"
+);
 
 #[cfg(not(loom))]
 mod attachment;
