@@ -68,7 +68,7 @@ fn worker(table: &LockTable, shared: &Shared, id: usize, iterations: u64) {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        let hot = rng % 4 == 0;
+        let hot = rng.is_multiple_of(4);
         let k = if hot {
             (rng >> 8) as usize % HOT_KEYS
         } else {
@@ -78,7 +78,7 @@ fn worker(table: &LockTable, shared: &Shared, id: usize, iterations: u64) {
 
         let counter = shared.word(k);
         let v = counter.load(Ordering::Relaxed); // read ...
-        if hot && rng % 16 == 0 {
+        if hot && rng.is_multiple_of(16) {
             std::thread::sleep(Duration::from_millis(1)); // a slow cache fill
         }
         counter.store(v + 1, Ordering::Relaxed); // ... modify, write: exact only under the lock

@@ -779,7 +779,7 @@ fn chaos_worker(
     let mut x = seed | 1;
     while stop.word(0).load(Ordering::Relaxed) == 0 {
         let r = xorshift(&mut x);
-        let key = if r % 2 == 0 {
+        let key = if r.is_multiple_of(2) {
             (r >> 8) as u32 % HOT
         } else {
             HOT + (r >> 8) as u32 % (KEYS - HOT)
@@ -873,7 +873,7 @@ fn chaos_with_sigstop_and_sigkill() {
         if stopped[victim].is_some() {
             continue;
         }
-        if xorshift(&mut x) % 4 == 0 {
+        if xorshift(&mut x).is_multiple_of(4) {
             log(fd, KILL, workers[victim].0 as u32, 0, 0);
             workers[victim].kill();
             kills += 1;
@@ -1272,7 +1272,7 @@ fn dict_chaos_with_sigstop_and_sigkill() {
                 // A listing is no snapshot: a writer's key evicted from one slot and stored
                 // again in a later one can show twice. The controller's own keys cannot move
                 // while it lists (only it stores them), so twice means two entries.
-                if gen % 64 == 0 {
+                if gen.is_multiple_of(64) {
                     if let Ok(keys) = d.keys(0) {
                         let mut seen = std::collections::HashSet::new();
                         for key in keys.into_iter().filter(|k| k.starts_with(b"r:")) {
@@ -1303,7 +1303,7 @@ fn dict_chaos_with_sigstop_and_sigkill() {
         if stopped[victim].is_some() {
             continue;
         }
-        if xorshift(&mut x) % 3 == 0 {
+        if xorshift(&mut x).is_multiple_of(3) {
             writers[victim].kill();
             kills += 1;
             seed += 1;

@@ -400,7 +400,7 @@ fn churn_over_a_small_table_leaves_it_empty() {
             }
         }
         // never two holders of a key: every held key has exactly one entry
-        if x % 1024 == 0 {
+        if x.is_multiple_of(1024) {
             let held: Vec<_> = t.holders().into_iter().map(|h| h.key_preview).collect();
             let mut dedup = held.clone();
             dedup.sort();

@@ -29,7 +29,7 @@ fn exercise(bytes: &[u8]) -> bool {
     // header, whole pages of owner registry, then the slots
     let registry = bytes.len() - HEADER - 2 * table.capacity() * SLOT;
     assert!(
-        registry % 4096 == 0 && registry <= 65535 * 32 + 4095,
+        registry.is_multiple_of(4096) && registry <= 65535 * 32 + 4095,
         "{registry}"
     );
     for h in table.holders() {

@@ -604,7 +604,7 @@ fn chaos_worker(table: &LockTable, fd: libc::c_int, stop: &Shared, seed: u64) ->
     let mut x = seed | 1;
     while stop.word(0).load(Ordering::Relaxed) == 0 {
         let r = xorshift(&mut x);
-        let key = if r % 2 == 0 {
+        let key = if r.is_multiple_of(2) {
             (r >> 8) as u32 % CHAOS_HOT
         } else {
             CHAOS_HOT + (r >> 8) as u32 % (CHAOS_KEYS - CHAOS_HOT)
