@@ -91,6 +91,14 @@ pub trait Backend: Sealed {
     #[doc(hidden)]
     fn spins(&self) -> bool;
 
+    /// Whether the holder `busy` saw may have let go: a read, no write, cheap enough to
+    /// spin on without taking the line from the holder.
+    #[doc(hidden)]
+    fn moved_on(&self, busy: &Self::Busy) -> bool {
+        let _ = busy;
+        true
+    }
+
     /// Whether waiters can be woken early (else `notify` falls back to polling).
     #[doc(hidden)]
     fn can_notify(&self) -> bool;
@@ -142,19 +150,27 @@ pub(crate) fn acquire_slow<B: Backend>(
 
     if notify && backend.spins() && timeout.is_some_and(|t| !t.is_zero()) {
         // Most critical sections end within microseconds.
+        // Watch the holder's word without writing to it (a write would take the line
+        // from a holder about to release); try only once it has changed.
         let backoff = Backoff::new();
         for _ in 0..SPINS {
             backoff.spin();
-            if let Some(hold) = attempt(&mut busy)? {
-                return Ok((hold, elapsed(slept)));
+            if backend.moved_on(&busy) {
+                if let Some(hold) = attempt(&mut busy)? {
+                    return Ok((hold, elapsed(slept)));
+                }
             }
         }
     }
     // At most one retry without sleeping per step (after reaping a dead holder, or when the
     // holder changed while the backend got ready to sleep), so that no loop runs hot.
     let mut retried = false;
+    // A holder is looked at for death before the first sleep and after each sleep nobody
+    // cut short: a dead holder wakes nobody, while a wake means the key changed hands
+    // (and the look would only take the line from the live holder).
+    let mut look = true;
     loop {
-        if !retried && backend.reap(&busy) {
+        if look && !retried && backend.reap(&busy) {
             retried = true;
         } else {
             let Some(step) = schedule.next_sleep() else {
@@ -165,6 +181,7 @@ pub(crate) fn acquire_slow<B: Backend>(
                 let used = backend.sleep(&busy, step);
                 schedule.refund(step.saturating_sub(used));
                 retried = used.is_zero();
+                look = used >= step;
             } else {
                 std::thread::sleep(step);
                 slept += step;

@@ -597,6 +597,10 @@ impl Backend for LockTable {
         true
     }
 
+    fn moved_on(&self, busy: &ShmBusy) -> bool {
+        self.inner.table.moved_on(&busy.0)
+    }
+
     fn can_notify(&self) -> bool {
         futex::AVAILABLE
     }

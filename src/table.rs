@@ -834,23 +834,38 @@ impl<S: Slots, E: Env> Table<S, E> {
         let slots = self.slots();
         let seen = slots[b.home].wait.load(Ordering::SeqCst);
         let slot = &slots[b.slot];
-        let c = Word(slot.control.load(Ordering::SeqCst));
-        if c.ident() != b.word.ident() {
-            return Prepared::Changed;
-        }
-        if c.state() != State::Held {
-            return Prepared::Poll;
-        }
-        if !c.has_waiters()
-            && slot
-                .control
-                .compare_exchange(c.0, c.0 | WAITERS, Ordering::SeqCst, Ordering::Relaxed)
-                .is_err()
-        {
-            return Prepared::Changed;
+        // A held entry is flagged by one CAS from the word the attempt saw (which also
+        // checks it is still there): a load first would move the holder's line twice.
+        let mut c = if b.word.state() == State::Held {
+            b.word
+        } else {
+            Word(slot.control.load(Ordering::SeqCst))
+        };
+        loop {
+            if c.ident() != b.word.ident() {
+                return Prepared::Changed;
+            }
+            if c.state() != State::Held {
+                return Prepared::Poll;
+            }
+            match slot.control.compare_exchange(
+                c.0,
+                c.0 | WAITERS,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => break,
+                Err(now) => c = Word(now),
+            }
         }
         crash_point();
         Prepared::Sleep(seen)
+    }
+
+    /// Whether the entry that made an attempt busy has changed since (one read).
+    #[inline]
+    pub(crate) fn moved_on(&self, b: &Busy) -> bool {
+        self.word(b.slot, Ordering::Relaxed).ident() != b.word.ident()
     }
 
     /// The wait word of a home (what [`Prepared::Sleep`] refers to).
