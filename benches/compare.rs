@@ -548,7 +548,7 @@ fn load(r: &mut Report, s: &Scale) {
         file_bytes = std::fs::metadata(&path).unwrap().len();
         let held: Vec<_> = (0..cap * pct / 100)
             .map(|i| {
-                t.try_lock(format!("held-{i}"), Duration::ZERO)
+                t.try_lock_with_lease(format!("held-{i}"), Duration::ZERO)
                     .unwrap()
                     .unwrap()
             })

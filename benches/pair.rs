@@ -53,7 +53,7 @@ fn pair(c: &mut Criterion) {
         })
     });
     group.bench_function("guard", |b| {
-        b.iter(|| drop(table.lock(black_box("bench:hot"), &opts).unwrap()))
+        b.iter(|| drop(table.lock(black_box("bench:hot"), opts).unwrap()))
     });
     group.bench_function("baseline_robust_pthread_mutex", |b| {
         let m = RobustMutex::new();

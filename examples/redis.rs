@@ -31,7 +31,7 @@ fn nightly_report<B: Backend>(backend: &B, worker: &str) -> Result<String, Error
             lock.unlock()?; // Err(Expired) if the lease ran out meanwhile
             Ok(result)
         }
-        Err(Error::Timeout) => Ok(format!("{worker}: someone else is running it")),
+        Err(Error::Timeout { .. }) => Ok(format!("{worker}: someone else is running it")),
         Err(e) => Err(e),
     }
 }
@@ -49,7 +49,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let held_elsewhere = table.try_lock("report:nightly", Duration::from_secs(5));
+    let held_elsewhere = table.try_lock_with_lease("report:nightly", Duration::from_secs(5));
     match nightly_report(&table, "table, first worker") {
         Ok(s) => println!("{s}"),
         Err(e) => eprintln!("table: {e}"),

@@ -174,7 +174,7 @@ pub(crate) fn acquire_slow<B: Backend>(
             retried = true;
         } else {
             let Some(step) = schedule.next_sleep() else {
-                return Err(Error::Timeout);
+                return Err(Error::timeout(key, timeout.unwrap_or(Duration::ZERO)));
             };
             retried = false;
             if notify {
@@ -198,6 +198,7 @@ pub(crate) fn acquire_slow<B: Backend>(
 /// attempt without blocking the runtime; `reap` checks a busy holder for death.
 #[cfg(feature = "tokio")]
 pub(crate) async fn acquire_async<H, Busy, Fut>(
+    key: &[u8],
     opts: &Resolved,
     timeout: Duration,
     mut attempt: impl FnMut() -> Fut,
@@ -220,7 +221,7 @@ where
         }
         retried = false;
         let Some(step) = schedule.next_sleep() else {
-            return Err(Error::Timeout);
+            return Err(Error::timeout(key, timeout));
         };
         tokio::time::sleep(step).await;
         slept += step;

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::io;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Everything that can go wrong, as a value you can match on.
 #[derive(Debug)]
@@ -28,23 +29,35 @@ pub enum Error {
         max: usize,
     },
     /// [`SharedDict::add`](crate::SharedDict::add): the key already has a live value.
-    Exists,
+    Exists {
+        /// The key (its first bytes).
+        key: KeyPreview,
+    },
     /// The key has no live value ([`replace`](crate::SharedDict::replace),
     /// [`incr`](crate::SharedDict::incr) without `init`, [`ttl`](crate::SharedDict::ttl),
     /// [`expire`](crate::SharedDict::expire)).
-    NotFound,
+    NotFound {
+        /// The key (its first bytes).
+        key: KeyPreview,
+    },
     /// [`SharedDict::incr`](crate::SharedDict::incr) on a value that is not a number.
     NotANumber,
     /// A `safe_` store found no free slot for the key and evicts nothing.
     NoMemory,
     /// This [`Lock`](crate::Lock) already holds a key.
     Locked,
-    /// The key stayed held by someone else for the whole timeout.
-    Timeout,
+    /// The key stayed held by someone else for the whole timeout (with a timeout of zero:
+    /// it was held at the one attempt).
+    Timeout {
+        /// The key (its first bytes).
+        key: KeyPreview,
+        /// The timeout that ran out.
+        timeout: Duration,
+    },
     /// This lock holds nothing.
     Unlocked,
-    /// The lease ran out and the key was taken by someone else (or broken by force); the new
-    /// owner's hold was left untouched.
+    /// The hold was lost before this call: its lease ran out (and someone freed or took
+    /// the key), or it was broken by force. Whoever holds the key now was left untouched.
     Expired,
     /// A hold may not be renewed any longer: it has been held for the longest time its
     /// handle allows ([`RedisLocks::with_max_hold`](crate::RedisLocks)). The lease runs
@@ -61,8 +74,14 @@ pub enum Error {
     },
     /// The hold belongs to another process: this is a copy inherited across `fork`.
     NotOwner,
-    /// Every slot of the table holds a live lock; none was evicted.
-    TableFull,
+    /// The table has no room for the key among its live locks; none was evicted. At
+    /// least `capacity` keys can always be held at once.
+    TableFull {
+        /// The key that found no room (its first bytes).
+        key: KeyPreview,
+        /// The table's capacity: how many keys it holds at once.
+        capacity: usize,
+    },
     /// The table or dict was opened read-only (for inspection) and cannot be changed.
     ReadOnly,
     /// Every entry of the file's owner registry is held by a live process: this process
@@ -98,6 +117,70 @@ pub enum Error {
     },
 }
 
+/// The first bytes of a key, kept by an error to name it: at most
+/// [`KeyPreview::MAX`] bytes, displayed quoted with anything unprintable escaped.
+///
+/// ```
+/// use shmlock::KeyPreview;
+///
+/// let p = KeyPreview::new(b"user:42\x1b[2J");
+/// assert_eq!(p.to_string(), r#""user:42\x1b[2J""#);
+/// assert_eq!(p.as_bytes(), b"user:42\x1b[2J");
+/// let long = KeyPreview::new(&[b'k'; 300]);
+/// assert_eq!((long.as_bytes().len(), long.len(), long.is_truncated()), (KeyPreview::MAX, 300, true));
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct KeyPreview {
+    bytes: Box<[u8]>,
+    len: usize,
+}
+
+impl KeyPreview {
+    /// The most bytes of a key a preview keeps.
+    pub const MAX: usize = 64;
+
+    /// The preview of `key`.
+    pub fn new(key: impl AsRef<[u8]>) -> KeyPreview {
+        let key = key.as_ref();
+        KeyPreview {
+            bytes: key[..key.len().min(Self::MAX)].into(),
+            len: key.len(),
+        }
+    }
+
+    /// The bytes kept (the whole key unless it was longer than [`MAX`](Self::MAX)).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The length of the whole key.
+    #[allow(clippy::len_without_is_empty)]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the key was longer than what is kept.
+    pub fn is_truncated(&self) -> bool {
+        self.len > self.bytes.len()
+    }
+}
+
+impl fmt::Display for KeyPreview {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "\"{}\"", self.bytes.escape_ascii())?;
+        if self.is_truncated() {
+            write!(f, "... ({} bytes)", self.len)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for KeyPreview {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
 /// Why a file is not a lock table this version can use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -130,6 +213,13 @@ impl Error {
         Error::Io {
             path: path.into(),
             source,
+        }
+    }
+
+    pub(crate) fn timeout(key: &[u8], timeout: Duration) -> Error {
+        Error::Timeout {
+            key: KeyPreview::new(key),
+            timeout,
         }
     }
 
@@ -179,14 +269,23 @@ impl fmt::Display for Error {
             Error::ValueTooLong { len, max } => {
                 write!(f, "value of {len} bytes is longer than the dict's {max}")
             }
-            Error::Exists => f.write_str("exists"),
-            Error::NotFound => f.write_str("not found"),
+            Error::Exists { key } => write!(f, "key {key} exists: it has a live value"),
+            Error::NotFound { key } => write!(f, "key {key} not found: it has no live value"),
             Error::NotANumber => f.write_str("not a number"),
             Error::NoMemory => f.write_str("no memory: no free slot for the key"),
             Error::Locked => f.write_str("locked: this lock already holds a key"),
-            Error::Timeout => f.write_str("timeout"),
+            Error::Timeout { key, timeout } if timeout.is_zero() => {
+                write!(f, "timeout: key {key} is held by someone else")
+            }
+            Error::Timeout { key, timeout } => write!(
+                f,
+                "timeout: key {key} stayed held by someone else for the whole {timeout:?}"
+            ),
             Error::Unlocked => f.write_str("unlocked: this lock holds nothing"),
-            Error::Expired => f.write_str("expired: the lease ran out and the key was taken"),
+            Error::Expired => f.write_str(
+                "expired: the hold was lost before this call (its lease ran out, or it was \
+                 broken by force); whoever holds the key now was left untouched",
+            ),
             Error::MaxHoldReached => {
                 f.write_str("the hold reached its longest allowed time and is not renewed")
             }
@@ -195,7 +294,11 @@ impl fmt::Display for Error {
                 "not replicated: {acked} of {wanted} required replicas acknowledged in time"
             ),
             Error::NotOwner => f.write_str("not owner: the hold belongs to the parent process"),
-            Error::TableFull => f.write_str("lock table full"),
+            Error::TableFull { key, capacity } => write!(
+                f,
+                "lock table full: no room for key {key} among live locks (capacity \
+                 {capacity}); none was evicted (create the table with a larger capacity)"
+            ),
             Error::ReadOnly => f.write_str("opened read-only: this handle cannot change it"),
             Error::TooManyProcesses { path, max } => write!(
                 f,

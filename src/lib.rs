@@ -83,7 +83,7 @@ mod loom_tests;
 pub use backend::Backend;
 #[cfg(not(loom))]
 pub use dict::{DictOptions, Fetched, Item, Put, SharedDict, Source, Stored, Value, ValueRef};
-pub use error::{Error, FormatError};
+pub use error::{Error, FormatError, KeyPreview};
 #[cfg(not(loom))]
 pub use lock::{KeepAlive, Lock, LockGuard};
 pub use options::LockOptions;

@@ -1,6 +1,7 @@
 //! The lock API over any [`Backend`]: the resty-style [`Lock`] object and the RAII
 //! [`LockGuard`].
 
+use std::borrow::Borrow;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -164,7 +165,7 @@ pub(crate) fn try_guard<'b, B: Backend>(
     };
     match guard(backend, key, &opts, None) {
         Ok(guard) => Ok(Some(guard)),
-        Err(Error::Timeout) => Ok(None),
+        Err(Error::Timeout { .. }) => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -201,7 +202,7 @@ pub(crate) fn guard<'b, B: Backend>(
 /// assert!(matches!(lock.lock("key2"), Err(Error::Locked)));
 ///
 /// let mut rival = Lock::new(&table, opts)?;
-/// assert!(matches!(rival.lock("key1"), Err(Error::Timeout)));
+/// assert!(matches!(rival.lock("key1"), Err(Error::Timeout { .. })));
 ///
 /// let token = lock.token().unwrap();           // fencing token of this hold
 /// lock.expire(None)?;                          // renew the lease to exptime
@@ -230,7 +231,9 @@ impl<B: Backend> std::fmt::Debug for Lock<'_, B> {
 
 impl<'b, B: Backend> Lock<'b, B> {
     /// A lock object on `backend`. Fails with [`Error::InvalidOptions`] on nonsense options.
-    pub fn new(backend: &'b B, opts: LockOptions) -> Result<Lock<'b, B>, Error> {
+    /// Options may be given by value or by reference, as to [`LockTable::lock`](crate::LockTable::lock).
+    pub fn new(backend: &'b B, opts: impl Borrow<LockOptions>) -> Result<Lock<'b, B>, Error> {
+        let opts = opts.borrow();
         Ok(Lock {
             backend,
             opts: opts.resolve()?,
@@ -440,11 +443,11 @@ impl<'b, B: Backend> LockGuard<'b, B> {
     ///
     /// let table = LockTable::open(&path, 64)?;
     /// // Whoever gets the lease for this minute's run does the work; nobody unlocks.
-    /// if let Some(lease) = table.try_lock("cron:2026-11-21T20:46", Duration::from_secs(60))? {
+    /// if let Some(lease) = table.try_lock_with_lease("cron:2026-11-21T20:46", Duration::from_secs(60))? {
     ///     let _token = lease.leave_to_expire();
     ///     // ... do this minute's work ...
     /// }
-    /// assert!(table.try_lock("cron:2026-11-21T20:46", Duration::from_secs(60))?.is_none());
+    /// assert!(table.try_lock_with_lease("cron:2026-11-21T20:46", Duration::from_secs(60))?.is_none());
     /// # std::fs::remove_file(&path).unwrap();
     /// # Ok::<(), shmlock::Error>(())
     /// ```

@@ -1,5 +1,6 @@
 //! The shared-memory backend: [`LockTable`], a lock table in a memory-mapped file.
 
+use std::borrow::Borrow;
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -10,7 +11,7 @@ use crate::attachment::Attachment;
 use crate::backend::{Backend, Sealed};
 use crate::check_key;
 use crate::clock::{Clock, Monotonic};
-use crate::error::Error;
+use crate::error::{Error, KeyPreview};
 use crate::file::{self, Mapping, OpenSpec};
 use crate::format::{Header, Layout};
 use crate::futex;
@@ -85,9 +86,9 @@ impl table::Env for ShmEnv {
 /// # let dir = tempdir();
 /// let table = LockTable::open(dir.join("locks"), 1024)?;
 /// let guard = table.lock("user:42", &LockOptions::default())?;
-/// assert!(table.try_lock("user:42", Duration::from_secs(30))?.is_none());
+/// assert!(table.try_lock_with_lease("user:42", Duration::from_secs(30))?.is_none());
 /// drop(guard);
-/// assert!(table.try_lock("user:42", Duration::from_secs(30))?.is_some());
+/// assert!(table.try_lock_with_lease("user:42", Duration::from_secs(30))?.is_some());
 /// # fn tempdir() -> std::path::PathBuf {
 /// #     let d = std::env::temp_dir().join(format!("shmlock-doc-{}-{}", std::process::id(), line!()));
 /// #     let _ = std::fs::remove_dir_all(&d);
@@ -266,7 +267,12 @@ impl LockTable {
 
     /// Takes `key`, waiting as `opts` says; released when the guard drops.
     #[inline]
-    pub fn lock(&self, key: impl AsRef<[u8]>, opts: &LockOptions) -> Result<LockGuard<'_>, Error> {
+    pub fn lock(
+        &self,
+        key: impl AsRef<[u8]>,
+        opts: impl Borrow<LockOptions>,
+    ) -> Result<LockGuard<'_>, Error> {
+        let opts = opts.borrow();
         lock::guard(self, key.as_ref(), opts, Some(opts.timeout))
     }
 
@@ -293,11 +299,13 @@ impl LockTable {
     pub async fn lock_async(
         &self,
         key: impl AsRef<[u8]>,
-        opts: &LockOptions,
+        opts: impl Borrow<LockOptions>,
     ) -> Result<LockGuard<'_>, Error> {
+        let opts = opts.borrow();
         let resolved = opts.resolve()?;
         let key = key.as_ref();
         let (hold, elapsed) = crate::backend::acquire_async(
+            key,
             &resolved,
             opts.timeout,
             || std::future::ready(Backend::try_acquire(self, key, resolved.exptime_ns)),
@@ -307,15 +315,29 @@ impl LockTable {
         Ok(LockGuard::new(self, hold, elapsed, resolved.exptime_ns))
     }
 
-    /// Takes `key` if nobody holds it, without waiting. `Ok(None)` if it is held.
-    /// `exptime` is the lease length (zero: never expires).
+    /// Takes `key` if nobody holds it, without waiting, for a lease of `lease` (zero:
+    /// never expires). `Ok(None)` if it is held.
     #[inline]
+    pub fn try_lock_with_lease(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+    ) -> Result<Option<LockGuard<'_>>, Error> {
+        lock::try_guard(self, key.as_ref(), lease)
+    }
+
+    /// The old name of [`try_lock_with_lease`](Self::try_lock_with_lease): its duration
+    /// is the lease, not a wait.
+    #[deprecated(
+        since = "0.2.0",
+        note = "the duration is a lease, not a wait: use try_lock_with_lease"
+    )]
     pub fn try_lock(
         &self,
         key: impl AsRef<[u8]>,
         exptime: Duration,
     ) -> Result<Option<LockGuard<'_>>, Error> {
-        lock::try_guard(self, key.as_ref(), exptime)
+        self.try_lock_with_lease(key, exptime)
     }
 
     /// Whether someone holds `key` right now (a snapshot: it may change at once).
@@ -527,14 +549,21 @@ pub struct ShmHold {
 #[derive(Debug)]
 pub struct ShmBusy(Busy);
 
-fn hold_or_busy(a: Result<Attempt, TableFull>) -> Result<Result<ShmHold, ShmBusy>, Error> {
+fn hold_or_busy(
+    a: Result<Attempt, TableFull>,
+    req: &Request<'_>,
+    capacity: usize,
+) -> Result<Result<ShmHold, ShmBusy>, Error> {
     match a {
         Ok(Attempt::Acquired(held)) => Ok(Ok(ShmHold {
             held,
             token: Cell::new(0),
         })),
         Ok(Attempt::Busy(busy)) => Ok(Err(ShmBusy(busy))),
-        Err(TableFull) => Err(Error::TableFull),
+        Err(TableFull) => Err(Error::TableFull {
+            key: KeyPreview::new(req.key),
+            capacity,
+        }),
     }
 }
 
@@ -557,13 +586,16 @@ impl Backend for LockTable {
                 token: Cell::new(0),
             })),
             // The general claim, with the request already made (key checked and hashed).
-            None => Ok(hold_or_busy(self.inner.table.try_acquire_slow(&req))?.map_err(Some)),
+            None => {
+                let a = self.inner.table.try_acquire_slow(&req);
+                Ok(hold_or_busy(a, &req, self.capacity())?.map_err(Some))
+            }
         }
     }
 
     fn try_acquire(&self, key: &[u8], exptime_ns: u64) -> Result<Result<ShmHold, ShmBusy>, Error> {
         let req = self.request(key, exptime_ns)?;
-        hold_or_busy(self.inner.table.try_acquire(&req))
+        hold_or_busy(self.inner.table.try_acquire(&req), &req, self.capacity())
     }
 
     #[inline]

@@ -239,7 +239,7 @@ fn fds_naming(path: &Path) -> Vec<i32> {
 fn holder(path: &Path, ready: &Shared, exptime_ms: u64) -> Proc {
     let p = Proc::new(fork(|| {
         let t = LockTable::open(path, 64).unwrap();
-        let g = t.lock(K, &opts(exptime_ms, 1_000)).unwrap();
+        let g = t.lock(K, opts(exptime_ms, 1_000)).unwrap();
         ready
             .word(0)
             .store(u64::from(std::process::id()), Ordering::SeqCst);
@@ -272,7 +272,7 @@ fn a_replaced_probe_descriptor_never_makes_a_live_holder_look_dead() {
         // Only the lowest: the descriptor the mapping came from (the liveness probe).
         // SAFETY: replacing a descriptor number, as a careless closefrom+open would.
         unsafe { libc::dup2(scratch.as_raw_fd(), fds[0]) };
-        let r = t.lock(K, &opts(60_000, 1_500)).map(std::mem::forget);
+        let r = t.lock(K, opts(60_000, 1_500)).map(std::mem::forget);
         match r {
             Ok(()) => {
                 note!(
@@ -281,7 +281,7 @@ fn a_replaced_probe_descriptor_never_makes_a_live_holder_look_dead() {
                 );
                 1
             }
-            Err(Error::Timeout) => 0,
+            Err(Error::Timeout { .. }) => 0,
             Err(e) => {
                 eprintln!("{e}");
                 2
@@ -309,14 +309,14 @@ fn a_forked_worker_that_closes_inherited_fds_stays_alive() {
         // SAFETY: closing every descriptor above stderr, as daemons do after fork.
         unsafe { libc::close_range(3, u32::MAX, 0) };
         let _log = fs::File::create(&log).unwrap(); // gets fd 3
-        let g = table.lock(K, &opts(60_000, 1_000)).unwrap();
+        let g = table.lock(K, opts(60_000, 1_000)).unwrap();
         flag.word(0).store(1, Ordering::SeqCst);
         std::thread::sleep(Duration::from_secs(30));
         drop(g);
         0
     }));
     await_word(&flag, 0, Duration::from_secs(10));
-    let got = table.lock(K, &opts(60_000, 1_500));
+    let got = table.lock(K, opts(60_000, 1_500));
     let stole = got.is_ok();
     if let Ok(g) = got {
         note!("[master got K while the worker holds it] ");
@@ -336,7 +336,7 @@ fn claim_loop(path: &Path, key: &str) -> i32 {
         return 92;
     };
     for i in 0u64.. {
-        let Ok(g) = table.lock(key, &opts(30_000 + i % 2, 30_000)) else {
+        let Ok(g) = table.lock(key, opts(30_000 + i % 2, 30_000)) else {
             return 93;
         };
         if g.unlock().is_err() {
@@ -466,7 +466,10 @@ fn keys_apart(table: &LockTable, apart: usize) -> (String, String) {
     let mut by_home = std::collections::HashMap::new();
     for n in 0.. {
         let k = format!("k{n}");
-        let g = table.try_lock(&k, Duration::from_secs(5)).unwrap().unwrap();
+        let g = table
+            .try_lock_with_lease(&k, Duration::from_secs(5))
+            .unwrap()
+            .unwrap();
         let (home, _) = table.debug_placement(&k).unwrap();
         drop(g);
         if let Some(other) = by_home.get(&((home + apart) % 128)) {
@@ -509,8 +512,8 @@ fn two_stopped_claims(apart: usize) {
         let t = LockTable::open(&path, 64).unwrap();
         let (t, a, b) = (&t, &a, &b);
         let res = std::thread::scope(|s| {
-            let ja = s.spawn(move || t.lock(a, &opts(30_000, 5_000)).map(|g| g.elapsed()));
-            let jb = s.spawn(move || t.lock(b, &opts(30_000, 5_000)).map(|g| g.elapsed()));
+            let ja = s.spawn(move || t.lock(a, opts(30_000, 5_000)).map(|g| g.elapsed()));
+            let jb = s.spawn(move || t.lock(b, opts(30_000, 5_000)).map(|g| g.elapsed()));
             (ja.join().unwrap(), jb.join().unwrap())
         });
         note!("[waiting for A: {:?}, for B: {:?}] ", res.0, res.1);
@@ -564,7 +567,7 @@ fn concurrent_attach_after_reboot_keeps_tokens_growing() {
     {
         let t = LockTable::open(&path, 64).unwrap();
         for _ in 0..1000 {
-            let g = t.lock(K, &opts(1_000, 1_000)).unwrap();
+            let g = t.lock(K, opts(1_000, 1_000)).unwrap();
             before = before.max(g.token().unwrap());
         }
     }
@@ -585,7 +588,7 @@ fn concurrent_attach_after_reboot_keeps_tokens_growing() {
             if slot == 1 {
                 await_word(tokens, 0, Duration::from_secs(20));
             }
-            let g = t.lock(K, &opts(1_000, 5_000)).unwrap();
+            let g = t.lock(K, opts(1_000, 5_000)).unwrap();
             tokens
                 .word(slot)
                 .store(g.token().unwrap(), Ordering::SeqCst);
@@ -627,7 +630,7 @@ fn a_process_that_unshared_a_time_namespace_keeps_its_own_clock() {
         assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWTIME) }, 0);
         fs::write("/proc/self/timens_offsets", "monotonic 3600 0\n").unwrap();
         let t = LockTable::open(&path, 64).unwrap();
-        let g = t.lock(K, &opts(60_000, 1_000)).unwrap();
+        let g = t.lock(K, opts(60_000, 1_000)).unwrap();
         ready.word(0).store(1, Ordering::SeqCst);
         std::thread::sleep(Duration::from_secs(30));
         drop(g);
@@ -635,7 +638,7 @@ fn a_process_that_unshared_a_time_namespace_keeps_its_own_clock() {
     }));
     await_word(&ready, 0, Duration::from_secs(10));
     let table = LockTable::open(&path, 64).unwrap();
-    let got = table.lock(K, &opts(60_000, 1_000));
+    let got = table.lock(K, opts(60_000, 1_000));
     let stole = got.is_ok();
     if let Ok(g) = got {
         note!("[took K at once though its holder has 60 s left] ");
@@ -652,7 +655,7 @@ fn an_opener_whose_main_thread_exited_never_misreads_its_clock() {
     require_root();
     let path = TempPath::new("timens-zombie");
     let table = LockTable::open(&path, 64).unwrap();
-    let g = table.lock(K, &opts(60_000, 1_000)).unwrap();
+    let g = table.lock(K, opts(60_000, 1_000)).unwrap();
     let result = Shared::new(2);
     let mut middle = Proc::new(fork(|| {
         // SAFETY: plain system call.
@@ -673,7 +676,7 @@ fn an_opener_whose_main_thread_exited_never_misreads_its_clock() {
                 std::thread::sleep(Duration::from_millis(200)); // the leader is gone by now
                 let off = fs::read_to_string("/proc/self/timens_offsets").unwrap_or_default();
                 let code = match LockTable::open(&p, 64).and_then(|t| {
-                    t.try_lock(K, Duration::from_secs(60))
+                    t.try_lock_with_lease(K, Duration::from_secs(60))
                         .map(|g| g.map(std::mem::forget))
                 }) {
                     Ok(Some(())) => 2,
@@ -722,7 +725,7 @@ extern "C" {
 fn a_child_of_underscore_fork_never_releases_the_parents_hold() {
     let path = TempPath::new("underscore-fork");
     let table = LockTable::open(&path, 64).unwrap();
-    let g = table.lock(K, &opts(60_000, 1_000)).unwrap();
+    let g = table.lock(K, opts(60_000, 1_000)).unwrap();
     // SAFETY: single-threaded test binary.
     let pid = unsafe { _Fork() };
     if pid == 0 {
@@ -786,7 +789,7 @@ fn chaos_worker(
         };
         match lock.lock(format!("chaos:{key}")) {
             Ok(_) => {}
-            Err(Error::Timeout) => continue, // a stopped holder keeps its key (30 s lease)
+            Err(Error::Timeout { .. }) => continue, // a stopped holder keeps its key (30 s lease)
             Err(e) => {
                 log(fd, FAIL, me, key, 0);
                 eprintln!("lock: {e}");
@@ -1379,7 +1382,9 @@ fn a_lease_left_to_expire_outlives_its_process() {
     let table = LockTable::open(&path, 64).unwrap();
     let mut first = Proc::new(fork(|| {
         let t = LockTable::open(&path, 64).unwrap();
-        let got = t.try_lock("cron:12:00", Duration::from_secs(60)).unwrap();
+        let got = t
+            .try_lock_with_lease("cron:12:00", Duration::from_secs(60))
+            .unwrap();
         match got {
             Some(g) => {
                 let _ = g.leave_to_expire();
@@ -1390,7 +1395,7 @@ fn a_lease_left_to_expire_outlives_its_process() {
     }));
     assert_eq!(first.wait(Duration::from_secs(10)), 0);
     let second = table
-        .try_lock("cron:12:00", Duration::from_secs(60))
+        .try_lock_with_lease("cron:12:00", Duration::from_secs(60))
         .unwrap();
     let ran_twice = second.is_some();
     note!(
@@ -1414,7 +1419,10 @@ fn a_lease_left_to_expire_outlives_an_exec() {
     let flag = Shared::new(1);
     let _launcher = Proc::new(fork(|| {
         let t = LockTable::open(&path, 64).unwrap();
-        let g = t.try_lock("job", Duration::from_secs(60)).unwrap().unwrap();
+        let g = t
+            .try_lock_with_lease("job", Duration::from_secs(60))
+            .unwrap()
+            .unwrap();
         let _ = g.leave_to_expire();
         flag.word(0).store(1, Ordering::SeqCst);
         let sleep = CString::new("/bin/sleep").unwrap();
@@ -1430,7 +1438,9 @@ fn a_lease_left_to_expire_outlives_an_exec() {
     }));
     await_word(&flag, 0, Duration::from_secs(10));
     std::thread::sleep(Duration::from_millis(200)); // the exec is done
-    let second = table.try_lock("job", Duration::from_secs(60)).unwrap();
+    let second = table
+        .try_lock_with_lease("job", Duration::from_secs(60))
+        .unwrap();
     let twice = second.is_some();
     note!(
         "[while the exec'd job runs, a second launcher {}] ",
@@ -1468,7 +1478,7 @@ fn leases_left_to_expire_never_fill_the_registry() {
                 return 1;
             }
             let g = t
-                .try_lock(format!("run:{i}"), Duration::from_millis(10))
+                .try_lock_with_lease(format!("run:{i}"), Duration::from_millis(10))
                 .unwrap()
                 .unwrap();
             let _ = g.leave_to_expire();
@@ -1593,7 +1603,9 @@ fn a_stopped_claim_is_broken_for_short_lived_pollers_too() {
         polls += 1;
         let mut p = Proc::new(fork(|| {
             let t = LockTable::open(&path, 64).unwrap();
-            let r = t.try_lock(K, Duration::from_secs(1)).map(|g| g.is_some());
+            let r = t
+                .try_lock_with_lease(K, Duration::from_secs(1))
+                .map(|g| g.is_some());
             i32::from(matches!(r, Ok(true)))
         }));
         if p.wait(Duration::from_secs(5)) == 1 {
@@ -1693,7 +1705,7 @@ fn killed_mid_claim(new_pid_ns: bool) {
         let _ = middle.wait(Duration::from_secs(10));
         let t0 = Instant::now();
         let g = table
-            .lock(K, &opts(30_000, 5_000))
+            .lock(K, opts(30_000, 5_000))
             .unwrap_or_else(|e| panic!("kill {n}: {e}; entries {:?}", table.holders()));
         worst = worst.max(t0.elapsed());
         assert_eq!(
@@ -1725,7 +1737,7 @@ fn a_pid_1_child_in_a_new_pid_namespace_never_releases_the_parents_hold() {
         let init = fork(|| {
             // pid 1 of a new namespace
             let t = LockTable::open(&path, 64).unwrap();
-            let g = t.lock(K, &opts(60_000, 1_000)).unwrap();
+            let g = t.lock(K, opts(60_000, 1_000)).unwrap();
             // SAFETY: plain system call.
             assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWPID) }, 0);
             let gref = &g;

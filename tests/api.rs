@@ -53,7 +53,7 @@ fn two_objects_one_key_time_out() {
     let mut b = Lock::new(&t, opts(30_000, 10)).unwrap();
     a.lock("k").unwrap();
     let started = Instant::now();
-    assert!(matches!(b.lock("k"), Err(Error::Timeout)));
+    assert!(matches!(b.lock("k"), Err(Error::Timeout { .. })));
     // it slept its whole 10 ms budget (1 + 2 + 4 + 3 ms) before giving up
     assert!(started.elapsed() >= Duration::from_millis(10));
     assert!(!b.is_locked());
@@ -67,11 +67,11 @@ fn timeout_zero_tries_once() {
     let mut a = Lock::new(&t, LockOptions::default()).unwrap();
     a.lock("k").unwrap();
     let mut b = Lock::new(&t, opts(30_000, 0)).unwrap();
-    assert!(matches!(b.lock("k"), Err(Error::Timeout)));
+    assert!(matches!(b.lock("k"), Err(Error::Timeout { .. })));
     // per-call override: a longer wait for this call only, and back to zero after
     assert!(matches!(
         b.lock_with_timeout("k", Duration::from_millis(3)),
-        Err(Error::Timeout)
+        Err(Error::Timeout { .. })
     ));
     a.unlock().unwrap();
     assert_eq!(
@@ -105,7 +105,7 @@ fn expire_extends_the_lease_so_a_waiter_times_out() {
     holder.expire(Some(Duration::from_secs(5))).unwrap();
     let mut waiter = Lock::new(&t, opts(30_000, 300)).unwrap();
     // without the renewal the lease would have run out after 100 ms of the 300 ms wait
-    assert!(matches!(waiter.lock("k"), Err(Error::Timeout)));
+    assert!(matches!(waiter.lock("k"), Err(Error::Timeout { .. })));
     // expire(None) renews to the object's exptime (100 ms): now the waiter gets it
     holder.expire(None).unwrap();
     assert!(waiter.lock("k").unwrap() > Duration::ZERO);
@@ -141,8 +141,8 @@ fn unlock_after_expiry_and_takeover_is_expired_and_spares_the_new_owner() {
     assert!(matches!(stale.unlock(), Err(Error::Unlocked)));
     // the new owners still hold their keys
     let mut probe = Lock::new(&t, opts(30_000, 0)).unwrap();
-    assert!(matches!(probe.lock("k"), Err(Error::Timeout)));
-    assert!(matches!(probe.lock("k2"), Err(Error::Timeout)));
+    assert!(matches!(probe.lock("k"), Err(Error::Timeout { .. })));
+    assert!(matches!(probe.lock("k2"), Err(Error::Timeout { .. })));
     new.unlock().unwrap();
     taker.unlock().unwrap();
 }
@@ -187,7 +187,7 @@ fn fencing_tokens_grow_across_holders_and_are_stable_within_a_hold() {
             a.unlock().unwrap();
         } // else dropped: released by Drop
     }
-    let g = t.lock("fenced", &LockOptions::default()).unwrap();
+    let g = t.lock("fenced", LockOptions::default()).unwrap();
     assert!(g.token().unwrap() > last);
 }
 
@@ -195,18 +195,33 @@ fn fencing_tokens_grow_across_holders_and_are_stable_within_a_hold() {
 fn guard_releases_on_drop_and_unlock() {
     let (t, _p) = table("guard", 16);
     {
-        let g = t.lock("k", &LockOptions::default()).unwrap();
+        let g = t.lock("k", LockOptions::default()).unwrap();
         assert_eq!(g.elapsed(), Duration::ZERO);
-        assert!(t.try_lock("k", Duration::from_secs(30)).unwrap().is_none());
+        assert!(t
+            .try_lock_with_lease("k", Duration::from_secs(30))
+            .unwrap()
+            .is_none());
     }
-    let g = t.try_lock("k", Duration::from_secs(30)).unwrap().unwrap();
+    let g = t
+        .try_lock_with_lease("k", Duration::from_secs(30))
+        .unwrap()
+        .unwrap();
     g.unlock().unwrap();
-    let mut g = t.try_lock("k", Duration::from_millis(20)).unwrap().unwrap();
+    let mut g = t
+        .try_lock_with_lease("k", Duration::from_millis(20))
+        .unwrap()
+        .unwrap();
     g.expire(Some(Duration::from_secs(10))).unwrap();
     std::thread::sleep(Duration::from_millis(40));
-    assert!(t.try_lock("k", Duration::from_secs(30)).unwrap().is_none());
+    assert!(t
+        .try_lock_with_lease("k", Duration::from_secs(30))
+        .unwrap()
+        .is_none());
     drop(g);
-    assert!(t.try_lock("k", Duration::from_secs(30)).unwrap().is_some());
+    assert!(t
+        .try_lock_with_lease("k", Duration::from_secs(30))
+        .unwrap()
+        .is_some());
 }
 
 #[test]
@@ -214,7 +229,7 @@ fn a_panicking_thread_releases_its_guard_on_unwind() {
     let (t, _p) = table("panic", 16);
     let t2 = t.clone();
     let r = std::thread::spawn(move || {
-        let _g = t2.lock("k", &LockOptions::default()).unwrap();
+        let _g = t2.lock("k", LockOptions::default()).unwrap();
         panic!("boom");
     })
     .join();
@@ -229,7 +244,7 @@ fn exptime_zero_never_expires() {
     a.lock("k").unwrap();
     std::thread::sleep(Duration::from_millis(30));
     let mut b = Lock::new(&t, opts(0, 20)).unwrap();
-    assert!(matches!(b.lock("k"), Err(Error::Timeout)));
+    assert!(matches!(b.lock("k"), Err(Error::Timeout { .. })));
     let h = t.holders();
     assert_eq!(h.len(), 1);
     assert_eq!(h[0].ttl, None);
@@ -240,26 +255,35 @@ fn exptime_zero_never_expires() {
 fn keys_are_any_bytes_of_1_to_65535() {
     let (t, _p) = table("keys", 16);
     assert!(matches!(
-        t.try_lock("", Duration::ZERO),
+        t.try_lock_with_lease("", Duration::ZERO),
         Err(Error::EmptyKey)
     ));
     let long = vec![7u8; 65536];
     assert!(matches!(
-        t.try_lock(&long, Duration::ZERO),
+        t.try_lock_with_lease(&long, Duration::ZERO),
         Err(Error::KeyTooLong(65536))
     ));
     let mut a = Lock::new(&t, LockOptions::default()).unwrap();
     assert!(matches!(a.lock(""), Err(Error::EmptyKey)));
     assert!(!a.is_locked());
     let max = vec![0xffu8; 65535];
-    let g = t.try_lock(&max, Duration::ZERO).unwrap().unwrap();
+    let g = t
+        .try_lock_with_lease(&max, Duration::ZERO)
+        .unwrap()
+        .unwrap();
     let bin = [0u8, 1, 2, 0, 255];
-    let g2 = t.try_lock(bin, Duration::ZERO).unwrap().unwrap();
+    let g2 = t.try_lock_with_lease(bin, Duration::ZERO).unwrap().unwrap();
     // keys differing only past the preview are still different keys
     let mut other = max.clone();
     other[65534] = 0;
-    assert!(t.try_lock(&other, Duration::ZERO).unwrap().is_some());
-    assert!(t.try_lock(&max, Duration::ZERO).unwrap().is_none());
+    assert!(t
+        .try_lock_with_lease(&other, Duration::ZERO)
+        .unwrap()
+        .is_some());
+    assert!(t
+        .try_lock_with_lease(&max, Duration::ZERO)
+        .unwrap()
+        .is_none());
     drop((g, g2));
 }
 
@@ -297,7 +321,7 @@ fn nonsense_options_are_typed_errors() {
             matches!(Lock::new(&t, o), Err(Error::InvalidOptions(_))),
             "{o:?}"
         );
-        assert!(matches!(t.lock("k", &o), Err(Error::InvalidOptions(_))));
+        assert!(matches!(t.lock("k", o), Err(Error::InvalidOptions(_))));
     }
     for (e, to, s, r, m) in [
         (f64::NAN, 5.0, 0.001, 2.0, 0.5),
@@ -317,7 +341,7 @@ fn nonsense_options_are_typed_errors() {
         LockOptions::default()
     );
     assert!(matches!(
-        t.try_lock("k", Duration::MAX),
+        t.try_lock_with_lease("k", Duration::MAX),
         Err(Error::InvalidOptions(_))
     ));
 }
@@ -326,9 +350,9 @@ fn nonsense_options_are_typed_errors() {
 fn fill<'t>(t: &'t LockTable, prefix: &str, lease: Duration) -> Vec<shmlock::LockGuard<'t>> {
     let mut guards = Vec::new();
     loop {
-        match t.try_lock(format!("{prefix}-{}", guards.len()), lease) {
+        match t.try_lock_with_lease(format!("{prefix}-{}", guards.len()), lease) {
             Ok(Some(g)) => guards.push(g),
-            Err(Error::TableFull) => return guards,
+            Err(Error::TableFull { .. }) => return guards,
             other => panic!("{other:?}"),
         }
         assert!(guards.len() <= 2 * t.capacity(), "never full");
@@ -346,7 +370,10 @@ fn capacity_always_fits_and_a_full_table_never_evicts() {
         let held = guards.len();
         assert_eq!(t.occupancy(), held);
         let mut waiter = Lock::new(&t, opts(30_000, 5)).unwrap();
-        assert!(matches!(waiter.lock("one-more"), Err(Error::TableFull)));
+        assert!(matches!(
+            waiter.lock("one-more"),
+            Err(Error::TableFull { .. })
+        ));
         // every live lock is still held
         for i in 0..held {
             assert!(
@@ -356,7 +383,9 @@ fn capacity_always_fits_and_a_full_table_never_evicts() {
         }
         // releasing any one frees room
         drop(guards.remove(held / 2));
-        let g = t.try_lock("one-more", Duration::from_secs(30)).unwrap();
+        let g = t
+            .try_lock_with_lease("one-more", Duration::from_secs(30))
+            .unwrap();
         assert!(g.is_some(), "capacity {capacity}: no room after a release");
         drop(g);
         drop(guards);
@@ -369,11 +398,13 @@ fn a_full_table_reclaims_expired_entries() {
     let (t, _p) = table("reclaim", 4);
     let gs = fill(&t, "old", Duration::from_millis(20));
     assert!(matches!(
-        t.try_lock("new", Duration::from_secs(30)),
-        Err(Error::TableFull)
+        t.try_lock_with_lease("new", Duration::from_secs(30)),
+        Err(Error::TableFull { .. })
     ));
     std::thread::sleep(Duration::from_millis(40));
-    let g = t.try_lock("new", Duration::from_secs(30)).unwrap();
+    let g = t
+        .try_lock_with_lease("new", Duration::from_secs(30))
+        .unwrap();
     assert!(g.is_some());
     std::mem::forget(gs); // their releases would report Expired at best; keep it simple
 }
@@ -395,7 +426,7 @@ fn churn_over_a_small_table_leaves_it_empty() {
         } else {
             let key = format!("k{}", (x >> 8) % 40);
             match l.lock(&key) {
-                Ok(_) | Err(Error::Timeout) => {}
+                Ok(_) | Err(Error::Timeout { .. }) => {}
                 Err(e) => panic!("{e}"),
             }
         }
@@ -420,13 +451,13 @@ fn the_release_hole_does_not_admit_a_second_entry() {
         let target = format!("target-{attempt}");
         let fillers: Vec<_> = (0..7)
             .map(|i| {
-                t.try_lock(format!("f{attempt}-{i}"), Duration::from_secs(30))
+                t.try_lock_with_lease(format!("f{attempt}-{i}"), Duration::from_secs(30))
                     .unwrap()
                     .unwrap()
             })
             .collect();
         let held = t
-            .try_lock(&target, Duration::from_secs(30))
+            .try_lock_with_lease(&target, Duration::from_secs(30))
             .unwrap()
             .unwrap();
         let (home, slot) = t.debug_placement(&target).unwrap();
@@ -438,7 +469,7 @@ fn the_release_hole_does_not_admit_a_second_entry() {
         // the path from home to the key is now all free: a naive claim would stop there
         for _ in 0..100 {
             assert!(t
-                .try_lock(&target, Duration::from_secs(30))
+                .try_lock_with_lease(&target, Duration::from_secs(30))
                 .unwrap()
                 .is_none());
         }
@@ -446,7 +477,7 @@ fn the_release_hole_does_not_admit_a_second_entry() {
         assert_eq!(t.debug_placement(&target), Some((home, slot)));
         drop(held);
         assert!(t
-            .try_lock(&target, Duration::from_secs(30))
+            .try_lock_with_lease(&target, Duration::from_secs(30))
             .unwrap()
             .is_some());
         return;
@@ -457,10 +488,13 @@ fn the_release_hole_does_not_admit_a_second_entry() {
 #[test]
 fn holders_describe_the_entries() {
     let (t, _p) = table("holders", 16);
-    let g = t.lock("user:42", &LockOptions::default()).unwrap();
+    let g = t.lock("user:42", LockOptions::default()).unwrap();
     let tok = g.token().unwrap();
     let long = "x".repeat(100);
-    let _g2 = t.try_lock(&long, Duration::ZERO).unwrap().unwrap();
+    let _g2 = t
+        .try_lock_with_lease(&long, Duration::ZERO)
+        .unwrap()
+        .unwrap();
     let mut h = t.holders();
     h.sort_by_key(|h| h.key_len);
     assert_eq!(h.len(), 2);
@@ -496,16 +530,16 @@ fn attach_uses_the_files_layout_and_shares_state() {
     assert!(!b.created());
     assert_eq!(b.capacity(), 100);
     let g = a
-        .try_lock("shared", Duration::from_secs(30))
+        .try_lock_with_lease("shared", Duration::from_secs(30))
         .unwrap()
         .unwrap();
     assert!(b
-        .try_lock("shared", Duration::from_secs(30))
+        .try_lock_with_lease("shared", Duration::from_secs(30))
         .unwrap()
         .is_none());
     drop(g);
     assert!(b
-        .try_lock("shared", Duration::from_secs(30))
+        .try_lock_with_lease("shared", Duration::from_secs(30))
         .unwrap()
         .is_some());
     let attach_only = LockTable::options().create(false).open(&path).unwrap();
@@ -599,7 +633,7 @@ fn foreign_truncated_and_corrupt_files_are_typed_errors() {
     std::fs::write(&path, &scribbled).unwrap();
     let t = LockTable::open(&path, 16).unwrap();
     let _ = t.holders();
-    let _ = t.try_lock("after-garbage", Duration::from_secs(1));
+    let _ = t.try_lock_with_lease("after-garbage", Duration::from_secs(1));
 }
 
 #[test]
@@ -623,7 +657,7 @@ fn files_are_private_by_default_and_take_the_mode_asked_for() {
 #[test]
 fn keep_alive_reports_a_lock_broken_under_it() {
     let (t, _p) = table("keepalive", 16);
-    let mut g = t.lock("job", &opts(90, 0)).unwrap();
+    let mut g = t.lock("job", opts(90, 0)).unwrap();
     let (saw_loss, lease) = g.keep_alive(|alive| {
         t.force_unlock("job").unwrap().unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -649,7 +683,7 @@ fn handles_are_send_sync_and_cheap_clones() {
     let (t, _p) = table("clone", 4);
     let c = t.clone();
     let g = t
-        .try_lock("shared", Duration::from_secs(30))
+        .try_lock_with_lease("shared", Duration::from_secs(30))
         .unwrap()
         .unwrap();
     assert!(c.is_locked("shared").unwrap());
@@ -657,4 +691,79 @@ fn handles_are_send_sync_and_cheap_clones() {
         s.spawn(move || g.unlock().unwrap());
     });
     assert!(!c.is_locked("shared").unwrap());
+}
+
+#[test]
+fn errors_name_the_key_and_the_limit() {
+    let (t, _p) = table("errors-name", 2);
+    let _a = t
+        .try_lock_with_lease("held:a", Duration::ZERO)
+        .unwrap()
+        .unwrap();
+    let mut rival = Lock::new(&t, opts(1000, 30)).unwrap();
+    let err = rival.lock("held:a").unwrap_err();
+    match &err {
+        Error::Timeout { key, timeout } => {
+            assert_eq!(key.as_bytes(), b"held:a");
+            assert_eq!(*timeout, Duration::from_millis(30));
+        }
+        other => panic!("{other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(msg.contains("\"held:a\"") && msg.contains("30ms"), "{msg}");
+    // A try of zero timeout says the key is held, not that a wait ran out.
+    let err = Lock::new(&t, opts(1000, 0))
+        .unwrap()
+        .lock("held:a")
+        .unwrap_err();
+    assert!(err.to_string().contains("is held"), "{err}");
+
+    // Fill the capacity, then one more: the message names the key and the capacity.
+    let guards: Vec<_> = (0..8)
+        .map_while(|i| {
+            t.try_lock_with_lease(format!("fill:{i}"), Duration::ZERO)
+                .ok()
+                .flatten()
+        })
+        .collect();
+    assert!(!guards.is_empty());
+    let long = format!("{}\u{1b}[2J", "x".repeat(100));
+    let err = t.try_lock_with_lease(&long, Duration::ZERO).unwrap_err();
+    let Error::TableFull { key, capacity } = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!((*capacity, key.len(), key.is_truncated()), (2, 104, true));
+    let msg = err.to_string();
+    assert!(
+        msg.contains("capacity 2") && msg.contains("(104 bytes)"),
+        "{msg}"
+    );
+    // Escapes never reach a terminal raw, even when cut off.
+    assert!(!msg.contains('\u{1b}'), "{msg}");
+    let err = t
+        .try_lock_with_lease("x\u{1b}[2J", Duration::ZERO)
+        .unwrap_err();
+    assert!(err.to_string().contains(r#""x\x1b[2J""#), "{err}");
+}
+
+/// Code written against the old names keeps compiling and working.
+#[test]
+#[allow(deprecated)]
+fn old_names_and_option_forms_still_work() {
+    let (t, _p) = table("old-names", 16);
+    let g = t.try_lock("k", Duration::from_secs(5)).unwrap().unwrap();
+    assert!(t.try_lock("k", Duration::ZERO).unwrap().is_none());
+    drop(g);
+    let o = opts(1000, 0);
+    // Options by reference or by value, for the table and for a Lock object alike.
+    #[allow(clippy::needless_borrows_for_generic_args)]
+    drop(t.lock("k", &o).unwrap());
+    drop(t.lock("k", o).unwrap());
+    #[allow(clippy::needless_borrows_for_generic_args)]
+    let mut by_ref = Lock::new(&t, &o).unwrap();
+    let mut by_value = Lock::new(&t, o).unwrap();
+    by_ref.lock("k").unwrap();
+    assert!(matches!(by_value.lock("k"), Err(Error::Timeout { .. })));
+    by_ref.unlock().unwrap();
+    by_value.lock("k").unwrap();
 }

@@ -55,7 +55,7 @@ async fn wait_while_released<'a, B: shmlock::Backend + 'a>(
 async fn shm_waits_without_blocking_the_runtime() {
     let path = TempPath::new("async");
     let table = LockTable::open(&path, 16).unwrap();
-    let held = table.lock("k", &LockOptions::default()).unwrap();
+    let held = table.lock("k", LockOptions::default()).unwrap();
     let opts = LockOptions::default();
     let guard = wait_while_released(table.lock_async("k", &opts), || drop(held)).await;
     let short = LockOptions {
@@ -64,7 +64,7 @@ async fn shm_waits_without_blocking_the_runtime() {
     };
     assert!(matches!(
         table.lock_async("k", &short).await,
-        Err(Error::Timeout)
+        Err(Error::Timeout { .. })
     ));
     drop(guard);
     assert!(!table.is_locked("k").unwrap());
@@ -75,7 +75,7 @@ async fn redis_waits_without_blocking_the_runtime_and_drop_releases() {
     let server = RedisServer::start();
     let redis = RedisLocks::open(&server.url()).unwrap();
     let other = RedisLocks::open(&server.url()).unwrap();
-    let held = other.lock("k", &LockOptions::default()).unwrap();
+    let held = other.lock("k", LockOptions::default()).unwrap();
     let opts = LockOptions::default();
     let guard = wait_while_released(redis.lock_async("k", &opts), || held.unlock().unwrap()).await;
     // dropped inside the runtime: released on the blocking pool, soon

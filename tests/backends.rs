@@ -30,11 +30,11 @@ fn two_objects_on_one_key_time_out<B: Backend>(b: &B) {
     let mut c = Lock::new(b, opts(30_000, 10)).unwrap();
     a.lock("k").unwrap();
     let started = Instant::now();
-    assert!(matches!(c.lock("k"), Err(Error::Timeout)));
+    assert!(matches!(c.lock("k"), Err(Error::Timeout { .. })));
     assert!(started.elapsed() >= Duration::from_millis(10));
     assert!(matches!(
         c.lock_with_timeout("k", Duration::ZERO),
-        Err(Error::Timeout)
+        Err(Error::Timeout { .. })
     ));
     a.unlock().unwrap();
     assert_eq!(c.lock("k").unwrap(), Duration::ZERO);
@@ -53,7 +53,7 @@ fn a_forgotten_holder_is_taken_over_after_exptime<B: Backend>(b: &B) {
     assert!(matches!(forgetful.unlock(), Err(Error::Expired)));
     // the late unlock left the new holder alone
     let mut probe = Lock::new(b, opts(30_000, 0)).unwrap();
-    assert!(matches!(probe.lock("k"), Err(Error::Timeout)));
+    assert!(matches!(probe.lock("k"), Err(Error::Timeout { .. })));
     waiter.unlock().unwrap();
 }
 
@@ -62,7 +62,7 @@ fn expire_extends_the_lease_so_a_waiter_times_out<B: Backend>(b: &B) {
     holder.lock("k").unwrap();
     holder.expire(Some(Duration::from_secs(5))).unwrap();
     let mut waiter = Lock::new(b, opts(30_000, 300)).unwrap();
-    assert!(matches!(waiter.lock("k"), Err(Error::Timeout)));
+    assert!(matches!(waiter.lock("k"), Err(Error::Timeout { .. })));
     holder.expire(None).unwrap(); // back to 100 ms
     assert!(waiter.lock("k").unwrap() > Duration::ZERO);
     assert!(matches!(holder.expire(None), Err(Error::Expired)));
@@ -87,7 +87,7 @@ fn dropping_a_holding_lock_object_releases<B: Backend>(b: &B) {
     {
         let mut held = Lock::new(b, opts(30_000, 0)).unwrap();
         held.lock("g").unwrap();
-        assert!(matches!(a.lock("g"), Err(Error::Timeout)));
+        assert!(matches!(a.lock("g"), Err(Error::Timeout { .. })));
     } // dropped while holding: released
     a.lock("g").unwrap();
     a.unlock().unwrap();
@@ -106,7 +106,7 @@ fn a_lease_left_to_expire_holds_until_exptime<B: Backend>(b: &B) {
     assert!(matches!(lease.leave_to_expire(), Err(Error::Unlocked)));
     drop(lease); // no longer holding: dropping releases nothing
     let mut other = Lock::new(b, opts(30_000, 0)).unwrap();
-    assert!(matches!(other.lock("tick"), Err(Error::Timeout)));
+    assert!(matches!(other.lock("tick"), Err(Error::Timeout { .. })));
     std::thread::sleep(Duration::from_millis(200));
     other.lock("tick").unwrap();
     assert!(other.token().unwrap() > token);
@@ -124,7 +124,7 @@ where
             let mut rival = Lock::new(b, opts(30_000, 0)).unwrap();
             for _ in 0..4 {
                 std::thread::sleep(Duration::from_millis(100)); // 400 ms in all
-                assert!(matches!(rival.lock("job"), Err(Error::Timeout)));
+                assert!(matches!(rival.lock("job"), Err(Error::Timeout { .. })));
                 assert!(!alive.is_lost());
             }
             7

@@ -268,7 +268,7 @@ fn inspect_needs_read_access_only() {
         .mode(0o644)
         .open(&file)
         .unwrap();
-    let guard = table.lock("job:ro", &LockOptions::default()).unwrap();
+    let guard = table.lock("job:ro", LockOptions::default()).unwrap();
     let nobody = |program: &str| {
         let mut c = Command::new("setpriv");
         c.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
@@ -353,7 +353,7 @@ fn the_redis_backend_runs_inspects_and_unlocks() {
     assert!(!redis.is_locked("job").unwrap());
     // a stuck lock (its holder gone without unlocking) is broken by force
     let stuck = redis
-        .try_lock("stuck", Duration::from_secs(60))
+        .try_lock_with_lease("stuck", Duration::from_secs(60))
         .unwrap()
         .unwrap();
     std::mem::forget(stuck);

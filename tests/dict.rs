@@ -66,16 +66,19 @@ fn expired_values_are_absent_on_every_read_but_stale_reads_see_them() {
     assert!(d.get("short").unwrap().is_some());
     sleep(PAST_SHORT);
     assert_eq!(d.get("short").unwrap(), None);
-    assert!(matches!(d.ttl("short"), Err(Error::NotFound)));
+    assert!(matches!(d.ttl("short"), Err(Error::NotFound { .. })));
     assert!(matches!(
         d.replace("short", "x", NEVER),
-        Err(Error::NotFound)
+        Err(Error::NotFound { .. })
     ));
     assert!(matches!(
         d.incr("short", 1, None, NEVER),
-        Err(Error::NotFound)
+        Err(Error::NotFound { .. })
     ));
-    assert!(matches!(d.expire("short", NEVER), Err(Error::NotFound)));
+    assert!(matches!(
+        d.expire("short", NEVER),
+        Err(Error::NotFound { .. })
+    ));
     assert_eq!(d.keys(0).unwrap(), vec![b"long".to_vec()]);
     let (item, stale) = d.get_stale("short").unwrap().unwrap();
     assert_eq!((item.value, stale), (Value::Bytes(b"v".to_vec()), true));
@@ -100,7 +103,7 @@ fn ttl_and_expire() {
     d.set("hour", "v", Duration::from_secs(3600)).unwrap();
     let left = d.ttl("hour").unwrap().unwrap();
     assert!(left <= Duration::from_secs(3600) && left > Duration::from_secs(3500));
-    assert!(matches!(d.ttl("absent"), Err(Error::NotFound)));
+    assert!(matches!(d.ttl("absent"), Err(Error::NotFound { .. })));
     // expire: a new ttl, zero meaning never
     d.expire("hour", NEVER).unwrap();
     assert_eq!(d.ttl("hour").unwrap(), None);
@@ -118,10 +121,19 @@ fn ttl_and_expire() {
 #[test]
 fn add_replace_and_their_errors() {
     let (_p, d) = dict("add-replace", 64, 32);
-    assert!(matches!(d.replace("k", "v", NEVER), Err(Error::NotFound)));
+    assert!(matches!(
+        d.replace("k", "v", NEVER),
+        Err(Error::NotFound { .. })
+    ));
     d.add("k", "one", NEVER).unwrap();
-    assert!(matches!(d.add("k", "two", NEVER), Err(Error::Exists)));
-    assert!(matches!(d.safe_add("k", "two", NEVER), Err(Error::Exists)));
+    assert!(matches!(
+        d.add("k", "two", NEVER),
+        Err(Error::Exists { .. })
+    ));
+    assert!(matches!(
+        d.safe_add("k", "two", NEVER),
+        Err(Error::Exists { .. })
+    ));
     assert_eq!(bytes(&d, "k").unwrap(), b"one");
     d.replace("k", "three", SHORT).unwrap();
     assert_eq!(bytes(&d, "k").unwrap(), b"three");
@@ -131,7 +143,10 @@ fn add_replace_and_their_errors() {
 #[test]
 fn incr_with_and_without_init_keeps_the_ttl() {
     let (_p, d) = dict("incr", 64, 32);
-    assert!(matches!(d.incr("n", 1, None, NEVER), Err(Error::NotFound)));
+    assert!(matches!(
+        d.incr("n", 1, None, NEVER),
+        Err(Error::NotFound { .. })
+    ));
     assert_eq!(
         d.incr("n", 5, Some(10), Duration::from_secs(3600)).unwrap(),
         15
@@ -394,10 +409,12 @@ fn get_or_fetch_fetches_once_and_reports_where_values_came_from() {
     // a failed fetch stores nothing and unlocks
     let err = d
         .get_or_fetch(&locks, "item:2", Duration::from_secs(60), || {
-            Err::<Vec<u8>, _>(Error::NotFound)
+            Err::<Vec<u8>, _>(Error::NotFound {
+                key: shmlock::KeyPreview::new("item:2"),
+            })
         })
         .unwrap_err();
-    assert!(matches!(err, Error::NotFound));
+    assert!(matches!(err, Error::NotFound { .. }));
     assert_eq!(d.get("item:2").unwrap(), None);
     assert!(!locks.is_locked("item:2").unwrap());
     // a value the dict cannot hold is an error, and unlocks too
@@ -410,7 +427,7 @@ fn get_or_fetch_fetches_once_and_reports_where_values_came_from() {
     assert!(!locks.is_locked("item:3").unwrap());
     // while another holder has the key, the waiter times out as the lock says
     let held = locks
-        .try_lock("item:4", Duration::from_secs(60))
+        .try_lock_with_lease("item:4", Duration::from_secs(60))
         .unwrap()
         .unwrap();
     let opts = shmlock::LockOptions {
@@ -422,7 +439,7 @@ fn get_or_fetch_fetches_once_and_reports_where_values_came_from() {
             Ok::<_, Error>(b"x".to_vec())
         })
         .unwrap_err();
-    assert!(matches!(err, Error::Timeout));
+    assert!(matches!(err, Error::Timeout { .. }));
     drop(held);
 }
 
@@ -433,7 +450,7 @@ fn get_or_fetch_double_checks_after_waiting() {
     let locks_path = TempPath::new("fetch-wait-locks");
     let locks = LockTable::open(&locks_path, 64).unwrap();
     let guard = locks
-        .try_lock("k", Duration::from_secs(60))
+        .try_lock_with_lease("k", Duration::from_secs(60))
         .unwrap()
         .unwrap();
     std::thread::scope(|s| {
@@ -473,8 +490,11 @@ fn entries_left_mid_write_in_a_damaged_file_read_as_absent_not_a_panic() {
     // The file was rewritten in place (same inode): this handle sees the damage.
     assert_eq!(d.get("k").unwrap(), None);
     assert!(d.keys(0).unwrap().is_empty());
-    assert!(matches!(d.ttl("k"), Err(Error::NotFound)));
-    assert!(matches!(d.incr("k", 1, None, NEVER), Err(Error::NotFound)));
+    assert!(matches!(d.ttl("k"), Err(Error::NotFound { .. })));
+    assert!(matches!(
+        d.incr("k", 1, None, NEVER),
+        Err(Error::NotFound { .. })
+    ));
     d.set("k", "again", NEVER).unwrap();
     assert_eq!(bytes(&d, "k"), Some(b"again".to_vec()));
     assert_eq!(d.len(), 1);

@@ -75,7 +75,7 @@ fn operations_are_seen_across_processes() {
         assert_eq!(d.incr("n", 1, Some(0), NEVER).unwrap(), 1);
     });
     assert_eq!(bytes(&d, "a").unwrap(), b"from child");
-    assert!(matches!(d.add("a", "x", NEVER), Err(Error::Exists)));
+    assert!(matches!(d.add("a", "x", NEVER), Err(Error::Exists { .. })));
     assert_eq!(d.get("flagged").unwrap().unwrap().flags, 9);
     assert!(d.ttl("hour").unwrap().unwrap() > Duration::from_secs(3500));
     std::thread::sleep(Duration::from_millis(120));
@@ -94,7 +94,7 @@ fn operations_are_seen_across_processes() {
         ));
         assert!(matches!(
             d.replace("nope", "x", NEVER),
-            Err(Error::NotFound)
+            Err(Error::NotFound { .. })
         ));
         assert!(d.delete("hour").unwrap());
         d.flush_all();

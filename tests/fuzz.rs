@@ -51,12 +51,12 @@ fn exercise(bytes: &[u8]) -> bool {
                 lock.expire(None).unwrap();
                 lock.unlock().unwrap();
             }
-            Err(Error::Timeout) | Err(Error::TableFull) => {}
+            Err(Error::Timeout { .. }) | Err(Error::TableFull { .. }) => {}
             Err(e) => panic!("{e}"),
         }
-        match table.try_lock(key, Duration::from_secs(1)) {
+        match table.try_lock_with_lease(key, Duration::from_secs(1)) {
             Ok(Some(g)) => g.unlock().unwrap(),
-            Ok(None) | Err(Error::TableFull) => {}
+            Ok(None) | Err(Error::TableFull { .. }) => {}
             Err(e) => panic!("{e}"),
         }
     }
@@ -67,7 +67,7 @@ fn exercise(bytes: &[u8]) -> bool {
 fn valid(capacity: usize) -> Vec<u8> {
     let path = TempPath::new("fuzz-seed");
     let t = LockTable::open(&path, capacity).unwrap();
-    let _g = t.try_lock("seeded", Duration::ZERO).unwrap();
+    let _g = t.try_lock_with_lease("seeded", Duration::ZERO).unwrap();
     std::fs::read(&path).unwrap()
 }
 

@@ -738,7 +738,7 @@ fn holder_whose_main_thread_exited_keeps_its_key() {
     let mut waiter = Lock::new(&table, opts(30_000, 1_000)).unwrap();
     let t0 = Instant::now();
     match waiter.lock(K) {
-        Err(Error::Timeout) => {}
+        Err(Error::Timeout { .. }) => {}
         Ok(_) => panic!(
             "acquired K after {:.1?} while its holder (pid {}) was alive: its main thread had \
              exited (state Z) and its other thread held K with a 30 s lease",
@@ -811,7 +811,7 @@ fn waiter_that_cannot_read_the_holders_proc_entry_waits() {
         let mut waiter = Lock::new(&table, opts(30_000, 1_000)).unwrap();
         let t0 = Instant::now();
         match waiter.lock(K) {
-            Err(Error::Timeout) => Ok(()),
+            Err(Error::Timeout { .. }) => Ok(()),
             Ok(_) => Err(format!(
                 "acquired K after {:.1?} while its holder (pid {holder}, root, hidden by \
                  hidepid=2) was alive with a 30 s lease",
@@ -846,7 +846,7 @@ fn waiter_in_a_time_namespace_waits_for_a_live_lease() {
             let mut waiter = Lock::new(&table, opts(30_000, 1_000)).unwrap();
             let t0 = Instant::now();
             match waiter.lock(K) {
-                Err(Error::Timeout) => Ok(()),
+                Err(Error::Timeout { .. }) => Ok(()),
                 Ok(_) => Err(format!(
                     "acquired K after {:.1?} in a time namespace 3600 s ahead, while its \
                      holder was alive with a 30 s lease",
@@ -882,7 +882,7 @@ fn lease_taken_in_a_time_namespace_runs_out_for_everyone() {
                 return 1;
             }
         };
-        match table.lock(K, &opts(1_000, 0)) {
+        match table.lock(K, opts(1_000, 0)) {
             Ok(guard) => {
                 let _ = guard.leave_to_expire();
             }
@@ -962,7 +962,7 @@ fn attach_with_boot_id(kind: BootId) {
     let table = LockTable::open(&path, 16).unwrap();
     // A few holders first, so that a counter that restarts shows.
     for _ in 0..3 {
-        let guard = table.lock(K, &LockOptions::default()).unwrap();
+        let guard = table.lock(K, LockOptions::default()).unwrap();
         assert!(guard.token().is_some());
         guard.unlock().unwrap();
     }
@@ -1009,7 +1009,9 @@ fn attach_with_boot_id(kind: BootId) {
         panic!("{e}");
     }
     let mut wrong = Vec::new();
-    let taken = table.try_lock(K, Duration::from_secs(30)).unwrap();
+    let taken = table
+        .try_lock_with_lease(K, Duration::from_secs(30))
+        .unwrap();
     if let Some(g) = taken {
         wrong.push(format!(
             "K was free after a process with {kind:?} boot id attached (the live table was \
@@ -1029,7 +1031,7 @@ fn attach_with_boot_id(kind: BootId) {
     if let Err(e) = mine.unlock() {
         wrong.push(format!("the holder's unlock: {e}"));
     }
-    let next = table.lock(K, &LockOptions::default()).unwrap();
+    let next = table.lock(K, LockOptions::default()).unwrap();
     let next_token = next.token().unwrap();
     if next_token <= t {
         wrong.push(format!(
@@ -1080,7 +1082,7 @@ fn claim_loop(path: &Path) -> i32 {
     // clock tick with the same lease finds the slot's fields already right and publishes
     // HELD with one CAS, never passing through CLAIMING, which these tests must catch.
     for i in 0u64.. {
-        let Ok(g) = table.lock(K, &opts(30_000 + i % 2, 30_000)) else {
+        let Ok(g) = table.lock(K, opts(30_000 + i % 2, 30_000)) else {
             return LOCK_FAILED;
         };
         if g.unlock().is_err() {

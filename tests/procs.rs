@@ -148,13 +148,13 @@ fn release_hole_hammered_by_processes() {
             let fillers: Vec<_> = (0..7)
                 .map(|i| {
                     table
-                        .try_lock(format!("f{attempt}-{i}"), Duration::from_secs(60))
+                        .try_lock_with_lease(format!("f{attempt}-{i}"), Duration::from_secs(60))
                         .unwrap()
                         .unwrap()
                 })
                 .collect();
             let held = table
-                .try_lock(&target, Duration::from_secs(60))
+                .try_lock_with_lease(&target, Duration::from_secs(60))
                 .unwrap()
                 .unwrap();
             let (home, slot) = table.debug_placement(&target).unwrap();
@@ -178,7 +178,10 @@ fn release_hole_hammered_by_processes() {
             fork(move || {
                 go.wait();
                 for _ in 0..20_000 {
-                    if let Some(g) = table.try_lock(target, Duration::from_secs(60)).unwrap() {
+                    if let Some(g) = table
+                        .try_lock_with_lease(target, Duration::from_secs(60))
+                        .unwrap()
+                    {
                         shared.word(wins).fetch_add(1, Ordering::SeqCst);
                         drop(g);
                     }
@@ -222,7 +225,7 @@ fn release_hole_hammered_by_processes() {
                 let mut x = 77 + w as u64;
                 for _ in 0..20_000 {
                     let k = format!("churn-{}", xorshift(&mut x) % 6);
-                    if let Ok(Some(g)) = table.try_lock(&k, Duration::from_secs(60)) {
+                    if let Ok(Some(g)) = table.try_lock_with_lease(&k, Duration::from_secs(60)) {
                         drop(g);
                     }
                 }
@@ -255,7 +258,7 @@ fn concurrent_creation_ends_on_one_table() {
                     .word(i)
                     .store(1 + table.created() as u64, Ordering::SeqCst);
                 let g = table
-                    .try_lock(format!("proc-{i}"), Duration::from_secs(60))
+                    .try_lock_with_lease(format!("proc-{i}"), Duration::from_secs(60))
                     .unwrap()
                     .unwrap();
                 ready.signal();
@@ -306,7 +309,7 @@ fn concurrent_creation_ends_on_one_table() {
 fn forked_copies_never_release_the_parents_hold() {
     let path = TempPath::new("forkcopy");
     let table = LockTable::open(&path, 16).unwrap();
-    let guard = table.lock("by-guard", &LockOptions::default()).unwrap();
+    let guard = table.lock("by-guard", LockOptions::default()).unwrap();
     let mut lock = Lock::new(&table, LockOptions::default()).unwrap();
     lock.lock("by-object").unwrap();
     let child = fork(|| {
@@ -324,7 +327,7 @@ fn forked_copies_never_release_the_parents_hold() {
         drop(unsafe { std::ptr::read(&guard) });
         // the child's own locks work as usual on the inherited table
         let mine = table
-            .try_lock("child-key", Duration::from_secs(30))
+            .try_lock_with_lease("child-key", Duration::from_secs(30))
             .unwrap();
         if mine.is_none()
             || !table.is_locked("by-guard").unwrap()
@@ -351,7 +354,7 @@ fn wait_for_release(opts: LockOptions, hold: Duration) -> Duration {
     let child = {
         let (table, ready) = (&table, &ready);
         fork(move || {
-            let g = table.lock("k", &LockOptions::default()).unwrap();
+            let g = table.lock("k", LockOptions::default()).unwrap();
             ready.signal();
             std::thread::sleep(hold);
             drop(g);
@@ -449,7 +452,7 @@ fn sigkilled_holder_is_reclaimed_at_once() {
         let table = &table;
         let held = &held;
         fork(move || {
-            let _g = table.lock("k", &LockOptions::default()).unwrap(); // 30 s lease
+            let _g = table.lock("k", LockOptions::default()).unwrap(); // 30 s lease
             held.signal();
             loop {
                 std::thread::sleep(Duration::from_secs(1));
@@ -485,7 +488,7 @@ fn unrelated_process_attaches_by_path() {
     assert_eq!(line.trim(), "held");
     assert!(table.is_locked("shared-key").unwrap());
     assert!(table
-        .try_lock("shared-key", Duration::from_secs(30))
+        .try_lock_with_lease("shared-key", Duration::from_secs(30))
         .unwrap()
         .is_none());
     assert_eq!(table.holders()[0].pid, child.id());
@@ -788,7 +791,7 @@ fn role(args: &[String]) -> i32 {
         // hold PATH KEY: take KEY, say "held", release when stdin closes
         Some("hold") => {
             let table = LockTable::open(&args[1], 16).unwrap();
-            let guard = table.lock(&args[2], &LockOptions::default()).unwrap();
+            let guard = table.lock(&args[2], LockOptions::default()).unwrap();
             println!("held");
             std::io::stdout().flush().unwrap();
             let mut sink = String::new();

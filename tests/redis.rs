@@ -57,17 +57,17 @@ fn many_connections_keep_mutual_exclusion() {
 fn guards_try_lock_and_is_locked() {
     let server = RedisServer::start();
     let redis = RedisLocks::open(&server.url()).unwrap().with_prefix("app:");
-    let g = redis.lock("job", &LockOptions::default()).unwrap();
+    let g = redis.lock("job", LockOptions::default()).unwrap();
     assert!(redis.is_locked("job").unwrap());
     assert!(redis
-        .try_lock("job", Duration::from_secs(5))
+        .try_lock_with_lease("job", Duration::from_secs(5))
         .unwrap()
         .is_none());
     let tok = g.token().unwrap();
     drop(g);
     assert!(!redis.is_locked("job").unwrap());
     let g = redis
-        .try_lock("job", Duration::from_secs(5))
+        .try_lock_with_lease("job", Duration::from_secs(5))
         .unwrap()
         .unwrap();
     assert!(g.token().unwrap() > tok);
@@ -137,7 +137,7 @@ fn wait_for_a_release(url: &str, notify: bool) -> Duration {
         scope.spawn(move || {
             // another "host": its own connection takes the key and releases it after 50 ms
             let holder = RedisLocks::open(url).unwrap();
-            let held = holder.lock("k", &LockOptions::default()).unwrap();
+            let held = holder.lock("k", LockOptions::default()).unwrap();
             ready.send(()).unwrap();
             std::thread::sleep(Duration::from_millis(50));
             held.unlock().unwrap();
@@ -181,7 +181,7 @@ fn threads_waiting_on_one_handle_are_each_woken_by_their_own_keys_release() {
     let guards: Vec<_> = (0..N)
         .map(|i| {
             holder
-                .lock(format!("k{i}"), &LockOptions::default())
+                .lock(format!("k{i}"), LockOptions::default())
                 .unwrap()
         })
         .collect();
@@ -198,7 +198,7 @@ fn threads_waiting_on_one_handle_are_each_woken_by_their_own_keys_release() {
             .map(|i| {
                 let redis = &redis;
                 s.spawn(move || {
-                    let g = redis.lock(format!("k{i}"), &opts).unwrap();
+                    let g = redis.lock(format!("k{i}"), opts).unwrap();
                     let at = start.elapsed();
                     g.unlock().unwrap();
                     at
@@ -233,7 +233,7 @@ fn max_hold_caps_renewals_by_keep_alive() {
         exptime: Duration::from_millis(150),
         ..LockOptions::default()
     };
-    let mut guard = redis.lock("job", &opts).unwrap();
+    let mut guard = redis.lock("job", opts).unwrap();
     let started = std::time::Instant::now();
     // a "hung" job: it would run for 5 s, but it watches the lease
     let (ran, lease) = guard.keep_alive(|alive| {
@@ -253,7 +253,7 @@ fn max_hold_caps_renewals_by_keep_alive() {
         timeout: Duration::from_secs(2),
         ..LockOptions::default()
     };
-    assert!(other.lock("job", &wait).is_ok());
+    assert!(other.lock("job", wait).is_ok());
     assert!(started.elapsed() < Duration::from_millis(1200));
     drop(guard);
 }

@@ -23,7 +23,7 @@ fn a_thousand_waiting_tasks_hold_a_handful_of_threads() {
     let held: Vec<_> = (0..TASKS)
         .map(|i| {
             holder
-                .try_lock(format!("k{i}"), Duration::from_secs(60))
+                .try_lock_with_lease(format!("k{i}"), Duration::from_secs(60))
                 .unwrap()
                 .unwrap()
         })

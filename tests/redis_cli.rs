@@ -33,9 +33,9 @@ fn inspect_shows_holders_escapes_keys_redacts_the_password_and_survives_garbage(
     job.lock("job").unwrap();
     let token = job.try_token().unwrap();
     let evil = redis
-        .lock("evil\x1b[2J\x07", &LockOptions::default())
+        .lock("evil\x1b[2J\x07", LockOptions::default())
         .unwrap();
-    let garbled = redis.lock("garbled", &LockOptions::default()).unwrap();
+    let garbled = redis.lock("garbled", LockOptions::default()).unwrap();
     // someone else's writes: a fence counter that is no number, a lock value of another
     // format
     let cli = |args: &[&str]| {

@@ -36,7 +36,7 @@ fn sentinel_failover_with_replicas_required_keeps_the_lock_and_its_token() {
     for r in &setup.replicas {
         r.pause(true);
     }
-    let refused = redis.try_lock("k", Duration::from_secs(30));
+    let refused = redis.try_lock_with_lease("k", Duration::from_secs(30));
     for r in &setup.replicas {
         r.pause(false);
     }
@@ -73,7 +73,7 @@ fn sentinel_failover_with_replicas_required_keeps_the_lock_and_its_token() {
     let mut checks = 0;
     while taken.elapsed() + Duration::from_millis(700) < exptime {
         assert!(
-            other.try_lock("k", exptime).unwrap().is_none(),
+            other.try_lock_with_lease("k", exptime).unwrap().is_none(),
             "another client took the key {:?} into an {exptime:?} lease",
             taken.elapsed()
         );
@@ -119,7 +119,7 @@ fn sentinel_failover_without_replicas_required_can_lose_the_lock_and_rewind_toke
     let redis = RedisLocks::open_sentinel(MASTER_NAME, &urls).unwrap();
     // some history for the counter, replicated
     for _ in 0..3 {
-        let g = redis.lock("k", &LockOptions::default()).unwrap();
+        let g = redis.lock("k", LockOptions::default()).unwrap();
         g.token().unwrap();
         g.unlock().unwrap();
     }
@@ -151,7 +151,7 @@ fn sentinel_failover_without_replicas_required_can_lose_the_lock_and_rewind_toke
 
     let other = RedisLocks::open_sentinel(MASTER_NAME, &urls).unwrap();
     let second = other
-        .try_lock("k", Duration::from_secs(30))
+        .try_lock_with_lease("k", Duration::from_secs(30))
         .unwrap()
         .expect("the promoted replica never saw the hold: the key is free");
     // the promoted replica's counter is at 3, as replicated: the second holder gets the
@@ -180,7 +180,7 @@ fn cluster_routes_every_slot_range_lists_holders_on_every_master_and_survives_a_
         lock.lock(k).unwrap();
         assert!(lock.try_token().unwrap() >= 1);
         assert!(other
-            .try_lock(k, Duration::from_secs(30))
+            .try_lock_with_lease(k, Duration::from_secs(30))
             .unwrap()
             .is_none());
         held.push(lock);
@@ -237,7 +237,9 @@ fn cluster_routes_every_slot_range_lists_holders_on_every_master_and_survives_a_
         };
         if owners[i] == victim {
             assert!(matches!(renewal, Err(Error::Expired)), "{k}: {renewal:?}");
-            let g = other.try_lock(k, Duration::from_secs(30)).unwrap();
+            let g = other
+                .try_lock_with_lease(k, Duration::from_secs(30))
+                .unwrap();
             assert!(g.is_some(), "{k} is free after its master restarted empty");
         } else {
             renewal.unwrap();
@@ -276,7 +278,7 @@ fn async_round_trip(redis: &RedisLocks, key: &str) {
 /// `holder` takes `key` and releases it after 100 ms while a thread of `waiter` waits
 /// with 2 s steps: how long the waiter waited.
 fn wait_for_release(holder: &RedisLocks, waiter: &RedisLocks, key: &str) -> Duration {
-    let held = holder.lock(key, &LockOptions::default()).unwrap();
+    let held = holder.lock(key, LockOptions::default()).unwrap();
     std::thread::scope(|s| {
         let w = s.spawn(|| {
             let opts = LockOptions {
@@ -284,7 +286,7 @@ fn wait_for_release(holder: &RedisLocks, waiter: &RedisLocks, key: &str) -> Dura
                 max_step: Duration::from_secs(2),
                 ..LockOptions::default()
             };
-            let g = waiter.lock(key, &opts).unwrap();
+            let g = waiter.lock(key, opts).unwrap();
             let waited = g.elapsed();
             g.unlock().unwrap();
             waited
@@ -305,7 +307,7 @@ fn tls_with_a_self_signed_certificate_authority() {
     let token = lock.try_token().unwrap();
     assert_eq!(redis.holders().unwrap()[0].token, Some(token));
     assert!(redis
-        .try_lock("secure", Duration::from_secs(1))
+        .try_lock_with_lease("secure", Duration::from_secs(1))
         .unwrap()
         .is_none());
     lock.unlock().unwrap();

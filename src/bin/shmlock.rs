@@ -396,8 +396,10 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
         let left = wait_for.map_or(exptime, |w| w.saturating_sub(started.elapsed()));
         match lock.lock_with_timeout(&a.key, left.min(exptime)) {
             Ok(_) => break,
-            Err(Error::Timeout) if wait_for.is_none_or(|w| started.elapsed() < w) => continue,
-            Err(Error::Timeout) => return Ok(a.conflict_exit_code),
+            Err(Error::Timeout { .. }) if wait_for.is_none_or(|w| started.elapsed() < w) => {
+                continue
+            }
+            Err(Error::Timeout { .. }) => return Ok(a.conflict_exit_code),
             Err(e) => return Err(e.into()),
         }
     }

@@ -9,7 +9,7 @@ use super::entry::{Aborted, Copied, Entry, Geometry, Kind, Look, PackedKey};
 use super::writer::{WriterEnv, WriterLock, Writing};
 use crate::attachment::Attachment;
 use crate::clock::{deadline, Clock, Monotonic};
-use crate::error::Error;
+use crate::error::{Error, KeyPreview};
 use crate::file::{self, OpenSpec};
 use crate::format::{Header, Layout, MAX_VALUE_LEN};
 use crate::primitive::{spin, SETTLE_ROUNDS};
@@ -323,7 +323,7 @@ impl DictOptions {
 /// dict.set("dog", "bark", Duration::ZERO)?;       // zero: never expires
 /// assert_eq!(dict.get("dog")?.unwrap().value, Value::Bytes(b"bark".to_vec()));
 ///
-/// assert!(matches!(dict.add("dog", "woof", Duration::ZERO), Err(Error::Exists)));
+/// assert!(matches!(dict.add("dog", "woof", Duration::ZERO), Err(Error::Exists { .. })));
 /// assert_eq!(dict.incr("hits", 1, Some(0), Duration::from_secs(60))?, 1);
 /// assert!(matches!(dict.incr("dog", 1, None, Duration::ZERO), Err(Error::NotANumber)));
 /// assert!(matches!(dict.set("big", &[0u8; 65][..], Duration::ZERO),
@@ -503,12 +503,15 @@ impl SharedDict {
     /// Time left to live of `key`'s value: `None` if it never expires,
     /// [`Error::NotFound`] if there is no live value.
     pub fn ttl(&self, key: impl AsRef<[u8]>) -> Result<Option<Duration>, Error> {
-        let k = self.pack(key.as_ref())?;
+        let key = key.as_ref();
+        let k = self.pack(key)?;
         let now = self.now();
         match self.lookup(&k, false) {
             Some((_, c)) if c.deadline == u64::MAX => Ok(None),
             Some((_, c)) if c.deadline > now => Ok(Some(Duration::from_nanos(c.deadline - now))),
-            _ => Err(Error::NotFound),
+            _ => Err(Error::NotFound {
+                key: KeyPreview::new(key),
+            }),
         }
     }
 
@@ -607,7 +610,8 @@ impl SharedDict {
         ttl: Duration,
         flags: u32,
     ) -> Result<Stored, Error> {
-        let k = self.pack(key.as_ref())?;
+        let key = key.as_ref();
+        let k = self.pack(key)?;
         let mut int = [0u8; 8];
         let (kind, bytes) = self.encode(value.into(), &mut int)?;
         self.writing(|w| {
@@ -616,8 +620,16 @@ impl SharedDict {
             let existing = self.find_locked(w, &k);
             let live = existing.as_ref().is_some_and(|(_, d)| *d > now);
             match how {
-                Put::Add | Put::SafeAdd if live => return Err(Error::Exists),
-                Put::Replace if !live => return Err(Error::NotFound),
+                Put::Add | Put::SafeAdd if live => {
+                    return Err(Error::Exists {
+                        key: KeyPreview::new(key),
+                    })
+                }
+                Put::Replace if !live => {
+                    return Err(Error::NotFound {
+                        key: KeyPreview::new(key),
+                    })
+                }
                 _ => {}
             }
             let (i, stored) = match existing {
@@ -644,7 +656,8 @@ impl SharedDict {
         init: Option<i64>,
         init_ttl: Duration,
     ) -> Result<i64, Error> {
-        let k = self.pack(key.as_ref())?;
+        let key = key.as_ref();
+        let k = self.pack(key)?;
         if self.max_value_len() < 8 {
             return Err(Error::ValueTooLong {
                 len: 8,
@@ -663,7 +676,9 @@ impl SharedDict {
                     (i, n.wrapping_add(by), c.deadline, c.flags)
                 }
                 existing => {
-                    let init = init.ok_or(Error::NotFound)?;
+                    let init = init.ok_or_else(|| Error::NotFound {
+                        key: KeyPreview::new(key),
+                    })?;
                     let i = match existing {
                         Some((i, _)) => i,
                         None => self.place(w, &k, now, true)?.0,
@@ -682,7 +697,8 @@ impl SharedDict {
     /// Sets a new time to live on `key`'s live value (zero: never expires), or
     /// [`Error::NotFound`].
     pub fn expire(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<(), Error> {
-        let k = self.pack(key.as_ref())?;
+        let key = key.as_ref();
+        let k = self.pack(key)?;
         self.writing(|w| {
             let now = self.now();
             match self.find_locked(w, &k) {
@@ -690,7 +706,9 @@ impl SharedDict {
                     let done = self.entry(i).set_deadline(&w.0, deadline(now, ttl_ns(ttl)));
                     self.write(done)
                 }
-                _ => Err(Error::NotFound),
+                _ => Err(Error::NotFound {
+                    key: KeyPreview::new(key),
+                }),
             }
         })
     }

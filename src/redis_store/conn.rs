@@ -363,7 +363,7 @@ impl Pool {
                 let topology = self.topology.clone();
                 let client = tokio::task::spawn_blocking(move || topology.plain_client(0))
                     .await
-                    .map_err(|_| Error::Timeout)??;
+                    .map_err(|e| redis::RedisError::from(std::io::Error::other(e)))??;
                 AsyncConn::Plain(self.multiplexed(&client).await?)
             }
         };

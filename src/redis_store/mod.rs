@@ -18,6 +18,7 @@ mod conn;
 mod identity;
 mod scripts;
 
+use std::borrow::Borrow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -309,8 +310,9 @@ impl RedisLocks {
     pub fn lock(
         &self,
         key: impl AsRef<[u8]>,
-        opts: &LockOptions,
+        opts: impl Borrow<LockOptions>,
     ) -> Result<LockGuard<'_, RedisLocks>, Error> {
+        let opts = opts.borrow();
         lock::guard(self, key.as_ref(), opts, Some(opts.timeout))
     }
 
@@ -324,12 +326,14 @@ impl RedisLocks {
     pub async fn lock_async(
         &self,
         key: impl AsRef<[u8]>,
-        opts: &LockOptions,
+        opts: impl Borrow<LockOptions>,
     ) -> Result<LockGuard<'_, RedisLocks>, Error> {
+        let opts = opts.borrow();
         let resolved = opts.resolve()?;
         let key = key.as_ref();
         let exptime = resolved.exptime_ns;
         let (hold, elapsed) = crate::backend::acquire_async(
+            key,
             &resolved,
             opts.timeout,
             || self.try_acquire_async(key, exptime),
@@ -339,13 +343,28 @@ impl RedisLocks {
         Ok(LockGuard::new(self, hold, elapsed, exptime))
     }
 
-    /// Takes `key` if nobody holds it, without waiting. `Ok(None)` if it is held.
+    /// Takes `key` if nobody holds it, without waiting, for a lease of `lease` (zero:
+    /// never expires). `Ok(None)` if it is held.
+    pub fn try_lock_with_lease(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+    ) -> Result<Option<LockGuard<'_, RedisLocks>>, Error> {
+        lock::try_guard(self, key.as_ref(), lease)
+    }
+
+    /// The old name of [`try_lock_with_lease`](Self::try_lock_with_lease): its duration
+    /// is the lease, not a wait.
+    #[deprecated(
+        since = "0.2.0",
+        note = "the duration is a lease, not a wait: use try_lock_with_lease"
+    )]
     pub fn try_lock(
         &self,
         key: impl AsRef<[u8]>,
         exptime: Duration,
     ) -> Result<Option<LockGuard<'_, RedisLocks>>, Error> {
-        lock::try_guard(self, key.as_ref(), exptime)
+        self.try_lock_with_lease(key, exptime)
     }
 
     /// Whether someone holds `key` right now (a snapshot).
