@@ -327,7 +327,7 @@ impl fmt::Display for FormatError {
                     f,
                     "shmlock table format version {v} is not supported (this build uses \
                      version {}: remove the file once no process uses it)",
-                    crate::format::VERSION
+                    crate::shm::format::VERSION
                 )
             }
             FormatError::Truncated { len, expected } => {

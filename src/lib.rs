@@ -27,11 +27,17 @@
 //! # Ok::<(), shmlock::Error>(())
 //! ```
 //!
-//! Layout of the source: `table` holds the slot protocol, `slot` the entry and its control
-//! word, `format` the file header, `file` creation and mapping, `shm` the [`LockTable`]
-//! backend, `backend` the [`Backend`] trait and the waiting loop, `wait` the backoff
-//! schedule, `lock` the [`Lock`] and [`LockGuard`] API over any backend, `redis_store`
-//! (feature `redis`) the [`RedisLocks`] backend: one server, Sentinel or Cluster.
+//! Layout of the source, the lock API on top and the backends below:
+//!
+//! - `lock/`: the [`Lock`] and [`LockGuard`] API (`api`), the [`Backend`] trait and the
+//!   waiting loop (`backend`), [`LockOptions`] (`options`), resty's schedule (`wait`).
+//! - `shm/`: the shared-memory backend, [`LockTable`] (`lock_table`), its slot protocol
+//!   (`table`, `slot`, model-checked in `loom_tests`), owner registry (`registry`,
+//!   `attachment`), file format (`format`, `file`), clock, futex and process identity.
+//! - `dict/`: [`SharedDict`], ngx.shared.DICT on the same file machinery.
+//! - `redis_store/` (feature `redis`): the [`RedisLocks`] backend: one server, Sentinel
+//!   or Cluster.
+//! - `key`: what a key may be; `error`: [`Error`].
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -48,64 +54,25 @@ compile_error!(
      in shared mappings, CLOCK_MONOTONIC_COARSE and /proc/self/timens_offsets"
 );
 
-#[cfg(not(loom))]
-mod attachment;
-mod clock;
 mod dict;
 mod error;
-mod format;
-mod primitive;
-#[cfg(not(loom))]
-mod process;
-mod registry;
-mod slot;
-mod table;
-
-#[cfg(not(loom))]
-mod backend;
-#[cfg(not(loom))]
-mod file;
-#[cfg(not(loom))]
-mod futex;
-#[cfg(not(loom))]
+mod key;
 mod lock;
-mod options;
 #[cfg(all(feature = "redis", not(loom)))]
 mod redis_store;
-#[cfg(not(loom))]
 mod shm;
-mod wait;
 
-#[cfg(all(test, loom))]
-mod loom_tests;
-
-#[cfg(not(loom))]
-pub use backend::Backend;
 #[cfg(not(loom))]
 pub use dict::{DictOptions, Fetched, Item, Put, SharedDict, Source, Stored, Value, ValueRef};
 pub use error::{Error, FormatError, KeyPreview};
+pub(crate) use key::check_key;
+pub use key::MAX_KEY_LEN;
+pub use lock::LockOptions;
 #[cfg(not(loom))]
-pub use lock::{KeepAlive, Lock, LockGuard};
-pub use options::LockOptions;
+pub use lock::{Backend, KeepAlive, Lock, LockGuard};
 #[cfg(all(feature = "redis", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis_store::{RedisHolder, RedisLocks};
+pub use shm::MAX_CAPACITY;
 #[cfg(not(loom))]
 pub use shm::{Holder, HolderState, LockTable, OpenOptions};
-
-/// The longest key accepted, in bytes.
-pub const MAX_KEY_LEN: usize = 65535;
-
-/// Keys are any bytes, 1 to [`MAX_KEY_LEN`] long.
-pub(crate) fn check_key(key: &[u8]) -> Result<&[u8], Error> {
-    if key.is_empty() {
-        Err(Error::EmptyKey)
-    } else if key.len() > MAX_KEY_LEN {
-        Err(Error::KeyTooLong(key.len()))
-    } else {
-        Ok(key)
-    }
-}
-
-/// The largest capacity a table can be created with.
-pub const MAX_CAPACITY: usize = format::MAX_CAPACITY as usize;

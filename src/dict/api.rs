@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use super::entry::{Aborted, Copied, Entry, Geometry, Kind, Look, PackedKey};
 use super::writer::{WriterEnv, WriterLock, Writing};
-use crate::attachment::Attachment;
-use crate::clock::{deadline, Clock, Monotonic};
 use crate::error::{Error, KeyPreview};
-use crate::file::{self, OpenSpec};
-use crate::format::{Header, Layout, MAX_VALUE_LEN};
-use crate::primitive::{spin, SETTLE_ROUNDS};
-use crate::registry::OwnerId;
+use crate::shm::attachment::Attachment;
+use crate::shm::clock::{deadline, Clock, Monotonic};
+use crate::shm::file::{self, OpenSpec};
+use crate::shm::format::{Header, Layout, MAX_VALUE_LEN};
+use crate::shm::primitive::{spin, SETTLE_ROUNDS};
+use crate::shm::registry::OwnerId;
 
 /// How far from its home a key may be placed: a lookup reads at most this many entries.
 pub(crate) const WINDOW: usize = 64;
@@ -26,7 +26,7 @@ const WAIT: usize = 1;
 const LEN: usize = 2;
 const EVICTIONS: usize = 3;
 const REPAIRS: usize = 4;
-const CONTROL_WORDS: usize = crate::format::DICT_CONTROL_SIZE / 8;
+const CONTROL_WORDS: usize = crate::shm::format::DICT_CONTROL_SIZE / 8;
 
 /// How long a waiting writer sleeps before it looks at the holder again.
 const RECHECK: Duration = Duration::from_millis(10);
@@ -53,13 +53,13 @@ impl WriterEnv for DictEnv<'_> {
     fn stalled(&self, word: u64) -> bool {
         let (w, since) = self.seen.get();
         if w == word {
-            return since.elapsed() >= crate::attachment::STALL_BOUND;
+            return since.elapsed() >= crate::shm::attachment::STALL_BOUND;
         }
         self.seen.set((word, std::time::Instant::now()));
         false
     }
     fn sleep(&self, wait: &AtomicU32, seen: u32) {
-        crate::futex::wait(wait, seen, RECHECK);
+        crate::shm::futex::wait(wait, seen, RECHECK);
     }
 }
 
@@ -452,7 +452,7 @@ impl SharedDict {
     /// hold it for one copy.
     pub fn writer_pid(&self) -> Option<u32> {
         let owner = self.writer_lock().holder()?;
-        let here = crate::process::pid_namespace();
+        let here = crate::shm::process::pid_namespace();
         Some(
             self.inner
                 .att
@@ -779,7 +779,7 @@ impl SharedDict {
     }
 
     fn pack<'k>(&self, key: &'k [u8]) -> Result<PackedKey<'k>, Error> {
-        crate::clock::check()?;
+        crate::shm::clock::check()?;
         if key.is_empty() {
             return Err(Error::EmptyKey);
         }

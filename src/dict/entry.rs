@@ -35,8 +35,8 @@
 //! Every word is an atomic: other processes write the same memory.
 
 use super::writer::Writing;
-use crate::primitive::{crash_point, fence, AtomicU64, Ordering};
-use crate::registry::OwnerId;
+use crate::shm::primitive::{crash_point, fence, AtomicU64, Ordering};
+use crate::shm::registry::OwnerId;
 
 const SEQ: usize = 0;
 const META: usize = 1;
@@ -498,7 +498,7 @@ impl<'a> Entry<'a> {
 mod tests {
     use super::super::writer::{WriterEnv, WriterLock};
     use super::*;
-    use crate::primitive::AtomicU32;
+    use crate::shm::primitive::AtomicU32;
 
     fn entry_words(g: Geometry) -> Vec<AtomicU64> {
         (0..g.entry_words).map(|_| AtomicU64::new(0)).collect()

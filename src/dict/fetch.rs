@@ -3,10 +3,10 @@
 use std::time::Duration;
 
 use super::api::{SharedDict, Value};
-use crate::backend::Backend;
 use crate::error::Error;
 use crate::lock;
-use crate::options::LockOptions;
+use crate::lock::backend::Backend;
+use crate::lock::options::LockOptions;
 
 /// Where [`SharedDict::get_or_fetch`] got its value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! production source of `entry.rs` and `writer.rs` on heap words with loom's atomics.
 //! Threads stand in for processes; a model declares owners dead or stalled.
 //!
-//! Run with the lock table's models (see `src/loom_tests.rs`): the `loom` filter picks
+//! Run with the lock table's models (see `src/shm/loom_tests.rs`): the `loom` filter picks
 //! up both.
 
 use std::mem::ManuallyDrop;
@@ -13,8 +13,8 @@ use loom::thread;
 
 use super::entry::{Aborted, Entry, Geometry, Kind, Look, PackedKey};
 use super::writer::{WriterEnv, WriterLock};
-use crate::primitive::{crash, Ordering};
-use crate::registry::OwnerId;
+use crate::shm::primitive::{crash, Ordering};
+use crate::shm::registry::OwnerId;
 
 /// One entry: 8 head words, an 8-byte key, a 16-byte value.
 fn geometry() -> Geometry {

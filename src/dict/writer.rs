@@ -22,8 +22,8 @@
 //! the lock over then quarantines any entry such a writer marked, and a quarantined entry
 //! is out of use until its writer says it is done or dies.
 
-use crate::primitive::{spin, AtomicU32, AtomicU64, Ordering, SETTLE_ROUNDS};
-use crate::registry::OwnerId;
+use crate::shm::primitive::{spin, AtomicU32, AtomicU64, Ordering, SETTLE_ROUNDS};
+use crate::shm::registry::OwnerId;
 
 const LOCKED: u64 = 1;
 const WAITERS: u64 = 2;
@@ -47,7 +47,7 @@ pub(crate) trait WriterEnv {
 fn wake(wait: &AtomicU32) {
     wait.fetch_add(1, Ordering::SeqCst);
     #[cfg(not(loom))]
-    crate::futex::wake_all(wait);
+    crate::shm::futex::wake_all(wait);
 }
 
 /// The writer lock's words in the control page.

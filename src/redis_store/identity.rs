@@ -43,8 +43,8 @@ fn host_name() -> &'static str {
 /// A token no other acquisition anywhere shares, and the value to store for a hold with
 /// it (one read of the pid for both).
 pub(crate) fn new_hold() -> (String, String) {
-    let pid = crate::process::current_pid();
-    let token = token_for(crate::process::token());
+    let pid = crate::shm::process::current_pid();
+    let token = token_for(crate::shm::process::token());
     let since = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
@@ -58,7 +58,7 @@ pub(crate) fn new_hold() -> (String, String) {
 /// low 64 drawn at random once per process (again after `fork`), plus a per-process count.
 #[cfg(test)]
 pub(crate) fn random_token() -> String {
-    token_for(crate::process::token())
+    token_for(crate::shm::process::token())
 }
 
 /// [`random_token`] in the process named `me` (the caller's: see `process::token`, which

@@ -25,10 +25,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use redis::{Client, ConnectionLike, IntoConnectionInfo, Script, Value};
 
-use crate::backend::{Backend, Sealed};
 use crate::error::Error;
+use crate::lock::backend::{Backend, Sealed};
+use crate::lock::options::LockOptions;
 use crate::lock::{self, LockGuard};
-use crate::options::LockOptions;
 
 use conn::{Pool, Topology};
 
@@ -332,7 +332,7 @@ impl RedisLocks {
         let resolved = opts.resolve()?;
         let key = key.as_ref();
         let exptime = resolved.exptime_ns;
-        let (hold, elapsed) = crate::backend::acquire_async(
+        let (hold, elapsed) = crate::lock::backend::acquire_async(
             key,
             &resolved,
             opts.timeout,

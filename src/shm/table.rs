@@ -80,10 +80,12 @@
 //! longer than max(its lease, the bound) after its owner stops making progress. No state
 //! of one key blocks another key: `reach` and the home words are single atomic updates.
 
-use crate::clock::deadline;
-use crate::primitive::{crash_point, fence, spin, AtomicU32, AtomicU64, Ordering, SETTLE_ROUNDS};
-use crate::registry::OwnerId;
-use crate::slot::{Cold, Slot, State, Word, REACH_OVERFLOW, WAITERS};
+use crate::shm::clock::deadline;
+use crate::shm::primitive::{
+    crash_point, fence, spin, AtomicU32, AtomicU64, Ordering, SETTLE_ROUNDS,
+};
+use crate::shm::registry::OwnerId;
+use crate::shm::slot::{Cold, Slot, State, Word, REACH_OVERFLOW, WAITERS};
 
 /// A key's 128-bit seeded xxh3.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

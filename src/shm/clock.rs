@@ -84,7 +84,7 @@ mod host {
     #[inline]
     pub(crate) fn check() -> Result<(), Error> {
         // A forked child finds out here first that it is one (and forgets the offset).
-        crate::process::token();
+        crate::shm::process::token();
         if STATE.load(Ordering::Acquire) == KNOWN {
             // Known already: a later unshare for children does not change our own.
             return Ok(());

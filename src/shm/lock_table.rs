@@ -7,19 +7,19 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::attachment::Attachment;
-use crate::backend::{Backend, Sealed};
 use crate::check_key;
-use crate::clock::{Clock, Monotonic};
 use crate::error::{Error, KeyPreview};
-use crate::file::{self, Mapping, OpenSpec};
-use crate::format::{Header, Layout};
-use crate::futex;
+use crate::lock::backend::{Backend, Sealed};
+use crate::lock::options::LockOptions;
 use crate::lock::{self, LockGuard};
-use crate::options::LockOptions;
-use crate::registry::OwnerId;
-use crate::slot::{Cold, Slot, State, Word};
-use crate::table::{
+use crate::shm::attachment::Attachment;
+use crate::shm::clock::{Clock, Monotonic};
+use crate::shm::file::{self, Mapping, OpenSpec};
+use crate::shm::format::{Header, Layout};
+use crate::shm::futex;
+use crate::shm::registry::OwnerId;
+use crate::shm::slot::{Cold, Slot, State, Word};
+use crate::shm::table::{
     self, Attempt, Busy, Entry, Held, KeyHash, Prepared, Request, Table, TableFull,
 };
 
@@ -70,7 +70,7 @@ impl table::Env for ShmEnv {
         self.att.judges()
     }
     fn stalled(&self, seen: &AtomicU64, word: Word) -> bool {
-        crate::attachment::stalled(seen, word.ident())
+        crate::shm::attachment::stalled(seen, word.ident())
     }
 }
 
@@ -304,7 +304,7 @@ impl LockTable {
         let opts = opts.borrow();
         let resolved = opts.resolve()?;
         let key = key.as_ref();
-        let (hold, elapsed) = crate::backend::acquire_async(
+        let (hold, elapsed) = crate::lock::backend::acquire_async(
             key,
             &resolved,
             opts.timeout,
@@ -361,7 +361,7 @@ impl LockTable {
     fn holder(&self, e: &Entry, now: u64, owner_alive: bool) -> Holder {
         let mut h = Holder::from_entry(e, now, owner_alive, self.inner.header.token_base);
         if let Some(id) = self.att().identity(e.word.owner()) {
-            let here = crate::process::pid_namespace();
+            let here = crate::shm::process::pid_namespace();
             // A pid from another pid namespace would name some other process here.
             if id.pid_ns == here || id.pid_ns == 0 || here == 0 {
                 h.pid = id.pid;
@@ -383,9 +383,9 @@ impl LockTable {
             .map(|(e, dead)| self.holder(&e, now, !dead)))
     }
 
-    /// The format version of the file (see `src/format.rs`).
+    /// The format version of the file (see `src/shm/format.rs`).
     pub fn format_version(&self) -> u32 {
-        crate::format::VERSION
+        crate::shm::format::VERSION
     }
 
     /// Where the live entry of `key` sits: `(home, slot)`. For tests that need to arrange
@@ -425,7 +425,7 @@ impl LockTable {
         let owner = self.att().owner()?;
         // Deadlines must mean the same instant to everyone: a process that cannot tell its
         // clock's offset takes nothing.
-        crate::clock::check()?;
+        crate::shm::clock::check()?;
         Ok(Request {
             key,
             hash: self.hash(key),

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::Backoff;
 
 use crate::error::Error;
-use crate::options::Resolved;
-use crate::wait::Schedule;
+use crate::lock::options::Resolved;
+use crate::lock::wait::Schedule;
 
 /// Rounds of exponential spinning (crossbeam's `Backoff::spin`) before a waiter sleeps:
 /// about 1 µs in all. Spinning longer, or yielding, only steals the cache line from a

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::options::Resolved;
+use crate::lock::options::Resolved;
 
 const MIN_STEP: Duration = Duration::from_millis(1);
 

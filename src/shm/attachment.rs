@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
-use crate::clock::{raw_now, Clock, Monotonic};
 use crate::error::Error;
-use crate::file::{Mapping, Registered};
-use crate::process::fork_epoch;
-use crate::registry::{self, FileId, FileLocks, HeldFd, Identity, OwnerId};
+use crate::shm::clock::{raw_now, Clock, Monotonic};
+use crate::shm::file::{Mapping, Registered};
+use crate::shm::process::fork_epoch;
+use crate::shm::registry::{self, FileId, FileLocks, HeldFd, Identity, OwnerId};
 
 /// How long an entry in a transitional state (a claim, an extension, the dict's writer
 /// lock) must look exactly the same before a waiter may break it. Such states last
@@ -154,7 +154,7 @@ impl Attachment {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        let owner = crate::file::register(
+        let owner = crate::shm::file::register(
             &self.path,
             &probe,
             &fd,

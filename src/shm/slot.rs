@@ -10,14 +10,14 @@
 //!
 //! Every field is atomic: other processes read and write the same memory.
 
-use crate::primitive::{AtomicU32, AtomicU64, Ordering};
-use crate::registry::OwnerId;
+use crate::shm::primitive::{AtomicU32, AtomicU64, Ordering};
+use crate::shm::registry::OwnerId;
 
 /// Bytes of the key kept for inspection.
 pub(crate) const PREVIEW_LEN: usize = 32;
 const PREVIEW_WORDS: usize = PREVIEW_LEN / 8;
 
-/// A lock-table entry's hot line. See the module docs of [`crate::table`] for the protocol.
+/// A lock-table entry's hot line. See the module docs of [`crate::shm::table`] for the protocol.
 #[repr(C, align(64))]
 #[derive(Default)]
 pub(crate) struct Slot {
@@ -63,8 +63,8 @@ pub(crate) struct Cold {
 #[cfg(not(loom))]
 const _: () = {
     use std::mem::{align_of, offset_of, size_of};
-    assert!(size_of::<Slot>() == crate::format::SLOT_SIZE);
-    assert!(size_of::<Cold>() == crate::format::COLD_SIZE);
+    assert!(size_of::<Slot>() == crate::shm::format::SLOT_SIZE);
+    assert!(size_of::<Cold>() == crate::shm::format::COLD_SIZE);
     assert!(align_of::<Slot>() == 64 && align_of::<Cold>() == 64);
     assert!(offset_of!(Slot, control) == 0);
     assert!(offset_of!(Slot, reach) == 56);

@@ -108,7 +108,7 @@ fn name_this_process() {
 fn new_token() -> u64 {
     let mut b = [0u8; 8];
     if getrandom::fill(&mut b).is_err() {
-        b = (std::process::id() as u64 ^ crate::clock::raw_now()).to_le_bytes();
+        b = (std::process::id() as u64 ^ crate::shm::clock::raw_now()).to_le_bytes();
     }
     u64::from_le_bytes(b) | 1
 }
@@ -161,8 +161,8 @@ fn refresh() {
         return;
     }
     FORK_EPOCH.fetch_add(1, Ordering::Relaxed);
-    crate::registry::close_inherited();
-    crate::clock::forget_offset();
+    crate::shm::registry::close_inherited();
+    crate::shm::clock::forget_offset();
     name_this_process();
 }
 

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use crate::backend::{acquire_slow, Backend};
 use crate::error::Error;
-use crate::options::{LockOptions, Resolved};
-use crate::process;
+use crate::lock::backend::{acquire_slow, Backend};
+use crate::lock::options::{LockOptions, Resolved};
+use crate::shm::process;
 use crate::LockTable;
 
 /// A hold and the process that took it: a copy inherited by a forked child must not

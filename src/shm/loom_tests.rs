@@ -15,10 +15,10 @@ use std::sync::Arc;
 use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use loom::thread;
 
-use crate::primitive::{crash, Ordering};
-use crate::registry::{EntryLocks, Identity, OwnerId, Registry, ENTRY_WORDS};
-use crate::slot::{Cold, Slot, State, Word};
-use crate::table::{Attempt, Busy, Env, Held, KeyHash, Prepared, Request, Slots, Table};
+use crate::shm::primitive::{crash, Ordering};
+use crate::shm::registry::{EntryLocks, Identity, OwnerId, Registry, ENTRY_WORDS};
+use crate::shm::slot::{Cold, Slot, State, Word};
+use crate::shm::table::{Attempt, Busy, Env, Held, KeyHash, Prepared, Request, Slots, Table};
 
 /// Heap slots.
 struct Heap(Vec<Slot>, Vec<Cold>);
@@ -533,7 +533,7 @@ fn an_owner_that_cannot_be_judged_is_alive_until_its_lease_ends() {
         assert_eq!(entries_of(&m.table, k), 1);
         m.env.now.store(100 + LEASE, Ordering::SeqCst);
         assert!(take(&m.table, k, 3, 3).is_some(), "expiry did not end it");
-        assert_eq!(m.table.release(&h), Err(crate::table::Lost));
+        assert_eq!(m.table.release(&h), Err(crate::shm::table::Lost));
     });
 }
 
@@ -639,7 +639,7 @@ fn a_stalled_renewal_past_its_deadline_is_broken_and_reports_the_lease_lost() {
                 100 + 2 * LEASE,
                 "the stale renewal moved the new holder's deadline"
             );
-            assert_eq!(m.table.release(&h), Err(crate::table::Lost));
+            assert_eq!(m.table.release(&h), Err(crate::shm::table::Lost));
             m.table.release(&w).unwrap();
         } else if extended.is_ok() {
             m.table.release(&h).unwrap();

@@ -32,8 +32,8 @@ use std::time::Duration;
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::{Error, FormatError};
-use crate::format::{Header, Layout, HEADER_SIZE};
-use crate::registry::{self, FileId, FileLocks, HeldFd, Identity, OwnerId, Registry};
+use crate::shm::format::{Header, Layout, HEADER_SIZE};
+use crate::shm::registry::{self, FileId, FileLocks, HeldFd, Identity, OwnerId, Registry};
 
 /// How to open a table file.
 #[derive(Clone, Copy, Debug)]
@@ -57,7 +57,7 @@ impl OpenSpec {
         OpenSpec {
             layout,
             capacity: 1024,
-            registry: crate::format::DEFAULT_REGISTRY,
+            registry: crate::shm::format::DEFAULT_REGISTRY,
             mode: 0o600,
             create: true,
             read_only: false,
@@ -141,7 +141,7 @@ pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
             "mode may only hold permission bits (at most 0o777)",
         ));
     }
-    crate::clock::check()?;
+    crate::shm::clock::check()?;
     for _ in 0..OPEN_ROUNDS {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
         match OpenOptions::new()
@@ -440,11 +440,11 @@ pub(crate) fn register(
     map: &Mapping,
     entries: u32,
 ) -> Result<OwnerId, Error> {
-    let me = crate::process::current();
+    let me = crate::shm::process::current();
     let id = Identity {
         pid: me.pid,
         start: me.start,
-        pid_ns: crate::process::pid_namespace(),
+        pid_ns: crate::shm::process::pid_namespace(),
     };
     let locks = FileLocks {
         take: Some(lock_fd),
@@ -478,8 +478,8 @@ fn reset(
 ) -> Result<Header, Error> {
     let max_fence = match header.layout {
         Layout::Locks => {
-            const FENCE: usize = std::mem::offset_of!(crate::slot::Slot, fence) / 8;
-            const SLOT: usize = crate::format::SLOT_SIZE / 8;
+            const FENCE: usize = std::mem::offset_of!(crate::shm::slot::Slot, fence) / 8;
+            const SLOT: usize = crate::shm::format::SLOT_SIZE / 8;
             (0..header.slot_count as usize)
                 .map(|i| map.words()[i * SLOT + FENCE].load(Ordering::Relaxed))
                 .max()

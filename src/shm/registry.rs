@@ -37,7 +37,7 @@
 //! a lock is taken or tested through it: a program may close ours behind our back and
 //! open something else under the same number.
 
-use crate::primitive::{AtomicU64, Ordering};
+use crate::shm::primitive::{AtomicU64, Ordering};
 
 /// Who owns an entry: a registry entry number (16 bits) and the low 6 bits of that
 /// entry's generation. 22 bits in all, as control words carry it. (A generation that
@@ -233,8 +233,8 @@ mod ofd {
     use nix::fcntl::{fcntl, FcntlArg};
 
     use super::EntryLocks;
-    use crate::format::{ATTACHED_LOCK_BYTE, HEADER_SIZE, REGISTRY_ENTRY};
-    use crate::process::fork_epoch;
+    use crate::shm::format::{ATTACHED_LOCK_BYTE, HEADER_SIZE, REGISTRY_ENTRY};
+    use crate::shm::process::fork_epoch;
 
     /// A file, by device and inode: what a descriptor must still name before it is used
     /// (a program may close ours and reuse the number for something else).

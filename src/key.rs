@@ -1,0 +1,17 @@
+//! What a key may be: any bytes, 1 to [`MAX_KEY_LEN`] long, for every backend.
+
+use crate::error::Error;
+
+/// The longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 65535;
+
+/// Keys are any bytes, 1 to [`MAX_KEY_LEN`] long.
+pub(crate) fn check_key(key: &[u8]) -> Result<&[u8], Error> {
+    if key.is_empty() {
+        Err(Error::EmptyKey)
+    } else if key.len() > MAX_KEY_LEN {
+        Err(Error::KeyTooLong(key.len()))
+    } else {
+        Ok(key)
+    }
+}

@@ -1,0 +1,40 @@
+//! The shared-memory backend: a lock table in a memory-mapped file.
+//!
+//! - `lock_table`: [`LockTable`], the backend's public face (open, lock, inspect).
+//! - `table`: the slot protocol (claim, release, reach, recovery), model-checked by
+//!   `loom_tests`.
+//! - `slot`: a slot's 64-byte hot line, its control word, and the cold side array.
+//! - `registry`: the owner registry (who is attached, and whether the kernel says they
+//!   are alive); `attachment`: one process's registration, its descriptor and lock.
+//! - `format`: the file's header and layout; `file`: creating, checking and mapping it.
+//! - `clock`: the shared monotonic clock; `futex`: sleeping and waking; `process`: this
+//!   process's identity (pid, start time, fork detection); `primitive`: spin helpers.
+//!
+//! The [`SharedDict`](crate::SharedDict) reuses the file, format, registry and clock
+//! layers for its own table.
+
+#[cfg(not(loom))]
+pub(crate) mod attachment;
+pub(crate) mod clock;
+#[cfg(not(loom))]
+pub(crate) mod file;
+pub(crate) mod format;
+#[cfg(not(loom))]
+pub(crate) mod futex;
+#[cfg(not(loom))]
+mod lock_table;
+pub(crate) mod primitive;
+#[cfg(not(loom))]
+pub(crate) mod process;
+pub(crate) mod registry;
+pub(crate) mod slot;
+pub(crate) mod table;
+
+#[cfg(all(test, loom))]
+mod loom_tests;
+
+#[cfg(not(loom))]
+pub use lock_table::{Holder, HolderState, LockTable, OpenOptions};
+
+/// The largest capacity a table can be created with.
+pub const MAX_CAPACITY: usize = format::MAX_CAPACITY as usize;
