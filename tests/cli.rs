@@ -141,7 +141,7 @@ fn inspect_shows_the_holder_alive_then_dead_and_unlock_force_frees_it() {
     assert_eq!(json["holders"][0]["alive"], false);
 
     let refused = output(shmlock(&file).args(["unlock", "job:1"]));
-    assert_eq!(refused.status.code(), Some(2));
+    assert_eq!(refused.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--force"));
     let broke = output(shmlock(&file).args(["unlock", "--force", "job:1"]));
     assert!(broke.status.success());
@@ -213,47 +213,109 @@ fn create_makes_a_table_with_the_capacity_and_mode_asked_for() {
     );
     assert_eq!(LockTable::open(&file, 1).unwrap().capacity(), 64);
     let again = output(shmlock(&file).args(["create", "--capacity", "64"]));
-    assert_eq!(again.status.code(), Some(2));
+    assert_eq!(again.status.code(), Some(73));
     assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
 }
 
 #[test]
-fn errors_are_one_line_on_stderr_with_a_nonzero_exit() {
+fn errors_are_one_line_on_stderr_with_a_sysexits_code() {
     let file = TempPath::new("cli-errors");
-    let one_line = |o: Output, needle: &str| {
+    let one_line = |o: Output, code: i32, needle: &str| {
         let err = String::from_utf8_lossy(&o.stderr).into_owned();
-        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert_eq!(o.status.code(), Some(code), "{err}");
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(
             err.starts_with("shmlock: ") && err.contains(needle),
             "{err}"
         );
     };
-    one_line(output(shmlock(&file).arg("inspect")), "No such file");
+    // EX_NOINPUT, as flock(1) exits when it cannot open its file
+    one_line(output(shmlock(&file).arg("inspect")), 66, "No such file");
     std::fs::write(&file, "not a table\n".repeat(500)).unwrap();
-    one_line(output(shmlock(&file).arg("inspect")), "not a shmlock table");
+    // EX_DATAERR
     one_line(
-        output(shmlock(&file).args(["run", "k", "--", "true"])),
+        output(shmlock(&file).arg("inspect")),
+        65,
         "not a shmlock table",
     );
+    one_line(
+        output(shmlock(&file).args(["run", "k", "--", "true"])),
+        65,
+        "not a shmlock table",
+    );
+    // EX_USAGE for values the parser let through
     let other = TempPath::new("cli-errors-2");
     one_line(
         output(shmlock(&other).args(["create", "--capacity", "0"])),
+        64,
         "capacity 0",
     );
     one_line(
         output(shmlock(&other).args(["run", "--exptime=-1", "k", "--", "true"])),
+        64,
         "--exptime",
     );
     one_line(
         output(shmlock(&other).args(["run", "--exptime", "0", "k", "--", "true"])),
+        64,
         "--exptime",
     );
     // an empty key is a bad key
     one_line(
         output(shmlock(&other).args(["run", "", "--", "true"])),
+        64,
         "empty key",
     );
+    // EX_CANTCREAT: create on an existing file
+    one_line(
+        output(shmlock(&file).args(["create", "--capacity", "4"])),
+        73,
+        "already exists",
+    );
+}
+
+#[test]
+fn usage_errors_exit_64_as_flock_does() {
+    let file = TempPath::new("cli-usage");
+    for args in [
+        &["--bogus"][..],
+        &["run", "k"],                            // no command
+        &["run", "-E", "256", "k", "--", "true"], // not 0..=255
+        &["run", "-w", "soon", "k", "--", "true"],
+        &["unlock", "k"], // --force is required
+    ] {
+        let out = output(shmlock(&file).args(args));
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        assert!(!out.stderr.is_empty(), "{args:?}");
+    }
+    // --help and --version are no errors
+    let help = output(shmlock(&file).args(["run", "--help"]));
+    assert_eq!(help.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&help.stdout).contains("Exit status"));
+    assert_eq!(code(shmlock(&file).arg("--version")), 0);
+    // nothing ran, nothing was created
+    assert!(!file.0.exists());
+}
+
+#[test]
+fn a_command_that_cannot_run_exits_126_or_127_and_frees_the_key() {
+    let file = TempPath::new("cli-exec");
+    let not_executable = TempPath::new("cli-exec-file");
+    std::fs::write(&not_executable, "#!/bin/sh\necho hi\n").unwrap();
+    std::fs::set_permissions(&not_executable, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = output(
+        shmlock(&file)
+            .args(["run", "k", "--"])
+            .arg(&not_executable.0),
+    );
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ermission denied"));
+    let out =
+        output(shmlock(&file).args(["run", "k", "--", "/nonexistent/shmlock-no-such-command"]));
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    let out = output(shmlock(&file).args(["run", "k", "--", "shmlock-no-such-command-in-path"]));
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    assert!(!LockTable::open(&file, 1).unwrap().is_locked("k").unwrap());
 }
 
 /// Issue #12: `inspect` only reads, so read access to the file is enough. The table is
@@ -357,17 +419,17 @@ fn the_redis_backend_runs_inspects_and_unlocks() {
         .unwrap()
         .unwrap();
     std::mem::forget(stuck);
-    assert_eq!(code(cli().args(["unlock", "stuck"])), 2);
+    assert_eq!(code(cli().args(["unlock", "stuck"])), 64);
     assert_eq!(code(cli().args(["unlock", "--force", "stuck"])), 0);
     assert_eq!(code(cli().args(["run", "-n", "stuck", "--", "true"])), 0);
-    assert_eq!(code(cli().args(["create", "--capacity", "4"])), 2);
-    // an unreachable server is one line and exit 2
+    assert_eq!(code(cli().args(["create", "--capacity", "4"])), 64);
+    // an unreachable server is one line and EX_UNAVAILABLE
     let down = output(Command::new(env!("CARGO_BIN_EXE_shmlock")).args([
         "--redis",
         "redis://127.0.0.1:1/",
         "inspect",
     ]));
-    assert_eq!(down.status.code(), Some(2));
+    assert_eq!(down.status.code(), Some(69));
     assert_eq!(String::from_utf8_lossy(&down.stderr).lines().count(), 1);
 }
 

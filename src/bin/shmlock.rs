@@ -85,7 +85,19 @@ enum Cmd {
     "COMMAND is killed with it (PR_SET_PDEATHSIG), and the key is free for the next run.\n",
     "If the lease cannot be renewed (the lock was broken, a Redis server restarted empty,\n",
     "or no renewal got through for most of a lease), or COMMAND outlives --max-time,\n",
-    "COMMAND is sent SIGTERM (SIGKILL 5 s later) and run exits 2.",
+    "COMMAND is sent SIGTERM (SIGKILL 5 s later) and run exits 2.\n",
+    "\n",
+    "Exit status (flock(1)'s, <sysexits.h> for errors):\n",
+    "  COMMAND's own status, or 128+N if it was killed by signal N\n",
+    "  1 (or -E N)  the lock could not be taken (-n, or -w ran out)\n",
+    "  2            COMMAND stopped by shmlock (lease lost, --max-time)\n",
+    "  64           usage error (EX_USAGE)\n",
+    "  65           the file is not a lock table (EX_DATAERR)\n",
+    "  66           the file cannot be opened (EX_NOINPUT)\n",
+    "  69           Redis unreachable or refusing (EX_UNAVAILABLE)\n",
+    "  71, 73, 75   out of memory or descriptors (EX_OSERR), read-only or full file system\n",
+    "               (EX_CANTCREAT), table or owner registry full (EX_TEMPFAIL)\n",
+    "  126, 127     COMMAND found but not executable, or not found",
 ))]
 struct RunArgs {
     /// The lock name
@@ -170,14 +182,70 @@ fn parse_mode(s: &str) -> Result<u32, String> {
 /// A failure, as one line on stderr and an exit code.
 struct Fail(String, u8);
 
+// Exit codes of <sysexits.h>, which flock(1) uses for everything but a lock it could not
+// take and the command's own status.
+/// The command line is wrong (clap's errors included; clap's own code would be 2).
+const EX_USAGE: u8 = 64;
+/// The file is not a usable lock table.
+const EX_DATAERR: u8 = 65;
+/// The file cannot be opened (as flock(1) exits when it cannot open its lock file).
+const EX_NOINPUT: u8 = 66;
+/// The Redis server cannot be reached or refuses.
+const EX_UNAVAILABLE: u8 = 69;
+/// Stdout cannot be written.
+const EX_IOERR: u8 = 74;
+/// Something that should not happen (lost track of the command).
+const EX_SOFTWARE: u8 = 70;
+/// The system is out of something (memory, file descriptors, processes).
+const EX_OSERR: u8 = 71;
+/// The file cannot be created (read-only file system, no space; `create` on an existing
+/// file).
+const EX_CANTCREAT: u8 = 73;
+/// Full for now: no free slot in the table, no free entry in its owner registry.
+const EX_TEMPFAIL: u8 = 75;
+/// The command was found but could not be executed (as shells exit).
+const EX_CANNOT_EXECUTE: u8 = 126;
+/// The command was not found (as shells exit).
+const EX_NOT_FOUND: u8 = 127;
+/// `run` stopped its command: the lease was lost or --max-time passed.
+const EX_TERMINATED: u8 = 2;
+
+/// The exit code for an operating-system error, as flock(1) chooses it for its lock file.
+fn os_error_code(e: &std::io::Error) -> u8 {
+    match e.raw_os_error() {
+        Some(libc::ENOMEM | libc::EMFILE | libc::ENFILE | libc::EAGAIN) => EX_OSERR,
+        Some(libc::EROFS | libc::ENOSPC) => EX_CANTCREAT,
+        _ => EX_NOINPUT,
+    }
+}
+
 impl From<Error> for Fail {
     fn from(e: Error) -> Fail {
-        Fail(e.to_string(), 2)
+        let code = match &e {
+            Error::Io { source, .. } => os_error_code(source),
+            Error::Format { .. } => EX_DATAERR,
+            Error::EmptyKey
+            | Error::KeyTooLong(_)
+            | Error::InvalidOptions(_)
+            | Error::InvalidCapacity(_)
+            | Error::InvalidLayout(_) => EX_USAGE,
+            Error::Redis(_) | Error::NotReplicated { .. } => EX_UNAVAILABLE,
+            Error::TableFull | Error::TooManyProcesses { .. } | Error::NoMemory => EX_TEMPFAIL,
+            _ => EX_SOFTWARE,
+        };
+        Fail(e.to_string(), code)
     }
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version go to stdout with 0; errors to stderr with EX_USAGE.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { EX_USAGE } else { 0 });
+        }
+    };
     let file = cli
         .file
         .or_else(|| std::env::var_os("SHMLOCK_FILE").map(PathBuf::from))
@@ -209,7 +277,7 @@ fn main() -> ExitCode {
 
 fn secs(v: f64, what: &str) -> Result<Duration, Fail> {
     Duration::try_from_secs_f64(v)
-        .map_err(|_| Fail(format!("{what} must be a number of seconds >= 0"), 2))
+        .map_err(|_| Fail(format!("{what} must be a number of seconds >= 0"), EX_USAGE))
 }
 
 /// What the --redis URLs name.
@@ -273,7 +341,7 @@ fn redis(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -> Resul
             let shown: Vec<String> = url.split(',').map(redact_url).collect();
             let out = std::io::stdout();
             write_redis(&mut out.lock(), &shown.join(","), &held, a.json)
-                .map_err(|e| Fail(format!("stdout: {e}"), 2))?;
+                .map_err(|e| Fail(format!("stdout: {e}"), EX_IOERR))?;
             Ok(0)
         }
         Cmd::Unlock(a) => {
@@ -287,7 +355,7 @@ fn redis(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -> Resul
         }
         Cmd::Create(_) => Err(Fail(
             "create makes table files; a Redis server needs no creating".into(),
-            2,
+            EX_USAGE,
         )),
     }
 }
@@ -370,12 +438,21 @@ fn write_redis(
     Ok(())
 }
 
+/// The exit code for a command that could not be started, as shells choose it.
+fn spawn_error_code(e: &std::io::Error) -> u8 {
+    match e.raw_os_error() {
+        Some(libc::ENOENT | libc::ENOTDIR) => EX_NOT_FOUND,
+        Some(libc::EAGAIN | libc::ENOMEM) => EX_OSERR,
+        _ => EX_CANNOT_EXECUTE,
+    }
+}
+
 fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     let exptime = secs(a.exptime, "--exptime")?;
     if exptime.is_zero() {
         return Err(Fail(
             "--exptime must be > 0: the lock is renewed while the command runs".into(),
-            2,
+            EX_USAGE,
         ));
     }
     let wait_for = match (a.nonblock, a.timeout) {
@@ -422,7 +499,7 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     }
     let mut child = cmd
         .spawn()
-        .map_err(|e| Fail(format!("{}: {e}", a.command[0]), 127))?;
+        .map_err(|e| Fail(format!("{}: {e}", a.command[0]), spawn_error_code(&e)))?;
     let pid = child.id();
 
     // The child is waited for on a helper thread; this thread (the child's parent thread,
@@ -443,7 +520,7 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
             let _ = exited.recv();
         }
         let _ = lock.unlock();
-        Fail(format!("{why}; command terminated"), 2)
+        Fail(format!("{why}; command terminated"), EX_TERMINATED)
     };
     let every = exptime / 3;
     // A lease is counted from just before the command that set it was sent; the command
@@ -457,7 +534,7 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
             s.min(next_renewal).min(lease_end)
         });
         match exited.recv_timeout(wake.saturating_duration_since(Instant::now())) {
-            Ok(status) => break status.map_err(|e| Fail(format!("wait: {e}"), 2))?,
+            Ok(status) => break status.map_err(|e| Fail(format!("wait: {e}"), EX_OSERR))?,
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 let now = Instant::now();
                 if stop_at.is_some_and(|s| now >= s) {
@@ -498,7 +575,7 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(Fail("lost track of the command".into(), 2))
+                return Err(Fail("lost track of the command".into(), EX_SOFTWARE))
             }
         }
     };
@@ -535,7 +612,7 @@ fn inspect(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
     } else {
         write_table(&mut out, file, &table, &holders)
     };
-    result.map_err(|e| Fail(format!("stdout: {e}"), 2))?;
+    result.map_err(|e| Fail(format!("stdout: {e}"), EX_IOERR))?;
     Ok(0)
 }
 
@@ -780,7 +857,7 @@ fn inspect_dict(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
             Ok(())
         })()
     };
-    result.map_err(|e| Fail(format!("stdout: {e}"), 2))?;
+    result.map_err(|e| Fail(format!("stdout: {e}"), EX_IOERR))?;
     Ok(0)
 }
 
@@ -793,7 +870,7 @@ fn refuse_without_force(a: &UnlockArgs) -> Result<(), Fail> {
             "refusing to break {:?} without --force (its holder may still rely on it)",
             a.key
         ),
-        2,
+        EX_USAGE,
     ))
 }
 
@@ -817,14 +894,20 @@ fn unlock(file: &Path, a: UnlockArgs) -> Result<u8, Fail> {
 
 fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
     if file.exists() {
-        return Err(Fail(format!("{}: already exists", file.display()), 2));
+        return Err(Fail(
+            format!("{}: already exists", file.display()),
+            EX_CANTCREAT,
+        ));
     }
     let table = LockTable::options()
         .capacity(a.capacity)
         .mode(a.mode)
         .open(file)?;
     if !table.created() {
-        return Err(Fail(format!("{}: already exists", file.display()), 2));
+        return Err(Fail(
+            format!("{}: already exists", file.display()),
+            EX_CANTCREAT,
+        ));
     }
     println!(
         "created {} with capacity {}",
