@@ -2,14 +2,18 @@
 //!
 //! Built on the public API only.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
-use clap::{Args, Parser, Subcommand};
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::wait::{waitid, Id, WaitPidFlag};
+use nix::unistd::{getpgid, getpgrp, Pid};
+
+use clap::{ArgGroup, Args, Parser, Subcommand};
 use shmlock::{
     Backend, Error, FormatError, Holder, HolderState, Lock, LockOptions, LockTable, RedisHolder,
     RedisLocks, SharedDict,
@@ -74,18 +78,27 @@ enum Cmd {
 
 /// Take KEY, run COMMAND, release when it exits; exit with its status
 #[derive(Args)]
-#[command(after_help = concat!(
+#[command(
+    group(ArgGroup::new("what").required(true).args(["shell_command", "args"])),
+    after_help = concat!(
     "Examples:\n",
     "  shmlock run backup -- rsync -a /data /backup    # wait as long as it takes\n",
     "  shmlock run -n backup -- ./backup.sh            # exit 1 at once if it is running\n",
     "  shmlock run -w 10 -E 75 deploy -- make deploy   # wait 10 s at most, then exit 75\n",
+    "  shmlock run report -c 'make report | mail ops'  # a command line, through /bin/sh -c\n",
+    "\n",
+    "While shmlock waits with stderr on a terminal, a status line there shows who holds KEY\n",
+    "(pid, how long) and how long it has waited; --verbose says the same in plain lines.\n",
     "\n",
     "While COMMAND runs the lease is renewed every EXPTIME/3, so a live job keeps the lock\n",
-    "however long it runs and a dead one loses it within EXPTIME. If shmlock itself dies,\n",
-    "COMMAND is killed with it (PR_SET_PDEATHSIG), and the key is free for the next run.\n",
-    "If the lease cannot be renewed (the lock was broken, a Redis server restarted empty,\n",
-    "or no renewal got through for most of a lease), or COMMAND outlives --max-time,\n",
-    "COMMAND is sent SIGTERM (SIGKILL 5 s later) and run exits 2.\n",
+    "however long it runs and a dead one loses it within EXPTIME. SIGINT, SIGTERM, SIGHUP and\n",
+    "SIGQUIT sent to shmlock are passed on to COMMAND, and the lock is released only once\n",
+    "COMMAND has exited (its traps and cleanup run under the lock); one that arrives while\n",
+    "shmlock still waits ends it with 128+signal, COMMAND not run. If shmlock itself is\n",
+    "killed (SIGKILL), COMMAND is killed with it (PR_SET_PDEATHSIG), and the key is free for\n",
+    "the next run. If the lease cannot be renewed (the lock was broken, a Redis server\n",
+    "restarted empty, or no renewal got through for most of a lease), or COMMAND outlives\n",
+    "--max-time, COMMAND is sent SIGTERM (SIGKILL 5 s later) and run exits 2.\n",
     "\n",
     "Exit status (flock(1)'s, <sysexits.h> for errors):\n",
     "  COMMAND's own status, or 128+N if it was killed by signal N\n",
@@ -97,7 +110,8 @@ enum Cmd {
     "  69           Redis unreachable or refusing (EX_UNAVAILABLE)\n",
     "  71, 73, 75   out of memory or descriptors (EX_OSERR), read-only or full file system\n",
     "               (EX_CANTCREAT), table or owner registry full (EX_TEMPFAIL)\n",
-    "  126, 127     COMMAND found but not executable, or not found",
+    "  126, 127     COMMAND found but not executable, or not found\n",
+    "  128+N        shmlock got signal N while waiting for the lock",
 ))]
 struct RunArgs {
     /// The lock name
@@ -118,9 +132,15 @@ struct RunArgs {
     /// [default: no limit]
     #[arg(long, value_name = "SECS")]
     max_time: Option<f64>,
+    /// Say on stderr who held the lock, how long it waited, and when it got it
+    #[arg(long)]
+    verbose: bool,
+    /// Run this command line through /bin/sh -c instead of COMMAND
+    #[arg(short = 'c', long = "command", value_name = "STRING")]
+    shell_command: Option<String>,
     /// The command and its arguments
-    #[arg(required = true, last = true, value_name = "COMMAND")]
-    command: Vec<String>,
+    #[arg(last = true, value_name = "COMMAND")]
+    args: Vec<String>,
 }
 
 /// List the locks held in the table (or, for a SharedDict file, its counters and keys)
@@ -246,6 +266,13 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { EX_USAGE } else { 0 });
         }
     };
+    if let Cmd::Run(a) = &cli.command {
+        // Before anything could start a thread.
+        if let Err(Fail(msg, code)) = Signals::start(a.verbose) {
+            eprintln!("shmlock: {msg}");
+            return ExitCode::from(code);
+        }
+    }
     let file = cli
         .file
         .or_else(|| std::env::var_os("SHMLOCK_FILE").map(PathBuf::from))
@@ -438,6 +465,260 @@ fn write_redis(
     Ok(())
 }
 
+/// The signals `run` passes on to its command.
+const FORWARDED: [Signal; 4] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+];
+
+/// How long one wait for the lock lasts before `run` looks at signals and its status line.
+const SLICE: Duration = Duration::from_millis(250);
+/// How often the holder is looked up again while `run` waits (Redis: a SCAN).
+const LOOKUP_EVERY: Duration = Duration::from_secs(1);
+
+/// Where `run` is, as its signal thread needs to know.
+enum Phase {
+    /// Waiting for the lock; the first forwarded signal that arrived meanwhile.
+    Waiting(Option<Signal>),
+    /// The command runs as this child, not yet reaped (so the pid is still its).
+    Running(Pid),
+    /// The command has exited and may be reaped at any moment: its pid is no longer ours.
+    Exited,
+}
+
+/// `run`'s signal handling: FORWARDED are blocked in every thread and taken, one by one,
+/// by a thread of their own, which passes them on to the command.
+struct Signals {
+    set: SigSet,
+    phase: Mutex<Phase>,
+    verbose: bool,
+}
+
+/// Set once, by `main`, before any other thread starts.
+static SIGNALS: OnceLock<Signals> = OnceLock::new();
+
+impl Signals {
+    /// Blocks FORWARDED in this thread, and so in every thread started after (the mask is
+    /// inherited), then starts the thread that takes them. Must run before any other
+    /// thread exists: a thread with them unblocked would die of them instead.
+    fn start(verbose: bool) -> Result<&'static Signals, Fail> {
+        let mut set = SigSet::empty();
+        for sig in FORWARDED {
+            set.add(sig);
+        }
+        set.thread_block()
+            .map_err(|e| Fail(format!("blocking signals: {e}"), EX_OSERR))?;
+        let signals = SIGNALS.get_or_init(|| Signals {
+            set,
+            phase: Mutex::new(Phase::Waiting(None)),
+            verbose,
+        });
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(|| signals.forward())
+            .map_err(|e| Fail(format!("starting a thread: {e}"), EX_OSERR))?;
+        Ok(signals)
+    }
+
+    fn phase(&self) -> MutexGuard<'_, Phase> {
+        self.phase.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The signal thread: forever takes the next signal and passes it on.
+    fn forward(&self) {
+        loop {
+            let Some((sig, by_kernel)) = next_signal(&self.set) else {
+                continue;
+            };
+            let mut phase = self.phase();
+            match &mut *phase {
+                Phase::Waiting(got) => {
+                    got.get_or_insert(sig);
+                }
+                Phase::Running(pid) => {
+                    // A terminal sends the signals of its INTR and QUIT characters to its
+                    // whole foreground process group: a command still in ours has it
+                    // already, and a second one could cut its cleanup short.
+                    let has_it = by_kernel
+                        && matches!(sig, Signal::SIGINT | Signal::SIGQUIT)
+                        && getpgid(Some(*pid)).is_ok_and(|g| g == getpgrp());
+                    if !has_it {
+                        if self.verbose {
+                            eprintln!("shmlock: passing {sig} on to pid {pid}");
+                        }
+                        let _ = kill(*pid, sig);
+                    }
+                }
+                Phase::Exited => {}
+            }
+        }
+    }
+
+    /// Sends `sig` to the command if it has not exited.
+    fn signal_command(&self, sig: Signal) {
+        if let Phase::Running(pid) = *self.phase() {
+            let _ = kill(pid, sig);
+        }
+    }
+}
+
+/// The next of `set`'s signals, and whether the kernel sent it (a terminal's INTR or QUIT
+/// character, a hangup) rather than a process. `None`: interrupted, ask again.
+fn next_signal(set: &SigSet) -> Option<(Signal, bool)> {
+    let mut info = std::mem::MaybeUninit::<libc::siginfo_t>::zeroed();
+    // SAFETY: `set` is an initialised signal set and `info` points to writable memory of
+    // the size of a siginfo_t, which lives across the call.
+    let n = unsafe { libc::sigwaitinfo(set.as_ref(), info.as_mut_ptr()) };
+    if n < 0 {
+        return None;
+    }
+    // SAFETY: zeroed is a valid siginfo_t (plain integers), and sigwaitinfo filled it in.
+    let info = unsafe { info.assume_init() };
+    let sig = Signal::try_from(n).ok()?;
+    Some((sig, info.si_code == libc::SI_KERNEL))
+}
+
+/// Who holds a key, as far as the backend tells, for people waiting on it.
+struct HolderInfo {
+    /// "pid 1234", "host:1234" or "an unknown process".
+    who: String,
+    /// How long it had held the key when it was looked up.
+    held: Option<Duration>,
+    /// When it was looked up.
+    seen: Instant,
+}
+
+impl HolderInfo {
+    fn describe(&self) -> String {
+        match self.held {
+            Some(held) => format!("{} for {}", self.who, human(held + self.seen.elapsed())),
+            None => self.who.clone(),
+        }
+    }
+}
+
+/// The backends `run` can tell the holder of a key of.
+trait WhoHolds {
+    fn who_holds(&self, key: &str) -> Option<HolderInfo>;
+}
+
+impl WhoHolds for LockTable {
+    fn who_holds(&self, key: &str) -> Option<HolderInfo> {
+        let key = key.as_bytes();
+        // The preview is the first 32 bytes: a longer key is matched by them and its length.
+        let h = self
+            .holders()
+            .into_iter()
+            .find(|h| h.key_len == key.len() && key.starts_with(&h.key_preview))?;
+        Some(HolderInfo {
+            who: if h.pid == 0 {
+                "an unknown process".into()
+            } else {
+                format!("pid {}", h.pid)
+            },
+            held: Some(h.age),
+            seen: Instant::now(),
+        })
+    }
+}
+
+impl WhoHolds for RedisLocks {
+    fn who_holds(&self, key: &str) -> Option<HolderInfo> {
+        let h = self
+            .holders()
+            .ok()?
+            .into_iter()
+            .find(|h| h.key == key.as_bytes())?;
+        Some(HolderInfo {
+            who: match (&h.host, h.pid) {
+                (Some(host), Some(pid)) => format!("pid {pid} on {}", printable(host.as_bytes())),
+                (None, Some(pid)) => format!("pid {pid}"),
+                _ => "an unknown process".into(),
+            },
+            held: h
+                .since
+                .map(|t| SystemTime::now().duration_since(t).unwrap_or_default()),
+            seen: Instant::now(),
+        })
+    }
+}
+
+/// A duration for people: 4.2s, 3m07s, 2h05m.
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{:.1}s", d.as_secs_f64()),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+/// The live line on stderr while `run` waits, if stderr is a terminal: rewritten in place
+/// (carriage return, ANSI erase-line), erased when done.
+struct StatusLine {
+    on: bool,
+    shown: bool,
+}
+
+impl StatusLine {
+    fn new() -> StatusLine {
+        StatusLine {
+            on: std::io::stderr().is_terminal(),
+            shown: false,
+        }
+    }
+
+    fn show(&mut self, text: &str) {
+        if !self.on {
+            return;
+        }
+        // One line that never wraps, or the carriage return would not get back to its start.
+        let text: String = text
+            .chars()
+            .take(terminal_width().saturating_sub(1))
+            .collect();
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, "\r\x1b[2K{text}");
+        let _ = err.flush();
+        self.shown = true;
+    }
+
+    fn clear(&mut self) {
+        if self.shown {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "\r\x1b[2K");
+            let _ = err.flush();
+            self.shown = false;
+        }
+    }
+}
+
+impl Drop for StatusLine {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+/// Columns of the terminal on stderr (80 if it does not say).
+fn terminal_width() -> usize {
+    let mut ws = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one winsize into the struct pointed to, which lives across
+    // the call; on failure it writes nothing.
+    let r = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut ws) };
+    if r == 0 && ws.ws_col > 0 {
+        usize::from(ws.ws_col)
+    } else {
+        80
+    }
+}
+
 /// The exit code for a command that could not be started, as shells choose it.
 fn spawn_error_code(e: &std::io::Error) -> u8 {
     match e.raw_os_error() {
@@ -447,7 +728,10 @@ fn spawn_error_code(e: &std::io::Error) -> u8 {
     }
 }
 
-fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
+fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
+    let signals = SIGNALS
+        .get()
+        .ok_or_else(|| Fail("signal handling was not set up".into(), EX_SOFTWARE))?;
     let exptime = secs(a.exptime, "--exptime")?;
     if exptime.is_zero() {
         return Err(Fail(
@@ -467,29 +751,97 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     };
     let max_time = a.max_time.map(|m| secs(m, "--max-time")).transpose()?;
     let mut lock = Lock::new(backend, opts)?;
-    // One call waits at most exptime (resty's cap); wait longer by asking again.
+    let (program, args): (&str, &[String]) = match &a.shell_command {
+        Some(line) => ("/bin/sh", std::slice::from_ref(line)),
+        None => (&a.args[0], &a.args[1..]),
+    };
+    let shown_key = printable(a.key.as_bytes());
+
+    // Waits in slices, between which it looks at signals and redraws the status line.
     let started = Instant::now();
+    let mut status = StatusLine::new();
+    let mut holder: Option<HolderInfo> = None;
+    let mut first = true;
     loop {
-        let left = wait_for.map_or(exptime, |w| w.saturating_sub(started.elapsed()));
-        match lock.lock_with_timeout(&a.key, left.min(exptime)) {
+        let left = wait_for.map_or(SLICE, |w| w.saturating_sub(started.elapsed()));
+        let slice = if first {
+            Duration::ZERO
+        } else {
+            left.min(SLICE)
+        };
+        match lock.lock_with_timeout(&a.key, slice) {
             Ok(_) => break,
-            Err(Error::Timeout) if wait_for.is_none_or(|w| started.elapsed() < w) => continue,
-            Err(Error::Timeout) => return Ok(a.conflict_exit_code),
+            Err(Error::Timeout) => {}
             Err(e) => return Err(e.into()),
         }
+        if let Phase::Waiting(Some(sig)) = *signals.phase() {
+            status.clear();
+            if a.verbose {
+                eprintln!(
+                    "shmlock: got {sig} while waiting for {shown_key:?}; not running the command"
+                );
+            }
+            return Ok(128u8.wrapping_add(sig as u8));
+        }
+        let waited = started.elapsed();
+        let stale = holder
+            .as_ref()
+            .is_none_or(|h| h.seen.elapsed() >= LOOKUP_EVERY);
+        if (status.on || a.verbose) && stale {
+            holder = backend.who_holds(&a.key).or(holder);
+        }
+        let describe = || {
+            holder
+                .as_ref()
+                .map_or("someone".to_string(), HolderInfo::describe)
+        };
+        if first && a.verbose {
+            eprintln!("shmlock: {shown_key:?} is held by {}", describe());
+        }
+        first = false;
+        if wait_for.is_some_and(|w| waited >= w) {
+            status.clear();
+            if a.verbose {
+                eprintln!(
+                    "shmlock: gave up on {shown_key:?} after waiting {:.3}s",
+                    waited.as_secs_f64()
+                );
+            }
+            return Ok(a.conflict_exit_code);
+        }
+        status.show(&format!(
+            "shmlock: waiting for {shown_key:?}, held by {}; waited {}",
+            describe(),
+            human(waited)
+        ));
+    }
+    status.clear();
+    if a.verbose {
+        eprintln!(
+            "shmlock: got {shown_key:?} after waiting {:.3}s",
+            started.elapsed().as_secs_f64()
+        );
+        eprintln!("shmlock: running {program}");
     }
 
     // The lease was set by the server a round trip at most before this (far less than the
     // margin below).
     let locked_at = Instant::now();
-    let mut cmd = Command::new(&a.command[0]);
-    cmd.args(&a.command[1..]);
+    let mut cmd = Command::new(program);
+    if a.shell_command.is_some() {
+        cmd.arg("-c");
+    }
+    cmd.args(args);
+    let blocked = signals.set;
     // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe system calls (prctl, getppid, _exit).
+    // async-signal-safe system calls (pthread_sigmask, prctl, getppid, _exit).
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
+            // The command gets the signals we block (std resets the mask too; this does not
+            // rely on it).
+            blocked.thread_unblock()?;
             // Die with us: the key must never be free while the command still runs.
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             if nix::unistd::getppid().as_raw() == 1 {
                 // we already died between fork and prctl
                 libc::_exit(137);
@@ -497,26 +849,38 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
             Ok(())
         });
     }
+    // Under the phase lock, so that a signal is either seen here or passed on to the child.
+    let mut phase = signals.phase();
+    if let Phase::Waiting(Some(sig)) = *phase {
+        drop(phase);
+        let _ = lock.unlock();
+        return Ok(128u8.wrapping_add(sig as u8));
+    }
     let mut child = cmd
         .spawn()
-        .map_err(|e| Fail(format!("{}: {e}", a.command[0]), spawn_error_code(&e)))?;
-    let pid = child.id();
+        .map_err(|e| Fail(format!("{program}: {e}"), spawn_error_code(&e)))?;
+    let pid = Pid::from_raw(child.id() as libc::pid_t);
+    *phase = Phase::Running(pid);
+    drop(phase);
 
     // The child is waited for on a helper thread; this thread (the child's parent thread,
     // which PR_SET_PDEATHSIG watches) renews the lease meanwhile.
     let (done, exited) = mpsc::channel();
     std::thread::spawn(move || {
+        // Waits without reaping first, so that the pid stays the child's until the signal
+        // thread knows not to use it any more.
+        while let Err(nix::errno::Errno::EINTR) =
+            waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT)
+        {}
+        *signals.phase() = Phase::Exited;
         let _ = done.send(child.wait());
     });
     // Stops the command (SIGTERM, SIGKILL if it is still there 5 s later), releases what
     // is left of the lock, and fails with `why`.
     let terminate = |lock: &mut Lock<'_, B>, why: String| -> Fail {
-        // Our own child, not reaped yet (the helper thread has not reported its exit), so
-        // the pid is still its.
-        let child = nix::unistd::Pid::from_raw(pid as libc::pid_t);
-        let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGTERM);
+        signals.signal_command(Signal::SIGTERM);
         if exited.recv_timeout(Duration::from_secs(5)).is_err() {
-            let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+            signals.signal_command(Signal::SIGKILL);
             let _ = exited.recv();
         }
         let _ = lock.unlock();
