@@ -714,3 +714,80 @@ fn no_status_line_when_stderr_is_not_a_terminal() {
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
 }
+
+/// Reads lines of `child`'s stdout until `enough` says so (the hang guard: the test's
+/// timeout kills it); then kills it.
+fn read_until(mut child: Child, mut enough: impl FnMut(&[String]) -> bool) -> Vec<String> {
+    use std::io::BufRead;
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    while !enough(&lines) {
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(line) => lines.push(line),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("stopped at {lines:?}");
+            }
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    lines
+}
+
+#[test]
+fn inspect_watch_prints_the_table_again_until_killed() {
+    let file = TempPath::new("cli-watch");
+    let holder = held_until_stdin_closes(&file, "job:w");
+    let pid = holder.id().to_string();
+    let watch = shmlock(&file)
+        .args(["inspect", "--watch", "--interval", "0.1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // not a terminal: a "--- TIME ---" line before each snapshot
+    let lines = read_until(watch, |l| {
+        l.iter().filter(|l| l.starts_with("--- ")).count() == 3
+    });
+    let snapshots: Vec<&[String]> = lines
+        .split(|l| l.starts_with("--- ") && l.ends_with(" UTC ---"))
+        .skip(1)
+        .take(2)
+        .collect();
+    assert_eq!(snapshots.len(), 2, "{lines:?}");
+    for s in snapshots {
+        assert!(s[0].ends_with("occupancy 1"), "{lines:?}");
+        assert!(
+            s[2].starts_with("job:w") && s[2].contains(&pid),
+            "{lines:?}"
+        );
+    }
+    // --json: one object per line per snapshot
+    let watch = shmlock(&file)
+        .args(["inspect", "--json", "-w", "--interval", "0.1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = read_until(watch, |l| l.len() == 2);
+    for line in lines {
+        let json: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(json["holders"][0]["key"], "job:w");
+        assert_eq!(json["holders"][0]["pid"], holder.id());
+    }
+    release(holder);
+    assert_eq!(
+        code(shmlock(&file).args(["inspect", "--interval", "0"])),
+        64
+    );
+}

@@ -156,7 +156,11 @@ struct RunArgs {
     "   \"ttl_ms\", \"expired\", \"token\", \"waiters\"}]}\n",
     "\"key\" is the preview (first 32 bytes) as UTF-8 with invalid bytes replaced, \"key_hex\"\n",
     "the same bytes in hex; \"ttl_ms\" (never expires) and \"token\" may be null; \"state\" is\n",
-    "\"held\", \"claiming\" or \"extending\".",
+    "\"held\", \"claiming\" or \"extending\".\n",
+    "\n",
+    "--watch prints the table again every second (--interval SECS) until interrupted: on a\n",
+    "terminal the screen is cleared before each print, elsewhere a line \"--- TIME ---\"\n",
+    "(UTC) comes before each. With --json, one object per line per print (NDJSON).",
 ))]
 struct InspectArgs {
     /// Print JSON for scripts
@@ -165,6 +169,12 @@ struct InspectArgs {
     /// Include expired entries and entries of dead owners
     #[arg(long)]
     all: bool,
+    /// Print again every --interval until interrupted
+    #[arg(short = 'w', long)]
+    watch: bool,
+    /// Seconds between two prints; implies --watch [default: 1]
+    #[arg(long, value_name = "SECS")]
+    interval: Option<f64>,
 }
 
 /// Break a lock, whoever holds it (prints who did)
@@ -281,7 +291,7 @@ fn main() -> ExitCode {
         (None, Cmd::Run(a)) => LockTable::open(&file, DEFAULT_CAPACITY)
             .map_err(Fail::from)
             .and_then(|t| run(&t, a)),
-        (None, Cmd::Inspect(a)) => inspect(&file, a),
+        (None, Cmd::Inspect(a)) => open_inspected(&file).and_then(|t| inspect(&t, &a)),
         (None, Cmd::Unlock(a)) => unlock(&file, a),
         (None, Cmd::Create(a)) => create(&file, a),
         (Some(url), command) => {
@@ -363,13 +373,8 @@ fn redis(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -> Resul
     match command {
         Cmd::Run(a) => run(&redis, a),
         Cmd::Inspect(a) => {
-            let mut held = redis.holders()?;
-            held.sort_by(|x, y| x.key.cmp(&y.key));
             let shown: Vec<String> = url.split(',').map(redact_url).collect();
-            let out = std::io::stdout();
-            write_redis(&mut out.lock(), &shown.join(","), &held, a.json)
-                .map_err(|e| Fail(format!("stdout: {e}"), EX_IOERR))?;
-            Ok(0)
+            inspect(&Inspected::Redis(redis, shown.join(",")), &a)
         }
         Cmd::Unlock(a) => {
             refuse_without_force(&a)?;
@@ -954,30 +959,129 @@ fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     })
 }
 
-fn inspect(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
-    // Read-only: anyone who can read the file can inspect it.
-    let table = match LockTable::options().read_only(true).open(file) {
+/// What `inspect` looks at.
+enum Inspected {
+    Table(LockTable, PathBuf),
+    Dict(SharedDict, PathBuf),
+    /// With the URLs as printed (passwords redacted).
+    Redis(RedisLocks, String),
+}
+
+/// Opens `file` read-only (anyone who can read it can inspect it), as a lock table or as a
+/// shared dict, whichever it is.
+fn open_inspected(file: &Path) -> Result<Inspected, Fail> {
+    match LockTable::options().read_only(true).open(file) {
+        Ok(table) => Ok(Inspected::Table(table, file.to_path_buf())),
         Err(Error::Format {
             source: FormatError::WrongKind { .. },
             ..
-        }) => return inspect_dict(file, a),
-        other => other?,
+        }) => Ok(Inspected::Dict(
+            SharedDict::options().read_only(true).open(file)?,
+            file.to_path_buf(),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Prints what `what` holds, once or (--watch) until interrupted.
+fn inspect(what: &Inspected, a: &InspectArgs) -> Result<u8, Fail> {
+    let stdout_err = |e: std::io::Error| Fail(format!("stdout: {e}"), EX_IOERR);
+    let mut buf = Vec::new();
+    snapshot(&mut buf, what, a)?;
+    if !a.watch && a.interval.is_none() {
+        std::io::stdout().write_all(&buf).map_err(stdout_err)?;
+        return Ok(0);
+    }
+    let interval = secs(a.interval.unwrap_or(1.0), "--interval")?;
+    if interval.is_zero() {
+        return Err(Fail("--interval must be > 0".into(), EX_USAGE));
+    }
+    let terminal = std::io::stdout().is_terminal();
+    let mut first = true;
+    loop {
+        if !first {
+            std::thread::sleep(interval);
+            buf.clear();
+            // A snapshot that fails (a Redis outage) is reported, and the next one tried.
+            if let Err(Fail(msg, _)) = snapshot(&mut buf, what, a) {
+                let _ = writeln!(buf, "shmlock: {msg}");
+            }
+        }
+        first = false;
+        let mut out = std::io::stdout().lock();
+        let written = if a.json {
+            // NDJSON: each snapshot is one line already.
+            out.write_all(&buf)
+        } else if terminal {
+            // Home, erase the screen, then the whole snapshot in one write: no flicker.
+            writeln!(
+                out,
+                "\x1b[H\x1b[2J{}  (every {}s; Ctrl-C to stop)",
+                utc_now(),
+                interval.as_secs_f64()
+            )
+            .and_then(|()| out.write_all(&buf))
+        } else {
+            writeln!(out, "--- {} ---", utc_now()).and_then(|()| out.write_all(&buf))
+        };
+        match written.and_then(|()| out.flush()) {
+            Ok(()) => {}
+            // The reader went away (`| head`): that is the end of watching, not an error.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(0),
+            Err(e) => return Err(stdout_err(e)),
+        }
+    }
+}
+
+/// Now in UTC, as `2026-01-31 23:59:59 UTC` (from the Unix time: days to a civil date by
+/// Howard Hinnant's algorithm).
+fn utc_now() -> String {
+    let t = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let (days, rem) = ((t / 86_400) as i64, t % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// One print of `what` into `out`.
+fn snapshot(out: &mut Vec<u8>, what: &Inspected, a: &InspectArgs) -> Result<(), Fail> {
+    let written = match what {
+        Inspected::Table(table, file) => {
+            let mut holders: Vec<Holder> = table
+                .holders()
+                .into_iter()
+                .filter(|h| a.all || (!h.expired && h.owner_alive))
+                .collect();
+            holders.sort_by(|x, y| x.key_preview.cmp(&y.key_preview));
+            if a.json {
+                write_json(out, file, table, &holders)
+            } else {
+                write_table(out, file, table, &holders)
+            }
+        }
+        Inspected::Dict(dict, file) => return inspect_dict(out, file, dict, a),
+        Inspected::Redis(redis, url) => {
+            let mut held = redis.holders()?;
+            held.sort_by(|x, y| x.key.cmp(&y.key));
+            write_redis(out, url, &held, a.json)
+        }
     };
-    let mut holders: Vec<Holder> = table
-        .holders()
-        .into_iter()
-        .filter(|h| a.all || (!h.expired && h.owner_alive))
-        .collect();
-    holders.sort_by(|x, y| x.key_preview.cmp(&y.key_preview));
-    let out = std::io::stdout();
-    let mut out = out.lock();
-    let result = if a.json {
-        write_json(&mut out, file, &table, &holders)
-    } else {
-        write_table(&mut out, file, &table, &holders)
-    };
-    result.map_err(|e| Fail(format!("stdout: {e}"), EX_IOERR))?;
-    Ok(0)
+    written.map_err(|e| Fail(format!("stdout: {e}"), EX_IOERR))
 }
 
 fn state_name(s: HolderState) -> &'static str {
@@ -1161,8 +1265,12 @@ fn write_json(
 }
 
 /// A shared dict's counters, and its live keys with their time to live.
-fn inspect_dict(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
-    let dict = SharedDict::options().read_only(true).open(file)?;
+fn inspect_dict(
+    out: &mut Vec<u8>,
+    file: &Path,
+    dict: &SharedDict,
+    a: &InspectArgs,
+) -> Result<(), Fail> {
     let mut keys: Vec<(Vec<u8>, Option<Duration>)> = dict
         .keys(0)?
         .into_iter()
@@ -1171,8 +1279,6 @@ fn inspect_dict(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
         .collect();
     keys.sort();
     let writer = dict.writer_pid();
-    let out = std::io::stdout();
-    let mut out = out.lock();
     let result = if a.json {
         let report = DictReport {
             file: file.to_string_lossy(),
@@ -1194,7 +1300,7 @@ fn inspect_dict(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
                 })
                 .collect(),
         };
-        print_json(&mut out, &report)
+        print_json(out, &report)
     } else {
         (|| {
             writeln!(
@@ -1221,8 +1327,7 @@ fn inspect_dict(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
             Ok(())
         })()
     };
-    result.map_err(|e| Fail(format!("stdout: {e}"), EX_IOERR))?;
-    Ok(0)
+    result.map_err(|e| Fail(format!("stdout: {e}"), EX_IOERR))
 }
 
 fn refuse_without_force(a: &UnlockArgs) -> Result<(), Fail> {
