@@ -141,7 +141,7 @@ fn inspect_shows_the_holder_alive_then_dead_and_unlock_force_frees_it() {
     assert_eq!(json["holders"][0]["alive"], false);
 
     let refused = output(shmlock(&file).args(["unlock", "job:1"]));
-    assert_eq!(refused.status.code(), Some(2));
+    assert_eq!(refused.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--force"));
     let broke = output(shmlock(&file).args(["unlock", "--force", "job:1"]));
     assert!(broke.status.success());
@@ -213,47 +213,115 @@ fn create_makes_a_table_with_the_capacity_and_mode_asked_for() {
     );
     assert_eq!(LockTable::open(&file, 1).unwrap().capacity(), 64);
     let again = output(shmlock(&file).args(["create", "--capacity", "64"]));
-    assert_eq!(again.status.code(), Some(2));
+    assert_eq!(again.status.code(), Some(73));
     assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
 }
 
 #[test]
-fn errors_are_one_line_on_stderr_with_a_nonzero_exit() {
+fn errors_are_one_line_on_stderr_with_a_sysexits_code() {
     let file = TempPath::new("cli-errors");
-    let one_line = |o: Output, needle: &str| {
+    let one_line = |o: Output, code: i32, needle: &str| {
         let err = String::from_utf8_lossy(&o.stderr).into_owned();
-        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert_eq!(o.status.code(), Some(code), "{err}");
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(
             err.starts_with("shmlock: ") && err.contains(needle),
             "{err}"
         );
     };
-    one_line(output(shmlock(&file).arg("inspect")), "No such file");
+    // EX_NOINPUT, as flock(1) exits when it cannot open its file
+    one_line(output(shmlock(&file).arg("inspect")), 66, "No such file");
     std::fs::write(&file, "not a table\n".repeat(500)).unwrap();
-    one_line(output(shmlock(&file).arg("inspect")), "not a shmlock table");
+    // EX_DATAERR
     one_line(
-        output(shmlock(&file).args(["run", "k", "--", "true"])),
+        output(shmlock(&file).arg("inspect")),
+        65,
         "not a shmlock table",
     );
+    one_line(
+        output(shmlock(&file).args(["run", "k", "--", "true"])),
+        65,
+        "not a shmlock table",
+    );
+    // EX_USAGE for values the parser let through
     let other = TempPath::new("cli-errors-2");
     one_line(
         output(shmlock(&other).args(["create", "--capacity", "0"])),
+        64,
         "capacity 0",
     );
     one_line(
         output(shmlock(&other).args(["run", "--exptime=-1", "k", "--", "true"])),
+        64,
         "--exptime",
     );
     one_line(
         output(shmlock(&other).args(["run", "--exptime", "0", "k", "--", "true"])),
+        64,
         "--exptime",
     );
     // an empty key is a bad key
     one_line(
         output(shmlock(&other).args(["run", "", "--", "true"])),
+        64,
         "empty key",
     );
+    // EX_CANTCREAT: create on an existing file
+    one_line(
+        output(shmlock(&file).args(["create", "--capacity", "4"])),
+        73,
+        "already exists",
+    );
+}
+
+#[test]
+fn usage_errors_exit_64_as_flock_does() {
+    let file = TempPath::new("cli-usage");
+    for args in [
+        &["--bogus"][..],
+        &["run", "k"],                             // no command
+        &["run", "k", "-c", "true", "--", "true"], // both forms
+        &["run", "-E", "256", "k", "--", "true"],  // not 0..=255
+        &["run", "-w", "soon", "k", "--", "true"],
+        &["unlock", "k"], // --force is required
+    ] {
+        let out = output(shmlock(&file).args(args));
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        assert!(!out.stderr.is_empty(), "{args:?}");
+    }
+    // --help and --version are no errors
+    let help = output(shmlock(&file).args(["run", "--help"]));
+    assert_eq!(help.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&help.stdout).contains("Exit status"));
+    assert_eq!(code(shmlock(&file).arg("--version")), 0);
+    // nothing ran, nothing was created
+    assert!(!file.0.exists());
+}
+
+#[test]
+fn a_command_that_cannot_run_exits_126_or_127_and_frees_the_key() {
+    let file = TempPath::new("cli-exec");
+    let not_executable = TempPath::new("cli-exec-file");
+    std::fs::write(&not_executable, "#!/bin/sh\necho hi\n").unwrap();
+    std::fs::set_permissions(&not_executable, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = output(
+        shmlock(&file)
+            .args(["run", "k", "--"])
+            .arg(&not_executable.0),
+    );
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ermission denied"));
+    let out =
+        output(shmlock(&file).args(["run", "k", "--", "/nonexistent/shmlock-no-such-command"]));
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    let out = output(shmlock(&file).args(["run", "k", "--", "shmlock-no-such-command-in-path"]));
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    // -c: the shell's own codes
+    assert_eq!(
+        code(shmlock(&file).args(["run", "k", "-c", "shmlock-no-such-command-in-path"])),
+        127
+    );
+    assert!(!LockTable::open(&file, 1).unwrap().is_locked("k").unwrap());
 }
 
 /// Issue #12: `inspect` only reads, so read access to the file is enough. The table is
@@ -357,17 +425,17 @@ fn the_redis_backend_runs_inspects_and_unlocks() {
         .unwrap()
         .unwrap();
     std::mem::forget(stuck);
-    assert_eq!(code(cli().args(["unlock", "stuck"])), 2);
+    assert_eq!(code(cli().args(["unlock", "stuck"])), 64);
     assert_eq!(code(cli().args(["unlock", "--force", "stuck"])), 0);
     assert_eq!(code(cli().args(["run", "-n", "stuck", "--", "true"])), 0);
-    assert_eq!(code(cli().args(["create", "--capacity", "4"])), 2);
-    // an unreachable server is one line and exit 2
+    assert_eq!(code(cli().args(["create", "--capacity", "4"])), 64);
+    // an unreachable server is one line and EX_UNAVAILABLE
     let down = output(Command::new(env!("CARGO_BIN_EXE_shmlock")).args([
         "--redis",
         "redis://127.0.0.1:1/",
         "inspect",
     ]));
-    assert_eq!(down.status.code(), Some(2));
+    assert_eq!(down.status.code(), Some(69));
     assert_eq!(String::from_utf8_lossy(&down.stderr).lines().count(), 1);
 }
 
@@ -412,4 +480,314 @@ fn inspect_shows_a_shared_dicts_counters_and_live_keys() {
         serde_json::json!({"key": "item:1", "key_hex": "6974656d3a31", "ttl_ms": null})
     );
     assert!(json["keys"][1]["ttl_ms"].is_u64(), "{json}");
+}
+
+/// Starts `shmlock run KEY -- cat` (which holds KEY until its stdin is closed) and waits
+/// until it holds KEY.
+fn held_until_stdin_closes(file: &TempPath, key: &str) -> Child {
+    let child = shmlock(file)
+        .args(["run", key, "--", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("the holder holds the key", || {
+        LockTable::options()
+            .create(false)
+            .open(file)
+            .is_ok_and(|t| t.is_locked(key).unwrap())
+    });
+    child
+}
+
+/// Whether someone waits (asleep) for `key`, as the table says.
+fn someone_waits(file: &TempPath, key: &str) -> bool {
+    LockTable::options()
+        .read_only(true)
+        .open(file)
+        .unwrap()
+        .holders()
+        .iter()
+        .any(|h| h.key_preview == key.as_bytes() && h.waiters)
+}
+
+fn release(mut holder: Child) {
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
+}
+
+#[test]
+fn run_c_runs_the_string_through_sh() {
+    let file = TempPath::new("cli-c");
+    let out = output(shmlock(&file).args(["run", "k", "-c", "echo $0 | tr a-z A-Z; exit 4"]));
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "/BIN/SH\n");
+    // the long form, before the key
+    let out = output(shmlock(&file).args(["run", "--command", "echo \"$((6 * 7))\"", "k"]));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n", "{out:?}");
+}
+
+#[test]
+fn verbose_says_who_held_the_key_how_long_it_waited_and_that_it_got_it() {
+    let file = TempPath::new("cli-verbose");
+    let holder = held_until_stdin_closes(&file, "k");
+    // gives up: says who holds it, and after how long it gave up
+    let out = output(shmlock(&file).args(["run", "--verbose", "-w", "0.2", "k", "--", "true"]));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("\"k\" is held by pid {} for ", holder.id())),
+        "{err}"
+    );
+    let gave_up: f64 = err
+        .split("gave up on \"k\" after waiting ")
+        .nth(1)
+        .and_then(|rest| rest.trim_end().strip_suffix('s')?.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(gave_up >= 0.2, "{err}");
+    release(holder);
+
+    // (another key: the waiters flag of "k" may still be set by the run that gave up)
+    let holder = held_until_stdin_closes(&file, "k2");
+    let waiter = shmlock(&file)
+        .args(["run", "--verbose", "k2", "--", "true"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("the second run waits", || someone_waits(&file, "k2"));
+    let holder_pid = holder.id();
+    release(holder);
+    let out = waiter.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 3, "{err}");
+    assert!(
+        lines[0].starts_with(&format!("shmlock: \"k2\" is held by pid {holder_pid} for ")),
+        "{err}"
+    );
+    assert!(
+        lines[1].starts_with("shmlock: got \"k2\" after waiting "),
+        "{err}"
+    );
+    assert_eq!(lines[2], "shmlock: running true");
+    // no wait: it got the key at once
+    let out = output(shmlock(&file).args(["run", "--verbose", "k", "--", "true"]));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        err.starts_with("shmlock: got \"k\" after waiting 0.0"),
+        "{err}"
+    );
+    assert!(!err.contains("held by"), "{err}");
+}
+
+#[test]
+fn sigterm_reaches_the_command_whose_cleanup_runs_under_the_lock() {
+    let file = TempPath::new("cli-sigterm");
+    let ready = TempPath::new("cli-sigterm-ready");
+    let trapped = TempPath::new("cli-sigterm-trapped");
+    // The trap records whether the key is still held while it cleans up (a `run -n` of
+    // the same key: 1 if held), then exits 3.
+    let script = r#"sleep 30 & sleeper=$!
+trap 'kill $sleeper; "$SHMLOCK" --file "$F" run -n k -- true; echo $? > "$T"; exit 3' TERM
+echo ready > "$R"
+wait $sleeper"#;
+    let run = shmlock(&file)
+        .args(["run", "k", "-c", script])
+        .env("SHMLOCK", env!("CARGO_BIN_EXE_shmlock"))
+        .env("F", &file.0)
+        .env("T", &trapped.0)
+        .env("R", &ready.0)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("the command is ready", || {
+        std::fs::read_to_string(&ready).is_ok_and(|s| s == "ready\n")
+    });
+    let pid = nix::unistd::Pid::from_raw(run.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let out = run.wait_with_output().unwrap();
+    // run passed SIGTERM on, waited for the trap, and exited with the command's status
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(&trapped).unwrap(),
+        "1\n",
+        "the key was not held while the command cleaned up"
+    );
+    // released once the command exited
+    assert_eq!(
+        code(shmlock(&file).args(["run", "-n", "k", "--", "true"])),
+        0
+    );
+}
+
+#[test]
+fn a_signal_while_waiting_ends_run_without_running_the_command() {
+    let file = TempPath::new("cli-sigint-wait");
+    let ran = TempPath::new("cli-sigint-ran");
+    let holder = held_until_stdin_closes(&file, "k");
+    let waiter = shmlock(&file)
+        .args(["run", "k", "--", "touch"])
+        .arg(&ran.0)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("the second run waits", || someone_waits(&file, "k"));
+    let pid = nix::unistd::Pid::from_raw(waiter.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let out = waiter.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(128 + 2), "{out:?}");
+    assert!(!ran.0.exists());
+    // the holder was not disturbed
+    assert!(LockTable::open(&file, 1).unwrap().is_locked("k").unwrap());
+    release(holder);
+    assert!(!ran.0.exists());
+}
+
+#[test]
+fn a_status_line_shows_on_a_terminal_while_run_waits() {
+    use std::io::Read;
+    let file = TempPath::new("cli-status-line");
+    let holder = held_until_stdin_closes(&file, "job:7");
+    let holder_pid = holder.id();
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let waiter = shmlock(&file)
+        .args(["run", "job:7", "--", "true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(pty.slave)) // the Command, and this copy, are dropped here
+        .spawn()
+        .unwrap();
+    let mut master = std::fs::File::from(pty.master);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0; 4096];
+        // EIO once every copy of the slave is closed (the waiter exited)
+        while let Ok(n @ 1..) = master.read(&mut buf) {
+            if tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let expected = format!("waiting for \"job:7\", held by pid {holder_pid} for ");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&seen).contains(&expected) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(chunk) => seen.extend(chunk),
+            Err(_) => panic!("no status line: {:?}", String::from_utf8_lossy(&seen)),
+        }
+    }
+    release(holder);
+    let out = waiter.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    reader.join().unwrap();
+    seen.extend(rx.try_iter().flatten());
+    let text = String::from_utf8_lossy(&seen).into_owned();
+    // each line drawn over the last, and erased once the lock was got
+    assert!(
+        text.starts_with("\r\x1b[2Kshmlock: waiting for"),
+        "{text:?}"
+    );
+    assert!(text.contains("; waited "), "{text:?}");
+    assert!(text.ends_with("\r\x1b[2K"), "{text:?}");
+    assert!(!text.contains('\n'), "{text:?}");
+}
+
+#[test]
+fn no_status_line_when_stderr_is_not_a_terminal() {
+    let file = TempPath::new("cli-no-status-line");
+    let holder = held_until_stdin_closes(&file, "k");
+    let waiter = shmlock(&file)
+        .args(["run", "k", "--", "true"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("the second run waits", || someone_waits(&file, "k"));
+    // long enough for a status line to be drawn, if one were (it is, every 250 ms)
+    std::thread::sleep(Duration::from_millis(700));
+    release(holder);
+    let out = waiter.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
+
+/// Reads lines of `child`'s stdout until `enough` says so (the hang guard: the test's
+/// timeout kills it); then kills it.
+fn read_until(mut child: Child, mut enough: impl FnMut(&[String]) -> bool) -> Vec<String> {
+    use std::io::BufRead;
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    while !enough(&lines) {
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(line) => lines.push(line),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("stopped at {lines:?}");
+            }
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    lines
+}
+
+#[test]
+fn inspect_watch_prints_the_table_again_until_killed() {
+    let file = TempPath::new("cli-watch");
+    let holder = held_until_stdin_closes(&file, "job:w");
+    let pid = holder.id().to_string();
+    let watch = shmlock(&file)
+        .args(["inspect", "--watch", "--interval", "0.1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // not a terminal: a "--- TIME ---" line before each snapshot
+    let lines = read_until(watch, |l| {
+        l.iter().filter(|l| l.starts_with("--- ")).count() == 3
+    });
+    let snapshots: Vec<&[String]> = lines
+        .split(|l| l.starts_with("--- ") && l.ends_with(" UTC ---"))
+        .skip(1)
+        .take(2)
+        .collect();
+    assert_eq!(snapshots.len(), 2, "{lines:?}");
+    for s in snapshots {
+        assert!(s[0].ends_with("occupancy 1"), "{lines:?}");
+        assert!(
+            s[2].starts_with("job:w") && s[2].contains(&pid),
+            "{lines:?}"
+        );
+    }
+    // --json: one object per line per snapshot
+    let watch = shmlock(&file)
+        .args(["inspect", "--json", "-w", "--interval", "0.1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = read_until(watch, |l| l.len() == 2);
+    for line in lines {
+        let json: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(json["holders"][0]["key"], "job:w");
+        assert_eq!(json["holders"][0]["pid"], holder.id());
+    }
+    release(holder);
+    assert_eq!(
+        code(shmlock(&file).args(["inspect", "--interval", "0"])),
+        64
+    );
 }

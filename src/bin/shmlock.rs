@@ -2,14 +2,18 @@
 //!
 //! Built on the public API only.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
-use clap::{Args, Parser, Subcommand};
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::wait::{waitid, Id, WaitPidFlag};
+use nix::unistd::{getpgid, getpgrp, Pid};
+
+use clap::{ArgGroup, Args, Parser, Subcommand};
 use shmlock::{
     Backend, Error, FormatError, Holder, HolderState, Lock, LockOptions, LockTable, RedisHolder,
     RedisLocks, SharedDict,
@@ -74,18 +78,40 @@ enum Cmd {
 
 /// Take KEY, run COMMAND, release when it exits; exit with its status
 #[derive(Args)]
-#[command(after_help = concat!(
+#[command(
+    group(ArgGroup::new("what").required(true).args(["shell_command", "args"])),
+    after_help = concat!(
     "Examples:\n",
     "  shmlock run backup -- rsync -a /data /backup    # wait as long as it takes\n",
     "  shmlock run -n backup -- ./backup.sh            # exit 1 at once if it is running\n",
     "  shmlock run -w 10 -E 75 deploy -- make deploy   # wait 10 s at most, then exit 75\n",
+    "  shmlock run report -c 'make report | mail ops'  # a command line, through /bin/sh -c\n",
+    "\n",
+    "While shmlock waits with stderr on a terminal, a status line there shows who holds KEY\n",
+    "(pid, how long) and how long it has waited; --verbose says the same in plain lines.\n",
     "\n",
     "While COMMAND runs the lease is renewed every EXPTIME/3, so a live job keeps the lock\n",
-    "however long it runs and a dead one loses it within EXPTIME. If shmlock itself dies,\n",
-    "COMMAND is killed with it (PR_SET_PDEATHSIG), and the key is free for the next run.\n",
-    "If the lease cannot be renewed (the lock was broken, a Redis server restarted empty,\n",
-    "or no renewal got through for most of a lease), or COMMAND outlives --max-time,\n",
-    "COMMAND is sent SIGTERM (SIGKILL 5 s later) and run exits 2.",
+    "however long it runs and a dead one loses it within EXPTIME. SIGINT, SIGTERM, SIGHUP and\n",
+    "SIGQUIT sent to shmlock are passed on to COMMAND, and the lock is released only once\n",
+    "COMMAND has exited (its traps and cleanup run under the lock); one that arrives while\n",
+    "shmlock still waits ends it with 128+signal, COMMAND not run. If shmlock itself is\n",
+    "killed (SIGKILL), COMMAND is killed with it (PR_SET_PDEATHSIG), and the key is free for\n",
+    "the next run. If the lease cannot be renewed (the lock was broken, a Redis server\n",
+    "restarted empty, or no renewal got through for most of a lease), or COMMAND outlives\n",
+    "--max-time, COMMAND is sent SIGTERM (SIGKILL 5 s later) and run exits 2.\n",
+    "\n",
+    "Exit status (flock(1)'s, <sysexits.h> for errors):\n",
+    "  COMMAND's own status, or 128+N if it was killed by signal N\n",
+    "  1 (or -E N)  the lock could not be taken (-n, or -w ran out)\n",
+    "  2            COMMAND stopped by shmlock (lease lost, --max-time)\n",
+    "  64           usage error (EX_USAGE)\n",
+    "  65           the file is not a lock table (EX_DATAERR)\n",
+    "  66           the file cannot be opened (EX_NOINPUT)\n",
+    "  69           Redis unreachable or refusing (EX_UNAVAILABLE)\n",
+    "  71, 73, 75   out of memory or descriptors (EX_OSERR), read-only or full file system\n",
+    "               (EX_CANTCREAT), table or owner registry full (EX_TEMPFAIL)\n",
+    "  126, 127     COMMAND found but not executable, or not found\n",
+    "  128+N        shmlock got signal N while waiting for the lock",
 ))]
 struct RunArgs {
     /// The lock name
@@ -106,9 +132,15 @@ struct RunArgs {
     /// [default: no limit]
     #[arg(long, value_name = "SECS")]
     max_time: Option<f64>,
+    /// Say on stderr who held the lock, how long it waited, and when it got it
+    #[arg(long)]
+    verbose: bool,
+    /// Run this command line through /bin/sh -c instead of COMMAND
+    #[arg(short = 'c', long = "command", value_name = "STRING")]
+    shell_command: Option<String>,
     /// The command and its arguments
-    #[arg(required = true, last = true, value_name = "COMMAND")]
-    command: Vec<String>,
+    #[arg(last = true, value_name = "COMMAND")]
+    args: Vec<String>,
 }
 
 /// List the locks held in the table (or, for a SharedDict file, its counters and keys)
@@ -124,7 +156,11 @@ struct RunArgs {
     "   \"ttl_ms\", \"expired\", \"token\", \"waiters\"}]}\n",
     "\"key\" is the preview (first 32 bytes) as UTF-8 with invalid bytes replaced, \"key_hex\"\n",
     "the same bytes in hex; \"ttl_ms\" (never expires) and \"token\" may be null; \"state\" is\n",
-    "\"held\", \"claiming\" or \"extending\".",
+    "\"held\", \"claiming\" or \"extending\".\n",
+    "\n",
+    "--watch prints the table again every second (--interval SECS) until interrupted: on a\n",
+    "terminal the screen is cleared before each print, elsewhere a line \"--- TIME ---\"\n",
+    "(UTC) comes before each. With --json, one object per line per print (NDJSON).",
 ))]
 struct InspectArgs {
     /// Print JSON for scripts
@@ -133,6 +169,12 @@ struct InspectArgs {
     /// Include expired entries and entries of dead owners
     #[arg(long)]
     all: bool,
+    /// Print again every --interval until interrupted
+    #[arg(short = 'w', long)]
+    watch: bool,
+    /// Seconds between two prints; implies --watch [default: 1]
+    #[arg(long, value_name = "SECS")]
+    interval: Option<f64>,
 }
 
 /// Break a lock, whoever holds it (prints who did)
@@ -170,14 +212,79 @@ fn parse_mode(s: &str) -> Result<u32, String> {
 /// A failure, as one line on stderr and an exit code.
 struct Fail(String, u8);
 
+// Exit codes of <sysexits.h>, which flock(1) uses for everything but a lock it could not
+// take and the command's own status.
+/// The command line is wrong (clap's errors included; clap's own code would be 2).
+const EX_USAGE: u8 = 64;
+/// The file is not a usable lock table.
+const EX_DATAERR: u8 = 65;
+/// The file cannot be opened (as flock(1) exits when it cannot open its lock file).
+const EX_NOINPUT: u8 = 66;
+/// The Redis server cannot be reached or refuses.
+const EX_UNAVAILABLE: u8 = 69;
+/// Stdout cannot be written.
+const EX_IOERR: u8 = 74;
+/// Something that should not happen (lost track of the command).
+const EX_SOFTWARE: u8 = 70;
+/// The system is out of something (memory, file descriptors, processes).
+const EX_OSERR: u8 = 71;
+/// The file cannot be created (read-only file system, no space; `create` on an existing
+/// file).
+const EX_CANTCREAT: u8 = 73;
+/// Full for now: no free slot in the table, no free entry in its owner registry.
+const EX_TEMPFAIL: u8 = 75;
+/// The command was found but could not be executed (as shells exit).
+const EX_CANNOT_EXECUTE: u8 = 126;
+/// The command was not found (as shells exit).
+const EX_NOT_FOUND: u8 = 127;
+/// `run` stopped its command: the lease was lost or --max-time passed.
+const EX_TERMINATED: u8 = 2;
+
+/// The exit code for an operating-system error, as flock(1) chooses it for its lock file.
+fn os_error_code(e: &std::io::Error) -> u8 {
+    match e.raw_os_error() {
+        Some(libc::ENOMEM | libc::EMFILE | libc::ENFILE | libc::EAGAIN) => EX_OSERR,
+        Some(libc::EROFS | libc::ENOSPC) => EX_CANTCREAT,
+        _ => EX_NOINPUT,
+    }
+}
+
 impl From<Error> for Fail {
     fn from(e: Error) -> Fail {
-        Fail(e.to_string(), 2)
+        let code = match &e {
+            Error::Io { source, .. } => os_error_code(source),
+            Error::Format { .. } => EX_DATAERR,
+            Error::EmptyKey
+            | Error::KeyTooLong(_)
+            | Error::InvalidOptions(_)
+            | Error::InvalidCapacity(_)
+            | Error::InvalidLayout(_) => EX_USAGE,
+            Error::Redis(_) | Error::NotReplicated { .. } => EX_UNAVAILABLE,
+            Error::TableFull { .. } | Error::TooManyProcesses { .. } | Error::NoMemory => {
+                EX_TEMPFAIL
+            }
+            _ => EX_SOFTWARE,
+        };
+        Fail(e.to_string(), code)
     }
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version go to stdout with 0; errors to stderr with EX_USAGE.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { EX_USAGE } else { 0 });
+        }
+    };
+    if let Cmd::Run(a) = &cli.command {
+        // Before anything could start a thread.
+        if let Err(Fail(msg, code)) = Signals::start(a.verbose) {
+            eprintln!("shmlock: {msg}");
+            return ExitCode::from(code);
+        }
+    }
     let file = cli
         .file
         .or_else(|| std::env::var_os("SHMLOCK_FILE").map(PathBuf::from))
@@ -186,7 +293,7 @@ fn main() -> ExitCode {
         (None, Cmd::Run(a)) => LockTable::open(&file, DEFAULT_CAPACITY)
             .map_err(Fail::from)
             .and_then(|t| run(&t, a)),
-        (None, Cmd::Inspect(a)) => inspect(&file, a),
+        (None, Cmd::Inspect(a)) => open_inspected(&file).and_then(|t| inspect(&t, &a)),
         (None, Cmd::Unlock(a)) => unlock(&file, a),
         (None, Cmd::Create(a)) => create(&file, a),
         (Some(url), command) => {
@@ -209,7 +316,7 @@ fn main() -> ExitCode {
 
 fn secs(v: f64, what: &str) -> Result<Duration, Fail> {
     Duration::try_from_secs_f64(v)
-        .map_err(|_| Fail(format!("{what} must be a number of seconds >= 0"), 2))
+        .map_err(|_| Fail(format!("{what} must be a number of seconds >= 0"), EX_USAGE))
 }
 
 /// What the --redis URLs name.
@@ -268,13 +375,8 @@ fn redis(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -> Resul
     match command {
         Cmd::Run(a) => run(&redis, a),
         Cmd::Inspect(a) => {
-            let mut held = redis.holders()?;
-            held.sort_by(|x, y| x.key.cmp(&y.key));
             let shown: Vec<String> = url.split(',').map(redact_url).collect();
-            let out = std::io::stdout();
-            write_redis(&mut out.lock(), &shown.join(","), &held, a.json)
-                .map_err(|e| Fail(format!("stdout: {e}"), 2))?;
-            Ok(0)
+            inspect(&Inspected::Redis(redis, shown.join(",")), &a)
         }
         Cmd::Unlock(a) => {
             refuse_without_force(&a)?;
@@ -287,7 +389,7 @@ fn redis(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -> Resul
         }
         Cmd::Create(_) => Err(Fail(
             "create makes table files; a Redis server needs no creating".into(),
-            2,
+            EX_USAGE,
         )),
     }
 }
@@ -370,12 +472,278 @@ fn write_redis(
     Ok(())
 }
 
-fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
+/// The signals `run` passes on to its command.
+const FORWARDED: [Signal; 4] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+];
+
+/// How long one wait for the lock lasts before `run` looks at signals and its status line.
+const SLICE: Duration = Duration::from_millis(250);
+/// How often the holder is looked up again while `run` waits (Redis: a SCAN).
+const LOOKUP_EVERY: Duration = Duration::from_secs(1);
+
+/// Where `run` is, as its signal thread needs to know.
+enum Phase {
+    /// Waiting for the lock; the first forwarded signal that arrived meanwhile.
+    Waiting(Option<Signal>),
+    /// The command runs as this child, not yet reaped (so the pid is still its).
+    Running(Pid),
+    /// The command has exited and may be reaped at any moment: its pid is no longer ours.
+    Exited,
+}
+
+/// `run`'s signal handling: FORWARDED are blocked in every thread and taken, one by one,
+/// by a thread of their own, which passes them on to the command.
+struct Signals {
+    set: SigSet,
+    phase: Mutex<Phase>,
+    verbose: bool,
+}
+
+/// Set once, by `main`, before any other thread starts.
+static SIGNALS: OnceLock<Signals> = OnceLock::new();
+
+impl Signals {
+    /// Blocks FORWARDED in this thread, and so in every thread started after (the mask is
+    /// inherited), then starts the thread that takes them. Must run before any other
+    /// thread exists: a thread with them unblocked would die of them instead.
+    fn start(verbose: bool) -> Result<&'static Signals, Fail> {
+        let mut set = SigSet::empty();
+        for sig in FORWARDED {
+            set.add(sig);
+        }
+        set.thread_block()
+            .map_err(|e| Fail(format!("blocking signals: {e}"), EX_OSERR))?;
+        let signals = SIGNALS.get_or_init(|| Signals {
+            set,
+            phase: Mutex::new(Phase::Waiting(None)),
+            verbose,
+        });
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(|| signals.forward())
+            .map_err(|e| Fail(format!("starting a thread: {e}"), EX_OSERR))?;
+        Ok(signals)
+    }
+
+    fn phase(&self) -> MutexGuard<'_, Phase> {
+        self.phase.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The signal thread: forever takes the next signal and passes it on.
+    fn forward(&self) {
+        loop {
+            let Some((sig, by_kernel)) = next_signal(&self.set) else {
+                continue;
+            };
+            let mut phase = self.phase();
+            match &mut *phase {
+                Phase::Waiting(got) => {
+                    got.get_or_insert(sig);
+                }
+                Phase::Running(pid) => {
+                    // A terminal sends the signals of its INTR and QUIT characters to its
+                    // whole foreground process group: a command still in ours has it
+                    // already, and a second one could cut its cleanup short.
+                    let has_it = by_kernel
+                        && matches!(sig, Signal::SIGINT | Signal::SIGQUIT)
+                        && getpgid(Some(*pid)).is_ok_and(|g| g == getpgrp());
+                    if !has_it {
+                        if self.verbose {
+                            eprintln!("shmlock: passing {sig} on to pid {pid}");
+                        }
+                        let _ = kill(*pid, sig);
+                    }
+                }
+                Phase::Exited => {}
+            }
+        }
+    }
+
+    /// Sends `sig` to the command if it has not exited.
+    fn signal_command(&self, sig: Signal) {
+        if let Phase::Running(pid) = *self.phase() {
+            let _ = kill(pid, sig);
+        }
+    }
+}
+
+/// The next of `set`'s signals, and whether the kernel sent it (a terminal's INTR or QUIT
+/// character, a hangup) rather than a process. `None`: interrupted, ask again.
+fn next_signal(set: &SigSet) -> Option<(Signal, bool)> {
+    let mut info = std::mem::MaybeUninit::<libc::siginfo_t>::zeroed();
+    // SAFETY: `set` is an initialised signal set and `info` points to writable memory of
+    // the size of a siginfo_t, which lives across the call.
+    let n = unsafe { libc::sigwaitinfo(set.as_ref(), info.as_mut_ptr()) };
+    if n < 0 {
+        return None;
+    }
+    // SAFETY: zeroed is a valid siginfo_t (plain integers), and sigwaitinfo filled it in.
+    let info = unsafe { info.assume_init() };
+    let sig = Signal::try_from(n).ok()?;
+    Some((sig, info.si_code == libc::SI_KERNEL))
+}
+
+/// Who holds a key, as far as the backend tells, for people waiting on it.
+struct HolderInfo {
+    /// "pid 1234", "host:1234" or "an unknown process".
+    who: String,
+    /// How long it had held the key when it was looked up.
+    held: Option<Duration>,
+    /// When it was looked up.
+    seen: Instant,
+}
+
+impl HolderInfo {
+    fn describe(&self) -> String {
+        match self.held {
+            Some(held) => format!("{} for {}", self.who, human(held + self.seen.elapsed())),
+            None => self.who.clone(),
+        }
+    }
+}
+
+/// The backends `run` can tell the holder of a key of.
+trait WhoHolds {
+    fn who_holds(&self, key: &str) -> Option<HolderInfo>;
+}
+
+impl WhoHolds for LockTable {
+    fn who_holds(&self, key: &str) -> Option<HolderInfo> {
+        let key = key.as_bytes();
+        // The preview is the first 32 bytes: a longer key is matched by them and its length.
+        let h = self
+            .holders()
+            .into_iter()
+            .find(|h| h.key_len == key.len() && key.starts_with(&h.key_preview))?;
+        Some(HolderInfo {
+            who: if h.pid == 0 {
+                "an unknown process".into()
+            } else {
+                format!("pid {}", h.pid)
+            },
+            held: Some(h.age),
+            seen: Instant::now(),
+        })
+    }
+}
+
+impl WhoHolds for RedisLocks {
+    fn who_holds(&self, key: &str) -> Option<HolderInfo> {
+        let h = self
+            .holders()
+            .ok()?
+            .into_iter()
+            .find(|h| h.key == key.as_bytes())?;
+        Some(HolderInfo {
+            who: match (&h.host, h.pid) {
+                (Some(host), Some(pid)) => format!("pid {pid} on {}", printable(host.as_bytes())),
+                (None, Some(pid)) => format!("pid {pid}"),
+                _ => "an unknown process".into(),
+            },
+            held: h
+                .since
+                .map(|t| SystemTime::now().duration_since(t).unwrap_or_default()),
+            seen: Instant::now(),
+        })
+    }
+}
+
+/// A duration for people: 4.2s, 3m07s, 2h05m.
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{:.1}s", d.as_secs_f64()),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+/// The live line on stderr while `run` waits, if stderr is a terminal: rewritten in place
+/// (carriage return, ANSI erase-line), erased when done.
+struct StatusLine {
+    on: bool,
+    shown: bool,
+}
+
+impl StatusLine {
+    fn new() -> StatusLine {
+        StatusLine {
+            on: std::io::stderr().is_terminal(),
+            shown: false,
+        }
+    }
+
+    fn show(&mut self, text: &str) {
+        if !self.on {
+            return;
+        }
+        // One line that never wraps, or the carriage return would not get back to its start.
+        let text: String = text
+            .chars()
+            .take(terminal_width().saturating_sub(1))
+            .collect();
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, "\r\x1b[2K{text}");
+        let _ = err.flush();
+        self.shown = true;
+    }
+
+    fn clear(&mut self) {
+        if self.shown {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "\r\x1b[2K");
+            let _ = err.flush();
+            self.shown = false;
+        }
+    }
+}
+
+impl Drop for StatusLine {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+/// Columns of the terminal on stderr (80 if it does not say).
+fn terminal_width() -> usize {
+    let mut ws = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one winsize into the struct pointed to, which lives across
+    // the call; on failure it writes nothing.
+    let r = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut ws) };
+    if r == 0 && ws.ws_col > 0 {
+        usize::from(ws.ws_col)
+    } else {
+        80
+    }
+}
+
+/// The exit code for a command that could not be started, as shells choose it.
+fn spawn_error_code(e: &std::io::Error) -> u8 {
+    match e.raw_os_error() {
+        Some(libc::ENOENT | libc::ENOTDIR) => EX_NOT_FOUND,
+        Some(libc::EAGAIN | libc::ENOMEM) => EX_OSERR,
+        _ => EX_CANNOT_EXECUTE,
+    }
+}
+
+fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
+    let signals = SIGNALS
+        .get()
+        .ok_or_else(|| Fail("signal handling was not set up".into(), EX_SOFTWARE))?;
     let exptime = secs(a.exptime, "--exptime")?;
     if exptime.is_zero() {
         return Err(Fail(
             "--exptime must be > 0: the lock is renewed while the command runs".into(),
-            2,
+            EX_USAGE,
         ));
     }
     let wait_for = match (a.nonblock, a.timeout) {
@@ -390,31 +758,97 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     };
     let max_time = a.max_time.map(|m| secs(m, "--max-time")).transpose()?;
     let mut lock = Lock::new(backend, opts)?;
-    // One call waits at most exptime (resty's cap); wait longer by asking again.
+    let (program, args): (&str, &[String]) = match &a.shell_command {
+        Some(line) => ("/bin/sh", std::slice::from_ref(line)),
+        None => (&a.args[0], &a.args[1..]),
+    };
+    let shown_key = printable(a.key.as_bytes());
+
+    // Waits in slices, between which it looks at signals and redraws the status line.
     let started = Instant::now();
+    let mut status = StatusLine::new();
+    let mut holder: Option<HolderInfo> = None;
+    let mut first = true;
     loop {
-        let left = wait_for.map_or(exptime, |w| w.saturating_sub(started.elapsed()));
-        match lock.lock_with_timeout(&a.key, left.min(exptime)) {
+        let left = wait_for.map_or(SLICE, |w| w.saturating_sub(started.elapsed()));
+        let slice = if first {
+            Duration::ZERO
+        } else {
+            left.min(SLICE)
+        };
+        match lock.lock_with_timeout(&a.key, slice) {
             Ok(_) => break,
-            Err(Error::Timeout { .. }) if wait_for.is_none_or(|w| started.elapsed() < w) => {
-                continue
-            }
-            Err(Error::Timeout { .. }) => return Ok(a.conflict_exit_code),
+            Err(Error::Timeout { .. }) => {}
             Err(e) => return Err(e.into()),
         }
+        if let Phase::Waiting(Some(sig)) = *signals.phase() {
+            status.clear();
+            if a.verbose {
+                eprintln!(
+                    "shmlock: got {sig} while waiting for {shown_key:?}; not running the command"
+                );
+            }
+            return Ok(128u8.wrapping_add(sig as u8));
+        }
+        let waited = started.elapsed();
+        let stale = holder
+            .as_ref()
+            .is_none_or(|h| h.seen.elapsed() >= LOOKUP_EVERY);
+        if (status.on || a.verbose) && stale {
+            holder = backend.who_holds(&a.key).or(holder);
+        }
+        let describe = || {
+            holder
+                .as_ref()
+                .map_or("someone".to_string(), HolderInfo::describe)
+        };
+        if first && a.verbose {
+            eprintln!("shmlock: {shown_key:?} is held by {}", describe());
+        }
+        first = false;
+        if wait_for.is_some_and(|w| waited >= w) {
+            status.clear();
+            if a.verbose {
+                eprintln!(
+                    "shmlock: gave up on {shown_key:?} after waiting {:.3}s",
+                    waited.as_secs_f64()
+                );
+            }
+            return Ok(a.conflict_exit_code);
+        }
+        status.show(&format!(
+            "shmlock: waiting for {shown_key:?}, held by {}; waited {}",
+            describe(),
+            human(waited)
+        ));
+    }
+    status.clear();
+    if a.verbose {
+        eprintln!(
+            "shmlock: got {shown_key:?} after waiting {:.3}s",
+            started.elapsed().as_secs_f64()
+        );
+        eprintln!("shmlock: running {program}");
     }
 
     // The lease was set by the server a round trip at most before this (far less than the
     // margin below).
     let locked_at = Instant::now();
-    let mut cmd = Command::new(&a.command[0]);
-    cmd.args(&a.command[1..]);
+    let mut cmd = Command::new(program);
+    if a.shell_command.is_some() {
+        cmd.arg("-c");
+    }
+    cmd.args(args);
+    let blocked = signals.set;
     // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe system calls (prctl, getppid, _exit).
+    // async-signal-safe system calls (pthread_sigmask, prctl, getppid, _exit).
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
+            // The command gets the signals we block (std resets the mask too; this does not
+            // rely on it).
+            blocked.thread_unblock()?;
             // Die with us: the key must never be free while the command still runs.
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             if nix::unistd::getppid().as_raw() == 1 {
                 // we already died between fork and prctl
                 libc::_exit(137);
@@ -422,30 +856,42 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
             Ok(())
         });
     }
+    // Under the phase lock, so that a signal is either seen here or passed on to the child.
+    let mut phase = signals.phase();
+    if let Phase::Waiting(Some(sig)) = *phase {
+        drop(phase);
+        let _ = lock.unlock();
+        return Ok(128u8.wrapping_add(sig as u8));
+    }
     let mut child = cmd
         .spawn()
-        .map_err(|e| Fail(format!("{}: {e}", a.command[0]), 127))?;
-    let pid = child.id();
+        .map_err(|e| Fail(format!("{program}: {e}"), spawn_error_code(&e)))?;
+    let pid = Pid::from_raw(child.id() as libc::pid_t);
+    *phase = Phase::Running(pid);
+    drop(phase);
 
     // The child is waited for on a helper thread; this thread (the child's parent thread,
     // which PR_SET_PDEATHSIG watches) renews the lease meanwhile.
     let (done, exited) = mpsc::channel();
     std::thread::spawn(move || {
+        // Waits without reaping first, so that the pid stays the child's until the signal
+        // thread knows not to use it any more.
+        while let Err(nix::errno::Errno::EINTR) =
+            waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT)
+        {}
+        *signals.phase() = Phase::Exited;
         let _ = done.send(child.wait());
     });
     // Stops the command (SIGTERM, SIGKILL if it is still there 5 s later), releases what
     // is left of the lock, and fails with `why`.
     let terminate = |lock: &mut Lock<'_, B>, why: String| -> Fail {
-        // Our own child, not reaped yet (the helper thread has not reported its exit), so
-        // the pid is still its.
-        let child = nix::unistd::Pid::from_raw(pid as libc::pid_t);
-        let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGTERM);
+        signals.signal_command(Signal::SIGTERM);
         if exited.recv_timeout(Duration::from_secs(5)).is_err() {
-            let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+            signals.signal_command(Signal::SIGKILL);
             let _ = exited.recv();
         }
         let _ = lock.unlock();
-        Fail(format!("{why}; command terminated"), 2)
+        Fail(format!("{why}; command terminated"), EX_TERMINATED)
     };
     let every = exptime / 3;
     // A lease is counted from just before the command that set it was sent; the command
@@ -459,7 +905,7 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
             s.min(next_renewal).min(lease_end)
         });
         match exited.recv_timeout(wake.saturating_duration_since(Instant::now())) {
-            Ok(status) => break status.map_err(|e| Fail(format!("wait: {e}"), 2))?,
+            Ok(status) => break status.map_err(|e| Fail(format!("wait: {e}"), EX_OSERR))?,
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 let now = Instant::now();
                 if stop_at.is_some_and(|s| now >= s) {
@@ -500,7 +946,7 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(Fail("lost track of the command".into(), 2))
+                return Err(Fail("lost track of the command".into(), EX_SOFTWARE))
             }
         }
     };
@@ -515,30 +961,129 @@ fn run<B: Backend>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     })
 }
 
-fn inspect(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
-    // Read-only: anyone who can read the file can inspect it.
-    let table = match LockTable::options().read_only(true).open(file) {
+/// What `inspect` looks at.
+enum Inspected {
+    Table(LockTable, PathBuf),
+    Dict(SharedDict, PathBuf),
+    /// With the URLs as printed (passwords redacted).
+    Redis(RedisLocks, String),
+}
+
+/// Opens `file` read-only (anyone who can read it can inspect it), as a lock table or as a
+/// shared dict, whichever it is.
+fn open_inspected(file: &Path) -> Result<Inspected, Fail> {
+    match LockTable::options().read_only(true).open(file) {
+        Ok(table) => Ok(Inspected::Table(table, file.to_path_buf())),
         Err(Error::Format {
             source: FormatError::WrongKind { .. },
             ..
-        }) => return inspect_dict(file, a),
-        other => other?,
+        }) => Ok(Inspected::Dict(
+            SharedDict::options().read_only(true).open(file)?,
+            file.to_path_buf(),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Prints what `what` holds, once or (--watch) until interrupted.
+fn inspect(what: &Inspected, a: &InspectArgs) -> Result<u8, Fail> {
+    let stdout_err = |e: std::io::Error| Fail(format!("stdout: {e}"), EX_IOERR);
+    let mut buf = Vec::new();
+    snapshot(&mut buf, what, a)?;
+    if !a.watch && a.interval.is_none() {
+        std::io::stdout().write_all(&buf).map_err(stdout_err)?;
+        return Ok(0);
+    }
+    let interval = secs(a.interval.unwrap_or(1.0), "--interval")?;
+    if interval.is_zero() {
+        return Err(Fail("--interval must be > 0".into(), EX_USAGE));
+    }
+    let terminal = std::io::stdout().is_terminal();
+    let mut first = true;
+    loop {
+        if !first {
+            std::thread::sleep(interval);
+            buf.clear();
+            // A snapshot that fails (a Redis outage) is reported, and the next one tried.
+            if let Err(Fail(msg, _)) = snapshot(&mut buf, what, a) {
+                let _ = writeln!(buf, "shmlock: {msg}");
+            }
+        }
+        first = false;
+        let mut out = std::io::stdout().lock();
+        let written = if a.json {
+            // NDJSON: each snapshot is one line already.
+            out.write_all(&buf)
+        } else if terminal {
+            // Home, erase the screen, then the whole snapshot in one write: no flicker.
+            writeln!(
+                out,
+                "\x1b[H\x1b[2J{}  (every {}s; Ctrl-C to stop)",
+                utc_now(),
+                interval.as_secs_f64()
+            )
+            .and_then(|()| out.write_all(&buf))
+        } else {
+            writeln!(out, "--- {} ---", utc_now()).and_then(|()| out.write_all(&buf))
+        };
+        match written.and_then(|()| out.flush()) {
+            Ok(()) => {}
+            // The reader went away (`| head`): that is the end of watching, not an error.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(0),
+            Err(e) => return Err(stdout_err(e)),
+        }
+    }
+}
+
+/// Now in UTC, as `2026-01-31 23:59:59 UTC` (from the Unix time: days to a civil date by
+/// Howard Hinnant's algorithm).
+fn utc_now() -> String {
+    let t = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let (days, rem) = ((t / 86_400) as i64, t % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// One print of `what` into `out`.
+fn snapshot(out: &mut Vec<u8>, what: &Inspected, a: &InspectArgs) -> Result<(), Fail> {
+    let written = match what {
+        Inspected::Table(table, file) => {
+            let mut holders: Vec<Holder> = table
+                .holders()
+                .into_iter()
+                .filter(|h| a.all || (!h.expired && h.owner_alive))
+                .collect();
+            holders.sort_by(|x, y| x.key_preview.cmp(&y.key_preview));
+            if a.json {
+                write_json(out, file, table, &holders)
+            } else {
+                write_table(out, file, table, &holders)
+            }
+        }
+        Inspected::Dict(dict, file) => return inspect_dict(out, file, dict, a),
+        Inspected::Redis(redis, url) => {
+            let mut held = redis.holders()?;
+            held.sort_by(|x, y| x.key.cmp(&y.key));
+            write_redis(out, url, &held, a.json)
+        }
     };
-    let mut holders: Vec<Holder> = table
-        .holders()
-        .into_iter()
-        .filter(|h| a.all || (!h.expired && h.owner_alive))
-        .collect();
-    holders.sort_by(|x, y| x.key_preview.cmp(&y.key_preview));
-    let out = std::io::stdout();
-    let mut out = out.lock();
-    let result = if a.json {
-        write_json(&mut out, file, &table, &holders)
-    } else {
-        write_table(&mut out, file, &table, &holders)
-    };
-    result.map_err(|e| Fail(format!("stdout: {e}"), 2))?;
-    Ok(0)
+    written.map_err(|e| Fail(format!("stdout: {e}"), EX_IOERR))
 }
 
 fn state_name(s: HolderState) -> &'static str {
@@ -722,8 +1267,12 @@ fn write_json(
 }
 
 /// A shared dict's counters, and its live keys with their time to live.
-fn inspect_dict(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
-    let dict = SharedDict::options().read_only(true).open(file)?;
+fn inspect_dict(
+    out: &mut Vec<u8>,
+    file: &Path,
+    dict: &SharedDict,
+    a: &InspectArgs,
+) -> Result<(), Fail> {
     let mut keys: Vec<(Vec<u8>, Option<Duration>)> = dict
         .keys(0)?
         .into_iter()
@@ -732,8 +1281,6 @@ fn inspect_dict(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
         .collect();
     keys.sort();
     let writer = dict.writer_pid();
-    let out = std::io::stdout();
-    let mut out = out.lock();
     let result = if a.json {
         let report = DictReport {
             file: file.to_string_lossy(),
@@ -755,7 +1302,7 @@ fn inspect_dict(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
                 })
                 .collect(),
         };
-        print_json(&mut out, &report)
+        print_json(out, &report)
     } else {
         (|| {
             writeln!(
@@ -782,8 +1329,7 @@ fn inspect_dict(file: &Path, a: InspectArgs) -> Result<u8, Fail> {
             Ok(())
         })()
     };
-    result.map_err(|e| Fail(format!("stdout: {e}"), 2))?;
-    Ok(0)
+    result.map_err(|e| Fail(format!("stdout: {e}"), EX_IOERR))
 }
 
 fn refuse_without_force(a: &UnlockArgs) -> Result<(), Fail> {
@@ -795,7 +1341,7 @@ fn refuse_without_force(a: &UnlockArgs) -> Result<(), Fail> {
             "refusing to break {:?} without --force (its holder may still rely on it)",
             a.key
         ),
-        2,
+        EX_USAGE,
     ))
 }
 
@@ -819,14 +1365,20 @@ fn unlock(file: &Path, a: UnlockArgs) -> Result<u8, Fail> {
 
 fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
     if file.exists() {
-        return Err(Fail(format!("{}: already exists", file.display()), 2));
+        return Err(Fail(
+            format!("{}: already exists", file.display()),
+            EX_CANTCREAT,
+        ));
     }
     let table = LockTable::options()
         .capacity(a.capacity)
         .mode(a.mode)
         .open(file)?;
     if !table.created() {
-        return Err(Fail(format!("{}: already exists", file.display()), 2));
+        return Err(Fail(
+            format!("{}: already exists", file.display()),
+            EX_CANTCREAT,
+        ));
     }
     println!(
         "created {} with capacity {}",
