@@ -159,6 +159,10 @@ pub(crate) struct Held {
     pub home: usize,
     pub word: Word,
     pub lease: u64,
+    /// When the hold was taken: with the word and the lease, what tells this hold from a
+    /// later one of the same thread whose word came round to the same value (the word's
+    /// generation wraps after 2^26 transitions; acquisition times do not repeat).
+    pub acquired_at: u64,
 }
 
 /// The entry that kept a key from being acquired.
@@ -465,6 +469,7 @@ impl<S: Slots, E: Env> Table<S, E> {
             home,
             word,
             lease: req.lease,
+            acquired_at: now,
         };
         // Only from "free, reach 0": a rival that raised the reach first makes the CAS
         // fail. A free slot's fields change only under an owner, so if they already say
@@ -482,6 +487,13 @@ impl<S: Slots, E: Env> Table<S, E> {
                 .compare_exchange(c.0, word.0, Ordering::SeqCst, Ordering::Relaxed)
                 .ok()?;
             crash_point();
+            // The fields are ours to keep now, but were they still the ones checked when
+            // the CAS succeeded? A claimer stopped between the check and the CAS while the
+            // free word came round to the same value would publish someone else's.
+            if !Self::fields_say(slot, req, now, until) {
+                self.withdraw(slot, word);
+                return None;
+            }
             return Some(held(word));
         }
         let claiming = Word::new(
@@ -729,7 +741,15 @@ impl<S: Slots, E: Env> Table<S, E> {
                 d += 1;
             }
 
-            let promoted = if direct {
+            let promoted = if direct && !Self::fields_say(slot, req, now, until) {
+                // Fields changed between the check and the CAS (see try_acquire_fast).
+                self.withdraw(slot, claiming);
+                restarts += 1;
+                if restarts > MAX_RESTARTS {
+                    return Ok(Attempt::Busy(busy(fi, home, claiming)));
+                }
+                continue 'restart;
+            } else if direct {
                 Ok(claiming)
             } else {
                 self.promote(slot, claiming)
@@ -741,6 +761,7 @@ impl<S: Slots, E: Env> Table<S, E> {
                         home,
                         word,
                         lease: req.lease,
+                        acquired_at: now,
                     }))
                 }
                 // Broken as stalled while we scanned: start over.
@@ -875,10 +896,12 @@ impl<S: Slots, E: Env> Table<S, E> {
         &self.slots()[home].wait
     }
 
-    /// Whether `held` is still this holder's: same entry and lease.
+    /// Whether `held` is still this holder's: same entry, lease and acquisition time.
     #[inline]
     fn owns(&self, slot: &Slot, c: Word, held: &Held) -> bool {
-        c.ident() == held.word.ident() && slot.lease.load(Ordering::Relaxed) == held.lease
+        c.ident() == held.word.ident()
+            && slot.lease.load(Ordering::Relaxed) == held.lease
+            && slot.acquired_at.load(Ordering::Relaxed) == held.acquired_at
     }
 
     /// Releases a hold. `Err(Lost)` if it was taken from us; the new owner is untouched.
