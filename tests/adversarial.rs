@@ -1175,7 +1175,8 @@ fn dict_chaos_with_sigstop_and_sigkill() {
     let c = SharedDict::open(&cpath, 64, 8).unwrap();
     let stop_flag = Shared::new(1);
     // 0 writes, 1 good reads, 2 torn, 3 incr ok, 4 controller rounds, 5 resurrections,
-    // 6 stale reads, 7 duplicates, 8 reader/controller errors, 9 stalled errors
+    // 6 stale reads, 7 duplicates, 8 reader/controller errors, 9 stalled errors,
+    // 10 incrs that created the counter (returned 1: the first, and one per restart)
     let k = Shared::new(16);
     let writer = |seed: u64| {
         let (d, c, stop_flag, k) = (&d, &c, &stop_flag, &k);
@@ -1197,7 +1198,10 @@ fn dict_chaos_with_sigstop_and_sigkill() {
                     }
                 }
                 match c.incr("count", 1, Some(0), Duration::ZERO) {
-                    Ok(_) => {
+                    Ok(sum) => {
+                        if sum == 1 {
+                            k.word(10).fetch_add(1, Ordering::Relaxed);
+                        }
                         k.word(3).fetch_add(1, Ordering::Relaxed);
                     }
                     Err(Error::Stalled) => {
@@ -1347,7 +1351,8 @@ fn dict_chaos_with_sigstop_and_sigkill() {
     note!(
         "[{secs}s: {stops} stops, {kills} kills, {} repairs; {} sets, {} stalled, {} good reads, \
          {} torn, {} controller rounds, {} resurrections, {} stale reads, {} duplicates, {} \
-         errors; counter {count} vs {} incr Ok (+ at most {kills} in flight)] ",
+         errors; counter {count} vs {} incr Ok (+ at most {kills} in flight), {} counter creations, \
+         {} counter-dict repairs, {} counter keys] ",
         d.repairs(),
         w(0),
         w(9),
@@ -1358,17 +1363,38 @@ fn dict_chaos_with_sigstop_and_sigkill() {
         w(6),
         w(7),
         w(8),
-        w(3)
+        w(3),
+        w(10),
+        c.repairs(),
+        c.keys(0).unwrap().len()
     );
     assert!(w(1) > 0 && w(4) > 0 && stops > 0);
     assert_eq!((w(2), w(5), w(6), w(7), w(8)), (0, 0, 0, 0, 0));
     let keys = d.keys(0).unwrap();
     let uniq: std::collections::HashSet<_> = keys.iter().collect();
     assert_eq!(uniq.len(), keys.len(), "duplicate keys at the end");
-    assert!(
-        count >= w(3) as i64 && count <= (w(3) + kills + w(9)) as i64,
-        "the counter lost or gained increments"
-    );
+    assert_eq!(c.keys(0).unwrap().len(), 1, "the counter has one entry");
+    if w(10) <= 1 {
+        assert!(
+            count >= w(3) as i64 && count <= (w(3) + kills + w(9)) as i64,
+            "the counter lost or gained increments"
+        );
+    } else {
+        // The documented loss (README, "Known limits"): a writer killed or stalled past
+        // the bound while writing the counter's entry leaves it absent, and the next incr
+        // starts again from its init. Each such restart needs a takeover of that dict's
+        // writer lock; anything else losing increments is a bug.
+        assert!(
+            w(10) - 1 <= c.repairs(),
+            "the counter restarted {} times with {} takeovers of its writer",
+            w(10) - 1,
+            c.repairs()
+        );
+        assert!(
+            count <= (w(3) + kills + w(9)) as i64,
+            "the counter gained increments"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------
