@@ -108,9 +108,11 @@ pub trait Backend: Sealed {
     fn reap(&self, busy: &Self::Busy) -> bool;
 
     /// Sleeps at most `step` for the holder of `busy` to let go, waking early where the
-    /// backend can. Returns the time slept (zero: retry at once).
+    /// backend can. Returns the time slept (zero: retry at once) and whether the key moved
+    /// on meanwhile (a wake-up, or a change seen before sleeping), which makes a look at the
+    /// holder's liveness pointless.
     #[doc(hidden)]
-    fn sleep(&self, busy: &Self::Busy, step: Duration) -> Duration;
+    fn sleep(&self, busy: &Self::Busy, step: Duration) -> (Duration, bool);
 }
 
 /// Everything but the fast path: one attempt (unless `first` says how the first went),
@@ -178,10 +180,10 @@ pub(crate) fn acquire_slow<B: Backend>(
             };
             retried = false;
             if notify {
-                let used = backend.sleep(&busy, step);
+                let (used, moved) = backend.sleep(&busy, step);
                 schedule.refund(step.saturating_sub(used));
                 retried = used.is_zero();
-                look = used >= step;
+                look = !moved;
             } else {
                 std::thread::sleep(step);
                 slept += step;

@@ -826,11 +826,11 @@ impl Backend for RedisLocks {
     /// waiting thread subscribes on a connection of its own (from the handle's list of
     /// subscriber connections), so any number can wait at once, each for its own key; any
     /// pub/sub trouble falls back to polling.
-    fn sleep(&self, busy: &RedisBusy, step: Duration) -> Duration {
+    fn sleep(&self, busy: &RedisBusy, step: Duration) -> (Duration, bool) {
         let started = Instant::now();
         let poll = |started: Instant| {
             std::thread::sleep(step.saturating_sub(started.elapsed()));
-            started.elapsed()
+            (started.elapsed(), false)
         };
         let Ok(mut con) = self.0.pool.subscriber() else {
             return poll(started);
@@ -838,7 +838,8 @@ impl Backend for RedisLocks {
         match self.wait_for_release(&mut con, busy, step, started) {
             Ok(()) => {
                 self.0.pool.put_back_subscriber(con);
-                started.elapsed()
+                let used = started.elapsed();
+                (used, used < step)
             }
             Err(_) => poll(started), // the connection is dropped: a fresh one next time
         }

@@ -523,6 +523,9 @@ impl Holder {
 /// its lease: with the entry's owner and generation it tells the holder's holds from those
 /// of the process's other threads. (The same for every hold of one thread, so a thread
 /// that takes its key again within a clock tick finds the slot's fields already right.)
+/// How long a waiter sleeps before looking again at a claim or renewal in progress.
+const TRANSIENT_POLL: Duration = Duration::from_millis(1);
+
 fn thread_lease() -> u64 {
     static THREADS: AtomicU64 = AtomicU64::new(1);
     thread_local! {
@@ -641,18 +644,24 @@ impl Backend for LockTable {
         self.inner.table.recover(&busy.0)
     }
 
-    fn sleep(&self, busy: &ShmBusy, step: Duration) -> Duration {
+    fn sleep(&self, busy: &ShmBusy, step: Duration) -> (Duration, bool) {
         let table = &self.inner.table;
         match table.prepare_wait(&busy.0) {
             Prepared::Sleep(seen) => {
                 let t = Instant::now();
                 futex::wait(table.wait_word(busy.0.home), seen, step);
-                t.elapsed()
+                let used = t.elapsed();
+                (used, used < step)
             }
-            Prepared::Changed => Duration::ZERO,
+            Prepared::Changed => (Duration::ZERO, true),
+            // A claim or a renewal in progress lasts microseconds, and nobody can flag it
+            // to be woken: look again soon rather than a whole step later, or a waiter that
+            // met one would sleep out long steps while the ones asleep on the word are
+            // woken at each release and take the key before it (starved for its timeout).
             Prepared::Poll => {
-                std::thread::sleep(step);
-                step
+                let nap = step.min(TRANSIENT_POLL);
+                std::thread::sleep(nap);
+                (nap, false)
             }
         }
     }
