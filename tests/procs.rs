@@ -38,6 +38,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     unrelated_process_attaches_by_path,
     permission_denied_is_a_typed_error,
     a_full_filesystem_fails_at_open,
+    threads_starting_together_in_a_forked_child_release_their_holds,
     chaos_sigkill_workers_at_random_moments,
 ];
 
@@ -343,6 +344,52 @@ fn forked_copies_never_release_the_parents_hold() {
     assert!(!table.is_locked("child-key").unwrap());
     guard.unlock().unwrap();
     lock.unlock().unwrap();
+}
+
+/// A forked worker whose first requests arrive at once (a thread each, as a prefork server
+/// runs them): every thread's hold is the child's own and is released when its guard
+/// drops. The first use of the library in a child names the process anew; a thread that
+/// asked for the name while another was setting it got the placeholder, took its hold under
+/// the parent's registration, and, if its guard recorded the placeholder, had its drop
+/// refused as a copy's: the key stayed held for its whole lease.
+fn threads_starting_together_in_a_forked_child_release_their_holds() {
+    const THREADS: usize = 16;
+    let path = TempPath::new("fork-threads");
+    let table = LockTable::open(&path, 256).unwrap();
+    for round in 0..200 {
+        let child = fork(|| {
+            let start = std::sync::Barrier::new(THREADS);
+            let left: usize = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..THREADS)
+                    .map(|i| {
+                        let (table, start) = (&table, &start);
+                        s.spawn(move || {
+                            let key = format!("r{round}-t{i}");
+                            start.wait();
+                            let guard = table.lock(&key, opts(60_000, 5_000)).unwrap();
+                            // Taken under this process's registration, not its parent's.
+                            let pid = table
+                                .holders()
+                                .into_iter()
+                                .find(|h| h.key_preview == key.as_bytes())
+                                .map(|h| h.pid);
+                            drop(guard);
+                            usize::from(pid != Some(std::process::id()))
+                                + usize::from(table.is_locked(&key).unwrap())
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).sum()
+            });
+            left as i32
+        });
+        let left = child.wait(Duration::from_secs(30));
+        assert_eq!(
+            left, 0,
+            "round {round}: {left} holds were taken under the parent's registration, or stayed \
+             held after their guards dropped"
+        );
+    }
 }
 
 /// A child holds `key` for `hold`, then releases; the parent waits for it with `opts` and

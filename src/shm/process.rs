@@ -110,7 +110,8 @@ fn new_token() -> u64 {
     if getrandom::fill(&mut b).is_err() {
         b = (std::process::id() as u64 ^ crate::shm::clock::raw_now()).to_le_bytes();
     }
-    u64::from_le_bytes(b) | 1
+    // Odd (never 0, "not named"), top bit clear (never NAMING).
+    (u64::from_le_bytes(b) >> 1) | 1
 }
 
 /// A number naming this process, which no forked child shares (however it was forked,
@@ -119,12 +120,18 @@ fn new_token() -> u64 {
 #[inline]
 pub(crate) fn token() -> u64 {
     let t = cell().token.load(Ordering::Acquire);
-    if t != 0 {
+    // NAMING: another thread of a forked child is naming it right now; what it stores
+    // last is the name (and the fork epoch and pid are set before it).
+    if t != 0 && t != NAMING {
         return t;
     }
     refresh();
     cell().token.load(Ordering::Acquire)
 }
+
+/// The token while a forked child's first user names it: never a name (tokens are odd
+/// random numbers, and this one is never handed out).
+const NAMING: u64 = u64::MAX;
 
 /// The pid of the calling process, cached (for inspection).
 #[inline]
@@ -152,10 +159,10 @@ fn refresh() {
     // One thread does the child's work: the one that names the process.
     if cell()
         .token
-        .compare_exchange(0, u64::MAX, Ordering::AcqRel, Ordering::Acquire)
+        .compare_exchange(0, NAMING, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
     {
-        while cell().token.load(Ordering::Acquire) == u64::MAX {
+        while cell().token.load(Ordering::Acquire) == NAMING {
             std::hint::spin_loop();
         }
         return;
