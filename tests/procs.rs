@@ -35,6 +35,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     unlock_wakes_a_sleeping_waiter_in_another_process,
     expired_holder_in_another_process_is_taken_over,
     sigkilled_holder_is_reclaimed_at_once,
+    sigkilled_holder_is_reclaimed_while_its_home_churns,
     unrelated_process_attaches_by_path,
     permission_denied_is_a_typed_error,
     a_full_filesystem_fails_at_open,
@@ -514,6 +515,79 @@ fn sigkilled_holder_is_reclaimed_at_once() {
     // seen dead on the first look: well under the 30 s lease, in fact without sleeping
     assert!(elapsed < Duration::from_secs(1), "{elapsed:?}");
     print!("[waited {elapsed:?}] ");
+    lock.unlock().unwrap();
+}
+
+/// Waiters sleep on their key's home word, which other keys share. Wake-ups from
+/// releases of such a key say nothing about our holder: the waiter must still look at it,
+/// or a dead holder keeps its key until the lease ends while a neighbour churns.
+fn sigkilled_holder_is_reclaimed_while_its_home_churns() {
+    let path = TempPath::new("sigkill-churn");
+    let table = LockTable::open(&path, 8).unwrap();
+    let (home, _) = {
+        let _g = table.lock("a", LockOptions::default()).unwrap();
+        table.debug_placement("a").unwrap()
+    };
+    let neighbour = (0..10_000)
+        .map(|i| format!("b{i}"))
+        .find(|k| {
+            let _g = table.lock(k, LockOptions::default()).unwrap();
+            table.debug_placement(k).unwrap().0 == home
+        })
+        .expect("no key shares the home of \"a\"");
+    let held = Gate::new();
+    let stop = Shared::new(1);
+    let holder = {
+        let (table, held) = (&table, &held);
+        fork(move || {
+            let _g = table.lock("a", LockOptions::default()).unwrap(); // 30 s lease
+            held.signal();
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        })
+    };
+    held.await_signals(1);
+    let churners: Vec<Child> = (0..3)
+        .map(|_| {
+            let (table, stop, neighbour) = (&table, &stop, &neighbour);
+            fork(move || {
+                while stop.word(0).load(Ordering::SeqCst) == 0 {
+                    let g = table.lock(neighbour, LockOptions::default()).unwrap();
+                    std::thread::sleep(Duration::from_micros(500));
+                    drop(g);
+                }
+                0
+            })
+        })
+        .collect();
+    // the waiter is asleep, and woken by the neighbour's releases, when the holder dies
+    let killer = {
+        let pid = holder.0;
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            // SAFETY: kill(2) on our own child's pid; it is not reaped before `holder.kill`.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            Instant::now()
+        })
+    };
+    let mut lock = Lock::new(&table, opts(30_000, 25_000)).unwrap();
+    let result = lock.lock("a");
+    let got = Instant::now();
+    let killed = killer.join().unwrap();
+    stop.word(0).store(1, Ordering::SeqCst);
+    for c in &churners {
+        assert_eq!(c.wait(Duration::from_secs(30)), 0);
+    }
+    holder.kill();
+    result.unwrap();
+    let after = got.saturating_duration_since(killed);
+    // seen dead soon after the kill: far below the 30 s lease
+    assert!(
+        after < Duration::from_secs(3),
+        "taken {after:?} after the kill"
+    );
+    print!("[taken {after:?} after the kill] ");
     lock.unlock().unwrap();
 }
 

@@ -651,7 +651,10 @@ impl Backend for LockTable {
                 let t = Instant::now();
                 futex::wait(table.wait_word(busy.0.home), seen, step);
                 let used = t.elapsed();
-                (used, used < step)
+                // The wait word is the home's, shared with other keys: a wake from a
+                // release of another key says nothing about this holder, which may be
+                // dead. Only a change of this holder's word counts as moved.
+                (used, used < step && table.moved_on(&busy.0))
             }
             Prepared::Changed => (Duration::ZERO, true),
             // A claim or a renewal in progress lasts microseconds, and nobody can flag it
