@@ -57,8 +57,16 @@ const TESTS: &[Test] = &[
         a_process_that_closed_its_descriptors_after_opening_is_never_given_a_shared_key,
     ),
     Test::new(
+        "a_newcomer_never_takes_the_registry_entry_of_a_process_that_closed_its_descriptors",
+        a_newcomer_never_takes_the_registry_entry_of_a_process_that_closed_its_descriptors,
+    ),
+    Test::new(
         "a_table_unlinked_while_in_use_never_gives_a_held_key_to_a_newcomer",
         a_table_unlinked_while_in_use_never_gives_a_held_key_to_a_newcomer,
+    ),
+    Test::new(
+        "a_holder_that_execs_and_reopens_the_table_frees_its_keys_at_once",
+        a_holder_that_execs_and_reopens_the_table_frees_its_keys_at_once,
     ),
     Test::new(
         "a_holder_that_execs_frees_its_keys_at_once",
@@ -101,12 +109,13 @@ macro_rules! note {
 /// today, so the suite leaves them out; `adversarial2 --known-limits` runs them.
 const KNOWN_LIMITS: &[&str] = &[
     "a_waiter_stopped_before_stealing_an_expired_hold_never_frees_a_fresh_one",
-    "a_dead_holders_key_is_freed_after_its_registry_entry_was_reused_64_times",
-    "a_process_that_closed_its_descriptors_after_opening_is_never_given_a_shared_key",
     "a_table_unlinked_while_in_use_never_gives_a_held_key_to_a_newcomer",
 ];
 
 fn main() {
+    if std::env::args().any(|a| a == "--role") {
+        common::harness::run("adversarial2", &[], role);
+    }
     let known = std::env::args().any(|a| a == "--known-limits");
     let tests: Vec<Test> = TESTS
         .iter()
@@ -137,7 +146,22 @@ fn main() {
         })
         .collect();
     let tests: &'static [Test] = Box::leak(tests.into_boxed_slice());
-    common::harness::run("adversarial2", tests, common::harness::no_roles);
+    common::harness::run("adversarial2", tests, role);
+}
+
+fn role(args: &[String]) -> i32 {
+    match args.first().map(String::as_str) {
+        // reopen PATH: open the table again (a new image of a process that exec'd), say
+        // "open" on stdout, stay until killed
+        Some("reopen") => {
+            let _t = LockTable::open(&args[1], 64).unwrap();
+            println!("open");
+            let _ = std::io::stdout().flush();
+            std::thread::sleep(Duration::from_secs(60));
+            0
+        }
+        _ => common::harness::no_roles(args),
+    }
 }
 
 const K: &str = "review2:K";
@@ -802,6 +826,61 @@ fn a_process_that_closed_its_descriptors_after_opening_is_never_given_a_shared_k
     );
 }
 
+/// D closes its descriptors after opening and then holds K with no lease, so only its
+/// liveness can free K. The registry has two entries: this process's and D's. A newcomer
+/// whose registration found D's entry unlocked and took it would make D's hold look dead;
+/// it must be refused instead. Once D dies, its entry and K are free again.
+fn a_newcomer_never_takes_the_registry_entry_of_a_process_that_closed_its_descriptors() {
+    let path = TempPath::new("daemon-entry");
+    let table = LockTable::options()
+        .capacity(64)
+        .max_processes(2)
+        .open(&path)
+        .unwrap();
+    let flag = Shared::new(1);
+    let mut d = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        // SAFETY: closes descriptors; nothing else runs in this child.
+        let rc = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+        assert_eq!(rc, 0);
+        let g = t.lock(K, opts(0, 1_000)).unwrap();
+        std::mem::forget(g);
+        flag.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(60));
+        0
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    // 3: refused a registry entry; 1: took K; 2: registered but K was busy
+    let newcomer = || {
+        fork(|| match LockTable::open(&path, 64) {
+            Err(shmlock::Error::TooManyProcesses { .. }) => 3,
+            Err(e) => panic!("{e}"),
+            Ok(t) => match t.try_lock_with_lease(K, Duration::from_secs(60)) {
+                Ok(Some(g)) => {
+                    std::mem::forget(g);
+                    1
+                }
+                _ => 2,
+            },
+        })
+        .wait(Duration::from_secs(10))
+    };
+    let while_d_runs = newcomer();
+    let here = table
+        .try_lock_with_lease(K, Duration::from_secs(60))
+        .unwrap()
+        .is_some();
+    d.kill();
+    let after = newcomer();
+    note!("[newcomer while D runs: exit {while_d_runs}; after D's death: exit {after}] ");
+    assert_eq!(
+        while_d_runs, 3,
+        "a newcomer took the registry entry of a live process that closed its descriptors"
+    );
+    assert!(!here, "another process took D's key while D runs");
+    assert_eq!(after, 1, "D's entry and key stay taken after its death");
+}
+
 // ---------------------------------------------------------------------------------------
 // 4. The table file unlinked (or replaced) while processes use it
 
@@ -893,6 +972,61 @@ fn a_holder_that_execs_frees_its_keys_at_once() {
         "the exec'd program kept table descriptors: {kept:?}"
     );
     assert!(got.is_ok(), "a holder's keys stayed held after it exec'd");
+}
+
+/// H takes K with no expiry, then execs a new image of itself that opens the table again
+/// (a server re-executing itself to upgrade). The new image has the same pid and start
+/// time and maps the table too, but it is not the registrant that took K: K must be
+/// taken at once, not kept for as long as the process runs.
+fn a_holder_that_execs_and_reopens_the_table_frees_its_keys_at_once() {
+    let path = TempPath::new("exec-reopen");
+    let table = LockTable::open(&path, 64).unwrap();
+    let flag = Shared::new(1);
+    let (out_r, out_w) = nix::unistd::pipe().unwrap();
+    let h = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.lock(K, opts(0, 1_000)).unwrap();
+        std::mem::forget(g);
+        flag.word(0).store(1, Ordering::SeqCst);
+        use std::os::fd::AsRawFd;
+        use std::os::unix::ffi::OsStringExt;
+        // SAFETY: both descriptors are open; stdout now names the pipe's write end.
+        assert_eq!(unsafe { libc::dup2(out_w.as_raw_fd(), 1) }, 1);
+        let exe =
+            CString::new(std::env::current_exe().unwrap().into_os_string().into_vec()).unwrap();
+        let args = [
+            exe.clone(),
+            CString::new("--role").unwrap(),
+            CString::new("reopen").unwrap(),
+            CString::new(path.0.clone().into_os_string().into_vec()).unwrap(),
+        ];
+        let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        // SAFETY: valid NUL-terminated strings and a NULL-terminated argv.
+        unsafe { libc::execv(exe.as_ptr(), argv.as_ptr()) };
+        99
+    }));
+    drop(out_w);
+    await_word(&flag, 0, Duration::from_secs(10));
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(fs::File::from(out_r)),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "open", "the new image did not open the table");
+    let started = Instant::now();
+    let got = table.lock(K, opts(0, 2_000));
+    note!(
+        "[new image of pid {} has the table open; waiter {} in {:?}] ",
+        h.pid(),
+        if got.is_ok() { "took K" } else { "TIMED OUT" },
+        started.elapsed()
+    );
+    assert!(
+        got.is_ok(),
+        "an exec'd holder's keys stayed held by its new image"
+    );
 }
 
 /// H takes K with no expiry and spawns a long-running program (`std::process::Command`,

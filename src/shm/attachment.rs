@@ -38,6 +38,8 @@ pub(crate) struct Attachment {
     reg: Mutex<Option<Registered>>,
     /// `fork epoch << 32 | owner bits` of the registration in use; 0 before any.
     cached: AtomicU64,
+    /// The full registry generation of that registration (stored before `cached`).
+    generation: AtomicU64,
     /// Per owner entry (mod 64): `owner << 40 | ms` of its last "alive" verdict.
     alive_at: [AtomicU64; GATES],
 }
@@ -55,6 +57,9 @@ impl Attachment {
         let cached = registered
             .as_ref()
             .map_or(0, |r| fork_epoch() << 32 | u64::from(r.owner.bits()));
+        let generation = registered
+            .as_ref()
+            .map_or(0, |r| map.registry().generation(r.owner));
         Attachment {
             map,
             probe: Mutex::new(file),
@@ -64,6 +69,7 @@ impl Attachment {
             read_only,
             reg: Mutex::new(registered),
             cached: AtomicU64::new(cached),
+            generation: AtomicU64::new(u64::from(generation)),
             alive_at: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -80,11 +86,19 @@ impl Attachment {
     /// The owner id this process's entries carry.
     #[inline]
     pub(crate) fn owner(&self) -> Result<OwnerId, Error> {
-        let c = self.cached.load(Ordering::Relaxed);
-        if c != 0 && c >> 32 == fork_epoch() & 0xffff_ffff {
-            return Ok(OwnerId::from_bits(c as u32));
-        }
-        self.reregister()
+        self.registration().map(|(owner, _)| owner)
+    }
+
+    /// The owner id and the full registry generation of this process's registration.
+    #[inline]
+    pub(crate) fn registration(&self) -> Result<(OwnerId, u32), Error> {
+        let c = self.cached.load(Ordering::Acquire);
+        let owner = if c != 0 && c >> 32 == fork_epoch() & 0xffff_ffff {
+            OwnerId::from_bits(c as u32)
+        } else {
+            self.reregister()?
+        };
+        Ok((owner, self.generation.load(Ordering::Relaxed) as u32))
     }
 
     /// In a forked child: takes an entry of our own (the parent's is the parent's).
@@ -131,9 +145,13 @@ impl Attachment {
     }
 
     fn remember(&self, owner: OwnerId) {
+        self.generation.store(
+            u64::from(self.map.registry().generation(owner)),
+            Ordering::Relaxed,
+        );
         self.cached.store(
             fork_epoch() << 32 | u64::from(owner.bits()),
-            Ordering::Relaxed,
+            Ordering::Release,
         );
     }
 
@@ -182,8 +200,22 @@ impl Attachment {
     /// owner and millisecond from this process; "alive" in between). A verdict "dead" is
     /// only given through a descriptor checked to name the table's file.
     pub(crate) fn is_dead(&self, owner: OwnerId) -> bool {
+        self.is_dead_at(owner, None)
+    }
+
+    /// [`is_dead`](Self::is_dead) for an owner whose full registry generation is known
+    /// (a hold's lease records it).
+    pub(crate) fn is_dead_at(&self, owner: OwnerId, generation: Option<u32>) -> bool {
         if owner.is_unknown() || self.owner().is_ok_and(|me| me == owner) {
             return false;
+        }
+        // Moved on past the holder's generation: no system call needed, nor any gate.
+        if generation.is_some_and(|g| {
+            let reg = self.map.registry();
+            let i = owner.entry() as usize;
+            i < reg.len() && reg.generation(owner) != g
+        }) {
+            return true;
         }
         let gate = &self.alive_at[owner.entry() as usize % GATES];
         let now = raw_now() / RECHECK_NS;
@@ -198,7 +230,7 @@ impl Attachment {
         };
         // Asked twice around a check of the descriptor: a "nobody holds it" through a
         // number that names another file by the time we look means nothing.
-        let dead = self.map.registry().is_dead(&locks, owner) && self.id.names(&*probe);
+        let dead = self.map.registry().is_dead(&locks, owner, generation) && self.id.names(&*probe);
         if !dead {
             gate.store(
                 u64::from(owner.bits()) << 40 | (now & ((1 << 40) - 1)),

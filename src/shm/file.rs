@@ -101,6 +101,11 @@ impl Mapping {
         })
     }
 
+    /// The address of the mapping's registry (what `/proc/<pid>/maps` shows it under).
+    pub(crate) fn base(&self) -> usize {
+        self.base.as_ptr() as usize
+    }
+
     /// The body as words. Every layout is made of 8-byte-aligned atomics.
     #[inline]
     pub(crate) fn words(&self) -> &[AtomicU64] {
@@ -445,6 +450,7 @@ pub(crate) fn register(
         pid: me.pid,
         start: me.start,
         pid_ns: crate::shm::process::pid_namespace(),
+        mapped_at: (map.base() >> 12) as u32,
     };
     let locks = FileLocks {
         take: Some(lock_fd),

@@ -63,6 +63,9 @@ impl table::Env for ShmEnv {
     fn is_dead(&self, owner: OwnerId) -> bool {
         self.att.is_dead(owner)
     }
+    fn is_holder_dead(&self, owner: OwnerId, lease: u64) -> bool {
+        self.att.is_dead_at(owner, Some((lease >> 32) as u32))
+    }
     fn wake_all(&self, word: &AtomicU32) {
         futex::wake_all(word);
     }
@@ -422,7 +425,7 @@ impl LockTable {
     #[inline(always)]
     fn request<'k>(&self, key: &'k [u8], exptime_ns: u64) -> Result<Request<'k>, Error> {
         let key = check_key(key)?;
-        let owner = self.att().owner()?;
+        let (owner, generation) = self.att().registration()?;
         // Deadlines must mean the same instant to everyone: a process that cannot tell its
         // clock's offset takes nothing.
         crate::shm::clock::check()?;
@@ -430,7 +433,9 @@ impl LockTable {
             key,
             hash: self.hash(key),
             owner,
-            lease: thread_lease(),
+            // The registration's full generation rides along, so that a waiter can tell
+            // this hold's dead owner from a later process that reused its registry entry.
+            lease: u64::from(generation) << 32 | (thread_lease() & 0xffff_ffff),
             exptime: exptime_ns,
         })
     }

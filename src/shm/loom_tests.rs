@@ -664,6 +664,7 @@ fn registry_judges_only_the_dead_and_reuses_entries_with_a_new_generation() {
                 pid,
                 start: 0,
                 pid_ns: 0,
+                mapped_at: 0,
             }
         }
         let shared = |me: u32| SharedLocks {
@@ -674,7 +675,7 @@ fn registry_judges_only_the_dead_and_reuses_entries_with_a_new_generation() {
         let p1 = reg.register(&shared(1), id(1), 0).unwrap();
         let p2 = reg.register(&shared(2), id(2), 0).unwrap();
         assert_ne!(p1, p2);
-        assert!(!reg.is_dead(&shared(9), p1) && !reg.is_dead(&shared(9), p2));
+        assert!(!reg.is_dead(&shared(9), p1, None) && !reg.is_dead(&shared(9), p2, None));
 
         let (l, d) = (locks.clone(), died.clone());
         let death = thread::spawn(move || {
@@ -690,12 +691,12 @@ fn registry_judges_only_the_dead_and_reuses_entries_with_a_new_generation() {
         let (w, l, d) = (words.clone(), locks.clone(), died.clone());
         let judge = thread::spawn(move || {
             let reg = Registry::new(&w);
-            if reg.is_dead(&SharedLocks { locks: l, me: 9 }, p1) {
+            if reg.is_dead(&SharedLocks { locks: l, me: 9 }, p1, None) {
                 assert!(d.load(Ordering::SeqCst), "a live owner was judged dead");
             }
             // without the kernel, only a generation that moved on (which needed the old
             // lock gone) can say "dead"
-            if reg.is_dead(&Blind, p1) {
+            if reg.is_dead(&Blind, p1, None) {
                 assert!(
                     d.load(Ordering::SeqCst),
                     "a judge that cannot ask said dead"
@@ -707,15 +708,15 @@ fn registry_judges_only_the_dead_and_reuses_entries_with_a_new_generation() {
         judge.join().unwrap();
         // after the death: process 1 is dead, 2 lives; process 3 got the freed entry (if
         // it looked after the death) under a new generation, and lives
-        assert!(reg.is_dead(&shared(9), p1));
-        assert!(!reg.is_dead(&shared(9), p2));
+        assert!(reg.is_dead(&shared(9), p1, None));
+        assert!(!reg.is_dead(&shared(9), p2, None));
         if let Some(p3) = p3 {
             assert_eq!(p3.entry(), p1.entry());
             assert_ne!(p3, p1);
-            assert!(!reg.is_dead(&shared(9), p3));
+            assert!(!reg.is_dead(&shared(9), p3, None));
             // leaving cleanly: dead at once, before the lock is even dropped
             reg.unregister(p3);
-            assert!(reg.is_dead(&shared(9), p3));
+            assert!(reg.is_dead(&shared(9), p3, None));
         }
     });
 }

@@ -4,7 +4,9 @@
 //! array in the file after the header, and keeps an open-file-description lock
 //! (`F_OFD_SETLK`) on that entry's first byte for as long as it has the table open. Lock
 //! entries and the dict's writer lock record their owner as an [`OwnerId`] (registry
-//! entry and 8 bits of that entry's generation), never as a pid.
+//! entry and 6 bits of that entry's generation), never as a pid; a published hold also
+//! records the whole 32-bit generation in its lease, so an entry reused 64 times is not
+//! taken for a dead holder.
 //!
 //! An owner is **dead** only when the kernel says so: its registry entry moved on to
 //! another generation (which needs the old lock gone), or nobody holds the entry's lock
@@ -15,17 +17,28 @@
 //! registry entry, a lock call that fails, an entry number out of range) is **alive**:
 //! expiry and the stall bound are the backstop.
 //!
+//! The one way a live process loses its lock is by closing its own registration
+//! descriptor (a daemonizing `close_range`). So an unlocked entry whose registrant is seen
+//! running in our pid namespace, with the same start time and the table mapped, is alive,
+//! and a registrant does not take it ([`EntryLocks::still_runs`]); `exec` unmaps the table,
+//! so an exec'd owner is dead. Where that cannot be seen, the unlocked byte decides.
+//!
 //! ```text
 //! entry word 0:  generation (32) | reserved (31) | taken (1)
-//!       word 1:  pid (in the owner's pid namespace; for inspection only)
-//!       word 2:  start time (`/proc/self/stat` field 22; inspection only)
-//!       word 3:  pid namespace id (inspection only)
+//!       word 1:  mapping page (32) | pid (32, in the owner's pid namespace)
+//!       word 2:  start time (`/proc/self/stat` field 22)
+//!       word 3:  pid namespace id
+//! ```
+//!
+//! Words 1-3 are for inspection, and for telling a registrant that closed its descriptor
+//! from a dead one (below): never for calling anyone dead.
+//! ```text
 //! ```
 //!
 //! Taking an entry: lock its byte (non-blocking; a held byte belongs to a live process),
 //! then publish the next generation with `taken`. Leaving it: clear `taken`, then close
 //! the descriptor. So `taken` with the current generation and no lock means the owner
-//! died.
+//! died (or closed its descriptor, see below).
 //!
 //! A forked child shares its parent's open file descriptions, so it must not keep the
 //! parent's registration alive: on its first look at itself (see `process.rs`) it closes
@@ -96,6 +109,17 @@ pub(crate) trait EntryLocks {
     fn try_take(&self, i: usize) -> std::io::Result<bool>;
     /// Whether anyone (this process included) holds entry `i`'s lock.
     fn is_held(&self, i: usize) -> std::io::Result<bool>;
+    /// Gives back entry `i`'s lock, just taken by [`try_take`](Self::try_take).
+    fn give_back(&self, i: usize) {
+        let _ = i;
+    }
+    /// Whether the kernel vouches that the process `id` registered still runs with the
+    /// table mapped, although nobody holds its entry's lock (it closed its descriptor).
+    /// Doubt is `false`: a free lock is then the verdict.
+    fn still_runs(&self, id: Identity) -> bool {
+        let _ = id;
+        false
+    }
 }
 
 const TAKEN: u64 = 1;
@@ -108,6 +132,10 @@ pub(crate) struct Identity {
     pub pid: u32,
     pub start: u64,
     pub pid_ns: u64,
+    /// The page number (low 32 bits) where the registrant mapped the file; 0: unknown.
+    /// An `exec` maps anew elsewhere, so this tells the registrant's image from a later
+    /// one of the same process.
+    pub mapped_at: u32,
 }
 
 /// The registry words of a file.
@@ -146,6 +174,15 @@ impl<'a> Registry<'a> {
                     continue;
                 }
                 match locks.try_take(i) {
+                    // A registrant that closed its descriptor keeps its entry while it runs:
+                    // a new generation would make its holds look dead.
+                    Ok(true)
+                        if self.word(i).load(Ordering::SeqCst) & TAKEN != 0
+                            && locks.still_runs(self.identity_at(i)) =>
+                    {
+                        locks.give_back(i);
+                        continue;
+                    }
                     Ok(true) => return Some(self.claim(i, me)),
                     Ok(false) => continue,
                     Err(_) => return None,
@@ -158,7 +195,10 @@ impl<'a> Registry<'a> {
     /// Publishes a new generation of entry `i`, whose lock this process just took.
     fn claim(&self, i: usize, me: Identity) -> OwnerId {
         let at = i * ENTRY_WORDS;
-        self.words[at + 1].store(u64::from(me.pid), Ordering::Relaxed);
+        self.words[at + 1].store(
+            u64::from(me.mapped_at) << 32 | u64::from(me.pid),
+            Ordering::Relaxed,
+        );
         self.words[at + 2].store(me.start, Ordering::Relaxed);
         self.words[at + 3].store(me.pid_ns, Ordering::Relaxed);
         // Nobody else writes an entry whose lock we hold, but the file may have been
@@ -185,20 +225,53 @@ impl<'a> Registry<'a> {
     }
 
     /// Whether `owner` is gone: its entry moved to another generation or was left, or
-    /// nobody holds the entry's lock. Doubt (an error, a number out of range) is "alive".
-    pub(crate) fn is_dead(&self, locks: &impl EntryLocks, owner: OwnerId) -> bool {
+    /// nobody holds the entry's lock and the process is not seen running. `generation`
+    /// is the owner's full generation where the caller knows it (a hold's lease records
+    /// it), so that an entry taken again 64 times is not mistaken for the dead owner.
+    /// Doubt (an error, a number out of range) is "alive".
+    pub(crate) fn is_dead(
+        &self,
+        locks: &impl EntryLocks,
+        owner: OwnerId,
+        generation: Option<u32>,
+    ) -> bool {
         let i = owner.entry() as usize;
         if owner.is_unknown() || i >= self.len() {
             return false;
         }
         let w = self.word(i).load(Ordering::SeqCst);
-        if (w >> 32) as u32 & GEN_MASK != owner.gen_low() || w & TAKEN == 0 {
+        let now = (w >> 32) as u32;
+        let moved = match generation {
+            Some(g) => now != g,
+            None => now & GEN_MASK != owner.gen_low(),
+        };
+        if moved || w & TAKEN == 0 {
             // Moved on (the old lock was free for that) or left.
             return true;
         }
         // The owner took the lock before it published this generation, and gives it up
-        // only after clearing `taken`, or by dying.
-        matches!(locks.is_held(i), Ok(false))
+        // only after clearing `taken`, by dying, or by closing its descriptor.
+        matches!(locks.is_held(i), Ok(false)) && !locks.still_runs(self.identity_at(i))
+    }
+
+    /// The generation entry `owner` is at now (all 32 bits).
+    pub(crate) fn generation(&self, owner: OwnerId) -> u32 {
+        let i = owner.entry() as usize;
+        if owner.is_unknown() || i >= self.len() {
+            return 0;
+        }
+        (self.word(i).load(Ordering::Acquire) >> 32) as u32
+    }
+
+    fn identity_at(&self, i: usize) -> Identity {
+        let at = i * ENTRY_WORDS;
+        let w1 = self.words[at + 1].load(Ordering::Relaxed);
+        Identity {
+            pid: w1 as u32,
+            start: self.words[at + 2].load(Ordering::Relaxed),
+            pid_ns: self.words[at + 3].load(Ordering::Relaxed),
+            mapped_at: (w1 >> 32) as u32,
+        }
     }
 
     /// Pid, start time and pid namespace of `owner`, if the registry still has them.
@@ -207,13 +280,8 @@ impl<'a> Registry<'a> {
         if owner.is_unknown() || i >= self.len() {
             return None;
         }
-        let at = i * ENTRY_WORDS;
         let w = self.word(i).load(Ordering::Acquire);
-        let id = Identity {
-            pid: self.words[at + 1].load(Ordering::Relaxed) as u32,
-            start: self.words[at + 2].load(Ordering::Relaxed),
-            pid_ns: self.words[at + 3].load(Ordering::Relaxed),
-        };
+        let id = self.identity_at(i);
         (w & TAKEN != 0 && (w >> 32) as u32 & GEN_MASK == owner.gen_low()).then_some(id)
     }
 }
@@ -318,6 +386,17 @@ mod ofd {
 
         fn is_held(&self, i: usize) -> io::Result<bool> {
             lock_held(self.probe, libc::F_WRLCK, entry_byte(i), 1)
+        }
+
+        fn give_back(&self, i: usize) {
+            if let Some(fd) = self.take {
+                let _ = set_lock(fd, libc::F_UNLCK, entry_byte(i), 1);
+            }
+        }
+
+        fn still_runs(&self, id: super::Identity) -> bool {
+            FileId::of(self.probe)
+                .is_ok_and(|file| crate::shm::process::runs_with_mapping(id, file))
         }
     }
 
@@ -486,6 +565,7 @@ mod tests {
             pid,
             start: 7,
             pid_ns: 9,
+            mapped_at: 0,
         }
     }
 
@@ -506,11 +586,11 @@ mod tests {
         let b = reg.register(&with(Some(&fd2), &probe), me(2), 0).unwrap();
         assert_ne!(a.entry(), b.entry());
         assert_eq!(reg.identity(a), Some(me(1)));
-        assert!(!reg.is_dead(&locks(None), a) && !reg.is_dead(&locks(None), b));
+        assert!(!reg.is_dead(&locks(None), a, None) && !reg.is_dead(&locks(None), b, None));
         // the descriptor closes: the owner is gone
         drop(fd1);
-        assert!(reg.is_dead(&locks(None), a));
-        assert!(!reg.is_dead(&locks(None), b));
+        assert!(reg.is_dead(&locks(None), a, None));
+        assert!(!reg.is_dead(&locks(None), b, None));
         // its entry (the only one free) is taken again under a new generation; the old
         // owner stays dead
         let fd3 = reopen(&probe, &path, FileId::of(&probe).unwrap(), true).unwrap();
@@ -518,14 +598,14 @@ mod tests {
             .register(&with(Some(&fd3), &probe), me(3), a.entry() as usize)
             .unwrap();
         assert_eq!(c.entry(), a.entry());
-        assert!(reg.is_dead(&locks(None), a) && !reg.is_dead(&locks(None), c));
+        assert!(reg.is_dead(&locks(None), a, None) && !reg.is_dead(&locks(None), c, None));
         assert_eq!(reg.identity(a), None);
         // leaving cleanly is dead at once
         reg.unregister(b);
-        assert!(reg.is_dead(&locks(None), b));
+        assert!(reg.is_dead(&locks(None), b, None));
         // out-of-range and unknown owners are alive
-        assert!(!reg.is_dead(&locks(None), OwnerId::new(1000, 1)));
-        assert!(!reg.is_dead(&locks(None), OwnerId::UNKNOWN));
+        assert!(!reg.is_dead(&locks(None), OwnerId::new(1000, 1), None));
+        assert!(!reg.is_dead(&locks(None), OwnerId::UNKNOWN, None));
         let _ = std::fs::remove_file(&path);
     }
 

@@ -127,6 +127,12 @@ pub(crate) trait Env {
     fn now(&self) -> u64;
     /// Whether the owner is gone for good: only on the kernel's word (see `registry.rs`).
     fn is_dead(&self, owner: OwnerId) -> bool;
+    /// [`is_dead`](Self::is_dead) for the owner of a published hold, whose `lease` says
+    /// more about it (the registry generation it held, in the lock table).
+    fn is_holder_dead(&self, owner: OwnerId, lease: u64) -> bool {
+        let _ = lease;
+        self.is_dead(owner)
+    }
     /// Wakes the processes sleeping on a home's wait word.
     fn wake_all(&self, word: &AtomicU32);
     /// Whether a held key whose holder died is taken before its lease ends (the default;
@@ -196,6 +202,8 @@ pub(crate) struct Entry {
     pub hash: KeyHash,
     pub deadline: u64,
     pub acquired_at: u64,
+    /// The holder's lease (its thread, and in the lock table its registry generation).
+    pub lease: u64,
     /// 0 unless the holder took a token (and the cold line still shows it).
     pub token: u64,
     pub key_len: u64,
@@ -326,6 +334,15 @@ impl<S: Slots, E: Env> Table<S, E> {
             return None;
         }
         Some(KeyHash { lo, hi })
+    }
+
+    /// Whether the owner of the HELD or EXTENDING entry `c` of `slot` is dead, judged with
+    /// the hold's lease. `false` if the entry moved on meanwhile (nothing to free then).
+    fn holder_dead(&self, slot: &Slot, c: Word) -> bool {
+        let lease = slot.lease.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        Word(slot.control.load(Ordering::Relaxed)).ident() == c.ident()
+            && self.env.is_holder_dead(c.owner(), lease)
     }
 
     #[inline]
@@ -820,8 +837,10 @@ impl<S: Slots, E: Env> Table<S, E> {
         let c = Word(slot.control.load(Ordering::SeqCst));
         let expired = c.state() == State::Held && slot.deadline.load(Ordering::Relaxed) <= now;
         let judged = check_owner
-            && (c.state() != State::Held || self.env.reaps_dead_holders())
-            && self.env.is_dead(c.owner());
+            && match c.state() {
+                State::Held => self.env.reaps_dead_holders() && self.holder_dead(slot, c),
+                _ => self.env.is_dead(c.owner()),
+            };
         if c.state() == State::Free || !(expired || judged) {
             return false;
         }
@@ -839,7 +858,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         match c.state() {
             State::Held => {
                 // Freed by us, or changed meanwhile: either way worth a retry.
-                self.env.reaps_dead_holders() && self.env.is_dead(c.owner()) && {
+                self.env.reaps_dead_holders() && self.holder_dead(&self.slots()[b.slot], c) && {
                     self.force_release(b.slot, c);
                     true
                 }
@@ -1079,7 +1098,10 @@ impl<S: Slots, E: Env> Table<S, E> {
                 }
             };
             let snapshot = self.entry(i);
-            let dead = self.env.is_dead(c.owner());
+            let dead = match c.state() {
+                State::Held | State::Extending => self.holder_dead(&slots[i], c),
+                _ => self.env.is_dead(c.owner()),
+            };
             let to = if dead || c.state() == State::Held {
                 c.freed()
             } else {
@@ -1098,7 +1120,11 @@ impl<S: Slots, E: Env> Table<S, E> {
 
     /// Whether the owner recorded in an entry is dead, as the registry judges it.
     pub(crate) fn is_owner_dead(&self, e: &Entry) -> bool {
-        e.word.state() != State::Free && self.env.is_dead(e.word.owner())
+        match e.word.state() {
+            State::Free => false,
+            State::Held | State::Extending => self.env.is_holder_dead(e.word.owner(), e.lease),
+            _ => self.env.is_dead(e.word.owner()),
+        }
     }
 
     /// Snapshots every occupied slot (for inspection; consistent per slot).
@@ -1136,6 +1162,7 @@ impl<S: Slots, E: Env> Table<S, E> {
             hash,
             deadline,
             acquired_at,
+            lease,
             token: if token_of == token_label(c, lease) {
                 token
             } else {
