@@ -162,8 +162,16 @@ fn refresh() {
         .compare_exchange(0, NAMING, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
     {
+        // Naming reads /proc and closes descriptors: give the namer the CPU (it may
+        // share one with every waiting thread) rather than spin against it.
+        let mut spins = 0u32;
         while cell().token.load(Ordering::Acquire) == NAMING {
-            std::hint::spin_loop();
+            if spins < 64 {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         return;
     }
