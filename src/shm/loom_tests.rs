@@ -358,6 +358,101 @@ fn extend_versus_steal_at_the_deadline() {
     });
 }
 
+/// Model 6b — a steal whose look is stale: the thief CASes from the very word of a live
+/// hold, as a look made before the slot's generation wrapped round would (loom cannot run
+/// 2^26 transitions; the word is handed over instead). The live hold must come through
+/// untouched while its holder renews and releases, and a rival gets the key only after
+/// the release.
+#[test]
+fn a_steal_from_a_stale_look_leaves_a_live_hold_alone() {
+    loom::model(|| {
+        let m = model(2);
+        let k = key(0, 2, 1, 4);
+        let mut h = take(&m.table, k, 1, 1).unwrap();
+        let word = h.word;
+        let slot = h.slot;
+        let releasing = Arc::new(AtomicBool::new(false));
+        let t = m.table.clone();
+        let thief = thread::spawn(move || t.steal(slot, word));
+        let (t, r) = (m.table.clone(), releasing.clone());
+        let holder = thread::spawn(move || {
+            let extended = t.extend(&mut h, 10 * LEASE);
+            r.store(true, Ordering::SeqCst);
+            (extended, t.release(&h))
+        });
+        let (t, r) = (m.table.clone(), releasing.clone());
+        let rival = thread::spawn(move || {
+            let got = take(&t, k, 2, 2);
+            if got.is_some() {
+                assert!(r.load(Ordering::SeqCst), "the rival took a live hold");
+            }
+            got
+        });
+        assert!(!thief.join().unwrap(), "a stale steal freed a live hold");
+        let (extended, released) = holder.join().unwrap();
+        assert_eq!(extended, Ok(()), "the renewal was disturbed");
+        assert_eq!(released, Ok(()), "the release was disturbed");
+        if let Some(g) = rival.join().unwrap() {
+            assert_eq!(m.table.release(&g), Ok(()));
+        }
+        assert_eq!(entries_of(&m.table, k), 0);
+    });
+}
+
+/// Model 6c — a thief dies right after freezing an expired hold: the STEALING word blocks
+/// nobody. The holder's renewal ends the check (its lease ran out: lost), and a waiter
+/// that meets it ends it too and takes the key; never both.
+#[test]
+fn a_thief_that_dies_halfway_blocks_nobody() {
+    for live in [false, true] {
+        loom::model(move || {
+            let m = model(2);
+            let k = key(0, 2, 1, 4);
+            let mut h = take(&m.table, k, 1, 1).unwrap();
+            if !live {
+                m.env.now.store(100 + LEASE, Ordering::SeqCst); // the lease is over
+            }
+            let (word, slot) = (h.word, h.slot);
+            let t = m.table.clone();
+            let thief = thread::spawn(move || {
+                crash::arm(0); // dies at the first crash point: right after freezing
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    t.steal(slot, word);
+                }));
+            });
+            let t = m.table.clone();
+            let holder = thread::spawn(move || {
+                let r = t.extend(&mut h, 10 * LEASE);
+                (r, h)
+            });
+            let t = m.table.clone();
+            let waiter = thread::spawn(move || take(&t, k, 2, 2));
+            thief.join().unwrap();
+            let (extended, h) = holder.join().unwrap();
+            let won = waiter.join().unwrap();
+            assert!(!(extended.is_ok() && won.is_some()), "two holders");
+            assert_eq!(
+                extended.is_ok(),
+                live,
+                "a live hold lost, or a dead one renewed"
+            );
+            assert!(entries_of(&m.table, k) <= 1);
+            if let Some(w) = won {
+                assert_eq!(m.table.release(&w), Ok(()));
+            }
+            if extended.is_ok() {
+                assert_eq!(m.table.release(&h), Ok(()));
+            }
+            // nothing is left frozen
+            assert!(m
+                .table
+                .entries()
+                .iter()
+                .all(|e| e.word.state() != State::Stealing));
+        });
+    }
+}
+
 /// Model 7 — a process dies at every step of claim and release. Whatever it left, the key
 /// becomes claimable once the death is known, and an unrelated key sharing the home is never
 /// blocked.

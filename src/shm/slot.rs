@@ -116,6 +116,10 @@ pub(crate) enum State {
     /// longer an entry of its key, but its owner may still write the fields, so the slot
     /// stays out of use until the owner backs out or dies.
     Broken = 4,
+    /// A HELD entry someone found expired (or its owner dead), frozen while that is
+    /// checked again: then FREE, or HELD exactly as it was. The word is the HELD one with
+    /// only the state changed, so the holder's own word comes back if the hold stays.
+    Stealing = 5,
 }
 
 /// The control word of a slot:
@@ -173,6 +177,7 @@ impl Word {
             1 => State::Claiming,
             2 => State::Held,
             3 => State::Extending,
+            5 => State::Stealing,
             // 4, and the values no version writes (a damaged file): nobody's entry, out
             // of use until its owner is seen dead.
             _ => State::Broken,
@@ -220,6 +225,12 @@ impl Word {
             self.gen().wrapping_add(1),
             self,
         )
+    }
+
+    /// The same word in `state`, nothing else changed (the step into and out of
+    /// [`State::Stealing`]).
+    pub(crate) fn with_state(self, state: State) -> Word {
+        Word(self.0 & !STATE_MASK | state as u64)
     }
 
     /// A free slot one transition later (the reach stays: it is the home's).

@@ -17,9 +17,23 @@
 //!    │ │                           │ break CAS (stalled)  │          │ break CAS (stalled
 //!    │ │                           ▼                      │          │ past its deadline)
 //!    │ └── back out CAS (owner) ─ BROKEN ◀────────────────┼──────────┘
-//!    │     or reap CAS (owner dead)                       │
-//!    └──── release CAS (owner) / steal CAS (expired, or owner dead) ─┘
+//!    │     or reap CAS (owner dead)                       │  ▲
+//!    ├──── release CAS (owner) ───────────────────────────┘  │ restore CAS (still live)
+//!    │                                steal CAS (expired,    ▼
+//!    └──── free CAS (doomed) ─────── STEALING ◀──────── or owner dead)
 //! ```
+//!
+//! Freeing someone else's HELD entry takes two steps. One CAS from the word a look found
+//! expired (or its owner dead) would free a later, live hold if the looker stopped
+//! between its look and its CAS for as long as the slot took to bring its 26-bit
+//! generation round to the same word. So the steal CAS only freezes the entry (STEALING
+//! is the HELD word with its state changed, nothing else), and the look is made again at
+//! the fields that are really there, which nobody writes while the word is STEALING;
+//! then FREE, or the HELD word exactly as it was. Anyone who meets a STEALING word ends
+//! it the same way (the holder does before it releases, renews or fences), so a steal
+//! stopped halfway blocks nobody. What remains is a second-order wrap: a looker stopped
+//! between its second look and its final CAS, while the word comes round and *another*
+//! steal of the same word is in progress at the moment it resumes.
 //!
 //! Ownership is decided by CAS on the control [`Word`] alone, and every transition an
 //! owner makes is a CAS from the exact entry it owns ([`Word::ident`]: the waiters and
@@ -223,6 +237,8 @@ enum Seen {
     Key,
     /// A HELD entry of our key past its deadline.
     Expired,
+    /// A HELD entry of our key being checked again by someone about to free it.
+    Stealing,
 }
 
 /// What a waiter should do after [`Table::prepare_wait`].
@@ -352,9 +368,10 @@ impl<S: Slots, E: Env> Table<S, E> {
             State::Broken => Seen::Other,
             _ if c.tag() != hash.tag() => Seen::Other,
             State::Claiming => Seen::Claiming,
-            State::Held | State::Extending => match self.hash_of(slot, c) {
+            State::Held | State::Extending | State::Stealing => match self.hash_of(slot, c) {
                 None => Seen::Changed,
                 Some(h) if h != hash => Seen::Other,
+                Some(_) if c.state() == State::Stealing => Seen::Stealing,
                 Some(_) => {
                     if c.state() == State::Held && slot.deadline.load(Ordering::Relaxed) <= now {
                         Seen::Expired
@@ -432,14 +449,14 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// Wakes the waiters of the entry `c` in slot `i`, whose home comes from its hash.
     fn wake_from(&self, i: usize, c: Word) {
         let slots = self.slots();
-        // Only HELD (and EXTENDING) words carry the waiters bit, and their hash is
+        // Only HELD (EXTENDING, STEALING) words carry the waiters bit, and their hash is
         // published with them; a damaged file may say otherwise: then wake slot i's home.
         let slot = &slots[i];
         let hash = KeyHash {
             lo: slot.hash_lo.load(Ordering::Relaxed),
             hi: slot.hash_hi.load(Ordering::Relaxed),
         };
-        let home = if matches!(c.state(), State::Held | State::Extending) {
+        let home = if matches!(c.state(), State::Held | State::Extending | State::Stealing) {
             hash.home(slots.len())
         } else {
             i
@@ -447,9 +464,70 @@ impl<S: Slots, E: Env> Table<S, E> {
         self.wake(home);
     }
 
-    /// Frees an entry that is no longer its owner's to keep (expired, dead owner, forced).
+    /// Frees an entry that is no longer its owner's to keep (dead owner, forced).
     fn force_release(&self, i: usize, c: Word) -> bool {
         self.replace(i, c, c.freed())
+    }
+
+    /// Frees the HELD entry `c` of slot `i`, found past its deadline or with its owner
+    /// dead, in two steps: STEALING, then the same look again, then FREE (or back to `c`).
+    /// One CAS from `c` would free a later, live hold if this thread stopped after its
+    /// look for as long as the slot took to bring its 26-bit generation round to the same
+    /// word; in STEALING the fields cannot change (the holder ends the check before it
+    /// acts), so the second look is at the hold that is really there. `true` if freed.
+    pub(crate) fn steal(&self, i: usize, c: Word) -> bool {
+        let slot = &self.slots()[i];
+        let mut cur = c;
+        let frozen = loop {
+            let frozen = cur.with_state(State::Stealing);
+            match slot
+                .control
+                .compare_exchange(cur.0, frozen.0, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => break frozen,
+                Err(now) if Word(now).ident() == c.ident() => cur = Word(now),
+                Err(_) => return false,
+            }
+        };
+        crash_point();
+        self.resolve_steal(i, frozen)
+    }
+
+    /// Ends the check `frozen` (a STEALING word) of slot `i`, which anyone may do, and
+    /// with the same outcome: FREE if the frozen hold is past its deadline or its owner is
+    /// dead, else HELD as it was. `true` if this call freed it.
+    fn resolve_steal(&self, i: usize, frozen: Word) -> bool {
+        let slot = &self.slots()[i];
+        let deadline = slot.deadline.load(Ordering::Relaxed);
+        let lease = slot.lease.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        if Word(slot.control.load(Ordering::SeqCst)).ident() != frozen.ident() {
+            return false; // ended by someone else
+        }
+        let doomed = deadline <= self.now()
+            || (self.env.reaps_dead_holders() && self.env.is_holder_dead(frozen.owner(), lease));
+        let mut cur = frozen;
+        loop {
+            let to = if doomed {
+                cur.freed()
+            } else {
+                cur.with_state(State::Held)
+            };
+            match slot
+                .control
+                .compare_exchange(cur.0, to.0, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => {
+                    crash_point();
+                    if doomed && cur.has_waiters() {
+                        self.wake_from(i, cur);
+                    }
+                    return doomed;
+                }
+                Err(now) if Word(now).ident() == frozen.ident() => cur = Word(now),
+                Err(_) => return false,
+            }
+        }
     }
 
     fn wake(&self, home: usize) {
@@ -669,7 +747,11 @@ impl<S: Slots, E: Env> Table<S, E> {
                     },
                     Seen::Key => return Ok(Attempt::Busy(busy(i, home, c))),
                     Seen::Expired => {
-                        self.force_release(i, c);
+                        self.steal(i, c);
+                        continue;
+                    }
+                    Seen::Stealing => {
+                        self.resolve_steal(i, c);
                         continue;
                     }
                 }
@@ -729,7 +811,11 @@ impl<S: Slots, E: Env> Table<S, E> {
                     Seen::Free | Seen::Other => {}
                     Seen::Changed => continue,
                     Seen::Expired => {
-                        self.force_release(i, c);
+                        self.steal(i, c);
+                        continue;
+                    }
+                    Seen::Stealing => {
+                        self.resolve_steal(i, c);
                         continue;
                     }
                     Seen::Key => {
@@ -835,6 +921,9 @@ impl<S: Slots, E: Env> Table<S, E> {
     fn reap_slot(&self, i: usize, now: u64, check_owner: bool) -> bool {
         let slot = &self.slots()[i];
         let c = Word(slot.control.load(Ordering::SeqCst));
+        if c.state() == State::Stealing {
+            return self.resolve_steal(i, c);
+        }
         let expired = c.state() == State::Held && slot.deadline.load(Ordering::Relaxed) <= now;
         let judged = check_owner
             && match c.state() {
@@ -844,7 +933,11 @@ impl<S: Slots, E: Env> Table<S, E> {
         if c.state() == State::Free || !(expired || judged) {
             return false;
         }
-        self.force_release(i, c)
+        if c.state() == State::Held {
+            self.steal(i, c)
+        } else {
+            self.force_release(i, c)
+        }
     }
 
     /// The waiter's look at the entry that made an attempt busy: frees it if its owner is
@@ -859,11 +952,15 @@ impl<S: Slots, E: Env> Table<S, E> {
             State::Held => {
                 // Freed by us, or changed meanwhile: either way worth a retry.
                 self.env.reaps_dead_holders() && self.holder_dead(&self.slots()[b.slot], c) && {
-                    self.force_release(b.slot, c);
+                    self.steal(b.slot, c);
                     true
                 }
             }
             State::Claiming | State::Extending => self.unstick(b.slot, c),
+            State::Stealing => {
+                self.resolve_steal(b.slot, c);
+                true
+            }
             State::Free | State::Broken => true,
         }
     }
@@ -915,6 +1012,19 @@ impl<S: Slots, E: Env> Table<S, E> {
         &self.slots()[home].wait
     }
 
+    /// The slot word as the holder of `held` may act on it: a check of this very hold in
+    /// progress (someone about to free it, see [`steal`](Self::steal)) is ended first,
+    /// as that check would end it: the hold comes back unless its lease ran out.
+    #[inline]
+    fn holder_word(&self, slot: &Slot, held: &Held) -> Word {
+        let c = Word(slot.control.load(Ordering::SeqCst));
+        if c.state() == State::Stealing && c.with_state(State::Held).ident() == held.word.ident() {
+            self.resolve_steal(held.slot, c);
+            return Word(slot.control.load(Ordering::SeqCst));
+        }
+        c
+    }
+
     /// Whether `held` is still this holder's: same entry, lease and acquisition time.
     #[inline]
     fn owns(&self, slot: &Slot, c: Word, held: &Held) -> bool {
@@ -928,7 +1038,7 @@ impl<S: Slots, E: Env> Table<S, E> {
     pub(crate) fn release(&self, held: &Held) -> Result<(), Lost> {
         let slot = &self.slots()[held.slot];
         loop {
-            let c = Word(slot.control.load(Ordering::Acquire));
+            let c = self.holder_word(slot, held);
             if !self.owns(slot, c, held) {
                 return Err(Lost);
             }
@@ -953,7 +1063,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         let slot = &self.slots()[held.slot];
         let now = self.now();
         loop {
-            let c = Word(slot.control.load(Ordering::Acquire));
+            let c = self.holder_word(slot, held);
             if !self.owns(slot, c, held) {
                 return Err(Lost);
             }
@@ -1006,7 +1116,7 @@ impl<S: Slots, E: Env> Table<S, E> {
     pub(crate) fn disown(&self, held: &Held) {
         let slot = &self.slots()[held.slot];
         loop {
-            let c = Word(slot.control.load(Ordering::Acquire));
+            let c = self.holder_word(slot, held);
             if !self.owns(slot, c, held) {
                 return;
             }
@@ -1041,7 +1151,7 @@ impl<S: Slots, E: Env> Table<S, E> {
             .wrapping_add(1);
         crash_point();
         let slot = &slots[held.slot];
-        let c = Word(slot.control.load(Ordering::SeqCst));
+        let c = self.holder_word(slot, held);
         if !self.owns(slot, c, held) {
             return None;
         }
@@ -1065,7 +1175,8 @@ impl<S: Slots, E: Env> Table<S, E> {
             let c = self.word(i, Ordering::Acquire);
             match self.examine(&slots[i], c, hash, now) {
                 Seen::Changed => continue,
-                Seen::Key => return Some(busy(i, home, c)),
+                // held until the check ends, and most likely after it
+                Seen::Key | Seen::Stealing => return Some(busy(i, home, c)),
                 _ => {}
             }
             d += 1;
@@ -1089,6 +1200,10 @@ impl<S: Slots, E: Env> Table<S, E> {
             let c = self.word(i, Ordering::Acquire);
             let live = match self.examine(&slots[i], c, hash, now) {
                 Seen::Changed => continue,
+                Seen::Stealing => {
+                    self.resolve_steal(i, c);
+                    continue;
+                }
                 Seen::Key => true,
                 // A claim that may be of this key (by tag): breaking it is always safe.
                 Seen::Claiming => false,
@@ -1099,7 +1214,7 @@ impl<S: Slots, E: Env> Table<S, E> {
             };
             let snapshot = self.entry(i);
             let dead = match c.state() {
-                State::Held | State::Extending => self.holder_dead(&slots[i], c),
+                State::Held | State::Extending | State::Stealing => self.holder_dead(&slots[i], c),
                 _ => self.env.is_dead(c.owner()),
             };
             let to = if dead || c.state() == State::Held {
@@ -1122,7 +1237,9 @@ impl<S: Slots, E: Env> Table<S, E> {
     pub(crate) fn is_owner_dead(&self, e: &Entry) -> bool {
         match e.word.state() {
             State::Free => false,
-            State::Held | State::Extending => self.env.is_holder_dead(e.word.owner(), e.lease),
+            State::Held | State::Extending | State::Stealing => {
+                self.env.is_holder_dead(e.word.owner(), e.lease)
+            }
             _ => self.env.is_dead(e.word.owner()),
         }
     }
