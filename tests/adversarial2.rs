@@ -25,25 +25,22 @@ use common::harness::Test;
 use common::TempPath;
 use shmlock::{Error, LockOptions, LockTable};
 
-const RELEASE_ONLY: &[&str] = &[
-    "a_waiter_stopped_before_stealing_an_expired_hold_never_frees_a_fresh_one",
-    "a_claimer_stopped_before_its_direct_claim_never_publishes_stale_fields",
-    "an_expired_guard_never_frees_a_later_hold_of_its_thread_after_the_generation_wraps",
-];
-
 const TESTS: &[Test] = &[
     Test::new(
         "an_expired_guard_never_frees_a_later_hold_of_its_thread_after_the_generation_wraps",
         an_expired_guard_never_frees_a_later_hold_of_its_thread_after_the_generation_wraps,
-    ),
+    )
+    .release_only(),
     Test::new(
         "a_claimer_stopped_before_its_direct_claim_never_publishes_stale_fields",
         a_claimer_stopped_before_its_direct_claim_never_publishes_stale_fields,
-    ),
+    )
+    .release_only(),
     Test::new(
         "a_waiter_stopped_before_stealing_an_expired_hold_never_frees_a_fresh_one",
         a_waiter_stopped_before_stealing_an_expired_hold_never_frees_a_fresh_one,
-    ),
+    )
+    .release_only(),
     Test::new(
         "a_dead_holders_key_is_freed_after_its_registry_entry_was_reused_64_times",
         a_dead_holders_key_is_freed_after_its_registry_entry_was_reused_64_times,
@@ -63,7 +60,8 @@ const TESTS: &[Test] = &[
     Test::new(
         "a_table_unlinked_while_in_use_never_gives_a_held_key_to_a_newcomer",
         a_table_unlinked_while_in_use_never_gives_a_held_key_to_a_newcomer,
-    ),
+    )
+    .known_limit(),
     Test::new(
         "a_holder_that_execs_and_reopens_the_table_frees_its_keys_at_once",
         a_holder_that_execs_and_reopens_the_table_frees_its_keys_at_once,
@@ -105,46 +103,8 @@ macro_rules! note {
     }};
 }
 
-/// Attacks that still succeed: the limits the README states ("Known limits"). They fail
-/// today, so the suite leaves them out; `adversarial2 --known-limits` runs them.
-const KNOWN_LIMITS: &[&str] =
-    &["a_table_unlinked_while_in_use_never_gives_a_held_key_to_a_newcomer"];
-
 fn main() {
-    if std::env::args().any(|a| a == "--role") {
-        common::harness::run("adversarial2", &[], role);
-    }
-    let known = std::env::args().any(|a| a == "--known-limits");
-    let tests: Vec<Test> = TESTS
-        .iter()
-        .copied()
-        .filter(|t| {
-            if KNOWN_LIMITS.contains(&t.name) != known {
-                if !known {
-                    println!(
-                        "test {} ... not run (a known limit, see the README; run with \
-                         --known-limits)",
-                        t.name
-                    );
-                }
-                return false;
-            }
-            let skip = cfg!(debug_assertions)
-                && RELEASE_ONLY.contains(&t.name)
-                && std::env::var_os("ADVERSARIAL2_SLOW").is_none();
-            let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-            if skip && filter.as_ref().is_none_or(|f| t.name.contains(f.as_str())) {
-                println!(
-                    "test {} ... ignored (needs a release build: tens of millions of lock \
-                     operations; cargo test --release --test adversarial2)",
-                    t.name
-                );
-            }
-            !skip
-        })
-        .collect();
-    let tests: &'static [Test] = Box::leak(tests.into_boxed_slice());
-    common::harness::run("adversarial2", tests, role);
+    common::harness::run("adversarial2", TESTS, role);
 }
 
 fn role(args: &[String]) -> i32 {

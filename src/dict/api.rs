@@ -390,7 +390,7 @@ impl SharedDict {
             opened.file,
             opened.id,
             path.to_path_buf(),
-            opened.registered,
+            opened.owner,
             true,
         );
         Ok(SharedDict {
@@ -456,7 +456,7 @@ impl SharedDict {
         Some(
             self.inner
                 .att
-                .identity(owner)
+                .identity(owner, None)
                 .filter(|id| id.pid_ns == here || id.pid_ns == 0 || here == 0)
                 .map_or(0, |id| id.pid),
         )

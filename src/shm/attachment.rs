@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::shm::clock::{raw_now, Clock, Monotonic};
-use crate::shm::file::{Mapping, Registered};
+use crate::shm::mapping::Mapping;
 use crate::shm::process::fork_epoch;
-use crate::shm::registry::{self, FileId, FileLocks, HeldFd, Identity, OwnerId};
+use crate::shm::registry::{self, FileId, FileLocks, Identity, OwnerId};
 
 /// How long an entry in a transitional state (a claim, an extension, the dict's writer
 /// lock) must look exactly the same before a waiter may break it. Such states last
@@ -35,7 +35,9 @@ pub(crate) struct Attachment {
     /// `false`: leave dead holders' keys to their leases (`OpenOptions::liveness`).
     judge: bool,
     read_only: bool,
-    reg: Mutex<Option<Registered>>,
+    /// This process's registration and the fork epoch it was made in (a forked child
+    /// finds its parent's here, and makes its own).
+    reg: Mutex<Option<(OwnerId, u64)>>,
     /// `fork epoch << 32 | owner bits` of the registration in use; 0 before any.
     cached: AtomicU64,
     /// The full registry generation of that registration (stored before `cached`).
@@ -50,16 +52,12 @@ impl Attachment {
         file: File,
         id: FileId,
         path: PathBuf,
-        registered: Option<Registered>,
+        registered: Option<OwnerId>,
         judge: bool,
     ) -> Attachment {
         let read_only = registered.is_none();
-        let cached = registered
-            .as_ref()
-            .map_or(0, |r| fork_epoch() << 32 | u64::from(r.owner.bits()));
-        let generation = registered
-            .as_ref()
-            .map_or(0, |r| map.registry().generation(r.owner));
+        let cached = registered.map_or(0, |owner| fork_epoch() << 32 | u64::from(owner.bits()));
+        let generation = registered.map_or(0, |owner| map.registry().generation(owner));
         Attachment {
             map,
             probe: Mutex::new(file),
@@ -67,7 +65,7 @@ impl Attachment {
             path,
             judge,
             read_only,
-            reg: Mutex::new(registered),
+            reg: Mutex::new(registered.map(|owner| (owner, fork_epoch()))),
             cached: AtomicU64::new(cached),
             generation: AtomicU64::new(u64::from(generation)),
             alive_at: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -129,17 +127,14 @@ impl Attachment {
                 std::io::Error::other("could not register this forked process"),
             )
         })?;
-        if let Some(r) = reg.as_ref().filter(|r| r.fd.is_ours()) {
-            let owner = r.owner;
+        if let Some((owner, _)) = reg.filter(|&(_, epoch)| epoch == fork_epoch()) {
             self.remember(owner);
             return Ok(owner);
         }
-        // The parent's registration (if any) is dropped without closing its descriptor
-        // number: it was closed when this child first looked at itself.
+        // The parent's registration is the parent's to leave.
         *reg = None;
-        let fresh = self.register_again()?;
-        let owner = fresh.owner;
-        *reg = Some(fresh);
+        let owner = self.register_again()?;
+        *reg = Some((owner, fork_epoch()));
         self.remember(owner);
         Ok(owner)
     }
@@ -155,12 +150,19 @@ impl Attachment {
         );
     }
 
-    fn register_again(&self) -> Result<Registered, Error> {
-        let probe = self.probe();
-        let fd = registry::reopen(&probe, &self.path, self.id, true)
-            .map_err(|e| Error::io(&self.path, e))?;
+    /// Registers through the description this child mapped the table from on its first
+    /// look at itself (see `mapping.rs`).
+    fn register_again(&self) -> Result<OwnerId, Error> {
+        let fd = self.map.own_fd().ok_or_else(|| {
+            Error::io(
+                &self.path,
+                std::io::Error::other(
+                    "this forked process could not map the table from a description of its own",
+                ),
+            )
+        })?;
         let until = std::time::Instant::now() + Duration::from_secs(10);
-        while !registry::mark_attached(&fd).map_err(|e| Error::io(&self.path, e))? {
+        while !registry::mark_attached(fd).map_err(|e| Error::io(&self.path, e))? {
             if std::time::Instant::now() >= until {
                 return Err(Error::io(
                     &self.path,
@@ -172,17 +174,14 @@ impl Attachment {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        let owner = crate::shm::file::register(
+        let probe = self.probe();
+        crate::shm::file::register(
             &self.path,
             &probe,
-            &fd,
+            fd,
             &self.map,
             self.map.registry().len() as u32,
-        )?;
-        Ok(Registered {
-            fd: HeldFd::new(fd, self.id),
-            owner,
-        })
+        )
     }
 
     /// The probe descriptor, re-opened first if it no longer names the table's file.
@@ -240,20 +239,22 @@ impl Attachment {
         dead
     }
 
-    /// Pid, start time and pid namespace of an owner, as the registry has them.
-    pub(crate) fn identity(&self, owner: OwnerId) -> Option<Identity> {
-        self.map.registry().identity(owner)
+    /// Pid, start time and pid namespace of an owner, as the registry has them (checked
+    /// against its full registry generation where it is known).
+    pub(crate) fn identity(&self, owner: OwnerId, generation: Option<u32>) -> Option<Identity> {
+        self.map.registry().identity(owner, generation)
     }
 }
 
 impl Drop for Attachment {
     fn drop(&mut self) {
-        let reg = self.reg.get_mut().unwrap_or_else(|p| p.into_inner()).take();
-        let Some(reg) = reg else { return };
-        if reg.fd.get().is_some() {
-            self.map.registry().unregister(reg.owner);
+        let reg = *self.reg.get_mut().unwrap_or_else(|p| p.into_inner());
+        // Left here; the lock goes with the mapping, when its last user drops it.
+        if let Some((owner, epoch)) = reg {
+            if epoch == fork_epoch() {
+                self.map.registry().unregister(owner);
+            }
         }
-        drop(reg); // closing the descriptor drops the locks
     }
 }
 

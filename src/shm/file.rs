@@ -21,19 +21,17 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::BorrowedFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
-
-use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::{Error, FormatError};
 use crate::shm::format::{Header, Layout, HEADER_SIZE};
-use crate::shm::registry::{self, FileId, FileLocks, HeldFd, Identity, OwnerId, Registry};
+use crate::shm::mapping::Mapping;
+use crate::shm::registry::{self, FileId, FileLocks, Identity, OwnerId};
 
 /// How to open a table file.
 #[derive(Clone, Copy, Debug)]
@@ -70,56 +68,6 @@ const ATTACH_PATIENCE: Duration = Duration::from_secs(10);
 /// How many times the path may vanish and reappear under one open before it gives up.
 const OPEN_ROUNDS: u32 = 100;
 
-/// Everything after the header of a mapped table file: the registry, then the body.
-pub(crate) struct Mapping {
-    base: NonNull<AtomicU64>,
-    registry_words: usize,
-    /// Where the body starts: the registry takes whole pages.
-    body_at: usize,
-    body_words: usize,
-    // Keeps the mapping (and so `base`) valid; unmapped on drop.
-    _map: MmapRaw,
-}
-
-// SAFETY: the mapping is only reached through atomics (`&[AtomicU64]`, or structs whose
-// fields are all atomics), so sharing it across threads is as sound as sharing the atomics;
-// the mapping itself is owned and unmapped exactly once.
-unsafe impl Send for Mapping {}
-// SAFETY: as above.
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    /// The registry's words (its entries; padding excluded).
-    #[inline]
-    pub(crate) fn registry(&self) -> Registry<'_> {
-        // SAFETY: the registry starts one page into the mapping (aligned) and is
-        // `registry_words` long, inside the mapping (its length was checked against the
-        // file before mapping); every bit pattern is a valid `AtomicU64`; all mutation, by
-        // us or others, is atomic; `self` keeps the mapping alive for the lifetime.
-        Registry::new(unsafe {
-            std::slice::from_raw_parts(self.base.as_ptr(), self.registry_words)
-        })
-    }
-
-    /// The address of the mapping's registry (what `/proc/<pid>/maps` shows it under).
-    pub(crate) fn base(&self) -> usize {
-        self.base.as_ptr() as usize
-    }
-
-    /// The body as words. Every layout is made of 8-byte-aligned atomics.
-    #[inline]
-    pub(crate) fn words(&self) -> &[AtomicU64] {
-        &self.all()[self.body_at..]
-    }
-
-    /// Everything mapped: registry pages, then the body.
-    fn all(&self) -> &[AtomicU64] {
-        // SAFETY: as for `registry`: the mapping is exactly `body_at + body_words` words
-        // (checked against the file); page-aligned; atomics only; borrowed from `self`.
-        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.body_at + self.body_words) }
-    }
-}
-
 /// An open, validated, mapped table, registered as one of its owners unless read-only.
 pub(crate) struct Opened {
     pub map: Mapping,
@@ -129,15 +77,8 @@ pub(crate) struct Opened {
     pub file: File,
     /// The file's device and inode, which every descriptor used later must still name.
     pub id: FileId,
-    /// This process's registration (`None`: read-only).
-    pub registered: Option<Registered>,
-}
-
-/// A process's place in a file's registry: the descriptor that holds its locks, and the
-/// owner id its entries carry.
-pub(crate) struct Registered {
-    pub fd: HeldFd,
-    pub owner: OwnerId,
+    /// The owner id of this process's registration (`None`: read-only).
+    pub owner: Option<OwnerId>,
 }
 
 pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
@@ -334,61 +275,51 @@ fn attach(path: &Path, file: File, created: bool, spec: OpenSpec) -> Result<Open
     if len > expected {
         return Err(Error::from(FormatError::Corrupt("file longer than its layout")).at(path));
     }
-    let mut options = MmapOptions::new();
-    options
-        .offset(HEADER_SIZE as u64)
-        .len(header.mapped_len() as usize);
-    let map = if spec.read_only {
-        options.map_raw_read_only(&file)
-    } else {
-        options.map_raw(&file)
-    }
-    .map_err(|e| Error::io(path, e))?;
-    let base = NonNull::new(map.as_mut_ptr().cast::<AtomicU64>()).expect("mmap returned null");
-    let map = Mapping {
-        base,
-        registry_words: header.registry as usize * registry::ENTRY_WORDS,
-        body_at: (header.registry_len() / 8) as usize,
-        body_words: (header.layout.body_len(header.slot_count) / 8) as usize,
-        _map: map,
-    };
+    let id = FileId::of(&file).map_err(|e| Error::io(path, e))?;
     if spec.read_only {
-        let id = FileId::of(&file).map_err(|e| Error::io(path, e))?;
+        let desc = file.try_clone().map_err(|e| Error::io(path, e))?;
+        let map =
+            Mapping::new(desc.into(), path, id, &header, false).map_err(|e| Error::io(path, e))?;
         return Ok(Opened {
             map,
             header,
             created,
             file,
             id,
-            registered: None,
+            owner: None,
         });
     }
-    let id = FileId::of(&file).map_err(|e| Error::io(path, e))?;
-    let lock_fd = registry::reopen(&file, path, id, true).map_err(|e| Error::io(path, e))?;
-    let header = join(path, &file, &lock_fd, &map, header)?;
-    let owner = register(path, &file, &lock_fd, &map, header.registry)?;
+    // The mapping gets a description of its own, and the registration's locks are taken
+    // through it: the kernel keeps them while the mapping lasts (see `mapping.rs`).
+    let desc = registry::reopen(&file, path, id, true).map_err(|e| Error::io(path, e))?;
+    let map = Mapping::new(desc, path, id, &header, true).map_err(|e| Error::io(path, e))?;
+    let lock_fd = map.own_fd().ok_or_else(|| {
+        Error::io(
+            path,
+            io::Error::other("the table's descriptor was closed while it was opened"),
+        )
+    })?;
+    let header = join(path, &file, lock_fd, &map, header)?;
+    let owner = register(path, &file, lock_fd, &map, header.registry)?;
     Ok(Opened {
         map,
         header,
         created,
         file,
         id,
-        registered: Some(Registered {
-            fd: HeldFd::new(lock_fd, id),
-            owner,
-        }),
+        owner: Some(owner),
     })
 }
 
-/// Marks the file in use by this process (a read lock on its attached byte, held for as
-/// long as `lock_fd` is open), after resetting a table left by an earlier boot if — and
+/// Marks the file in use by this process (a read lock on its attached byte, held through
+/// the mapping's description for as long as the mapping lasts), after resetting a table left by an earlier boot if — and
 /// only if — it read this boot's id, the file names another, and it could take that byte
 /// for writing (no other process has the file open). Returns the header as it is once the
 /// byte is held: a reset by another process in the meantime is seen.
 fn join(
     path: &Path,
     file: &File,
-    lock_fd: &OwnedFd,
+    lock_fd: BorrowedFd<'_>,
     map: &Mapping,
     mut header: Header,
 ) -> Result<Header, Error> {
@@ -437,11 +368,12 @@ fn join(
     }
 }
 
-/// Takes a registry entry for this process through `lock_fd`, or says why it cannot.
+/// Takes a registry entry for this process through `lock_fd` (the mapping's description),
+/// or says why it cannot.
 pub(crate) fn register(
     path: &Path,
     file: &File,
-    lock_fd: &OwnedFd,
+    lock_fd: BorrowedFd<'_>,
     map: &Mapping,
     entries: u32,
 ) -> Result<OwnerId, Error> {
@@ -450,7 +382,6 @@ pub(crate) fn register(
         pid: me.pid,
         start: me.start,
         pid_ns: crate::shm::process::pid_namespace(),
-        mapped_at: (map.base() >> 12) as u32,
     };
     let locks = FileLocks {
         take: Some(lock_fd),

@@ -14,9 +14,10 @@ use crate::lock::options::LockOptions;
 use crate::lock::{self, LockGuard};
 use crate::shm::attachment::Attachment;
 use crate::shm::clock::{Clock, Monotonic};
-use crate::shm::file::{self, Mapping, OpenSpec};
+use crate::shm::file::{self, OpenSpec};
 use crate::shm::format::{Header, Layout};
 use crate::shm::futex;
+use crate::shm::mapping::Mapping;
 use crate::shm::registry::OwnerId;
 use crate::shm::slot::{Cold, Slot, State, Word};
 use crate::shm::table::{
@@ -214,7 +215,7 @@ impl LockTable {
             opened.file,
             opened.id,
             path.to_path_buf(),
-            opened.registered,
+            opened.owner,
             options.liveness,
         );
         let slots = MappedSlots {
@@ -363,7 +364,13 @@ impl LockTable {
 
     fn holder(&self, e: &Entry, now: u64, owner_alive: bool) -> Holder {
         let mut h = Holder::from_entry(e, now, owner_alive, self.inner.header.token_base);
-        if let Some(id) = self.att().identity(e.word.owner()) {
+        // A published hold records its owner's whole registry generation in its lease.
+        let generation = matches!(
+            e.word.state(),
+            State::Held | State::Extending | State::Stealing
+        )
+        .then_some((e.lease >> 32) as u32);
+        if let Some(id) = self.att().identity(e.word.owner(), generation) {
             let here = crate::shm::process::pid_namespace();
             // A pid from another pid namespace would name some other process here.
             if id.pid_ns == here || id.pid_ns == 0 || here == 0 {

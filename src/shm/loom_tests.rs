@@ -759,7 +759,6 @@ fn registry_judges_only_the_dead_and_reuses_entries_with_a_new_generation() {
                 pid,
                 start: 0,
                 pid_ns: 0,
-                mapped_at: 0,
             }
         }
         let shared = |me: u32| SharedLocks {

@@ -6,7 +6,8 @@
 //! - `slot`: a slot's 64-byte hot line, its control word, and the cold side array.
 //! - `registry`: the owner registry (who is attached, and whether the kernel says they
 //!   are alive); `attachment`: one process's registration, its descriptor and lock.
-//! - `format`: the file's header and layout; `file`: creating, checking and mapping it.
+//! - `format`: the file's header and layout; `file`: creating and checking it;
+//!   `mapping`: mapping it, from the description that carries this process's registration.
 //! - `clock`: the shared monotonic clock; `futex`: sleeping and waking; `process`: this
 //!   process's identity (pid, start time, fork detection); `primitive`: spin helpers.
 //!
@@ -23,6 +24,8 @@ pub(crate) mod format;
 pub(crate) mod futex;
 #[cfg(not(loom))]
 mod lock_table;
+#[cfg(not(loom))]
+pub(crate) mod mapping;
 pub(crate) mod primitive;
 #[cfg(not(loom))]
 pub(crate) mod process;

@@ -10,9 +10,9 @@
 //! `pthread_atfork` child handler clears it too, where that `madvise` is unsupported.
 //!
 //! The first call in a new child then does the child's work: a new fork epoch (so that
-//! registrations made before belong to the parent), the inherited registration
-//! descriptors closed (see `registry.rs`), the clock offset looked up again (see
-//! `clock.rs`).
+//! registrations made before belong to the parent), the inherited tables mapped again
+//! from descriptions of the child's own (see `mapping.rs`), the clock offset looked up
+//! again (see `clock.rs`).
 //!
 //! Nothing here decides whether another process is alive: pids mean nothing across pid
 //! namespaces and `/proc` may hide them. The owner registry does that.
@@ -175,8 +175,8 @@ fn refresh() {
         }
         return;
     }
-    FORK_EPOCH.fetch_add(1, Ordering::Relaxed);
-    crate::shm::registry::close_inherited();
+    let epoch = FORK_EPOCH.fetch_add(1, Ordering::Relaxed) + 1;
+    crate::shm::mapping::remap_inherited(epoch);
     crate::shm::clock::forget_offset();
     name_this_process();
 }
@@ -193,84 +193,6 @@ pub(crate) fn current() -> Me {
 /// Field 22 (`starttime`) of `/proc/<pid>/stat`, or `None` if it cannot be read.
 pub(crate) fn start_time(pid: u32) -> Option<u64> {
     parse_start(&fs::read(format!("/proc/{pid}/stat")).ok()?)
-}
-
-/// Whether the registrant `id` still runs (not a zombie), in our pid namespace with the
-/// same start time, with `file` mapped where it mapped it: what the kernel shows of a
-/// registrant that closed its registration descriptor but still uses the table. `false`
-/// wherever that cannot be read. An `exec` keeps the pid and start time but drops the
-/// mapping (and one made after it lies elsewhere), so an exec'd registrant reads as gone.
-pub(crate) fn runs_with_mapping(
-    id: crate::shm::registry::Identity,
-    file: crate::shm::registry::FileId,
-) -> bool {
-    if id.pid == 0
-        || id.start == 0
-        || id.mapped_at == 0
-        || id.pid_ns == 0
-        || id.pid_ns != pid_namespace()
-    {
-        return false;
-    }
-    let Ok(stat) = fs::read(format!("/proc/{}/stat", id.pid)) else {
-        return false;
-    };
-    if parse_start(&stat) != Some(id.start)
-        || matches!(parse_state(&stat), None | Some(b'Z' | b'X' | b'x'))
-    {
-        return false;
-    }
-    let Ok(maps) = fs::read(format!("/proc/{}/maps", id.pid)) else {
-        return false;
-    };
-    // The pid might have been reused between the reads: check the start again.
-    maps_file(&maps, file, id.mapped_at) && start_time(id.pid) == Some(id.start)
-}
-
-/// Whether a `/proc/<pid>/maps` text maps the file `file` (device and inode) over the page
-/// whose number has the low 32 bits `page`.
-fn maps_file(maps: &[u8], file: crate::shm::registry::FileId, page: u32) -> bool {
-    let (major, minor) = (libc::major(file.dev), libc::minor(file.dev));
-    let parse = |b: &[u8], radix| {
-        std::str::from_utf8(b)
-            .ok()
-            .and_then(|t| u64::from_str_radix(t, radix).ok())
-    };
-    maps.split(|&b| b == b'\n').any(|line| {
-        let mut fields = line.split(|&b| b == b' ').filter(|f| !f.is_empty());
-        let (Some(range), Some(dev), Some(ino)) = (fields.next(), fields.nth(2), fields.next())
-        else {
-            return false;
-        };
-        let (Some((start, end)), Some((ma, mi))) = (pair(range, b'-'), pair(dev, b':')) else {
-            return false;
-        };
-        let (Some(start), Some(end)) = (parse(start, 16), parse(end, 16)) else {
-            return false;
-        };
-        let (first, last) = (start >> 12, end >> 12);
-        let candidate = (first & !0xffff_ffff) | u64::from(page);
-        let covers = |p: u64| first <= p && p < last;
-        parse(ma, 16) == Some(u64::from(major))
-            && parse(mi, 16) == Some(u64::from(minor))
-            && parse(ino, 10) == Some(file.ino)
-            && (covers(candidate) || covers(candidate + (1 << 32)))
-    })
-}
-
-/// `b` split at the first `sep`.
-fn pair(b: &[u8], sep: u8) -> Option<(&[u8], &[u8])> {
-    let at = b.iter().position(|&c| c == sep)?;
-    Some((&b[..at], &b[at + 1..]))
-}
-
-/// The state letter (field 3) of a stat line.
-fn parse_state(line: &[u8]) -> Option<u8> {
-    let close = line.iter().rposition(|&b| b == b')')?;
-    line[close + 1..]
-        .iter()
-        .copied()
-        .find(|b| !b.is_ascii_whitespace())
 }
 
 /// The start time from a stat line. The command name (field 2) may hold spaces and
@@ -300,61 +222,6 @@ mod tests {
         assert_eq!(parse_start(b"garbage"), None);
         assert_eq!(parse_start(b"1 (x) S 1 2"), None);
         assert_eq!(parse_start(b"1 (x) "), None);
-    }
-
-    #[test]
-    fn reads_state_and_mapped_files() {
-        assert_eq!(parse_state(b"1234 (a) b (c)) Z 1 2"), Some(b'Z'));
-        assert_eq!(parse_state(b"1 (x)"), None);
-        let file = crate::shm::registry::FileId {
-            dev: libc::makedev(0xfd, 0x1),
-            ino: 1234567,
-        };
-        let maps = b"55d0000-55d1000 r--p 00000000 fd:01 7654321 /usr/bin/x\n\
-                     7f0000000-7f0010000 rw-s 00000000 fd:01 1234567 /dev/shm/t (deleted)\n";
-        assert!(maps_file(maps, file, 0x7f0001));
-        assert!(maps_file(maps, file, 0x7f000f));
-        assert!(!maps_file(maps, file, 0x7f0010), "past the end");
-        assert!(!maps_file(maps, file, 0x55d0), "another file there");
-        assert!(!maps_file(&maps[..50], file, 0x7f0001));
-        assert!(!maps_file(b"garbage\n\n a b c d", file, 1));
-    }
-
-    #[test]
-    fn sees_itself_running_with_a_mapping_it_holds() {
-        use crate::shm::registry::{FileId, Identity};
-        let path = std::env::temp_dir().join(format!("shmlock-runs-{}", std::process::id()));
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .unwrap();
-        f.set_len(4096).unwrap();
-        let file = FileId::of(&f).unwrap();
-        // SAFETY: a private file of this test, not truncated while mapped.
-        let map = unsafe { memmap2::MmapMut::map_mut(&f) }.unwrap();
-        let me = current();
-        let id = Identity {
-            pid: me.pid,
-            start: me.start,
-            pid_ns: pid_namespace(),
-            mapped_at: (map.as_ptr() as usize >> 12) as u32,
-        };
-        assert!(runs_with_mapping(id, file));
-        let other = |f: fn(&mut Identity)| {
-            let mut o = id;
-            f(&mut o);
-            runs_with_mapping(o, file)
-        };
-        assert!(!other(|o| o.start += 1), "another start");
-        assert!(!other(|o| o.pid_ns ^= 1), "another namespace");
-        assert!(!other(|o| o.mapped_at ^= 0x100), "mapped elsewhere");
-        assert!(!other(|o| o.mapped_at = 0), "unknown mapping");
-        drop(map);
-        assert!(!runs_with_mapping(id, file), "unmapped");
-        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

@@ -17,34 +17,27 @@
 //! registry entry, a lock call that fails, an entry number out of range) is **alive**:
 //! expiry and the stall bound are the backstop.
 //!
-//! The one way a live process loses its lock is by closing its own registration
-//! descriptor (a daemonizing `close_range`). So an unlocked entry whose registrant is seen
-//! running in our pid namespace, with the same start time and the table mapped, is alive,
-//! and a registrant does not take it ([`EntryLocks::still_runs`]); `exec` unmaps the table,
-//! so an exec'd owner is dead. Where that cannot be seen, the unlocked byte decides.
+//! The lock is taken through the open file description that backs the process's mapping
+//! of the table (see `mapping.rs`), so closing descriptors does not drop it: it goes when
+//! the mapping goes (death, `exec`, unmapping).
 //!
 //! ```text
 //! entry word 0:  generation (32) | reserved (31) | taken (1)
-//!       word 1:  mapping page (32) | pid (32, in the owner's pid namespace)
+//!       word 1:  reserved (32) | pid (32, in the owner's pid namespace)
 //!       word 2:  start time (`/proc/self/stat` field 22)
 //!       word 3:  pid namespace id
 //! ```
 //!
-//! Words 1-3 are for inspection, and for telling a registrant that closed its descriptor
-//! from a dead one (below): never for calling anyone dead.
-//! ```text
-//! ```
+//! Words 1-3 are for inspection only, never for calling anyone dead.
 //!
 //! Taking an entry: lock its byte (non-blocking; a held byte belongs to a live process),
 //! then publish the next generation with `taken`. Leaving it: clear `taken`, then close
 //! the descriptor. So `taken` with the current generation and no lock means the owner
 //! died (or closed its descriptor, see below).
 //!
-//! A forked child shares its parent's open file descriptions, so it must not keep the
-//! parent's registration alive: on its first look at itself (see `process.rs`) it closes
-//! the registration descriptors it inherited and takes an entry of its own. A child that
-//! never uses the library keeps its inherited copies open while it lives, which only
-//! delays recovery of its parent's keys, should the parent die first, to their expiry.
+//! A forked child shares its parent's mapping, and so the description holding the
+//! parent's lock: on its first look at itself it maps the table again from a description
+//! of its own and registers through that (see `mapping.rs`).
 //!
 //! Every descriptor is checked to still name the table's file (device and inode) before
 //! a lock is taken or tested through it: a program may close ours behind our back and
@@ -109,17 +102,6 @@ pub(crate) trait EntryLocks {
     fn try_take(&self, i: usize) -> std::io::Result<bool>;
     /// Whether anyone (this process included) holds entry `i`'s lock.
     fn is_held(&self, i: usize) -> std::io::Result<bool>;
-    /// Gives back entry `i`'s lock, just taken by [`try_take`](Self::try_take).
-    fn give_back(&self, i: usize) {
-        let _ = i;
-    }
-    /// Whether the kernel vouches that the process `id` registered still runs with the
-    /// table mapped, although nobody holds its entry's lock (it closed its descriptor).
-    /// Doubt is `false`: a free lock is then the verdict.
-    fn still_runs(&self, id: Identity) -> bool {
-        let _ = id;
-        false
-    }
 }
 
 const TAKEN: u64 = 1;
@@ -132,10 +114,6 @@ pub(crate) struct Identity {
     pub pid: u32,
     pub start: u64,
     pub pid_ns: u64,
-    /// The page number (low 32 bits) where the registrant mapped the file; 0: unknown.
-    /// An `exec` maps anew elsewhere, so this tells the registrant's image from a later
-    /// one of the same process.
-    pub mapped_at: u32,
 }
 
 /// The registry words of a file.
@@ -174,15 +152,6 @@ impl<'a> Registry<'a> {
                     continue;
                 }
                 match locks.try_take(i) {
-                    // A registrant that closed its descriptor keeps its entry while it runs:
-                    // a new generation would make its holds look dead.
-                    Ok(true)
-                        if self.word(i).load(Ordering::SeqCst) & TAKEN != 0
-                            && locks.still_runs(self.identity_at(i)) =>
-                    {
-                        locks.give_back(i);
-                        continue;
-                    }
                     Ok(true) => return Some(self.claim(i, me)),
                     Ok(false) => continue,
                     Err(_) => return None,
@@ -195,10 +164,7 @@ impl<'a> Registry<'a> {
     /// Publishes a new generation of entry `i`, whose lock this process just took.
     fn claim(&self, i: usize, me: Identity) -> OwnerId {
         let at = i * ENTRY_WORDS;
-        self.words[at + 1].store(
-            u64::from(me.mapped_at) << 32 | u64::from(me.pid),
-            Ordering::Relaxed,
-        );
+        self.words[at + 1].store(u64::from(me.pid), Ordering::Relaxed);
         self.words[at + 2].store(me.start, Ordering::Relaxed);
         self.words[at + 3].store(me.pid_ns, Ordering::Relaxed);
         // Nobody else writes an entry whose lock we hold, but the file may have been
@@ -225,7 +191,7 @@ impl<'a> Registry<'a> {
     }
 
     /// Whether `owner` is gone: its entry moved to another generation or was left, or
-    /// nobody holds the entry's lock and the process is not seen running. `generation`
+    /// nobody holds the entry's lock. `generation`
     /// is the owner's full generation where the caller knows it (a hold's lease records
     /// it), so that an entry taken again 64 times is not mistaken for the dead owner.
     /// Doubt (an error, a number out of range) is "alive".
@@ -250,8 +216,8 @@ impl<'a> Registry<'a> {
             return true;
         }
         // The owner took the lock before it published this generation, and gives it up
-        // only after clearing `taken`, by dying, or by closing its descriptor.
-        matches!(locks.is_held(i), Ok(false)) && !locks.still_runs(self.identity_at(i))
+        // only after clearing `taken`, or with its mapping (by dying, or by exec).
+        matches!(locks.is_held(i), Ok(false))
     }
 
     /// The generation entry `owner` is at now (all 32 bits).
@@ -270,39 +236,42 @@ impl<'a> Registry<'a> {
             pid: w1 as u32,
             start: self.words[at + 2].load(Ordering::Relaxed),
             pid_ns: self.words[at + 3].load(Ordering::Relaxed),
-            mapped_at: (w1 >> 32) as u32,
         }
     }
 
-    /// Pid, start time and pid namespace of `owner`, if the registry still has them.
-    pub(crate) fn identity(&self, owner: OwnerId) -> Option<Identity> {
+    /// Pid, start time and pid namespace of `owner`, if the registry still has them: its
+    /// entry is taken at its generation (all 32 bits, where the caller knows them).
+    pub(crate) fn identity(&self, owner: OwnerId, generation: Option<u32>) -> Option<Identity> {
         let i = owner.entry() as usize;
         if owner.is_unknown() || i >= self.len() {
             return None;
         }
         let w = self.word(i).load(Ordering::Acquire);
         let id = self.identity_at(i);
-        (w & TAKEN != 0 && (w >> 32) as u32 & GEN_MASK == owner.gen_low()).then_some(id)
+        let now = (w >> 32) as u32;
+        let same = match generation {
+            Some(g) => now == g,
+            None => now & GEN_MASK == owner.gen_low(),
+        };
+        (w & TAKEN != 0 && same).then_some(id)
     }
 }
 
 #[cfg(not(loom))]
 pub(crate) use ofd::*;
 
-/// The kernel's side: open-file-description locks on the file, and the fork handler.
+/// The kernel's side: open-file-description locks on the file.
 #[cfg(not(loom))]
 mod ofd {
     use std::fs::File;
     use std::io;
-    use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+    use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
     use std::os::unix::fs::MetadataExt;
-    use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
     use nix::fcntl::{fcntl, FcntlArg};
 
     use super::EntryLocks;
     use crate::shm::format::{ATTACHED_LOCK_BYTE, HEADER_SIZE, REGISTRY_ENTRY};
-    use crate::shm::process::fork_epoch;
 
     /// A file, by device and inode: what a descriptor must still name before it is used
     /// (a program may close ours and reuse the number for something else).
@@ -365,12 +334,12 @@ mod ofd {
         Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
     }
 
-    /// The registry's locks in one file: taken through this process's own registration
-    /// descriptor, tested through a descriptor that holds no lock (a lock of our own open
-    /// file description would not conflict with the test). The caller has checked that
-    /// both still name the table's file.
+    /// The registry's locks in one file: taken through the description behind this
+    /// process's mapping, tested through a descriptor that holds no lock (a lock of our
+    /// own open file description would not conflict with the test). The caller has checked
+    /// that both still name the table's file.
     pub(crate) struct FileLocks<'a> {
-        pub take: Option<&'a OwnedFd>,
+        pub take: Option<BorrowedFd<'a>>,
         pub probe: &'a File,
     }
 
@@ -387,125 +356,24 @@ mod ofd {
         fn is_held(&self, i: usize) -> io::Result<bool> {
             lock_held(self.probe, libc::F_WRLCK, entry_byte(i), 1)
         }
-
-        fn give_back(&self, i: usize) {
-            if let Some(fd) = self.take {
-                let _ = set_lock(fd, libc::F_UNLCK, entry_byte(i), 1);
-            }
-        }
-
-        fn still_runs(&self, id: super::Identity) -> bool {
-            FileId::of(self.probe)
-                .is_ok_and(|file| crate::shm::process::runs_with_mapping(id, file))
-        }
     }
 
-    /// Marks the file as in use by this process for as long as `fd` stays open (a read
-    /// lock on one header byte, shared by every process that has the file open for
-    /// writing). `Ok(false)`: a process is resetting the table right now.
-    pub(crate) fn mark_attached(fd: &OwnedFd) -> io::Result<bool> {
+    /// Marks the file as in use by this process for as long as `fd`'s description lives
+    /// (a read lock on one header byte, shared by every process that has the file mapped
+    /// for writing). `Ok(false)`: a process is resetting the table right now.
+    pub(crate) fn mark_attached(fd: BorrowedFd<'_>) -> io::Result<bool> {
         set_lock(fd, libc::F_RDLCK, ATTACHED_LOCK_BYTE, 1)
     }
 
     /// Takes the attached byte for writing: only possible while no other process has the
     /// file open for writing, and keeps any from attaching until it is turned into a read
     /// lock by [`mark_attached`].
-    pub(crate) fn attach_alone(fd: &OwnedFd) -> io::Result<bool> {
+    pub(crate) fn attach_alone(fd: BorrowedFd<'_>) -> io::Result<bool> {
         set_lock(fd, libc::F_WRLCK, ATTACHED_LOCK_BYTE, 1)
     }
 
-    /// The registration descriptors this process holds (number, and the file's device and
-    /// inode), so that a forked child closes its copies (the parent keeps its own) and
-    /// nothing else that later took their numbers.
-    static HELD_FDS: [AtomicI32; 1024] = [const { AtomicI32::new(-1) }; 1024];
-    static HELD_DEV: [AtomicU64; 1024] = [const { AtomicU64::new(0) }; 1024];
-    static HELD_INO: [AtomicU64; 1024] = [const { AtomicU64::new(0) }; 1024];
-
-    /// In a forked child, on its first look at itself: closes the registration descriptors
-    /// inherited from the parent, which would otherwise keep the parent's registrations
-    /// alive after the parent died. The parent's locks stay, held by its own copies.
-    pub(crate) fn close_inherited() {
-        for (k, slot) in HELD_FDS.iter().enumerate() {
-            let fd = slot.swap(-1, Ordering::Relaxed);
-            if fd < 0 {
-                continue;
-            }
-            let want = FileId {
-                dev: HELD_DEV[k].load(Ordering::Relaxed),
-                ino: HELD_INO[k].load(Ordering::Relaxed),
-            };
-            // SAFETY: only inspecting the number: `fstat` reads nothing through it but
-            // the metadata of whatever it names.
-            let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-            if want.names(borrowed) {
-                // SAFETY: `fd` names the table file, a registration descriptor the child
-                // inherited and that nothing else in the child uses; its `HeldFd` sees the
-                // new fork epoch and leaves the number alone.
-                unsafe { libc::close(fd) };
-            }
-        }
-    }
-
-    /// A registration descriptor of this process: closed on drop, or, in a forked child,
-    /// by the child's first look at itself (the `HeldFd` then leaves the number alone).
-    pub(crate) struct HeldFd {
-        fd: Option<OwnedFd>,
-        file: FileId,
-        slot: Option<usize>,
-        epoch: u64,
-    }
-
-    impl HeldFd {
-        /// Tracks `fd`, a descriptor of the file `file`, for forked children.
-        pub(crate) fn new(fd: OwnedFd, file: FileId) -> HeldFd {
-            let epoch = fork_epoch();
-            let raw = fd.as_raw_fd();
-            let slot = HELD_FDS.iter().position(|s| {
-                s.compare_exchange(-1, raw, Ordering::Relaxed, Ordering::Relaxed)
-                    .is_ok()
-            });
-            if let Some(k) = slot {
-                HELD_DEV[k].store(file.dev, Ordering::Relaxed);
-                HELD_INO[k].store(file.ino, Ordering::Relaxed);
-            }
-            HeldFd {
-                fd: Some(fd),
-                file,
-                slot,
-                epoch,
-            }
-        }
-
-        /// The descriptor, while it is this process's and still names the file.
-        pub(crate) fn get(&self) -> Option<&OwnedFd> {
-            let fd = self.fd.as_ref()?;
-            (self.epoch == fork_epoch() && self.file.names(fd)).then_some(fd)
-        }
-
-        /// Whether this descriptor belongs to this process (not a parent's, forked from).
-        pub(crate) fn is_ours(&self) -> bool {
-            self.epoch == fork_epoch()
-        }
-    }
-
-    impl Drop for HeldFd {
-        fn drop(&mut self) {
-            let fd = self.fd.take().expect("dropped once");
-            if self.epoch != fork_epoch() || !self.file.names(&fd) {
-                // A parent's descriptor (closed when this child first looked at itself),
-                // or ours closed behind our back and its number reused: not ours to close.
-                std::mem::forget(fd);
-                return;
-            }
-            if let Some(slot) = self.slot {
-                HELD_FDS[slot].store(-1, Ordering::Relaxed);
-            }
-            drop(fd);
-        }
-    }
-
-    /// Opens a new open file description of the table file `want` (the registration must
-    /// not share the mapping's or a parent's): through `/proc/self/fd` of `fd`, else by
+    /// Opens a new open file description of the table file `want` (the one behind a
+    /// writable mapping is the mapping's own): through `/proc/self/fd` of `fd`, else by
     /// `path`, accepting only the same file.
     pub(crate) fn reopen(
         fd: &File,
@@ -565,7 +433,6 @@ mod tests {
             pid,
             start: 7,
             pid_ns: 9,
-            mapped_at: 0,
         }
     }
 
@@ -579,13 +446,19 @@ mod tests {
         let fd1 = reopen(&probe, &path, FileId::of(&probe).unwrap(), true).unwrap();
         let fd2 = reopen(&probe, &path, FileId::of(&probe).unwrap(), true).unwrap();
         fn with<'a>(take: Option<&'a std::os::fd::OwnedFd>, probe: &'a File) -> FileLocks<'a> {
-            FileLocks { take, probe }
+            use std::os::fd::AsFd;
+            FileLocks {
+                take: take.map(|fd| fd.as_fd()),
+                probe,
+            }
         }
         let locks = |_: Option<()>| with(None, &probe);
         let a = reg.register(&with(Some(&fd1), &probe), me(1), 0).unwrap();
         let b = reg.register(&with(Some(&fd2), &probe), me(2), 0).unwrap();
         assert_ne!(a.entry(), b.entry());
-        assert_eq!(reg.identity(a), Some(me(1)));
+        assert_eq!(reg.identity(a, None), Some(me(1)));
+        assert_eq!(reg.identity(a, Some(reg.generation(a))), Some(me(1)));
+        assert_eq!(reg.identity(a, Some(reg.generation(a) ^ 64)), None);
         assert!(!reg.is_dead(&locks(None), a, None) && !reg.is_dead(&locks(None), b, None));
         // the descriptor closes: the owner is gone
         drop(fd1);
@@ -599,7 +472,7 @@ mod tests {
             .unwrap();
         assert_eq!(c.entry(), a.entry());
         assert!(reg.is_dead(&locks(None), a, None) && !reg.is_dead(&locks(None), c, None));
-        assert_eq!(reg.identity(a), None);
+        assert_eq!(reg.identity(a, None), None);
         // leaving cleanly is dead at once
         reg.unregister(b);
         assert!(reg.is_dead(&locks(None), b, None));
@@ -616,12 +489,14 @@ mod tests {
         let reg = Registry::new(&words);
         let fd1 = reopen(&probe, &path, FileId::of(&probe).unwrap(), true).unwrap();
         let fd2 = reopen(&probe, &path, FileId::of(&probe).unwrap(), true).unwrap();
-        let take = |fd| FileLocks {
-            take: Some(fd),
-            probe: &probe,
-        };
-        assert!(reg.register(&take(&fd1), me(1), 0).is_some());
-        assert_eq!(reg.register(&take(&fd2), me(2), 0), None);
+        fn take<'a>(fd: &'a std::os::fd::OwnedFd, probe: &'a File) -> FileLocks<'a> {
+            FileLocks {
+                take: Some(std::os::fd::AsFd::as_fd(fd)),
+                probe,
+            }
+        }
+        assert!(reg.register(&take(&fd1, &probe), me(1), 0).is_some());
+        assert_eq!(reg.register(&take(&fd2, &probe), me(2), 0), None);
         let _ = std::fs::remove_file(&path);
     }
 }

@@ -411,7 +411,14 @@ impl<S: Slots, E: Env> Table<S, E> {
         let stalled = self.env.stalled(&self.cold(i).seen, c)
             && (c.state() == State::Claiming
                 || slot.deadline.load(Ordering::Relaxed) <= self.now());
-        let to = if self.env.is_dead(c.owner()) {
+        // An EXTENDING entry is a published hold: its lease names its owner's whole
+        // registry generation (a CLAIMING one's fields may still be the last occupant's).
+        let dead = if c.state() == State::Extending {
+            self.holder_dead(slot, c)
+        } else {
+            self.env.is_dead(c.owner())
+        };
+        let to = if dead {
             c.freed()
         } else if stalled {
             c.next(State::Broken)
@@ -1158,8 +1165,10 @@ impl<S: Slots, E: Env> Table<S, E> {
         // For inspection only: shown while the hold it names is the slot's.
         let cold = self.cold(held.slot);
         cold.token.store(t, Ordering::Relaxed);
-        cold.token_of
-            .store(token_label(c, held.lease), Ordering::Release);
+        cold.token_of.store(
+            token_label(c, held.lease, held.acquired_at),
+            Ordering::Release,
+        );
         Some(t)
     }
 
@@ -1280,7 +1289,7 @@ impl<S: Slots, E: Env> Table<S, E> {
             deadline,
             acquired_at,
             lease,
-            token: if token_of == token_label(c, lease) {
+            token: if token_of == token_label(c, lease, acquired_at) {
                 token
             } else {
                 0
@@ -1291,10 +1300,15 @@ impl<S: Slots, E: Env> Table<S, E> {
     }
 }
 
-/// What a slot's cold line records of the hold whose token it shows: its owner and lease
-/// (the thread within that owner).
-fn token_label(c: Word, lease: u64) -> u64 {
-    lease ^ u64::from(c.owner().bits()) << 40
+/// What a slot's cold line records of the hold whose token it shows: a hash of its owner,
+/// its lease (the owner's registry generation and thread) and when it began, which no
+/// other hold shares (short of a 64-bit hash collision).
+fn token_label(c: Word, lease: u64, acquired_at: u64) -> u64 {
+    let mut bytes = [0u8; 20];
+    bytes[..4].copy_from_slice(&c.owner().bits().to_le_bytes());
+    bytes[4..12].copy_from_slice(&lease.to_le_bytes());
+    bytes[12..].copy_from_slice(&acquired_at.to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64(&bytes)
 }
 
 fn busy(slot: usize, home: usize, word: Word) -> Busy {

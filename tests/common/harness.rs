@@ -6,6 +6,11 @@
 //! (everything) or `--ignored` (only them) is among the arguments, and only as root.
 //! Otherwise they print `test NAME ... ignored (REASON)` and count as ignored, never as
 //! passed. `scripts/test.sh` passes `--include-ignored` when it runs as root.
+//!
+//! Two more marks: a *release-only* test (tens of millions of lock operations) is listed as
+//! ignored in a debug build unless named on the command line or `SHMLOCK_SLOW` is set; a
+//! *known limit* (an attack that still succeeds, as the README's "Known limits" says) is
+//! left out of the suite and run only with `--known-limits`, where it is expected to fail.
 #![allow(dead_code)]
 
 use std::io::Write;
@@ -20,6 +25,10 @@ pub struct Test {
     pub run: TestFn,
     /// Why the test needs root, if it does (`"needs root: ..."`).
     pub needs_root: Option<&'static str>,
+    /// Needs a release build to run in reasonable time.
+    pub release_only: bool,
+    /// An attack that still succeeds: run only with `--known-limits`.
+    pub known_limit: bool,
 }
 
 impl Test {
@@ -28,7 +37,21 @@ impl Test {
             name,
             run,
             needs_root: None,
+            release_only: false,
+            known_limit: false,
         }
+    }
+
+    /// Marks the test as needing a release build (see the module docs).
+    pub const fn release_only(mut self) -> Test {
+        self.release_only = true;
+        self
+    }
+
+    /// Marks the test as a known limit (see the module docs).
+    pub const fn known_limit(mut self) -> Test {
+        self.known_limit = true;
+        self
     }
 
     /// Marks the test as needing root, with the reason printed when it is not run.
@@ -76,10 +99,31 @@ pub fn run(binary: &str, tests: &[Test], role: fn(&[String]) -> i32) -> ! {
     let filter = args.iter().skip(1).find(|a| !a.starts_with('-'));
     let include_ignored = args.iter().any(|a| a == "--include-ignored");
     let only_ignored = args.iter().any(|a| a == "--ignored");
+    let known_limits = args.iter().any(|a| a == "--known-limits");
+    let slow = std::env::var_os("SHMLOCK_SLOW").is_some();
     let root = is_root();
     let (mut passed, mut failed, mut ignored) = (0, 0, 0);
     for test in tests {
         if filter.is_some_and(|f| !test.name.contains(f.as_str())) {
+            continue;
+        }
+        if test.known_limit != known_limits {
+            if !known_limits {
+                println!(
+                    "test {} ... not run (a known limit, see the README; run with \
+                     --known-limits)",
+                    test.name
+                );
+            }
+            continue;
+        }
+        if test.release_only && cfg!(debug_assertions) && !slow && filter.is_none() {
+            println!(
+                "test {} ... ignored (needs a release build: tens of millions of lock \
+                 operations; name it, or set SHMLOCK_SLOW=1)",
+                test.name
+            );
+            ignored += 1;
             continue;
         }
         if only_ignored && test.needs_root.is_none() {

@@ -1,0 +1,1210 @@
+//! Attacks of the third adversarial review, with real processes (fork, exec, gdb
+//! watchpoints, SIGSTOP/SIGKILL, time namespaces): the two-step steal of an expired or
+//! dead holder's key, a hold's full registry generation, and a registration that lasts
+//! as long as the process's mapping of the table. Each was run against the code it
+//! attacked; those that broke it are regression tests now, and the one that still
+//! succeeds is a known limit (`--known-limits` runs it).
+
+mod common;
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::fork::{fork, xorshift, Child, Shared};
+use common::harness::Test;
+use common::TempPath;
+use shmlock::{Error, LockOptions, LockTable};
+
+const TESTS: &[Test] = &[
+    Test::new(
+        "extending_dead_holder_after_64_registry_reuses_is_freed",
+        extending_dead_holder_after_64_registry_reuses_is_freed,
+    ),
+    Test::new(
+        "control_extending_dead_holder_after_63_registry_reuses_is_freed",
+        control_extending_dead_holder_after_63_registry_reuses_is_freed,
+    ),
+    Test::new(
+        "exec_without_aslr_frees_the_old_images_keys",
+        exec_without_aslr_frees_the_old_images_keys,
+    ),
+    Test::new(
+        "control_exec_with_aslr_frees_the_old_images_keys",
+        control_exec_with_aslr_frees_the_old_images_keys,
+    ),
+    Test::new(
+        "stealer_killed_while_stealing_an_expired_live_holders_key_blocks_nobody",
+        stealer_killed_while_stealing_an_expired_live_holders_key_blocks_nobody,
+    ),
+    Test::new(
+        "stealer_killed_while_stealing_a_dead_holders_key_blocks_nobody",
+        stealer_killed_while_stealing_a_dead_holders_key_blocks_nobody,
+    ),
+    Test::new(
+        "stealer_stopped_while_stealing_resumes_after_the_key_changed_hands",
+        stealer_stopped_while_stealing_resumes_after_the_key_changed_hands,
+    ),
+    Test::new(
+        "inspection_names_the_dead_holder_not_the_64th_reuser",
+        inspection_names_the_dead_holder_not_the_64th_reuser,
+    ),
+    Test::new(
+        "closed_descriptor_registrant_in_a_boottime_namespace_keeps_its_key",
+        closed_descriptor_registrant_in_a_boottime_namespace_keeps_its_key,
+    )
+    .needs_root("unshare(CLONE_NEWTIME)"),
+    Test::new(
+        "control_closed_descriptor_registrant_in_a_monotonic_only_namespace_keeps_its_key",
+        control_closed_descriptor_registrant_in_a_monotonic_only_namespace_keeps_its_key,
+    )
+    .needs_root("unshare(CLONE_NEWTIME)"),
+    Test::new(
+        "inspection_shows_a_token_only_on_the_hold_that_took_it",
+        inspection_shows_a_token_only_on_the_hold_that_took_it,
+    ),
+    Test::new(
+        "second_order_wrap_frees_a_live_hold",
+        second_order_wrap_frees_a_live_hold,
+    )
+    .known_limit(),
+    Test::new(
+        "chaos_many_stealers_reapers_stop_and_kill",
+        chaos_many_stealers_reapers_stop_and_kill,
+    ),
+];
+
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        print!($($arg)*);
+        let _ = std::io::stdout().flush();
+    }};
+}
+
+fn main() {
+    common::harness::run("adversarial3", TESTS, role);
+}
+
+const K: &str = "review3:K";
+
+fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
+    LockOptions {
+        exptime: Duration::from_millis(exptime_ms),
+        timeout: Duration::from_millis(timeout_ms),
+        ..LockOptions::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+
+struct Proc(Option<Child>);
+impl Proc {
+    fn new(c: Child) -> Proc {
+        Proc(Some(c))
+    }
+    fn pid(&self) -> libc::pid_t {
+        self.0.as_ref().unwrap().0
+    }
+    fn kill(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.kill();
+        }
+    }
+}
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A spawned process (gdb), killed and reaped on drop.
+struct Spawned(std::process::Child);
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        // gdb runs in a process group of its own: its `shell` loops go with it
+        // SAFETY: signalling a process group this test made.
+        unsafe { libc::kill(-(self.0.id() as libc::pid_t), libc::SIGKILL) };
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn await_word(s: &Shared, w: usize, limit: Duration) -> u64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        let v = s.word(w).load(Ordering::SeqCst);
+        if v != 0 {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "word {w} never set");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn wait_file(p: &Path, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while !p.exists() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    true
+}
+
+struct Watch {
+    map: memmap2::MmapRaw,
+    slots_at: usize,
+}
+impl Watch {
+    fn new(path: &Path) -> Watch {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        let mut b = [0u8; 4];
+        f.read_exact_at(&mut b, 72).unwrap();
+        let entries = u64::from(u32::from_le_bytes(b));
+        let registry = (entries * 32).div_ceil(4096) * 4096;
+        Watch {
+            map: memmap2::MmapRaw::map_raw(&f).unwrap(),
+            slots_at: (4096 + registry) as usize,
+        }
+    }
+    fn word(&self, slot: usize, off: usize) -> u64 {
+        let at = self.slots_at + slot * 64 + off;
+        assert!(at + 8 <= self.map.len());
+        // SAFETY: in bounds, 8-aligned; only read, atomically.
+        unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add(at).cast::<u64>()) }
+            .load(Ordering::SeqCst)
+    }
+    fn control(&self, slot: usize) -> u64 {
+        self.word(slot, 0)
+    }
+}
+
+fn state(w: u64) -> u64 {
+    w & 7
+}
+
+/// Where this process mapped `path` at file offset 4096 (the registry).
+fn mapping_base(path: &Path) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let ino = fs::metadata(path).unwrap().ino().to_string();
+    let maps = fs::read_to_string("/proc/self/maps").unwrap();
+    for line in maps.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() >= 5 && f[4] == ino && f[2] == "00001000" {
+            return usize::from_str_radix(f[0].split('-').next().unwrap(), 16).unwrap();
+        }
+    }
+    panic!("{} is not mapped", path.display());
+}
+
+/// Where this process mapped `path` at offset 0 (what the registry records).
+fn mapping_start(path: &Path) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let ino = fs::metadata(path).unwrap().ino().to_string();
+    let maps = fs::read_to_string("/proc/self/maps").unwrap();
+    for line in maps.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() >= 5 && f[4] == ino {
+            return usize::from_str_radix(f[0].split('-').next().unwrap(), 16).unwrap();
+        }
+    }
+    panic!("{} is not mapped", path.display());
+}
+
+/// gdb attached to `pid`: sets `setup` breakpoints/watchpoints, touches `attached`, runs
+/// until the first stop, touches `stopped`, then waits for `go` and detaches.
+fn gdb(pid: libc::pid_t, setup: &[String], flags: &Path) -> Spawned {
+    let (attached, stopped, go) = (
+        flags.join("attached"),
+        flags.join("stopped"),
+        flags.join("go"),
+    );
+    let wait_go = format!(
+        "shell i=0; while [ ! -e {} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done",
+        go.display()
+    );
+    let mut cmd = std::process::Command::new("gdb");
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    cmd.args(["-q", "-nx", "-batch", "-p", &pid.to_string()])
+        .args(["-ex", "set pagination off"]);
+    for s in setup {
+        cmd.args(["-ex", s]);
+    }
+    cmd.args(["-ex", &format!("shell touch {}", attached.display())])
+        .args(["-ex", "continue"])
+        .args(["-ex", &format!("shell touch {}", stopped.display())])
+        .args(["-ex", &wait_go, "-ex", "delete", "-ex", "detach"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let child = Spawned(cmd.spawn().unwrap());
+    assert!(
+        wait_file(&attached, Duration::from_secs(60)),
+        "gdb did not attach"
+    );
+    child
+}
+
+fn role(args: &[String]) -> i32 {
+    match args.first().map(String::as_str) {
+        // holdexec PATH: open the table, take K for good, say where the table is mapped,
+        // then exec a new image of this binary that opens the table again.
+        Some("holdexec") => {
+            let path = &args[1];
+            let t = LockTable::open(path, 64).unwrap();
+            let g = t.lock(K, opts(0, 1_000)).unwrap();
+            std::mem::forget(g);
+            println!("old {:#x}", mapping_start(Path::new(path)));
+            let _ = std::io::stdout().flush();
+            std::mem::forget(t);
+            use std::os::unix::ffi::OsStringExt;
+            let exe =
+                CString::new(std::env::current_exe().unwrap().into_os_string().into_vec()).unwrap();
+            let a = [
+                exe.clone(),
+                CString::new("--role").unwrap(),
+                CString::new("reopen").unwrap(),
+                CString::new(path.as_str()).unwrap(),
+            ];
+            let mut argv: Vec<*const libc::c_char> = a.iter().map(|a| a.as_ptr()).collect();
+            argv.push(std::ptr::null());
+            // SAFETY: NUL-terminated strings, NULL-terminated argv.
+            unsafe { libc::execv(exe.as_ptr(), argv.as_ptr()) };
+            99
+        }
+        Some("reopen") => {
+            let path = &args[1];
+            match LockTable::open(path, 64) {
+                Ok(t) => {
+                    println!("new {:#x}", mapping_start(Path::new(path)));
+                    let _ = std::io::stdout().flush();
+                    std::thread::sleep(Duration::from_secs(30));
+                    drop(t);
+                }
+                Err(e) => {
+                    println!("error {e}");
+                    let _ = std::io::stdout().flush();
+                    std::thread::sleep(Duration::from_secs(30));
+                }
+            }
+            0
+        }
+        _ => common::harness::no_roles(args),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. 7feedcc: a dead holder killed mid-renewal (EXTENDING) after its registry entry was
+//    reused 64 times. The commit says a waiter judging a HELD *or EXTENDING* entry
+//    compares the whole 32-bit generation; the waiter's path for EXTENDING is
+//    `recover -> unstick -> env.is_dead(owner)`, 6 bits only.
+
+fn extending_dead_holder(reuses: usize) {
+    let path = TempPath::new("ext-wrap");
+    let table = LockTable::options()
+        .capacity(64)
+        .max_processes(2)
+        .open(&path)
+        .unwrap();
+    let watch = Watch::new(path.as_ref());
+    let registry_len = watch.slots_at as u64 - 4096;
+    let shared = Shared::new(8);
+    let flags = TempPath::new("gdb-ext");
+    fs::create_dir_all(&flags.0).unwrap();
+    let mut p = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        // a 600 s lease, renewed below to "never expires" (the watchpoint needs a change)
+        let mut g = t.lock(K, opts(600_000, 1_000)).unwrap();
+        let (_, slot) = t.debug_placement(K).unwrap();
+        let base = mapping_base(&path.0) as u64;
+        shared.word(7).store(slot as u64 + 1, Ordering::SeqCst);
+        shared.word(1).store(
+            base + registry_len + slot as u64 * 64 + 24,
+            Ordering::SeqCst,
+        );
+        await_word(&shared, 0, Duration::from_secs(60));
+        shared.word(6).store(1, Ordering::SeqCst); // inside the renewal
+        let _ = g.expire(Some(Duration::ZERO)); // renew: never expires
+        shared.word(6).store(0, Ordering::SeqCst);
+        std::mem::forget(g);
+        std::thread::sleep(Duration::from_secs(60));
+        0
+    }));
+    let addr = await_word(&shared, 1, Duration::from_secs(10));
+    let slot = (await_word(&shared, 7, Duration::from_secs(1)) - 1) as usize;
+    let inside = shared.word(6) as *const AtomicU64 as u64;
+    let _gdb = gdb(
+        p.pid(),
+        &[
+            format!("watch *(long*){addr:#x}"),
+            format!("condition 1 *(long*){inside:#x} == 1"),
+        ],
+        &flags.0,
+    );
+    shared.word(0).store(1, Ordering::SeqCst);
+    assert!(
+        wait_file(&flags.0.join("stopped"), Duration::from_secs(30)),
+        "P never wrote its deadline"
+    );
+    let w = watch.control(slot);
+    note!(
+        "[P stopped after its deadline store; state {} deadline {:#x}] ",
+        state(w),
+        watch.word(slot, 24)
+    );
+    assert_eq!(state(w), 3, "P not stopped in EXTENDING (inconclusive)");
+    // SIGKILL while EXTENDING (before gdb goes, so it cannot resume), then reap
+    unsafe { libc::kill(p.pid(), libc::SIGKILL) };
+    drop(_gdb);
+    p.kill();
+    for _ in 0..reuses {
+        let c = fork(|| match LockTable::open(&path, 64) {
+            Ok(_) => 0,
+            Err(_) => 1,
+        });
+        assert_eq!(
+            c.wait(Duration::from_secs(10)),
+            0,
+            "a reuser could not open"
+        );
+    }
+    let flag = Shared::new(1);
+    let _q = Proc::new(fork(|| {
+        let _t = LockTable::open(&path, 64).unwrap();
+        flag.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(60));
+        0
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    let alive: Vec<_> = table.holders().iter().map(|h| h.owner_alive).collect();
+    let reaped = table.reap();
+    note!("[reap() freed {reaped}] ");
+    let started = Instant::now();
+    let got = table.lock(K, opts(0, 3_000));
+    note!(
+        "[after {} reuses of the dead renewer's entry: holders() says owner_alive={alive:?}; \
+         waiter {} in {:?}; slot state now {}] ",
+        reuses + 1,
+        if got.is_ok() { "took K" } else { "TIMED OUT" },
+        started.elapsed(),
+        state(watch.control(slot))
+    );
+    assert!(
+        got.is_ok(),
+        "a never-expiring key whose holder was SIGKILLed mid-renewal stays EXTENDING for as \
+         long as the 64th reuser of its registry entry lives: {:?}",
+        got.err()
+    );
+}
+
+fn extending_dead_holder_after_64_registry_reuses_is_freed() {
+    extending_dead_holder(63);
+}
+
+fn control_extending_dead_holder_after_63_registry_reuses_is_freed() {
+    extending_dead_holder(62);
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. 7feedcc: `runs_with_mapping` says an exec'd image is a new one because exec maps the
+//    table elsewhere. Without address-space randomisation (personality
+//    ADDR_NO_RANDOMIZE, `setarch -R`, or sysctl kernel.randomize_va_space=0) the new
+//    image maps it at the same page: the old image's registration (descriptor closed by
+//    O_CLOEXEC) is judged alive as long as the new image runs.
+
+fn exec_reopen(no_aslr: bool) {
+    use std::os::unix::process::CommandExt;
+    let path = TempPath::new("exec-noaslr");
+    // 3 entries: this process, the old image's, the new image's; a 4th process is refused
+    // if the old image's entry is never given back.
+    let table = LockTable::options()
+        .capacity(64)
+        .max_processes(3)
+        .open(&path)
+        .unwrap();
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.process_group(0);
+    cmd.args(["--role", "holdexec"])
+        .arg(&path.0)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit());
+    if no_aslr {
+        // SAFETY: personality is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::personality(libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
+                Ok(())
+            });
+        }
+    }
+    let mut h = Spawned(cmd.spawn().unwrap());
+    let mut out = std::io::BufReader::new(h.0.stdout.take().unwrap());
+    let (mut l1, mut l2) = (String::new(), String::new());
+    out.read_line(&mut l1).unwrap();
+    out.read_line(&mut l2).unwrap();
+    let same = l1.split_whitespace().nth(1) == l2.split_whitespace().nth(1);
+    note!(
+        "[pid {}: {} / {}: {}] ",
+        h.0.id(),
+        l1.trim(),
+        l2.trim(),
+        if same { "SAME page" } else { "different pages" }
+    );
+    assert!(l2.starts_with("new"), "the new image did not open: {l2}");
+    let started = Instant::now();
+    let got = table.lock(K, opts(0, 2_000));
+    let waited = started.elapsed();
+    // a newcomer: one entry should be free (the old image's) once the old image is gone
+    let newcomer = fork(|| match LockTable::open(&path, 64) {
+        Ok(_) => 0,
+        Err(Error::TooManyProcesses { .. }) => 3,
+        Err(_) => 1,
+    })
+    .wait(Duration::from_secs(10));
+    note!(
+        "[waiter {} in {waited:?}; a newcomer's open: {}] ",
+        if got.is_ok() { "took K" } else { "TIMED OUT" },
+        match newcomer {
+            0 => "ok",
+            3 => "REFUSED (TooManyProcesses)",
+            _ => "error",
+        }
+    );
+    assert!(
+        got.is_ok(),
+        "the old image's key stays held for as long as the exec'd image runs"
+    );
+    assert_eq!(
+        newcomer, 0,
+        "the old image's registry entry is never given back"
+    );
+}
+
+fn exec_without_aslr_frees_the_old_images_keys() {
+    exec_reopen(true);
+}
+
+fn control_exec_with_aslr_frees_the_old_images_keys() {
+    exec_reopen(false);
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. 80a1247: a stealer stopped or killed right after its freezing CAS (HELD -> STEALING).
+//    A hardware watchpoint on the slot's control word stops it at the first store that
+//    leaves the state STEALING.
+
+/// Forks a stealer S that waits for K (its lock call finds the hold expired or its owner
+/// dead and freezes it), stopped by gdb right after the freeze. Returns S, gdb and the slot.
+fn stopped_stealer(
+    path: &TempPath,
+    slot: usize,
+    flags: &Path,
+    shared: &Shared,
+    exptime_ms: u64,
+) -> (Proc, Spawned) {
+    let registry_len = Watch::new(path.as_ref()).slots_at as u64 - 4096;
+    let s = Proc::new(fork(|| {
+        let t = LockTable::open(path, 64).unwrap();
+        let base = mapping_base(&path.0) as u64;
+        shared
+            .word(1)
+            .store(base + registry_len + slot as u64 * 64, Ordering::SeqCst);
+        await_word(shared, 0, Duration::from_secs(60));
+        let g = t.lock(K, opts(exptime_ms, 5_000));
+        shared
+            .word(3)
+            .store(if g.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
+        // S holds what it got for a while, and says when it lets go
+        std::thread::sleep(Duration::from_millis(300));
+        shared.word(4).store(1, Ordering::SeqCst);
+        drop(g);
+        std::thread::sleep(Duration::from_secs(30));
+        0
+    }));
+    let addr = await_word(shared, 1, Duration::from_secs(10));
+    let g = gdb(
+        s.pid(),
+        &[
+            format!("watch *(long*){addr:#x}"),
+            format!("condition 1 (*(long*){addr:#x} & 7) == 5"),
+        ],
+        flags,
+    );
+    shared.word(0).store(1, Ordering::SeqCst);
+    assert!(
+        wait_file(&flags.join("stopped"), Duration::from_secs(30)),
+        "S never froze the entry"
+    );
+    (s, g)
+}
+
+/// H (this process) holds K with a 50 ms lease and keeps running. S freezes the expired
+/// hold and is SIGKILLed there. H's renewal must say Expired; a waiter W must take K at
+/// once; nothing wedged.
+fn stealer_killed_while_stealing_an_expired_live_holders_key_blocks_nobody() {
+    let path = TempPath::new("steal-kill");
+    let table = LockTable::open(&path, 64).unwrap();
+    let watch = Watch::new(path.as_ref());
+    let mut h = table.lock(K, opts(50, 1_000)).unwrap();
+    let (_, slot) = table.debug_placement(K).unwrap();
+    let shared = Shared::new(8);
+    let flags = TempPath::new("gdb-sk");
+    fs::create_dir_all(&flags.0).unwrap();
+    std::thread::sleep(Duration::from_millis(80)); // H's lease runs out
+    let (mut s, g) = stopped_stealer(&path, slot, &flags.0, &shared, 60_000);
+    let w = watch.control(slot);
+    note!("[S stopped, slot state {}] ", state(w));
+    assert_eq!(state(w), 5, "S not stopped in STEALING (inconclusive)");
+    unsafe { libc::kill(s.pid(), libc::SIGKILL) };
+    drop(g);
+    s.kill();
+    assert_eq!(state(watch.control(slot)), 5, "STEALING left behind");
+    let holders = table.holders();
+    note!(
+        "[holders(): {:?}] ",
+        holders
+            .iter()
+            .map(|h| (h.state, h.expired, h.owner_alive))
+            .collect::<Vec<_>>()
+    );
+    let renew = h.expire(Some(Duration::from_secs(60)));
+    let started = Instant::now();
+    let other = fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let r = t.lock(K, opts(60_000, 2_000)).is_ok();
+        if r {
+            0
+        } else {
+            1
+        }
+    })
+    .wait(Duration::from_secs(10));
+    note!(
+        "[H's renewal after S died: {renew:?}; W {} in {:?}] ",
+        if other == 0 { "took K" } else { "TIMED OUT" },
+        started.elapsed()
+    );
+    assert!(renew.is_err(), "an expired hold was renewed");
+    assert_eq!(other, 0, "K wedged after a stealer died mid-steal");
+}
+
+/// H holds K for good and is SIGKILLed; S freezes the dead hold and is SIGKILLed there.
+/// A waiter W must take K at once.
+fn stealer_killed_while_stealing_a_dead_holders_key_blocks_nobody() {
+    let path = TempPath::new("steal-kill-dead");
+    let table = LockTable::open(&path, 64).unwrap();
+    let watch = Watch::new(path.as_ref());
+    let flag = Shared::new(2);
+    let mut hp = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.lock(K, opts(0, 1_000)).unwrap();
+        flag.word(1)
+            .store(t.debug_placement(K).unwrap().1 as u64 + 1, Ordering::SeqCst);
+        std::mem::forget(g);
+        flag.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(60));
+        0
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    let slot = (flag.word(1).load(Ordering::SeqCst) - 1) as usize;
+    hp.kill();
+    let shared = Shared::new(8);
+    let flags = TempPath::new("gdb-skd");
+    fs::create_dir_all(&flags.0).unwrap();
+    let (mut s, g) = stopped_stealer(&path, slot, &flags.0, &shared, 60_000);
+    assert_eq!(state(watch.control(slot)), 5, "inconclusive");
+    unsafe { libc::kill(s.pid(), libc::SIGKILL) };
+    drop(g);
+    s.kill();
+    let started = Instant::now();
+    let got = table.lock(K, opts(0, 2_000));
+    note!(
+        "[S killed in STEALING; waiter {} in {:?}] ",
+        if got.is_ok() { "took K" } else { "TIMED OUT" },
+        started.elapsed()
+    );
+    assert!(got.is_ok(), "K wedged after a stealer died mid-steal");
+}
+
+/// H's hold expires; S freezes it and is stopped. This process's waiter W resolves the
+/// steal, takes K (60 s) and keeps it; S then resumes: S must not get K while W holds it;
+/// W's renewal and unlock must succeed.
+fn stealer_stopped_while_stealing_resumes_after_the_key_changed_hands() {
+    let path = TempPath::new("steal-stop");
+    let table = LockTable::open(&path, 64).unwrap();
+    let watch = Watch::new(path.as_ref());
+    let h = table.lock(K, opts(50, 1_000)).unwrap();
+    let (_, slot) = table.debug_placement(K).unwrap();
+    std::mem::forget(h);
+    std::thread::sleep(Duration::from_millis(80));
+    let shared = Shared::new(8);
+    let flags = TempPath::new("gdb-ss");
+    fs::create_dir_all(&flags.0).unwrap();
+    let (mut s, g) = stopped_stealer(&path, slot, &flags.0, &shared, 60_000);
+    assert_eq!(state(watch.control(slot)), 5, "inconclusive");
+    // W: another table handle in this process would share its owner: fork W
+    let wflag = Shared::new(4);
+    let w = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let mut g = match t.lock(K, opts(60_000, 2_000)) {
+            Ok(g) => g,
+            Err(_) => {
+                wflag.word(0).store(2, Ordering::SeqCst);
+                return 0;
+            }
+        };
+        wflag.word(0).store(1, Ordering::SeqCst);
+        await_word(&wflag, 1, Duration::from_secs(30));
+        let r = g.expire(None);
+        let u = g.unlock();
+        wflag
+            .word(2)
+            .store(if r.is_ok() && u.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(30));
+        0
+    }));
+    let w_got = await_word(&wflag, 0, Duration::from_secs(10)) == 1;
+    // let the slot move on a few times under W's hold (renewals are W's; here: nothing)
+    fs::write(flags.0.join("go"), b"").unwrap();
+    let mut g = g;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while g.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "gdb did not detach");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // S resumes; give it 200 ms to finish its look
+    std::thread::sleep(Duration::from_millis(200));
+    let s_got = shared.word(3).load(Ordering::SeqCst);
+    wflag.word(1).store(1, Ordering::SeqCst);
+    let w_ok = await_word(&wflag, 2, Duration::from_secs(10)) == 1;
+    // now S should get K (its 5 s wait)
+    let s_after = await_word(&shared, 3, Duration::from_secs(10));
+    note!(
+        "[W took K: {w_got}; while W held it S's lock: {}; W's renew+unlock ok: {w_ok}; \
+         S afterwards: {}] ",
+        match s_got {
+            0 => "still waiting",
+            1 => "RETURNED A HOLD",
+            _ => "failed",
+        },
+        if s_after == 1 { "took K" } else { "failed" }
+    );
+    drop(w);
+    s.kill();
+    assert!(w_got, "W could not take the expired key");
+    assert_ne!(s_got, 1, "two live holders: S took K while W held it");
+    assert!(w_ok, "W's hold was disturbed by S");
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. Inspection after 64 reuses: does `holders()` name the dead holder or the live reuser?
+
+fn inspection_names_the_dead_holder_not_the_64th_reuser() {
+    let path = TempPath::new("insp-wrap");
+    let table = LockTable::options()
+        .capacity(64)
+        .max_processes(2)
+        .open(&path)
+        .unwrap();
+    let flag = Shared::new(2);
+    let mut p = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.lock(K, opts(0, 1_000)).unwrap();
+        std::mem::forget(g);
+        flag.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(60));
+        0
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    let p_pid = p.pid();
+    p.kill();
+    for _ in 0..63 {
+        let c = fork(|| match LockTable::open(&path, 64) {
+            Ok(_) => 0,
+            Err(_) => 1,
+        });
+        assert_eq!(c.wait(Duration::from_secs(10)), 0);
+    }
+    let q = Proc::new(fork(|| {
+        let _t = LockTable::open(&path, 64).unwrap();
+        flag.word(1).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(60));
+        0
+    }));
+    await_word(&flag, 1, Duration::from_secs(10));
+    let hs = table.holders();
+    let h = &hs[0];
+    note!(
+        "[dead holder pid {p_pid}, live reuser pid {}; holders(): pid {} owner_alive {}] ",
+        q.pid(),
+        h.pid,
+        h.owner_alive
+    );
+    assert!(
+        h.pid as i32 != q.pid(),
+        "inspection names the live 64th reuser as the holder of the dead process's key"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. Chaos: many processes wait for one key while holders are SIGKILLed and SIGSTOPped,
+//    a reaper calls reap() and holders() in a loop, and another force-free-nothing
+//    process inspects. Leases never expire (so any second live holder is a break); a
+//    holder records itself in a shared word; a newcomer that finds the word taken checks
+//    whether that process is dead (killed by the parent, who sets its tombstone).
+
+fn chaos_many_stealers_reapers_stop_and_kill() {
+    let path = TempPath::new("chaos3");
+    let _table = LockTable::open(&path, 64).unwrap();
+    const N: usize = 6;
+    // word 0: current holder pid; 1: violations; 2: acquisitions; 3..3+N: tombstones
+    // (pid of killed children); 20: stop flag
+    let shared = Shared::new(32);
+    let start = Instant::now();
+    let worker = |i: usize| {
+        let shared = &shared;
+        let path = &path;
+        move || {
+            let t = LockTable::open(path, 64).unwrap();
+            let me = std::process::id() as u64;
+            let mut rng = me ^ 0x9e37_79b9_7f4a_7c15;
+            while shared.word(20).load(Ordering::SeqCst) == 0 {
+                let Ok(g) = t.lock(K, opts(0, 2_000)) else {
+                    continue;
+                };
+                let prev = shared.word(0).swap(me, Ordering::SeqCst);
+                if prev != 0 {
+                    // the previous recorded holder must be one the parent killed
+                    let dead =
+                        (0..N + 8).any(|k| shared.word(3 + k).load(Ordering::SeqCst) == prev);
+                    if !dead {
+                        shared.word(1).fetch_add(1, Ordering::SeqCst);
+                        shared.word(21).store(prev, Ordering::SeqCst);
+                        shared.word(22).store(me, Ordering::SeqCst);
+                    }
+                }
+                shared.word(2).fetch_add(1, Ordering::SeqCst);
+                let spin = xorshift(&mut rng) % 200;
+                for _ in 0..spin {
+                    std::hint::spin_loop();
+                }
+                if xorshift(&mut rng).is_multiple_of(8) {
+                    std::thread::sleep(Duration::from_micros(xorshift(&mut rng) % 2000));
+                }
+                let _ = shared
+                    .word(0)
+                    .compare_exchange(me, 0, Ordering::SeqCst, Ordering::SeqCst);
+                let r = if xorshift(&mut rng).is_multiple_of(4) {
+                    let mut g = g;
+                    let _ = g.token();
+                    let _ = g.expire(None);
+                    g.unlock()
+                } else {
+                    g.unlock()
+                };
+                let _ = i;
+                if r.is_err() {
+                    // lost a never-expiring hold while alive: only force_unlock may do that
+                    shared.word(23).fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            0
+        }
+    };
+    let mut procs: Vec<Option<Proc>> = (0..N).map(|i| Some(Proc::new(fork(worker(i))))).collect();
+    let reaper = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        while shared.word(20).load(Ordering::SeqCst) == 0 {
+            t.reap();
+            let _ = t.holders();
+            let _ = t.is_locked(K);
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        0
+    }));
+    let mut rng = 12345u64;
+    let mut kills = 0;
+    let mut stops = 0;
+    let mut tomb = 0;
+    while start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(xorshift(&mut rng) % 30));
+        let k = (xorshift(&mut rng) % N as u64) as usize;
+        let Some(p) = procs[k].as_mut() else { continue };
+        match xorshift(&mut rng) % 3 {
+            0 if tomb < N + 8 => {
+                let pid = p.pid();
+                // tombstone first: once it is dead, anyone may find its record
+                shared.word(3 + tomb).store(pid as u64, Ordering::SeqCst);
+                tomb += 1;
+                p.kill();
+                kills += 1;
+                procs[k] = Some(Proc::new(fork(worker(k))));
+            }
+            _ => {
+                // SIGSTOP a live process (maybe while holding) for up to 700 ms
+                unsafe { libc::kill(p.pid(), libc::SIGSTOP) };
+                std::thread::sleep(Duration::from_millis(xorshift(&mut rng) % 700));
+                unsafe { libc::kill(p.pid(), libc::SIGCONT) };
+                stops += 1;
+            }
+        }
+    }
+    shared.word(20).store(1, Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(2500));
+    drop(procs);
+    drop(reaper);
+    let v = shared.word(1).load(Ordering::SeqCst);
+    note!(
+        "[{} acquisitions, {kills} kills, {stops} stops; violations {v} (prev {} me {}); \
+         live holds lost {}] ",
+        shared.word(2).load(Ordering::SeqCst),
+        shared.word(21).load(Ordering::SeqCst),
+        shared.word(22).load(Ordering::SeqCst),
+        shared.word(23).load(Ordering::SeqCst)
+    );
+    assert_eq!(v, 0, "two live holders");
+    assert_eq!(
+        shared.word(23).load(Ordering::SeqCst),
+        0,
+        "a live never-expiring hold was lost"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 6. 7feedcc: a registrant that closed its descriptor is alive if /proc shows it running
+//    with the same start time. /proc/<pid>/stat's start time is shifted by the *reader's*
+//    time-namespace boottime offset, so a registrant in a time namespace with a boottime
+//    offset records a start time nobody outside reads.
+
+fn closed_descriptor_in_time_namespace(offsets: &'static str) {
+    let path = TempPath::new("timens-closed");
+    let table = LockTable::open(&path, 64).unwrap();
+    let flag = Shared::new(2);
+    let _o = Proc::new(fork(|| {
+        // SAFETY: unshare in a single-threaded child.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWTIME) }, 0);
+        fs::write("/proc/self/timens_offsets", offsets).unwrap();
+        let d = fork(|| {
+            let t = LockTable::open(&path, 64).unwrap();
+            // SAFETY: closes descriptors; nothing else runs in this child.
+            let rc = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+            assert_eq!(rc, 0);
+            let g = t.lock(K, opts(0, 1_000)).unwrap();
+            flag.word(0).store(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(1500));
+            let r = g.unlock();
+            flag.word(1)
+                .store(if r.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_secs(30));
+            0
+        });
+        let _ = d.wait(Duration::from_secs(40));
+        0
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    let other = table
+        .try_lock_with_lease(K, Duration::from_secs(60))
+        .unwrap();
+    let d_unlock = await_word(&flag, 1, Duration::from_secs(10));
+    note!(
+        "[offsets {:?}: D (running, descriptor closed) holds K; this process {}; D's unlock \
+         later: {}] ",
+        offsets.trim(),
+        if other.is_some() {
+            "ALSO TOOK K"
+        } else {
+            "was refused"
+        },
+        if d_unlock == 1 { "Ok" } else { "Expired" }
+    );
+    assert!(
+        other.is_none(),
+        "two live holders: a running registrant in a time namespace with a boottime offset \
+         whose descriptor was closed is judged dead"
+    );
+}
+
+fn closed_descriptor_registrant_in_a_boottime_namespace_keeps_its_key() {
+    closed_descriptor_in_time_namespace("boottime 3600 0\n");
+}
+
+fn control_closed_descriptor_registrant_in_a_monotonic_only_namespace_keeps_its_key() {
+    closed_descriptor_in_time_namespace("monotonic 3600 0\n");
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. 7feedcc: the lease's upper half is now the registry generation, but the cold line's
+//    token label is still `lease ^ owner_bits << 40`, so the generation bits and the owner
+//    bits overlap: (entry 0, gen g) and (entry 1, gen g ^ 0x4000) of the same thread
+//    number give the same label. Inspection then shows a token on a hold that never took
+//    one (the previous holder's).
+
+fn registry_gen(path: &Path, entry: usize) -> u32 {
+    use std::os::unix::fs::FileExt;
+    let f = fs::File::open(path).unwrap();
+    let mut b = [0u8; 8];
+    f.read_exact_at(&mut b, 4096 + entry as u64 * 32).unwrap();
+    (u64::from_le_bytes(b) >> 32) as u32
+}
+
+fn inspection_shows_a_token_only_on_the_hold_that_took_it() {
+    let path = TempPath::new("label");
+    let table = LockTable::options()
+        .capacity(64)
+        .max_processes(2)
+        .open(&path)
+        .unwrap();
+    // This process (thread number 1 after its first lock) takes K and a token, and lets go.
+    let g = table.lock(K, opts(60_000, 1_000)).unwrap();
+    let token = g.token();
+    let (_, slot) = table.debug_placement(K).unwrap();
+    drop(g);
+    // which entry is ours?
+    let (mine, other) = if registry_gen(&path.0, 0) != 0 && registry_gen(&path.0, 1) == 0 {
+        (0usize, 1usize)
+    } else {
+        (1, 0)
+    };
+    let g_mine = registry_gen(&path.0, mine);
+    // the other entry's generation whose label collided with ours (entry bits << 40
+    // overlapped generation bit 14)
+    let target = g_mine ^ 0x4000;
+    let started = Instant::now();
+    // C: opens and drops the table until the other entry is one generation short
+    let c = fork(|| loop {
+        let now = registry_gen(&path.0, other);
+        if now.wrapping_add(1) == target {
+            return 0;
+        }
+        drop(LockTable::open(&path, 64).unwrap());
+    });
+    assert_eq!(c.wait(Duration::from_secs(300)), 0);
+    note!(
+        "[{} registrations in {:.1}s] ",
+        target - 1,
+        started.elapsed().as_secs_f64()
+    );
+    let flag = Shared::new(2);
+    let b = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.lock(K, opts(60_000, 1_000)).unwrap();
+        flag.word(1)
+            .store(t.debug_placement(K).unwrap().1 as u64 + 1, Ordering::SeqCst);
+        std::mem::forget(g);
+        flag.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(30));
+        0
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    let b_slot = (flag.word(1).load(Ordering::SeqCst) - 1) as usize;
+    let hs = table.holders();
+    note!(
+        "[our entry {mine} gen {g_mine:#x} took token {token:?} in slot {slot}; B on entry \
+         {other} gen {:#x} holds K in slot {b_slot} without a token; holders() shows token \
+         {:?} for B (pid {})] ",
+        registry_gen(&path.0, other),
+        hs.first().and_then(|h| h.token),
+        b.pid()
+    );
+    assert_eq!(b_slot, slot, "inconclusive: another slot");
+    assert!(
+        hs.first().is_some_and(|h| h.token.is_none()),
+        "inspection shows the previous holder's token on a hold that never took one"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. 80a1247: the second-order wrap the README lists as a known limit, tried for real.
+//    S3 looks at this process's expired hold H1 (word w) and is stopped before its freeze
+//    CAS; S1 freezes H1 (STEALING) and is stopped inside resolve_steal after reading the
+//    fields, before its check of the word. This process ends the steal (its release of
+//    H1 finds it expired), takes K again (H2, 600 s) and renews H2 until its word is w
+//    again (26-bit gen: ~0.8 s in release). S3 resumes: its freeze of H2 succeeds (its CAS
+//    is from w) and it is stopped right after. S1 resumes: the word is its frozen word, so
+//    it frees H2 on H1's fields. Does S1 then hold K while this process holds H2?
+
+fn second_order_wrap_frees_a_live_hold() {
+    if cfg!(debug_assertions) {
+        println!("(needs --release: 2^25 renewals) ");
+        return;
+    }
+    let path = TempPath::new("wrap2");
+    let table = LockTable::open(&path, 64).unwrap();
+    let watch = Watch::new(path.as_ref());
+    let registry_len = watch.slots_at as u64 - 4096;
+    let a = table
+        .try_lock_with_lease(K, Duration::from_millis(1))
+        .unwrap()
+        .unwrap();
+    let (_, slot) = table.debug_placement(K).unwrap();
+    let wa = watch.control(slot);
+    std::thread::sleep(Duration::from_millis(20)); // H1 runs out
+    let shared = Shared::new(16);
+    // S3: stopped after its look (deadline read), then after its freeze
+    let f3 = TempPath::new("gdb-s3");
+    fs::create_dir_all(&f3.0).unwrap();
+    let mut s3 = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let base = mapping_base(&path.0) as u64 + registry_len + slot as u64 * 64;
+        shared.word(1).store(base, Ordering::SeqCst);
+        await_word(&shared, 0, Duration::from_secs(60));
+        let g = t.lock(K, opts(60_000, 20_000));
+        shared
+            .word(3)
+            .store(if g.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(30));
+        0
+    }));
+    let base3 = await_word(&shared, 1, Duration::from_secs(10));
+    let wait = |f: &Path| {
+        format!(
+            "shell i=0; while [ ! -e {} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done",
+            f.display()
+        )
+    };
+    let j = |n: &str| f3.0.join(n);
+    let _gdb3 = Spawned(
+        std::os::unix::process::CommandExt::process_group(
+            &mut std::process::Command::new("gdb"),
+            0,
+        )
+        .args(["-q", "-nx", "-batch", "-p", &s3.pid().to_string()])
+        .args(["-ex", "set pagination off"])
+        .args(["-ex", &format!("rwatch *(long*){:#x}", base3 + 24)])
+        .args(["-ex", &format!("shell touch {}", j("attached").display())])
+        .args(["-ex", "continue"])
+        .args(["-ex", &format!("shell touch {}", j("stopped1").display())])
+        .args(["-ex", &wait(&j("go1")), "-ex", "delete"])
+        .args(["-ex", &format!("watch *(long*){base3:#x}")])
+        .args(["-ex", &format!("condition 2 (*(long*){base3:#x} & 7) == 5")])
+        .args(["-ex", "continue"])
+        .args(["-ex", &format!("shell touch {}", j("stopped2").display())])
+        .args(["-ex", &wait(&j("go2")), "-ex", "delete", "-ex", "detach"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    assert!(wait_file(&j("attached"), Duration::from_secs(60)));
+    shared.word(0).store(1, Ordering::SeqCst);
+    assert!(
+        wait_file(&j("stopped1"), Duration::from_secs(30)),
+        "S3 never looked"
+    );
+    assert_eq!(watch.control(slot), wa, "inconclusive (S3)");
+    // S1: freezes H1, stopped after reading the lease in resolve_steal
+    let f1 = TempPath::new("gdb-s1");
+    fs::create_dir_all(&f1.0).unwrap();
+    let mut s1 = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let base = mapping_base(&path.0) as u64 + registry_len + slot as u64 * 64;
+        shared.word(5).store(base, Ordering::SeqCst);
+        await_word(&shared, 4, Duration::from_secs(60));
+        let g = t.lock(K, opts(60_000, 20_000));
+        shared
+            .word(6)
+            .store(if g.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(30));
+        0
+    }));
+    let base1 = await_word(&shared, 5, Duration::from_secs(10));
+    let gdb1 = gdb(
+        s1.pid(),
+        &[format!("rwatch *(long*){:#x}", base1 + 32)],
+        &f1.0,
+    );
+    shared.word(4).store(1, Ordering::SeqCst);
+    assert!(
+        wait_file(&f1.0.join("stopped"), Duration::from_secs(30)),
+        "S1 never froze"
+    );
+    let w1 = watch.control(slot);
+    note!(
+        "[S3 stopped before its freeze; S1 stopped in resolve_steal, word state {}] ",
+        state(w1)
+    );
+    assert_eq!(state(w1), 5, "inconclusive (S1)");
+    // this process ends the steal (H1 expired), takes K again and wraps the word round
+    let ra = a.unlock();
+    let started = Instant::now();
+    let mut b = table
+        .try_lock_with_lease(K, Duration::from_secs(600))
+        .unwrap()
+        .unwrap();
+    for _ in 0..100 {
+        let sb = table.debug_placement(K).unwrap().1;
+        if sb == slot && gen(wa).wrapping_sub(gen(watch.control(slot))) & GEN_MASK & 1 == 0 {
+            break;
+        }
+        drop(b);
+        std::thread::sleep(Duration::from_millis(5));
+        b = table
+            .try_lock_with_lease(K, Duration::from_secs(600))
+            .unwrap()
+            .unwrap();
+    }
+    let steps = gen(wa).wrapping_sub(gen(watch.control(slot))) & GEN_MASK;
+    assert_eq!(steps & 1, 0, "inconclusive: odd distance");
+    for _ in 0..steps / 2 {
+        b.expire(Some(Duration::from_secs(600))).unwrap();
+    }
+    let wb = watch.control(slot);
+    note!(
+        "[H1's unlock {ra:?}; {:.2}s of renewals; H2's word {} H1's] ",
+        started.elapsed().as_secs_f64(),
+        if ident(wb) == ident(wa) {
+            "equals"
+        } else {
+            "DIFFERS from"
+        }
+    );
+    assert_eq!(ident(wb), ident(wa), "inconclusive (wrap)");
+    // S3 resumes and freezes H2
+    fs::write(j("go1"), b"").unwrap();
+    assert!(
+        wait_file(&j("stopped2"), Duration::from_secs(30)),
+        "S3 never froze H2"
+    );
+    let w3 = watch.control(slot);
+    note!("[S3 froze H2: state {}] ", state(w3));
+    // S1 resumes
+    fs::write(f1.0.join("go"), b"").unwrap();
+    let mut gdb1 = gdb1;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while gdb1.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "gdb did not detach");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let s1_got = shared.word(6).load(Ordering::SeqCst) == 1;
+    let b_renews = b.expire(Some(Duration::from_secs(600)));
+    fs::write(j("go2"), b"").unwrap();
+    note!(
+        "[S1 {} K; this process's H2 then renews: {b_renews:?}] ",
+        if s1_got { "TOOK" } else { "did not take" }
+    );
+    s1.kill();
+    s3.kill();
+    assert!(
+        !s1_got,
+        "two live holders: S1 freed the live H2 once the word came round and S3 froze it"
+    );
+}
+
+const GEN_SHIFT: u32 = 38;
+const GEN_MASK: u64 = (1 << 26) - 1;
+fn ident(w: u64) -> u64 {
+    w & !((1 << 3) | (0x1f << 11))
+}
+fn gen(w: u64) -> u64 {
+    (w >> GEN_SHIFT) & GEN_MASK
+}
