@@ -390,7 +390,7 @@ impl SharedDict {
             opened.file,
             opened.id,
             path.to_path_buf(),
-            opened.owner,
+            opened.registered,
             true,
         );
         Ok(SharedDict {

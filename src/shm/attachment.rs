@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
 use crate::error::Error;
+use crate::shm::anchor::Anchor;
 use crate::shm::clock::{raw_now, Clock, Monotonic};
 use crate::shm::mapping::Mapping;
 use crate::shm::process::fork_epoch;
@@ -29,15 +30,15 @@ pub(crate) struct Attachment {
     pub map: Arc<Mapping>,
     /// A descriptor of the file that holds no lock, to test others' (re-opened if the
     /// program closed ours and reused its number).
-    probe: Mutex<File>,
+    probe: Mutex<Probe>,
     id: FileId,
     path: PathBuf,
     /// `false`: leave dead holders' keys to their leases (`OpenOptions::liveness`).
     judge: bool,
     read_only: bool,
-    /// This process's registration and the fork epoch it was made in (a forked child
-    /// finds its parent's here, and makes its own).
-    reg: Mutex<Option<(OwnerId, u64)>>,
+    /// This process's registration, what keeps it, and the fork epoch it was made in (a
+    /// forked child finds its parent's here, and makes its own).
+    reg: Mutex<Option<(OwnerId, Anchor, u64)>>,
     /// `fork epoch << 32 | owner bits` of the registration in use; 0 before any.
     cached: AtomicU64,
     /// The full registry generation of that registration (stored before `cached`).
@@ -52,20 +53,21 @@ impl Attachment {
         file: File,
         id: FileId,
         path: PathBuf,
-        registered: Option<OwnerId>,
+        registered: Option<(Anchor, OwnerId)>,
         judge: bool,
     ) -> Attachment {
         let read_only = registered.is_none();
-        let cached = registered.map_or(0, |owner| fork_epoch() << 32 | u64::from(owner.bits()));
-        let generation = registered.map_or(0, |owner| map.registry().generation(owner));
+        let owner = registered.as_ref().map(|(_, owner)| *owner);
+        let cached = owner.map_or(0, |owner| fork_epoch() << 32 | u64::from(owner.bits()));
+        let generation = owner.map_or(0, |owner| map.registry().generation(owner));
         Attachment {
             map,
-            probe: Mutex::new(file),
+            probe: Mutex::new(Probe(Some(file))),
             id,
             path,
             judge,
             read_only,
-            reg: Mutex::new(registered.map(|owner| (owner, fork_epoch()))),
+            reg: Mutex::new(registered.map(|(anchor, owner)| (owner, anchor, fork_epoch()))),
             cached: AtomicU64::new(cached),
             generation: AtomicU64::new(u64::from(generation)),
             alive_at: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -127,14 +129,16 @@ impl Attachment {
                 std::io::Error::other("could not register this forked process"),
             )
         })?;
-        if let Some((owner, _)) = reg.filter(|&(_, epoch)| epoch == fork_epoch()) {
+        if let Some((owner, _, _)) = reg.as_ref().filter(|r| r.2 == fork_epoch()) {
+            let owner = *owner;
             self.remember(owner);
             return Ok(owner);
         }
-        // The parent's registration is the parent's to leave.
+        // The parent's registration is the parent's to leave (its anchor was not
+        // inherited, and its copy here unmaps nothing).
         *reg = None;
-        let owner = self.register_again()?;
-        *reg = Some((owner, fork_epoch()));
+        let (anchor, owner) = self.register_again()?;
+        *reg = Some((owner, anchor, fork_epoch()));
         self.remember(owner);
         Ok(owner)
     }
@@ -150,46 +154,44 @@ impl Attachment {
         );
     }
 
-    /// Registers through the description this child mapped the table from on its first
-    /// look at itself (see `mapping.rs`).
-    fn register_again(&self) -> Result<OwnerId, Error> {
-        let fd = self.map.own_fd().ok_or_else(|| {
-            Error::io(
-                &self.path,
-                std::io::Error::other(
-                    "this forked process could not map the table from a description of its own",
-                ),
-            )
-        })?;
-        let until = std::time::Instant::now() + Duration::from_secs(10);
-        while !registry::mark_attached(fd).map_err(|e| Error::io(&self.path, e))? {
-            if std::time::Instant::now() >= until {
-                return Err(Error::io(
-                    &self.path,
-                    std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "another process has been resetting this table for 10 s (stopped?)",
-                    ),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+    /// Registers this forked child, through an anchor of its own.
+    fn register_again(&self) -> Result<(Anchor, OwnerId), Error> {
         let probe = self.probe();
-        crate::shm::file::register(
-            &self.path,
-            &probe,
-            fd,
-            &self.map,
-            self.map.registry().len() as u32,
-        )
+        let file = probe.file();
+        Anchor::pin(file, &self.path, self.id, |fd| {
+            let until = std::time::Instant::now() + Duration::from_secs(10);
+            while !registry::mark_attached(fd).map_err(|e| Error::io(&self.path, e))? {
+                if std::time::Instant::now() >= until {
+                    return Err(Error::io(
+                        &self.path,
+                        std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "another process has been resetting this table for 10 s (stopped?)",
+                        ),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            crate::shm::file::register(
+                &self.path,
+                file,
+                fd,
+                &self.map,
+                self.map.registry().len() as u32,
+            )
+        })
     }
 
-    /// The probe descriptor, re-opened first if it no longer names the table's file.
-    fn probe(&self) -> std::sync::MutexGuard<'_, File> {
+    /// The probe descriptor, re-opened first if its number no longer names the table's
+    /// file through a description that holds no lock of ours.
+    fn probe(&self) -> std::sync::MutexGuard<'_, Probe> {
         let mut probe = self.probe.lock().unwrap_or_else(|p| p.into_inner());
-        if !self.id.names(&*probe) {
-            if let Ok(fd) = registry::reopen(&probe, &self.path, self.id, false) {
-                *probe = File::from(fd);
+        let file = probe.file();
+        if !(self.id.names(file) && registry::is_probe(file)) {
+            let fresh = registry::reopen(file, &self.path, self.id, registry::Access::Probe);
+            if let Ok(fd) = fresh {
+                // The old number is the program's now (it closed ours): not ours to close.
+                std::mem::forget(probe.0.replace(File::from(fd)));
             }
         }
         probe
@@ -223,13 +225,17 @@ impl Attachment {
             return false;
         }
         let probe = self.probe();
+        let file = probe.file();
         let locks = FileLocks {
             take: None,
-            probe: &probe,
+            probe: file,
         };
         // Asked twice around a check of the descriptor: a "nobody holds it" through a
-        // number that names another file by the time we look means nothing.
-        let dead = self.map.registry().is_dead(&locks, owner, generation) && self.id.names(&*probe);
+        // number that names another file (or holds a lock of ours) by the time we look
+        // means nothing.
+        let dead = self.map.registry().is_dead(&locks, owner, generation)
+            && self.id.names(file)
+            && registry::is_probe(file);
         if !dead {
             gate.store(
                 u64::from(owner.bits()) << 40 | (now & ((1 << 40) - 1)),
@@ -248,13 +254,29 @@ impl Attachment {
 
 impl Drop for Attachment {
     fn drop(&mut self) {
-        let reg = *self.reg.get_mut().unwrap_or_else(|p| p.into_inner());
-        // Left here; the lock goes with the mapping, when its last user drops it.
-        if let Some((owner, epoch)) = reg {
+        let reg = self.reg.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some((owner, anchor, epoch)) = reg {
             if epoch == fork_epoch() {
                 self.map.registry().unregister(owner);
             }
+            drop(anchor); // unmapping it drops the locks
         }
+        let probe = self.probe.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(file) = probe.0.take() {
+            if !(self.id.names(&file) && registry::is_probe(&file)) {
+                // Closed behind our back and the number reused: the program's now.
+                std::mem::forget(file);
+            }
+        }
+    }
+}
+
+/// The probe descriptor: closed only while its number is still ours (see `probe`).
+struct Probe(Option<File>);
+
+impl Probe {
+    fn file(&self) -> &File {
+        self.0.as_ref().expect("taken only on drop")
     }
 }
 

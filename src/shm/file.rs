@@ -29,6 +29,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::error::{Error, FormatError};
+use crate::shm::anchor::Anchor;
 use crate::shm::format::{Header, Layout, HEADER_SIZE};
 use crate::shm::mapping::Mapping;
 use crate::shm::registry::{self, FileId, FileLocks, Identity, OwnerId};
@@ -77,8 +78,9 @@ pub(crate) struct Opened {
     pub file: File,
     /// The file's device and inode, which every descriptor used later must still name.
     pub id: FileId,
-    /// The owner id of this process's registration (`None`: read-only).
-    pub owner: Option<OwnerId>,
+    /// This process's registration: what keeps it, and the owner id its entries carry
+    /// (`None`: read-only).
+    pub registered: Option<(Anchor, OwnerId)>,
 }
 
 pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
@@ -276,43 +278,42 @@ fn attach(path: &Path, file: File, created: bool, spec: OpenSpec) -> Result<Open
         return Err(Error::from(FormatError::Corrupt("file longer than its layout")).at(path));
     }
     let id = FileId::of(&file).map_err(|e| Error::io(path, e))?;
+    // This description never holds a lock of ours: mark it as one that can test them.
+    nix::fcntl::fcntl(
+        &file,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )
+    .map_err(|e| Error::io(path, e.into()))?;
+    let map = Mapping::new(&file, &header, !spec.read_only).map_err(|e| Error::io(path, e))?;
     if spec.read_only {
-        let desc = file.try_clone().map_err(|e| Error::io(path, e))?;
-        let map =
-            Mapping::new(desc.into(), path, id, &header, false).map_err(|e| Error::io(path, e))?;
         return Ok(Opened {
             map,
             header,
             created,
             file,
             id,
-            owner: None,
+            registered: None,
         });
     }
-    // The mapping gets a description of its own, and the registration's locks are taken
-    // through it: the kernel keeps them while the mapping lasts (see `mapping.rs`).
-    let desc = registry::reopen(&file, path, id, true).map_err(|e| Error::io(path, e))?;
-    let map = Mapping::new(desc, path, id, &header, true).map_err(|e| Error::io(path, e))?;
-    let lock_fd = map.own_fd().ok_or_else(|| {
-        Error::io(
-            path,
-            io::Error::other("the table's descriptor was closed while it was opened"),
-        )
+    // The registration's locks are taken through a description of their own, which only
+    // an anchor keeps (see `anchor.rs`).
+    let (anchor, (header, owner)) = Anchor::pin(&file, path, id, |lock_fd| {
+        let header = join(path, &file, lock_fd, &map, header)?;
+        let owner = register(path, &file, lock_fd, &map, header.registry)?;
+        Ok::<_, Error>((header, owner))
     })?;
-    let header = join(path, &file, lock_fd, &map, header)?;
-    let owner = register(path, &file, lock_fd, &map, header.registry)?;
     Ok(Opened {
         map,
         header,
         created,
         file,
         id,
-        owner: Some(owner),
+        registered: Some((anchor, owner)),
     })
 }
 
-/// Marks the file in use by this process (a read lock on its attached byte, held through
-/// the mapping's description for as long as the mapping lasts), after resetting a table left by an earlier boot if — and
+/// Marks the file in use by this process (a read lock on its attached byte, taken through
+/// `lock_fd`, which the registration's anchor keeps), after resetting a table left by an earlier boot if — and
 /// only if — it read this boot's id, the file names another, and it could take that byte
 /// for writing (no other process has the file open). Returns the header as it is once the
 /// byte is held: a reset by another process in the meantime is seen.
@@ -368,8 +369,8 @@ fn join(
     }
 }
 
-/// Takes a registry entry for this process through `lock_fd` (the mapping's description),
-/// or says why it cannot.
+/// Takes a registry entry for this process through `lock_fd` (the description the
+/// registration's anchor keeps), or says why it cannot.
 pub(crate) fn register(
     path: &Path,
     file: &File,

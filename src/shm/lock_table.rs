@@ -215,7 +215,7 @@ impl LockTable {
             opened.file,
             opened.id,
             path.to_path_buf(),
-            opened.owner,
+            opened.registered,
             options.liveness,
         );
         let slots = MappedSlots {

@@ -7,13 +7,15 @@
 //! - `registry`: the owner registry (who is attached, and whether the kernel says they
 //!   are alive); `attachment`: one process's registration, its descriptor and lock.
 //! - `format`: the file's header and layout; `file`: creating and checking it;
-//!   `mapping`: mapping it, from the description that carries this process's registration.
+//!   `mapping`: mapping it; `anchor`: what keeps this process's registration alive.
 //! - `clock`: the shared monotonic clock; `futex`: sleeping and waking; `process`: this
 //!   process's identity (pid, start time, fork detection); `primitive`: spin helpers.
 //!
 //! The [`SharedDict`](crate::SharedDict) reuses the file, format, registry and clock
 //! layers for its own table.
 
+#[cfg(not(loom))]
+pub(crate) mod anchor;
 #[cfg(not(loom))]
 pub(crate) mod attachment;
 pub(crate) mod clock;

@@ -10,9 +10,11 @@
 //! `pthread_atfork` child handler clears it too, where that `madvise` is unsupported.
 //!
 //! The first call in a new child then does the child's work: a new fork epoch (so that
-//! registrations made before belong to the parent), the inherited tables mapped again
-//! from descriptions of the child's own (see `mapping.rs`), the clock offset looked up
-//! again (see `clock.rs`).
+//! registrations made before belong to the parent; the child registers anew, see
+//! `anchor.rs`) and the clock offset looked up again (see `clock.rs`).
+//!
+//! `fork` waits while an anchor is being set up ([`NoFork`]): its descriptor must not be
+//! inherited.
 //!
 //! Nothing here decides whether another process is alive: pids mean nothing across pid
 //! namespaces and `/proc` may hide them. The owner registry does that.
@@ -53,6 +55,58 @@ extern "C" fn in_forked_child() {
     // Async-signal-safe: atomic stores. The child does the rest on first use.
     cell().token.store(0, Ordering::Relaxed);
     cell().pid.store(0, Ordering::Relaxed);
+    SETTING_UP.store(0, Ordering::Relaxed);
+}
+
+/// Anchors being set up (low bits), and whether a `fork` is under way ([`FORKING`]).
+static SETTING_UP: AtomicU32 = AtomicU32::new(0);
+const FORKING: u32 = 1 << 31;
+
+extern "C" fn before_fork() {
+    // Wait for anchors being set up to finish, and keep new ones from starting.
+    while SETTING_UP
+        .compare_exchange_weak(0, FORKING, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        std::thread::yield_now();
+    }
+}
+
+extern "C" fn after_fork_in_parent() {
+    SETTING_UP.store(0, Ordering::Release);
+}
+
+/// Held while an anchor's descriptor exists: a `fork` (through the libc function, which
+/// runs the fork handlers) waits until it is gone, so no child inherits it.
+pub(crate) struct NoFork(());
+
+impl NoFork {
+    pub(crate) fn hold() -> NoFork {
+        token(); // the fork handlers are installed by the first look at this process
+        let mut cur = SETTING_UP.load(Ordering::Relaxed);
+        loop {
+            if cur & FORKING != 0 {
+                std::thread::yield_now();
+                cur = SETTING_UP.load(Ordering::Relaxed);
+                continue;
+            }
+            match SETTING_UP.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return NoFork(()),
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
+impl Drop for NoFork {
+    fn drop(&mut self) {
+        SETTING_UP.fetch_sub(1, Ordering::Release);
+    }
 }
 
 #[inline]
@@ -92,8 +146,15 @@ fn setup() {
             unsafe { libc::munmap(page, 4096) };
         }
     }
-    // SAFETY: the handler only stores to atomics, which a fork child may do.
-    let rc = unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
+    // SAFETY: the handlers only use atomics (the one before the fork waits for anchors
+    // being set up, which take a few system calls).
+    let rc = unsafe {
+        libc::pthread_atfork(
+            Some(before_fork),
+            Some(after_fork_in_parent),
+            Some(in_forked_child),
+        )
+    };
     assert_eq!(rc, 0, "pthread_atfork failed");
     name_this_process();
 }
@@ -175,8 +236,7 @@ fn refresh() {
         }
         return;
     }
-    let epoch = FORK_EPOCH.fetch_add(1, Ordering::Relaxed) + 1;
-    crate::shm::mapping::remap_inherited(epoch);
+    FORK_EPOCH.fetch_add(1, Ordering::Relaxed);
     crate::shm::clock::forget_offset();
     name_this_process();
 }

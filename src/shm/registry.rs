@@ -372,21 +372,35 @@ mod ofd {
         set_lock(fd, libc::F_WRLCK, ATTACHED_LOCK_BYTE, 1)
     }
 
-    /// Opens a new open file description of the table file `want` (the one behind a
-    /// writable mapping is the mapping's own): through `/proc/self/fd` of `fd`, else by
-    /// `path`, accepting only the same file.
+    /// What a new description of the table file is for.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(crate) enum Access {
+        /// To take this process's registration locks through (read-write, as a write lock
+        /// needs), then to be pinned by an anchor (see `anchor.rs`).
+        Locks,
+        /// To test others' locks through: read-only, and `O_NONBLOCK`, which no
+        /// description that holds a lock of ours has (see [`is_probe`]).
+        Probe,
+    }
+
+    /// Opens a new open file description of the table file `want`: through
+    /// `/proc/self/fd` of `fd`, else by `path`, accepting only the same file.
     pub(crate) fn reopen(
         fd: &File,
         path: &std::path::Path,
         want: FileId,
-        write: bool,
+        access: Access,
     ) -> io::Result<OwnedFd> {
         use std::os::unix::fs::OpenOptionsExt;
         let open = |p: &std::path::Path| {
+            let extra = match access {
+                Access::Locks => 0,
+                Access::Probe => libc::O_NONBLOCK,
+            };
             std::fs::OpenOptions::new()
                 .read(true)
-                .write(write)
-                .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
+                .write(access == Access::Locks)
+                .custom_flags(libc::O_CLOEXEC | extra)
                 .open(p)
         };
         let proc_path = std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
@@ -401,6 +415,14 @@ mod ofd {
         Err(io::Error::other(
             "the table file can no longer be opened (its path names another file now)",
         ))
+    }
+
+    /// Whether `fd` can test this process's own registration locks: a description opened
+    /// with `O_NONBLOCK` (probes, and the one a table is opened and mapped with) never
+    /// holds them, while one opened to take them is opened without it. (A lock test
+    /// through the very description that holds the lock would find it free.)
+    pub(crate) fn is_probe(fd: impl AsFd) -> bool {
+        fcntl(fd, FcntlArg::F_GETFL).is_ok_and(|flags| flags & libc::O_NONBLOCK != 0)
     }
 }
 
@@ -443,8 +465,8 @@ mod tests {
         let (path, probe) = file();
         let words: Vec<AtomicU64> = (0..2 * ENTRY_WORDS).map(|_| AtomicU64::new(0)).collect();
         let reg = Registry::new(&words);
-        let fd1 = reopen(&probe, &path, FileId::of(&probe).unwrap(), true).unwrap();
-        let fd2 = reopen(&probe, &path, FileId::of(&probe).unwrap(), true).unwrap();
+        let fd1 = reopen(&probe, &path, FileId::of(&probe).unwrap(), Access::Locks).unwrap();
+        let fd2 = reopen(&probe, &path, FileId::of(&probe).unwrap(), Access::Locks).unwrap();
         fn with<'a>(take: Option<&'a std::os::fd::OwnedFd>, probe: &'a File) -> FileLocks<'a> {
             use std::os::fd::AsFd;
             FileLocks {
@@ -466,7 +488,7 @@ mod tests {
         assert!(!reg.is_dead(&locks(None), b, None));
         // its entry (the only one free) is taken again under a new generation; the old
         // owner stays dead
-        let fd3 = reopen(&probe, &path, FileId::of(&probe).unwrap(), true).unwrap();
+        let fd3 = reopen(&probe, &path, FileId::of(&probe).unwrap(), Access::Locks).unwrap();
         let c = reg
             .register(&with(Some(&fd3), &probe), me(3), a.entry() as usize)
             .unwrap();
@@ -487,8 +509,8 @@ mod tests {
         let (path, probe) = file();
         let words: Vec<AtomicU64> = (0..ENTRY_WORDS).map(|_| AtomicU64::new(0)).collect();
         let reg = Registry::new(&words);
-        let fd1 = reopen(&probe, &path, FileId::of(&probe).unwrap(), true).unwrap();
-        let fd2 = reopen(&probe, &path, FileId::of(&probe).unwrap(), true).unwrap();
+        let fd1 = reopen(&probe, &path, FileId::of(&probe).unwrap(), Access::Locks).unwrap();
+        let fd2 = reopen(&probe, &path, FileId::of(&probe).unwrap(), Access::Locks).unwrap();
         fn take<'a>(fd: &'a std::os::fd::OwnedFd, probe: &'a File) -> FileLocks<'a> {
             FileLocks {
                 take: Some(std::os::fd::AsFd::as_fd(fd)),

@@ -1,0 +1,1175 @@
+//! Attacks of the fourth adversarial review, with real processes (fork, `_Fork`, clone,
+//! namespaces): the registration and descriptors a daemon closes behind the library's
+//! back (`close_range`), second handles of one table, forks during `open`, a child at its
+//! descriptor limit, memory a program takes away from a child (MADV_DONTFORK), the reboot
+//! reset and the dict. They broke an earlier design that pinned the registration with the
+//! table's own mapping and mapped every table again in a forked child; each is a
+//! regression test now.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::fork::{fork, Child, Shared};
+use common::harness::Test;
+use common::TempPath;
+use shmlock::{LockOptions, LockTable};
+
+const TESTS: &[Test] = &[
+    Test::new(
+        "a_worker_keeps_its_key_after_close_range_and_a_second_handle",
+        a_worker_keeps_its_key_after_close_range_and_a_second_handle,
+    ),
+    Test::new(
+        "worker_closes_inherited_fds_reopens_and_drops_the_inherited_handle",
+        worker_closes_inherited_fds_reopens_and_drops_the_inherited_handle,
+    ),
+    Test::new(
+        "a_probe_never_tests_through_a_description_that_holds_a_lock",
+        a_probe_never_tests_through_a_description_that_holds_a_lock,
+    ),
+    Test::new(
+        "reopening_the_probe_never_closes_the_programs_log_file",
+        reopening_the_probe_never_closes_the_programs_log_file,
+    ),
+    Test::new(
+        "dropping_a_handle_never_closes_the_programs_own_descriptor",
+        dropping_a_handle_never_closes_the_programs_own_descriptor,
+    ),
+    Test::new(
+        "a_child_never_replaces_the_programs_own_descriptor",
+        a_child_never_replaces_the_programs_own_descriptor,
+    ),
+    Test::new(
+        "a_child_forked_during_open_never_keeps_the_parents_registration",
+        a_child_forked_during_open_never_keeps_the_parents_registration,
+    ),
+    Test::new(
+        "a_child_never_maps_the_table_over_its_own_memory",
+        a_child_never_maps_the_table_over_its_own_memory,
+    ),
+    Test::new(
+        "other_boot_id_newcomer_vs_holder_that_closed_every_descriptor",
+        other_boot_id_newcomer_vs_holder_that_closed_every_descriptor,
+    )
+    .needs_root("bind-mounts a boot id in a mount namespace"),
+    Test::new(
+        "other_boot_id_newcomer_vs_worker_registered_on_a_dropped_description",
+        other_boot_id_newcomer_vs_worker_registered_on_a_dropped_description,
+    )
+    .needs_root("bind-mounts a boot id in a mount namespace"),
+    Test::new(
+        "control_other_boot_id_newcomer_vs_worker_without_close_range",
+        control_other_boot_id_newcomer_vs_worker_without_close_range,
+    )
+    .needs_root("bind-mounts a boot id in a mount namespace"),
+    Test::new(
+        "a_dict_workers_registration_is_never_taken_by_a_newcomer",
+        a_dict_workers_registration_is_never_taken_by_a_newcomer,
+    ),
+    Test::new(
+        "control_dict_without_close_range",
+        control_dict_without_close_range,
+    ),
+    Test::new(
+        "a_child_at_its_fd_limit_never_keeps_the_parents_registration",
+        a_child_at_its_fd_limit_never_keeps_the_parents_registration,
+    ),
+    Test::new(
+        "fork_kinds_child_never_keeps_or_shares_the_parents_registration",
+        fork_kinds,
+    ),
+    Test::new("zombie_holder_frees_its_keys", zombie_holder_frees_its_keys),
+];
+
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        print!($($arg)*);
+        let _ = std::io::stdout().flush();
+    }};
+}
+
+fn main() {
+    common::harness::run("adversarial4", TESTS, common::harness::no_roles);
+}
+
+const K: &str = "review4:K";
+
+fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
+    LockOptions {
+        exptime: Duration::from_millis(exptime_ms),
+        timeout: Duration::from_millis(timeout_ms),
+        ..LockOptions::default()
+    }
+}
+
+struct Proc(Option<Child>);
+impl Proc {
+    fn new(c: Child) -> Proc {
+        Proc(Some(c))
+    }
+}
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.kill();
+        }
+    }
+}
+
+fn await_word(s: &Shared, w: usize, limit: Duration) -> u64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        let v = s.word(w).load(Ordering::SeqCst);
+        if v != 0 {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "word {w} never set");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn close_from_3() {
+    // SAFETY: closes descriptors 3 and up; the caller owns nothing there it still needs
+    // (Shared is a mapping, its file is closed).
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    assert_eq!(rc, 0);
+}
+
+/// `fd -> target` for every open descriptor of this process.
+fn fds() -> String {
+    let mut v: Vec<(i32, String)> = fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let n: i32 = e.file_name().to_str()?.parse().ok()?;
+            let t = fs::read_link(e.path()).ok()?;
+            Some((n, t.display().to_string()))
+        })
+        .filter(|(n, _)| *n > 2)
+        .collect();
+    v.sort();
+    v.iter()
+        .map(|(n, t)| format!("{n}->{}", t.rsplit('/').next().unwrap_or("")))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. A daemon opens the table (A), closes every descriptor (close_range: supported, "the
+//    mapping keeps the registration"), and opens the same table again (B). B's mapping
+//    description lands on A's old tracked number, so both tracks say "fd 4", and both name
+//    the table file. A forked worker's first use remaps both tracks; the second dup3 leaves
+//    fd 4 naming B's new description, and A's register_again registers through fd 4:
+//    A's registration lock lives on B's description. The worker drops B (it only needs A):
+//    B's description goes, and with it A's registry lock, while A still holds K.
+
+fn a_worker_keeps_its_key_after_close_range_and_a_second_handle() {
+    let path = TempPath::new("collapse");
+    drop(LockTable::open(&path, 64).unwrap()); // create
+    let flag = Shared::new(4);
+    let _p = Proc::new(fork(|| {
+        let a = LockTable::open(&path, 64).unwrap();
+        close_from_3();
+        let b = std::cell::RefCell::new(Some(LockTable::open(&path, 64).unwrap()));
+        let before = fds();
+        let c = fork(|| {
+            flag.word(3)
+                .store(std::process::id() as u64, Ordering::SeqCst);
+            let g = a.lock(K, opts(60_000, 1_000)).unwrap();
+            let after = fds();
+            drop(b.borrow_mut().take()); // the worker only needs A
+            eprintln!(
+                "[parent fds {before}; worker after first use: {after}; after drop(B): {}]",
+                fds()
+            );
+            flag.word(0).store(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(1500));
+            let r = g.unlock();
+            flag.word(1)
+                .store(if r.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_secs(30));
+            0
+        });
+        let _ = c.wait(Duration::from_secs(40));
+        0
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    let table = LockTable::open(&path, 64).unwrap();
+    let started = Instant::now();
+    let other = table
+        .try_lock_with_lease(K, Duration::from_secs(60))
+        .unwrap();
+    let took = started.elapsed();
+    let w_unlock = await_word(&flag, 1, Duration::from_secs(10));
+    note!(
+        "[worker (alive, running) holds K through handle A; this process {}; the worker's \
+         unlock later: {}] ",
+        if other.is_some() {
+            format!("ALSO TOOK K in {took:?}")
+        } else {
+            "was refused".into()
+        },
+        if w_unlock == 1 { "Ok" } else { "Expired" }
+    );
+    kill_word(&flag, 3);
+    assert!(other.is_none(), "two live holders of K");
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. Same daemon, but it opens a log file after close_range (fd 3), then B: B's *probe*
+//    descriptor takes A's old tracked number 4. The worker's remap dup3()s A's new mapping
+//    description onto fd 4 = B's probe. B then tests A's registry lock through the very
+//    description that holds it (F_OFD_GETLK never reports one's own lock): "nobody holds
+//    it", so B judges A's owner dead and takes K from it, in one process with two handles.
+
+fn a_probe_never_tests_through_a_description_that_holds_a_lock() {
+    let path = TempPath::new("probe");
+    let log = TempPath::new("log");
+    drop(LockTable::open(&path, 64).unwrap());
+    let flag = Shared::new(4);
+    let p = fork(|| {
+        let a = LockTable::open(&path, 64).unwrap();
+        close_from_3();
+        let _log = fs::File::create(&log).unwrap();
+        let b = LockTable::open(&path, 64).unwrap();
+        let before = fds();
+        let c = fork(|| {
+            flag.word(3)
+                .store(std::process::id() as u64, Ordering::SeqCst);
+            let g = a.lock(K, opts(60_000, 1_000)).unwrap();
+            let after = fds();
+            let started = Instant::now();
+            let other = b.try_lock_with_lease(K, Duration::from_secs(60)).unwrap();
+            eprintln!(
+                "[parent fds {before}; worker after first use: {after}; A holds K; B's try: {}]",
+                if other.is_some() {
+                    format!("ALSO TOOK K in {:?}", started.elapsed())
+                } else {
+                    "refused".into()
+                }
+            );
+            flag.word(0)
+                .store(if other.is_some() { 2 } else { 1 }, Ordering::SeqCst);
+            drop(g);
+            0
+        });
+        c.wait(Duration::from_secs(20))
+    });
+    let rc = p.wait(Duration::from_secs(30));
+    let w = flag.word(0).load(Ordering::SeqCst);
+    note!("[worker rc {rc}, verdict {w}] ");
+    assert_eq!(w, 1, "handle B took K while handle A held it");
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. The README's own daemon case: close_range, then a log file opened under the number
+//    of the library's probe descriptor (3). The library "reopens the table by path, never
+//    judges through the log file" -- and in doing so drops its old File, closing fd 3: the
+//    program's log. The program's next open (a data file) gets 3, and its log lines go
+//    into the data file. Triggered by nothing but a lock call that judges a busy key's
+//    holder (here: another live process holds K).
+
+fn reopening_the_probe_never_closes_the_programs_log_file() {
+    let path = TempPath::new("logfd");
+    let logp = TempPath::new("log");
+    let datap = TempPath::new("data");
+    drop(LockTable::open(&path, 64).unwrap());
+    let flag = Shared::new(4);
+    let _h = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.lock(K, opts(60_000, 1_000)).unwrap();
+        flag.word(1).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(30));
+        drop(g);
+        0
+    }));
+    await_word(&flag, 1, Duration::from_secs(10));
+    let p = fork(|| {
+        let a = LockTable::open(&path, 64).unwrap();
+        close_from_3();
+        let mut log = fs::File::create(&logp).unwrap(); // fd 3, as the README's example
+        let n = log.as_raw_fd();
+        let before = fds();
+        // K is held by a live process: the waiter judges it (probe reopened by path)
+        let r = a.lock(K, opts(60_000, 50)).map(|_| ());
+        let after = fds();
+        let mut data = fs::File::create(&datap).unwrap();
+        let w = log.write_all(b"log line\n");
+        let _ = data.write_all(b"");
+        let data_now = fs::read(&datap).unwrap();
+        eprintln!(
+            "[log fd {n}; before lock: {before}; lock: {:?}; after: {after}; data file got fd              {}; the program's log write: {w:?}; data file now holds {:?}]",
+            r.map_err(|e| e.to_string()),
+            data.as_raw_fd(),
+            String::from_utf8_lossy(&data_now)
+        );
+        flag.word(0)
+            .store(if data_now.is_empty() { 1 } else { 2 }, Ordering::SeqCst);
+        std::mem::forget(log);
+        std::mem::forget(data);
+        std::mem::forget(a);
+        0
+    });
+    let rc = p.wait(Duration::from_secs(20));
+    let w = flag.word(0).load(Ordering::SeqCst);
+    note!("[rc {rc}, verdict {w}] ");
+    assert_eq!(w, 1, "the library closed the program's log file");
+}
+
+// 3b. Dropping a handle after close_range closes whatever the program opened under the
+//     library's old numbers (the probe File unconditionally; the track if it names the
+//     table file: here the program's own descriptor of the table file).
+
+fn dropping_a_handle_never_closes_the_programs_own_descriptor() {
+    let path = TempPath::new("ownfd");
+    drop(LockTable::open(&path, 64).unwrap());
+    let flag = Shared::new(4);
+    let p = fork(|| {
+        use std::os::unix::fs::FileExt;
+        let a = LockTable::open(&path, 64).unwrap();
+        close_from_3();
+        let log = fs::File::create("/dev/null").unwrap(); // fd 3
+        let mine = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap(); // 4
+        let before = fds();
+        drop(a);
+        let after = fds();
+        let w = mine.read_at(&mut [0u8; 8], 0);
+        eprintln!(
+            "[program's fds: /dev/null {}, table file {}; before drop(A): {before}; after: \
+             {after}; the program's read_at on its table fd: {w:?}]",
+            log.as_raw_fd(),
+            mine.as_raw_fd()
+        );
+        flag.word(0)
+            .store(if w.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
+        std::mem::forget(mine);
+        std::mem::forget(log);
+        0
+    });
+    let rc = p.wait(Duration::from_secs(20));
+    let w = flag.word(0).load(Ordering::SeqCst);
+    note!("[rc {rc}, verdict {w}] ");
+    assert_eq!(w, 1, "the library closed descriptors it did not own");
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. Same, in a forked child: the program's own descriptor of the table file (read-only,
+//    at some offset) is replaced by dup3 with the library's O_RDWR|O_CLOEXEC description
+//    at offset 0.
+
+fn a_child_never_replaces_the_programs_own_descriptor() {
+    let path = TempPath::new("dup3");
+    drop(LockTable::open(&path, 64).unwrap());
+    let flag = Shared::new(4);
+    let p = fork(|| {
+        use std::io::{Read, Seek};
+        let a = LockTable::open(&path, 64).unwrap();
+        close_from_3();
+        let _log = fs::File::create("/dev/null").unwrap(); // fd 3
+        let mut mine = fs::File::open(&path).unwrap(); // read-only, the program's
+        let mut skip = [0u8; 100];
+        mine.read_exact(&mut skip).unwrap();
+        let c = fork(|| {
+            let n = mine.as_raw_fd();
+            let pos0 = mine.stream_position().unwrap();
+            // SAFETY: reading the descriptor flags of a number we own.
+            let fl0 = unsafe { libc::fcntl(n, libc::F_GETFL) } & libc::O_ACCMODE;
+            let cl0 = unsafe { libc::fcntl(n, libc::F_GETFD) };
+            let _g = a.lock(K, opts(60_000, 1_000)).unwrap();
+            let pos1 = mine.stream_position().unwrap();
+            let fl1 = unsafe { libc::fcntl(n, libc::F_GETFL) } & libc::O_ACCMODE;
+            let cl1 = unsafe { libc::fcntl(n, libc::F_GETFD) };
+            eprintln!(
+                "[program's read-only fd {n}: offset {pos0} -> {pos1}, access mode {fl0} -> \
+                 {fl1} (0=RDONLY 2=RDWR), FD_CLOEXEC {cl0} -> {cl1}]"
+            );
+            let same = pos0 == pos1 && fl0 == fl1 && cl0 == cl1;
+            flag.word(0)
+                .store(if same { 1 } else { 2 }, Ordering::SeqCst);
+            0
+        });
+        let rc = c.wait(Duration::from_secs(20));
+        std::mem::forget(a);
+        std::mem::forget(mine);
+        rc
+    });
+    let rc = p.wait(Duration::from_secs(30));
+    let w = flag.word(0).load(Ordering::SeqCst);
+    note!("[rc {rc}, verdict {w}] ");
+    assert_eq!(w, 1, "the library replaced the program's own descriptor");
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. A thread forks while another thread is inside open(), after the mapping's description
+//    was opened (and/or mapped) but before its track was published. The child inherits the
+//    description (descriptor and/or mapping) with no track: its first use of the library
+//    remaps nothing for it, and the child keeps the parent's registration alive for as
+//    long as it lives, though it uses the library (the README's caveat covers only a
+//    child that never does).
+
+fn table_refs(ino: u64) -> (usize, usize) {
+    use std::os::unix::fs::MetadataExt;
+    let maps = fs::read_to_string("/proc/self/maps").unwrap();
+    let m = maps
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(4)
+                .and_then(|i| i.parse::<u64>().ok())
+                == Some(ino)
+        })
+        .count();
+    let f = fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| fs::metadata(e.ok()?.path()).ok())
+        .filter(|md| md.ino() == ino)
+        .count();
+    (m, f)
+}
+
+/// Descriptors of `ino` whose description holds OFD locks (fdinfo lists them).
+fn locked_fds(ino: u64) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            (fs::metadata(e.path()).ok()?.ino() == ino).then(|| e.file_name())
+        })
+        .filter(|n| {
+            fs::read_to_string(format!("/proc/self/fdinfo/{}", n.to_str().unwrap()))
+                .is_ok_and(|t| t.contains("OFDLCK"))
+        })
+        .count()
+}
+
+fn a_child_forked_during_open_never_keeps_the_parents_registration() {
+    use std::os::unix::fs::MetadataExt;
+    let other = TempPath::new("other");
+    drop(LockTable::open(&other, 64).unwrap());
+    let flag = Shared::new(8);
+    let mut hit = false;
+    for trial in 0..200 {
+        let path = TempPath::new("forkrace");
+        drop(LockTable::open(&path, 64).unwrap());
+        let ino = fs::metadata(&path).unwrap().ino();
+        for w in 0..8 {
+            flag.word(w).store(0, Ordering::SeqCst);
+        }
+        // P: thread A opens T and locks K; the main thread forks workers meanwhile. A worker
+        // uses the library (opens another table, locks), then reports whether anything of
+        // T is still in it. A leaky worker stays alive 5 s, the others exit.
+        let p = Proc::new(fork(|| {
+            let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let d2 = done.clone();
+            let pp = path.0.clone();
+            let a = std::thread::spawn(move || {
+                let t = LockTable::open(&pp, 64).unwrap();
+                d2.store(true, Ordering::SeqCst);
+                let g = t.lock(K, opts(60_000, 1_000)).unwrap();
+                std::mem::forget(g);
+                std::mem::forget(t);
+            });
+            let mut kids = Vec::new();
+            while !done.load(Ordering::SeqCst) && kids.len() < 200 {
+                kids.push(fork(|| {
+                    let u = LockTable::open(&other, 64).unwrap();
+                    let g = u.lock("child", opts(1_000, 1_000)).unwrap();
+                    drop(g);
+                    let until = Instant::now() + Duration::from_secs(3);
+                    while flag.word(0).load(Ordering::SeqCst) == 0 && Instant::now() < until {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                    let (m, f) = table_refs(ino);
+                    if f > 0 && locked_fds(ino) > 0 {
+                        flag.word(2)
+                            .store((m as u64) << 8 | f as u64 | 1 << 16, Ordering::SeqCst);
+                        flag.word(3)
+                            .store(std::process::id() as u64, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_secs(5));
+                        flag.word(4).store(1, Ordering::SeqCst);
+                    }
+                    0
+                }));
+            }
+            a.join().unwrap();
+            flag.word(0).store(1, Ordering::SeqCst);
+            for k in kids {
+                let _ = k.wait(Duration::from_secs(20));
+            }
+            0
+        }));
+        await_word(&flag, 0, Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(100));
+        let leak = flag.word(2).load(Ordering::SeqCst);
+        if leak == 0 {
+            drop(p);
+            continue;
+        }
+        hit = true;
+        // kill P (SIGKILL the holder); the leaky worker, which used the library, lives on
+        // SAFETY: signalling our own child.
+        let pid = p.0.as_ref().unwrap().0;
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        std::thread::sleep(Duration::from_millis(20));
+        let table = LockTable::open(&path, 64).unwrap();
+        let started = Instant::now();
+        let r = table.lock(K, opts(60_000, 3_000));
+        note!(
+            "[trial {trial}: worker pid {} (used the library) still has {} mapping(s) and {} \
+             descriptor(s) of T; holder SIGKILLed; a waiter's lock(K, 3 s): {} after {:?}; \
+             worker gone at that time: {}] ",
+            flag.word(3).load(Ordering::SeqCst),
+            (leak >> 8) & 0xff,
+            leak & 0xff,
+            if r.is_ok() { "took K" } else { "TIMED OUT" },
+            started.elapsed(),
+            flag.word(4).load(Ordering::SeqCst) == 1
+        );
+        drop(r);
+        drop(p);
+        break;
+    }
+    assert!(
+        !hit,
+        "a child that used the library kept its dead parent's keys"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 1b. The prefork pattern, no close_range in the parent: the parent opens the table (A)
+//     and forks a worker. The worker closes the descriptors it inherited (close_range),
+//     opens its own handle C of the same table, and drops the inherited handle A. C's
+//     open publishes its track only after its first look at itself, which remaps A: A's
+//     tracked number (4) is C's new description by then, /proc/self/fd/4 names the table,
+//     so dup3 puts A's new description under 4, and C's own_fd() -- 4 -- is A's. C
+//     registers through A's description; dropping A ends C's registration while C holds K.
+
+fn worker_closes_inherited_fds_reopens_and_drops_the_inherited_handle() {
+    let path = TempPath::new("prefork");
+    drop(LockTable::open(&path, 64).unwrap());
+    let flag = Shared::new(4);
+    let _p = Proc::new(fork(|| {
+        let a = std::cell::RefCell::new(Some(LockTable::open(&path, 64).unwrap()));
+        let c = fork(|| {
+            flag.word(3)
+                .store(std::process::id() as u64, Ordering::SeqCst);
+            close_from_3();
+            let mine = LockTable::open(&path, 64).unwrap();
+            let fds1 = fds();
+            let g = mine.lock(K, opts(60_000, 1_000)).unwrap();
+            eprintln!("[worker fds before drop(A): {}]", fds());
+            drop(a.borrow_mut().take()); // the worker has no use for the parent handle
+            eprintln!(
+                "[worker fds after its open: {fds1}; after drop(A): {}]",
+                fds()
+            );
+            flag.word(0).store(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(1500));
+            let r = g.unlock();
+            flag.word(1)
+                .store(if r.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_secs(30));
+            0
+        });
+        let _ = c.wait(Duration::from_secs(40));
+        0
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    let table = LockTable::open(&path, 64).unwrap();
+    let started = Instant::now();
+    let other = table
+        .try_lock_with_lease(K, Duration::from_secs(60))
+        .unwrap();
+    let took = started.elapsed();
+    let w_unlock = await_word(&flag, 1, Duration::from_secs(10));
+    note!(
+        "[worker (alive) holds K through its own handle; this process {}; the worker's \
+         unlock later: {}] ",
+        if other.is_some() {
+            format!("ALSO TOOK K in {took:?}")
+        } else {
+            "was refused".into()
+        },
+        if w_unlock == 1 { "Ok" } else { "Expired" }
+    );
+    kill_word(&flag, 3);
+    assert!(other.is_none(), "two live holders of K");
+}
+
+// ---------------------------------------------------------------------------------------
+// 6. MADV_DONTFORK on the table's range (a program that keeps big regions out of its
+//    children): the child does not inherit the mapping, and its allocator may hand the
+//    hole to the program. The child's first use of the library maps the table MAP_FIXED
+//    over that memory: the program's private buffer becomes the shared table, and the
+//    program's next memset of its buffer wipes every process's holds.
+
+fn table_range(ino: u64) -> Option<(usize, usize)> {
+    let maps = fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let range = f.next()?;
+        if f.nth(3)?.parse::<u64>().ok()? != ino {
+            return None;
+        }
+        let (a, b) = range.split_once('-')?;
+        let a = usize::from_str_radix(a, 16).ok()?;
+        let b = usize::from_str_radix(b, 16).ok()?;
+        Some((a, b - a))
+    })
+}
+
+/// A program marks the table's memory MADV_DONTFORK, so a forked child has a hole there,
+/// and the child's own scratch buffer lands in it. The child's first use of the library
+/// must not map the table over that buffer (an earlier design mapped every inherited
+/// table again at its old address in the child), nor may anyone take H's key.
+fn a_child_never_maps_the_table_over_its_own_memory() {
+    use std::os::unix::fs::MetadataExt;
+    let path = TempPath::new("dontfork");
+    drop(LockTable::open(&path, 64).unwrap());
+    let ino = fs::metadata(&path).unwrap().ino();
+    let flag = Shared::new(8);
+    // H holds K (alive, running)
+    let _h = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.lock(K, opts(60_000, 1_000)).unwrap();
+        flag.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(30));
+        drop(g);
+        0
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    let p = fork(|| {
+        let a = LockTable::open(&path, 64).unwrap();
+        let (addr, len) = table_range(ino).unwrap();
+        // SAFETY: advising our own mapping.
+        assert_eq!(
+            unsafe { libc::madvise(addr as *mut _, len, libc::MADV_DONTFORK) },
+            0
+        );
+        let c = fork(|| {
+            // the program allocates scratch memory
+            // SAFETY: a fresh anonymous private mapping.
+            let buf = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            } as *mut u8;
+            // SAFETY: the program's own buffer, len bytes.
+            unsafe { std::ptr::write_bytes(buf, 0xAB, len) };
+            // The child's first use of the library (on another table): it must map nothing
+            // over the program's memory. (Using `a` itself now would be the program's own
+            // use-after-unmap: it took that memory away from the child.)
+            let b = LockTable::open(TempPath::new("dontfork-other"), 64).unwrap();
+            let r = b.lock("review4:other", opts(1_000, 1_000)).map(drop);
+            // SAFETY: as above.
+            let still = unsafe { std::slice::from_raw_parts(buf, len) }
+                .iter()
+                .all(|&b| b == 0xAB);
+            // the program reuses its scratch buffer
+            // SAFETY: as above.
+            unsafe { std::ptr::write_bytes(buf, 0, len) };
+            eprintln!(
+                "[table at {addr:#x}+{len:#x} (DONTFORK); the child's scratch buffer at \
+                 {:#x}; the child's lock call: {:?}; scratch buffer intact after it: {still}]",
+                buf as usize,
+                r.map_err(|e| e.to_string())
+            );
+            flag.word(1)
+                .store(if still { 1 } else { 2 }, Ordering::SeqCst);
+            0
+        });
+        let rc = c.wait(Duration::from_secs(20));
+        std::mem::forget(a);
+        rc
+    });
+    let rc = p.wait(Duration::from_secs(30));
+    let verdict = flag.word(1).load(Ordering::SeqCst);
+    let table = LockTable::open(&path, 64).unwrap();
+    let other = table
+        .try_lock_with_lease(K, Duration::from_secs(60))
+        .unwrap();
+    note!(
+        "[child rc {rc}, verdict {verdict}; H (alive) holds K; this process {}] ",
+        if other.is_some() {
+            "ALSO TOOK K"
+        } else {
+            "was refused"
+        }
+    );
+    assert!(
+        verdict != 2 && other.is_none(),
+        "the table was mapped over the program's memory"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. Reboot reset. A newcomer in a mount namespace whose boot id file reads another id
+//    attaches while (a) a holder that closed every descriptor holds K, (b) the worker of
+//    attack 1 (registered through a description that is gone) holds K.
+
+const BOOT_ID_FILE: &str = "/proc/sys/kernel/random/boot_id";
+
+/// In a forked child: a private mount namespace where the boot id reads another id, then
+/// opens `path`; exit code 0 if the open worked.
+fn newcomer_with_other_boot_id(path: &Path) -> i32 {
+    let fake = TempPath::new("bootid");
+    fs::write(&fake, "0badc0de-1111-4222-8333-444455556666\n").unwrap();
+    let c = fork(|| {
+        use std::ffi::CString;
+        // SAFETY: plain syscalls on C strings we own.
+        unsafe {
+            assert_eq!(libc::unshare(libc::CLONE_NEWNS), 0);
+            let root = CString::new("/").unwrap();
+            assert_eq!(
+                libc::mount(
+                    std::ptr::null(),
+                    root.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null()
+                ),
+                0
+            );
+            let src = CString::new(fake.0.to_str().unwrap()).unwrap();
+            let dst = CString::new(BOOT_ID_FILE).unwrap();
+            assert_eq!(
+                libc::mount(
+                    src.as_ptr(),
+                    dst.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null()
+                ),
+                0
+            );
+        }
+        let seen = fs::read_to_string(BOOT_ID_FILE).unwrap();
+        assert!(seen.starts_with("0badc0de"));
+        match LockTable::open(path, 64) {
+            Ok(t) => {
+                drop(t);
+                0
+            }
+            Err(e) => {
+                eprintln!("newcomer: {e}");
+                1
+            }
+        }
+    });
+    c.wait(Duration::from_secs(20))
+}
+
+fn other_boot_id_newcomer_vs_holder_that_closed_every_descriptor() {
+    common::harness::require_root();
+    let path = TempPath::new("reset-a");
+    drop(LockTable::open(&path, 64).unwrap());
+    let flag = Shared::new(4);
+    let _h = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.lock(K, opts(60_000, 1_000)).unwrap();
+        close_from_3();
+        flag.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(30));
+        drop(g);
+        0
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    let rc = newcomer_with_other_boot_id(path.as_ref());
+    let table = LockTable::open(&path, 64).unwrap();
+    let locked = table.is_locked(K).unwrap();
+    note!("[newcomer rc {rc}; K still held by the live holder: {locked}] ");
+    assert!(locked, "a live table was reset");
+}
+
+fn other_boot_id_newcomer_vs_worker_registered_on_a_dropped_description() {
+    reset_b(true);
+}
+
+fn control_other_boot_id_newcomer_vs_worker_without_close_range() {
+    reset_b(false);
+}
+
+fn reset_b(close: bool) {
+    common::harness::require_root();
+    let path = TempPath::new("reset-b");
+    drop(LockTable::open(&path, 64).unwrap());
+    let flag = Shared::new(4);
+    let p = fork(|| {
+        let a = LockTable::open(&path, 64).unwrap();
+        if close {
+            close_from_3();
+        }
+        let b = std::cell::RefCell::new(Some(LockTable::open(&path, 64).unwrap()));
+        let _c = fork(|| {
+            flag.word(2)
+                .store(std::process::id() as u64, Ordering::SeqCst);
+            let g = a.lock(K, opts(60_000, 1_000)).unwrap();
+            drop(b.borrow_mut().take());
+            // wait for the parent to be gone (the daemon's launcher exits)
+            std::thread::sleep(Duration::from_millis(200));
+            flag.word(0).store(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_secs(20));
+            drop(g);
+            0
+        });
+        std::mem::forget(a);
+        0 // P exits; the worker C is reparented and keeps running
+    });
+    let _ = p.wait(Duration::from_secs(10));
+    await_word(&flag, 0, Duration::from_secs(10));
+    let worker = flag.word(2).load(Ordering::SeqCst) as libc::pid_t;
+    let rc = newcomer_with_other_boot_id(path.as_ref());
+    let table = LockTable::open(&path, 64).unwrap();
+    let locked = table.is_locked(K).unwrap();
+    let alive = fs::read_to_string(format!("/proc/{worker}/stat"))
+        .map(|s| s.split_whitespace().nth(2).unwrap_or("?").to_string());
+    note!("[worker {worker} state {alive:?} holds K; newcomer (other boot id) rc {rc}; K still held: {locked}] ");
+    // SAFETY: killing the orphaned worker this test made.
+    unsafe { libc::kill(worker, libc::SIGKILL) };
+    assert!(locked, "a live table was reset");
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. The dict, same attachment layer: a dict with room for 3 registrations. The daemon P
+//    (2 handles: A, then close_range, then B) and its worker (which writes through A and
+//    drops B) use all 3. A newcomer should get TooManyProcesses; it gets the worker's
+//    entry instead (its lock went with B's description), and the live worker's owner id
+//    is now dead to everyone (its writer lock would be broken at once, not after 500 ms).
+
+fn a_dict_workers_registration_is_never_taken_by_a_newcomer() {
+    dict_case(true);
+}
+
+fn control_dict_without_close_range() {
+    dict_case(false);
+}
+
+fn dict_case(close: bool) {
+    use shmlock::SharedDict;
+    let path = TempPath::new("dict");
+    let open = |p: &Path| SharedDict::options().capacity(64).max_processes(3).open(p);
+    drop(open(path.as_ref()).unwrap());
+    let flag = Shared::new(4);
+    let _p = Proc::new(fork(|| {
+        let a = open(path.as_ref()).unwrap();
+        if close {
+            close_from_3();
+        }
+        let b = std::cell::RefCell::new(Some(open(path.as_ref()).unwrap()));
+        eprintln!(
+            "[P after A and B: {} fds {}]",
+            locks_of(path.as_ref()),
+            fds()
+        );
+        let c = fork(|| {
+            flag.word(3)
+                .store(std::process::id() as u64, Ordering::SeqCst);
+            eprintln!("[C before: {}]", locks_of(path.as_ref()));
+            a.set("k", "v1", Duration::ZERO).unwrap();
+            eprintln!("[C after set: {} fds {}]", locks_of(path.as_ref()), fds());
+            drop(b.borrow_mut().take());
+            eprintln!("[C after drop(B): {}]", locks_of(path.as_ref()));
+            flag.word(0).store(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_secs(20));
+            0
+        });
+        let _ = c.wait(Duration::from_secs(30));
+        0
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    {
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        let f = fs::File::open(&path).unwrap();
+        let ino = f.metadata().unwrap().ino();
+        let mut w = vec![];
+        for i in 0..3u64 {
+            let mut b = [0u8; 8];
+            f.read_exact_at(&mut b, 4096 + i * 32).unwrap();
+            w.push(format!("{:#x}", u64::from_le_bytes(b)));
+        }
+        let locks: Vec<String> = fs::read_to_string("/proc/locks")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&format!(":{ino} ")))
+            .map(String::from)
+            .collect();
+        eprintln!("[registry words {w:?}; locks {locks:#?}]");
+    }
+    let q = open(path.as_ref());
+    note!(
+        "[P (2 registrations) and its worker (1) alive; a 4th process's open: {}] ",
+        match &q {
+            Ok(_) => "Ok (took a live process's entry)".to_string(),
+            Err(e) => format!("{e}"),
+        }
+    );
+    kill_word(&flag, 3);
+    assert!(
+        q.is_err(),
+        "a newcomer took the live worker's registry entry"
+    );
+}
+
+fn locks_of(p: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let ino = fs::metadata(p).unwrap().ino();
+    fs::read_to_string("/proc/locks")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&format!(":{ino} ")))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            format!("{}@{}", f[3], f[6])
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+// ---------------------------------------------------------------------------------------
+// 11. A holder that exited but is not reaped (a zombie): its mapping went at exit.
+
+fn zombie_holder_frees_its_keys() {
+    let path = TempPath::new("zombie");
+    drop(LockTable::open(&path, 64).unwrap());
+    let z = fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.lock(K, opts(60_000, 1_000)).unwrap();
+        std::mem::forget(g);
+        std::mem::forget(t);
+        0
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let state = fs::read_to_string(format!("/proc/{}/stat", z.0)).unwrap();
+    let table = LockTable::open(&path, 64).unwrap();
+    let started = Instant::now();
+    let r = table.lock(K, opts(60_000, 2_000)).map(drop);
+    note!(
+        "[holder state {}; waiter {} in {:?}] ",
+        state.split_whitespace().nth(2).unwrap(),
+        if r.is_ok() { "took K" } else { "TIMED OUT" },
+        started.elapsed()
+    );
+    z.wait(Duration::from_secs(5));
+    assert!(r.is_ok());
+}
+
+// ---------------------------------------------------------------------------------------
+// 9. A forked child whose first use of the library falls at its descriptor limit: the
+//    reopen fails, the inherited mapping (and descriptor) of the parent's description stay,
+//    and the remap is never tried again. The child goes on using the library (another
+//    table works; this one says it cannot register), and keeps its dead parent's keys held
+//    until their leases end.
+
+fn a_child_at_its_fd_limit_never_keeps_the_parents_registration() {
+    let path = TempPath::new("emfile");
+    let other = TempPath::new("emfile-other");
+    drop(LockTable::open(&path, 64).unwrap());
+    let flag = Shared::new(8);
+    let p = Proc::new(fork(|| {
+        let a = LockTable::open(&path, 64).unwrap();
+        let g = a.lock(K, opts(60_000, 1_000)).unwrap();
+        let _c = fork(|| {
+            let n = fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+            let mut old = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: valid out-pointer / in-pointer.
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut old) };
+            let tight = libc::rlimit {
+                rlim_cur: n + 2,
+                rlim_max: old.rlim_max,
+            };
+            unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &tight) };
+            // a busy server at its limit for a moment
+            let mut hog = vec![];
+            while let Ok(f) = fs::File::open("/dev/null") {
+                hog.push(f);
+            }
+            let first = a.registered();
+            drop(hog);
+            unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &old) };
+            let later = a.lock("review4:mine", opts(1_000, 100)).map(drop);
+            let u = LockTable::open(&other, 64).unwrap();
+            let uses = u.lock("x", opts(1_000, 100)).map(drop);
+            eprintln!(
+                "[child: first use at the limit registered={first}; later (limit lifted) lock on \
+                 T: {:?}; lock on another table: {uses:?}]",
+                later.map_err(|e| e.to_string())
+            );
+            flag.word(1)
+                .store(std::process::id() as u64, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_secs(20));
+            0
+        });
+        flag.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(30));
+        drop(g);
+        0
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    let child = await_word(&flag, 1, Duration::from_secs(10)) as libc::pid_t;
+    drop(p); // SIGKILL the holder
+    let table = LockTable::open(&path, 64).unwrap();
+    let started = Instant::now();
+    let r = table.lock(K, opts(60_000, 3_000));
+    note!(
+        "[holder SIGKILLed; its child (alive, used the library) {child}; a waiter's lock(K, \
+         3 s): {} after {:?}] ",
+        if r.is_ok() { "took K" } else { "TIMED OUT" },
+        started.elapsed()
+    );
+    // SAFETY: killing the orphan this test made.
+    unsafe { libc::kill(child, libc::SIGKILL) };
+    assert!(
+        r.is_ok(),
+        "a child that used the library kept its dead parent's keys"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 10. Every way to make a child with a copy of the memory: fork, glibc's _Fork (no atfork
+//     handlers), a raw clone(SIGCHLD) syscall, clone3, and a grandchild of a child that
+//     used the library. The child (a) must not take K while its parent holds it, and
+//     (b) must not keep its parent's keys after the parent dies.
+
+extern "C" {
+    fn _Fork() -> libc::pid_t;
+}
+
+fn spawn_kind(kind: &str, f: impl FnOnce() -> i32) -> libc::pid_t {
+    // SAFETY: single-threaded process; the child runs f and _exits.
+    let pid = unsafe {
+        match kind {
+            "fork" => libc::fork(),
+            "_Fork" => _Fork(),
+            "clone" => libc::syscall(
+                libc::SYS_clone,
+                libc::SIGCHLD as libc::c_ulong,
+                0usize,
+                0usize,
+                0usize,
+                0usize,
+            ) as libc::pid_t,
+            "clone3" => {
+                #[repr(C)]
+                struct CloneArgs {
+                    flags: u64,
+                    pidfd: u64,
+                    child_tid: u64,
+                    parent_tid: u64,
+                    exit_signal: u64,
+                    stack: u64,
+                    stack_size: u64,
+                    tls: u64,
+                    set_tid: u64,
+                    set_tid_size: u64,
+                    cgroup: u64,
+                }
+                let mut a: CloneArgs = std::mem::zeroed();
+                a.exit_signal = libc::SIGCHLD as u64;
+                libc::syscall(
+                    libc::SYS_clone3,
+                    &mut a as *mut CloneArgs,
+                    std::mem::size_of::<CloneArgs>(),
+                ) as libc::pid_t
+            }
+            _ => unreachable!(),
+        }
+    };
+    assert!(pid >= 0, "{kind} failed");
+    if pid == 0 {
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(101);
+        unsafe { libc::_exit(code) };
+    }
+    pid
+}
+
+fn fork_kinds() {
+    let mut bad = vec![];
+    for kind in ["fork", "_Fork", "clone", "clone3", "grandchild"] {
+        let path = TempPath::new("kinds");
+        drop(LockTable::open(&path, 64).unwrap());
+        let flag = Shared::new(8);
+        let p = Proc::new(fork(|| {
+            let a = LockTable::open(&path, 64).unwrap();
+            let g = a.lock(K, opts(60_000, 1_000)).unwrap();
+            let body = || {
+                let took = a.try_lock_with_lease(K, Duration::from_secs(60)).unwrap();
+                flag.word(1)
+                    .store(if took.is_some() { 2 } else { 1 }, Ordering::SeqCst);
+                std::mem::forget(took);
+                flag.word(2)
+                    .store(std::process::id() as u64, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_secs(15));
+                0
+            };
+            if kind == "grandchild" {
+                let _mid = fork(|| {
+                    flag.word(3)
+                        .store(std::process::id() as u64, Ordering::SeqCst);
+                    let _ = a.lock("review4:mid", opts(1_000, 1_000)).map(drop);
+                    let _gc = spawn_kind("fork", body);
+                    std::thread::sleep(Duration::from_secs(15));
+                    0
+                });
+            } else {
+                spawn_kind(kind, body);
+            }
+            flag.word(0).store(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_secs(30));
+            drop(g);
+            0
+        }));
+        await_word(&flag, 0, Duration::from_secs(10));
+        let took = await_word(&flag, 1, Duration::from_secs(10));
+        let kid = flag.word(2).load(Ordering::SeqCst) as libc::pid_t;
+        drop(p); // SIGKILL the parent
+        let table = LockTable::open(&path, 64).unwrap();
+        let started = Instant::now();
+        let r = table.lock(K, opts(60_000, 2_000)).map(drop);
+        note!(
+            "[{kind}: child took K from its live parent: {}; after the parent's death a \
+             waiter {} in {:?}] ",
+            took == 2,
+            if r.is_ok() { "took K" } else { "TIMED OUT" },
+            started.elapsed()
+        );
+        if took == 2 || r.is_err() {
+            bad.push(kind);
+        }
+        // SAFETY: killing children this test made (orphans by now).
+        unsafe { libc::kill(kid, libc::SIGKILL) };
+        let mid = flag.word(3).load(Ordering::SeqCst) as libc::pid_t;
+        if mid > 0 {
+            unsafe { libc::kill(mid, libc::SIGKILL) };
+        }
+    }
+    assert!(bad.is_empty(), "broke for {bad:?}");
+}
+
+/// Kills the process whose pid a child stored in `flag` word `w` (an orphan by now).
+fn kill_word(flag: &Shared, w: usize) {
+    let pid = flag.word(w).load(Ordering::SeqCst) as libc::pid_t;
+    if pid > 0 {
+        // SAFETY: signalling a process this test made.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
