@@ -15,12 +15,18 @@
 //! - dropping the table handle unmaps it.
 //!
 //! While an anchor is being set up its descriptor exists for a few system calls; `fork`
-//! is held off meanwhile (see `process::NoFork`), so no forked child inherits it. A child
-//! made without the fork handlers (a raw `clone`, glibc's `_Fork`) at that very moment
-//! may keep the parent's registration alive while it lives, which delays the recovery of
-//! the parent's keys to their expiry.
+//! is held off meanwhile and this thread's signals are blocked (see `process::NoFork`), so
+//! no forked child inherits it. A child made without the fork handlers (a raw `clone`,
+//! glibc's `_Fork`) by another thread during those calls keeps the descriptor, and so the
+//! parent's registration, while it lives, which delays the recovery of the parent's keys
+//! to their expiry. So does a child that shares the parent's memory (`CLONE_VM`): the
+//! anchor is its mapping too.
+//!
+//! Some filesystems map another file than the one opened (overlayfs maps the file beneath
+//! it), so a mapping there pins nothing: the caller checks that the locks survived the
+//! descriptor ([`Anchor::pin`] returns before that check can be made) and refuses such a
+//! filesystem.
 
-use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
@@ -49,14 +55,17 @@ unsafe impl Sync for Anchor {}
 impl Anchor {
     /// Opens a new description of the table file `want` (through `probe`, else by `path`),
     /// runs `register` with it (the caller takes its locks through it), and pins the
-    /// description with an anchor. If `register` fails, nothing stays behind.
+    /// description with an anchor. If `register` fails, nothing stays behind. The anchor
+    /// records the fork epoch it was made in, which is the registration's: a child that
+    /// runs on from here (forked by a signal handler, say) knows it is not its own.
     pub(crate) fn pin<T>(
-        probe: &File,
+        probe: BorrowedFd<'_>,
         path: &Path,
         want: FileId,
         register: impl FnOnce(BorrowedFd<'_>) -> Result<T, Error>,
     ) -> Result<(Anchor, T), Error> {
         let _no_fork = NoFork::hold();
+        let epoch = fork_epoch();
         let desc: OwnedFd = registry::reopen(probe, path, want, registry::Access::Locks)
             .map_err(|e| Error::io(path, e))?;
         let value = register(std::os::fd::AsFd::as_fd(&desc))?;
@@ -78,7 +87,7 @@ impl Anchor {
         }
         let anchor = Anchor {
             at: NonNull::new(at).expect("mmap returned null"),
-            epoch: fork_epoch(),
+            epoch,
         };
         // SAFETY: the page just mapped; MADV_DONTFORK changes only what a child inherits.
         if unsafe { libc::madvise(at, PAGE, libc::MADV_DONTFORK) } != 0 {
@@ -86,6 +95,11 @@ impl Anchor {
         }
         drop(desc); // the mapping alone holds the description (and its locks) now
         Ok((anchor, value))
+    }
+
+    /// The fork epoch of the process whose registration this anchor keeps.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
     }
 }
 
@@ -103,6 +117,7 @@ impl Drop for Anchor {
 mod tests {
     use super::*;
     use crate::shm::registry::{lock_held, set_lock};
+    use std::os::fd::AsFd;
 
     /// The kernel facts the registration rests on: a lock taken through an anchored
     /// description outlives its descriptor, and goes with the anchor.
@@ -118,7 +133,7 @@ mod tests {
             .unwrap();
         probe.set_len(8192).unwrap();
         let id = FileId::of(&probe).unwrap();
-        let (anchor, ()) = Anchor::pin(&probe, &path, id, |fd| {
+        let (anchor, ()) = Anchor::pin(probe.as_fd(), &path, id, |fd| {
             assert!(set_lock(fd, libc::F_WRLCK, 7, 1).unwrap());
             Ok(())
         })
@@ -127,7 +142,7 @@ mod tests {
         drop(anchor);
         assert!(!lock_held(&probe, libc::F_WRLCK, 7, 1).unwrap());
         // a registration that fails leaves no lock behind
-        let failed = Anchor::pin(&probe, &path, id, |fd| {
+        let failed = Anchor::pin(probe.as_fd(), &path, id, |fd| {
             assert!(set_lock(fd, libc::F_WRLCK, 7, 1).unwrap());
             Err::<(), _>(Error::ReadOnly)
         });

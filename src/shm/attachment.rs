@@ -2,8 +2,9 @@
 //! child), its judgement of other owners, and the stall bound.
 
 use std::fs::File;
+use std::os::fd::{BorrowedFd, IntoRawFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
@@ -28,9 +29,10 @@ const GATES: usize = 64;
 
 pub(crate) struct Attachment {
     pub map: Arc<Mapping>,
-    /// A descriptor of the file that holds no lock, to test others' (re-opened if the
-    /// program closed ours and reused its number).
-    probe: Mutex<Probe>,
+    /// The probe: a descriptor of the file that holds no lock of ours, to test others'
+    /// through (see `probe`). No mutex: a forked child must never find it held by a
+    /// thread its parent had.
+    probe: AtomicI32,
     id: FileId,
     path: PathBuf,
     /// `false`: leave dead holders' keys to their leases (`OpenOptions::liveness`).
@@ -57,17 +59,24 @@ impl Attachment {
         judge: bool,
     ) -> Attachment {
         let read_only = registered.is_none();
-        let owner = registered.as_ref().map(|(_, owner)| *owner);
-        let cached = owner.map_or(0, |owner| fork_epoch() << 32 | u64::from(owner.bits()));
-        let generation = owner.map_or(0, |owner| map.registry().generation(owner));
+        // The registration belongs to the process image that made its anchor (a child
+        // forked since, by a signal handler say, runs on from here with its parent's).
+        let made = registered
+            .as_ref()
+            .map(|(anchor, owner)| (*owner, anchor.epoch()));
+        let cached = made.map_or(0, |(owner, epoch)| epoch << 32 | u64::from(owner.bits()));
+        let generation = made.map_or(0, |(owner, _)| map.registry().generation(owner));
         Attachment {
             map,
-            probe: Mutex::new(Probe(Some(file))),
+            probe: AtomicI32::new(file.into_raw_fd()),
             id,
             path,
             judge,
             read_only,
-            reg: Mutex::new(registered.map(|(anchor, owner)| (owner, anchor, fork_epoch()))),
+            reg: Mutex::new(registered.map(|(anchor, owner)| {
+                let epoch = anchor.epoch();
+                (owner, anchor, epoch)
+            })),
             cached: AtomicU64::new(cached),
             generation: AtomicU64::new(u64::from(generation)),
             alive_at: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -157,44 +166,42 @@ impl Attachment {
     /// Registers this forked child, through an anchor of its own.
     fn register_again(&self) -> Result<(Anchor, OwnerId), Error> {
         let probe = self.probe();
-        let file = probe.file();
-        Anchor::pin(file, &self.path, self.id, |fd| {
-            let until = std::time::Instant::now() + Duration::from_secs(10);
-            while !registry::mark_attached(fd).map_err(|e| Error::io(&self.path, e))? {
-                if std::time::Instant::now() >= until {
-                    return Err(Error::io(
-                        &self.path,
-                        std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            "another process has been resetting this table for 10 s (stopped?)",
-                        ),
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            crate::shm::file::register(
-                &self.path,
-                file,
-                fd,
-                &self.map,
-                self.map.registry().len() as u32,
-            )
-        })
+        let (anchor, _, owner) =
+            crate::shm::file::pin_registration(&self.path, probe, self.id, &self.map, None)?;
+        Ok((anchor, owner))
     }
 
-    /// The probe descriptor, re-opened first if its number no longer names the table's
-    /// file through a description that holds no lock of ours.
-    fn probe(&self) -> std::sync::MutexGuard<'_, Probe> {
-        let mut probe = self.probe.lock().unwrap_or_else(|p| p.into_inner());
-        let file = probe.file();
-        if !(self.id.names(file) && registry::is_probe(file)) {
-            let fresh = registry::reopen(file, &self.path, self.id, registry::Access::Probe);
-            if let Ok(fd) = fresh {
-                // The old number is the program's now (it closed ours): not ours to close.
-                std::mem::forget(probe.0.replace(File::from(fd)));
-            }
+    /// The probe: the number this attachment keeps, while it names the table's file through
+    /// a description marked as a probe (`registry::mark_probe`); else a new probe of its
+    /// own. A number that fails the check was closed behind the library's back and is the
+    /// program's now: it is left alone, never closed.
+    fn probe(&self) -> BorrowedFd<'_> {
+        let fd = self.probe.load(Ordering::Acquire);
+        // SAFETY: a number this attachment keeps open for its lifetime (it closes none it
+        // replaced), or one the program reused: only inspected and tested through here.
+        let current = unsafe { BorrowedFd::borrow_raw(fd) };
+        if self.id.names(current) && registry::is_probe(current) {
+            return current;
         }
-        probe
+        let Ok(fresh) = registry::reopen(current, &self.path, self.id, registry::Access::Probe)
+        else {
+            // Cannot open one: lock tests go through this number, and the checks around
+            // each test refuse a verdict given through anything but a probe.
+            return current;
+        };
+        let new = fresh.into_raw_fd();
+        if self
+            .probe
+            .compare_exchange(fd, new, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            // Another thread put a probe of its own in first: use that one.
+            // SAFETY: `new` was just opened here and given to nobody.
+            unsafe { libc::close(new) };
+        }
+        let fd = self.probe.load(Ordering::Acquire);
+        // SAFETY: as above.
+        unsafe { BorrowedFd::borrow_raw(fd) }
     }
 
     /// Whether `owner` is gone for good, by the registry (at most one system call per
@@ -224,8 +231,7 @@ impl Attachment {
         if g >> 40 == u64::from(owner.bits()) && now.wrapping_sub(g) & ((1 << 40) - 1) < 1 {
             return false;
         }
-        let probe = self.probe();
-        let file = probe.file();
+        let file = self.probe();
         let locks = FileLocks {
             take: None,
             probe: file,
@@ -261,22 +267,14 @@ impl Drop for Attachment {
             }
             drop(anchor); // unmapping it drops the locks
         }
-        let probe = self.probe.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Some(file) = probe.0.take() {
-            if !(self.id.names(&file) && registry::is_probe(&file)) {
-                // Closed behind our back and the number reused: the program's now.
-                std::mem::forget(file);
-            }
+        let fd = *self.probe.get_mut();
+        // SAFETY: only inspecting the number.
+        let current = unsafe { BorrowedFd::borrow_raw(fd) };
+        if self.id.names(current) && registry::is_probe(current) {
+            // SAFETY: the probe this attachment opened (or inherited), closed once.
+            unsafe { libc::close(fd) };
         }
-    }
-}
-
-/// The probe descriptor: closed only while its number is still ours (see `probe`).
-struct Probe(Option<File>);
-
-impl Probe {
-    fn file(&self) -> &File {
-        self.0.as_ref().expect("taken only on drop")
+        // Otherwise closed behind our back and the number reused: the program's now.
     }
 }
 

@@ -21,7 +21,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -278,12 +278,8 @@ fn attach(path: &Path, file: File, created: bool, spec: OpenSpec) -> Result<Open
         return Err(Error::from(FormatError::Corrupt("file longer than its layout")).at(path));
     }
     let id = FileId::of(&file).map_err(|e| Error::io(path, e))?;
-    // This description never holds a lock of ours: mark it as one that can test them.
-    nix::fcntl::fcntl(
-        &file,
-        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
-    )
-    .map_err(|e| Error::io(path, e.into()))?;
+    // This description never holds a lock of ours: it is the probe lock tests go through.
+    registry::mark_probe(&file).map_err(|e| Error::io(path, e))?;
     let map = Mapping::new(&file, &header, !spec.read_only).map_err(|e| Error::io(path, e))?;
     if spec.read_only {
         return Ok(Opened {
@@ -295,13 +291,8 @@ fn attach(path: &Path, file: File, created: bool, spec: OpenSpec) -> Result<Open
             registered: None,
         });
     }
-    // The registration's locks are taken through a description of their own, which only
-    // an anchor keeps (see `anchor.rs`).
-    let (anchor, (header, owner)) = Anchor::pin(&file, path, id, |lock_fd| {
-        let header = join(path, &file, lock_fd, &map, header)?;
-        let owner = register(path, &file, lock_fd, &map, header.registry)?;
-        Ok::<_, Error>((header, owner))
-    })?;
+    let (anchor, header, owner) = pin_registration(path, file.as_fd(), id, &map, Some(header))?;
+    let header = header.expect("given a header, a registration returns one");
     Ok(Opened {
         map,
         header,
@@ -312,18 +303,82 @@ fn attach(path: &Path, file: File, created: bool, spec: OpenSpec) -> Result<Open
     })
 }
 
+/// Registers this process in the file: marks it attached (after resetting a table left
+/// by an earlier boot, when `header` is given and the rule allows it) and takes a registry
+/// entry, through a description that only an anchor keeps (see `anchor.rs`). Waits while
+/// another process is resetting the table (up to 10 s), without holding anything.
+/// Returns the anchor, the header as it is once attached (if one was given), and the
+/// owner id.
+pub(crate) fn pin_registration(
+    path: &Path,
+    file: BorrowedFd<'_>,
+    id: FileId,
+    map: &Mapping,
+    header: Option<Header>,
+) -> Result<(Anchor, Option<Header>, OwnerId), Error> {
+    let until = std::time::Instant::now() + ATTACH_PATIENCE;
+    let mut header = header;
+    loop {
+        let (anchor, joined) = Anchor::pin(file, path, id, |lock_fd| {
+            let Joined::Attached(now) = join(path, file, lock_fd, map, header)? else {
+                return Ok(None);
+            };
+            let entries = map.registry().len() as u32;
+            Ok(Some((now, register(path, file, lock_fd, map, entries)?)))
+        })?;
+        if let Some((now, owner)) = joined {
+            // A filesystem that maps another file than the one opened (overlayfs) lets the
+            // locks go with the anchor's descriptor: refuse it rather than be judged dead.
+            let locks = FileLocks {
+                take: None,
+                probe: file,
+            };
+            let held = registry::EntryLocks::is_held(&locks, owner.entry() as usize);
+            if !held.map_err(|e| Error::io(path, e))? {
+                return Err(Error::io(
+                    path,
+                    io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        "this filesystem keeps no lock for a file that is only mapped \
+                         (overlayfs maps the file beneath it): put the table on tmpfs \
+                         (/dev/shm) or a plain local filesystem",
+                    ),
+                ));
+            }
+            return Ok((anchor, now, owner));
+        }
+        // Someone is resetting the table right now.
+        drop(anchor);
+        if std::time::Instant::now() >= until {
+            return Err(Error::io(
+                path,
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "another process has been resetting this table for 10 s (stopped?)",
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+        if header.is_some() {
+            header = Some(read_header(path, file)?);
+        }
+    }
+}
+
 /// Marks the file in use by this process (a read lock on its attached byte, taken through
-/// `lock_fd`, which the registration's anchor keeps), after resetting a table left by an earlier boot if — and
-/// only if — it read this boot's id, the file names another, and it could take that byte
-/// for writing (no other process has the file open). Returns the header as it is once the
-/// byte is held: a reset by another process in the meantime is seen.
+/// `lock_fd`, which the registration's anchor keeps), after resetting a table left by an
+/// earlier boot if `header` is given and — only if — this process read this boot's id, the
+/// file names another, and it could take that byte for writing (no other process has the
+/// file open). Returns the header as it is once the byte is held (a reset by another
+/// process in the meantime is seen; `None` inside the `Some` when no header was given),
+/// or `None` while another process is resetting the table.
 fn join(
     path: &Path,
-    file: &File,
+    file: BorrowedFd<'_>,
     lock_fd: BorrowedFd<'_>,
     map: &Mapping,
-    mut header: Header,
-) -> Result<Header, Error> {
+    header: Option<Header>,
+) -> Result<Joined, Error> {
     let unsupported = |e: io::Error| {
         Error::io(
             path,
@@ -336,13 +391,12 @@ fn join(
             ),
         )
     };
-    let until = std::time::Instant::now() + ATTACH_PATIENCE;
-    loop {
+    if let Some(header) = header {
         if let Some(now) = boot_id().filter(|now| *now != header.boot_id) {
             if registry::attach_alone(lock_fd).map_err(unsupported)? {
                 // Nobody else has the file open: it is ours to reset (re-read under the
                 // lock: someone may have reset it already).
-                header = read_header(path, file)?;
+                let header = read_header(path, file)?;
                 if header.boot_id != now {
                     reset(path, file, map, header, now)?;
                 }
@@ -350,30 +404,31 @@ fn join(
             // Otherwise in use by a live process (of this boot, since locks do not survive
             // a reboot): whoever it is, its entries are not stale. Leave them.
         }
-        if registry::mark_attached(lock_fd).map_err(unsupported)? {
-            // Held now (a write lock of ours became this read lock): no reset can start.
-            return read_header(path, file);
-        }
-        // Someone is resetting right now.
-        if std::time::Instant::now() >= until {
-            return Err(Error::io(
-                path,
-                io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "another process has been resetting this table for 10 s (stopped?)",
-                ),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(1));
-        header = read_header(path, file)?;
     }
+    if !registry::mark_attached(lock_fd).map_err(unsupported)? {
+        return Ok(Joined::Resetting);
+    }
+    // Held now (a write lock of ours became this read lock): no reset can start. The
+    // header is read again: a reset by another process in the meantime is seen.
+    match header {
+        Some(_) => Ok(Joined::Attached(Some(read_header(path, file)?))),
+        None => Ok(Joined::Attached(None)),
+    }
+}
+
+/// What [`join`] found.
+enum Joined {
+    /// Marked attached; the header as it is now, if one was asked for.
+    Attached(Option<Header>),
+    /// Another process is resetting the table: try again shortly.
+    Resetting,
 }
 
 /// Takes a registry entry for this process through `lock_fd` (the description the
 /// registration's anchor keeps), or says why it cannot.
 pub(crate) fn register(
     path: &Path,
-    file: &File,
+    file: BorrowedFd<'_>,
     lock_fd: BorrowedFd<'_>,
     map: &Mapping,
     entries: u32,
@@ -396,10 +451,18 @@ pub(crate) fn register(
         })
 }
 
-fn read_header(path: &Path, file: &File) -> Result<Header, Error> {
+fn read_header(path: &Path, file: BorrowedFd<'_>) -> Result<Header, Error> {
     let mut head = vec![0u8; HEADER_SIZE];
-    file.read_exact_at(&mut head, 0)
-        .map_err(|e| Error::io(path, e))?;
+    let mut done = 0;
+    while done < head.len() {
+        match nix::sys::uio::pread(file, &mut head[done..], done as libc::off_t) {
+            Ok(0) => break, // shorter than a header: decode says what is wrong
+            Ok(n) => done += n,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(Error::io(path, e.into())),
+        }
+    }
+    head.truncate(done);
     Header::decode(&head).map_err(|e| e.at(path))
 }
 
@@ -409,7 +472,7 @@ fn read_header(path: &Path, file: &File) -> Result<Header, Error> {
 #[cold]
 fn reset(
     path: &Path,
-    file: &File,
+    file: BorrowedFd<'_>,
     map: &Mapping,
     mut header: Header,
     boot: [u8; 16],
@@ -435,8 +498,14 @@ fn reset(
             .saturating_add(max_fence)
             .saturating_add(1),
     );
-    file.write_all_at(&header.encode(), 0)
-        .map_err(|e| Error::io(path, e))?;
+    let bytes = header.encode();
+    let written = nix::sys::uio::pwrite(file, &bytes, 0).map_err(|e| Error::io(path, e.into()))?;
+    if written != bytes.len() {
+        return Err(Error::io(
+            path,
+            io::Error::other("short write of the header"),
+        ));
+    }
     Ok(header)
 }
 

@@ -31,12 +31,15 @@ pub(crate) struct Me {
     pub start: u64,
 }
 
-/// What a forked child must find zeroed: this process's token and cached pid.
+/// What a forked child must find zeroed: this process's token and cached pid, and the
+/// anchors its parent's threads were setting up (none of those threads is in the child).
 #[repr(C)]
 struct Cell {
     /// A random non-zero number naming this process image, and none of its children.
     token: AtomicU64,
     pid: AtomicU32,
+    /// Anchors being set up (low bits), and whether a `fork` waits for them ([`FORKING`]).
+    setting_up: AtomicU32,
 }
 
 /// Where the cell lives: the wipe-on-fork page, or this static where the page could not be
@@ -44,6 +47,7 @@ struct Cell {
 static FALLBACK: Cell = Cell {
     token: AtomicU64::new(0),
     pid: AtomicU32::new(0),
+    setting_up: AtomicU32::new(0),
 };
 static CELL: AtomicPtr<Cell> = AtomicPtr::new(std::ptr::null_mut());
 static START: AtomicU64 = AtomicU64::new(0);
@@ -55,48 +59,60 @@ extern "C" fn in_forked_child() {
     // Async-signal-safe: atomic stores. The child does the rest on first use.
     cell().token.store(0, Ordering::Relaxed);
     cell().pid.store(0, Ordering::Relaxed);
-    SETTING_UP.store(0, Ordering::Relaxed);
+    cell().setting_up.store(0, Ordering::Relaxed);
 }
 
-/// Anchors being set up (low bits), and whether a `fork` is under way ([`FORKING`]).
-static SETTING_UP: AtomicU32 = AtomicU32::new(0);
 const FORKING: u32 = 1 << 31;
 
 extern "C" fn before_fork() {
-    // Wait for anchors being set up to finish, and keep new ones from starting.
-    while SETTING_UP
-        .compare_exchange_weak(0, FORKING, Ordering::Acquire, Ordering::Relaxed)
-        .is_err()
-    {
+    // Keep new anchors from starting, then wait for those being set up (a few system
+    // calls each, made with signals blocked: never by this very thread).
+    let setting_up = &cell().setting_up;
+    setting_up.fetch_or(FORKING, Ordering::Acquire);
+    while setting_up.load(Ordering::Acquire) != FORKING {
         std::thread::yield_now();
     }
 }
 
 extern "C" fn after_fork_in_parent() {
-    SETTING_UP.store(0, Ordering::Release);
+    cell().setting_up.fetch_and(!FORKING, Ordering::Release);
 }
 
-/// Held while an anchor's descriptor exists: a `fork` (through the libc function, which
-/// runs the fork handlers) waits until it is gone, so no child inherits it.
-pub(crate) struct NoFork(());
+/// Held while an anchor's descriptor exists (see `anchor.rs`): a `fork` through the libc
+/// function, which runs the fork handlers, waits until it is gone, so no child inherits
+/// it. Signals are blocked meanwhile, so that no signal handler of this thread forks (it
+/// would wait for itself) or runs on into a child with a half-made anchor.
+pub(crate) struct NoFork {
+    signals: libc::sigset_t,
+}
 
 impl NoFork {
     pub(crate) fn hold() -> NoFork {
         token(); // the fork handlers are installed by the first look at this process
-        let mut cur = SETTING_UP.load(Ordering::Relaxed);
+                 // SAFETY: `all` and `signals` are plain sigset_t values, filled before use;
+                 // pthread_sigmask only changes this thread's mask (restored on drop).
+        let signals = unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+            old
+        };
+        let setting_up = &cell().setting_up;
+        let mut cur = setting_up.load(Ordering::Relaxed);
         loop {
             if cur & FORKING != 0 {
                 std::thread::yield_now();
-                cur = SETTING_UP.load(Ordering::Relaxed);
+                cur = setting_up.load(Ordering::Relaxed);
                 continue;
             }
-            match SETTING_UP.compare_exchange_weak(
+            match setting_up.compare_exchange_weak(
                 cur,
                 cur + 1,
                 Ordering::Acquire,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return NoFork(()),
+                Ok(_) => return NoFork { signals },
                 Err(now) => cur = now,
             }
         }
@@ -105,7 +121,9 @@ impl NoFork {
 
 impl Drop for NoFork {
     fn drop(&mut self) {
-        SETTING_UP.fetch_sub(1, Ordering::Release);
+        cell().setting_up.fetch_sub(1, Ordering::Release);
+        // SAFETY: restoring the mask this thread had before `hold`.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.signals, std::ptr::null_mut()) };
     }
 }
 

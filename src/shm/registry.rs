@@ -263,7 +263,6 @@ pub(crate) use ofd::*;
 /// The kernel's side: open-file-description locks on the file.
 #[cfg(not(loom))]
 mod ofd {
-    use std::fs::File;
     use std::io;
     use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
     use std::os::unix::fs::MetadataExt;
@@ -340,7 +339,7 @@ mod ofd {
     /// that both still name the table's file.
     pub(crate) struct FileLocks<'a> {
         pub take: Option<BorrowedFd<'a>>,
-        pub probe: &'a File,
+        pub probe: BorrowedFd<'a>,
     }
 
     fn entry_byte(i: usize) -> u64 {
@@ -378,36 +377,36 @@ mod ofd {
         /// To take this process's registration locks through (read-write, as a write lock
         /// needs), then to be pinned by an anchor (see `anchor.rs`).
         Locks,
-        /// To test others' locks through: read-only, and `O_NONBLOCK`, which no
-        /// description that holds a lock of ours has (see [`is_probe`]).
+        /// To test others' locks through (read-only), marked as a probe (see
+        /// [`mark_probe`]).
         Probe,
     }
 
     /// Opens a new open file description of the table file `want`: through
     /// `/proc/self/fd` of `fd`, else by `path`, accepting only the same file.
     pub(crate) fn reopen(
-        fd: &File,
+        fd: impl AsFd,
         path: &std::path::Path,
         want: FileId,
         access: Access,
     ) -> io::Result<OwnedFd> {
         use std::os::unix::fs::OpenOptionsExt;
         let open = |p: &std::path::Path| {
-            let extra = match access {
-                Access::Locks => 0,
-                Access::Probe => libc::O_NONBLOCK,
-            };
             std::fs::OpenOptions::new()
                 .read(true)
                 .write(access == Access::Locks)
-                .custom_flags(libc::O_CLOEXEC | extra)
+                .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
                 .open(p)
         };
-        let proc_path = std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        let raw = fd.as_fd().as_raw_fd();
+        let proc_path = std::path::PathBuf::from(format!("/proc/self/fd/{raw}"));
         for candidate in [proc_path.as_path(), path] {
             if let Ok(file) = open(candidate) {
                 let meta = file.metadata()?;
                 if meta.dev() == want.dev && meta.ino() == want.ino {
+                    if access == Access::Probe {
+                        mark_probe(&file)?;
+                    }
                     return Ok(OwnedFd::from(file));
                 }
             }
@@ -417,12 +416,27 @@ mod ofd {
         ))
     }
 
-    /// Whether `fd` can test this process's own registration locks: a description opened
-    /// with `O_NONBLOCK` (probes, and the one a table is opened and mapped with) never
-    /// holds them, while one opened to take them is opened without it. (A lock test
+    /// Marks a description this process opened as a probe: lock tests go through it, so
+    /// it must hold none of this process's locks. The mark is an owner for `SIGIO`
+    /// (which nothing asks for without `O_ASYNC`): no description the library takes
+    /// locks through has one, and a program's own descriptor of the table seldom does, so
+    /// a probe number that a program closed and reused is told from the library's own.
+    pub(crate) fn mark_probe(fd: impl AsFd) -> io::Result<()> {
+        let fd = fd.as_fd().as_raw_fd();
+        // SAFETY: F_SETOWN on a descriptor this process owns; it takes an integer.
+        let rc = unsafe { libc::fcntl(fd, libc::F_SETOWN, std::process::id()) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Whether `fd` is a probe of the library's (see [`mark_probe`]). (A lock test
     /// through the very description that holds the lock would find it free.)
     pub(crate) fn is_probe(fd: impl AsFd) -> bool {
-        fcntl(fd, FcntlArg::F_GETFL).is_ok_and(|flags| flags & libc::O_NONBLOCK != 0)
+        let fd = fd.as_fd().as_raw_fd();
+        // SAFETY: F_GETOWN reads a descriptor's owner; an invalid number is an error.
+        unsafe { libc::fcntl(fd, libc::F_GETOWN) > 0 }
     }
 }
 
@@ -471,7 +485,7 @@ mod tests {
             use std::os::fd::AsFd;
             FileLocks {
                 take: take.map(|fd| fd.as_fd()),
-                probe,
+                probe: probe.as_fd(),
             }
         }
         let locks = |_: Option<()>| with(None, &probe);
@@ -514,7 +528,7 @@ mod tests {
         fn take<'a>(fd: &'a std::os::fd::OwnedFd, probe: &'a File) -> FileLocks<'a> {
             FileLocks {
                 take: Some(std::os::fd::AsFd::as_fd(fd)),
-                probe,
+                probe: std::os::fd::AsFd::as_fd(probe),
             }
         }
         assert!(reg.register(&take(&fd1, &probe), me(1), 0).is_some());

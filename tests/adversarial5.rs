@@ -1,0 +1,1534 @@
+//! Attacks of the fifth adversarial review, with real processes (fork from signal handlers,
+//! `_Fork`, posix_spawn, threads forking while others open tables, a stopped resetter,
+//! overlayfs, programs juggling descriptors under ptrace): the registration's anchor (a
+//! PROT_NONE, MADV_DONTFORK page of a description of its own) and the fork handler that
+//! holds `fork` off while one is set up. Those that broke an earlier build are regression
+//! tests now.
+
+mod common;
+
+use std::ffi::CString;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::fork::{fork, xorshift, Child, Shared};
+use common::harness::Test;
+use common::TempPath;
+use shmlock::{LockOptions, LockTable, SharedDict};
+
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        print!($($arg)*);
+        let _ = std::io::stdout().flush();
+    }};
+}
+
+const TESTS: &[Test] = &[
+    Test::new(
+        "a_table_on_overlayfs_is_refused_not_judged_dead",
+        a_table_on_overlayfs_is_refused_not_judged_dead,
+    )
+    .needs_root("mounts an overlayfs in a mount namespace"),
+    Test::new("control_tmpfs_live_holder", control_tmpfs_live_holder),
+    Test::new(
+        "a_fork_in_a_signal_handler_during_open_never_deadlocks",
+        fork_in_signal_handler_during_open,
+    ),
+    Test::new(
+        "a_child_made_by_fork_in_a_handler_never_adopts_the_parents_registration",
+        underscore_fork_in_signal_handler_child_adopts_owner,
+    ),
+    Test::new(
+        "the_same_with_the_fork_handlers",
+        fork_in_signal_handler_child_adopts_owner,
+    ),
+    Test::new(
+        "fork_is_not_starved_by_threads_opening_tables",
+        fork_starvation_many_openers,
+    ),
+    Test::new(
+        "fork_is_not_stalled_by_a_stopped_resetter",
+        fork_stalled_by_stopped_resetter,
+    )
+    .needs_root("bind-mounts a boot id in a mount namespace"),
+    Test::new(
+        "a_fork_child_never_inherits_anchors_being_set_up",
+        underscore_fork_child_inherits_setting_up,
+    ),
+    Test::new(
+        "posix_spawn_children_hold_nothing",
+        posix_spawn_children_hold_nothing,
+    ),
+    Test::new("probe_games_leave_a_live_holder_alive", probe_games),
+    Test::new(
+        "a_forked_child_of_a_judging_thread_never_hangs",
+        forked_child_of_a_judging_thread,
+    ),
+    Test::new(
+        "a_probe_number_the_program_reuses_never_judges",
+        probe_aba_program_reuses_the_number,
+    ),
+    Test::new(
+        "a_probe_swapped_during_a_lock_test_never_judges",
+        probe_aba_preempted_at_the_lock_test,
+    ),
+];
+
+fn main() {
+    common::harness::run("adversarial5", TESTS, common::harness::no_roles);
+}
+
+const K: &str = "review5:K";
+
+fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
+    LockOptions {
+        exptime: Duration::from_millis(exptime_ms),
+        timeout: Duration::from_millis(timeout_ms),
+        ..LockOptions::default()
+    }
+}
+
+fn await_word(s: &Shared, w: usize, limit: Duration) -> u64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        let v = s.word(w).load(Ordering::SeqCst);
+        if v != 0 {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "word {w} never set");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn cstr(s: &str) -> CString {
+    CString::new(s).unwrap()
+}
+
+fn private_mount_ns() {
+    // SAFETY: plain syscalls on C strings we own.
+    unsafe {
+        assert_eq!(libc::unshare(libc::CLONE_NEWNS), 0);
+        assert_eq!(
+            libc::mount(
+                std::ptr::null(),
+                cstr("/").as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null()
+            ),
+            0
+        );
+    }
+}
+
+fn mount_overlay(base: &Path) -> PathBuf {
+    for d in ["lower", "upper", "work", "merged"] {
+        fs::create_dir_all(base.join(d)).unwrap();
+    }
+    let data = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        base.join("lower").display(),
+        base.join("upper").display(),
+        base.join("work").display()
+    );
+    let merged = base.join("merged");
+    // SAFETY: plain syscall on C strings we own.
+    let rc = unsafe {
+        libc::mount(
+            cstr("overlay").as_ptr(),
+            cstr(merged.to_str().unwrap()).as_ptr(),
+            cstr("overlay").as_ptr(),
+            0,
+            cstr(&data).as_ptr().cast(),
+        )
+    };
+    assert_eq!(rc, 0, "mount overlay: {}", std::io::Error::last_os_error());
+    merged
+}
+
+fn ofd_locks_on(ino: u64) -> Vec<String> {
+    fs::read_to_string("/proc/locks")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(5)
+                .and_then(|f| f.rsplit(':').next())
+                .is_some_and(|i| i == ino.to_string())
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. A table on overlayfs (a container's root filesystem): mmap of an overlay file maps the
+//    real (upper) file, so an anchor does not keep the overlay description, and its locks
+//    go when the anchor's descriptor is closed.
+
+fn live_holder_check(dir: &Path) -> Result<(), String> {
+    let path = dir.join("table");
+    let _ = fs::remove_file(&path);
+    let shared = Shared::new(4);
+    let holder = fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.lock(K, opts(60_000, 1_000)).unwrap();
+        shared.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(20));
+        drop(g);
+        0
+    });
+    await_word(&shared, 0, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(50));
+    let ino = fs::metadata(&path).unwrap().ino();
+    let locks = ofd_locks_on(ino);
+    let t = LockTable::open(&path, 64).unwrap();
+    let hs = t.holders();
+    let alive: Vec<_> = hs.iter().map(|h| (h.pid, h.owner_alive)).collect();
+    let stolen = t.try_lock_with_lease(K, Duration::from_secs(60)).unwrap();
+    // the holder is alive (sleeping 20 s)?
+    let mut st = 0;
+    // SAFETY: our own child.
+    let reaped = unsafe { libc::waitpid(holder.0, &mut st, libc::WNOHANG) };
+    let holder_alive = reaped == 0;
+    let r = if stolen.is_some() {
+        Err(format!(
+            "holder pid {} alive={holder_alive} holds {K} (lease 60 s); /proc/locks for the \
+             table before our open: {locks:?}; holders() says (pid, owner_alive) = {alive:?}; a \
+             newcomer's try_lock_with_lease({K}) TOOK IT",
+            holder.0
+        ))
+    } else {
+        note!("[holders {alive:?}, locks {locks:?}, newcomer could not take K] ");
+        Ok(())
+    };
+    drop(stolen);
+    holder.kill();
+    r
+}
+
+/// A filesystem that maps another file than the one opened (overlayfs maps the file
+/// beneath it) keeps no lock for a mapping: the registration would vanish with the anchor's
+/// descriptor, and a live holder would be judged dead (this broke an earlier build:
+/// "a newcomer's try_lock_with_lease TOOK IT"; and a newcomer with another boot id reset a
+/// dict under its live writer). Opening a table or a dict there is refused with a clear
+/// error instead.
+fn a_table_on_overlayfs_is_refused_not_judged_dead() {
+    common::harness::require_root();
+    let c = fork(|| {
+        private_mount_ns();
+        let base = PathBuf::from(format!("/tmp/review5-ovl-{}", std::process::id()));
+        let merged = mount_overlay(&base);
+        let table = LockTable::open(merged.join("table"), 64).map(drop);
+        let dict = SharedDict::open(merged.join("dict"), 64, 64).map(drop);
+        // SAFETY: unmounting what we mounted.
+        unsafe { libc::umount2(cstr(merged.to_str().unwrap()).as_ptr(), libc::MNT_DETACH) };
+        let _ = fs::remove_dir_all(&base);
+        let refused = |r: &Result<(), shmlock::Error>| match r {
+            Err(shmlock::Error::Io { source, .. }) => {
+                source.kind() == std::io::ErrorKind::Unsupported
+            }
+            _ => false,
+        };
+        note!("[overlayfs: table {table:?}; dict {dict:?}] ");
+        i32::from(!(refused(&table) && refused(&dict)))
+    });
+    assert_eq!(
+        c.wait(Duration::from_secs(60)),
+        0,
+        "a table on overlayfs was not refused"
+    );
+}
+
+fn control_tmpfs_live_holder() {
+    let dir = PathBuf::from(format!("/dev/shm/review5-ctl-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    let r = live_holder_check(&dir);
+    let _ = fs::remove_dir_all(&dir);
+    if let Err(e) = r {
+        panic!("{e}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. fork() from a signal handler that interrupted an open: the prepare handler waits for
+//    the very thread it interrupted.
+
+extern "C" fn on_alarm_fork(_: libc::c_int) {
+    // SAFETY: fork in a handler (async-signal-safe in POSIX.1-2017); the child leaves at
+    // once.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: leaving the child.
+        unsafe { libc::_exit(0) };
+    }
+}
+
+fn install(handler: extern "C" fn(libc::c_int), sig: libc::c_int) {
+    // SAFETY: installing a handler with a zeroed sigaction.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = handler as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
+fn arm(us: u64) {
+    let it = libc::itimerval {
+        it_interval: libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        },
+        it_value: libc::timeval {
+            tv_sec: 0,
+            tv_usec: us as libc::suseconds_t,
+        },
+    };
+    // SAFETY: setting our own timer.
+    unsafe { libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut()) };
+}
+
+fn describe_hang(pid: i32) -> String {
+    let mut out = String::new();
+    if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            let stat = fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            let state = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .next();
+            let sys = fs::read_to_string(t.path().join("syscall")).unwrap_or_default();
+            out += &format!(
+                "task {:?} state {:?} syscall {:?}; ",
+                t.file_name(),
+                state,
+                sys.split_whitespace().next()
+            );
+        }
+    }
+    // a backtrace with gdb, in its own process group, bounded
+    let bt = std::process::Command::new("timeout")
+        .args([
+            "-k",
+            "2",
+            "15",
+            "gdb",
+            "-p",
+            &pid.to_string(),
+            "-batch",
+            "-nx",
+            "-ex",
+            "thread apply all bt 12",
+        ])
+        .process_group(0)
+        .output();
+    if let Ok(o) = bt {
+        let s = String::from_utf8_lossy(&o.stdout);
+        let frames: Vec<&str> = s.lines().filter(|l| l.starts_with('#')).collect();
+        out += &frames.join("\n    ");
+    }
+    out
+}
+
+use std::os::unix::process::CommandExt;
+
+fn monitor_progress(
+    c: &Child,
+    shared: &Shared,
+    w: usize,
+    stall: Duration,
+    limit: Duration,
+) -> Result<i32, String> {
+    let start = Instant::now();
+    let mut last = (shared.word(w).load(Ordering::SeqCst), Instant::now());
+    loop {
+        let mut st = 0;
+        // SAFETY: our own child.
+        let r = unsafe { libc::waitpid(c.0, &mut st, libc::WNOHANG) };
+        if r == c.0 {
+            return Ok(if libc::WIFEXITED(st) {
+                libc::WEXITSTATUS(st)
+            } else {
+                128 + libc::WTERMSIG(st)
+            });
+        }
+        let v = shared.word(w).load(Ordering::SeqCst);
+        if v != last.0 {
+            last = (v, Instant::now());
+        } else if last.1.elapsed() > stall {
+            let d = describe_hang(c.0);
+            c.kill();
+            return Err(format!(
+                "no progress for {stall:?} after {v} iterations: {d}"
+            ));
+        }
+        if start.elapsed() > limit {
+            c.kill();
+            return Ok(-1);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn fork_in_signal_handler_during_open() {
+    let path = TempPath::new("sigfork");
+    drop(LockTable::open(&path, 64).unwrap());
+    let shared = Shared::new(2);
+    let c = fork(|| {
+        // SAFETY: children are reaped by the kernel.
+        unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
+        install(on_alarm_fork, libc::SIGALRM);
+        let mut x = 0x9e3779b97f4a7c15u64 ^ std::process::id() as u64;
+        for i in 0..4000u64 {
+            arm(1 + xorshift(&mut x) % 120);
+            let t = LockTable::open(&path, 64).unwrap();
+            arm(0);
+            drop(t);
+            shared.word(0).store(i + 1, Ordering::SeqCst);
+        }
+        0
+    });
+    match monitor_progress(
+        &c,
+        &shared,
+        0,
+        Duration::from_secs(3),
+        Duration::from_secs(120),
+    ) {
+        Ok(rc) => note!(
+            "[rc {rc}, {} opens each with a fork from SIGALRM] ",
+            shared.word(0).load(Ordering::SeqCst)
+        ),
+        Err(e) => panic!("BROKE (deadlock): {e}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. A child made in a signal handler that interrupted an open continues that open: it
+//    returns a handle whose registration is the parent's, with the child's fork epoch, so
+//    the child takes the parent's owner id for its own; its drop leaves the parent's entry.
+
+extern "C" {
+    fn _Fork() -> libc::pid_t;
+}
+
+static CHILD_PID: AtomicI32 = AtomicI32::new(0);
+static IN_CHILD: AtomicBool = AtomicBool::new(false);
+static USE_FORK: AtomicBool = AtomicBool::new(false);
+static mut FRAMES: [*mut libc::c_void; 24] = [std::ptr::null_mut(); 24];
+static NFRAMES: AtomicI32 = AtomicI32::new(0);
+static PIN_LO: AtomicU64 = AtomicU64::new(0);
+static PIN_LEN: AtomicU64 = AtomicU64::new(0);
+static BASE: AtomicU64 = AtomicU64::new(0);
+static SKIPPED: AtomicU64 = AtomicU64::new(0);
+extern "C" {
+    fn backtrace(buf: *mut *mut libc::c_void, size: libc::c_int) -> libc::c_int;
+}
+
+fn exe_base() -> u64 {
+    let maps = fs::read_to_string("/proc/self/maps").unwrap();
+    let exe = fs::read_link("/proc/self/exe").unwrap();
+    let line = maps
+        .lines()
+        .find(|l| l.ends_with(exe.to_str().unwrap()))
+        .unwrap();
+    u64::from_str_radix(line.split('-').next().unwrap(), 16).unwrap()
+}
+
+extern "C" fn on_alarm_adopt(_: libc::c_int) {
+    if CHILD_PID.load(Ordering::Relaxed) != 0 || IN_CHILD.load(Ordering::Relaxed) {
+        return;
+    }
+    // optionally: no fork while Anchor::pin is on the stack (REVIEW5_PIN=start,len offsets)
+    let (lo, len) = (
+        PIN_LO.load(Ordering::Relaxed),
+        PIN_LEN.load(Ordering::Relaxed),
+    );
+    if len != 0 {
+        let mut buf = [std::ptr::null_mut::<libc::c_void>(); 32];
+        // SAFETY: glibc backtrace into a local buffer (single-threaded test process).
+        let n = unsafe { backtrace(buf.as_mut_ptr(), 32) };
+        let base = BASE.load(Ordering::Relaxed);
+        for &f in &buf[..n.max(0) as usize] {
+            let off = (f as u64).wrapping_sub(base);
+            if off >= lo && off < lo + len {
+                SKIPPED.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+    // SAFETY: _Fork is async-signal-safe (POSIX.1-2024); fork was in POSIX.1-2017.
+    let pid = unsafe {
+        if USE_FORK.load(Ordering::Relaxed) {
+            libc::fork()
+        } else {
+            _Fork()
+        }
+    };
+    if pid == 0 {
+        IN_CHILD.store(true, Ordering::Relaxed);
+        // where the parent was interrupted (for the report)
+        // SAFETY: a static array of pointers, written by this single-threaded child.
+        unsafe {
+            let n = backtrace(std::ptr::addr_of_mut!(FRAMES).cast(), 24);
+            NFRAMES.store(n, Ordering::Relaxed);
+        }
+    } else if pid > 0 {
+        CHILD_PID.store(pid, Ordering::Relaxed);
+    }
+}
+
+fn adopt_trials(use_fork: bool) {
+    let shared = Shared::new(8);
+    let dir = PathBuf::from(format!("/dev/shm/review5-adopt-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    let d2 = dir.clone();
+    let sh = &shared;
+    let c = fork(move || {
+        let shared = sh;
+        USE_FORK.store(use_fork, Ordering::Relaxed);
+        BASE.store(exe_base(), Ordering::Relaxed);
+        if let Ok(v) = std::env::var("REVIEW5_PIN") {
+            let mut it = v
+                .split(',')
+                .map(|x| u64::from_str_radix(x.trim_start_matches("0x"), 16).unwrap());
+            PIN_LO.store(it.next().unwrap(), Ordering::Relaxed);
+            PIN_LEN.store(it.next().unwrap(), Ordering::Relaxed);
+        }
+        install(on_alarm_adopt, libc::SIGALRM);
+        let mut x = 0x1234_5678_9abc_def1u64 ^ std::process::id() as u64;
+        let mut windows = 0u64;
+        for trial in 1..=3000u64 {
+            let path = d2.join(format!("t{}", trial % 4));
+            CHILD_PID.store(0, Ordering::Relaxed);
+            arm(1 + xorshift(&mut x) % 150);
+            let t = LockTable::open(&path, 64);
+            arm(0);
+            if IN_CHILD.load(Ordering::Relaxed) {
+                // the child: wait for the parent to hold K, then drop our handle
+                let t = match t {
+                    Ok(t) => t,
+                    Err(_) => {
+                        shared.word(2).store(trial, Ordering::SeqCst);
+                        // SAFETY: leaving the child.
+                        unsafe { libc::_exit(3) }
+                    }
+                };
+                let until = Instant::now() + Duration::from_secs(5);
+                while shared.word(1).load(Ordering::SeqCst) != trial && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                drop(t);
+                let base = exe_base();
+                let n = NFRAMES.load(Ordering::Relaxed).clamp(0, 24) as usize;
+                // SAFETY: reading the frames this child stored.
+                let frames: Vec<String> = unsafe {
+                    (&*std::ptr::addr_of!(FRAMES))[..n]
+                        .iter()
+                        .map(|&f| format!("{:#x}", (f as u64).wrapping_sub(base)))
+                        .collect()
+                };
+                let _ = fs::write(format!("/dev/shm/review5-bt-{trial}"), frames.join(" "));
+                shared.word(2).store(trial, Ordering::SeqCst);
+                // SAFETY: leaving the child.
+                unsafe { libc::_exit(0) }
+            }
+            let t = t.unwrap();
+            let child = CHILD_PID.load(Ordering::Relaxed);
+            shared.word(0).store(trial, Ordering::SeqCst);
+            if child == 0 {
+                drop(t);
+                continue;
+            }
+            windows += 1;
+            let g = t.lock(K, opts(60_000, 1_000)).unwrap();
+            shared.word(1).store(trial, Ordering::SeqCst);
+            let until = Instant::now() + Duration::from_secs(6);
+            while shared.word(2).load(Ordering::SeqCst) != trial && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let mut st = 0;
+            // SAFETY: reaping our child (it has left or is killed).
+            unsafe {
+                if libc::waitpid(child, &mut st, libc::WNOHANG) == 0 {
+                    libc::kill(child, libc::SIGKILL);
+                    libc::waitpid(child, &mut st, 0);
+                }
+            }
+            // a second handle of this process: its own registration, another owner
+            let t2 = LockTable::open(&path, 64).unwrap();
+            let hs: Vec<_> = t2
+                .holders()
+                .iter()
+                .map(|h| (h.pid, h.owner_alive))
+                .collect();
+            let stolen = t2.try_lock_with_lease(K, Duration::from_secs(60)).unwrap();
+            if stolen.is_some() {
+                println!(
+                    "\nBROKE at trial {trial} (child {child} made in the handler, exit status \
+                     {st:#x}, dropped its handle): pid {} still holds {K} through its first \
+                     handle (lease 60 s); holders() = {hs:?}; its second handle TOOK {K}; \
+                     the first guard's unlock: {:?}",
+                    std::process::id(),
+                    {
+                        let r = g.unlock();
+                        r.map_err(|e| e.to_string())
+                    }
+                );
+                shared.word(3).store(trial, Ordering::SeqCst);
+                let bt =
+                    fs::read_to_string(format!("/dev/shm/review5-bt-{trial}")).unwrap_or_default();
+                println!("  the child's frames (offsets in {}): {bt}; forks skipped because Anchor::pin was on the stack: {}", fs::read_link("/proc/self/exe").unwrap().display(), SKIPPED.load(Ordering::Relaxed));
+                return 1;
+            }
+            let _ = fs::remove_file(format!("/dev/shm/review5-bt-{trial}"));
+            drop(stolen);
+            drop(g);
+            drop(t2);
+            drop(t);
+        }
+        shared.word(4).store(windows, Ordering::SeqCst);
+        0
+    });
+    let r = monitor_progress(
+        &c,
+        &shared,
+        0,
+        Duration::from_secs(10),
+        Duration::from_secs(240),
+    );
+    let _ = fs::remove_dir_all(&dir);
+    match r {
+        Ok(0) => note!(
+            "[held: {} trials with a child made inside/around open] ",
+            shared.word(4).load(Ordering::SeqCst)
+        ),
+        Ok(rc) => panic!("rc {rc}: the child took the parent's registration"),
+        Err(e) => panic!("BROKE (hang): {e}"),
+    }
+}
+
+fn underscore_fork_in_signal_handler_child_adopts_owner() {
+    adopt_trials(false);
+}
+
+fn fork_in_signal_handler_child_adopts_owner() {
+    adopt_trials(true);
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. Threads forking while many threads open tables: fork waits for a moment when no
+//    anchor is being set up anywhere in the process.
+
+fn fork_starvation_many_openers() {
+    let shared = Shared::new(4);
+    let c = fork(|| {
+        let dir = PathBuf::from(format!("/dev/shm/review5-starve-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let opens = Arc::new(AtomicU64::new(0));
+        let nthreads: usize = std::env::var("REVIEW5_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8);
+        let control = std::env::var_os("REVIEW5_CONTROL").is_some();
+        drop(LockTable::open(dir.join("t0"), 64).unwrap());
+        drop(LockTable::open(dir.join("t1"), 64).unwrap());
+        let threads: Vec<_> = (0..nthreads)
+            .map(|i| {
+                let stop = stop.clone();
+                let opens = opens.clone();
+                let p = dir.join(format!("t{}", i % 2));
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        if control {
+                            // the same kind of work without anchors: open, map, lock-test, close
+                            let f = fs::OpenOptions::new()
+                                .read(true)
+                                .write(true)
+                                .open(&p)
+                                .unwrap();
+                            let m = memmap2::MmapOptions::new().len(4096).map_raw(&f).unwrap();
+                            let f2 = fs::OpenOptions::new()
+                                .read(true)
+                                .write(true)
+                                .open(&p)
+                                .unwrap();
+                            drop((
+                                m,
+                                f,
+                                f2,
+                                fs::read_to_string("/proc/sys/kernel/random/boot_id"),
+                            ));
+                        } else {
+                            drop(LockTable::open(&p, 64).unwrap());
+                        }
+                        opens.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut worst = Duration::ZERO;
+        let mut total = Duration::ZERO;
+        for _ in 0..30 {
+            let s = Instant::now();
+            // SAFETY: the child leaves at once.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // SAFETY: leaving the child.
+                unsafe { libc::_exit(0) };
+            }
+            let d = s.elapsed();
+            let mut st = 0;
+            // SAFETY: reaping our child.
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+            worst = worst.max(d);
+            total += d;
+            shared.word(0).fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stop.store(true, Ordering::Relaxed);
+        for t in threads {
+            t.join().unwrap();
+        }
+        let _ = fs::remove_dir_all(&dir);
+        shared
+            .word(1)
+            .store(worst.as_micros() as u64, Ordering::SeqCst);
+        shared
+            .word(2)
+            .store(total.as_micros() as u64 / 30, Ordering::SeqCst);
+        shared
+            .word(3)
+            .store(opens.load(Ordering::Relaxed), Ordering::SeqCst);
+        0
+    });
+    match monitor_progress(
+        &c,
+        &shared,
+        0,
+        Duration::from_secs(20),
+        Duration::from_secs(120),
+    ) {
+        Ok(rc) => {
+            let worst = shared.word(1).load(Ordering::SeqCst);
+            note!(
+                "[rc {rc}; 30 forks while 8 threads open tables ({} opens): mean {} us, worst {} us] ",
+                shared.word(3).load(Ordering::SeqCst),
+                shared.word(2).load(Ordering::SeqCst),
+                worst
+            );
+            assert!(worst < 500_000, "BROKE: a fork waited {worst} us");
+        }
+        Err(e) => panic!("BROKE (fork starved): {e}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. A process stopped in the middle of a reboot reset (it holds the attached byte for
+//    writing): another process's open waits in `join` up to 10 s, inside an anchor's
+//    setup, and every fork of that process waits as long.
+
+const BOOT_ID_FILE: &str = "/proc/sys/kernel/random/boot_id";
+
+fn fork_stalled_by_stopped_resetter() {
+    common::harness::require_root();
+    let path = TempPath::new("reset-stall");
+    let fake = TempPath::new("bootid");
+    fs::write(&fake, "0badc0de-1111-4222-8333-444455556666\n").unwrap();
+    // the table is made by a process of "another boot"; big, so that its reset takes a while
+    let maker = fork(|| {
+        private_mount_ns();
+        // SAFETY: bind-mounting a file we own.
+        unsafe {
+            assert_eq!(
+                libc::mount(
+                    cstr(fake.0.to_str().unwrap()).as_ptr(),
+                    cstr(BOOT_ID_FILE).as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null()
+                ),
+                0
+            );
+        }
+        drop(LockTable::open(&path, 1 << 22).unwrap());
+        0
+    });
+    assert_eq!(maker.wait(Duration::from_secs(60)), 0);
+    let ino = fs::metadata(&path).unwrap().ino();
+    // R resets it (this boot's id differs): stop R while it holds the attached byte for writing
+    let r = fork(|| {
+        drop(LockTable::open(&path, 64).unwrap());
+        std::thread::sleep(Duration::from_secs(30));
+        0
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut stopped = false;
+    while Instant::now() < deadline {
+        if ofd_locks_on(ino)
+            .iter()
+            .any(|l| l.contains("WRITE") && l.contains(" 4001 4001"))
+        {
+            // SAFETY: stopping our own child.
+            unsafe { libc::kill(r.0, libc::SIGSTOP) };
+            std::thread::sleep(Duration::from_millis(5));
+            stopped = ofd_locks_on(ino)
+                .iter()
+                .any(|l| l.contains("WRITE") && l.contains(" 4001 4001"));
+            break;
+        }
+    }
+    if !stopped {
+        r.kill();
+        panic!("could not stop the resetter inside its reset");
+    }
+    note!(
+        "[resetter {} stopped holding the attached byte for writing: {:?}] ",
+        r.0,
+        ofd_locks_on(ino)
+    );
+    let shared = Shared::new(4);
+    let b = fork(|| {
+        let p = path.0.clone();
+        let opener = std::thread::spawn(move || {
+            let s = Instant::now();
+            let res = LockTable::open(&p, 64)
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+            (s.elapsed(), res)
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let s = Instant::now();
+        // SAFETY: the child leaves at once.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: leaving the child.
+            unsafe { libc::_exit(0) };
+        }
+        let took = s.elapsed();
+        let mut st = 0;
+        // SAFETY: reaping our child.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        let (open_took, res) = opener.join().unwrap();
+        println!(
+            "\n  a thread's open: {res:?} after {open_took:?}; another thread's fork() (a child \
+             that _exits at once) took {took:?}"
+        );
+        shared
+            .word(0)
+            .store(took.as_millis() as u64 + 1, Ordering::SeqCst);
+        0
+    });
+    let rc = b.wait(Duration::from_secs(40));
+    r.kill();
+    let took = shared.word(0).load(Ordering::SeqCst).saturating_sub(1);
+    assert_eq!(rc, 0);
+    assert!(took < 500, "BROKE: fork() stalled {took} ms");
+}
+
+// ---------------------------------------------------------------------------------------
+// 6. _Fork (no atfork handlers) from one thread while another sets up an anchor: the child
+//    inherits SETTING_UP != 0 (or FORKING), which nothing in it will ever clear.
+
+fn underscore_fork_child_inherits_setting_up() {
+    let shared = Shared::new(8);
+    let c = fork(|| {
+        let dir = PathBuf::from(format!("/dev/shm/review5-uf-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads: Vec<_> = (0..2)
+            .map(|i| {
+                let stop = stop.clone();
+                let p = dir.join(format!("t{i}"));
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        drop(LockTable::open(&p, 64).unwrap());
+                    }
+                })
+            })
+            .collect();
+        // a thread forking with fork() too, so FORKING is sometimes set
+        let s2 = stop.clone();
+        let forker = std::thread::spawn(move || {
+            while !s2.load(Ordering::Relaxed) {
+                // SAFETY: the child leaves at once.
+                let pid = unsafe { libc::fork() };
+                if pid == 0 {
+                    // SAFETY: leaving.
+                    unsafe { libc::_exit(0) };
+                }
+                let mut st = 0;
+                // SAFETY: reaping.
+                unsafe { libc::waitpid(pid, &mut st, 0) };
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let other = dir.join("other");
+        drop(LockTable::open(&other, 64).unwrap());
+        let (mut hung_fork, mut hung_open, mut ok) = (0u64, 0u64, 0u64);
+        for i in 0..100u64 {
+            // SAFETY: _Fork: the child runs only a fork (async-signal-safe in POSIX.1-2017)
+            // or the library, with an alarm as hang guard.
+            let pid = unsafe { _Fork() };
+            if pid == 0 {
+                // SAFETY: alarm in the child: SIGALRM kills it if it hangs.
+                unsafe { libc::alarm(30) };
+                if i % 2 == 0 {
+                    // SAFETY: fork in the child; the grandchild leaves at once.
+                    let g = unsafe { libc::fork() };
+                    if g == 0 {
+                        // SAFETY: leaving.
+                        unsafe { libc::_exit(0) };
+                    }
+                    // SAFETY: leaving.
+                    unsafe { libc::_exit(10) };
+                } else {
+                    let t = LockTable::open(&other, 64);
+                    let code = match t {
+                        Ok(t) => match t.try_lock_with_lease("c", Duration::from_secs(1)) {
+                            Ok(_) => 11,
+                            Err(_) => 12,
+                        },
+                        Err(_) => 13,
+                    };
+                    // SAFETY: leaving.
+                    unsafe { libc::_exit(code) };
+                }
+            }
+            let mut st = 0;
+            let until = Instant::now() + Duration::from_secs(2);
+            loop {
+                // SAFETY: reaping our child.
+                let r = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) };
+                if r == pid {
+                    break;
+                }
+                if Instant::now() > until {
+                    let d = describe_hang(pid);
+                    let frames: Vec<&str> = d
+                        .split('\n')
+                        .filter(|l| l.contains(" in "))
+                        .take(6)
+                        .collect();
+                    println!("\n  hung _Fork child {pid} (i={i}): {}", frames.join(" | "));
+                    // SAFETY: killing and reaping our child.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                        libc::waitpid(pid, &mut st, 0);
+                    }
+                    // A child of a threaded process made by _Fork may find glibc's own
+                    // locks (malloc's, the fork handler list's) held by a thread it does
+                    // not have: a hang there is glibc's (such a child may call only
+                    // async-signal-safe functions), whatever the library does. Only a hang
+                    // in the library's own fork handler counts.
+                    st = if d.contains("before_fork") {
+                        libc::SIGALRM // counted as hung below
+                    } else {
+                        println!("  (in glibc, not the library: not counted)");
+                        0
+                    };
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if libc::WIFSIGNALED(st) && libc::WTERMSIG(st) == libc::SIGALRM {
+                if i % 2 == 0 {
+                    hung_fork += 1;
+                } else {
+                    hung_open += 1;
+                }
+            } else {
+                ok += 1;
+            }
+            shared.word(0).store(i + 1, Ordering::SeqCst);
+            if hung_fork + hung_open >= 3 {
+                break;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for t in threads {
+            t.join().unwrap();
+        }
+        forker.join().unwrap();
+        let _ = fs::remove_dir_all(&dir);
+        shared.word(1).store(hung_fork, Ordering::SeqCst);
+        shared.word(2).store(hung_open, Ordering::SeqCst);
+        shared.word(3).store(ok, Ordering::SeqCst);
+        0
+    });
+    let r = monitor_progress(
+        &c,
+        &shared,
+        0,
+        Duration::from_secs(20),
+        Duration::from_secs(300),
+    );
+    let (hf, ho, ok) = (
+        shared.word(1).load(Ordering::SeqCst),
+        shared.word(2).load(Ordering::SeqCst),
+        shared.word(3).load(Ordering::SeqCst),
+    );
+    note!("[{r:?}: _Fork children: {ok} fine, {hf} hung in fork() (3 s alarm), {ho} hung in the library] ");
+    assert!(hf + ho == 0, "BROKE: _Fork children hung");
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. posix_spawn (std::process::Command) and clone3 children while threads open tables:
+//    none keeps a description of any table.
+
+fn table_fds_of(pid: i32, dir: &Path) -> usize {
+    // descriptors of a table that hold a lock (fdinfo "lock:" lines), and anchor mappings
+    // (one PROT_NONE shared page of a table file)
+    let mut n = 0;
+    if let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) {
+        for fd in fds.flatten() {
+            if fs::read_link(fd.path()).is_ok_and(|l| l.starts_with(dir)) {
+                let info = fs::read_to_string(format!(
+                    "/proc/{pid}/fdinfo/{}",
+                    fd.file_name().to_str().unwrap()
+                ))
+                .unwrap_or_default();
+                if info.contains("lock:") {
+                    n += 1;
+                }
+            }
+        }
+    }
+    if let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) {
+        n += maps
+            .lines()
+            .filter(|l| l.contains(dir.to_str().unwrap()) && l.contains(" ---s "))
+            .count()
+            * 1000;
+    }
+    n
+}
+
+fn posix_spawn_children_hold_nothing() {
+    let dir = PathBuf::from(format!("/dev/shm/review5-spawn-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..2)
+        .map(|i| {
+            let stop = stop.clone();
+            let p = dir.join(format!("t{i}"));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    drop(LockTable::open(&p, 64).unwrap());
+                }
+            })
+        })
+        .collect();
+    let mut kids = Vec::new();
+    for _ in 0..200 {
+        kids.push(
+            std::process::Command::new("sleep")
+                .arg("2")
+                .spawn()
+                .unwrap(),
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let leaks: usize = kids.iter().map(|k| table_fds_of(k.id() as i32, &dir)).sum();
+    for mut k in kids {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+    let _ = fs::remove_dir_all(&dir);
+    note!("[200 spawned: table descriptors/mappings in them: {leaks}] ");
+    assert_eq!(leaks, 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// 9. Probe games a program may play with its own descriptors.
+
+fn probe_games() {
+    let path = TempPath::new("probe");
+    let shared = Shared::new(4);
+    let holder = fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.lock(K, opts(60_000, 1_000)).unwrap();
+        shared.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(20));
+        drop(g);
+        0
+    });
+    await_word(&shared, 0, Duration::from_secs(10));
+    let mut results = Vec::new();
+    let t = LockTable::open(&path, 64).unwrap();
+    // find our probe: the descriptor naming the table
+    let ino = fs::metadata(&path).unwrap().ino();
+    let fds: Vec<i32> = fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let n: i32 = e.file_name().to_str()?.parse().ok()?;
+            let m = fs::metadata(e.path()).ok()?;
+            (m.ino() == ino).then_some(n)
+        })
+        .collect();
+    results.push(format!("table fds {fds:?}"));
+    let n = fds[0];
+    let try_k = |what: &str, results: &mut Vec<String>| {
+        let r = t.try_lock_with_lease(K, Duration::from_secs(60)).unwrap();
+        results.push(format!(
+            "{what}: {}",
+            if r.is_some() { "TOOK K" } else { "busy" }
+        ));
+        r.is_some()
+    };
+    let mut broke = try_k("baseline", &mut results);
+    use std::os::unix::fs::OpenOptionsExt;
+    // (a) the program reopens the table itself O_NONBLOCK|O_RDWR and takes an OFD lock on
+    //     the holder's entry range? no: it takes a *write* lock on the whole header page
+    //     through its own description, closes our number and dup2s that description onto it
+    let own = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&path)
+        .unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: dup2 onto the library's number (the program replaces it: out of contract
+    // for a number the library owns, but exactly what close-then-reopen produces)
+    unsafe { libc::dup2(own.as_raw_fd(), n) };
+    broke |= try_k(
+        "our number replaced by the program's O_NONBLOCK description of the table",
+        &mut results,
+    );
+    // (b) the program takes OFD locks on the registry through that description
+    let fl = libc::flock {
+        l_type: libc::F_RDLCK as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: 4096,
+        l_len: 4096 * 16,
+        l_pid: 0,
+    };
+    // SAFETY: fcntl on our own descriptor.
+    let rc = unsafe { libc::fcntl(own.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+    broke |= try_k(
+        &format!("program read-locks the registry pages through it (rc {rc})"),
+        &mut results,
+    );
+    // (c) clears O_NONBLOCK on it
+    // SAFETY: fcntl on our own descriptor.
+    unsafe { libc::fcntl(n, libc::F_SETFL, 0) };
+    broke |= try_k(
+        "program clears O_NONBLOCK on that description",
+        &mut results,
+    );
+    holder.kill();
+    std::thread::sleep(Duration::from_millis(20));
+    let after = t.try_lock_with_lease(K, Duration::from_secs(60)).unwrap();
+    results.push(format!(
+        "after the holder's death: {}",
+        if after.is_some() {
+            "took K"
+        } else {
+            "busy (doubt = alive)"
+        }
+    ));
+    note!("[{}] ", results.join("; "));
+    assert!(!broke, "BROKE: a live holder was judged dead");
+}
+
+#[allow(dead_code)]
+fn _unused(_: AtomicU64) {}
+
+// ---------------------------------------------------------------------------------------
+// 10. A forked child of a multi-threaded process whose other thread was judging an owner
+//     (holding the probe mutex) at the fork: the child's first use takes that mutex.
+
+fn forked_child_of_a_judging_thread() {
+    let path = TempPath::new("judging");
+    drop(LockTable::open(&path, 256).unwrap());
+    let shared = Shared::new(8);
+    // 30 live holders, one key each
+    let holders: Vec<Child> = (0..30)
+        .map(|i| {
+            let p = path.0.clone();
+            let sh = &shared;
+            fork(move || {
+                let t = LockTable::open(&p, 256).unwrap();
+                let g = t.lock(format!("busy{i}"), opts(120_000, 1_000)).unwrap();
+                sh.word(0).fetch_add(1, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_secs(60));
+                drop(g);
+                0
+            })
+        })
+        .collect();
+    while shared.word(0).load(Ordering::SeqCst) < 30 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let c = fork(|| {
+        let t = Arc::new(LockTable::open(&path, 256).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (t2, s2) = (t.clone(), stop.clone());
+        let judge = std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !s2.load(Ordering::Relaxed) {
+                n += t2.holders().len() as u64;
+            }
+            n
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let mut hung = 0;
+        let mut report = String::new();
+        for i in 0..200u64 {
+            // SAFETY: fork from a multi-threaded process; the child uses the library as a
+            // prefork worker would, with an alarm as hang guard.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // SAFETY: hang guard.
+                unsafe { libc::alarm(20) };
+                let r = t.try_lock_with_lease("child", Duration::from_secs(1));
+                // SAFETY: leaving.
+                unsafe { libc::_exit(if r.is_ok() { 0 } else { 3 }) };
+            }
+            let mut st = 0;
+            let until = Instant::now() + Duration::from_secs(2);
+            loop {
+                // SAFETY: reaping our child.
+                let r = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) };
+                if r == pid {
+                    break;
+                }
+                if Instant::now() > until {
+                    hung += 1;
+                    if report.is_empty() {
+                        let d = describe_hang(pid);
+                        let frames: Vec<&str> = d
+                            .split('\n')
+                            .filter(|l| l.contains(" in "))
+                            .take(9)
+                            .collect();
+                        report = format!("child {pid} (fork #{i}): {}", frames.join(" | "));
+                    }
+                    // SAFETY: killing and reaping our child.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                        libc::waitpid(pid, &mut st, 0);
+                    }
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            shared.word(1).store(i + 1, Ordering::SeqCst);
+            if hung >= 3 {
+                break;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let n = judge.join().unwrap();
+        println!(
+            "\n  judge saw {n} holder rows; forks done {}; children hung 2 s+: {hung}; {report}",
+            shared.word(1).load(Ordering::SeqCst)
+        );
+        shared.word(2).store(hung + 1, Ordering::SeqCst);
+        0
+    });
+    let r = c.wait(Duration::from_secs(200));
+    for h in holders {
+        h.kill();
+    }
+    let hung = shared.word(2).load(Ordering::SeqCst).saturating_sub(1);
+    assert_eq!(r, 0);
+    assert_eq!(hung, 0, "BROKE: forked children deadlocked");
+}
+
+// ---------------------------------------------------------------------------------------
+// 11. The probe checked before and after the lock test, but not *during* it: a program that
+//     closed our number once (a daemon's close_range) and then opens and closes files of
+//     its own under it — the table itself (O_NONBLOCK), a log file — can have the number
+//     name the table at both checks and a log file at the test.
+
+static REPEAT_CLOSE_RANGE: AtomicBool = AtomicBool::new(false);
+
+fn probe_aba_program_reuses_the_number() {
+    REPEAT_CLOSE_RANGE.store(
+        std::env::var_os("REVIEW5_REPEAT").is_some(),
+        Ordering::Relaxed,
+    );
+    let path = TempPath::new("aba");
+    let log = TempPath::new("abalog");
+    fs::write(&log, b"log").unwrap();
+    drop(LockTable::open(&path, 64).unwrap());
+    let shared = Shared::new(8);
+    let q = fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.lock(K, opts(120_000, 1_000)).unwrap();
+        shared.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(60));
+        drop(g);
+        0
+    });
+    await_word(&shared, 0, Duration::from_secs(10));
+    let c = fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        // the table's descriptor in this process
+        let ino = fs::metadata(&path).unwrap().ino();
+        let n: i32 = fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                let n: i32 = e.file_name().to_str()?.parse().ok()?;
+                (fs::metadata(e.path()).ok()?.ino() == ino).then_some(n)
+            })
+            .min()
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let (tp, lp) = (
+            cstr(path.0.to_str().unwrap()),
+            cstr(log.0.to_str().unwrap()),
+        );
+        let cycler = std::thread::spawn(move || {
+            // SAFETY: closes the library's number once (as close_range would), then only
+            // descriptors this thread opened itself.
+            unsafe { libc::close(n) };
+            let mut cycles = 0u64;
+            while !s2.load(Ordering::Relaxed) {
+                // SAFETY: opening and closing our own descriptors.
+                unsafe {
+                    if REPEAT_CLOSE_RANGE.load(Ordering::Relaxed) {
+                        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                    }
+                    let a = libc::open(
+                        tp.as_ptr(),
+                        libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+                    );
+                    libc::close(a);
+                    let b = libc::open(lp.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+                    libc::close(b);
+                }
+                cycles += 1;
+            }
+            cycles
+        });
+        let start = Instant::now();
+        let mut tries = 0u64;
+        let mut took = false;
+        while start.elapsed() < Duration::from_secs(5) {
+            tries += 1;
+            if let Ok(Some(g)) = t.try_lock_with_lease(K, Duration::from_secs(60)) {
+                took = true;
+                std::mem::forget(g);
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let cycles = cycler.join().unwrap();
+        println!(
+            "\n  probe number {n}; program's open/close cycles {cycles}; our try_lock calls \
+             {tries} in {:?}; took K from the live holder: {took}",
+            start.elapsed()
+        );
+        i32::from(took)
+    });
+    let rc = c.wait(Duration::from_secs(60));
+    // SAFETY: is the holder still alive?
+    let alive = unsafe { libc::kill(q.0, 0) } == 0;
+    q.kill();
+    assert!(
+        !(rc == 1 && alive),
+        "BROKE: a live holder's key was taken (holder alive {alive})"
+    );
+}
+
+// 11b. The same, with the waiter preempted exactly around its lock test (ptrace stops it at
+//      entry and exit of fcntl(F_OFD_GETLK), as the scheduler could): while it is off the
+//      CPU the program closes its own table descriptor and opens a log file under the
+//      number, then the other way round.
+
+fn probe_aba_preempted_at_the_lock_test() {
+    let path = TempPath::new("aba2");
+    let log = TempPath::new("aba2log");
+    fs::write(&log, b"log").unwrap();
+    drop(LockTable::open(&path, 64).unwrap());
+    let shared = Shared::new(8);
+    let q = fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.lock(K, opts(120_000, 1_000)).unwrap();
+        shared.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(60));
+        drop(g);
+        0
+    });
+    await_word(&shared, 0, Duration::from_secs(10));
+    // word 1: waiter tid; word 2: probe number; word 3: command to the program (1: make it a
+    // log, 2: make it the table) ; word 4: ack; word 5: result (1 took, 2 not)
+    let c = fork(|| {
+        let t = Arc::new(LockTable::open(&path, 64).unwrap());
+        let ino = fs::metadata(&path).unwrap().ino();
+        let n: i32 = fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                let n: i32 = e.file_name().to_str()?.parse().ok()?;
+                (fs::metadata(e.path()).ok()?.ino() == ino).then_some(n)
+            })
+            .min()
+            .unwrap();
+        let (tp, lp) = (
+            cstr(path.0.to_str().unwrap()),
+            cstr(log.0.to_str().unwrap()),
+        );
+        // the program: closes the library's number once (close_range), opens the table
+        // itself (O_NONBLOCK) and gets that number; later swaps its own descriptors on demand
+        // SAFETY: plain descriptor calls.
+        unsafe {
+            libc::close(n);
+            let a = libc::open(
+                tp.as_ptr(),
+                libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            );
+            assert_eq!(a, n);
+        }
+        shared.word(2).store(n as u64, Ordering::SeqCst);
+        let t2 = t.clone();
+        let sh = &shared;
+        // SAFETY: shared lives until the end of this child (it is joined below).
+        let sh: &'static Shared = unsafe { &*(sh as *const Shared) };
+        let waiter = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            sh.word(1)
+                .store(unsafe { libc::gettid() } as u64, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(300)); // the tracer attaches
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(g)) = t2.try_lock_with_lease(K, Duration::from_secs(60)) {
+                    std::mem::forget(g);
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(3));
+            }
+            false
+        });
+        // the program's own descriptor work, on demand
+        let start = Instant::now();
+        let mut last = 0;
+        while start.elapsed() < Duration::from_secs(15)
+            && shared.word(5).load(Ordering::SeqCst) == 0
+        {
+            let cmd = shared.word(3).load(Ordering::SeqCst);
+            if cmd != last && cmd != 0 {
+                last = cmd;
+                // SAFETY: the program's own descriptor n.
+                unsafe {
+                    libc::close(n);
+                    let p = if cmd & 1 == 1 {
+                        lp.as_ptr()
+                    } else {
+                        tp.as_ptr()
+                    };
+                    let fl = if cmd & 1 == 1 {
+                        libc::O_RDONLY
+                    } else {
+                        libc::O_RDONLY | libc::O_NONBLOCK
+                    };
+                    let a = libc::open(p, fl | libc::O_CLOEXEC);
+                    assert_eq!(a, n);
+                }
+                shared.word(4).store(cmd, Ordering::SeqCst);
+            }
+            if waiter.is_finished() {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let took = waiter.join().unwrap();
+        shared
+            .word(5)
+            .store(if took { 1 } else { 2 }, Ordering::SeqCst);
+        0
+    });
+    let tid = await_word(&shared, 1, Duration::from_secs(10)) as i32;
+    let n = shared.word(2).load(Ordering::SeqCst);
+    // the tracer
+    // SAFETY: tracing a thread of our own child.
+    unsafe {
+        assert_eq!(
+            libc::ptrace(
+                libc::PTRACE_SEIZE,
+                tid,
+                0,
+                libc::PTRACE_O_TRACESYSGOOD as usize
+            ),
+            0,
+            "seize: {}",
+            std::io::Error::last_os_error()
+        );
+        libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0);
+    }
+    let mut st = 0;
+    // SAFETY: waiting for our tracee.
+    unsafe { libc::waitpid(tid, &mut st, libc::__WALL) };
+    let mut cmd = 0u64;
+    let mut in_getlk = false;
+    let mut swaps = 0;
+    let deadline = Instant::now() + Duration::from_secs(12);
+    while Instant::now() < deadline {
+        // SAFETY: resuming our tracee to its next system call stop.
+        if unsafe { libc::ptrace(libc::PTRACE_SYSCALL, tid, 0, 0) } != 0 {
+            break;
+        }
+        // SAFETY: waiting for our tracee.
+        let r = unsafe { libc::waitpid(tid, &mut st, libc::__WALL) };
+        if r != tid || libc::WIFEXITED(st) || libc::WIFSIGNALED(st) {
+            break;
+        }
+        if !(libc::WIFSTOPPED(st) && libc::WSTOPSIG(st) == (libc::SIGTRAP | 0x80)) {
+            continue;
+        }
+        // SAFETY: reading the tracee's registers into a zeroed struct.
+        let regs = unsafe {
+            let mut regs: libc::user_regs_struct = std::mem::zeroed();
+            libc::ptrace(libc::PTRACE_GETREGS, tid, 0, &mut regs as *mut _);
+            regs
+        };
+        let is_getlk = regs.orig_rax == libc::SYS_fcntl as u64
+            && regs.rdi == n
+            && regs.rsi == libc::F_OFD_GETLK as u64;
+        if !is_getlk {
+            continue;
+        }
+        // entry, then exit
+        in_getlk = !in_getlk;
+        cmd += 1; // odd: log (at entry), even: table (at exit)
+        assert_eq!(cmd & 1 == 1, in_getlk);
+        shared.word(3).store(cmd, Ordering::SeqCst);
+        let until = Instant::now() + Duration::from_secs(2);
+        while shared.word(4).load(Ordering::SeqCst) != cmd && Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        swaps += 1;
+    }
+    // SAFETY: detaching (the tracee may be gone).
+    unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0) };
+    let rc = c.wait(Duration::from_secs(30));
+    let took = shared.word(5).load(Ordering::SeqCst);
+    // SAFETY: is the holder alive?
+    let alive = unsafe { libc::kill(q.0, 0) } == 0;
+    q.kill();
+    note!("[probe number {n}; descriptor swaps by the program while the waiter was preempted in its lock test: {swaps}; rc {rc}; the waiter took K from the live holder: {}, holder alive: {alive}] ", took == 1);
+    assert!(
+        !(took == 1 && alive),
+        "BROKE: a live holder's key was taken"
+    );
+}
