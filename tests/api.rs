@@ -355,7 +355,9 @@ fn fill<'t>(t: &'t LockTable, prefix: &str, lease: Duration) -> Vec<shmlock::Loc
             Err(Error::TableFull { .. }) => return guards,
             other => panic!("{other:?}"),
         }
-        assert!(guards.len() <= 2 * t.capacity(), "never full");
+        // the table has four slots per key of capacity: it may take more keys than its
+        // capacity, never more than its slots
+        assert!(guards.len() <= 4 * t.capacity(), "never full");
     }
 }
 
@@ -610,7 +612,7 @@ fn foreign_truncated_and_corrupt_files_are_typed_errors() {
     std::fs::write(&path, &longer).unwrap();
     assert!(matches!(format_error(&path), FormatError::Corrupt(_)));
 
-    for version in [1, 2, 4] {
+    for version in [1, 2, 3, 5] {
         let mut other = good.clone();
         other[8] = version;
         std::fs::write(&path, &other).unwrap();

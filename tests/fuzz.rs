@@ -14,8 +14,9 @@ use proptest::test_runner::{Config, TestRunner};
 use shmlock::{Error, Lock, LockOptions, LockTable, SharedDict};
 
 const HEADER: usize = 4096;
-/// A slot's hot and cold lines; a table has two slots per key of capacity.
+/// A slot's hot and cold lines; a table has four slots per key of capacity.
 const SLOT: usize = 128;
+const SLOTS_PER_KEY: usize = 4;
 
 /// Opens `bytes` as a table file and, if it opens, works it. Returns whether it opened.
 fn exercise(bytes: &[u8]) -> bool {
@@ -27,7 +28,7 @@ fn exercise(bytes: &[u8]) -> bool {
         Err(e) => panic!("not a format error: {e}"),
     };
     // header, whole pages of owner registry, then the slots
-    let registry = bytes.len() - HEADER - 2 * table.capacity() * SLOT;
+    let registry = bytes.len() - HEADER - SLOTS_PER_KEY * table.capacity() * SLOT;
     assert!(
         registry.is_multiple_of(4096) && registry <= 65535 * 32 + 4095,
         "{registry}"

@@ -276,7 +276,11 @@ impl<'b, B: Backend> Lock<'b, B> {
     pub fn unlock(&mut self) -> Result<(), Error> {
         // Released in place and cleared after: moving the holding out first would reload it
         // in 16-byte pieces just written in 8-byte ones (a store-forwarding stall).
-        let result = release(self.backend, self.holding.as_ref().ok_or(Error::Unlocked)?);
+        // Not `ok_or(Error::Unlocked)`: that builds (and drops) an error on every unlock.
+        let Some(holding) = self.holding.as_ref() else {
+            return Err(Error::Unlocked);
+        };
+        let result = release(self.backend, holding);
         self.holding = None;
         result
     }

@@ -16,7 +16,7 @@ use crate::lock::wait::Schedule;
 /// Rounds of exponential spinning (crossbeam's `Backoff::spin`) before a waiter sleeps:
 /// about 1 µs in all. Spinning longer, or yielding, only steals the cache line from a
 /// holder that is about to release it.
-const SPINS: u32 = 4;
+const SPINS: u32 = 6;
 
 mod sealed {
     pub trait Sealed {}
@@ -91,7 +91,7 @@ pub trait Backend: Sealed {
     #[doc(hidden)]
     fn spins(&self) -> bool;
 
-    /// Whether the holder `busy` saw may have let go: a read, no write, cheap enough to
+    /// Whether the key `busy` saw held may be free now: a read, no write, cheap enough to
     /// spin on without taking the line from the holder.
     #[doc(hidden)]
     fn moved_on(&self, busy: &Self::Busy) -> bool {
@@ -153,11 +153,16 @@ pub(crate) fn acquire_slow<B: Backend>(
     if notify && backend.spins() && timeout.is_some_and(|t| !t.is_zero()) {
         // Most critical sections end within microseconds.
         // Watch the holder's word without writing to it (a write would take the line
-        // from a holder about to release); try only once it has changed.
+        // from a holder about to release); try only once the key has looked free twice,
+        // a spin apart: a holder that releases in a loop takes the key straight back, and
+        // a waiter that cuts in takes the line from it each time (owner changes cost most).
         let backoff = Backoff::new();
         for _ in 0..SPINS {
             backoff.spin();
-            if backend.moved_on(&busy) {
+            if backend.moved_on(&busy) && {
+                backoff.spin();
+                backend.moved_on(&busy)
+            } {
                 if let Some(hold) = attempt(&mut busy)? {
                     return Ok((hold, elapsed(slept)));
                 }

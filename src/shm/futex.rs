@@ -1,13 +1,44 @@
-//! The futex on a home's wait word (Linux). Elsewhere there is no wake-up: waiters poll.
+//! Futexes (Linux): a lock-table slot's control word (its low half), the dict's writer
+//! lock word. Elsewhere there is no wake-up: waiters poll.
 
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
 
 /// Whether this build can sleep on a wait word (and be woken by another process).
 pub(crate) const AVAILABLE: bool = cfg!(target_os = "linux");
 
+/// The address of the half of a 64-bit word that holds its low 32 bits: a futex is 32
+/// bits, and a lock-table slot's control word keeps its state and waiters bit there.
+fn low_half(word: &AtomicU64) -> *const u32 {
+    let at = if cfg!(target_endian = "little") { 0 } else { 1 };
+    // SAFETY: the word is 8 bytes, so both 4-byte halves are inside it (and 4-aligned).
+    unsafe { word.as_ptr().cast::<u32>().add(at) }
+}
+
+/// Wakes every sleeper on the low half of `word` (see [`wait_low`]).
+pub(crate) fn wake_all_low(word: &AtomicU64) {
+    wake_at(low_half(word));
+}
+
+/// Sleeps until the low half of `word` is woken, or no longer reads `expected`, or
+/// `timeout` passes. The kernel reads that half itself; nothing here accesses the word
+/// as 32 bits.
+pub(crate) fn wait_low(word: &AtomicU64, expected: u32, timeout: Duration) {
+    wait_at(low_half(word), expected, timeout);
+}
+
 /// Wakes every sleeper with `FUTEX_WAKE` on the shared (not process-private) word.
 pub(crate) fn wake_all(word: &AtomicU32) {
+    wake_at(word.as_ptr());
+}
+
+/// Sleeps until `word` is woken, or no longer holds `expected`, or `timeout` passes
+/// (spurious returns are allowed: the caller looks again either way).
+pub(crate) fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    wait_at(word.as_ptr(), expected, timeout);
+}
+
+fn wake_at(word: *const u32) {
     #[cfg(target_os = "linux")]
     // SAFETY: `word` is a live, aligned u32 in memory mapped by this process; FUTEX_WAKE
     // only looks at the address, and a shared futex is keyed by the mapping, so it
@@ -15,7 +46,7 @@ pub(crate) fn wake_all(word: &AtomicU32) {
     unsafe {
         libc::syscall(
             libc::SYS_futex,
-            word.as_ptr(),
+            word,
             libc::FUTEX_WAKE,
             i32::MAX,
             std::ptr::null::<libc::timespec>(),
@@ -27,9 +58,7 @@ pub(crate) fn wake_all(word: &AtomicU32) {
     let _ = word;
 }
 
-/// Sleeps until `word` is woken, or no longer holds `expected`, or `timeout` passes
-/// (spurious returns are allowed: the caller looks again either way).
-pub(crate) fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+fn wait_at(word: *const u32, expected: u32, timeout: Duration) {
     #[cfg(target_os = "linux")]
     {
         let ts = libc::timespec {
@@ -41,7 +70,7 @@ pub(crate) fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
         unsafe {
             libc::syscall(
                 libc::SYS_futex,
-                word.as_ptr(),
+                word,
                 libc::FUTEX_WAIT,
                 expected,
                 &ts as *const libc::timespec,

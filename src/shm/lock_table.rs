@@ -3,7 +3,8 @@
 use std::borrow::Borrow;
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,28 +27,53 @@ use crate::shm::table::{
 
 type Locks = Table<MappedSlots, ShmEnv>;
 
-/// The hot slots and cold side array of a mapped lock table.
+/// The hot slots and cold side array of a mapped lock table, located once: every
+/// operation reaches its slot through these without re-deriving them from the mapping.
 struct MappedSlots {
-    map: Arc<Mapping>,
+    hot: NonNull<Slot>,
+    cold: NonNull<Cold>,
     len: usize,
+    /// Keeps the slots mapped.
+    _map: Arc<Mapping>,
+}
+
+// SAFETY: the pointers lead into the mapping `_map` keeps alive, which is only reached
+// through atomics (every field of a `Slot` and a `Cold` is one), so sharing them across
+// threads is as sound as sharing the atomics.
+unsafe impl Send for MappedSlots {}
+// SAFETY: as above.
+unsafe impl Sync for MappedSlots {}
+
+impl MappedSlots {
+    fn new(map: Arc<Mapping>, len: usize) -> MappedSlots {
+        let words = map.words();
+        let hot = words.as_ptr().cast::<Slot>();
+        // SAFETY: the body of a lock table is `len` hot slots then `len` cold slots (the
+        // header checked that `slot_count` and the file size agree), so the cold ones start
+        // `len` slots in, inside the mapping.
+        let cold = unsafe { hot.add(len) }.cast::<Cold>();
+        MappedSlots {
+            hot: NonNull::new(hot.cast_mut()).expect("mapped"),
+            cold: NonNull::new(cold.cast_mut()).expect("mapped"),
+            len,
+            _map: map,
+        }
+    }
 }
 
 impl table::Slots for MappedSlots {
-    #[inline]
+    #[inline(always)]
     fn hot(&self) -> &[Slot] {
-        let words = self.map.words();
-        // SAFETY: the body of a lock table is `len` hot slots then `len` cold slots (the
-        // header checked that `slot_count` and the file size agree); it starts on a page
-        // boundary, so every slot is 64-byte aligned; every bit pattern of a slot (atomic
-        // integers only) is valid; the slice borrows the mapping.
-        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<Slot>(), self.len) }
+        // SAFETY: `len` hot slots at `hot` (see `new`); the body starts on a page boundary,
+        // so every slot is 64-byte aligned; every bit pattern of a slot (atomic integers
+        // only) is valid; the slice borrows `self`, which keeps the mapping.
+        unsafe { std::slice::from_raw_parts(self.hot.as_ptr(), self.len) }
     }
 
-    #[inline]
+    #[inline(always)]
     fn cold(&self) -> &[Cold] {
-        let words = &self.map.words()[self.len * std::mem::size_of::<Slot>() / 8..];
-        // SAFETY: as above, for the cold slots after the hot ones.
-        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<Cold>(), self.len) }
+        // SAFETY: as above, for the `len` cold slots after the hot ones.
+        unsafe { std::slice::from_raw_parts(self.cold.as_ptr(), self.len) }
     }
 }
 
@@ -67,8 +93,8 @@ impl table::Env for ShmEnv {
     fn is_holder_dead(&self, owner: OwnerId, lease: u64) -> bool {
         self.att.is_dead_at(owner, Some((lease >> 32) as u32))
     }
-    fn wake_all(&self, word: &AtomicU32) {
-        futex::wake_all(word);
+    fn wake_all(&self, word: &AtomicU64) {
+        futex::wake_all_low(word);
     }
     fn reaps_dead_holders(&self) -> bool {
         self.att.judges()
@@ -218,10 +244,7 @@ impl LockTable {
             opened.registered,
             options.liveness,
         );
-        let slots = MappedSlots {
-            map,
-            len: header.slot_count as usize,
-        };
+        let slots = MappedSlots::new(map, header.slot_count as usize);
         Ok(LockTable {
             inner: Arc::new(Inner {
                 table: Table::new(slots, ShmEnv { att }),
@@ -254,7 +277,7 @@ impl LockTable {
     }
 
     /// How many keys can be held at once (fixed when the file was created). The table has
-    /// twice as many slots, so probes stay short even when it is this full.
+    /// four times as many slots, so most keys sit at their home even when it is this full.
     pub fn capacity(&self) -> usize {
         self.inner.header.capacity as usize
     }
@@ -661,7 +684,7 @@ impl Backend for LockTable {
         match table.prepare_wait(&busy.0) {
             Prepared::Sleep(seen) => {
                 let t = Instant::now();
-                futex::wait(table.wait_word(busy.0.home), seen, step);
+                futex::wait_low(table.wait_word(busy.0.slot), seen, step);
                 let used = t.elapsed();
                 // The wait word is the home's, shared with other keys: a wake from a
                 // release of another key says nothing about this holder, which may be

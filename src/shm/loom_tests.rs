@@ -46,6 +46,21 @@ impl ModelEnv {
     fn kill(&self, pid: u32) {
         self.dead.fetch_or(1 << pid, Ordering::SeqCst);
     }
+
+    /// The kernel's `FUTEX_WAIT` on a slot's control word, as a model: a sleeper that
+    /// finds the low half still reading `low` stays asleep until a wake-up comes after it
+    /// looked (the kernel checks the value and queues the sleeper under one lock, so a
+    /// wake-up after the check always finds it). Any wake-up counts (a futex may wake
+    /// spuriously); a lost one is a sleeper that spins forever, which loom reports.
+    fn futex_wait(&self, word: &AtomicU64, low: u32) {
+        let woken = self.wakes.load(Ordering::SeqCst);
+        if word.load(Ordering::SeqCst) as u32 != low {
+            return;
+        }
+        while self.wakes.load(Ordering::SeqCst) == woken {
+            thread::yield_now();
+        }
+    }
 }
 
 impl Env for ModelEnv {
@@ -58,7 +73,7 @@ impl Env for ModelEnv {
             && owner.entry() < 64
             && self.dead.load(Ordering::SeqCst) & (1 << owner.entry()) != 0
     }
-    fn wake_all(&self, _word: &AtomicU32) {
+    fn wake_all(&self, _word: &AtomicU64) {
         self.wakes.fetch_add(1, Ordering::SeqCst);
     }
     fn stalled(&self, _seen: &AtomicU64, _word: Word) -> bool {
@@ -251,6 +266,35 @@ fn release_hole_while_key_changes_hands() {
             .count();
         assert!(won <= 1, "two holders of one key");
         assert_eq!(entries_of(&m.table, k), won);
+    });
+}
+
+/// Model 3c — two claimers of one key inside a reach already raised: the home holds
+/// another key, the slot after it is freed while both claim, and the last slot of the
+/// range is free. One claimer can find the range's second slot taken and pick the third,
+/// the other find it freed and pick it, neither raising the reach nor seeing the other in
+/// pass 1: only the home's claim count sends one of them to look again.
+#[test]
+fn two_claimers_in_a_raised_reach() {
+    loom::model(|| {
+        let m = model(3);
+        let x = take(&m.table, key(0, 3, 1, 5), 9, 1).unwrap();
+        let y = take(&m.table, key(0, 3, 2, 6), 8, 2).unwrap();
+        let z = take(&m.table, key(0, 3, 3, 4), 7, 3).unwrap();
+        assert_eq!((x.slot, y.slot, z.slot), (0, 1, 2));
+        m.table.release(&z).unwrap(); // the reach stays 2
+        let k = key(0, 3, 4, 7);
+        let t = m.table.clone();
+        let hole = thread::spawn(move || t.release(&y).unwrap());
+        let ts = claimers(&m.table, k, 1);
+        hole.join().unwrap();
+        let won: Vec<Held> = ts.into_iter().filter_map(|t| t.join().unwrap()).collect();
+        assert!(won.len() <= 1, "two holders of one key");
+        assert!(entries_of(&m.table, k) <= 1);
+        for h in &won {
+            m.table.release(h).unwrap();
+        }
+        m.table.release(&x).unwrap();
     });
 }
 
@@ -503,10 +547,9 @@ fn death_at_every_step() {
     }
 }
 
-/// Model 8 — the wait word: a waiter that flags the entry and sleeps is always woken by
-/// the release, even when the holder renews (EXTENDING) in between. The futex is modelled
-/// as "sleep while the word still reads the value seen": a lost wake-up is a waiter that
-/// spins forever, which loom reports.
+/// Model 8 — waiting: a waiter that flags the entry and sleeps is always woken by the
+/// release, even when the holder renews (EXTENDING) in between (see
+/// `ModelEnv::futex_wait` for the futex on the slot's control word).
 #[test]
 fn no_lost_wakeup() {
     loom::model(|| {
@@ -518,20 +561,56 @@ fn no_lost_wakeup() {
             t.extend(&mut h, LEASE).unwrap();
             t.release(&h).unwrap();
         });
-        let t = m.table.clone();
+        let (t, env) = (m.table.clone(), m.env.clone());
         let waiter = thread::spawn(move || {
             let r = req(k, 2, 2);
             loop {
                 match t.try_acquire(&r).unwrap() {
                     Attempt::Acquired(h) => return h,
                     Attempt::Busy(b) => match t.prepare_wait(&b) {
-                        Prepared::Sleep(seen) => {
-                            while t.wait_word(b.home).load(Ordering::SeqCst) == seen {
-                                thread::yield_now();
-                            }
-                        }
+                        Prepared::Sleep(low) => env.futex_wait(t.wait_word(b.slot), low),
                         Prepared::Changed | Prepared::Poll => thread::yield_now(),
                     },
+                }
+            }
+        });
+        holder.join().unwrap();
+        let h = waiter.join().unwrap();
+        m.table.release(&h).unwrap();
+    });
+}
+
+/// Model 8b — waiting on a key its holder keeps taking again: the waiter's attempt saw one
+/// hold, the holder released it and took the key again before the waiter flagged it; the
+/// waiter flags the new hold (not the one it saw) and sleeps, and the new hold's release
+/// wakes it. A waiter sent back to try again (the key was free for a moment) may win the
+/// key at once instead; either way it never sleeps through the last release.
+#[test]
+fn a_waiter_flags_the_holders_next_hold_of_the_key() {
+    loom::model(|| {
+        let m = model(2);
+        let k = key(0, 2, 1, 4);
+        let first = take(&m.table, k, 1, 1).unwrap();
+        let r = req(k, 2, 2);
+        let seen = busy(m.table.try_acquire(&r).unwrap()).unwrap();
+        let t = m.table.clone();
+        let holder = thread::spawn(move || {
+            t.release(&first).unwrap();
+            if let Some(again) = take(&t, k, 1, 1) {
+                t.release(&again).unwrap();
+            }
+        });
+        let (t, env) = (m.table.clone(), m.env.clone());
+        let waiter = thread::spawn(move || {
+            let mut b = seen;
+            loop {
+                match t.prepare_wait(&b) {
+                    Prepared::Sleep(low) => env.futex_wait(t.wait_word(b.slot), low),
+                    Prepared::Changed | Prepared::Poll => {}
+                }
+                match t.try_acquire(&r).unwrap() {
+                    Attempt::Acquired(h) => return h,
+                    Attempt::Busy(next) => b = next,
                 }
             }
         });

@@ -2,7 +2,7 @@
 //!
 //! The hot slot is one cache line: everything the claim path reads and writes (control
 //! word, key hash, deadline, lease) and the per-home words (`fence`, the overflow of
-//! `reach`, `wait`) that belong to the keys whose home is this slot, whatever the slot
+//! `reach`) that belong to the keys whose home is this slot, whatever the slot
 //! itself holds. An uncontended lock and unlock of a key at its home touch this one line.
 //! What only inspection reads (key preview, fencing token shown) lives in a cold slot of
 //! a side array, written when a key first moves into the slot and when a token is taken,
@@ -34,12 +34,13 @@ pub(crate) struct Slot {
     /// When the current hold began (table clock, ns): for inspection, but free to write
     /// here, in the line the claim writes anyway.
     pub acquired_at: AtomicU64,
-    /// Home word: fencing counter of the keys whose home is this slot.
+    /// Home word: the claim count of the keys whose home is this slot, counted by every
+    /// claim that scans (see `table.rs`), and their fencing counter.
     pub fence: AtomicU64,
     /// Home word: the reach of this home when it does not fit the control word's 5 bits.
     pub reach: AtomicU32,
-    /// Home word: futex word the waiters of this home's keys sleep on.
-    pub wait: AtomicU32,
+    /// Zero (waiters sleep on the control word itself).
+    pub reserved: AtomicU32,
 }
 
 /// What only inspection reads of a slot.
@@ -68,7 +69,7 @@ const _: () = {
     assert!(align_of::<Slot>() == 64 && align_of::<Cold>() == 64);
     assert!(offset_of!(Slot, control) == 0);
     assert!(offset_of!(Slot, reach) == 56);
-    assert!(offset_of!(Slot, wait) == 60);
+    assert!(offset_of!(Slot, reserved) == 60);
     assert!(offset_of!(Cold, preview) == 32);
 };
 
@@ -142,8 +143,9 @@ pub(crate) enum State {
 ///   transition of the entry.
 /// * `tag` is 7 bits of the key hash, so a scanner can skip most foreign entries without
 ///   reading their hash, and recognise a CLAIMING entry whose hash may not be written yet.
-/// * `waiters` is set by a waiter about to sleep on the home's futex word; whoever frees
-///   the entry wakes them.
+/// * `waiters` is set by a waiter about to sleep on this word: a futex on its low half
+///   (state, waiters, tag, reach, the owner's low bits). Whoever moves a flagged entry off
+///   its key wakes them; a renewal or a check that keeps the hold keeps the bit.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Word(pub u64);
 

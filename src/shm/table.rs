@@ -1,7 +1,7 @@
 //! The slot protocol: how a key is claimed, held, extended, released, stolen and broken.
 //!
 //! The table is a fixed array of [`Slot`]s, open-addressed by a 128-bit seeded hash of the
-//! key, with twice as many slots as the capacity asked for (so it is at most half full
+//! key, with four times as many slots as the capacity asked for (so it is at most a quarter full
 //! and probes stay short). A key's *home* is `hash * len >> 64`; its entry lives at some
 //! distance `d` from home, with `d <= reach(home)`, where `reach` is a per-home high-water
 //! mark, kept in the home's control word, that only grows and is raised *before* an entry
@@ -51,36 +51,40 @@
 //!
 //! # Why two live entries of one key cannot exist
 //!
-//! A claimer publishes a CLAIMING entry, then a `SeqCst` fence, then rescans the key's
-//! whole range (the store-load pattern of Dekker's algorithm): of two claimers' fences one
-//! comes first in the single order of `SeqCst` fences, and the other's rescan sees the
-//! first's claim (and its raised reach, raised before the claim). A freed slot earlier in
-//! the range (the "release hole") changes nothing: nobody stops at the first free slot
-//! when looking for the key. Conflicts resolve by distance from home: a claimer that sees
+//! A claimer reads its home's claim count (the home's `fence` word), scans the key's
+//! whole range (pass 1), publishes a CLAIMING entry (or a HELD one, below), and then counts
+//! its claim with an RMW of that same word. RMWs of one location are totally ordered and
+//! each reads the one before, so of two claimers of a key the later count reads the
+//! earlier (release/acquire): the earlier claim happened before the later claimer's
+//! look after its count. A claimer whose count finds the word as it read it before pass 1
+//! had no rival in flight (a rival that counted earlier published before that read, so
+//! pass 1 saw it; one that counts later reads this count, and looks again); otherwise it
+//! rescans the range (pass 2) and defers to what it finds. A freed slot earlier in the
+//! range (the "release hole") changes nothing: nobody stops at the first free slot when
+//! looking for the key. Conflicts resolve by distance from home: a claimer that sees
 //! a CLAIMING entry of its key (by tag) nearer home withdraws; one that sees it farther
 //! away waits for it to resolve; one that sees a live HELD entry of its key withdraws.
 //! Waits only point away from home, so they cannot form a cycle, and a claimer that cannot
-//! wait any longer withdraws, which is always safe.
+//! wait any longer withdraws, which is always safe. The count is 64 bits and never wraps;
+//! fencing tokens are taken from the same word (they only grow, and skip what claims
+//! counted).
 //!
 //! The common case, a key whose home is free and has reach 0, claims the home word from
-//! exactly "free, reach 0", and needs neither fence nor rescan: a rival that must place
+//! exactly "free, reach 0", and needs neither count nor scan: a rival that must place
 //! the key farther out raises the reach with an RMW of that same word first, so either our
 //! CAS fails or the rival's raise reads our CLAIMING entry (RMWs of one word are totally
-//! ordered, each reading the one before) and its rescan defers to it. When the free
+//! ordered, each reading the one before) and its rescan (a claimer that raised the reach
+//! always rescans) defers to it. When the free
 //! home's fields already hold exactly what the claim would write (the same thread took
 //! the same key there within the same clock tick: hash, lease, deadline), the claim goes
 //! from FREE to HELD in that one CAS: a free slot's fields change only under an owner, so
-//! they cannot change between the reads and a CAS that finds the slot still free. A free
-//! home with a non-zero reach is claimed at once too, then rescanned as any claim is.
+//! they cannot change between the reads and a CAS that finds the slot still free.
 //!
 //! What loom proves here and what it cannot: loom checks every interleaving and every
 //! value an acquire/release execution allows, and it models `SeqCst` fences, but it
 //! models `SeqCst` accesses as `AcqRel` (it has no single total order of them). The
-//! argument above therefore rests only on `SeqCst` fences, RMWs of one location and
-//! acquire/release, all of which loom models; the `SeqCst` accesses in the code are belt
-//! and braces (in the C++ model they alone would order the claims). On x86 the fence
-//! after a locked CAS costs a second full barrier; that price is paid on the slow path
-//! only. Loom does not model time (the clock is driven by the models), the kernel's locks
+//! argument above therefore rests only on RMWs of one location and acquire/release, all
+//! of which loom models; the `SeqCst` accesses in the code are belt and braces. Loom does not model time (the clock is driven by the models), the kernel's locks
 //! (a fake registry lock table), or processes (threads stand in, a "crash" unwinds a
 //! thread at a chosen step and never runs it again).
 //!
@@ -95,9 +99,7 @@
 //! of one key blocks another key: `reach` and the home words are single atomic updates.
 
 use crate::shm::clock::deadline;
-use crate::shm::primitive::{
-    crash_point, fence, spin, AtomicU32, AtomicU64, Ordering, SETTLE_ROUNDS,
-};
+use crate::shm::primitive::{crash_point, fence, spin, AtomicU64, Ordering, SETTLE_ROUNDS};
 use crate::shm::registry::OwnerId;
 use crate::shm::slot::{Cold, Slot, State, Word, REACH_OVERFLOW, WAITERS};
 
@@ -147,8 +149,9 @@ pub(crate) trait Env {
         let _ = lease;
         self.is_dead(owner)
     }
-    /// Wakes the processes sleeping on a home's wait word.
-    fn wake_all(&self, word: &AtomicU32);
+    /// Wakes the processes asleep on a slot's control word (a futex on the half of it
+    /// that holds the state and the waiters bit).
+    fn wake_all(&self, word: &AtomicU64);
     /// Whether a held key whose holder died is taken before its lease ends (the default;
     /// `OpenOptions::liveness(false)` waits for the lease). Entries a dead owner left in
     /// between states are freed either way: nothing else ever frees them.
@@ -191,6 +194,8 @@ pub(crate) struct Busy {
     pub slot: usize,
     pub home: usize,
     pub word: Word,
+    /// The key that was busy.
+    pub hash: KeyHash,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -244,8 +249,9 @@ enum Seen {
 /// What a waiter should do after [`Table::prepare_wait`].
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Prepared {
-    /// Sleep on the home's wait word while it still reads this value: whoever frees the
-    /// entry will change it and wake the sleepers.
+    /// Sleep on the busy slot's control word while its low half (state, waiters bit, tag,
+    /// owner) still reads this value: whoever moves the flagged entry off the key wakes
+    /// the sleepers.
     Sleep(u32),
     /// The entry is no longer the one that was busy: try again now.
     Changed,
@@ -443,7 +449,7 @@ impl<S: Slots, E: Env> Table<S, E> {
                 Ok(_) => {
                     crash_point();
                     if cur.has_waiters() {
-                        self.wake_from(i, cur);
+                        self.wake(i);
                     }
                     return true;
                 }
@@ -451,24 +457,6 @@ impl<S: Slots, E: Env> Table<S, E> {
                 Err(_) => return false,
             }
         }
-    }
-
-    /// Wakes the waiters of the entry `c` in slot `i`, whose home comes from its hash.
-    fn wake_from(&self, i: usize, c: Word) {
-        let slots = self.slots();
-        // Only HELD (EXTENDING, STEALING) words carry the waiters bit, and their hash is
-        // published with them; a damaged file may say otherwise: then wake slot i's home.
-        let slot = &slots[i];
-        let hash = KeyHash {
-            lo: slot.hash_lo.load(Ordering::Relaxed),
-            hi: slot.hash_hi.load(Ordering::Relaxed),
-        };
-        let home = if matches!(c.state(), State::Held | State::Extending | State::Stealing) {
-            hash.home(slots.len())
-        } else {
-            i
-        };
-        self.wake(home);
     }
 
     /// Frees an entry that is no longer its owner's to keep (dead owner, forced).
@@ -527,7 +515,7 @@ impl<S: Slots, E: Env> Table<S, E> {
                 Ok(_) => {
                     crash_point();
                     if doomed && cur.has_waiters() {
-                        self.wake_from(i, cur);
+                        self.wake(i);
                     }
                     return doomed;
                 }
@@ -537,11 +525,10 @@ impl<S: Slots, E: Env> Table<S, E> {
         }
     }
 
-    fn wake(&self, home: usize) {
-        let word = &self.slots()[home].wait;
-        word.fetch_add(1, Ordering::SeqCst);
-        crash_point();
-        self.env.wake_all(word);
+    /// Wakes the processes asleep on slot `i`'s control word (they flagged the entry that
+    /// just left it).
+    fn wake(&self, i: usize) {
+        self.env.wake_all(&self.slots()[i].control);
     }
 
     /// One attempt to take `req.key`, without waiting for a holder.
@@ -665,7 +652,7 @@ impl<S: Slots, E: Env> Table<S, E> {
                     crash_point();
                     if cur.has_waiters() {
                         let i = self.index_of(slot);
-                        self.wake_from(i, cur);
+                        self.wake(i);
                     }
                     return;
                 }
@@ -715,19 +702,31 @@ impl<S: Slots, E: Env> Table<S, E> {
         let hash = req.hash;
         let home = hash.home(n);
         let now = self.now();
+        // The key held at its home, as a waiter finds it again and again: say so after
+        // one look at the home's line (what pass 1 would find there first).
+        let hc = self.word(home, Ordering::Acquire);
+        if hc.state() == State::Held && hc.tag() == hash.tag() {
+            if let Seen::Key = self.examine(&slots[home], hc, hash, now) {
+                return Ok(Attempt::Busy(busy(home, home, hc, hash)));
+            }
+        }
         let mut restarts = 0;
         'restart: loop {
+            // The home's claim count, read before anything else: a claimer of one of this
+            // home's keys that counted its claim before this read published it before,
+            // so pass 1 sees it (see "Why two live entries of one key cannot exist").
+            let claims = slots[home].fence.load(Ordering::SeqCst);
             let reach = self.reach(home, Ordering::Acquire);
             let mut free = None;
-            // A free home is the nearest place there is: claim it at once and let pass 2,
-            // which is decisive anyway, find the key held elsewhere if it is.
+            // A free home is the nearest place there is.
             let hc = self.word(home, Ordering::SeqCst);
             if hc.state() == State::Free && !cfg!(shmlock_broken) {
                 free = Some((0, hc));
             }
-            // Pass 1 (advisory): is the key held, and where is the first free slot?
+            // Pass 1: is the key held anywhere in its range, and where is the first free
+            // slot?
             let mut d = 0;
-            while d < n && free.is_none_or(|(fd, _)| fd != 0) {
+            while d < n {
                 if d > reach && free.is_some() {
                     break;
                 }
@@ -745,14 +744,15 @@ impl<S: Slots, E: Env> Table<S, E> {
                     }
                     Seen::Changed => continue,
                     // Beyond the reach read above, an entry of the key can only belong to a
-                    // claimer that published after that read; pass 2 sees it.
+                    // claimer that published after that read: its count moves the home's
+                    // claim count, and pass 2 sees it.
                     _ if d > reach => {}
                     Seen::Other => {}
                     Seen::Claiming => match self.settle(i, c) {
                         Some(_) => continue,
-                        None => return Ok(Attempt::Busy(busy(i, home, c))),
+                        None => return Ok(Attempt::Busy(busy(i, home, c, hash))),
                     },
-                    Seen::Key => return Ok(Attempt::Busy(busy(i, home, c))),
+                    Seen::Key => return Ok(Attempt::Busy(busy(i, home, c, hash))),
                     Seen::Expired => {
                         self.steal(i, c);
                         continue;
@@ -772,7 +772,8 @@ impl<S: Slots, E: Env> Table<S, E> {
             };
 
             // Claim: make room in the reach first, so every later scan covers our slot.
-            if fd > reach {
+            let raised = fd > reach;
+            if raised {
                 self.raise_reach(home, fd);
             }
             let fi = self.at(home, fd);
@@ -791,15 +792,24 @@ impl<S: Slots, E: Env> Table<S, E> {
                 continue 'restart;
             }
             crash_point();
-            // Orders this claim before the rescan, against every other claimer's fence (of
-            // two claimers of a key, the later fence's rescan sees the earlier claim).
-            fence(Ordering::SeqCst);
+            // Count the claim at the home (an RMW of one word every slow claim of this
+            // home's keys makes: they are totally ordered, and each reads the one before).
+            // Of two claimers of a key, the later count reads the earlier, so its rescan
+            // sees the earlier claim. A count that finds no claim since this claimer's pass
+            // 1 began means no rival was in flight: pass 1 was decisive. A raised reach
+            // may have met a claim at the home on the fast path, which counts nothing.
+            let rivals = slots[home].fence.fetch_add(1, Ordering::SeqCst) != claims || raised;
+            crash_point();
             if !direct {
                 self.fill(fi, req, now);
             }
 
-            // Pass 2 (decisive): after publishing, look at the whole range again.
-            let range = self.reach(home, Ordering::SeqCst).max(fd);
+            // Pass 2 (decisive when a rival was in flight): look at the whole range again.
+            let range = if rivals {
+                self.reach(home, Ordering::SeqCst).max(fd)
+            } else {
+                0
+            };
             // The broken variant trusts pass 1 and skips the rescan.
             #[cfg(shmlock_broken)]
             let range = {
@@ -807,7 +817,7 @@ impl<S: Slots, E: Env> Table<S, E> {
                 0
             };
             let mut d = 0;
-            while d <= range {
+            while rivals && d <= range {
                 if d == fd {
                     d += 1;
                     continue;
@@ -827,7 +837,7 @@ impl<S: Slots, E: Env> Table<S, E> {
                     }
                     Seen::Key => {
                         self.withdraw(slot, claiming);
-                        return Ok(Attempt::Busy(busy(i, home, c)));
+                        return Ok(Attempt::Busy(busy(i, home, c, hash)));
                     }
                     Seen::Claiming if d < fd => {
                         // A rival nearer home has priority: step aside, let it finish.
@@ -835,7 +845,7 @@ impl<S: Slots, E: Env> Table<S, E> {
                         let settled = self.settle(i, c);
                         restarts += 1;
                         if settled.is_none() || restarts > MAX_RESTARTS {
-                            return Ok(Attempt::Busy(busy(i, home, c)));
+                            return Ok(Attempt::Busy(busy(i, home, c, hash)));
                         }
                         continue 'restart;
                     }
@@ -844,7 +854,7 @@ impl<S: Slots, E: Env> Table<S, E> {
                         None => {
                             // The rival farther out may not have seen us: we cannot proceed.
                             self.withdraw(slot, claiming);
-                            return Ok(Attempt::Busy(busy(i, home, c)));
+                            return Ok(Attempt::Busy(busy(i, home, c, hash)));
                         }
                     },
                 }
@@ -856,7 +866,7 @@ impl<S: Slots, E: Env> Table<S, E> {
                 self.withdraw(slot, claiming);
                 restarts += 1;
                 if restarts > MAX_RESTARTS {
-                    return Ok(Attempt::Busy(busy(fi, home, claiming)));
+                    return Ok(Attempt::Busy(busy(fi, home, claiming, hash)));
                 }
                 continue 'restart;
             } else if direct {
@@ -878,7 +888,7 @@ impl<S: Slots, E: Env> Table<S, E> {
                 Err(Lost) => {
                     restarts += 1;
                     if restarts > MAX_RESTARTS {
-                        return Ok(Attempt::Busy(busy(fi, home, claiming)));
+                        return Ok(Attempt::Busy(busy(fi, home, claiming, hash)));
                     }
                     continue 'restart;
                 }
@@ -972,51 +982,51 @@ impl<S: Slots, E: Env> Table<S, E> {
         }
     }
 
-    /// Before sleeping on a busy key: flags the entry as waited on and returns the wait-word
-    /// value to sleep on. The value is read before the flag is checked or set, so a release
-    /// after the flag changes it, and the kernel refuses the sleep or ends it: no lost
-    /// wake-up. (A release before the flag makes the flagging CAS fail: `Changed`.)
+    /// Before sleeping on a busy key: flags the busy slot's word as waited on, and says
+    /// what to do. The flag is set by one RMW on whatever the word is now (`lock or` on
+    /// x86: no load first, no CAS to fail while the holder cycles), then the word is read
+    /// back; only a hold of this key is slept on: the slot's control word while its low
+    /// half (state, waiters bit, tag, reach, the owner's low bits) still reads as it does
+    /// now. Whoever moves a flagged entry off its key wakes the sleepers on that word, and
+    /// a move before the sleep changes the low half, so the kernel refuses the sleep: no
+    /// lost wake-up. A bit left on a word that is not a hold (free, claimed, being
+    /// checked) is harmless: claims, promotions and frees drop it, and it costs at most a
+    /// wake-up nobody waits for.
     pub(crate) fn prepare_wait(&self, b: &Busy) -> Prepared {
-        let slots = self.slots();
-        let seen = slots[b.home].wait.load(Ordering::SeqCst);
-        let slot = &slots[b.slot];
-        // A held entry is flagged by one CAS from the word the attempt saw (which also
-        // checks it is still there): a load first would move the holder's line twice.
-        let mut c = if b.word.state() == State::Held {
-            b.word
-        } else {
-            Word(slot.control.load(Ordering::SeqCst))
-        };
-        loop {
-            if c.ident() != b.word.ident() {
+        let slot = &self.slots()[b.slot];
+        slot.control.fetch_or(WAITERS, Ordering::SeqCst);
+        crash_point();
+        let c = Word(slot.control.load(Ordering::SeqCst));
+        match c.state() {
+            State::Held => {}
+            // A claim, a renewal or a check in progress: look again soon.
+            State::Claiming | State::Extending | State::Stealing => return Prepared::Poll,
+            State::Free | State::Broken => return Prepared::Changed,
+        }
+        if c.ident() != b.word.ident() {
+            // Another hold: wait on it only if it is a hold of this very key (its holder
+            // took it again meanwhile).
+            if c.tag() != b.word.tag() || self.hash_of(slot, c) != Some(b.hash) {
                 return Prepared::Changed;
             }
-            if c.state() != State::Held {
-                return Prepared::Poll;
-            }
-            match slot.control.compare_exchange(
-                c.0,
-                c.0 | WAITERS,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
-                Ok(_) => break,
-                Err(now) => c = Word(now),
-            }
         }
-        crash_point();
-        Prepared::Sleep(seen)
+        if !c.has_waiters() {
+            return Prepared::Changed; // moved on between the flag and the read
+        }
+        Prepared::Sleep(c.0 as u32)
     }
 
-    /// Whether the entry that made an attempt busy has changed since (one read).
+    /// Whether the key may be free now: the busy slot no longer holds a hold of it (one
+    /// read, no write). A holder that released and took the key again counts as holding.
     #[inline]
     pub(crate) fn moved_on(&self, b: &Busy) -> bool {
-        self.word(b.slot, Ordering::Relaxed).ident() != b.word.ident()
+        let w = self.word(b.slot, Ordering::Relaxed);
+        w.state() != State::Held || w.tag() != b.word.tag()
     }
 
-    /// The wait word of a home (what [`Prepared::Sleep`] refers to).
-    pub(crate) fn wait_word(&self, home: usize) -> &AtomicU32 {
-        &self.slots()[home].wait
+    /// The control word a waiter on slot `i` sleeps on (see [`Prepared::Sleep`]).
+    pub(crate) fn wait_word(&self, i: usize) -> &AtomicU64 {
+        &self.slots()[i].control
     }
 
     /// The slot word as the holder of `held` may act on it: a check of this very hold in
@@ -1056,7 +1066,7 @@ impl<S: Slots, E: Env> Table<S, E> {
             {
                 crash_point();
                 if c.has_waiters() {
-                    self.wake(held.home);
+                    self.wake(held.slot);
                 }
                 return Ok(());
             }
@@ -1185,7 +1195,7 @@ impl<S: Slots, E: Env> Table<S, E> {
             match self.examine(&slots[i], c, hash, now) {
                 Seen::Changed => continue,
                 // held until the check ends, and most likely after it
-                Seen::Key | Seen::Stealing => return Some(busy(i, home, c)),
+                Seen::Key | Seen::Stealing => return Some(busy(i, home, c, hash)),
                 _ => {}
             }
             d += 1;
@@ -1311,8 +1321,13 @@ fn token_label(c: Word, lease: u64, acquired_at: u64) -> u64 {
     xxhash_rust::xxh3::xxh3_64(&bytes)
 }
 
-fn busy(slot: usize, home: usize, word: Word) -> Busy {
-    Busy { slot, home, word }
+fn busy(slot: usize, home: usize, word: Word, hash: KeyHash) -> Busy {
+    Busy {
+        slot,
+        home,
+        word,
+        hash,
+    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -1337,7 +1352,7 @@ mod tests {
         fn is_dead(&self, owner: OwnerId) -> bool {
             self.dead.lock().unwrap().contains(&owner)
         }
-        fn wake_all(&self, _: &AtomicU32) {}
+        fn wake_all(&self, _: &AtomicU64) {}
         fn stalled(&self, _: &AtomicU64, _: Word) -> bool {
             self.stalled.get()
         }
