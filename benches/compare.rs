@@ -505,15 +505,6 @@ fn scaling(r: &mut Report, s: &Scale) {
                 shm / mutex
             ),
         );
-        if procs == 2 {
-            r.goal(
-                format!(
-                    "2 processes, distinct keys >= 1.7x one ({:.2}x)",
-                    shm / ones.0
-                ),
-                shm / ones.0 >= 1.7,
-            );
-        }
     }
     let kinds = kinds(&dir, false);
     for procs in [4, 8] {

@@ -162,8 +162,8 @@ fn release_hole_hammered_by_processes() {
             let (home, slot) = table.debug_placement(&target).unwrap();
             drop(fillers);
             // want at least one freed slot strictly between home and the key (a table has
-            // two slots per key of capacity)
-            let n = 2 * table.capacity();
+            // four slots per key of capacity)
+            let n = 4 * table.capacity();
             let dist = (slot + n - home) % n;
             (dist >= 2).then_some((target, held))
         })

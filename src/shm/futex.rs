@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
 
-/// Whether this build can sleep on a wait word (and be woken by another process).
+/// Whether this build can sleep on a word (and be woken by another process).
 pub(crate) const AVAILABLE: bool = cfg!(target_os = "linux");
 
 /// The address of the half of a 64-bit word that holds its low 32 bits: a futex is 32

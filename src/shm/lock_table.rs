@@ -682,20 +682,20 @@ impl Backend for LockTable {
     fn sleep(&self, busy: &ShmBusy, step: Duration) -> (Duration, bool) {
         let table = &self.inner.table;
         match table.prepare_wait(&busy.0) {
-            Prepared::Sleep(seen) => {
+            Prepared::Sleep(low) => {
                 let t = Instant::now();
-                futex::wait_low(table.wait_word(busy.0.slot), seen, step);
+                futex::wait_low(table.wait_word(busy.0.slot), low, step);
                 let used = t.elapsed();
-                // The wait word is the home's, shared with other keys: a wake from a
-                // release of another key says nothing about this holder, which may be
-                // dead. Only a change of this holder's word counts as moved.
+                // Woken early, or refused the sleep: moved on only if the key may be free
+                // now (a holder that took it straight back still holds, and may be dead
+                // by the next look).
                 (used, used < step && table.moved_on(&busy.0))
             }
             Prepared::Changed => (Duration::ZERO, true),
-            // A claim or a renewal in progress lasts microseconds, and nobody can flag it
-            // to be woken: look again soon rather than a whole step later, or a waiter that
-            // met one would sleep out long steps while the ones asleep on the word are
-            // woken at each release and take the key before it (starved for its timeout).
+            // A claim, a renewal or a check in progress lasts microseconds, and nobody sleeps
+            // on it: look again soon rather than a whole step later, or a waiter that met
+            // one would sleep out long steps while the ones asleep on the word are woken at
+            // each release and take the key before it (starved for its timeout).
             Prepared::Poll => {
                 let nap = step.min(TRANSIENT_POLL);
                 std::thread::sleep(nap);
