@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Makes sure the tools the process tests drive are installed (Debian packages): gdb, which
-# tests/adversarial.rs uses to stop a process at one exact instruction.
+# stops a process at one exact instruction or system call (tests/adversarial*.rs), and
+# strace, which counts a process's system calls (tests/adversarial6.rs).
 set -euo pipefail
-command -v gdb >/dev/null 2>&1 && exit 0
+missing=()
+for tool in gdb strace; do
+    command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-    echo "missing: gdb: install it (Debian/Ubuntu: apt-get install gdb)" >&2
+    echo "missing: ${missing[*]}: install them (Debian/Ubuntu: apt-get install ${missing[*]})" >&2
     exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >/dev/null
-apt-get install -y -qq --no-install-recommends gdb >/dev/null
-command -v gdb >/dev/null
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+for tool in "${missing[@]}"; do
+    command -v "$tool" >/dev/null
+done

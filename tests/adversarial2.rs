@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use common::fork::{fork, Child, Shared};
 use common::harness::Test;
+use common::word::{gen, ident, state, GEN_MASK};
 use common::TempPath;
 use shmlock::{Error, LockOptions, LockTable};
 
@@ -223,19 +224,6 @@ impl Watch {
         unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add(at).cast::<u64>()) }
             .load(Ordering::SeqCst)
     }
-}
-
-const GEN_SHIFT: u32 = 38;
-const GEN_MASK: u64 = (1 << 26) - 1;
-/// The control word without its waiters and reach bits (`Word::ident`).
-fn ident(w: u64) -> u64 {
-    w & !((1 << 3) | (0x1f << 11))
-}
-fn gen(w: u64) -> u64 {
-    (w >> GEN_SHIFT) & GEN_MASK
-}
-fn state(w: u64) -> u64 {
-    w & 7
 }
 
 // ---------------------------------------------------------------------------------------

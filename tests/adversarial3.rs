@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::fork::{fork, xorshift, Child, Shared};
 use common::harness::Test;
+use common::word::{gen, ident, state, GEN_MASK};
 use common::TempPath;
 use shmlock::{Error, LockOptions, LockTable};
 
@@ -187,10 +188,6 @@ impl Watch {
     fn control(&self, slot: usize) -> u64 {
         self.word(slot, 0)
     }
-}
-
-fn state(w: u64) -> u64 {
-    w & 7
 }
 
 /// Where this process mapped `path` at file offset 4096 (the registry).
@@ -1198,13 +1195,4 @@ fn second_order_wrap_frees_a_live_hold() {
         !s1_got,
         "two live holders: S1 freed the live H2 once the word came round and S3 froze it"
     );
-}
-
-const GEN_SHIFT: u32 = 38;
-const GEN_MASK: u64 = (1 << 26) - 1;
-fn ident(w: u64) -> u64 {
-    w & !((1 << 3) | (0x1f << 11))
-}
-fn gen(w: u64) -> u64 {
-    (w >> GEN_SHIFT) & GEN_MASK
 }

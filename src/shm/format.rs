@@ -36,7 +36,7 @@ use crate::error::{Error, FormatError};
 
 pub(crate) const MAGIC: [u8; 8] = *b"SHMLOCK\0";
 pub(crate) const DICT_MAGIC: [u8; 8] = *b"SHMDICT\0";
-pub(crate) const VERSION: u32 = 4;
+pub(crate) const VERSION: u32 = 5;
 pub(crate) const HEADER_SIZE: usize = 4096;
 const PAGE: u64 = 4096;
 /// Bytes of a lock table's hot slot, and of its cold one.

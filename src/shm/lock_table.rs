@@ -554,13 +554,17 @@ impl Holder {
     }
 }
 
+/// How long a waiter sleeps before looking again at a claim or renewal in progress.
+const TRANSIENT_POLL: Duration = Duration::from_millis(1);
+
+/// The coarse clock's resolution at the usual 250 Hz (a deadline is seen passed up to one
+/// tick late).
+const CLOCK_TICK: Duration = Duration::from_millis(4);
+
 /// The calling thread's number within the process, which every hold it takes carries as
 /// its lease: with the entry's owner and generation it tells the holder's holds from those
 /// of the process's other threads. (The same for every hold of one thread, so a thread
 /// that takes its key again within a clock tick finds the slot's fields already right.)
-/// How long a waiter sleeps before looking again at a claim or renewal in progress.
-const TRANSIENT_POLL: Duration = Duration::from_millis(1);
-
 fn thread_lease() -> u64 {
     static THREADS: AtomicU64 = AtomicU64::new(1);
     thread_local! {
@@ -683,6 +687,12 @@ impl Backend for LockTable {
         let table = &self.inner.table;
         match table.prepare_wait(&busy.0) {
             Prepared::Sleep(low) => {
+                // Sleep no later than the lease's end (and one tick of the coarse clock
+                // past it): an expiry wakes nobody.
+                let step = match table.lease_left(&busy.0) {
+                    Some(left) => step.min(left + CLOCK_TICK),
+                    None => step,
+                };
                 let t = Instant::now();
                 futex::wait_low(table.wait_word(busy.0.slot), low, step);
                 let used = t.elapsed();

@@ -38,7 +38,8 @@ struct Cell {
     /// A random non-zero number naming this process image, and none of its children.
     token: AtomicU64,
     pid: AtomicU32,
-    /// Anchors being set up (low bits), and whether a `fork` waits for them ([`FORKING`]).
+    /// Anchors being set up (lower half) and forks waiting for them (upper half, in units
+    /// of [`FORKING`]).
     setting_up: AtomicU32,
 }
 
@@ -62,20 +63,24 @@ extern "C" fn in_forked_child() {
     cell().setting_up.store(0, Ordering::Relaxed);
 }
 
-const FORKING: u32 = 1 << 31;
+/// One `fork` under way, in the upper half of `setting_up` (anchors being set up count in
+/// the lower half). Forks are counted, not flagged: two threads may fork at once, and a
+/// signal handler may fork while its thread waits here.
+const FORKING: u32 = 1 << 16;
+const SETUPS: u32 = FORKING - 1;
 
 extern "C" fn before_fork() {
     // Keep new anchors from starting, then wait for those being set up (a few system
     // calls each, made with signals blocked: never by this very thread).
     let setting_up = &cell().setting_up;
-    setting_up.fetch_or(FORKING, Ordering::Acquire);
-    while setting_up.load(Ordering::Acquire) != FORKING {
+    setting_up.fetch_add(FORKING, Ordering::Acquire);
+    while setting_up.load(Ordering::Acquire) & SETUPS != 0 {
         std::thread::yield_now();
     }
 }
 
 extern "C" fn after_fork_in_parent() {
-    cell().setting_up.fetch_and(!FORKING, Ordering::Release);
+    cell().setting_up.fetch_sub(FORKING, Ordering::Release);
 }
 
 /// Held while an anchor's descriptor exists (see `anchor.rs`): a `fork` through the libc
@@ -101,7 +106,7 @@ impl NoFork {
         let setting_up = &cell().setting_up;
         let mut cur = setting_up.load(Ordering::Relaxed);
         loop {
-            if cur & FORKING != 0 {
+            if cur & !SETUPS != 0 {
                 std::thread::yield_now();
                 cur = setting_up.load(Ordering::Relaxed);
                 continue;

@@ -126,14 +126,14 @@ pub(crate) enum State {
 /// The control word of a slot:
 ///
 /// ```text
-///  63         38 37         16 15      11 10    4    3      2   0
-/// +-------------+-------------+----------+-------+-------+-------+
-/// |   gen (26)  |  owner (22) | reach (5)|tag (7)|waiters| state |
-/// +-------------+-------------+----------+-------+-------+-------+
+///  63   61 60        39 38    32 31                 9 8        4    3      2   0
+/// +-------+------------+--------+--------------------+----------+-------+-------+
+/// |gen hi |  owner (22)|tag (7) |    gen low (23)    | reach (5)|waiters| state |
+/// +-------+------------+--------+--------------------+----------+-------+-------+
 /// ```
 ///
-/// * `gen` grows on every transition of the entry, so a CAS from a value read earlier
-///   fails if anything happened in between.
+/// * `gen` (26 bits: 23 low, 3 high) grows on every transition of the entry, so a CAS from
+///   a value read earlier fails if anything happened in between.
 /// * `owner` is the [`OwnerId`] (registry entry and generation) of the process that owns a
 ///   CLAIMING, HELD, EXTENDING or BROKEN entry.
 /// * `reach` belongs to the slot as a *home*, not to its entry: the greatest distance from
@@ -143,33 +143,42 @@ pub(crate) enum State {
 ///   transition of the entry.
 /// * `tag` is 7 bits of the key hash, so a scanner can skip most foreign entries without
 ///   reading their hash, and recognise a CLAIMING entry whose hash may not be written yet.
-/// * `waiters` is set by a waiter about to sleep on this word: a futex on its low half
-///   (state, waiters, tag, reach, the owner's low bits). Whoever moves a flagged entry off
-///   its key wakes them; a renewal or a check that keeps the hold keeps the bit.
+/// * `waiters` is set by a waiter about to sleep on this word: a futex on its low half,
+///   which holds the state, the waiters bit and the generation's low bits, so that any
+///   transition of the entry changes it (a waiter late to its sleep is refused it, even
+///   if the slot holds another hold of the same tag and owner by then). Whoever moves a
+///   flagged entry off its key wakes them; a renewal or a check that keeps the hold keeps
+///   the bit.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Word(pub u64);
 
 const STATE_MASK: u64 = 0b111;
 pub(crate) const WAITERS: u64 = 1 << 3;
-const TAG_SHIFT: u32 = 4;
-const TAG_MASK: u64 = 0x7f;
-const REACH_SHIFT: u32 = 11;
+const REACH_SHIFT: u32 = 4;
 const REACH_MASK: u64 = 0x1f << REACH_SHIFT;
 /// A reach this large or more is kept in [`Slot::reach`].
 pub(crate) const REACH_OVERFLOW: u32 = 31;
-const OWNER_SHIFT: u32 = 16;
-const GEN_SHIFT: u32 = 38;
+const GEN_LOW_SHIFT: u32 = 9;
+const GEN_LOW_BITS: u32 = 23;
+const GEN_LOW_MASK: u64 = (1 << GEN_LOW_BITS) - 1;
+const TAG_SHIFT: u32 = 32;
+const TAG_MASK: u64 = 0x7f;
+const OWNER_SHIFT: u32 = 39;
+const OWNER_MASK: u64 = (1 << 22) - 1;
+const GEN_HIGH_SHIFT: u32 = 61;
 const GEN_MASK: u64 = (1 << 26) - 1;
 
 impl Word {
     /// An entry word; `reach` is carried over from the word it replaces.
     pub(crate) fn new(state: State, tag: u8, owner: OwnerId, gen: u64, reach: Word) -> Word {
+        let gen = gen & GEN_MASK;
         Word(
             state as u64
-                | ((u64::from(tag) & TAG_MASK) << TAG_SHIFT)
                 | (reach.0 & REACH_MASK)
-                | (u64::from(owner.bits()) << OWNER_SHIFT)
-                | ((gen & GEN_MASK) << GEN_SHIFT),
+                | ((gen & GEN_LOW_MASK) << GEN_LOW_SHIFT)
+                | ((u64::from(tag) & TAG_MASK) << TAG_SHIFT)
+                | ((u64::from(owner.bits()) & OWNER_MASK) << OWNER_SHIFT)
+                | ((gen >> GEN_LOW_BITS) << GEN_HIGH_SHIFT),
         )
     }
 
@@ -201,11 +210,11 @@ impl Word {
     }
 
     pub(crate) fn owner(self) -> OwnerId {
-        OwnerId::from_bits((self.0 >> OWNER_SHIFT) as u32)
+        OwnerId::from_bits(((self.0 >> OWNER_SHIFT) & OWNER_MASK) as u32)
     }
 
     pub(crate) fn gen(self) -> u64 {
-        self.0 >> GEN_SHIFT
+        (self.0 >> GEN_LOW_SHIFT) & GEN_LOW_MASK | (self.0 >> GEN_HIGH_SHIFT) << GEN_LOW_BITS
     }
 
     pub(crate) fn has_waiters(self) -> bool {
@@ -290,6 +299,26 @@ mod tests {
         assert_eq!(Word(0).with_reach(1000).reach(), REACH_OVERFLOW);
         // states no version writes are out of use, not free
         assert_eq!(Word(7).state(), State::Broken);
+        // the generation carries across its two parts
+        let low_end = Word::new(State::Held, 1, owner, GEN_LOW_MASK, base);
+        assert_eq!(low_end.next(State::Held).gen(), GEN_LOW_MASK + 1);
+        assert_eq!(low_end.next(State::Held).owner(), owner);
+    }
+
+    /// What the futex relies on: the low half changes with every transition, so a waiter
+    /// late to its sleep never sleeps on a later hold of the same tag and owner.
+    #[test]
+    fn every_transition_changes_the_low_half() {
+        let owner = OwnerId::new(3, 1);
+        let mut w = Word::new(State::Held, 0x42, owner, 7, Word(0)).with_reach(2);
+        for _ in 0..1000 {
+            let flagged = w.0 | WAITERS;
+            let freed = w.freed();
+            let again = Word::new(State::Held, 0x42, owner, freed.gen() + 1, freed);
+            assert_ne!(flagged as u32, again.0 as u32 | WAITERS as u32);
+            assert_ne!(w.0 as u32, freed.0 as u32);
+            w = again;
+        }
     }
 
     #[test]

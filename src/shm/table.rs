@@ -98,6 +98,8 @@
 //! longer than max(its lease, the bound) after its owner stops making progress. No state
 //! of one key blocks another key: `reach` and the home words are single atomic updates.
 
+use std::time::Duration;
+
 use crate::shm::clock::deadline;
 use crate::shm::primitive::{crash_point, fence, spin, AtomicU64, Ordering, SETTLE_ROUNDS};
 use crate::shm::registry::OwnerId;
@@ -1022,6 +1024,13 @@ impl<S: Slots, E: Env> Table<S, E> {
     pub(crate) fn moved_on(&self, b: &Busy) -> bool {
         let w = self.word(b.slot, Ordering::Relaxed);
         w.state() != State::Held || w.tag() != b.word.tag()
+    }
+
+    /// How long the busy entry's lease has left on the table clock (`None`: it never
+    /// expires): a sleeper need not sleep past it, as nobody wakes anyone at expiry.
+    pub(crate) fn lease_left(&self, b: &Busy) -> Option<Duration> {
+        let deadline = self.slots()[b.slot].deadline.load(Ordering::Relaxed);
+        (deadline != u64::MAX).then(|| Duration::from_nanos(deadline.saturating_sub(self.now())))
     }
 
     /// The control word a waiter on slot `i` sleeps on (see [`Prepared::Sleep`]).

@@ -5,6 +5,7 @@ pub mod fork;
 pub mod harness;
 #[cfg(feature = "redis")]
 pub mod redis_server;
+pub mod word;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,1525 @@
+//! Fork races against the fork handshake, lost and late wake-ups, and the claim count
+//! under stops and kills, with real processes (gdb and strace stop and watch them at exact
+//! points; `scripts/test-tools.sh` installs both).
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use common::fork::{fork, Child, Shared};
+use common::harness::Test;
+use common::TempPath;
+use shmlock::{LockOptions, LockTable};
+
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        print!($($arg)*);
+        let _ = std::io::stdout().flush();
+    }};
+}
+
+const TESTS: &[Test] = &[
+    Test::new(
+        "forks_from_two_threads_at_once_leak_no_registration",
+        two_forkers,
+    ),
+    Test::new(
+        "a_fork_in_a_signal_handler_during_a_fork_does_not_hang",
+        handler_fork_in_before_fork,
+    ),
+    Test::new(
+        "a_waiter_against_a_relocking_holder_keeps_its_timeout",
+        timeout_overrun,
+    ),
+    Test::new(
+        "a_sleeper_wakes_when_a_flagged_same_tag_key_takes_its_slot",
+        lost_wakeup_k2_flagged,
+    ),
+    Test::new(
+        "a_sleeper_wakes_when_an_unflagged_same_tag_key_takes_its_slot",
+        control_lost_wakeup_k2_unflagged,
+    ),
+    Test::new("chaos_on_crowded_homes_with_stops_and_kills", crowded_chaos),
+    Test::new(
+        "a_claimer_stopped_between_publish_and_count_takes_no_held_key",
+        stopped_between_publish_and_count,
+    ),
+    Test::new(
+        "a_claimer_killed_between_publish_and_count_leaves_the_key_free",
+        killed_between_publish_and_count,
+    ),
+    Test::new(
+        "a_stray_waiters_flag_costs_at_most_one_wake",
+        stray_flag_syscalls,
+    ),
+    Test::new(
+        "a_dead_parents_keys_are_free_despite_concurrent_forks",
+        leaked_anchor_keeps_dead_parents_keys,
+    ),
+    Test::new("every_way_a_key_frees_wakes_or_frees_its_waiter", who_wakes),
+];
+
+fn main() {
+    common::harness::run("adversarial6", TESTS, common::harness::no_roles);
+}
+
+fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
+    LockOptions {
+        exptime: Duration::from_millis(exptime_ms),
+        timeout: Duration::from_millis(timeout_ms),
+        ..LockOptions::default()
+    }
+}
+
+/// In a forked child: whether it inherited a descriptor of inode `ino` that holds an OFD
+/// lock (fdinfo "lock:" lines): a leaked anchor description (the parent's registration).
+/// Raw syscalls and stack buffers only.
+fn inherited_locked_fd(ino: u64) -> bool {
+    for fd in 3..512 {
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_ino != ino {
+            continue;
+        }
+        let mut p = *b"/proc/self/fdinfo/\0\0\0\0\0\0\0\0";
+        let mut n = fd;
+        let mut digits = [0u8; 8];
+        let mut k = 0;
+        while n > 0 {
+            digits[k] = b'0' + (n % 10) as u8;
+            n /= 10;
+            k += 1;
+        }
+        for i in 0..k {
+            p[18 + i] = digits[k - 1 - i];
+        }
+        p[18 + k] = 0;
+        let f = unsafe { libc::open(p.as_ptr().cast(), libc::O_RDONLY) };
+        if f < 0 {
+            continue;
+        }
+        let mut buf = [0u8; 2048];
+        let r = unsafe { libc::read(f, buf.as_mut_ptr().cast(), buf.len()) };
+        unsafe { libc::close(f) };
+        if r > 0 && buf[..r as usize].windows(5).any(|w| w == b"lock:") {
+            return true;
+        }
+    }
+    false
+}
+
+fn describe(pid: i32) -> String {
+    let mut out = String::new();
+    if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            let stat = fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            let state = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .next()
+                .map(str::to_string);
+            let utime: Vec<String> = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .map(str::to_string)
+                .collect();
+            let sys = fs::read_to_string(t.path().join("syscall")).unwrap_or_default();
+            out += &format!(
+                "task {:?} state {:?} utime/stime {:?} syscall {:?}; ",
+                t.file_name(),
+                state,
+                utime,
+                sys.split_whitespace().next()
+            );
+        }
+    }
+    let bt = std::process::Command::new("timeout")
+        .args([
+            "-k",
+            "2",
+            "15",
+            "gdb",
+            "-p",
+            &pid.to_string(),
+            "-batch",
+            "-nx",
+            "-ex",
+            "thread apply all bt 8",
+        ])
+        .process_group(0)
+        .output();
+    if let Ok(o) = bt {
+        let s = String::from_utf8_lossy(&o.stdout);
+        let frames: Vec<&str> = s
+            .lines()
+            .filter(|l| l.starts_with('#') || l.starts_with("Thread"))
+            .collect();
+        out += "\n    ";
+        out += &frames.join("\n    ");
+    }
+    out
+}
+use std::os::unix::process::CommandExt;
+
+/// Watches word `w` for progress; on a stall, describes and kills the child.
+fn monitor(
+    c: &Child,
+    shared: &Shared,
+    w: usize,
+    stall: Duration,
+    limit: Duration,
+) -> Result<i32, String> {
+    let start = Instant::now();
+    let mut last = (shared.word(w).load(Ordering::SeqCst), Instant::now());
+    loop {
+        let mut st = 0;
+        let r = unsafe { libc::waitpid(c.0, &mut st, libc::WNOHANG) };
+        if r == c.0 {
+            return Ok(if libc::WIFEXITED(st) {
+                libc::WEXITSTATUS(st)
+            } else {
+                128 + libc::WTERMSIG(st)
+            });
+        }
+        let v = shared.word(w).load(Ordering::SeqCst);
+        if v != last.0 {
+            last = (v, Instant::now());
+        } else if last.1.elapsed() > stall {
+            let d = describe(c.0);
+            c.kill();
+            return Err(format!("no progress for {stall:?} after {v} rounds: {d}"));
+        }
+        if start.elapsed() > limit {
+            c.kill();
+            return Ok(-1);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A1. Two threads call fork() at about the same time while other threads open tables.
+//     The handshake counts forkers: the first fork's parent handler must not let anchors
+//     be made while the second is still on its way (its child would inherit an anchor's
+//     descriptor, the parent's registration), and no forker may wait forever.
+
+fn two_forkers() {
+    let dir = PathBuf::from(format!("/dev/shm/adv6-forkers-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t");
+    drop(LockTable::open(&path, 64).unwrap());
+    let ino = fs::metadata(&path).unwrap().ino();
+    let shared = Shared::new(8);
+    let rounds: u64 = 1500;
+    let nforkers: usize = 2;
+    let rescue = false;
+    let c = fork(|| {
+        let stop = Arc::new(AtomicBool::new(false));
+        // optional: a thread that forks every 20 ms, which un-sticks a forker spinning in
+        // before_fork (so leaks can be counted over many rounds)
+        let rescuer = rescue.then(|| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(20));
+                    let pid = unsafe { libc::fork() };
+                    if pid == 0 {
+                        unsafe { libc::_exit(0) };
+                    }
+                    let mut st = 0;
+                    unsafe { libc::waitpid(pid, &mut st, 0) };
+                }
+            })
+        });
+        let openers: Vec<_> = (0..2)
+            .map(|_| {
+                let stop = stop.clone();
+                let p = path.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        drop(LockTable::open(&p, 64).unwrap());
+                    }
+                })
+            })
+            .collect();
+        for round in 0..rounds {
+            let barrier = Arc::new(Barrier::new(nforkers));
+            let forkers: Vec<_> = (0..nforkers)
+                .map(|_| {
+                    let b = barrier.clone();
+                    std::thread::spawn(move || {
+                        b.wait();
+                        let pid = unsafe { libc::fork() };
+                        if pid == 0 {
+                            let code = if inherited_locked_fd(ino) { 42 } else { 0 };
+                            unsafe { libc::_exit(code) };
+                        }
+                        let mut st = 0;
+                        unsafe { libc::waitpid(pid, &mut st, 0) };
+                        libc::WEXITSTATUS(st)
+                    })
+                })
+                .collect();
+            for f in forkers {
+                if f.join().unwrap() == 42 {
+                    shared.word(1).fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            shared.word(0).store(round + 1, Ordering::SeqCst);
+        }
+        stop.store(true, Ordering::Relaxed);
+        for t in openers {
+            t.join().unwrap();
+        }
+        if let Some(r) = rescuer {
+            r.join().unwrap();
+        }
+        0
+    });
+    let r = monitor(
+        &c,
+        &shared,
+        0,
+        Duration::from_secs(4),
+        Duration::from_secs(60),
+    );
+    let leaks = shared.word(1).load(Ordering::SeqCst);
+    let done = shared.word(0).load(Ordering::SeqCst);
+    let _ = fs::remove_dir_all(&dir);
+    match r {
+        Ok(rc) => note!("[rc {rc}; {done} rounds of {nforkers} simultaneous forks (rescuer: {rescue}); children holding the parent's registration lock: {leaks}] "),
+        Err(e) => {
+            note!("[children holding the parent's registration lock before the hang: {leaks}] ");
+            panic!("fork hung: {e}")
+        }
+    }
+    assert_eq!(
+        leaks, 0,
+        "children of a plain fork() inherited an anchor's descriptor"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// A2. A thread in fork()'s before_fork wait (an anchor is being set up by another thread)
+//     takes a signal whose handler forks: the nested fork's handlers count in and out,
+//     and the outer fork still completes.
+
+extern "C" {
+    fn backtrace(buf: *mut *mut libc::c_void, size: libc::c_int) -> libc::c_int;
+}
+static BF_LO: AtomicU64 = AtomicU64::new(0);
+static BF_HI: AtomicU64 = AtomicU64::new(0);
+static SKIPPED: AtomicU64 = AtomicU64::new(0);
+
+/// The run-time address range of shmlock's before_fork (from nm and /proc/self/maps).
+fn locate_before_fork() -> (u64, u64) {
+    let exe = fs::read_link("/proc/self/exe").unwrap();
+    let out = std::process::Command::new("nm")
+        .arg("-S")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains("process11before_fork"))
+        .expect("before_fork symbol");
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let off = u64::from_str_radix(f[0], 16).unwrap();
+    let len = u64::from_str_radix(f[1], 16).unwrap();
+    let maps = fs::read_to_string("/proc/self/maps").unwrap();
+    let l = maps
+        .lines()
+        .find(|l| l.ends_with(exe.to_str().unwrap()))
+        .unwrap();
+    let base = u64::from_str_radix(l.split('-').next().unwrap(), 16).unwrap();
+    (base + off, base + off + len)
+}
+
+extern "C" fn on_alarm_fork(_: libc::c_int) {
+    // fork only when the interrupted thread is inside shmlock's before_fork (glibc's own
+    // fork is not reentrant anywhere else)
+    let mut buf = [std::ptr::null_mut::<libc::c_void>(); 32];
+    let n = unsafe { backtrace(buf.as_mut_ptr(), 32) };
+    let (lo, hi) = (BF_LO.load(Ordering::Relaxed), BF_HI.load(Ordering::Relaxed));
+    if !buf[..n.max(0) as usize]
+        .iter()
+        .any(|&f| (f as u64) >= lo && (f as u64) < hi)
+    {
+        SKIPPED.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        unsafe { libc::_exit(0) };
+    }
+    HANDLER_FORKS.fetch_add(1, Ordering::Relaxed);
+    let w = HF_WORD.load(Ordering::Relaxed);
+    if !w.is_null() {
+        unsafe { (*w).fetch_add(1, Ordering::SeqCst) };
+    }
+}
+static HF_WORD: std::sync::atomic::AtomicPtr<AtomicU64> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+static HANDLER_FORKS: AtomicU64 = AtomicU64::new(0);
+
+fn handler_fork_in_before_fork() {
+    let dir = PathBuf::from(format!("/dev/shm/adv6-hfork-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t");
+    drop(LockTable::open(&path, 64).unwrap());
+    let shared = Shared::new(8);
+    let c = fork(|| {
+        HF_WORD.store(
+            shared.word(2) as *const AtomicU64 as *mut AtomicU64,
+            Ordering::Relaxed,
+        );
+        let (lo, hi) = locate_before_fork();
+        BF_LO.store(lo, Ordering::Relaxed);
+        BF_HI.store(hi, Ordering::Relaxed);
+        // warm backtrace up (it loads libgcc on first use)
+        let mut buf = [std::ptr::null_mut::<libc::c_void>(); 4];
+        unsafe { backtrace(buf.as_mut_ptr(), 4) };
+        unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
+        // openers never take SIGALRM: it goes to this (forking) thread
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGALRM);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let openers: Vec<_> = (0..2)
+            .map(|_| {
+                let stop = stop.clone();
+                let p = path.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        drop(LockTable::open(&p, 64).unwrap());
+                    }
+                })
+            })
+            .collect();
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGALRM);
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_alarm_fork as extern "C" fn(libc::c_int) as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        }
+        let mut x = 0x9e3779b97f4a7c15u64;
+        for i in 0..4000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let it = libc::itimerval {
+                it_interval: libc::timeval {
+                    tv_sec: 0,
+                    tv_usec: 0,
+                },
+                it_value: libc::timeval {
+                    tv_sec: 0,
+                    tv_usec: (1 + x % 150) as libc::suseconds_t,
+                },
+            };
+            unsafe { libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut()) };
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                unsafe { libc::_exit(0) };
+            }
+            shared.word(0).store(i + 1, Ordering::SeqCst);
+            shared
+                .word(1)
+                .store(HANDLER_FORKS.load(Ordering::Relaxed), Ordering::SeqCst);
+        }
+        stop.store(true, Ordering::Relaxed);
+        for t in openers {
+            t.join().unwrap();
+        }
+        0
+    });
+    let r = monitor(
+        &c,
+        &shared,
+        0,
+        Duration::from_secs(4),
+        Duration::from_secs(60),
+    );
+    let _ = fs::remove_dir_all(&dir);
+    let hf = shared.word(2).load(Ordering::SeqCst);
+    match r {
+        Ok(rc) => note!(
+            "[rc {rc}; {} forks, {hf} of them interrupted by a forking handler] ",
+            shared.word(0).load(Ordering::SeqCst)
+        ),
+        Err(e) => panic!("fork hung after {hf} handler forks: {e}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// B. A waiter with a timeout against a holder that unlocks and locks again in a loop: it
+//    gets the key at some point and never waits past its timeout.
+
+fn timeout_overrun() {
+    let path = TempPath::new("overrun");
+    let table = LockTable::open(&path, 64).unwrap();
+    drop(table);
+    let shared = Shared::new(4);
+    let hold_us: u64 = 20;
+    let holder = fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let started = Instant::now();
+        let mut n = 0u64;
+        while started.elapsed() < Duration::from_secs(8)
+            && shared.word(0).load(Ordering::Relaxed) == 0
+        {
+            let g = t.lock("K", opts(30_000, 5_000)).unwrap();
+            std::hint::black_box(&g);
+            let w = Instant::now();
+            while w.elapsed() < Duration::from_micros(hold_us) {
+                std::hint::spin_loop();
+            }
+            drop(g);
+            n += 1;
+        }
+        shared.word(1).store(n, Ordering::SeqCst);
+        0
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let t = LockTable::open(&path, 64).unwrap();
+    let mut worst = Duration::ZERO;
+    let (mut got, mut timed_out) = (0, 0);
+    let mut lines = Vec::new();
+    for timeout_ms in [5u64, 20, 100, 300, 1000, 5, 20, 100, 300, 1000] {
+        std::thread::sleep(Duration::from_millis(30));
+        let s = Instant::now();
+        let r = t.lock("K", opts(30_000, timeout_ms));
+        let took = s.elapsed();
+        match &r {
+            Ok(_) => got += 1,
+            Err(_) => timed_out += 1,
+        }
+        lines.push(format!(
+            "timeout {timeout_ms} ms: {} after {:.1} ms",
+            if r.is_ok() { "got" } else { "timed out" },
+            took.as_secs_f64() * 1e3
+        ));
+        let over = took.saturating_sub(Duration::from_millis(timeout_ms));
+        worst = worst.max(over);
+        drop(r);
+    }
+    shared.word(0).store(1, Ordering::SeqCst);
+    holder.wait(Duration::from_secs(20));
+    note!(
+        "[holder cycles {}; {got} got, {timed_out} timed out; {}] ",
+        shared.word(1).load(Ordering::SeqCst),
+        lines.join("; ")
+    );
+    // Generous margins: a shared 2-core machine may deschedule the waiter for a while.
+    assert!(
+        worst < Duration::from_millis(250),
+        "a waiter overran its timeout by {worst:?}"
+    );
+    assert!(
+        got > 0,
+        "a waiter never got a key its holder frees every 20 µs"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers: the file's seed and slot count, key placement as the library computes it.
+
+fn header_u64(path: &Path, at: u64) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let f = fs::File::open(path).unwrap();
+    let mut b = [0u8; 8];
+    f.read_exact_at(&mut b, at).unwrap();
+    u64::from_le_bytes(b)
+}
+fn registry_len(path: &Path) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let f = fs::File::open(path).unwrap();
+    let mut b = [0u8; 4];
+    f.read_exact_at(&mut b, 72).unwrap();
+    (u64::from(u32::from_le_bytes(b)) * 32).div_ceil(4096) * 4096
+}
+/// (home, tag) of a key in the table at `path`.
+fn place(seed: u64, n: u64, key: &str) -> (u64, u8) {
+    let h = xxhash_rust::xxh3::xxh3_128_with_seed(key.as_bytes(), seed);
+    let lo = h as u64;
+    let hi = (h >> 64) as u64;
+    (
+        ((u128::from(lo) * u128::from(n)) >> 64) as u64,
+        (hi >> 57) as u8,
+    )
+}
+
+struct Watch {
+    map: memmap2::MmapRaw,
+    slots_at: usize,
+}
+impl Watch {
+    fn new(path: &Path) -> Watch {
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        Watch {
+            map: memmap2::MmapRaw::map_raw(&f).unwrap(),
+            slots_at: (4096 + registry_len(path)) as usize,
+        }
+    }
+    fn at(&self, slot: usize, off: usize) -> &AtomicU64 {
+        let at = self.slots_at + slot * 64 + off;
+        assert!(at + 8 <= self.map.len());
+        unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add(at).cast::<u64>()) }
+    }
+    fn control(&self, slot: usize) -> u64 {
+        self.at(slot, 0).load(Ordering::SeqCst)
+    }
+}
+
+fn mapping_base(path: &Path) -> usize {
+    let ino = fs::metadata(path).unwrap().ino().to_string();
+    let maps = fs::read_to_string("/proc/self/maps").unwrap();
+    for line in maps.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() >= 5 && f[4] == ino && f[2] == "00001000" {
+            return usize::from_str_radix(f[0].split('-').next().unwrap(), 16).unwrap();
+        }
+    }
+    panic!("{} is not mapped", path.display());
+}
+
+fn wait_file(p: &Path, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if p.exists() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    false
+}
+
+fn await_word(s: &Shared, w: usize, limit: Duration) -> u64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        let v = s.word(w).load(Ordering::SeqCst);
+        if v != 0 {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "word {w} never set");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn mono_ns() -> u64 {
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+struct Proc(Option<Child>);
+impl Proc {
+    fn pid(&self) -> libc::pid_t {
+        self.0.as_ref().unwrap().0
+    }
+}
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.kill();
+        }
+    }
+}
+struct Spawned(std::process::Child);
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        unsafe { libc::kill(-(self.0.id() as libc::pid_t), libc::SIGKILL) };
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// C. Lost wake-up: a waiter W of K1 flags H's hold of K1 and is stopped at the entry of its
+//    FUTEX_WAIT (gdb catch syscall). H releases K1 (wakes nobody: W is not asleep yet) and
+//    takes K2, a key of the same home and the same 7-bit tag, in the same slot; X, a waiter
+//    of K2, flags that hold (or not). The futex compares only the word's low 32 bits; they
+//    carry the low bits of the generation, so they differ from W's expected value and the
+//    kernel refuses W the sleep (before, they read the same and W slept its step out).
+
+fn lost_wakeup_same_tag(flag_k2: bool) {
+    let path = TempPath::new("lostwake");
+    drop(LockTable::open(&path, 64).unwrap());
+    let seed = header_u64(&path.0, 32);
+    let n = header_u64(&path.0, 16);
+    let mut seen = std::collections::HashMap::new();
+    let (k1, k2) = (0..200_000)
+        .find_map(|i| {
+            let k = format!("r6w:{i}");
+            let p = place(seed, n, &k);
+            seen.insert(p, k.clone()).map(|prev| (prev, k))
+        })
+        .unwrap();
+    let (home, tag) = place(seed, n, &k1);
+    let slot = home as usize;
+    let watch = Watch::new(&path.0);
+    let rlen = registry_len(&path.0);
+    let shared = Shared::new(16);
+    let step = Duration::from_millis(400);
+    // H: holds K1; on word 0 == 1 releases it (time in word 3) and takes K2.
+    let h = Proc(Some(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g1 = t.lock(&k1, opts(60_000, 1000)).unwrap();
+        shared.word(1).store(1, Ordering::SeqCst);
+        await_word(&shared, 0, Duration::from_secs(60));
+        let at = mono_ns();
+        drop(g1);
+        let g2 = t.lock(&k2, opts(60_000, 1000)).unwrap();
+        shared.word(3).store(at, Ordering::SeqCst);
+        shared.word(4).store(
+            t.debug_placement(&k2).unwrap().1 as u64 + 1,
+            Ordering::SeqCst,
+        );
+        std::thread::sleep(Duration::from_secs(30));
+        drop(g2);
+        0
+    })));
+    await_word(&shared, 1, Duration::from_secs(10));
+    // W: waits for K1 with a 400 ms first step
+    let w = Proc(Some(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let addr = mapping_base(&path.0) as u64 + rlen + slot as u64 * 64;
+        shared.word(5).store(addr, Ordering::SeqCst);
+        await_word(&shared, 6, Duration::from_secs(60));
+        let o = LockOptions {
+            exptime: Duration::from_secs(60),
+            timeout: Duration::from_secs(5),
+            step,
+            max_step: step,
+            ..LockOptions::default()
+        };
+        let g = t.lock(&k1, o);
+        shared.word(7).store(mono_ns(), Ordering::SeqCst);
+        shared
+            .word(8)
+            .store(if g.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(30));
+        0
+    })));
+    let addr = await_word(&shared, 5, Duration::from_secs(10));
+    let flags = TempPath::new("gdb-w");
+    fs::create_dir_all(&flags.0).unwrap();
+    let go = flags.0.join("go");
+    let mut cmd = std::process::Command::new("gdb");
+    cmd.process_group(0)
+        .args(["-q", "-nx", "-batch", "-p", &w.pid().to_string()])
+        .args(["-ex", "set pagination off"])
+        .args(["-ex", "catch syscall futex"])
+        .args(["-ex", &format!("condition 1 $rdi == {addr:#x}")])
+        .args([
+            "-ex",
+            &format!("shell touch {}", flags.0.join("attached").display()),
+        ])
+        .args(["-ex", "continue"])
+        .args([
+            "-ex",
+            &format!("shell touch {}", flags.0.join("stopped").display()),
+        ])
+        .args([
+            "-ex",
+            &format!(
+                "shell i=0; while [ ! -e {} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done",
+                go.display()
+            ),
+        ])
+        .args(["-ex", "delete", "-ex", "detach"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut gdb = Spawned(cmd.spawn().unwrap());
+    assert!(
+        wait_file(&flags.0.join("attached"), Duration::from_secs(60)),
+        "gdb did not attach"
+    );
+    shared.word(6).store(1, Ordering::SeqCst);
+    assert!(
+        wait_file(&flags.0.join("stopped"), Duration::from_secs(30)),
+        "W never reached its futex wait"
+    );
+    let w1 = watch.control(slot);
+    note!("[K1 {k1:?}, K2 {k2:?}: home {home}, tag {tag}; W stopped at FUTEX_WAIT, word {w1:#x}] ");
+    assert_eq!(w1 & 7, 2, "inconclusive: not held");
+    assert_ne!(w1 & 8, 0, "inconclusive: not flagged");
+    // H releases K1 and takes K2 in the same slot
+    shared.word(0).store(1, Ordering::SeqCst);
+    let s2 = await_word(&shared, 4, Duration::from_secs(10)) - 1;
+    assert_eq!(s2 as usize, slot, "inconclusive: K2 landed elsewhere");
+    let mut _x = None;
+    if flag_k2 {
+        // X: a waiter of K2 flags H's new hold
+        _x = Some(Proc(Some(fork(|| {
+            let t = LockTable::open(&path, 64).unwrap();
+            let _ = t.lock(&k2, opts(60_000, 20_000));
+            0
+        }))));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while watch.control(slot) & 8 == 0 {
+            assert!(Instant::now() < deadline, "X never flagged K2's hold");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let w2 = watch.control(slot);
+    note!(
+        "[after: word {w2:#x}, low halves {} ] ",
+        if w1 as u32 == w2 as u32 {
+            "EQUAL"
+        } else {
+            "differ"
+        }
+    );
+    fs::write(&go, b"").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while gdb.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "gdb did not detach");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let got = await_word(&shared, 8, Duration::from_secs(10));
+    let released = shared.word(3).load(Ordering::SeqCst);
+    let acquired = shared.word(7).load(Ordering::SeqCst);
+    let late = Duration::from_nanos(acquired - released);
+    note!(
+        "[W {} K1 {:.1} ms after H released it (incl. the time W was held stopped)] ",
+        if got == 1 { "got" } else { "did NOT get" },
+        late.as_secs_f64() * 1e3
+    );
+    drop(h);
+    drop(w);
+    assert!(got == 1);
+    assert!(
+        late < Duration::from_millis(300),
+        "lost wake-up: W slept through K1's release on K2's hold for its step"
+    );
+}
+fn lost_wakeup_k2_flagged() {
+    lost_wakeup_same_tag(true)
+}
+fn control_lost_wakeup_k2_unflagged() {
+    lost_wakeup_same_tag(false)
+}
+
+// ---------------------------------------------------------------------------------------
+// D. Chaos on keys crowded into three neighbouring homes (slow path, raised reaches,
+//    release holes, displacement across homes): workers lock/try-lock, check mutual
+//    exclusion through an occupant word per key and that fencing tokens only grow; the
+//    controller SIGSTOPs workers (20-900 ms, past the 500 ms bound, under the 3 s lease)
+//    and SIGKILLs them (respawned).
+
+fn proc_state(pid: u32) -> Option<u8> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .next()?
+        .bytes()
+        .next()
+}
+
+const CK: usize = 18;
+
+fn crowd_keys(path: &Path) -> Vec<String> {
+    let seed = header_u64(path, 32);
+    let n = header_u64(path, 16);
+    let h0 = 100;
+    let mut keys = Vec::new();
+    let want = |home: u64, k: &Vec<String>| -> usize {
+        k.iter().filter(|s| place(seed, n, s).0 == home).count()
+    };
+    let mut i = 0u64;
+    while keys.len() < CK {
+        let k = format!("crowd:{i}");
+        i += 1;
+        let (home, _) = place(seed, n, &k);
+        let quota = match home - h0.min(home) {
+            0 if home == h0 => 10,
+            1 => 4,
+            2 => 4,
+            _ => 0,
+        };
+        if home >= h0 && want(home, &keys) < quota {
+            keys.push(k);
+        }
+    }
+    keys
+}
+
+fn crowd_worker(path: &Path, keys: &[String], sh: &Shared, seed: u64) -> i32 {
+    let t = LockTable::open(path, 64).unwrap();
+    let me = std::process::id() as u64;
+    let mut x = seed | 1;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    while sh.word(0).load(Ordering::Relaxed) == 0 {
+        let r = next();
+        let ki = (r % CK as u64) as usize;
+        let key = &keys[ki];
+        let g = if r % 4 == 0 {
+            match t.try_lock_with_lease(key, Duration::from_secs(3)) {
+                Ok(Some(g)) => g,
+                Ok(None) => continue,
+                Err(e) => {
+                    eprintln!("try_lock: {e}");
+                    sh.word(5).fetch_add(1, Ordering::SeqCst);
+                    continue;
+                }
+            }
+        } else {
+            match t.lock(key, opts(3000, 1500)) {
+                Ok(g) => g,
+                Err(shmlock::Error::Timeout { .. }) => continue,
+                Err(e) => {
+                    eprintln!("lock: {e}");
+                    sh.word(5).fetch_add(1, Ordering::SeqCst);
+                    continue;
+                }
+            }
+        };
+        let occ = sh.word(16 + ki);
+        loop {
+            match occ.compare_exchange(0, me, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => break,
+                Err(p) => {
+                    if matches!(proc_state(p as u32), Some(b'Z') | None) {
+                        // a killed holder's record: its key was rightly taken
+                        let _ = occ.compare_exchange(p, 0, Ordering::SeqCst, Ordering::SeqCst);
+                        continue;
+                    }
+                    sh.word(1).fetch_add(1, Ordering::SeqCst);
+                    sh.word(2).store(ki as u64 + 1, Ordering::SeqCst);
+                    sh.word(3).store(p << 32 | me, Ordering::SeqCst);
+                    break;
+                }
+            }
+        }
+        if r % 3 == 0 {
+            if let Some(tok) = g.token() {
+                let last = sh.word(16 + CK + ki);
+                let prev = last.load(Ordering::SeqCst);
+                if tok <= prev {
+                    sh.word(4).fetch_add(1, Ordering::SeqCst);
+                    sh.word(6).store(prev, Ordering::SeqCst);
+                    sh.word(7).store(tok, Ordering::SeqCst);
+                }
+                last.fetch_max(tok, Ordering::SeqCst);
+            }
+        }
+        match (r >> 8) % 16 {
+            0 => std::thread::sleep(Duration::from_micros(200)),
+            1..=5 => (0..(r >> 20) % 3000).for_each(|_| std::hint::spin_loop()),
+            _ => {}
+        }
+        let _ = occ.compare_exchange(me, 0, Ordering::SeqCst, Ordering::SeqCst);
+        if g.unlock().is_err() {
+            sh.word(8).fetch_add(1, Ordering::SeqCst); // lost a 3 s lease: unexpected
+        }
+        sh.word(9).fetch_add(1, Ordering::Relaxed);
+    }
+    0
+}
+
+fn crowded_chaos() {
+    let secs: u64 = 8;
+    let nw: usize = 5;
+    let path = TempPath::new("crowd");
+    drop(LockTable::open(&path, 64).unwrap());
+    let keys = crowd_keys(&path.0);
+    let sh = Shared::new(16 + 2 * CK);
+    let spawn = |seed: u64| fork(|| crowd_worker(&path.0, &keys, &sh, seed));
+    let mut workers: Vec<Child> = (0..nw as u64).map(|i| spawn(i * 7919 + 1)).collect();
+    let mut stopped_until: Vec<Option<Instant>> = vec![None; nw];
+    let mut rested: Vec<Instant> = vec![Instant::now(); nw];
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let (mut kills, mut stops) = (0u64, 0u64);
+    let mut x = 0x5eed_u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut seed = 1000;
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(2000 + next() % 13_000));
+        for i in 0..nw {
+            if stopped_until[i].is_some_and(|u| Instant::now() >= u) {
+                unsafe { libc::kill(workers[i].0, libc::SIGCONT) };
+                stopped_until[i] = None;
+                rested[i] = Instant::now();
+            }
+        }
+        let i = (next() % nw as u64) as usize;
+        if stopped_until[i].is_some() || rested[i].elapsed() < Duration::from_millis(600) {
+            continue;
+        }
+        if next() % 6 == 0 {
+            let pid = workers[i].0;
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            while proc_state(pid as u32) != Some(b'Z') {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            for k in 0..CK {
+                let _ = sh.word(16 + k).compare_exchange(
+                    pid as u64,
+                    0,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                );
+            }
+            let mut st = 0;
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+            seed += 1;
+            workers[i] = spawn(seed);
+            kills += 1;
+        } else {
+            unsafe { libc::kill(workers[i].0, libc::SIGSTOP) };
+            stopped_until[i] = Some(Instant::now() + Duration::from_millis(20 + next() % 880));
+            stops += 1;
+        }
+    }
+    for (i, w) in workers.iter().enumerate() {
+        if stopped_until[i].is_some() {
+            unsafe { libc::kill(w.0, libc::SIGCONT) };
+        }
+    }
+    sh.word(0).store(1, Ordering::SeqCst);
+    for w in &workers {
+        w.wait(Duration::from_secs(30));
+    }
+    let g = |i| sh.word(i).load(Ordering::SeqCst);
+    note!(
+        "[{} critical sections, {stops} stops, {kills} kills; overlaps {} (last key {}, pids {:#x}); tokens not growing {} ({} then {}); unlock Expired {}; errors {}] ",
+        g(9), g(1), g(2), g(3), g(4), g(6), g(7), g(8), g(5)
+    );
+    assert_eq!(g(1), 0, "two live holders of one key");
+    assert_eq!(g(4), 0, "a fencing token did not grow");
+}
+
+// ---------------------------------------------------------------------------------------
+// E. A slow claimer X of K stopped (gdb watchpoint) right after publishing its CLAIMING
+//    entry in a release hole (no reach raised) and before counting it at the home. A rival
+//    Y of K waits, breaks X's claim after 500 ms, claims the next hole (no raise) and, as
+//    nobody counted since its read, skips pass 2. Then X resumes and counts. Or X is
+//    SIGKILLed there instead. Nobody may hold K while Y does.
+
+fn claimer_stopped_between_publish_and_count(kill: bool) {
+    let path = TempPath::new("pubcount");
+    drop(LockTable::open(&path, 64).unwrap());
+    let seed = header_u64(&path.0, 32);
+    let n = header_u64(&path.0, 16);
+    let mut by_home: std::collections::HashMap<u64, Vec<String>> = Default::default();
+    let keys = (0..1_000_000)
+        .find_map(|i| {
+            let k = format!("pc:{i}");
+            let (home, _) = place(seed, n, &k);
+            let v = by_home.entry(home).or_default();
+            v.push(k);
+            (v.len() == 5 && home + 8 < n).then(|| v.clone())
+        })
+        .unwrap();
+    let home = place(seed, n, &keys[0]).0 as usize;
+    let k = keys[4].clone();
+    let watch = Watch::new(&path.0);
+    let rlen = registry_len(&path.0);
+    let sh = Shared::new(16);
+    // P: O1 at home, O2..O4 at +1..+3, then frees O2 and O4 (holes at +1 and +3, reach 3)
+    let p = Proc(Some(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let gs: Vec<_> = keys[..4]
+            .iter()
+            .map(|key| t.lock(key, opts(60_000, 1000)).unwrap())
+            .collect();
+        let places: Vec<usize> = keys[..4]
+            .iter()
+            .map(|key| t.debug_placement(key).unwrap().1)
+            .collect();
+        let mut gs = gs.into_iter();
+        let g1 = gs.next().unwrap();
+        drop(gs.next());
+        let g3 = gs.next().unwrap();
+        drop(gs.next());
+        sh.word(1).store(
+            places.iter().fold(0u64, |a, &s| a << 12 | s as u64),
+            Ordering::SeqCst,
+        );
+        std::thread::sleep(Duration::from_secs(40));
+        drop((g1, g3));
+        0
+    })));
+    let places = await_word(&sh, 1, Duration::from_secs(10));
+    let ps: Vec<usize> = (0..4)
+        .rev()
+        .map(|i| ((places >> (12 * i)) & 0xfff) as usize)
+        .collect();
+    assert_eq!(
+        ps,
+        vec![home, home + 1, home + 2, home + 3],
+        "inconclusive placement"
+    );
+    let hole = home + 1;
+    // X: claims K; gdb stops it right after its CAS into the hole
+    let x = Proc(Some(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let addr = mapping_base(&path.0) as u64 + rlen + hole as u64 * 64;
+        sh.word(2).store(addr, Ordering::SeqCst);
+        await_word(&sh, 3, Duration::from_secs(60));
+        let r = t.lock(&k, opts(60_000, 3000));
+        sh.word(4).store(mono_ns(), Ordering::SeqCst);
+        sh.word(5)
+            .store(if r.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(30));
+        0
+    })));
+    let addr = await_word(&sh, 2, Duration::from_secs(10));
+    let flags = TempPath::new("gdb-x");
+    fs::create_dir_all(&flags.0).unwrap();
+    let go = flags.0.join("go");
+    let mut cmd = std::process::Command::new("gdb");
+    cmd.process_group(0)
+        .args(["-q", "-nx", "-batch", "-p", &x.pid().to_string()])
+        .args(["-ex", "set pagination off"])
+        .args(["-ex", &format!("watch *(long*){addr:#x}")])
+        .args(["-ex", &format!("condition 1 (*(long*){addr:#x} & 7) == 1")])
+        .args([
+            "-ex",
+            &format!("shell touch {}", flags.0.join("attached").display()),
+        ])
+        .args(["-ex", "continue"])
+        .args([
+            "-ex",
+            &format!("shell touch {}", flags.0.join("stopped").display()),
+        ])
+        .args([
+            "-ex",
+            &format!(
+                "shell i=0; while [ ! -e {} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done",
+                go.display()
+            ),
+        ])
+        .args(["-ex", "delete", "-ex", "detach"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut gdb = Spawned(cmd.spawn().unwrap());
+    assert!(
+        wait_file(&flags.0.join("attached"), Duration::from_secs(60)),
+        "gdb did not attach"
+    );
+    let fence_before = watch.at(home, 48).load(Ordering::SeqCst);
+    sh.word(3).store(1, Ordering::SeqCst);
+    assert!(
+        wait_file(&flags.0.join("stopped"), Duration::from_secs(30)),
+        "X never published"
+    );
+    let wx = watch.control(hole);
+    let fence_x = watch.at(home, 48).load(Ordering::SeqCst);
+    note!(
+        "[X stopped: hole word state {}, home count {} -> {}] ",
+        wx & 7,
+        fence_before,
+        fence_x
+    );
+    assert_eq!(wx & 7, 1, "inconclusive: not CLAIMING");
+    assert_eq!(fence_x, fence_before, "inconclusive: X counted already");
+    if kill {
+        drop(gdb);
+        unsafe { libc::kill(x.pid(), libc::SIGKILL) };
+        std::thread::sleep(Duration::from_millis(50));
+        gdb = Spawned(std::process::Command::new("true").spawn().unwrap());
+    }
+    // Y: takes K (breaks X's claim after the bound, or frees it at once if X is dead)
+    let t = LockTable::open(&path, 64).unwrap();
+    let s = Instant::now();
+    let y = t.lock(&k, opts(60_000, 3000));
+    let took = s.elapsed();
+    let ys = t.debug_placement(&k).map(|p| p.1);
+    note!(
+        "[Y: {} K after {:.0} ms at slot {:?} (home {home}); home count now {}] ",
+        if y.is_ok() { "got" } else { "did not get" },
+        took.as_secs_f64() * 1e3,
+        ys,
+        watch.at(home, 48).load(Ordering::SeqCst)
+    );
+    let y = y.unwrap();
+    let y_at = mono_ns();
+    if !kill {
+        fs::write(&go, b"").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while gdb.0.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "gdb did not detach");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let rx = await_word(&sh, 5, Duration::from_secs(10));
+        let when = sh.word(4).load(Ordering::SeqCst);
+        note!(
+            "[X resumed: {}; slot words: hole {:#x} state {}] ",
+            if rx == 1 { "TOOK K" } else { "timed out" },
+            watch.control(hole),
+            watch.control(hole) & 7
+        );
+        let entries: Vec<_> = t
+            .holders()
+            .into_iter()
+            .filter(|h| h.key_preview == k.as_bytes())
+            .collect();
+        drop(y);
+        assert!(
+            rx != 1 || when < y_at,
+            "X took K while Y held it ({} entries of K)",
+            entries.len()
+        );
+    } else {
+        drop(y);
+    }
+    drop((p, x));
+}
+fn stopped_between_publish_and_count() {
+    claimer_stopped_between_publish_and_count(false)
+}
+fn killed_between_publish_and_count() {
+    claimer_stopped_between_publish_and_count(true)
+}
+
+// ---------------------------------------------------------------------------------------
+// F. A stray flag: a waiter that timed out leaves the waiters bit on the hold; the holder
+//    pays one FUTEX_WAKE for it, not one on every uncontended lock/unlock ever after.
+
+fn stray_flag_syscalls() {
+    let path = TempPath::new("stray");
+    drop(LockTable::open(&path, 64).unwrap());
+    let sh = Shared::new(8);
+    let h = Proc(Some(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let mut g = t.lock("S", opts(60_000, 1000)).unwrap();
+        sh.word(1).store(1, Ordering::SeqCst);
+        await_word(&sh, 0, Duration::from_secs(60));
+        // renew a few times (the flag stays), then unlock, then 1000 uncontended cycles
+        for _ in 0..5 {
+            g.expire(Some(Duration::from_secs(60))).unwrap();
+        }
+        drop(g);
+        for _ in 0..1000 {
+            drop(t.lock("S", opts(60_000, 1000)).unwrap());
+        }
+        sh.word(2).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(30));
+        0
+    })));
+    await_word(&sh, 1, Duration::from_secs(10));
+    let t = LockTable::open(&path, 64).unwrap();
+    assert!(t.lock("S", opts(60_000, 20)).is_err());
+    let flagged = t.holders().iter().any(|e| e.waiters);
+    let out = TempPath::new("strace-out");
+    let mut st = Spawned(
+        std::process::Command::new("strace")
+            .process_group(0)
+            .args([
+                "-f",
+                "-e",
+                "trace=futex",
+                "-o",
+                out.0.to_str().unwrap(),
+                "-p",
+                &h.pid().to_string(),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    sh.word(0).store(1, Ordering::SeqCst);
+    await_word(&sh, 2, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(100));
+    unsafe { libc::kill(st.0.id() as i32, libc::SIGINT) };
+    let _ = st.0.wait();
+    let text = fs::read_to_string(&out.0).unwrap_or_default();
+    let wakes = text
+        .lines()
+        .filter(|l| l.contains("FUTEX_WAKE") && !l.contains("PRIVATE"))
+        .count();
+    note!("[flag left on the hold: {flagged}; shared FUTEX_WAKEs by the holder over 5 renewals + 1001 unlocks: {wakes}] ");
+    drop(h);
+    assert!(wakes <= 1, "a stray flag costs a system call per unlock");
+}
+
+// ---------------------------------------------------------------------------------------
+// A3. What a leaked anchor costs: threads open handles that each keep one key (60 s
+//     lease) while two threads fork at once (a third forks every 20 ms so no fork stays
+//     stuck). Children that inherited a locked descriptor of the table would stay alive;
+//     the whole parent is SIGKILLed, and its keys must be free at once.
+
+fn fork_once(ino: u64, sh: &'static Shared) {
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        if inherited_locked_fd(ino) {
+            let k = sh.word(2).fetch_add(1, Ordering::SeqCst) as usize;
+            // a grandchild keeps the inherited descriptor; this child leaves at once
+            let g = unsafe { libc::fork() };
+            if g == 0 {
+                unsafe { libc::sleep(60) };
+                unsafe { libc::_exit(0) };
+            }
+            if k < 32 {
+                sh.word(32 + k).store(g as u64, Ordering::SeqCst);
+            }
+        }
+        unsafe { libc::_exit(0) };
+    }
+    let mut st = 0;
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+}
+
+fn leaked_anchor_keeps_dead_parents_keys() {
+    let dir = PathBuf::from(format!("/dev/shm/adv6-leak-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t");
+    drop(LockTable::open(&path, 1024).unwrap());
+    let ino = fs::metadata(&path).unwrap().ino();
+    let sh: &'static Shared = Box::leak(Box::new(Shared::new(64)));
+    let lab = Proc(Some(fork(|| {
+        for o in 0..2u64 {
+            let p = path.clone();
+            std::thread::spawn(move || {
+                let mut keep = Vec::new();
+                let mut i = 0u64;
+                while sh.word(2).load(Ordering::SeqCst) == 0 {
+                    let raw: *mut LockTable =
+                        Box::into_raw(Box::new(LockTable::open(&p, 1024).unwrap()));
+                    let t: &'static LockTable = unsafe { &*raw };
+                    let g = t.lock(format!("hold:{o}:{i}"), opts(60_000, 100)).unwrap();
+                    i += 1;
+                    keep.push((Some(g), raw as usize));
+                    sh.word(4 + o as usize).store(i, Ordering::SeqCst);
+                    if keep.len() >= 200 && sh.word(2).load(Ordering::SeqCst) == 0 {
+                        for (g, raw) in keep.drain(..) {
+                            drop(g);
+                            drop(unsafe { Box::from_raw(raw as *mut LockTable) });
+                        }
+                    }
+                }
+                sh.word(1).fetch_add(1, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_secs(120));
+                drop(keep);
+            });
+        }
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(20));
+            fork_once(ino, sh);
+        });
+        let mut round = 0u64;
+        let t0 = Instant::now();
+        while sh.word(1).load(Ordering::SeqCst) < 2 && t0.elapsed() < Duration::from_secs(12) {
+            let b = Arc::new(Barrier::new(2));
+            let fs: Vec<_> = (0..2)
+                .map(|_| {
+                    let b = b.clone();
+                    std::thread::spawn(move || {
+                        b.wait();
+                        fork_once(ino, sh);
+                    })
+                })
+                .collect();
+            for f in fs {
+                f.join().unwrap();
+            }
+            round += 1;
+            sh.word(3).store(round, Ordering::SeqCst);
+        }
+        sh.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(120));
+        0
+    })));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while sh.word(0).load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let leaked = sh.word(2).load(Ordering::SeqCst);
+    let rounds = sh.word(3).load(Ordering::SeqCst);
+    let held = sh.word(1).load(Ordering::SeqCst);
+    // the parent dies with all its holds
+    drop(lab);
+    std::thread::sleep(Duration::from_millis(50));
+    let t = LockTable::open(&path, 1024).unwrap();
+    let mut busy = Vec::new();
+    for o in 0..2 {
+        for i in 0..sh.word(4 + o as usize).load(Ordering::SeqCst) {
+            let k = format!("hold:{o}:{i}");
+            if t.try_lock_with_lease(&k, Duration::from_secs(1))
+                .unwrap()
+                .is_none()
+            {
+                busy.push(k);
+            }
+        }
+    }
+    let alive_owner: usize = t.holders().iter().filter(|h| h.owner_alive).count();
+    for k in 0..(leaked.min(32) as usize) {
+        let pid = sh.word(32 + k).load(Ordering::SeqCst) as i32;
+        if pid > 0 {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+    drop(t);
+    let _ = fs::remove_dir_all(&dir);
+    note!("[{rounds} two-fork rounds ({held} opener threads done); children holding a table lock: {leaked}; after the parent's SIGKILL, keys still busy: {} {:?}, holders judged alive: {alive_owner}] ", busy.len(), busy.iter().take(3).collect::<Vec<_>>());
+    assert!(
+        busy.is_empty(),
+        "a dead process's keys stay busy (its registration lives on in a forked child)"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// G. Each way a key frees ends a sleeping waiter's wait: release, force_unlock by a third
+//    process, many renewals then release (woken: long before W's 2 s step would end), a
+//    lease left to expire (W's sleep ends at the deadline, not at its step), a SIGKILLed
+//    holder (W finds it dead at its next step, with the default schedule 2 s into its
+//    wait).
+
+fn wake_latency(action: u64) -> (Duration, bool) {
+    let path = TempPath::new("wake");
+    drop(LockTable::open(&path, 64).unwrap());
+    let sh = Shared::new(16);
+    let h = Proc(Some(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let mut g = t
+            .lock("W", opts(if action == 3 { 150 } else { 60_000 }, 1000))
+            .unwrap();
+        sh.word(1).store(1, Ordering::SeqCst);
+        await_word(&sh, 0, Duration::from_secs(60));
+        match action {
+            0 => {
+                sh.word(3).store(mono_ns(), Ordering::SeqCst);
+                drop(g);
+            }
+            2 => {
+                for _ in 0..100 {
+                    g.expire(Some(Duration::from_secs(60))).unwrap();
+                }
+                sh.word(3).store(mono_ns(), Ordering::SeqCst);
+                drop(g);
+            }
+            3 => {
+                g.leave_to_expire();
+            }
+            _ => {}
+        }
+        std::thread::sleep(Duration::from_secs(30));
+        0
+    })));
+    await_word(&sh, 1, Duration::from_secs(10));
+    let w = Proc(Some(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let o = if action == 4 {
+            LockOptions {
+                exptime: Duration::from_secs(60),
+                timeout: Duration::from_secs(10),
+                ..LockOptions::default()
+            }
+        } else {
+            LockOptions {
+                exptime: Duration::from_secs(60),
+                timeout: Duration::from_secs(10),
+                step: Duration::from_secs(2),
+                max_step: Duration::from_secs(2),
+                ..LockOptions::default()
+            }
+        };
+        sh.word(5).store(1, Ordering::SeqCst);
+        let g = t.lock("W", o);
+        sh.word(7).store(mono_ns(), Ordering::SeqCst);
+        sh.word(8)
+            .store(if g.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(30));
+        0
+    })));
+    await_word(&sh, 5, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(if action == 4 { 2200 } else { 100 }));
+    let t = LockTable::open(&path, 64).unwrap();
+    let waiting = t.holders().iter().any(|e| e.waiters);
+    match action {
+        1 => {
+            sh.word(3).store(mono_ns(), Ordering::SeqCst);
+            t.force_unlock("W").unwrap();
+        }
+        3 => {
+            sh.word(0).store(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(160));
+            // the lease ran out now
+            sh.word(3).store(mono_ns(), Ordering::SeqCst);
+        }
+        4 => {
+            sh.word(3).store(mono_ns(), Ordering::SeqCst);
+            unsafe { libc::kill(h.pid(), libc::SIGKILL) };
+        }
+        _ => sh.word(0).store(1, Ordering::SeqCst),
+    }
+    let got = await_word(&sh, 8, Duration::from_secs(10)) == 1;
+    let at = sh.word(3).load(Ordering::SeqCst);
+    let acq = sh.word(7).load(Ordering::SeqCst);
+    drop((h, w));
+    (Duration::from_nanos(acq.saturating_sub(at)), got && waiting)
+}
+
+fn who_wakes() {
+    let mut out = Vec::new();
+    let mut late = Vec::new();
+    // The bound each case must beat, far from the figures it shows (tens of µs for a wake,
+    // a clock tick or two after a deadline, up to the 500 ms max_step after a kill): the
+    // 2 s step W would otherwise sleep out, or (the kill) the 10 s timeout.
+    for (a, name, bound) in [
+        (0, "release", 1000),
+        (1, "force_unlock by a 3rd process", 1000),
+        (2, "100 renewals then release", 1000),
+        (3, "lease left to expire (150 ms)", 1000),
+        (
+            4,
+            "holder SIGKILLed, waiter 2.2 s in (default schedule)",
+            5000,
+        ),
+    ] {
+        let (d, got) = wake_latency(a);
+        // `got` includes that W was seen asleep on the key (its flag on the hold) first
+        out.push(format!(
+            "{name}: {} after {:.2} ms",
+            if got { "got" } else { "NOT got" },
+            d.as_secs_f64() * 1e3
+        ));
+        if !got || d >= Duration::from_millis(bound) {
+            late.push(name);
+        }
+    }
+    note!("[{}] ", out.join("; "));
+    assert!(
+        late.is_empty(),
+        "waiters not woken or freed in time: {late:?}"
+    );
+}
