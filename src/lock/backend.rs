@@ -186,7 +186,7 @@ pub(crate) fn acquire_slow<B: Backend>(
             retried = false;
             if notify {
                 let (used, moved) = backend.sleep(&busy, step);
-                schedule.refund(step.saturating_sub(used));
+                schedule.settle(step, used);
                 retried = used.is_zero();
                 look = !moved;
             } else {

@@ -707,9 +707,9 @@ impl Backend for LockTable {
             // one would sleep out long steps while the ones asleep on the word are woken at
             // each release and take the key before it (starved for its timeout).
             Prepared::Poll => {
-                let nap = step.min(TRANSIENT_POLL);
-                std::thread::sleep(nap);
-                (nap, false)
+                let t = Instant::now();
+                std::thread::sleep(step.min(TRANSIENT_POLL));
+                (t.elapsed(), false)
             }
         }
     }

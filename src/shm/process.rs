@@ -22,6 +22,7 @@
 use std::fs;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Once;
+use std::time::{Duration, Instant};
 
 /// The identity of this process, as inspection shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,12 +81,27 @@ extern "C" fn before_fork() {
 }
 
 extern "C" fn after_fork_in_parent() {
-    cell().setting_up.fetch_sub(FORKING, Ordering::Release);
+    // Never below zero: the child of a fork made inside a fork (by another prepare
+    // handler, or a signal handler) goes on with the outer fork as its parent, on a
+    // counter its own fork handler zeroed. It has one thread, so nothing to count.
+    let _ = cell()
+        .setting_up
+        .fetch_update(Ordering::Release, Ordering::Relaxed, |v| {
+            v.checked_sub(FORKING)
+        });
 }
+
+/// How long an anchor waits for a fork under way before it goes ahead anyway. A fork
+/// takes microseconds (milliseconds for a huge process); one that waits longer waits for
+/// something else, perhaps in another fork handler for a lock this very thread holds (an
+/// application's handler that locks its mutex around `fork`, registered before the
+/// library's): waiting on would deadlock, going ahead only risks that child inheriting
+/// the anchor's descriptor, as after a raw `clone`.
+const FORK_PATIENCE: Duration = Duration::from_millis(100);
 
 /// Held while an anchor's descriptor exists (see `anchor.rs`): a `fork` through the libc
 /// function, which runs the fork handlers, waits until it is gone, so no child inherits
-/// it. Signals are blocked meanwhile, so that no signal handler of this thread forks (it
+/// it; an anchor waits for a fork under way, up to [`FORK_PATIENCE`]. Signals are blocked meanwhile, so that no signal handler of this thread forks (it
 /// would wait for itself) or runs on into a child with a half-made anchor.
 pub(crate) struct NoFork {
     signals: libc::sigset_t,
@@ -105,11 +121,20 @@ impl NoFork {
         };
         let setting_up = &cell().setting_up;
         let mut cur = setting_up.load(Ordering::Relaxed);
+        let mut waited: Option<Instant> = None;
         loop {
             if cur & !SETUPS != 0 {
-                std::thread::yield_now();
-                cur = setting_up.load(Ordering::Relaxed);
-                continue;
+                let since = *waited.get_or_insert_with(Instant::now);
+                let patience = since.elapsed();
+                if patience < FORK_PATIENCE {
+                    if patience < Duration::from_millis(1) {
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                    cur = setting_up.load(Ordering::Relaxed);
+                    continue;
+                }
             }
             match setting_up.compare_exchange_weak(
                 cur,
