@@ -1171,6 +1171,7 @@ fn a_dead_holder_on_a_disk_filesystem_is_reclaimed_at_once() {
         // SAFETY: statfs into a zeroed struct with a valid NUL-terminated path.
         let mut st: libc::statfs = unsafe { std::mem::zeroed() };
         let c = CString::new(path.0.to_str().unwrap()).unwrap();
+        // SAFETY: c is a NUL-terminated path; st is a valid, writable statfs out-pointer.
         assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut st) }, 0);
         st.f_type
     };

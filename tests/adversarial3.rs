@@ -360,6 +360,7 @@ fn extending_dead_holder(reuses: usize) {
     );
     assert_eq!(state(w), 3, "P not stopped in EXTENDING (inconclusive)");
     // SIGKILL while EXTENDING (before gdb goes, so it cannot resume), then reap
+    // SAFETY: signalling our own child, unreaped until p.kill(), so its pid is not reused.
     unsafe { libc::kill(p.pid(), libc::SIGKILL) };
     drop(_gdb);
     p.kill();
@@ -561,6 +562,7 @@ fn stealer_killed_while_stealing_an_expired_live_holders_key_blocks_nobody() {
     let w = watch.control(slot);
     note!("[S stopped, slot state {}] ", state(w));
     assert_eq!(state(w), 5, "S not stopped in STEALING (inconclusive)");
+    // SAFETY: signalling our own child, unreaped until s.kill(), so its pid is not reused.
     unsafe { libc::kill(s.pid(), libc::SIGKILL) };
     drop(g);
     s.kill();
@@ -619,6 +621,7 @@ fn stealer_killed_while_stealing_a_dead_holders_key_blocks_nobody() {
     fs::create_dir_all(&flags.0).unwrap();
     let (mut s, g) = stopped_stealer(&path, slot, &flags.0, &shared, 60_000);
     assert_eq!(state(watch.control(slot)), 5, "inconclusive");
+    // SAFETY: signalling our own child, unreaped until s.kill(), so its pid is not reused.
     unsafe { libc::kill(s.pid(), libc::SIGKILL) };
     drop(g);
     s.kill();
@@ -848,8 +851,10 @@ fn chaos_many_stealers_reapers_stop_and_kill() {
             }
             _ => {
                 // SIGSTOP a live process (maybe while holding) for up to 700 ms
+                // SAFETY: stopping our own child, unreaped while procs[k] holds it.
                 unsafe { libc::kill(p.pid(), libc::SIGSTOP) };
                 std::thread::sleep(Duration::from_millis(xorshift(&mut rng) % 700));
+                // SAFETY: resuming the same child, still unreaped (procs[k] holds it).
                 unsafe { libc::kill(p.pid(), libc::SIGCONT) };
                 stops += 1;
             }

@@ -384,10 +384,13 @@ fn a_child_never_replaces_the_programs_own_descriptor() {
             let pos0 = mine.stream_position().unwrap();
             // SAFETY: reading the descriptor flags of a number we own.
             let fl0 = unsafe { libc::fcntl(n, libc::F_GETFL) } & libc::O_ACCMODE;
+            // SAFETY: fcntl F_GETFD passes no memory; n is `mine`'s descriptor, open all along.
             let cl0 = unsafe { libc::fcntl(n, libc::F_GETFD) };
             let _g = a.lock(K, opts(60_000, 1_000)).unwrap();
             let pos1 = mine.stream_position().unwrap();
+            // SAFETY: fcntl F_GETFL passes no memory; n is `mine`'s descriptor, open all along.
             let fl1 = unsafe { libc::fcntl(n, libc::F_GETFL) } & libc::O_ACCMODE;
+            // SAFETY: fcntl F_GETFD passes no memory; n is `mine`'s descriptor, open all along.
             let cl1 = unsafe { libc::fcntl(n, libc::F_GETFD) };
             eprintln!(
                 "[program's read-only fd {n}: offset {pos0} -> {pos1}, access mode {fl0} -> \
@@ -519,8 +522,8 @@ fn a_child_forked_during_open_never_keeps_the_parents_registration() {
         }
         hit = true;
         // kill P (SIGKILL the holder); the leaky worker, which used the library, lives on
-        // SAFETY: signalling our own child.
         let pid = p.0.as_ref().unwrap().0;
+        // SAFETY: signalling our own child.
         unsafe { libc::kill(pid, libc::SIGKILL) };
         std::thread::sleep(Duration::from_millis(20));
         let table = LockTable::open(&path, 64).unwrap();
@@ -997,6 +1000,7 @@ fn a_child_at_its_fd_limit_never_keeps_the_parents_registration() {
                 rlim_cur: n + 2,
                 rlim_max: old.rlim_max,
             };
+            // SAFETY: tight is a valid rlimit; it lowers only this forked child's limit.
             unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &tight) };
             // a busy server at its limit for a moment
             let mut hog = vec![];
@@ -1005,6 +1009,7 @@ fn a_child_at_its_fd_limit_never_keeps_the_parents_registration() {
             }
             let first = a.registered();
             drop(hog);
+            // SAFETY: old is the valid rlimit getrlimit filled in; it restores this child's limit.
             unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &old) };
             let later = a.lock("review4:mine", opts(1_000, 100)).map(drop);
             let u = LockTable::open(&other, 64).unwrap();
@@ -1097,6 +1102,7 @@ fn spawn_kind(kind: &str, f: impl FnOnce() -> i32) -> libc::pid_t {
     assert!(pid >= 0, "{kind} failed");
     if pid == 0 {
         let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(101);
+        // SAFETY: leaving the child without running the parent's destructors or atexit handlers.
         unsafe { libc::_exit(code) };
     }
     pid
@@ -1159,6 +1165,7 @@ fn fork_kinds() {
         unsafe { libc::kill(kid, libc::SIGKILL) };
         let mid = flag.word(3).load(Ordering::SeqCst) as libc::pid_t;
         if mid > 0 {
+            // SAFETY: a plain signal (no memory involved) to the middle child, an orphan by now.
             unsafe { libc::kill(mid, libc::SIGKILL) };
         }
     }

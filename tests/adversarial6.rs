@@ -81,7 +81,9 @@ fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
 /// Raw syscalls and stack buffers only.
 fn inherited_locked_fd(ino: u64) -> bool {
     for fd in 3..512 {
+        // SAFETY: libc::stat is plain integers, so all-zero bytes are a valid value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: st is a valid out-pointer; fstat on an unused descriptor number just fails.
         if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_ino != ino {
             continue;
         }
@@ -98,12 +100,15 @@ fn inherited_locked_fd(ino: u64) -> bool {
             p[18 + i] = digits[k - 1 - i];
         }
         p[18 + k] = 0;
+        // SAFETY: p is NUL-terminated (at most 3 digits after the 18-byte prefix, then a 0).
         let f = unsafe { libc::open(p.as_ptr().cast(), libc::O_RDONLY) };
         if f < 0 {
             continue;
         }
         let mut buf = [0u8; 2048];
+        // SAFETY: buf is writable for buf.len() bytes; f is the descriptor opened above.
         let r = unsafe { libc::read(f, buf.as_mut_ptr().cast(), buf.len()) };
+        // SAFETY: closing f, opened above and used by nothing else.
         unsafe { libc::close(f) };
         if r > 0 && buf[..r as usize].windows(5).any(|w| w == b"lock:") {
             return true;
@@ -183,6 +188,7 @@ fn monitor(
     let mut last = (shared.word(w).load(Ordering::SeqCst), Instant::now());
     loop {
         let mut st = 0;
+        // SAFETY: c is our own child; st is a valid out-pointer.
         let r = unsafe { libc::waitpid(c.0, &mut st, libc::WNOHANG) };
         if r == c.0 {
             return Ok(if libc::WIFEXITED(st) {
@@ -232,11 +238,14 @@ fn two_forkers() {
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(20));
+                    // SAFETY: a threaded fork whose child only calls _exit, async-signal-safe.
                     let pid = unsafe { libc::fork() };
                     if pid == 0 {
+                        // SAFETY: leaving the child, without destructors or atexit handlers.
                         unsafe { libc::_exit(0) };
                     }
                     let mut st = 0;
+                    // SAFETY: reaping the child just forked; st is a valid out-pointer.
                     unsafe { libc::waitpid(pid, &mut st, 0) };
                 }
             })
@@ -259,12 +268,16 @@ fn two_forkers() {
                     let b = barrier.clone();
                     std::thread::spawn(move || {
                         b.wait();
+                        // SAFETY: a threaded fork; the child runs only raw syscalls on stack
+                        // buffers (inherited_locked_fd) and _exit, all async-signal-safe.
                         let pid = unsafe { libc::fork() };
                         if pid == 0 {
                             let code = if inherited_locked_fd(ino) { 42 } else { 0 };
+                            // SAFETY: leaving the child without destructors or atexit handlers.
                             unsafe { libc::_exit(code) };
                         }
                         let mut st = 0;
+                        // SAFETY: reaping the child just forked; st is a valid out-pointer.
                         unsafe { libc::waitpid(pid, &mut st, 0) };
                         libc::WEXITSTATUS(st)
                     })
@@ -350,6 +363,8 @@ extern "C" fn on_alarm_fork(_: libc::c_int) {
     // fork only when the interrupted thread is inside shmlock's before_fork (glibc's own
     // fork is not reentrant anywhere else)
     let mut buf = [std::ptr::null_mut::<libc::c_void>(); 32];
+    // SAFETY: backtrace into a local 32-entry buffer, warmed up before the timer is armed
+    // (so it loads no library in this handler).
     let n = unsafe { backtrace(buf.as_mut_ptr(), 32) };
     let (lo, hi) = (BF_LO.load(Ordering::Relaxed), BF_HI.load(Ordering::Relaxed));
     if !buf[..n.max(0) as usize]
@@ -359,13 +374,18 @@ extern "C" fn on_alarm_fork(_: libc::c_int) {
         SKIPPED.fetch_add(1, Ordering::Relaxed);
         return;
     }
+    // SAFETY: fork in a signal handler (async-signal-safe in POSIX.1-2017); the child
+    // leaves at once with _exit.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
+        // SAFETY: leaving the child.
         unsafe { libc::_exit(0) };
     }
     HANDLER_FORKS.fetch_add(1, Ordering::Relaxed);
     let w = HF_WORD.load(Ordering::Relaxed);
     if !w.is_null() {
+        // SAFETY: w is non-null, so it is HF_WORD's pointer to a word of `shared`, mapped until
+        // this process exits.
         unsafe { (*w).fetch_add(1, Ordering::SeqCst) };
     }
 }
@@ -389,9 +409,12 @@ fn handler_fork_in_before_fork() {
         BF_HI.store(hi, Ordering::Relaxed);
         // warm backtrace up (it loads libgcc on first use)
         let mut buf = [std::ptr::null_mut::<libc::c_void>(); 4];
+        // SAFETY: backtrace into a local 4-entry buffer (warm-up: it loads libgcc).
         unsafe { backtrace(buf.as_mut_ptr(), 4) };
+        // SAFETY: SIG_IGN for SIGCHLD installs no handler; the kernel reaps the children.
         unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
         // openers never take SIGALRM: it goes to this (forking) thread
+        // SAFETY: zeroed storage is a valid sigset_t for sigemptyset; this masks only this thread.
         unsafe {
             let mut set: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut set);
@@ -410,6 +433,8 @@ fn handler_fork_in_before_fork() {
                 })
             })
             .collect();
+        // SAFETY: as above for the mask; the zeroed sigaction gets an extern "C" handler that
+        // lives as long as the program.
         unsafe {
             let mut set: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut set);
@@ -436,9 +461,12 @@ fn handler_fork_in_before_fork() {
                     tv_usec: (1 + x % 150) as libc::suseconds_t,
                 },
             };
+            // SAFETY: it is a valid itimerval; the old value is not asked for (null).
             unsafe { libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut()) };
+            // SAFETY: a threaded fork whose child only calls _exit, async-signal-safe.
             let pid = unsafe { libc::fork() };
             if pid == 0 {
+                // SAFETY: leaving the child.
                 unsafe { libc::_exit(0) };
             }
             shared.word(0).store(i + 1, Ordering::SeqCst);
@@ -587,6 +615,8 @@ impl Watch {
     fn at(&self, slot: usize, off: usize) -> &AtomicU64 {
         let at = self.slots_at + slot * 64 + off;
         assert!(at + 8 <= self.map.len());
+        // SAFETY: in bounds (asserted), 8-aligned (page-aligned map, 64-byte slots, 8-aligned
+        // offsets), and the table only ever accesses this word atomically.
         unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add(at).cast::<u64>()) }
     }
     fn control(&self, slot: usize) -> u64 {
@@ -630,7 +660,9 @@ fn await_word(s: &Shared, w: usize, limit: Duration) -> u64 {
 }
 
 fn mono_ns() -> u64 {
+    // SAFETY: timespec is plain integers, so all-zero bytes are a valid value.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: ts is a valid out-pointer and CLOCK_MONOTONIC a supported clock.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
@@ -651,6 +683,8 @@ impl Drop for Proc {
 struct Spawned(std::process::Child);
 impl Drop for Spawned {
     fn drop(&mut self) {
+        // SAFETY: a plain signal (no memory involved) to the group of a child this test
+        // spawned (gdb and strace run in a group of their own: process_group(0)).
         unsafe { libc::kill(-(self.0.id() as libc::pid_t), libc::SIGKILL) };
         let _ = self.0.kill();
         let _ = self.0.wait();
@@ -972,6 +1006,7 @@ fn crowded_chaos() {
         std::thread::sleep(Duration::from_micros(2000 + next() % 13_000));
         for i in 0..nw {
             if stopped_until[i].is_some_and(|u| Instant::now() >= u) {
+                // SAFETY: resuming our own child, not yet reaped (workers holds it).
                 unsafe { libc::kill(workers[i].0, libc::SIGCONT) };
                 stopped_until[i] = None;
                 rested[i] = Instant::now();
@@ -983,6 +1018,7 @@ fn crowded_chaos() {
         }
         if next() % 6 == 0 {
             let pid = workers[i].0;
+            // SAFETY: killing our own child, reaped only below, so the pid is still its.
             unsafe { libc::kill(pid, libc::SIGKILL) };
             while proc_state(pid as u32) != Some(b'Z') {
                 std::thread::sleep(Duration::from_micros(200));
@@ -996,11 +1032,13 @@ fn crowded_chaos() {
                 );
             }
             let mut st = 0;
+            // SAFETY: reaping that child; st is a valid out-pointer.
             unsafe { libc::waitpid(pid, &mut st, 0) };
             seed += 1;
             workers[i] = spawn(seed);
             kills += 1;
         } else {
+            // SAFETY: stopping our own child, not yet reaped (workers holds it).
             unsafe { libc::kill(workers[i].0, libc::SIGSTOP) };
             stopped_until[i] = Some(Instant::now() + Duration::from_millis(20 + next() % 880));
             stops += 1;
@@ -1008,6 +1046,7 @@ fn crowded_chaos() {
     }
     for (i, w) in workers.iter().enumerate() {
         if stopped_until[i].is_some() {
+            // SAFETY: resuming our own stopped child, not yet reaped.
             unsafe { libc::kill(w.0, libc::SIGCONT) };
         }
     }
@@ -1151,6 +1190,7 @@ fn claimer_stopped_between_publish_and_count(kill: bool) {
     assert_eq!(fence_x, fence_before, "inconclusive: X counted already");
     if kill {
         drop(gdb);
+        // SAFETY: killing our own child, unreaped until x drops, so the pid is still its.
         unsafe { libc::kill(x.pid(), libc::SIGKILL) };
         std::thread::sleep(Duration::from_millis(50));
         gdb = Spawned(std::process::Command::new("true").spawn().unwrap());
@@ -1259,6 +1299,7 @@ fn stray_flag_syscalls() {
     sh.word(0).store(1, Ordering::SeqCst);
     await_word(&sh, 2, Duration::from_secs(20));
     std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: interrupting strace, our child, not yet waited for (so the pid is still its).
     unsafe { libc::kill(st.0.id() as i32, libc::SIGINT) };
     let _ = st.0.wait();
     let text = fs::read_to_string(&out.0).unwrap_or_default();
@@ -1278,23 +1319,30 @@ fn stray_flag_syscalls() {
 //     the whole parent is SIGKILLed, and its keys must be free at once.
 
 fn fork_once(ino: u64, sh: &'static Shared) {
+    // SAFETY: a threaded fork; the child runs only raw syscalls on stack buffers, atomics,
+    // fork and sleep (async-signal-safe in POSIX.1-2017), then _exit.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         if inherited_locked_fd(ino) {
             let k = sh.word(2).fetch_add(1, Ordering::SeqCst) as usize;
             // a grandchild keeps the inherited descriptor; this child leaves at once
+            // SAFETY: fork is async-signal-safe (POSIX.1-2017); the grandchild sleeps and _exits.
             let g = unsafe { libc::fork() };
             if g == 0 {
+                // SAFETY: sleep is async-signal-safe.
                 unsafe { libc::sleep(60) };
+                // SAFETY: leaving the grandchild.
                 unsafe { libc::_exit(0) };
             }
             if k < 32 {
                 sh.word(32 + k).store(g as u64, Ordering::SeqCst);
             }
         }
+        // SAFETY: leaving the child.
         unsafe { libc::_exit(0) };
     }
     let mut st = 0;
+    // SAFETY: reaping the child just forked; st is a valid out-pointer.
     unsafe { libc::waitpid(pid, &mut st, 0) };
 }
 
@@ -1314,6 +1362,8 @@ fn leaked_anchor_keeps_dead_parents_keys() {
                 while sh.word(2).load(Ordering::SeqCst) == 0 {
                     let raw: *mut LockTable =
                         Box::into_raw(Box::new(LockTable::open(&p, 1024).unwrap()));
+                    // SAFETY: raw is from Box::into_raw just above; it is freed only after
+                    // its guard is dropped (below), so t is never used dangling.
                     let t: &'static LockTable = unsafe { &*raw };
                     let g = t.lock(format!("hold:{o}:{i}"), opts(60_000, 100)).unwrap();
                     i += 1;
@@ -1322,6 +1372,7 @@ fn leaked_anchor_keeps_dead_parents_keys() {
                     if keep.len() >= 200 && sh.word(2).load(Ordering::SeqCst) == 0 {
                         for (g, raw) in keep.drain(..) {
                             drop(g);
+                            // SAFETY: raw came from Box::into_raw, freed once, after its guard g.
                             drop(unsafe { Box::from_raw(raw as *mut LockTable) });
                         }
                     }
@@ -1385,6 +1436,7 @@ fn leaked_anchor_keeps_dead_parents_keys() {
     for k in 0..(leaked.min(32) as usize) {
         let pid = sh.word(32 + k).load(Ordering::SeqCst) as i32;
         if pid > 0 {
+            // SAFETY: a plain signal (no memory involved) to a grandchild this test forked.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }
@@ -1478,6 +1530,7 @@ fn wake_latency(action: u64) -> (Duration, bool) {
         }
         4 => {
             sh.word(3).store(mono_ns(), Ordering::SeqCst);
+            // SAFETY: killing our own child, unreaped until h drops, so the pid is still its.
             unsafe { libc::kill(h.pid(), libc::SIGKILL) };
         }
         _ => sh.word(0).store(1, Ordering::SeqCst),

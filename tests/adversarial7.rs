@@ -188,6 +188,7 @@ fn run_role(role: &str, path: &Path, limit: Duration) -> Outcome {
             use std::io::Read;
             let _ = child.stdout.take().unwrap().read_to_string(&mut s);
             // kill leftovers of the group (grandchildren)
+            // SAFETY: a plain signal (no memory) to the group our child led (process_group(0)).
             unsafe { libc::kill(-pid, libc::SIGKILL) };
             return Outcome::Exited(st.code().unwrap_or(-1), s.trim().to_string());
         }
@@ -203,6 +204,7 @@ fn run_role(role: &str, path: &Path, limit: Duration) -> Outcome {
                 .iter()
                 .map(|p| format!("pid {p}: {}", describe(*p)))
                 .collect();
+            // SAFETY: a plain signal to our child's group; the child is not yet reaped.
             unsafe { libc::kill(-pid, libc::SIGKILL) };
             let _ = child.wait();
             let mut s = String::new();
@@ -244,16 +246,21 @@ static A_HAS_M: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn app_prepare() {
     IN_PREPARE.store(true, Ordering::SeqCst);
+    // SAFETY: a pointer to the static, initialized APP_MUTEX, which never moves.
     unsafe { libc::pthread_mutex_lock(APP_MUTEX.0.get()) };
 }
 extern "C" fn app_parent() {
+    // SAFETY: the static APP_MUTEX, locked by app_prepare in this same forking thread.
     unsafe { libc::pthread_mutex_unlock(APP_MUTEX.0.get()) };
 }
 extern "C" fn app_child() {
+    // SAFETY: the child's copy of APP_MUTEX, locked by app_prepare in the forking thread
+    // (this child's only thread).
     unsafe { libc::pthread_mutex_unlock(APP_MUTEX.0.get()) };
 }
 
 fn role_atfork_mutex(path: &Path, app_first: bool) -> i32 {
+    // SAFETY: the handlers are extern "C" fns that live as long as the program.
     let reg = || unsafe {
         assert_eq!(
             libc::pthread_atfork(Some(app_prepare), Some(app_parent), Some(app_child)),
@@ -269,6 +276,7 @@ fn role_atfork_mutex(path: &Path, app_first: bool) -> i32 {
     }
     let p = path.to_path_buf();
     let a = std::thread::spawn(move || {
+        // SAFETY: a pointer to the static, initialized APP_MUTEX, which never moves.
         unsafe { libc::pthread_mutex_lock(APP_MUTEX.0.get()) };
         A_HAS_M.store(true, Ordering::SeqCst);
         let until = Instant::now() + Duration::from_secs(2);
@@ -280,6 +288,7 @@ fn role_atfork_mutex(path: &Path, app_first: bool) -> i32 {
         let _ = std::io::stdout().flush();
         let t = LockTable::open(&p, 64).unwrap();
         drop(t);
+        // SAFETY: unlocking APP_MUTEX, which this thread locked above.
         unsafe { libc::pthread_mutex_unlock(APP_MUTEX.0.get()) };
         println!("A: done");
     });
@@ -287,11 +296,14 @@ fn role_atfork_mutex(path: &Path, app_first: bool) -> i32 {
         while !A_HAS_M.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(1));
         }
+        // SAFETY: a threaded fork whose child only calls _exit, async-signal-safe.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
+            // SAFETY: leaving the child.
             unsafe { libc::_exit(0) };
         }
         let mut st = 0;
+        // SAFETY: reaping the child just forked; st is a valid out-pointer.
         unsafe { libc::waitpid(pid, &mut st, 0) };
         println!("B: fork done");
     });
@@ -341,6 +353,8 @@ static INNER_CHILD: AtomicBool = AtomicBool::new(false);
 static INNER_PID: AtomicI32 = AtomicI32::new(0);
 
 fn fork_in_handler() {
+    // SAFETY: fork in a prepare or signal handler (async-signal-safe, POSIX.1-2017) of a
+    // single-threaded role process; what its child does next is the test.
     let p = unsafe { libc::fork() };
     if p == 0 {
         INNER_CHILD.store(true, Ordering::SeqCst);
@@ -355,6 +369,8 @@ extern "C" fn forking_prepare() {
 }
 extern "C" fn raising_prepare() {
     if FIRST.swap(false, Ordering::SeqCst) {
+        // SAFETY: raising SIGUSR1, whose handler (on_usr1) was installed before this prepare
+        // handler was registered.
         unsafe { libc::raise(libc::SIGUSR1) };
     }
 }
@@ -363,6 +379,8 @@ extern "C" fn on_usr1(_: libc::c_int) {
 }
 
 fn role_nested_fork(path: &Path, by_signal: bool) -> i32 {
+    // SAFETY: a zeroed sigaction (plain C data) gets an extern "C" handler; the handlers
+    // are extern "C" fns that live as long as the program.
     unsafe {
         if by_signal {
             let mut sa: libc::sigaction = std::mem::zeroed();
@@ -376,14 +394,18 @@ fn role_nested_fork(path: &Path, by_signal: bool) -> i32 {
     }
     let t = LockTable::open(path, 64).unwrap(); // shmlock's handlers, registered second
     drop(t);
+    // SAFETY: fork in a single-threaded role process; the child only calls _exit.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
+        // SAFETY: leaving the child.
         unsafe { libc::_exit(0) }; // the outer fork's child (or grandchild)
     }
     if INNER_CHILD.load(Ordering::SeqCst) {
         // The inner fork's child, back from the handler and past the outer fork.
         let mut st = 0;
+        // SAFETY: reaping this process's own child of the outer fork; st is a valid out-pointer.
         unsafe { libc::waitpid(pid, &mut st, 0) };
+        // SAFETY: default action for SIGALRM, then an alarm: it kills this child if open hangs.
         unsafe {
             libc::signal(libc::SIGALRM, libc::SIG_DFL);
             libc::alarm(3);
@@ -392,10 +414,12 @@ fn role_nested_fork(path: &Path, by_signal: bool) -> i32 {
         let r = LockTable::open(path, 64);
         let code = if r.is_ok() { 0 } else { 7 };
         eprintln!("inner child: open {:?} after {:?}", r.is_ok(), s.elapsed());
+        // SAFETY: leaving the inner child.
         unsafe { libc::_exit(code) };
     }
     // The original process.
     let mut st = 0;
+    // SAFETY: reaping the outer fork's child; st is a valid out-pointer.
     unsafe { libc::waitpid(pid, &mut st, 0) };
     let inner = INNER_PID.load(Ordering::SeqCst);
     if inner <= 0 {
@@ -404,6 +428,7 @@ fn role_nested_fork(path: &Path, by_signal: bool) -> i32 {
     }
     let started = Instant::now();
     let mut st = 0;
+    // SAFETY: reaping the handler fork's child, ours; st is a valid out-pointer.
     unsafe { libc::waitpid(inner, &mut st, 0) };
     let waited = started.elapsed();
     // The parent can still open (its own counter is balanced).
@@ -487,6 +512,8 @@ extern "C" fn on_alarm_fork_and_return(_: libc::c_int) {
         return;
     }
     let mut buf = [std::ptr::null_mut::<libc::c_void>(); 32];
+    // SAFETY: backtrace into a local 32-entry buffer, warmed up before the timer is armed
+    // (so it loads no library in this handler).
     let n = unsafe { backtrace(buf.as_mut_ptr(), 32) };
     let (lo, hi) = (BF_LO.load(Ordering::Relaxed), BF_HI.load(Ordering::Relaxed));
     if !buf[..n.max(0) as usize]
@@ -507,12 +534,15 @@ fn timer_nested() {
     let shared: &'static Shared = Box::leak(Box::new(Shared::new(8)));
     let p = path.clone();
     let c = fork(move || {
+        // SAFETY: setpgid(0, 0) only moves this forked child into a group of its own.
         unsafe { libc::setpgid(0, 0) }; // its own group: killed whole at the end
         let (lo, hi) = locate_before_fork();
         BF_LO.store(lo, Ordering::Relaxed);
         BF_HI.store(hi, Ordering::Relaxed);
         let mut buf = [std::ptr::null_mut::<libc::c_void>(); 4];
+        // SAFETY: backtrace into a local 4-entry buffer (warm-up: it loads libgcc).
         unsafe { backtrace(buf.as_mut_ptr(), 4) };
+        // SAFETY: zeroed storage is a valid sigset_t for sigemptyset; this masks only this thread.
         unsafe {
             let mut set: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut set);
@@ -531,6 +561,8 @@ fn timer_nested() {
                 })
             })
             .collect();
+        // SAFETY: as above for the mask; the zeroed sigaction gets an extern "C" handler that
+        // lives as long as the program.
         unsafe {
             let mut set: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut set);
@@ -557,12 +589,16 @@ fn timer_nested() {
                     tv_usec: (1 + x % 150) as libc::suseconds_t,
                 },
             };
+            // SAFETY: it is a valid itimerval; the old value is not asked for (null).
             unsafe { libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut()) };
+            // SAFETY: a threaded fork whose child only calls _exit, async-signal-safe.
             let pid = unsafe { libc::fork() };
             if pid == 0 {
+                // SAFETY: leaving the child.
                 unsafe { libc::_exit(0) };
             }
             let mut st = 0;
+            // SAFETY: reaping the child just forked; st is a valid out-pointer.
             unsafe { libc::waitpid(pid, &mut st, 0) };
             if INNER_CHILD.load(Ordering::SeqCst) {
                 // the handler's child, past the outer fork: only this thread here
@@ -574,6 +610,7 @@ fn timer_nested() {
                 shared
                     .word(2)
                     .store(if r.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
+                // SAFETY: leaving the handler's child, without destructors or atexit handlers.
                 unsafe { libc::_exit(0) };
             }
             if HF_DONE.load(Ordering::Relaxed) {
@@ -623,8 +660,10 @@ fn timer_nested() {
             let frames: Vec<&str> = s.lines().filter(|l| l.starts_with('#')).collect();
             d += &format!(" bt: {}", frames.join(" / "));
         }
+        // SAFETY: a plain signal (no memory involved) to the inner child, a grandchild of ours.
         unsafe { libc::kill(inner, libc::SIGKILL) };
     }
+    // SAFETY: a plain signal (no memory) to the group our child made with setpgid(0, 0).
     unsafe { libc::kill(-group, libc::SIGKILL) };
     let _ = fs::remove_dir_all(&dir);
     note!(
@@ -701,6 +740,8 @@ fn role_fork_fails(path: &Path) -> i32 {
         len: prog.len() as u16,
         filter: prog.as_ptr(),
     };
+    // SAFETY: fprog points to prog, a valid 5-instruction BPF filter alive for the call (the
+    // kernel copies it); NO_NEW_PRIVS is set first, as seccomp requires.
     unsafe {
         assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
         assert_eq!(
@@ -716,8 +757,10 @@ fn role_fork_fails(path: &Path) -> i32 {
     }
     let mut failures = 0;
     for _ in 0..3 {
+        // SAFETY: fork in a single-threaded role process; the child only calls _exit.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
+            // SAFETY: leaving the child.
             unsafe { libc::_exit(0) };
         }
         if pid < 0 {
@@ -799,6 +842,7 @@ fn posix_spawn_fifo() {
     let shared = Shared::new(4);
     let c = fork(|| {
         let cf = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: cf is a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(cf.as_ptr(), 0o600) }, 0);
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let openers: Vec<_> = (0..2)
@@ -818,6 +862,7 @@ fn posix_spawn_fifo() {
         for round in 0..rounds {
             // release thread: find the blocked child, inspect, then open the FIFO
             let fifo2 = fifo.clone();
+            // SAFETY: `shared` outlives this round's release thread, which is joined below.
             let sh: &'static Shared = unsafe { &*(&shared as *const Shared) };
             let rel = std::thread::spawn(move || {
                 let until = Instant::now() + Duration::from_secs(5);
@@ -850,7 +895,9 @@ fn posix_spawn_fifo() {
                 // let the child go
                 let _w = fs::OpenOptions::new().write(true).open(&fifo2);
             });
+            // SAFETY: posix_spawn_file_actions_t is plain C data; init sets it up next.
             let mut fa: libc::posix_spawn_file_actions_t = unsafe { std::mem::zeroed() };
+            // SAFETY: fa is valid storage; cf is NUL-terminated and outlives the spawn below.
             unsafe {
                 libc::posix_spawn_file_actions_init(&mut fa);
                 libc::posix_spawn_file_actions_addopen(
@@ -864,6 +911,8 @@ fn posix_spawn_fifo() {
             let argv = [truebin.as_ptr() as *mut libc::c_char, std::ptr::null_mut()];
             let envp = [std::ptr::null_mut::<libc::c_char>()];
             let mut pid = 0;
+            // SAFETY: fa is initialized, the path NUL-terminated, argv and envp NULL-terminated;
+            // all outlive the call, and fa is destroyed once, after it.
             unsafe {
                 libc::posix_spawn(
                     &mut pid,
@@ -877,6 +926,7 @@ fn posix_spawn_fifo() {
             }
             rel.join().unwrap();
             let mut st = 0;
+            // SAFETY: reaping the spawned child; st is a valid out-pointer.
             unsafe { libc::waitpid(pid, &mut st, 0) };
             shared.word(0).store(round + 1, Ordering::SeqCst);
         }
@@ -938,6 +988,8 @@ impl Watch {
     fn at(&self, slot: usize, off: usize) -> &AtomicU64 {
         let at = self.slots_at + slot * 64 + off;
         assert!(at + 8 <= self.map.len());
+        // SAFETY: in bounds (asserted), 8-aligned (page-aligned map, 64-byte slots, offset 0
+        // here), and the table only ever accesses this word atomically.
         unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add(at).cast::<u64>()) }
     }
 }
@@ -1228,7 +1280,9 @@ fn await_word(s: &Shared, w: usize, limit: Duration) -> u64 {
     }
 }
 fn mono_ns() -> u64 {
+    // SAFETY: timespec is plain integers, so all-zero bytes are a valid value.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: ts is a valid out-pointer and CLOCK_MONOTONIC a supported clock.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
@@ -1248,6 +1302,8 @@ impl Drop for Proc {
 struct Spawned(std::process::Child);
 impl Drop for Spawned {
     fn drop(&mut self) {
+        // SAFETY: a plain signal (no memory involved) to the group of a child this test
+        // spawned (gdb runs in a group of its own: process_group(0)).
         unsafe { libc::kill(-(self.0.id() as libc::pid_t), libc::SIGKILL) };
         let _ = self.0.kill();
         let _ = self.0.wait();
