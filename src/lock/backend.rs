@@ -136,6 +136,7 @@ pub(crate) fn acquire_slow<B: Backend>(
         },
     };
     let mut schedule = Schedule::new(opts, timeout.unwrap_or(Duration::ZERO));
+    let budget = opts.timeout_for(timeout.unwrap_or(Duration::ZERO));
     let notify = opts.notify && backend.can_notify();
     let started = Instant::now();
     let mut slept = Duration::ZERO; // the sum of the steps, when polling
@@ -185,6 +186,12 @@ pub(crate) fn acquire_slow<B: Backend>(
             };
             retried = false;
             if notify {
+                // Waiting for real, the timeout is wall time: the looks and tries between
+                // sleeps count too.
+                let step = match budget.checked_sub(started.elapsed()) {
+                    Some(left) if !left.is_zero() => step.min(left),
+                    _ => return Err(Error::timeout(key, timeout.unwrap_or(Duration::ZERO))),
+                };
                 let (used, moved) = backend.sleep(&busy, step);
                 schedule.settle(step, used);
                 retried = used.is_zero();
