@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::fork::{fork, xorshift, Child, Shared};
 use common::harness::{require_root, Test};
+use common::probe::await_word;
 use common::TempPath;
 use shmlock::{Error, HolderState, Lock, LockOptions, LockTable};
 
@@ -202,19 +203,6 @@ fn stop(pid: libc::pid_t) {
 fn cont(pid: libc::pid_t) {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(pid, libc::SIGCONT) };
-}
-
-/// Waits until `w` is nonzero (a child's signal through shared memory).
-fn await_word(s: &Shared, w: usize, limit: Duration) -> u64 {
-    let deadline = Instant::now() + limit;
-    loop {
-        let v = s.word(w).load(Ordering::SeqCst);
-        if v != 0 {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "word {w} never set");
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 /// The descriptors of this process that name `path`.

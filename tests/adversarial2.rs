@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use common::fork::{fork, Child, Shared};
 use common::harness::Test;
+use common::probe::await_word;
 use common::word::{gen, ident, state, GEN_MASK};
 use common::TempPath;
 use shmlock::{Error, LockOptions, LockTable};
@@ -156,19 +157,6 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
-    }
-}
-
-/// Waits until `w` is nonzero (a child's signal through shared memory).
-fn await_word(s: &Shared, w: usize, limit: Duration) -> u64 {
-    let deadline = Instant::now() + limit;
-    loop {
-        let v = s.word(w).load(Ordering::SeqCst);
-        if v != 0 {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "word {w} never set");
-        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

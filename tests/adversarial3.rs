@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::fork::{fork, xorshift, Child, Shared};
 use common::harness::Test;
+use common::probe::await_word;
 use common::word::{gen, ident, state, GEN_MASK};
 use common::TempPath;
 use shmlock::{Error, LockOptions, LockTable};
@@ -131,18 +132,6 @@ impl Drop for Spawned {
         unsafe { libc::kill(-(self.0.id() as libc::pid_t), libc::SIGKILL) };
         let _ = self.0.kill();
         let _ = self.0.wait();
-    }
-}
-
-fn await_word(s: &Shared, w: usize, limit: Duration) -> u64 {
-    let deadline = Instant::now() + limit;
-    loop {
-        let v = s.word(w).load(Ordering::SeqCst);
-        if v != 0 {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "word {w} never set");
-        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

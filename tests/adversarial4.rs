@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::fork::{fork, Child, Shared};
 use common::harness::Test;
+use common::probe::await_word;
 use common::TempPath;
 use shmlock::{LockOptions, LockTable};
 
@@ -119,18 +120,6 @@ impl Drop for Proc {
         if let Some(c) = self.0.take() {
             c.kill();
         }
-    }
-}
-
-fn await_word(s: &Shared, w: usize, limit: Duration) -> u64 {
-    let deadline = Instant::now() + limit;
-    loop {
-        let v = s.word(w).load(Ordering::SeqCst);
-        if v != 0 {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "word {w} never set");
-        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

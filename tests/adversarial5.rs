@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::fork::{fork, xorshift, Child, Shared};
 use common::harness::Test;
+use common::probe::await_word;
 use common::TempPath;
 use shmlock::{LockOptions, LockTable, SharedDict};
 
@@ -90,18 +91,6 @@ fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
         exptime: Duration::from_millis(exptime_ms),
         timeout: Duration::from_millis(timeout_ms),
         ..LockOptions::default()
-    }
-}
-
-fn await_word(s: &Shared, w: usize, limit: Duration) -> u64 {
-    let deadline = Instant::now() + limit;
-    loop {
-        let v = s.word(w).load(Ordering::SeqCst);
-        if v != 0 {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "word {w} never set");
-        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

@@ -7,12 +7,17 @@ use std::fs;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use common::fork::{fork, Child, Shared};
+use common::forking::{arm_alarm, locate_before_fork, mask_alarm, on_alarm, Openers};
 use common::harness::Test;
+use common::probe::{
+    await_word, header_u64, mapping_base, mono_ns, place, registry_len, GdbStop, Proc, Spawned,
+    Watch,
+};
 use common::TempPath;
 use shmlock::{LockOptions, LockTable};
 
@@ -228,39 +233,8 @@ fn two_forkers() {
     let shared = Shared::new(8);
     let rounds: u64 = 1500;
     let nforkers: usize = 2;
-    let rescue = false;
     let c = fork(|| {
-        let stop = Arc::new(AtomicBool::new(false));
-        // optional: a thread that forks every 20 ms, which un-sticks a forker spinning in
-        // before_fork (so leaks can be counted over many rounds)
-        let rescuer = rescue.then(|| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(20));
-                    // SAFETY: a threaded fork whose child only calls _exit, async-signal-safe.
-                    let pid = unsafe { libc::fork() };
-                    if pid == 0 {
-                        // SAFETY: leaving the child, without destructors or atexit handlers.
-                        unsafe { libc::_exit(0) };
-                    }
-                    let mut st = 0;
-                    // SAFETY: reaping the child just forked; st is a valid out-pointer.
-                    unsafe { libc::waitpid(pid, &mut st, 0) };
-                }
-            })
-        });
-        let openers: Vec<_> = (0..2)
-            .map(|_| {
-                let stop = stop.clone();
-                let p = path.clone();
-                std::thread::spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        drop(LockTable::open(&p, 64).unwrap());
-                    }
-                })
-            })
-            .collect();
+        let openers = Openers::start(&path, 2);
         for round in 0..rounds {
             let barrier = Arc::new(Barrier::new(nforkers));
             let forkers: Vec<_> = (0..nforkers)
@@ -290,13 +264,7 @@ fn two_forkers() {
             }
             shared.word(0).store(round + 1, Ordering::SeqCst);
         }
-        stop.store(true, Ordering::Relaxed);
-        for t in openers {
-            t.join().unwrap();
-        }
-        if let Some(r) = rescuer {
-            r.join().unwrap();
-        }
+        openers.stop();
         0
     });
     let r = monitor(
@@ -310,7 +278,7 @@ fn two_forkers() {
     let done = shared.word(0).load(Ordering::SeqCst);
     let _ = fs::remove_dir_all(&dir);
     match r {
-        Ok(rc) => note!("[rc {rc}; {done} rounds of {nforkers} simultaneous forks (rescuer: {rescue}); children holding the parent's registration lock: {leaks}] "),
+        Ok(rc) => note!("[rc {rc}; {done} rounds of {nforkers} simultaneous forks; children holding the parent's registration lock: {leaks}] "),
         Err(e) => {
             note!("[children holding the parent's registration lock before the hang: {leaks}] ");
             panic!("fork hung: {e}")
@@ -333,31 +301,6 @@ extern "C" {
 static BF_LO: AtomicU64 = AtomicU64::new(0);
 static BF_HI: AtomicU64 = AtomicU64::new(0);
 static SKIPPED: AtomicU64 = AtomicU64::new(0);
-
-/// The run-time address range of shmlock's before_fork (from nm and /proc/self/maps).
-fn locate_before_fork() -> (u64, u64) {
-    let exe = fs::read_link("/proc/self/exe").unwrap();
-    let out = std::process::Command::new("nm")
-        .arg("-S")
-        .arg(&exe)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.contains("process11before_fork"))
-        .expect("before_fork symbol");
-    let f: Vec<&str> = line.split_whitespace().collect();
-    let off = u64::from_str_radix(f[0], 16).unwrap();
-    let len = u64::from_str_radix(f[1], 16).unwrap();
-    let maps = fs::read_to_string("/proc/self/maps").unwrap();
-    let l = maps
-        .lines()
-        .find(|l| l.ends_with(exe.to_str().unwrap()))
-        .unwrap();
-    let base = u64::from_str_radix(l.split('-').next().unwrap(), 16).unwrap();
-    (base + off, base + off + len)
-}
 
 extern "C" fn on_alarm_fork(_: libc::c_int) {
     // fork only when the interrupted thread is inside shmlock's before_fork (glibc's own
@@ -413,56 +356,13 @@ fn handler_fork_in_before_fork() {
         unsafe { backtrace(buf.as_mut_ptr(), 4) };
         // SAFETY: SIG_IGN for SIGCHLD installs no handler; the kernel reaps the children.
         unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
-        // openers never take SIGALRM: it goes to this (forking) thread
-        // SAFETY: zeroed storage is a valid sigset_t for sigemptyset; this masks only this thread.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGALRM);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        }
-        let stop = Arc::new(AtomicBool::new(false));
-        let openers: Vec<_> = (0..2)
-            .map(|_| {
-                let stop = stop.clone();
-                let p = path.clone();
-                std::thread::spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        drop(LockTable::open(&p, 64).unwrap());
-                    }
-                })
-            })
-            .collect();
-        // SAFETY: as above for the mask; the zeroed sigaction gets an extern "C" handler that
-        // lives as long as the program.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGALRM);
-            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_alarm_fork as extern "C" fn(libc::c_int) as usize;
-            sa.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
-        }
+        mask_alarm(true);
+        let openers = Openers::start(&path, 2);
+        mask_alarm(false);
+        on_alarm(on_alarm_fork);
         let mut x = 0x9e3779b97f4a7c15u64;
         for i in 0..4000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let it = libc::itimerval {
-                it_interval: libc::timeval {
-                    tv_sec: 0,
-                    tv_usec: 0,
-                },
-                it_value: libc::timeval {
-                    tv_sec: 0,
-                    tv_usec: (1 + x % 150) as libc::suseconds_t,
-                },
-            };
-            // SAFETY: it is a valid itimerval; the old value is not asked for (null).
-            unsafe { libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut()) };
+            arm_alarm(&mut x);
             // SAFETY: a threaded fork whose child only calls _exit, async-signal-safe.
             let pid = unsafe { libc::fork() };
             if pid == 0 {
@@ -474,10 +374,7 @@ fn handler_fork_in_before_fork() {
                 .word(1)
                 .store(HANDLER_FORKS.load(Ordering::Relaxed), Ordering::SeqCst);
         }
-        stop.store(true, Ordering::Relaxed);
-        for t in openers {
-            t.join().unwrap();
-        }
+        openers.stop();
         0
     });
     let r = monitor(
@@ -571,126 +468,6 @@ fn timeout_overrun() {
 // ---------------------------------------------------------------------------------------
 // Helpers: the file's seed and slot count, key placement as the library computes it.
 
-fn header_u64(path: &Path, at: u64) -> u64 {
-    use std::os::unix::fs::FileExt;
-    let f = fs::File::open(path).unwrap();
-    let mut b = [0u8; 8];
-    f.read_exact_at(&mut b, at).unwrap();
-    u64::from_le_bytes(b)
-}
-fn registry_len(path: &Path) -> u64 {
-    use std::os::unix::fs::FileExt;
-    let f = fs::File::open(path).unwrap();
-    let mut b = [0u8; 4];
-    f.read_exact_at(&mut b, 72).unwrap();
-    (u64::from(u32::from_le_bytes(b)) * 32).div_ceil(4096) * 4096
-}
-/// (home, tag) of a key in the table at `path`.
-fn place(seed: u64, n: u64, key: &str) -> (u64, u8) {
-    let h = xxhash_rust::xxh3::xxh3_128_with_seed(key.as_bytes(), seed);
-    let lo = h as u64;
-    let hi = (h >> 64) as u64;
-    (
-        ((u128::from(lo) * u128::from(n)) >> 64) as u64,
-        (hi >> 57) as u8,
-    )
-}
-
-struct Watch {
-    map: memmap2::MmapRaw,
-    slots_at: usize,
-}
-impl Watch {
-    fn new(path: &Path) -> Watch {
-        let f = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .unwrap();
-        Watch {
-            map: memmap2::MmapRaw::map_raw(&f).unwrap(),
-            slots_at: (4096 + registry_len(path)) as usize,
-        }
-    }
-    fn at(&self, slot: usize, off: usize) -> &AtomicU64 {
-        let at = self.slots_at + slot * 64 + off;
-        assert!(at + 8 <= self.map.len());
-        // SAFETY: in bounds (asserted), 8-aligned (page-aligned map, 64-byte slots, 8-aligned
-        // offsets), and the table only ever accesses this word atomically.
-        unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add(at).cast::<u64>()) }
-    }
-    fn control(&self, slot: usize) -> u64 {
-        self.at(slot, 0).load(Ordering::SeqCst)
-    }
-}
-
-fn mapping_base(path: &Path) -> usize {
-    let ino = fs::metadata(path).unwrap().ino().to_string();
-    let maps = fs::read_to_string("/proc/self/maps").unwrap();
-    for line in maps.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() >= 5 && f[4] == ino && f[2] == "00001000" {
-            return usize::from_str_radix(f[0].split('-').next().unwrap(), 16).unwrap();
-        }
-    }
-    panic!("{} is not mapped", path.display());
-}
-
-fn wait_file(p: &Path, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if p.exists() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    false
-}
-
-fn await_word(s: &Shared, w: usize, limit: Duration) -> u64 {
-    let deadline = Instant::now() + limit;
-    loop {
-        let v = s.word(w).load(Ordering::SeqCst);
-        if v != 0 {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "word {w} never set");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-fn mono_ns() -> u64 {
-    // SAFETY: timespec is plain integers, so all-zero bytes are a valid value.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: ts is a valid out-pointer and CLOCK_MONOTONIC a supported clock.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-struct Proc(Option<Child>);
-impl Proc {
-    fn pid(&self) -> libc::pid_t {
-        self.0.as_ref().unwrap().0
-    }
-}
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.take() {
-            c.kill();
-        }
-    }
-}
-struct Spawned(std::process::Child);
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        // SAFETY: a plain signal (no memory involved) to the group of a child this test
-        // spawned (gdb and strace run in a group of their own: process_group(0)).
-        unsafe { libc::kill(-(self.0.id() as libc::pid_t), libc::SIGKILL) };
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // C. Lost wake-up: a waiter W of K1 flags H's hold of K1 and is stopped at the entry of its
 //    FUTEX_WAIT (gdb catch syscall). H releases K1 (wakes nobody: W is not asleep yet) and
@@ -759,42 +536,16 @@ fn lost_wakeup_same_tag(flag_k2: bool) {
         0
     })));
     let addr = await_word(&shared, 5, Duration::from_secs(10));
-    let flags = TempPath::new("gdb-w");
-    fs::create_dir_all(&flags.0).unwrap();
-    let go = flags.0.join("go");
-    let mut cmd = std::process::Command::new("gdb");
-    cmd.process_group(0)
-        .args(["-q", "-nx", "-batch", "-p", &w.pid().to_string()])
-        .args(["-ex", "set pagination off"])
-        .args(["-ex", "catch syscall futex"])
-        .args(["-ex", &format!("condition 1 $rdi == {addr:#x}")])
-        .args([
-            "-ex",
-            &format!("shell touch {}", flags.0.join("attached").display()),
-        ])
-        .args(["-ex", "continue"])
-        .args([
-            "-ex",
-            &format!("shell touch {}", flags.0.join("stopped").display()),
-        ])
-        .args([
-            "-ex",
-            &format!(
-                "shell i=0; while [ ! -e {} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done",
-                go.display()
-            ),
-        ])
-        .args(["-ex", "delete", "-ex", "detach"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let mut gdb = Spawned(cmd.spawn().unwrap());
-    assert!(
-        wait_file(&flags.0.join("attached"), Duration::from_secs(60)),
-        "gdb did not attach"
-    );
+    let mut gdb = Some(GdbStop::attach(
+        w.pid(),
+        &[
+            "catch syscall futex".to_string(),
+            format!("condition 1 $rdi == {addr:#x}"),
+        ],
+    ));
     shared.word(6).store(1, Ordering::SeqCst);
     assert!(
-        wait_file(&flags.0.join("stopped"), Duration::from_secs(30)),
+        gdb.as_ref().unwrap().stopped(Duration::from_secs(30)),
         "W never reached its futex wait"
     );
     let w1 = watch.control(slot);
@@ -828,12 +579,7 @@ fn lost_wakeup_same_tag(flag_k2: bool) {
             "differ"
         }
     );
-    fs::write(&go, b"").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while gdb.0.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "gdb did not detach");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    gdb.take().unwrap().release();
     let got = await_word(&shared, 8, Duration::from_secs(10));
     let released = shared.word(3).load(Ordering::SeqCst);
     let acquired = shared.word(7).load(Ordering::SeqCst);
@@ -1139,43 +885,17 @@ fn claimer_stopped_between_publish_and_count(kill: bool) {
         0
     })));
     let addr = await_word(&sh, 2, Duration::from_secs(10));
-    let flags = TempPath::new("gdb-x");
-    fs::create_dir_all(&flags.0).unwrap();
-    let go = flags.0.join("go");
-    let mut cmd = std::process::Command::new("gdb");
-    cmd.process_group(0)
-        .args(["-q", "-nx", "-batch", "-p", &x.pid().to_string()])
-        .args(["-ex", "set pagination off"])
-        .args(["-ex", &format!("watch *(long*){addr:#x}")])
-        .args(["-ex", &format!("condition 1 (*(long*){addr:#x} & 7) == 1")])
-        .args([
-            "-ex",
-            &format!("shell touch {}", flags.0.join("attached").display()),
-        ])
-        .args(["-ex", "continue"])
-        .args([
-            "-ex",
-            &format!("shell touch {}", flags.0.join("stopped").display()),
-        ])
-        .args([
-            "-ex",
-            &format!(
-                "shell i=0; while [ ! -e {} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done",
-                go.display()
-            ),
-        ])
-        .args(["-ex", "delete", "-ex", "detach"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let mut gdb = Spawned(cmd.spawn().unwrap());
-    assert!(
-        wait_file(&flags.0.join("attached"), Duration::from_secs(60)),
-        "gdb did not attach"
-    );
+    let mut gdb = Some(GdbStop::attach(
+        x.pid(),
+        &[
+            format!("watch *(long*){addr:#x}"),
+            format!("condition 1 (*(long*){addr:#x} & 7) == 1"),
+        ],
+    ));
     let fence_before = watch.at(home, 48).load(Ordering::SeqCst);
     sh.word(3).store(1, Ordering::SeqCst);
     assert!(
-        wait_file(&flags.0.join("stopped"), Duration::from_secs(30)),
+        gdb.as_ref().unwrap().stopped(Duration::from_secs(30)),
         "X never published"
     );
     let wx = watch.control(hole);
@@ -1189,11 +909,10 @@ fn claimer_stopped_between_publish_and_count(kill: bool) {
     assert_eq!(wx & 7, 1, "inconclusive: not CLAIMING");
     assert_eq!(fence_x, fence_before, "inconclusive: X counted already");
     if kill {
-        drop(gdb);
+        drop(gdb.take());
         // SAFETY: killing our own child, unreaped until x drops, so the pid is still its.
         unsafe { libc::kill(x.pid(), libc::SIGKILL) };
         std::thread::sleep(Duration::from_millis(50));
-        gdb = Spawned(std::process::Command::new("true").spawn().unwrap());
     }
     // Y: takes K (breaks X's claim after the bound, or frees it at once if X is dead)
     let t = LockTable::open(&path, 64).unwrap();
@@ -1211,12 +930,7 @@ fn claimer_stopped_between_publish_and_count(kill: bool) {
     let y = y.unwrap();
     let y_at = mono_ns();
     if !kill {
-        fs::write(&go, b"").unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while gdb.0.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "gdb did not detach");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        gdb.take().unwrap().release();
         let rx = await_word(&sh, 5, Duration::from_secs(10));
         let when = sh.word(4).load(Ordering::SeqCst);
         note!(

@@ -13,7 +13,11 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::fork::{fork, Child, Shared};
+use common::forking::{arm_alarm, locate_before_fork, mask_alarm, on_alarm, Openers};
 use common::harness::Test;
+use common::probe::{
+    await_word, header_u64, mapping_base, mono_ns, place, registry_len, GdbStop, Proc, Watch,
+};
 use common::TempPath;
 use shmlock::{LockOptions, LockTable};
 
@@ -483,30 +487,6 @@ static BF_LO: AtomicU64 = AtomicU64::new(0);
 static BF_HI: AtomicU64 = AtomicU64::new(0);
 static HF_DONE: AtomicBool = AtomicBool::new(false);
 
-fn locate_before_fork() -> (u64, u64) {
-    let exe = fs::read_link("/proc/self/exe").unwrap();
-    let out = std::process::Command::new("nm")
-        .arg("-S")
-        .arg(&exe)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.contains("process11before_fork"))
-        .expect("before_fork symbol");
-    let f: Vec<&str> = line.split_whitespace().collect();
-    let off = u64::from_str_radix(f[0], 16).unwrap();
-    let len = u64::from_str_radix(f[1], 16).unwrap();
-    let maps = fs::read_to_string("/proc/self/maps").unwrap();
-    let l = maps
-        .lines()
-        .find(|l| l.ends_with(exe.to_str().unwrap()))
-        .unwrap();
-    let base = u64::from_str_radix(l.split('-').next().unwrap(), 16).unwrap();
-    (base + off, base + off + len)
-}
-
 extern "C" fn on_alarm_fork_and_return(_: libc::c_int) {
     if HF_DONE.load(Ordering::Relaxed) {
         return;
@@ -542,55 +522,13 @@ fn timer_nested() {
         let mut buf = [std::ptr::null_mut::<libc::c_void>(); 4];
         // SAFETY: backtrace into a local 4-entry buffer (warm-up: it loads libgcc).
         unsafe { backtrace(buf.as_mut_ptr(), 4) };
-        // SAFETY: zeroed storage is a valid sigset_t for sigemptyset; this masks only this thread.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGALRM);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        }
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let openers: Vec<_> = (0..2)
-            .map(|_| {
-                let stop = stop.clone();
-                let p = p.clone();
-                std::thread::spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        drop(LockTable::open(&p, 64).unwrap());
-                    }
-                })
-            })
-            .collect();
-        // SAFETY: as above for the mask; the zeroed sigaction gets an extern "C" handler that
-        // lives as long as the program.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGALRM);
-            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_alarm_fork_and_return as extern "C" fn(libc::c_int) as usize;
-            sa.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
-        }
+        mask_alarm(true);
+        let openers = Openers::start(&p, 2);
+        mask_alarm(false);
+        on_alarm(on_alarm_fork_and_return);
         let mut x = 0x9e3779b97f4a7c15u64;
         for i in 0..4000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let it = libc::itimerval {
-                it_interval: libc::timeval {
-                    tv_sec: 0,
-                    tv_usec: 0,
-                },
-                it_value: libc::timeval {
-                    tv_sec: 0,
-                    tv_usec: (1 + x % 150) as libc::suseconds_t,
-                },
-            };
-            // SAFETY: it is a valid itimerval; the old value is not asked for (null).
-            unsafe { libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut()) };
+            arm_alarm(&mut x);
             // SAFETY: a threaded fork whose child only calls _exit, async-signal-safe.
             let pid = unsafe { libc::fork() };
             if pid == 0 {
@@ -624,10 +562,7 @@ fn timer_nested() {
                 break;
             }
         }
-        stop.store(true, Ordering::Relaxed);
-        for t in openers {
-            t.join().unwrap();
-        }
+        openers.stop();
         0
     });
     let group = c.0;
@@ -844,18 +779,7 @@ fn posix_spawn_fifo() {
         let cf = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         // SAFETY: cf is a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(cf.as_ptr(), 0o600) }, 0);
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let openers: Vec<_> = (0..2)
-            .map(|_| {
-                let stop = stop.clone();
-                let p = path.0.clone();
-                std::thread::spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        drop(LockTable::open(&p, 64).unwrap());
-                    }
-                })
-            })
-            .collect();
+        let openers = Openers::start(&path.0, 2);
         let truebin = std::ffi::CString::new("/bin/true").unwrap();
         let rounds = 400u64;
         let me = std::process::id() as i32;
@@ -930,10 +854,7 @@ fn posix_spawn_fifo() {
             unsafe { libc::waitpid(pid, &mut st, 0) };
             shared.word(0).store(round + 1, Ordering::SeqCst);
         }
-        stop.store(true, Ordering::Relaxed);
-        for t in openers {
-            t.join().unwrap();
-        }
+        openers.stop();
         let _ = fs::remove_file(&fifo);
         0
     });
@@ -953,46 +874,6 @@ fn posix_spawn_fifo() {
 // ---------------------------------------------------------------------------------------
 // Waiting: forged transitional entries (the table is untrusted input, and a forged word
 // is exactly what a stopped owner leaves), timeout accounting and wake-ups.
-
-fn header_u64(path: &Path, at: u64) -> u64 {
-    use std::os::unix::fs::FileExt;
-    let f = fs::File::open(path).unwrap();
-    let mut b = [0u8; 8];
-    f.read_exact_at(&mut b, at).unwrap();
-    u64::from_le_bytes(b)
-}
-fn registry_len(path: &Path) -> u64 {
-    use std::os::unix::fs::FileExt;
-    let f = fs::File::open(path).unwrap();
-    let mut b = [0u8; 4];
-    f.read_exact_at(&mut b, 72).unwrap();
-    (u64::from(u32::from_le_bytes(b)) * 32).div_ceil(4096) * 4096
-}
-
-struct Watch {
-    map: memmap2::MmapRaw,
-    slots_at: usize,
-}
-impl Watch {
-    fn new(path: &Path) -> Watch {
-        let f = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .unwrap();
-        Watch {
-            map: memmap2::MmapRaw::map_raw(&f).unwrap(),
-            slots_at: (4096 + registry_len(path)) as usize,
-        }
-    }
-    fn at(&self, slot: usize, off: usize) -> &AtomicU64 {
-        let at = self.slots_at + slot * 64 + off;
-        assert!(at + 8 <= self.map.len());
-        // SAFETY: in bounds (asserted), 8-aligned (page-aligned map, 64-byte slots, offset 0
-        // here), and the table only ever accesses this word atomically.
-        unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add(at).cast::<u64>()) }
-    }
-}
 
 /// Forges the next generation of `slot`'s word in `state` (owner, tag, reach kept).
 fn forge_next(w: &Watch, slot: usize, state: u64) -> u64 {
@@ -1238,78 +1119,6 @@ fn unused(_: &Child) {}
 //     transitions to W's value (the low half holds only 23 bits of it): the low halves are
 //     equal again, the kernel lets W sleep, and W sleeps its whole step while K1 is free.
 
-fn place(seed: u64, n: u64, key: &str) -> (u64, u8) {
-    let h = xxhash_rust::xxh3::xxh3_128_with_seed(key.as_bytes(), seed);
-    let lo = h as u64;
-    let hi = (h >> 64) as u64;
-    (
-        ((u128::from(lo) * u128::from(n)) >> 64) as u64,
-        (hi >> 57) as u8,
-    )
-}
-fn mapping_base(path: &Path) -> usize {
-    let ino = fs::metadata(path).unwrap().ino().to_string();
-    let maps = fs::read_to_string("/proc/self/maps").unwrap();
-    for line in maps.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() >= 5 && f[4] == ino && f[2] == "00001000" {
-            return usize::from_str_radix(f[0].split('-').next().unwrap(), 16).unwrap();
-        }
-    }
-    panic!("{} is not mapped", path.display());
-}
-fn wait_file(p: &Path, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if p.exists() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    false
-}
-fn await_word(s: &Shared, w: usize, limit: Duration) -> u64 {
-    let deadline = Instant::now() + limit;
-    loop {
-        let v = s.word(w).load(Ordering::SeqCst);
-        if v != 0 {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "word {w} never set");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-fn mono_ns() -> u64 {
-    // SAFETY: timespec is plain integers, so all-zero bytes are a valid value.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: ts is a valid out-pointer and CLOCK_MONOTONIC a supported clock.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-struct Proc(Option<Child>);
-impl Proc {
-    fn pid(&self) -> libc::pid_t {
-        self.0.as_ref().unwrap().0
-    }
-}
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.take() {
-            c.kill();
-        }
-    }
-}
-struct Spawned(std::process::Child);
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        // SAFETY: a plain signal (no memory involved) to the group of a child this test
-        // spawned (gdb runs in a group of its own: process_group(0)).
-        unsafe { libc::kill(-(self.0.id() as libc::pid_t), libc::SIGKILL) };
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn gen_wrap_lost_wakeup() {
     let path = TempPath::new("genwrap");
     drop(LockTable::open(&path, 64).unwrap());
@@ -1398,42 +1207,16 @@ fn gen_wrap_lost_wakeup() {
         0
     })));
     let addr = await_word(shared, 5, Duration::from_secs(10));
-    let flags = TempPath::new("gdb-w7");
-    fs::create_dir_all(&flags.0).unwrap();
-    let go = flags.0.join("go");
-    let mut cmd = std::process::Command::new("gdb");
-    cmd.process_group(0)
-        .args(["-q", "-nx", "-batch", "-p", &w.pid().to_string()])
-        .args(["-ex", "set pagination off"])
-        .args(["-ex", "catch syscall futex"])
-        .args(["-ex", &format!("condition 1 $rdi == {addr:#x}")])
-        .args([
-            "-ex",
-            &format!("shell touch {}", flags.0.join("attached").display()),
-        ])
-        .args(["-ex", "continue"])
-        .args([
-            "-ex",
-            &format!("shell touch {}", flags.0.join("stopped").display()),
-        ])
-        .args([
-            "-ex",
-            &format!(
-                "shell i=0; while [ ! -e {} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done",
-                go.display()
-            ),
-        ])
-        .args(["-ex", "delete", "-ex", "detach"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let mut gdb = Spawned(cmd.spawn().unwrap());
-    assert!(
-        wait_file(&flags.0.join("attached"), Duration::from_secs(60)),
-        "gdb did not attach"
-    );
+    let mut gdb = Some(GdbStop::attach(
+        w.pid(),
+        &[
+            "catch syscall futex".to_string(),
+            format!("condition 1 $rdi == {addr:#x}"),
+        ],
+    ));
     shared.word(6).store(1, Ordering::SeqCst);
     assert!(
-        wait_file(&flags.0.join("stopped"), Duration::from_secs(30)),
+        gdb.as_ref().unwrap().stopped(Duration::from_secs(30)),
         "W never reached its futex wait"
     );
     let w1 = watch.at(slot, 0).load(Ordering::SeqCst);
@@ -1478,12 +1261,7 @@ fn gen_wrap_lost_wakeup() {
     );
     let released = shared.word(3).load(Ordering::SeqCst);
     let resumed = mono_ns();
-    fs::write(&go, b"").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while gdb.0.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "gdb did not detach");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    gdb.take().unwrap().release();
     let got = await_word(shared, 8, Duration::from_secs(10));
     let acquired = shared.word(7).load(Ordering::SeqCst);
     let after_resume = Duration::from_nanos(acquired.saturating_sub(resumed));

@@ -2,7 +2,9 @@
 #![allow(dead_code)]
 
 pub mod fork;
+pub mod forking;
 pub mod harness;
+pub mod probe;
 #[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod word;

@@ -1,0 +1,205 @@
+//! Looking into a table from outside the library, for the tests that stop processes at
+//! exact points: the header's fields, where a key lands, a slot's words, the table's
+//! mapping in this process; and guards that kill what a test started.
+#![allow(dead_code)]
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::fork::{Child, Shared};
+
+/// A little-endian u64 of the file's header at byte `at`.
+pub fn header_u64(path: &Path, at: u64) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let f = fs::File::open(path).unwrap();
+    let mut b = [0u8; 8];
+    f.read_exact_at(&mut b, at).unwrap();
+    u64::from_le_bytes(b)
+}
+/// The registry's size in bytes (whole pages), as the header says.
+pub fn registry_len(path: &Path) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let f = fs::File::open(path).unwrap();
+    let mut b = [0u8; 4];
+    f.read_exact_at(&mut b, 72).unwrap();
+    (u64::from(u32::from_le_bytes(b)) * 32).div_ceil(4096) * 4096
+}
+/// (home, tag) of a key in the table at `path`.
+pub fn place(seed: u64, n: u64, key: &str) -> (u64, u8) {
+    let h = xxhash_rust::xxh3::xxh3_128_with_seed(key.as_bytes(), seed);
+    let lo = h as u64;
+    let hi = (h >> 64) as u64;
+    (
+        ((u128::from(lo) * u128::from(n)) >> 64) as u64,
+        (hi >> 57) as u8,
+    )
+}
+
+/// The table's slots, mapped by the test itself.
+pub struct Watch {
+    map: memmap2::MmapRaw,
+    slots_at: usize,
+}
+impl Watch {
+    pub fn new(path: &Path) -> Watch {
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        Watch {
+            map: memmap2::MmapRaw::map_raw(&f).unwrap(),
+            slots_at: (4096 + registry_len(path)) as usize,
+        }
+    }
+    pub fn at(&self, slot: usize, off: usize) -> &AtomicU64 {
+        let at = self.slots_at + slot * 64 + off;
+        assert!(at + 8 <= self.map.len());
+        // SAFETY: in bounds (asserted), 8-aligned (page-aligned map, 64-byte slots, 8-aligned
+        // offsets), and the table only ever accesses this word atomically.
+        unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add(at).cast::<u64>()) }
+    }
+    pub fn control(&self, slot: usize) -> u64 {
+        self.at(slot, 0).load(Ordering::SeqCst)
+    }
+}
+
+/// Where this process mapped the table (its slots start a page in).
+pub fn mapping_base(path: &Path) -> usize {
+    let ino = fs::metadata(path).unwrap().ino().to_string();
+    let maps = fs::read_to_string("/proc/self/maps").unwrap();
+    for line in maps.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() >= 5 && f[4] == ino && f[2] == "00001000" {
+            return usize::from_str_radix(f[0].split('-').next().unwrap(), 16).unwrap();
+        }
+    }
+    panic!("{} is not mapped", path.display());
+}
+
+/// Whether `p` appeared within `limit`.
+pub fn wait_file(p: &Path, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if p.exists() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    false
+}
+
+/// The first non-zero value of shared word `w`; fails after `limit`.
+pub fn await_word(s: &Shared, w: usize, limit: Duration) -> u64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        let v = s.word(w).load(Ordering::SeqCst);
+        if v != 0 {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "word {w} never set");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// This process's CLOCK_MONOTONIC in ns.
+pub fn mono_ns() -> u64 {
+    // SAFETY: timespec is plain integers, so all-zero bytes are a valid value.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: ts is a valid out-pointer and CLOCK_MONOTONIC a supported clock.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A forked child, killed on drop.
+pub struct Proc(pub Option<Child>);
+impl Proc {
+    pub fn pid(&self) -> libc::pid_t {
+        self.0.as_ref().unwrap().0
+    }
+}
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.kill();
+        }
+    }
+}
+/// A spawned program, killed with its process group on drop.
+pub struct Spawned(pub std::process::Child);
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        // SAFETY: a plain signal (no memory involved) to the group of a child this test
+        // spawned (gdb and strace run in a group of their own: process_group(0)).
+        unsafe { libc::kill(-(self.0.id() as libc::pid_t), libc::SIGKILL) };
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A process held by gdb where breakpoint 1 (made by the given gdb commands) first hits,
+/// until [`release`](GdbStop::release)d.
+pub struct GdbStop {
+    flags: super::TempPath,
+    gdb: Spawned,
+}
+
+impl GdbStop {
+    /// Attaches gdb to `pid` with the commands that make breakpoint 1, and waits until it
+    /// is attached (the process then runs on to the breakpoint).
+    pub fn attach(pid: libc::pid_t, breakpoint: &[String]) -> GdbStop {
+        use std::os::unix::process::CommandExt;
+        let flags = super::TempPath::new("gdb");
+        fs::create_dir_all(&flags.0).unwrap();
+        let flag = |name: &str| format!("shell touch {}", flags.0.join(name).display());
+        let mut cmd = std::process::Command::new("gdb");
+        cmd.process_group(0)
+            .args(["-q", "-nx", "-batch", "-p", &pid.to_string()])
+            .args(["-ex", "set pagination off"]);
+        for c in breakpoint {
+            cmd.args(["-ex", c]);
+        }
+        cmd.args(["-ex", &flag("attached"), "-ex", "continue"])
+            .args(["-ex", &flag("stopped")])
+            .args([
+                "-ex",
+                &format!(
+                    "shell i=0; while [ ! -e {} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done",
+                    flags.0.join("go").display()
+                ),
+            ])
+            .args(["-ex", "delete", "-ex", "detach"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let gdb = Spawned(cmd.spawn().unwrap());
+        assert!(
+            wait_file(&flags.0.join("attached"), Duration::from_secs(60)),
+            "gdb did not attach"
+        );
+        GdbStop { flags, gdb }
+    }
+
+    /// Whether the process reached the breakpoint within `limit`.
+    pub fn stopped(&self, limit: Duration) -> bool {
+        wait_file(&self.flags.0.join("stopped"), limit)
+    }
+
+    /// Lets the process go on, and waits for gdb to detach.
+    pub fn release(mut self) {
+        fs::write(self.flags.0.join("go"), b"").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.gdb.0.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "gdb did not detach");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for GdbStop {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.flags.0);
+    }
+}
