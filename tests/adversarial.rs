@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::fork::{fork, xorshift, Child, Shared};
 use common::harness::{require_root, Test};
-use common::probe::await_word;
+use common::probe::{await_word, mapping_base, wait_file};
 use common::TempPath;
 use shmlock::{Error, HolderState, Lock, LockOptions, LockTable};
 
@@ -957,32 +957,6 @@ fn header_u64(path: &Path, at: u64) -> u64 {
     let mut b = [0u8; 8];
     f.read_exact_at(&mut b, at).unwrap();
     u64::from_le_bytes(b)
-}
-
-/// Where this process mapped `path` (the mapping that starts at file offset 4096), found
-/// by inode (a file created through O_TMPFILE shows another name in the maps).
-fn mapping_base(path: &Path) -> usize {
-    use std::os::unix::fs::MetadataExt;
-    let ino = fs::metadata(path).unwrap().ino().to_string();
-    let maps = fs::read_to_string("/proc/self/maps").unwrap();
-    for line in maps.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() >= 5 && f[4] == ino && f[2] == "00001000" {
-            return usize::from_str_radix(f[0].split('-').next().unwrap(), 16).unwrap();
-        }
-    }
-    panic!("{} is not mapped:\n{maps}", path.display());
-}
-
-fn wait_file(p: &Path, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    while !p.exists() {
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    true
 }
 
 /// A writer W is stopped (by a debugger, standing in for SIGSTOP or an overloaded machine)

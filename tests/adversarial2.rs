@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use common::fork::{fork, Child, Shared};
 use common::harness::Test;
-use common::probe::await_word;
+use common::probe::{await_word, mapping_base, wait_file};
 use common::word::{gen, ident, state, GEN_MASK};
 use common::TempPath;
 use shmlock::{Error, LockOptions, LockTable};
@@ -310,31 +310,6 @@ fn an_expired_guard_never_frees_a_later_hold_of_its_thread_after_the_generation_
         !other_got_k,
         "another process took K while this thread's later guard still held it"
     );
-}
-
-/// Where this process mapped `path` at file offset 4096 (found by inode).
-fn mapping_base(path: &Path) -> usize {
-    use std::os::unix::fs::MetadataExt;
-    let ino = fs::metadata(path).unwrap().ino().to_string();
-    let maps = fs::read_to_string("/proc/self/maps").unwrap();
-    for line in maps.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() >= 5 && f[4] == ino && f[2] == "00001000" {
-            return usize::from_str_radix(f[0].split('-').next().unwrap(), 16).unwrap();
-        }
-    }
-    panic!("{} is not mapped:\n{maps}", path.display());
-}
-
-fn wait_file(p: &Path, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    while !p.exists() {
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    true
 }
 
 /// Process P locks and unlocks K in a loop; within one clock tick its fast path finds the

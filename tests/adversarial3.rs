@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::fork::{fork, xorshift, Child, Shared};
 use common::harness::Test;
-use common::probe::await_word;
+use common::probe::{await_word, mapping_base, wait_file};
 use common::word::{gen, ident, state, GEN_MASK};
 use common::TempPath;
 use shmlock::{Error, LockOptions, LockTable};
@@ -135,17 +135,6 @@ impl Drop for Spawned {
     }
 }
 
-fn wait_file(p: &Path, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    while !p.exists() {
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    true
-}
-
 struct Watch {
     map: memmap2::MmapRaw,
     slots_at: usize,
@@ -177,20 +166,6 @@ impl Watch {
     fn control(&self, slot: usize) -> u64 {
         self.word(slot, 0)
     }
-}
-
-/// Where this process mapped `path` at file offset 4096 (the registry).
-fn mapping_base(path: &Path) -> usize {
-    use std::os::unix::fs::MetadataExt;
-    let ino = fs::metadata(path).unwrap().ino().to_string();
-    let maps = fs::read_to_string("/proc/self/maps").unwrap();
-    for line in maps.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() >= 5 && f[4] == ino && f[2] == "00001000" {
-            return usize::from_str_radix(f[0].split('-').next().unwrap(), 16).unwrap();
-        }
-    }
-    panic!("{} is not mapped", path.display());
 }
 
 /// Where this process mapped `path` at offset 0 (what the registry records).
