@@ -127,11 +127,9 @@ impl NoFork {
                 let since = *waited.get_or_insert_with(Instant::now);
                 let patience = since.elapsed();
                 if patience < FORK_PATIENCE {
-                    if patience < Duration::from_millis(1) {
-                        std::thread::yield_now();
-                    } else {
-                        std::thread::sleep(Duration::from_micros(200));
-                    }
+                    // Yield rather than sleep: a thread that forks in a loop leaves short
+                    // gaps between its forks, which a sleeper would miss.
+                    std::thread::yield_now();
                     cur = setting_up.load(Ordering::Relaxed);
                     continue;
                 }
