@@ -110,9 +110,9 @@ impl Gate {
     }
 }
 
-/// Counters in a shared file mapping, visible to forked children.
+/// Counters in a shared file mapping, visible to forked children. The file is unlinked
+/// at once (the mapping keeps it), so a leaked or `_exit`ed `Shared` leaves nothing behind.
 pub struct Shared {
-    _path: TempPath,
     map: MmapRaw,
     len: usize,
 }
@@ -129,11 +129,8 @@ impl Shared {
             .unwrap();
         file.set_len((words * 8) as u64).unwrap();
         let map = MmapRaw::map_raw(&file).unwrap();
-        Shared {
-            _path: path,
-            map,
-            len: words,
-        }
+        drop(path);
+        Shared { map, len: words }
     }
 
     pub fn word(&self, i: usize) -> &AtomicU64 {
