@@ -11,7 +11,6 @@ mod common;
 
 use std::ffi::CString;
 use std::fs;
-use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -120,13 +119,6 @@ const TESTS: &[Test] = &[
         chaos_with_sigstop_and_sigkill,
     ),
 ];
-
-macro_rules! note {
-    ($($arg:tt)*) => {{
-        print!($($arg)*);
-        let _ = std::io::stdout().flush();
-    }};
-}
 
 fn main() {
     common::harness::run("adversarial", TESTS, common::harness::no_roles);

@@ -98,13 +98,6 @@ const TESTS: &[Test] = &[
     ),
 ];
 
-macro_rules! note {
-    ($($arg:tt)*) => {{
-        print!($($arg)*);
-        let _ = std::io::stdout().flush();
-    }};
-}
-
 fn main() {
     common::harness::run("adversarial2", TESTS, role);
 }

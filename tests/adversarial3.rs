@@ -79,13 +79,6 @@ const TESTS: &[Test] = &[
     ),
 ];
 
-macro_rules! note {
-    ($($arg:tt)*) => {{
-        print!($($arg)*);
-        let _ = std::io::stdout().flush();
-    }};
-}
-
 fn main() {
     common::harness::run("adversarial3", TESTS, role);
 }

@@ -88,13 +88,6 @@ const TESTS: &[Test] = &[
     Test::new("zombie_holder_frees_its_keys", zombie_holder_frees_its_keys),
 ];
 
-macro_rules! note {
-    ($($arg:tt)*) => {{
-        print!($($arg)*);
-        let _ = std::io::stdout().flush();
-    }};
-}
-
 fn main() {
     common::harness::run("adversarial4", TESTS, common::harness::no_roles);
 }

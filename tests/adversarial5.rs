@@ -9,7 +9,6 @@ mod common;
 
 use std::ffi::CString;
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
@@ -21,13 +20,6 @@ use common::harness::Test;
 use common::probe::await_word;
 use common::TempPath;
 use shmlock::{LockOptions, LockTable, SharedDict};
-
-macro_rules! note {
-    ($($arg:tt)*) => {{
-        print!($($arg)*);
-        let _ = std::io::stdout().flush();
-    }};
-}
 
 const TESTS: &[Test] = &[
     Test::new(
@@ -1331,7 +1323,8 @@ fn probe_aba_program_reuses_the_number() {
         i32::from(took)
     });
     let rc = c.wait(Duration::from_secs(60));
-    // SAFETY: is the holder still alive?
+    // SAFETY: signal 0 sends nothing; it asks whether our own child, not yet reaped (q
+    // reaps it when killed below), still exists.
     let alive = unsafe { libc::kill(q.0, 0) } == 0;
     q.kill();
     assert!(
@@ -1512,7 +1505,7 @@ fn probe_aba_preempted_at_the_lock_test() {
     unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0) };
     let rc = c.wait(Duration::from_secs(30));
     let took = shared.word(5).load(Ordering::SeqCst);
-    // SAFETY: is the holder alive?
+    // SAFETY: signal 0 sends nothing; it asks whether our own unreaped child still exists.
     let alive = unsafe { libc::kill(q.0, 0) } == 0;
     q.kill();
     note!("[probe number {n}; descriptor swaps by the program while the waiter was preempted in its lock test: {swaps}; rc {rc}; the waiter took K from the live holder: {}, holder alive: {alive}] ", took == 1);

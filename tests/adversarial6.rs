@@ -4,7 +4,6 @@
 mod common;
 
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,13 +19,6 @@ use common::probe::{
 };
 use common::TempPath;
 use shmlock::{LockOptions, LockTable};
-
-macro_rules! note {
-    ($($arg:tt)*) => {{
-        print!($($arg)*);
-        let _ = std::io::stdout().flush();
-    }};
-}
 
 const TESTS: &[Test] = &[
     Test::new(

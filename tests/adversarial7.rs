@@ -21,13 +21,6 @@ use common::probe::{
 use common::TempPath;
 use shmlock::{LockOptions, LockTable};
 
-macro_rules! note {
-    ($($arg:tt)*) => {{
-        print!($($arg)*);
-        let _ = std::io::stdout().flush();
-    }};
-}
-
 const TESTS: &[Test] = &[
     Test::new(
         "atfork_prepare_mutex_registered_first_does_not_deadlock_open",

@@ -124,14 +124,6 @@ const TESTS: &[Test] = &[
     ),
 ];
 
-/// Prints a note on the test's line, flushed so that it comes before any panic message.
-macro_rules! note {
-    ($($arg:tt)*) => {{
-        print!($($arg)*);
-        let _ = std::io::stdout().flush();
-    }};
-}
-
 fn main() {
     common::harness::run("liveness", TESTS, common::harness::no_roles);
 }

@@ -193,7 +193,7 @@ pub(crate) fn acquire_slow<B: Backend>(
                     _ => return Err(Error::timeout(key, timeout.unwrap_or(Duration::ZERO))),
                 };
                 let (used, moved) = backend.sleep(&busy, step);
-                schedule.settle(step, used);
+                schedule.refund(step.saturating_sub(used));
                 retried = used.is_zero();
                 look = !moved;
             } else {

@@ -46,19 +46,9 @@ impl Schedule {
         Some(sleep)
     }
 
-    /// Settles the last sleep, `planned` long, at what it really took: the budget counts
-    /// time actually waited (a waiter woken early gets the rest back; one that overslept,
-    /// as a loaded machine's timers do, is charged for it).
-    pub(crate) fn settle(&mut self, planned: Duration, used: Duration) {
-        if used < planned {
-            self.refund(planned - used);
-        } else {
-            self.remaining = self.remaining.saturating_sub(used - planned);
-            self.step = self.step.min(self.remaining);
-        }
-    }
-
-    /// Gives back the part of the last sleep that was not slept (a waiter woken early).
+    /// Gives back the part of the last sleep that was not slept (a waiter woken early):
+    /// the steps go on while time is left (a waiter that sleeps for real bounds its wait
+    /// by the clock, see `backend::acquire_slow`).
     pub(crate) fn refund(&mut self, unused: Duration) {
         self.remaining += unused;
         if self.step.is_zero() {
@@ -139,24 +129,6 @@ mod tests {
         // a refund after the last step gives that time back as one more step
         s.refund(Duration::from_millis(2));
         assert_eq!(s.next_sleep(), Some(Duration::from_millis(2)));
-        assert_eq!(s.next_sleep(), None);
-    }
-
-    #[test]
-    fn oversleeping_is_charged_to_the_budget() {
-        let opts = LockOptions {
-            timeout: Duration::from_millis(10),
-            ..LockOptions::default()
-        };
-        let mut s = Schedule::new(&opts.resolve().unwrap(), opts.timeout);
-        let step = s.next_sleep().unwrap();
-        s.settle(step, step + Duration::from_micros(500));
-        let rest: Duration = std::iter::from_fn(|| s.next_sleep()).sum();
-        assert_eq!(rest, Duration::from_micros(8_500));
-        // charged past the end: nothing left
-        let mut s = Schedule::new(&opts.resolve().unwrap(), opts.timeout);
-        let step = s.next_sleep().unwrap();
-        s.settle(step, Duration::from_millis(20));
         assert_eq!(s.next_sleep(), None);
     }
 

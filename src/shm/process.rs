@@ -101,17 +101,19 @@ const FORK_PATIENCE: Duration = Duration::from_millis(100);
 
 /// Held while an anchor's descriptor exists (see `anchor.rs`): a `fork` through the libc
 /// function, which runs the fork handlers, waits until it is gone, so no child inherits
-/// it; an anchor waits for a fork under way, up to [`FORK_PATIENCE`]. Signals are blocked meanwhile, so that no signal handler of this thread forks (it
-/// would wait for itself) or runs on into a child with a half-made anchor.
+/// it; an anchor waits for a fork under way, up to [`FORK_PATIENCE`]. Signals are blocked
+/// meanwhile, so that no signal handler of this thread forks (it would wait for itself)
+/// or runs on into a child with a half-made anchor.
 pub(crate) struct NoFork {
     signals: libc::sigset_t,
 }
 
 impl NoFork {
     pub(crate) fn hold() -> NoFork {
-        token(); // the fork handlers are installed by the first look at this process
-                 // SAFETY: `all` and `signals` are plain sigset_t values, filled before use;
-                 // pthread_sigmask only changes this thread's mask (restored on drop).
+        // The fork handlers are installed by the first look at this process.
+        token();
+        // SAFETY: `all` and `old` are plain sigset_t values, filled before use;
+        // pthread_sigmask only changes this thread's mask (restored on drop).
         let signals = unsafe {
             let mut all: libc::sigset_t = std::mem::zeroed();
             let mut old: libc::sigset_t = std::mem::zeroed();

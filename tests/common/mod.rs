@@ -1,6 +1,17 @@
 //! Helpers shared by the test binaries.
 #![allow(dead_code)]
 
+/// Prints a test's figures on its result line, at once (the harness-less tests print
+/// `test NAME ... [figures] ok`).
+#[macro_export]
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        print!($($arg)*);
+        let _ = std::io::stdout().flush();
+    }};
+}
+
 pub mod fork;
 pub mod forking;
 pub mod harness;
