@@ -12,7 +12,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::fork::{fork, xorshift, Child, Gate, Shared};
-use common::harness::TestFn;
+use common::harness::{require_root, Test, TestFn};
+use common::probe::mono_ns;
 use common::TempPath;
 use shmlock::{Error, Lock, LockOptions, LockTable};
 
@@ -55,7 +56,18 @@ fn tests() -> Vec<(&'static str, TestFn)> {
 }
 
 fn main() {
-    common::harness::main("procs", &tests(), role);
+    let mut all: Vec<Test> = tests()
+        .into_iter()
+        .map(|(name, run)| Test::new(name, run))
+        .collect();
+    all.push(
+        Test::new(
+            "a_waiter_sleeps_its_steps_with_a_ticks_slack_and_gets_its_own_back",
+            waiter_timer_slack,
+        )
+        .needs_root("needs root: CAP_SYS_NICE, to read another process's timer slack"),
+    );
+    common::harness::run("procs", &all, role);
 }
 
 fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
@@ -456,6 +468,89 @@ fn unlock_wakes_a_sleeping_waiter_in_another_process() {
     let woken = wait_for_release(one_long_step, Duration::from_millis(50));
     assert!(woken < Duration::from_millis(900), "{woken:?}: not woken");
     print!("[polling {polled:?}, woken {woken:?}] ");
+}
+
+/// The timer slack of `pid`'s main thread ("self": this one), in ns.
+fn timer_slack(pid: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/timerslack_ns"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn waiter_timer_slack() {
+    require_root();
+    const OWN: u64 = 123_456;
+    const TICK: u64 = 4_000_000;
+    let path = TempPath::new("slack");
+    let table = LockTable::open(&path, 16).unwrap();
+    let held = table.lock("k", LockOptions::default()).unwrap();
+    // words: 0 when the waiter's lock started (ns), 1 set once it returned, 2 its slack
+    // after the timed-out lock, 3 its slack after the lock it won
+    let sh = Shared::new(4);
+    let mut go = Gate::new();
+    let waiter = {
+        let (table, sh, go) = (&table, &sh, &mut go);
+        fork(move || {
+            // SAFETY: PR_SET_TIMERSLACK takes an integer, and sets this thread's slack.
+            assert_eq!(
+                unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, OWN, 0, 0, 0) },
+                0
+            );
+            let mut lock = Lock::new(table, opts(30_000, 400)).unwrap();
+            sh.word(0).store(mono_ns(), Ordering::SeqCst);
+            // steps 1, 2, ..., 128 ms end at 255 ms; the last sleep is cut to the deadline
+            let timed_out = matches!(lock.lock("k"), Err(Error::Timeout { .. }));
+            sh.word(1).store(1, Ordering::SeqCst);
+            sh.word(2)
+                .store(timer_slack("self").unwrap_or(0), Ordering::SeqCst);
+            go.wait();
+            let won = lock.lock("k").is_ok();
+            sh.word(3)
+                .store(timer_slack("self").unwrap_or(0), Ordering::SeqCst);
+            i32::from(!(timed_out && won))
+        })
+    };
+    // the waiter's slack over its wait, by the time since its lock started
+    let mut seen = Vec::new();
+    let limit = Instant::now() + Duration::from_secs(30);
+    while sh.word(1).load(Ordering::SeqCst) == 0 && Instant::now() < limit {
+        let start = sh.word(0).load(Ordering::SeqCst);
+        if let (Some(slack), true) = (timer_slack(&waiter.0.to_string()), start != 0) {
+            seen.push((mono_ns().saturating_sub(start) / 1_000_000, slack));
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    go.open();
+    std::thread::sleep(Duration::from_millis(20));
+    drop(held);
+    assert_eq!(
+        waiter.wait(Duration::from_secs(30)),
+        0,
+        "timed out, then won"
+    );
+    let widened = seen
+        .iter()
+        .filter(|&&(ms, s)| ms < 250 && s == TICK)
+        .count();
+    let at_deadline: Vec<u64> = seen
+        .iter()
+        .filter(|&&(ms, _)| (300..390).contains(&ms))
+        .map(|&(_, s)| s)
+        .collect();
+    assert!(widened > 0, "the steps kept the thread's slack: {seen:?}");
+    assert!(
+        !at_deadline.is_empty() && at_deadline.iter().all(|&s| s == OWN),
+        "the sleep that ends at the deadline took more than the thread's slack: {seen:?}"
+    );
+    assert_eq!(sh.word(2).load(Ordering::SeqCst), OWN, "after the timeout");
+    assert_eq!(sh.word(3).load(Ordering::SeqCst), OWN, "after the win");
+    print!(
+        "[{} samples: {widened} widened in the steps, {} at the thread's own in the last sleep] ",
+        seen.len(),
+        at_deadline.len()
+    );
 }
 
 fn expired_holder_in_another_process_is_taken_over() {

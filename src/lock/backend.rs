@@ -11,6 +11,7 @@ use crossbeam_utils::Backoff;
 
 use crate::error::Error;
 use crate::lock::options::Resolved;
+use crate::lock::slack::{TimerSlack, STEP_SLACK};
 use crate::lock::wait::Schedule;
 
 /// Rounds of exponential spinning (crossbeam's `Backoff::spin`) before a waiter sleeps:
@@ -110,9 +111,16 @@ pub trait Backend: Sealed {
     /// Sleeps at most `step` for the holder of `busy` to let go, waking early where the
     /// backend can. Returns the time slept (zero: retry at once) and whether the key moved
     /// on meanwhile (a wake-up, or a change seen before sleeping), which makes a look at the
-    /// holder's liveness pointless.
+    /// holder's liveness pointless. The sleep may end up to `late` past `step` (the caller's
+    /// deadline allows it) if the backend sets `slack` so.
     #[doc(hidden)]
-    fn sleep(&self, busy: &Self::Busy, step: Duration) -> (Duration, bool);
+    fn sleep(
+        &self,
+        busy: &Self::Busy,
+        step: Duration,
+        late: Duration,
+        slack: &mut TimerSlack,
+    ) -> (Duration, bool);
 }
 
 /// Everything but the fast path: one attempt (unless `first` says how the first went),
@@ -139,6 +147,7 @@ pub(crate) fn acquire_slow<B: Backend>(
     let budget = opts.timeout_for(timeout.unwrap_or(Duration::ZERO));
     let notify = opts.notify && backend.can_notify();
     let started = Instant::now();
+    let mut slack = TimerSlack::new(); // put back when this returns
     let mut slept = Duration::ZERO; // the sum of the steps, when polling
     let elapsed = |slept| if notify { started.elapsed() } else { slept };
     let attempt = |busy: &mut B::Busy| -> Result<Option<B::Hold>, Error> {
@@ -188,11 +197,14 @@ pub(crate) fn acquire_slow<B: Backend>(
             if notify {
                 // Waiting for real, the timeout is wall time: the looks and tries between
                 // sleeps count too.
-                let step = match budget.checked_sub(started.elapsed()) {
-                    Some(left) if !left.is_zero() => step.min(left),
+                let left = match budget.checked_sub(started.elapsed()) {
+                    Some(left) if !left.is_zero() => left,
                     _ => return Err(Error::timeout(key, timeout.unwrap_or(Duration::ZERO))),
                 };
-                let (used, moved) = backend.sleep(&busy, step);
+                let step = step.min(left);
+                // A step may end a tick late (see `slack`), never past the deadline.
+                let late = (left - step).min(STEP_SLACK);
+                let (used, moved) = backend.sleep(&busy, step, late, &mut slack);
                 schedule.refund(step.saturating_sub(used));
                 retried = used.is_zero();
                 look = !moved;

@@ -36,8 +36,11 @@ pub struct LockOptions {
     /// Sleep on a futex that the unlocker wakes, instead of only polling: a waiter gets a
     /// freed key in microseconds, not at the end of its current step. The schedule above
     /// still bounds each sleep and the whole wait, and `elapsed` becomes the time actually
-    /// waited. `false` reproduces resty's pure polling exactly (elapsed = sum of the steps).
-    /// Default: `true` where futexes exist (Linux).
+    /// waited. A step's sleep then only bounds how soon a dead holder is noticed, and may
+    /// end up to 4 ms late (timer slack, which makes an early wake cheaper); the timeout
+    /// and a holder's lease end are kept to the tick. `false` reproduces resty's pure
+    /// polling exactly (elapsed = sum of the steps). Default: `true` where futexes exist
+    /// (Linux).
     pub notify: bool,
 }
 

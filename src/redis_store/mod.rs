@@ -28,6 +28,7 @@ use redis::{Client, ConnectionLike, IntoConnectionInfo, Script, Value};
 use crate::error::Error;
 use crate::lock::backend::{Backend, Sealed};
 use crate::lock::options::LockOptions;
+use crate::lock::slack::TimerSlack;
 use crate::lock::{self, LockGuard};
 
 use conn::{Pool, Topology};
@@ -825,8 +826,14 @@ impl Backend for RedisLocks {
     /// bounds the wait, so a lease that lapses (no message) is seen as when polling. Each
     /// waiting thread subscribes on a connection of its own (from the handle's list of
     /// subscriber connections), so any number can wait at once, each for its own key; any
-    /// pub/sub trouble falls back to polling.
-    fn sleep(&self, busy: &RedisBusy, step: Duration) -> (Duration, bool) {
+    /// pub/sub trouble falls back to polling. The thread's timer slack is left as it is.
+    fn sleep(
+        &self,
+        busy: &RedisBusy,
+        step: Duration,
+        _late: Duration,
+        _slack: &mut TimerSlack,
+    ) -> (Duration, bool) {
         let started = Instant::now();
         let poll = |started: Instant| {
             std::thread::sleep(step.saturating_sub(started.elapsed()));

@@ -12,6 +12,7 @@ use crate::check_key;
 use crate::error::{Error, KeyPreview};
 use crate::lock::backend::{Backend, Sealed};
 use crate::lock::options::LockOptions;
+use crate::lock::slack::TimerSlack;
 use crate::lock::{self, LockGuard};
 use crate::shm::attachment::Attachment;
 use crate::shm::clock::{Clock, Monotonic};
@@ -683,16 +684,24 @@ impl Backend for LockTable {
         self.inner.table.recover(&busy.0)
     }
 
-    fn sleep(&self, busy: &ShmBusy, step: Duration) -> (Duration, bool) {
+    fn sleep(
+        &self,
+        busy: &ShmBusy,
+        step: Duration,
+        late: Duration,
+        slack: &mut TimerSlack,
+    ) -> (Duration, bool) {
         let table = &self.inner.table;
         match table.prepare_wait(&busy.0) {
             Prepared::Sleep(low) => {
                 // Sleep no later than the lease's end (and one tick of the coarse clock
-                // past it): an expiry wakes nobody.
-                let step = match table.lease_left(&busy.0) {
-                    Some(left) => step.min(left + CLOCK_TICK),
-                    None => step,
+                // past it): an expiry wakes nobody. That end is kept sharp; a step's end
+                // may come `late`.
+                let (step, late) = match table.lease_left(&busy.0) {
+                    Some(left) if left + CLOCK_TICK < step => (left + CLOCK_TICK, Duration::ZERO),
+                    _ => (step, late),
                 };
+                slack.allow(late);
                 let t = Instant::now();
                 futex::wait_low(table.wait_word(busy.0.slot), low, step);
                 let used = t.elapsed();
@@ -707,6 +716,7 @@ impl Backend for LockTable {
             // one would sleep out long steps while the ones asleep on the word are woken at
             // each release and take the key before it (starved for its timeout).
             Prepared::Poll => {
+                slack.allow(Duration::ZERO);
                 let t = Instant::now();
                 std::thread::sleep(step.min(TRANSIENT_POLL));
                 (t.elapsed(), false)
