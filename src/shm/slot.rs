@@ -74,6 +74,20 @@ const _: () = {
 };
 
 impl Cold {
+    /// Asks for this line in a writable state ahead of a [`write_preview`](Self::write_preview):
+    /// the claim's locked operations wait for every earlier store to land, and a store to a
+    /// line not in the cache would hold them for a whole fetch.
+    #[inline(always)]
+    pub(crate) fn prefetch_for_write(&self) {
+        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        // SAFETY: a prefetch is a hint: it reads nothing into the program and faults on no
+        // address; `self` is a live line of the mapping anyway.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
+            _mm_prefetch::<_MM_HINT_ET0>((self as *const Cold).cast::<i8>());
+        }
+    }
+
     /// Copies the key's first bytes into the preview words.
     pub(crate) fn write_preview(&self, key: &[u8]) {
         self.key_len.store(key.len() as u64, Ordering::Relaxed);

@@ -587,6 +587,10 @@ impl<S: Slots, E: Env> Table<S, E> {
             }
             return Some(held(word));
         }
+        if slot.hash_lo.load(Ordering::Relaxed) != req.hash.lo {
+            // another key's slot: `fill` will write this key's preview on the cold line
+            self.cold(home).prefetch_for_write();
+        }
         let claiming = Word::new(
             State::Claiming,
             req.hash.tag(),
