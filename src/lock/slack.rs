@@ -10,9 +10,11 @@
 //! With one tick of slack, the timer's latest expiry lies past the next tick, so a running
 //! CPU never has it as its next event, and the cancel writes nothing.
 //!
-//! A step's sleep, with wake-ups on, only bounds how soon a dead holder is noticed: ending
-//! it up to a tick late costs nothing else. Sleeps that end at the caller's deadline or at
-//! the holder's lease end keep the thread's own slack, so timeouts stay as sharp as before.
+//! A step's sleep, with wake-ups on, only bounds how soon a dead holder is noticed (a
+//! release wakes the sleeper, and so does a holder that shortens its lease): ending it up
+//! to a tick late costs nothing else. The slack never carries a sleep past the caller's
+//! deadline, nor past the holder's lease end and its tick, so timeouts and expiries stay
+//! as sharp as before.
 
 use std::time::Duration;
 

@@ -695,11 +695,14 @@ impl Backend for LockTable {
         match table.prepare_wait(&busy.0) {
             Prepared::Sleep(low) => {
                 // Sleep no later than the lease's end (and one tick of the coarse clock
-                // past it): an expiry wakes nobody. That end is kept sharp; a step's end
-                // may come `late`.
+                // past it): an expiry wakes nobody. A step's end may come `late`, the
+                // lease's may not.
                 let (step, late) = match table.lease_left(&busy.0) {
-                    Some(left) if left + CLOCK_TICK < step => (left + CLOCK_TICK, Duration::ZERO),
-                    _ => (step, late),
+                    Some(left) => {
+                        let end = left + CLOCK_TICK;
+                        (step.min(end), late.min(end.saturating_sub(step)))
+                    }
+                    None => (step, late),
                 };
                 slack.allow(late);
                 let t = Instant::now();
