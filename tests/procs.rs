@@ -35,6 +35,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     elapsed_is_a_sum_of_steps,
     unlock_wakes_a_sleeping_waiter_in_another_process,
     expired_holder_in_another_process_is_taken_over,
+    a_holder_that_shortens_its_lease_wakes_its_sleeping_waiter,
     sigkilled_holder_is_reclaimed_at_once,
     sigkilled_holder_is_reclaimed_while_its_home_churns,
     unrelated_process_attaches_by_path,
@@ -468,6 +469,66 @@ fn unlock_wakes_a_sleeping_waiter_in_another_process() {
     let woken = wait_for_release(one_long_step, Duration::from_millis(50));
     assert!(woken < Duration::from_millis(900), "{woken:?}: not woken");
     print!("[polling {polled:?}, woken {woken:?}] ");
+}
+
+fn a_holder_that_shortens_its_lease_wakes_its_sleeping_waiter() {
+    let path = TempPath::new("shorten");
+    let table = LockTable::open(&path, 16).unwrap();
+    // words: 0 set by the test to have the holder shorten its lease, 1 when it did (ns)
+    let sh = Shared::new(2);
+    let held = Gate::new();
+    let holder = {
+        let (table, sh, held) = (&table, &sh, &held);
+        fork(move || {
+            let mut lock = Lock::new(table, opts(30_000, 0)).unwrap();
+            lock.lock("k").unwrap();
+            held.signal();
+            while sh.word(0).load(Ordering::SeqCst) == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            sh.word(1).store(mono_ns(), Ordering::SeqCst);
+            lock.expire(Some(Duration::from_millis(10))).unwrap();
+            // alive, holding, until its (short) lease is long gone
+            std::thread::sleep(Duration::from_secs(2));
+            0
+        })
+    };
+    held.await_signals(1);
+    // one long step: only a wake-up can cut it short
+    let one_long_step = LockOptions {
+        step: Duration::from_secs(3),
+        max_step: Duration::from_secs(3),
+        ..opts(30_000, 5_000)
+    };
+    let waiter = {
+        let table = &table;
+        fork(move || {
+            let mut lock = Lock::new(table, one_long_step).unwrap();
+            match lock.lock("k") {
+                Ok(_) => 0,
+                Err(e) => {
+                    eprintln!("waiter: {e:?}");
+                    1
+                }
+            }
+        })
+    };
+    // let the waiter fall asleep on its one step, then have the lease shortened
+    std::thread::sleep(Duration::from_millis(200));
+    sh.word(0).store(1, Ordering::SeqCst);
+    assert_eq!(
+        waiter.wait(Duration::from_secs(30)),
+        0,
+        "the waiter got the key"
+    );
+    let after = Duration::from_nanos(mono_ns() - sh.word(1).load(Ordering::SeqCst));
+    // the new lease ends 10 ms after the shortening; the step would have run 2.8 s more
+    assert!(
+        after < Duration::from_millis(1_000),
+        "the waiter slept out its step: got the key {after:?} after the shortening"
+    );
+    assert_eq!(holder.wait(Duration::from_secs(30)), 0);
+    print!("[waiter had the key {after:?} after the lease was cut to 10 ms] ");
 }
 
 /// The timer slack of `pid`'s main thread ("self": this one), in ns.

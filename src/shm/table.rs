@@ -1112,8 +1112,9 @@ impl<S: Slots, E: Env> Table<S, E> {
                 continue;
             }
             crash_point();
-            slot.deadline
-                .store(deadline(now, exptime), Ordering::Relaxed);
+            let until = deadline(now, exptime);
+            let shortened = until < slot.deadline.load(Ordering::Relaxed);
+            slot.deadline.store(until, Ordering::Relaxed);
             crash_point();
             // Nobody flags an EXTENDING word; only the reach may change meanwhile.
             let mut cur = extending;
@@ -1128,6 +1129,11 @@ impl<S: Slots, E: Env> Table<S, E> {
                     Ok(_) => {
                         crash_point();
                         held.word = back;
+                        // A sleeper's step was cut to the old lease end: it looks again
+                        // and sleeps to the new one (an expiry wakes nobody).
+                        if shortened && back.has_waiters() {
+                            self.wake(held.slot);
+                        }
                         return Ok(());
                     }
                     Err(now) if Word(now).ident() == extending.ident() => cur = Word(now),
