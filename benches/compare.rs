@@ -1,7 +1,7 @@
 //! shmlock beside the kernel's inter-process locks, measured side by side in one run.
 //!
 //! ```sh
-//! cargo bench --bench compare            # the whole table (about a minute)
+//! cargo bench --bench compare            # the whole table (about 6 minutes)
 //! cargo bench --bench compare -- quick   # fewer rounds, for a smoke run
 //! cargo bench --bench compare -- handoff # only the sections named (uncontended, handoff,
 //!                                        # contended, scaling, load, attach)
