@@ -36,6 +36,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     unlock_wakes_a_sleeping_waiter_in_another_process,
     expired_holder_in_another_process_is_taken_over,
     a_holder_that_shortens_its_lease_wakes_its_sleeping_waiter,
+    a_waiter_with_an_enormous_timer_slack_keeps_its_timeout,
     sigkilled_holder_is_reclaimed_at_once,
     sigkilled_holder_is_reclaimed_while_its_home_churns,
     unrelated_process_attaches_by_path,
@@ -529,6 +530,64 @@ fn a_holder_that_shortens_its_lease_wakes_its_sleeping_waiter() {
     );
     assert_eq!(holder.wait(Duration::from_secs(30)), 0);
     print!("[waiter had the key {after:?} after the lease was cut to 10 ms] ");
+}
+
+fn a_waiter_with_an_enormous_timer_slack_keeps_its_timeout() {
+    let path = TempPath::new("bigslack");
+    let table = LockTable::open(&path, 16).unwrap();
+    let held = table.lock("k", LockOptions::default()).unwrap();
+    // words: the waits of the waiter (µs), notify on and off
+    let sh = Shared::new(2);
+    let waiter = {
+        let (table, sh) = (&table, &sh);
+        fork(move || {
+            // 2^63 + 7 ns: any timer of this thread may fire centuries late
+            let own: libc::c_ulong = (1 << 63) + 7;
+            // SAFETY: PR_SET_TIMERSLACK takes an integer, and sets this thread's slack.
+            assert_eq!(
+                unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, own, 0, 0, 0) },
+                0
+            );
+            let mut failed = 0;
+            for (i, notify) in [true, false].into_iter().enumerate() {
+                let mut lock = Lock::new(
+                    table,
+                    LockOptions {
+                        notify,
+                        ..opts(30_000, 50)
+                    },
+                )
+                .unwrap();
+                let t = Instant::now();
+                if !matches!(lock.lock("k"), Err(Error::Timeout { .. })) {
+                    failed += 1;
+                }
+                sh.word(i)
+                    .store(t.elapsed().as_micros() as u64, Ordering::SeqCst);
+            }
+            // SAFETY: PR_GET_TIMERSLACK takes no pointers; by syscall, for the whole value.
+            let after =
+                unsafe { libc::syscall(libc::SYS_prctl, libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
+            if after as libc::c_ulong != own {
+                eprintln!("slack after the waits: {after}");
+                failed += 1;
+            }
+            failed
+        })
+    };
+    assert_eq!(
+        waiter.wait(Duration::from_secs(30)),
+        0,
+        "timed out, slack back"
+    );
+    let waits: Vec<u64> = (0..2).map(|i| sh.word(i).load(Ordering::SeqCst)).collect();
+    // a 50 ms timeout; each sleep of the wait may end a tick (4 ms) late
+    assert!(
+        waits.iter().all(|&us| us < 1_000_000),
+        "waits of {waits:?} µs for a 50 ms timeout"
+    );
+    drop(held);
+    print!("[50 ms timeouts with a 2^63 ns slack took {waits:?} µs (notify on, off)] ");
 }
 
 /// The timer slack of `pid`'s main thread ("self": this one), in ns.

@@ -209,6 +209,8 @@ pub(crate) fn acquire_slow<B: Backend>(
                 retried = used.is_zero();
                 look = !moved;
             } else {
+                // resty's own step, as sharp as the thread's slack allows (up to a tick)
+                slack.allow(Duration::ZERO);
                 std::thread::sleep(step);
                 slept += step;
             }

@@ -14,7 +14,9 @@
 //! release wakes the sleeper, and so does a holder that shortens its lease): ending it up
 //! to a tick late costs nothing else. The slack never carries a sleep past the caller's
 //! deadline, nor past the holder's lease end and its tick, so timeouts and expiries stay
-//! as sharp as before.
+//! as sharp as before. A thread whose own slack is wider than a tick is held to a tick
+//! while it waits (a slack of seconds would otherwise carry a 50 ms timeout seconds late,
+//! or for ever), and gets its own back when `lock` returns.
 
 use std::time::Duration;
 
@@ -39,8 +41,8 @@ impl TimerSlack {
         TimerSlack { own: None, now: 0 }
     }
 
-    /// Lets this thread's next sleeps end up to `late` past their timeouts (never less than
-    /// its own slack).
+    /// Lets this thread's next sleeps end up to `late` past their timeouts, or by its own
+    /// slack if that is wider, up to a tick.
     pub(crate) fn allow(&mut self, late: Duration) {
         let own = match self.own {
             Some(own) => own,
@@ -54,7 +56,10 @@ impl TimerSlack {
         if own == 0 {
             return;
         }
-        let want = own.max(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX));
+        let tick = STEP_SLACK.as_nanos() as u64;
+        let want = own
+            .min(tick)
+            .max(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX));
         if want != self.now && sys::set(want) {
             self.now = want;
         }
@@ -80,7 +85,9 @@ impl Drop for TimerSlack {
 #[cfg(target_os = "linux")]
 mod sys {
     /// The calling thread's timer slack in ns. By `syscall`, not glibc's `prctl`, whose
-    /// `int` result would cut a slack above 2.1 s.
+    /// `int` result would cut a slack above 2.1 s; the kernel's value is unsigned, so a
+    /// "negative" result is a slack of 2^63 ns or more (all but the last 4095 values, which
+    /// read as an error).
     pub(super) fn get() -> Option<u64> {
         // SAFETY: PR_GET_TIMERSLACK takes no pointers (the unused arguments are zeros) and
         // only reads the calling thread's slack.
@@ -94,7 +101,7 @@ mod sys {
                 0 as libc::c_ulong,
             )
         };
-        u64::try_from(r).ok()
+        (r != -1).then_some(r as u64)
     }
 
     /// Sets the calling thread's timer slack (a nonzero `ns`: zero would mean "the
@@ -149,22 +156,23 @@ mod tests {
                 assert_eq!(sys::get(), Some(1_000_000));
             }
             assert_eq!(sys::get(), Some(123_456));
-            // a thread whose own slack is wider keeps it
-            assert!(sys::set(9_000_000));
-            {
-                let mut slack = TimerSlack::new();
-                slack.allow(STEP_SLACK);
-                assert_eq!(sys::get(), Some(9_000_000));
+            // a thread whose own slack is wider than a tick is held to a tick, also at
+            // the deadline, and gets its own back; so is one beyond what an `int` holds,
+            // and one beyond what a `long` holds
+            for own in [9_000_000, 5_000_000_000, (1 << 63) + 7] {
+                assert!(sys::set(own));
+                assert_eq!(sys::get(), Some(own));
+                {
+                    let mut slack = TimerSlack::new();
+                    slack.allow(STEP_SLACK);
+                    assert_eq!(sys::get(), Some(4_000_000));
+                    slack.allow(Duration::ZERO);
+                    assert_eq!(sys::get(), Some(4_000_000));
+                    slack.allow(Duration::from_millis(1));
+                    assert_eq!(sys::get(), Some(4_000_000));
+                }
+                assert_eq!(sys::get(), Some(own));
             }
-            assert_eq!(sys::get(), Some(9_000_000));
-            // a slack beyond what an `int` holds is read and put back whole
-            assert!(sys::set(5_000_000_000));
-            {
-                let mut slack = TimerSlack::new();
-                slack.allow(STEP_SLACK);
-                assert_eq!(sys::get(), Some(5_000_000_000));
-            }
-            assert_eq!(sys::get(), Some(5_000_000_000));
         })
         .join()
         .unwrap();
