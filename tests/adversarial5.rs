@@ -16,8 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::fork::{fork, xorshift, Child, Shared};
+use common::forking::arm_alarm_in;
 use common::harness::Test;
-use common::probe::await_word;
+use common::probe::{await_word, describe_hang, monitor};
 use common::TempPath;
 use shmlock::{LockOptions, LockTable, SharedDict};
 
@@ -260,105 +261,6 @@ fn install(handler: extern "C" fn(libc::c_int), sig: libc::c_int) {
     }
 }
 
-fn arm(us: u64) {
-    let it = libc::itimerval {
-        it_interval: libc::timeval {
-            tv_sec: 0,
-            tv_usec: 0,
-        },
-        it_value: libc::timeval {
-            tv_sec: 0,
-            tv_usec: us as libc::suseconds_t,
-        },
-    };
-    // SAFETY: setting our own timer.
-    unsafe { libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut()) };
-}
-
-fn describe_hang(pid: i32) -> String {
-    let mut out = String::new();
-    if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in tasks.flatten() {
-            let stat = fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-            let state = stat
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .split_whitespace()
-                .next();
-            let sys = fs::read_to_string(t.path().join("syscall")).unwrap_or_default();
-            out += &format!(
-                "task {:?} state {:?} syscall {:?}; ",
-                t.file_name(),
-                state,
-                sys.split_whitespace().next()
-            );
-        }
-    }
-    // a backtrace with gdb, in its own process group, bounded
-    let bt = std::process::Command::new("timeout")
-        .args([
-            "-k",
-            "2",
-            "15",
-            "gdb",
-            "-p",
-            &pid.to_string(),
-            "-batch",
-            "-nx",
-            "-ex",
-            "thread apply all bt 12",
-        ])
-        .process_group(0)
-        .output();
-    if let Ok(o) = bt {
-        let s = String::from_utf8_lossy(&o.stdout);
-        let frames: Vec<&str> = s.lines().filter(|l| l.starts_with('#')).collect();
-        out += &frames.join("\n    ");
-    }
-    out
-}
-
-use std::os::unix::process::CommandExt;
-
-fn monitor_progress(
-    c: &Child,
-    shared: &Shared,
-    w: usize,
-    stall: Duration,
-    limit: Duration,
-) -> Result<i32, String> {
-    let start = Instant::now();
-    let mut last = (shared.word(w).load(Ordering::SeqCst), Instant::now());
-    loop {
-        let mut st = 0;
-        // SAFETY: our own child.
-        let r = unsafe { libc::waitpid(c.0, &mut st, libc::WNOHANG) };
-        if r == c.0 {
-            return Ok(if libc::WIFEXITED(st) {
-                libc::WEXITSTATUS(st)
-            } else {
-                128 + libc::WTERMSIG(st)
-            });
-        }
-        let v = shared.word(w).load(Ordering::SeqCst);
-        if v != last.0 {
-            last = (v, Instant::now());
-        } else if last.1.elapsed() > stall {
-            let d = describe_hang(c.0);
-            c.kill();
-            return Err(format!(
-                "no progress for {stall:?} after {v} iterations: {d}"
-            ));
-        }
-        if start.elapsed() > limit {
-            c.kill();
-            return Ok(-1);
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 fn fork_in_signal_handler_during_open() {
     let path = TempPath::new("sigfork");
     drop(LockTable::open(&path, 64).unwrap());
@@ -369,15 +271,15 @@ fn fork_in_signal_handler_during_open() {
         install(on_alarm_fork, libc::SIGALRM);
         let mut x = 0x9e3779b97f4a7c15u64 ^ std::process::id() as u64;
         for i in 0..4000u64 {
-            arm(1 + xorshift(&mut x) % 120);
+            arm_alarm_in(1 + xorshift(&mut x) % 120);
             let t = LockTable::open(&path, 64).unwrap();
-            arm(0);
+            arm_alarm_in(0);
             drop(t);
             shared.word(0).store(i + 1, Ordering::SeqCst);
         }
         0
     });
-    match monitor_progress(
+    match monitor(
         &c,
         &shared,
         0,
@@ -490,9 +392,9 @@ fn adopt_trials(use_fork: bool) {
         for trial in 1..=3000u64 {
             let path = d2.join(format!("t{}", trial % 4));
             CHILD_PID.store(0, Ordering::Relaxed);
-            arm(1 + xorshift(&mut x) % 150);
+            arm_alarm_in(1 + xorshift(&mut x) % 150);
             let t = LockTable::open(&path, 64);
-            arm(0);
+            arm_alarm_in(0);
             if IN_CHILD.load(Ordering::Relaxed) {
                 // the child: wait for the parent to hold K, then drop our handle
                 let t = match t {
@@ -579,7 +481,7 @@ fn adopt_trials(use_fork: bool) {
         shared.word(4).store(windows, Ordering::SeqCst);
         0
     });
-    let r = monitor_progress(
+    let r = monitor(
         &c,
         &shared,
         0,
@@ -693,7 +595,7 @@ fn fork_starvation_many_openers() {
             .store(opens.load(Ordering::Relaxed), Ordering::SeqCst);
         0
     });
-    match monitor_progress(
+    match monitor(
         &c,
         &shared,
         0,
@@ -948,7 +850,7 @@ fn underscore_fork_child_inherits_setting_up() {
         shared.word(3).store(ok, Ordering::SeqCst);
         0
     });
-    let r = monitor_progress(
+    let r = monitor(
         &c,
         &shared,
         0,

@@ -5,6 +5,7 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -14,8 +15,8 @@ use common::fork::{fork, Child, Shared};
 use common::forking::{arm_alarm, locate_before_fork, mask_alarm, on_alarm, Openers};
 use common::harness::Test;
 use common::probe::{
-    await_word, header_u64, mapping_base, mono_ns, place, registry_len, GdbStop, Proc, Spawned,
-    Watch,
+    await_word, header_u64, mapping_base, monitor, mono_ns, place, registry_len, GdbStop, Proc,
+    Spawned, Watch,
 };
 use common::TempPath;
 use shmlock::{LockOptions, LockTable};
@@ -112,102 +113,6 @@ fn inherited_locked_fd(ino: u64) -> bool {
         }
     }
     false
-}
-
-fn describe(pid: i32) -> String {
-    let mut out = String::new();
-    if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in tasks.flatten() {
-            let stat = fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-            let state = stat
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .split_whitespace()
-                .next()
-                .map(str::to_string);
-            let utime: Vec<String> = stat
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .split_whitespace()
-                .skip(11)
-                .take(2)
-                .map(str::to_string)
-                .collect();
-            let sys = fs::read_to_string(t.path().join("syscall")).unwrap_or_default();
-            out += &format!(
-                "task {:?} state {:?} utime/stime {:?} syscall {:?}; ",
-                t.file_name(),
-                state,
-                utime,
-                sys.split_whitespace().next()
-            );
-        }
-    }
-    let bt = std::process::Command::new("timeout")
-        .args([
-            "-k",
-            "2",
-            "15",
-            "gdb",
-            "-p",
-            &pid.to_string(),
-            "-batch",
-            "-nx",
-            "-ex",
-            "thread apply all bt 8",
-        ])
-        .process_group(0)
-        .output();
-    if let Ok(o) = bt {
-        let s = String::from_utf8_lossy(&o.stdout);
-        let frames: Vec<&str> = s
-            .lines()
-            .filter(|l| l.starts_with('#') || l.starts_with("Thread"))
-            .collect();
-        out += "\n    ";
-        out += &frames.join("\n    ");
-    }
-    out
-}
-use std::os::unix::process::CommandExt;
-
-/// Watches word `w` for progress; on a stall, describes and kills the child.
-fn monitor(
-    c: &Child,
-    shared: &Shared,
-    w: usize,
-    stall: Duration,
-    limit: Duration,
-) -> Result<i32, String> {
-    let start = Instant::now();
-    let mut last = (shared.word(w).load(Ordering::SeqCst), Instant::now());
-    loop {
-        let mut st = 0;
-        // SAFETY: c is our own child; st is a valid out-pointer.
-        let r = unsafe { libc::waitpid(c.0, &mut st, libc::WNOHANG) };
-        if r == c.0 {
-            return Ok(if libc::WIFEXITED(st) {
-                libc::WEXITSTATUS(st)
-            } else {
-                128 + libc::WTERMSIG(st)
-            });
-        }
-        let v = shared.word(w).load(Ordering::SeqCst);
-        if v != last.0 {
-            last = (v, Instant::now());
-        } else if last.1.elapsed() > stall {
-            let d = describe(c.0);
-            c.kill();
-            return Err(format!("no progress for {stall:?} after {v} rounds: {d}"));
-        }
-        if start.elapsed() > limit {
-            c.kill();
-            return Ok(-1);
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 // ---------------------------------------------------------------------------------------

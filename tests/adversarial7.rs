@@ -16,7 +16,8 @@ use common::fork::{fork, Child, Shared};
 use common::forking::{arm_alarm, locate_before_fork, mask_alarm, on_alarm, Openers};
 use common::harness::Test;
 use common::probe::{
-    await_word, header_u64, mapping_base, mono_ns, place, registry_len, GdbStop, Proc, Watch,
+    await_word, describe_hang, describe_threads, header_u64, mapping_base, mono_ns, place,
+    registry_len, GdbStop, Proc, Watch,
 };
 use common::TempPath;
 use shmlock::{LockOptions, LockTable};
@@ -105,49 +106,6 @@ enum Outcome {
     Hung(String),
 }
 
-/// Threads of `pid`: state, utime+stime ticks, current syscall number.
-fn describe(pid: i32) -> String {
-    let mut out = Vec::new();
-    if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in tasks.flatten() {
-            let stat = fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-            let f: Vec<String> = stat
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .split_whitespace()
-                .map(str::to_string)
-                .collect();
-            let sys = fs::read_to_string(t.path().join("syscall")).unwrap_or_default();
-            let blk = fs::read_to_string(t.path().join("status"))
-                .unwrap_or_default()
-                .lines()
-                .find(|l| l.starts_with("SigBlk"))
-                .map(|l| l.split_whitespace().nth(1).unwrap_or("").to_string())
-                .unwrap_or_default();
-            let nr = sys.split_whitespace().next().unwrap_or("?").to_string();
-            let name = match nr.as_str() {
-                "24" => "sched_yield",
-                "202" => "futex",
-                "61" => "wait4",
-                "running" => "running",
-                _ => "other",
-            };
-            out.push(format!(
-                "tid {} {} cpu {} ticks, syscall {} ({}), SigBlk {}",
-                t.file_name().to_string_lossy(),
-                f.first().map(String::as_str).unwrap_or("?"),
-                f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
-                    + f.get(12).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0),
-                nr,
-                name,
-                blk
-            ));
-        }
-    }
-    out.join("; ")
-}
-
 fn all_pids_in_group(pgid: i32) -> Vec<i32> {
     let mut v = Vec::new();
     for e in fs::read_dir("/proc").unwrap().flatten() {
@@ -194,12 +152,12 @@ fn run_role(role: &str, path: &Path, limit: Duration) -> Outcome {
             let pids = all_pids_in_group(pid);
             let first: Vec<String> = pids
                 .iter()
-                .map(|p| format!("pid {p}: {}", describe(*p)))
+                .map(|p| format!("pid {p}: {}", describe_threads(*p)))
                 .collect();
             std::thread::sleep(Duration::from_secs(1));
             let second: Vec<String> = pids
                 .iter()
-                .map(|p| format!("pid {p}: {}", describe(*p)))
+                .map(|p| format!("pid {p}: {}", describe_threads(*p)))
                 .collect();
             // SAFETY: a plain signal to our child's group; the child is not yet reaped.
             unsafe { libc::kill(-pid, libc::SIGKILL) };
@@ -568,26 +526,7 @@ fn timer_nested() {
     let inner = shared.word(3).load(Ordering::SeqCst) as i32;
     let mut d = String::new();
     if started == 1 && result == 0 && inner > 0 {
-        d = describe(inner);
-        let bt = std::process::Command::new("timeout")
-            .args([
-                "-k",
-                "2",
-                "15",
-                "gdb",
-                "-p",
-                &inner.to_string(),
-                "-batch",
-                "-nx",
-                "-ex",
-                "bt 6",
-            ])
-            .output();
-        if let Ok(o) = bt {
-            let s = String::from_utf8_lossy(&o.stdout);
-            let frames: Vec<&str> = s.lines().filter(|l| l.starts_with('#')).collect();
-            d += &format!(" bt: {}", frames.join(" / "));
-        }
+        d = describe_hang(inner);
         // SAFETY: a plain signal (no memory involved) to the inner child, a grandchild of ours.
         unsafe { libc::kill(inner, libc::SIGKILL) };
     }
@@ -1004,43 +943,61 @@ fn stalled_claiming() {
     assert!(!ok2 && took2 < Duration::from_millis(550));
 }
 
-fn renewing_short_lease() {
-    // H renews a 30 ms lease every 10 ms (extend in a loop); the waiter's sleeps are cut
-    // at each (old) lease end: how many wake-ups, and does it keep its 2 s timeout?
-    let path = fresh_table("renew");
+/// A holder of "K" on a fresh table that renews its lease of `lease` until word 3 is set
+/// (or 20 s): after each `pause`, or back to back. Word 1 counts the renewals, word 2 is
+/// set if one failed (the lease was lost). Returns once it holds.
+fn renewing_holder(
+    name: &str,
+    lease: Duration,
+    pause: Option<Duration>,
+) -> (TempPath, &'static Shared, Child) {
+    let path = fresh_table(name);
     let shared: &'static Shared = Box::leak(Box::new(Shared::new(4)));
     let p = path.0.clone();
     let h = fork(move || {
         let t = LockTable::open(&p, 64).unwrap();
         let o = LockOptions {
-            exptime: Duration::from_millis(30),
+            exptime: lease,
             ..LockOptions::default()
         };
         let mut g = t.lock("K", o).unwrap();
         shared.word(0).store(1, Ordering::SeqCst);
         let s = Instant::now();
         let mut n = 0u64;
-        while s.elapsed() < Duration::from_secs(20) {
-            std::thread::sleep(Duration::from_millis(10));
-            if g.expire(Some(Duration::from_millis(30))).is_err() {
+        while s.elapsed() < Duration::from_secs(20) && shared.word(3).load(Ordering::Relaxed) == 0 {
+            if let Some(pause) = pause {
+                std::thread::sleep(pause);
+            }
+            if g.expire(Some(lease)).is_err() {
                 shared.word(2).store(1, Ordering::SeqCst);
                 break;
             }
             n += 1;
-            shared.word(1).store(n, Ordering::SeqCst);
+            shared.word(1).store(n, Ordering::Relaxed);
         }
         0
     });
-    while shared.word(0).load(Ordering::SeqCst) == 0 {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let t = LockTable::open(&path, 64).unwrap();
+    await_word(shared, 0, Duration::from_secs(10));
+    (path, shared, h)
+}
+
+/// A 2 s wait for "K" (lease 60 s) on the table at `path`: see [`timed_wait`].
+fn wait_two_seconds(path: &TempPath) -> (bool, Duration, u64, u64) {
+    let t = LockTable::open(path, 64).unwrap();
     let o = LockOptions {
         exptime: Duration::from_secs(60),
         timeout: Duration::from_millis(2_000),
         ..LockOptions::default()
     };
-    let (ok, took, cpu, vol) = timed_wait(&t, "K", &o);
+    timed_wait(&t, "K", &o)
+}
+
+fn renewing_short_lease() {
+    // H renews a 30 ms lease every 10 ms (extend in a loop); the waiter's sleeps are cut
+    // at each (old) lease end: how many wake-ups, and does it keep its 2 s timeout?
+    let lease = Duration::from_millis(30);
+    let (path, shared, h) = renewing_holder("renew", lease, Some(Duration::from_millis(10)));
+    let (ok, took, cpu, vol) = wait_two_seconds(&path);
     let lost = shared.word(2).load(Ordering::SeqCst);
     h.kill();
     note!(
@@ -1278,39 +1235,9 @@ fn gen_wrap_lost_wakeup() {
 //     the futex half now carries it): does a waiter still sleep, or spin on EAGAIN?
 
 fn renewing_tight_loop() {
-    let path = fresh_table("tight");
-    let shared: &'static Shared = Box::leak(Box::new(Shared::new(4)));
-    let p = path.0.clone();
-    let h = fork(move || {
-        let t = LockTable::open(&p, 64).unwrap();
-        let o = LockOptions {
-            exptime: Duration::from_secs(30),
-            ..LockOptions::default()
-        };
-        let mut g = t.lock("K", o).unwrap();
-        shared.word(0).store(1, Ordering::SeqCst);
-        let s = Instant::now();
-        let mut n = 0u64;
-        while s.elapsed() < Duration::from_secs(20) && shared.word(3).load(Ordering::Relaxed) == 0 {
-            for _ in 0..64 {
-                let _ = g.expire(Some(Duration::from_secs(30)));
-            }
-            n += 64;
-        }
-        shared.word(1).store(n, Ordering::SeqCst);
-        0
-    });
-    while shared.word(0).load(Ordering::SeqCst) == 0 {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let (path, shared, h) = renewing_holder("tight", Duration::from_secs(30), None);
     std::thread::sleep(Duration::from_millis(50));
-    let t = LockTable::open(&path, 64).unwrap();
-    let o = LockOptions {
-        exptime: Duration::from_secs(60),
-        timeout: Duration::from_millis(2_000),
-        ..LockOptions::default()
-    };
-    let (ok, took, cpu, vol) = timed_wait(&t, "K", &o);
+    let (ok, took, cpu, vol) = wait_two_seconds(&path);
     shared.word(3).store(1, Ordering::SeqCst);
     h.wait(Duration::from_secs(10));
     note!(

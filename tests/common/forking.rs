@@ -98,9 +98,11 @@ pub fn on_alarm(handler: extern "C" fn(libc::c_int)) {
 
 /// Arms a one-shot SIGALRM 1-150 µs from now, the delay drawn from the xorshift state `x`.
 pub fn arm_alarm(x: &mut u64) {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
+    arm_alarm_in(1 + super::fork::xorshift(x) % 150);
+}
+
+/// Arms a one-shot SIGALRM `us` µs from now (0: disarms it).
+pub fn arm_alarm_in(us: u64) {
     let it = libc::itimerval {
         it_interval: libc::timeval {
             tv_sec: 0,
@@ -108,7 +110,7 @@ pub fn arm_alarm(x: &mut u64) {
         },
         it_value: libc::timeval {
             tv_sec: 0,
-            tv_usec: (1 + *x % 150) as libc::suseconds_t,
+            tv_usec: us as libc::suseconds_t,
         },
     };
     // SAFETY: `it` is a valid itimerval; the old value is not asked for (null).

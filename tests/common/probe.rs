@@ -203,3 +203,116 @@ impl Drop for GdbStop {
         let _ = fs::remove_dir_all(&self.flags.0);
     }
 }
+
+/// What each thread of `pid` is doing: its state, its CPU time (utime + stime ticks), its
+/// current system call (number and, for the few the tests meet, name) and blocked signals.
+pub fn describe_threads(pid: i32) -> String {
+    let mut out = Vec::new();
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return format!("no /proc/{pid}/task");
+    };
+    for t in tasks.flatten() {
+        let stat = fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let f: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let ticks = |i: usize| f.get(i).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0);
+        let sys = fs::read_to_string(t.path().join("syscall")).unwrap_or_default();
+        let nr = sys.split_whitespace().next().unwrap_or("?");
+        let name = match nr {
+            "24" => "sched_yield",
+            "202" => "futex",
+            "61" => "wait4",
+            "running" => "running",
+            _ => "other",
+        };
+        let blk = fs::read_to_string(t.path().join("status"))
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with("SigBlk"))
+            .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+            .unwrap_or_default();
+        out.push(format!(
+            "tid {} {} cpu {} ticks, syscall {nr} ({name}), SigBlk {blk}",
+            t.file_name().to_string_lossy(),
+            f.first().unwrap_or(&"?"),
+            ticks(11) + ticks(12),
+        ));
+    }
+    out.join("; ")
+}
+
+/// The stack of every thread of `pid` (12 frames each), by gdb in a process group of its
+/// own, given 15 s.
+pub fn backtrace(pid: i32) -> String {
+    use std::os::unix::process::CommandExt;
+    let bt = std::process::Command::new("timeout")
+        .args([
+            "-k",
+            "2",
+            "15",
+            "gdb",
+            "-p",
+            &pid.to_string(),
+            "-batch",
+            "-nx",
+        ])
+        .args(["-ex", "thread apply all bt 12"])
+        .process_group(0)
+        .output();
+    match bt {
+        Ok(o) => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.starts_with('#') || l.starts_with("Thread"))
+            .collect::<Vec<_>>()
+            .join("\n    "),
+        Err(e) => format!("no backtrace: {e}"),
+    }
+}
+
+/// A hung process, for the message of the test that found it: its threads and stacks.
+pub fn describe_hang(pid: i32) -> String {
+    format!("{}\n    {}", describe_threads(pid), backtrace(pid))
+}
+
+/// Waits for child `c`, which counts its progress in word `w`: its exit code; `Err` with a
+/// description (and the child killed) if the word stood still for `stall`; `Ok(-1)` (and
+/// the child killed) if it ran on past `limit`.
+pub fn monitor(
+    c: &Child,
+    shared: &Shared,
+    w: usize,
+    stall: Duration,
+    limit: Duration,
+) -> Result<i32, String> {
+    let start = Instant::now();
+    let mut last = (shared.word(w).load(Ordering::SeqCst), Instant::now());
+    loop {
+        let mut st = 0;
+        // SAFETY: c is our own child; st is a valid out-pointer.
+        let r = unsafe { libc::waitpid(c.0, &mut st, libc::WNOHANG) };
+        if r == c.0 {
+            return Ok(if libc::WIFEXITED(st) {
+                libc::WEXITSTATUS(st)
+            } else {
+                128 + libc::WTERMSIG(st)
+            });
+        }
+        let v = shared.word(w).load(Ordering::SeqCst);
+        if v != last.0 {
+            last = (v, Instant::now());
+        } else if last.1.elapsed() > stall {
+            let d = describe_hang(c.0);
+            c.kill();
+            return Err(format!("no progress for {stall:?} after {v} rounds: {d}"));
+        }
+        if start.elapsed() > limit {
+            c.kill();
+            return Ok(-1);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
