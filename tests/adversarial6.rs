@@ -15,8 +15,8 @@ use common::fork::{fork, Child, Shared};
 use common::forking::{arm_alarm, locate_before_fork, mask_alarm, on_alarm, Openers};
 use common::harness::Test;
 use common::probe::{
-    await_word, header_u64, mapping_base, monitor, mono_ns, place, registry_len, GdbStop, Proc,
-    Spawned, Watch,
+    await_word, flagging_waiter, header_u64, mapping_base, monitor, mono_ns, place, registry_len,
+    GdbStop, Proc, Spawned, Watch,
 };
 use common::TempPath;
 use shmlock::{LockOptions, LockTable};
@@ -439,13 +439,7 @@ fn lost_wakeup_same_tag(flag_k2: bool) {
         0
     })));
     let addr = await_word(&shared, 5, Duration::from_secs(10));
-    let mut gdb = Some(GdbStop::attach(
-        w.pid(),
-        &[
-            "catch syscall futex".to_string(),
-            format!("condition 1 $rdi == {addr:#x}"),
-        ],
-    ));
+    let mut gdb = Some(GdbStop::at_futex(w.pid(), addr));
     shared.word(6).store(1, Ordering::SeqCst);
     assert!(
         gdb.as_ref().unwrap().stopped(Duration::from_secs(30)),
@@ -459,20 +453,8 @@ fn lost_wakeup_same_tag(flag_k2: bool) {
     shared.word(0).store(1, Ordering::SeqCst);
     let s2 = await_word(&shared, 4, Duration::from_secs(10)) - 1;
     assert_eq!(s2 as usize, slot, "inconclusive: K2 landed elsewhere");
-    let mut _x = None;
-    if flag_k2 {
-        // X: a waiter of K2 flags H's new hold
-        _x = Some(Proc(Some(fork(|| {
-            let t = LockTable::open(&path, 64).unwrap();
-            let _ = t.lock(&k2, opts(60_000, 20_000));
-            0
-        }))));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while watch.control(slot) & 8 == 0 {
-            assert!(Instant::now() < deadline, "X never flagged K2's hold");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
+    // X: a waiter of K2 flags H's new hold
+    let _x = flag_k2.then(|| flagging_waiter(&path.0, &k2, &watch, slot));
     let w2 = watch.control(slot);
     note!(
         "[after: word {w2:#x}, low halves {} ] ",

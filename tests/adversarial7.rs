@@ -16,8 +16,8 @@ use common::fork::{fork, Child, Shared};
 use common::forking::{arm_alarm, locate_before_fork, mask_alarm, on_alarm, Openers};
 use common::harness::Test;
 use common::probe::{
-    await_word, describe_hang, describe_threads, header_u64, mapping_base, mono_ns, place,
-    registry_len, GdbStop, Proc, Watch,
+    await_word, describe_hang, describe_threads, flagging_waiter, header_u64, mapping_base,
+    mono_ns, place, registry_len, GdbStop, Proc, Watch,
 };
 use common::TempPath;
 use shmlock::{LockOptions, LockTable};
@@ -1157,13 +1157,7 @@ fn gen_wrap_lost_wakeup() {
         0
     })));
     let addr = await_word(shared, 5, Duration::from_secs(10));
-    let mut gdb = Some(GdbStop::attach(
-        w.pid(),
-        &[
-            "catch syscall futex".to_string(),
-            format!("condition 1 $rdi == {addr:#x}"),
-        ],
-    ));
+    let mut gdb = Some(GdbStop::at_futex(w.pid(), addr));
     shared.word(6).store(1, Ordering::SeqCst);
     assert!(
         gdb.as_ref().unwrap().stopped(Duration::from_secs(30)),
@@ -1177,25 +1171,7 @@ fn gen_wrap_lost_wakeup() {
     let s2 = await_word(shared, 4, Duration::from_secs(25)) - 1;
     assert_eq!(s2 as usize, slot, "inconclusive: K2 landed elsewhere");
     // X: a waiter of K2 flags H's hold of K2
-    let px = path.0.clone();
-    let xk2 = k2.clone();
-    let _x = Proc(Some(fork(move || {
-        let t = LockTable::open(&px, 64).unwrap();
-        let _ = t.lock(
-            &xk2,
-            LockOptions {
-                exptime: Duration::from_secs(60),
-                timeout: Duration::from_secs(20),
-                ..LockOptions::default()
-            },
-        );
-        0
-    })));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while watch.at(slot, 0).load(Ordering::SeqCst) & 8 == 0 {
-        assert!(Instant::now() < deadline, "X never flagged K2's hold");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let _x = flagging_waiter(&path.0, &k2, &watch, slot);
     let w2 = watch.at(slot, 0).load(Ordering::SeqCst);
     note!(
         "[K1 {k1:?}, K2 {k2:?} share home {home}; W stopped at FUTEX_WAIT expecting {:#x} \

@@ -182,6 +182,18 @@ impl GdbStop {
         GdbStop { flags, gdb }
     }
 
+    /// [`attach`](GdbStop::attach) with breakpoint 1 at the process's futex system call on
+    /// the word at `addr` (a waiter about to sleep on a slot).
+    pub fn at_futex(pid: libc::pid_t, addr: u64) -> GdbStop {
+        GdbStop::attach(
+            pid,
+            &[
+                "catch syscall futex".to_string(),
+                format!("condition 1 $rdi == {addr:#x}"),
+            ],
+        )
+    }
+
     /// Whether the process reached the breakpoint within `limit`.
     pub fn stopped(&self, limit: Duration) -> bool {
         wait_file(&self.flags.0.join("stopped"), limit)
@@ -315,4 +327,28 @@ pub fn monitor(
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// A process that waits (up to 20 s) for `key` in the table at `path`, and so flags its
+/// holder's entry; returned once the flag shows in `slot`'s word.
+pub fn flagging_waiter(path: &Path, key: &str, watch: &Watch, slot: usize) -> Proc {
+    let x = Proc(Some(super::fork::fork(|| {
+        let t = shmlock::LockTable::open(path, 64).unwrap();
+        let o = shmlock::LockOptions {
+            exptime: Duration::from_secs(60),
+            timeout: Duration::from_secs(20),
+            ..shmlock::LockOptions::default()
+        };
+        let _ = t.lock(key, o);
+        0
+    })));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while watch.control(slot) & 8 == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never flagged {key:?}'s hold"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    x
 }
