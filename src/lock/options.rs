@@ -39,9 +39,8 @@ pub struct LockOptions {
     /// waited. A step's sleep then only bounds how soon a dead holder is noticed, and may
     /// end up to 4 ms late (timer slack, which makes an early wake cheaper); no sleep runs
     /// past the timeout, nor past the holder's lease end by more than the clock's tick
-    /// (4 ms). `false` reproduces resty's pure
-    /// polling exactly (elapsed = sum of the steps). Default: `true` where futexes exist
-    /// (Linux).
+    /// (4 ms). `false` reproduces resty's pure polling exactly (elapsed = sum of the
+    /// steps). Default: `true` where futexes exist (Linux).
     pub notify: bool,
 }
 
