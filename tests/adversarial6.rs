@@ -860,9 +860,16 @@ fn stray_flag_syscalls() {
         let mut g = t.lock("S", opts(60_000, 1000)).unwrap();
         sh.word(1).store(1, Ordering::SeqCst);
         await_word(&sh, 0, Duration::from_secs(60));
-        // renew a few times (the flag stays), then unlock, then 1000 uncontended cycles
+        // renew a few times (the flag stays), then 300 times towards one end 60 s away
+        // (the deadline then moves back and forth within a tick of the coarse clock), then
+        // unlock, then 1000 uncontended cycles
         for _ in 0..5 {
             g.expire(Some(Duration::from_secs(60))).unwrap();
+        }
+        let end = Instant::now() + Duration::from_secs(60);
+        for _ in 0..300 {
+            std::thread::sleep(Duration::from_micros(100));
+            g.expire(Some(end - Instant::now())).unwrap();
         }
         drop(g);
         for _ in 0..1000 {
@@ -906,7 +913,7 @@ fn stray_flag_syscalls() {
         .lines()
         .filter(|l| l.contains("FUTEX_WAKE") && !l.contains("PRIVATE"))
         .count();
-    note!("[flag left on the hold: {flagged}; shared FUTEX_WAKEs by the holder over 5 renewals + 1001 unlocks: {wakes}] ");
+    note!("[flag left on the hold: {flagged}; shared FUTEX_WAKEs by the holder over 305 renewals + 1001 unlocks: {wakes}] ");
     drop(h);
     assert!(wakes <= 1, "a stray flag costs a system call per unlock");
 }

@@ -15,6 +15,10 @@ pub(crate) trait Clock {
     fn now(&self) -> u64;
 }
 
+/// The coarse clock's resolution at the usual 250 Hz: a deadline is seen passed up to one
+/// tick late, and two readings a tick apart may be equal.
+pub(crate) const TICK_NS: u64 = 4_000_000;
+
 /// Adds a lease length to a time; a lease of zero means "never expires".
 pub(crate) fn deadline(now: u64, exptime_ns: u64) -> u64 {
     if exptime_ns == 0 {

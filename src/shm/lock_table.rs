@@ -558,9 +558,8 @@ impl Holder {
 /// How long a waiter sleeps before looking again at a claim or renewal in progress.
 const TRANSIENT_POLL: Duration = Duration::from_millis(1);
 
-/// The coarse clock's resolution at the usual 250 Hz (a deadline is seen passed up to one
-/// tick late).
-const CLOCK_TICK: Duration = Duration::from_millis(4);
+/// The coarse clock's resolution (a deadline is seen passed up to one tick late).
+const CLOCK_TICK: Duration = Duration::from_nanos(crate::shm::clock::TICK_NS);
 
 /// The calling thread's number within the process, which every hold it takes carries as
 /// its lease: with the entry's owner and generation it tells the holder's holds from those

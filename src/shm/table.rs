@@ -100,7 +100,7 @@
 
 use std::time::Duration;
 
-use crate::shm::clock::deadline;
+use crate::shm::clock::{deadline, TICK_NS};
 use crate::shm::primitive::{crash_point, fence, spin, AtomicU64, Ordering, SETTLE_ROUNDS};
 use crate::shm::registry::OwnerId;
 use crate::shm::slot::{Cold, Slot, State, Word, REACH_OVERFLOW, WAITERS};
@@ -1113,7 +1113,10 @@ impl<S: Slots, E: Env> Table<S, E> {
             }
             crash_point();
             let until = deadline(now, exptime);
-            let shortened = until < slot.deadline.load(Ordering::Relaxed);
+            // Moved earlier by more than a tick: a sleeper's step ends by the old end and a
+            // tick, so less is seen in time anyway (and a holder renewing towards a fixed
+            // end moves it back and forth within a tick of the coarse clock, each time).
+            let shortened = until.saturating_add(TICK_NS) < slot.deadline.load(Ordering::Relaxed);
             slot.deadline.store(until, Ordering::Relaxed);
             crash_point();
             // Nobody flags an EXTENDING word; only the reach may change meanwhile.
