@@ -51,7 +51,7 @@ pub enum Error {
     Timeout {
         /// The key (its first bytes).
         key: KeyPreview,
-        /// The timeout that ran out.
+        /// The timeout that ran out (capped at the lock's exptime, as the wait is).
         timeout: Duration,
     },
     /// This lock holds nothing.

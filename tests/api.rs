@@ -719,6 +719,17 @@ fn errors_name_the_key_and_the_limit() {
         .lock("held:a")
         .unwrap_err();
     assert!(err.to_string().contains("is held"), "{err}");
+    // The wait is capped at the lease's length, and the error names the wait that ran.
+    let t0 = std::time::Instant::now();
+    let err = Lock::new(&t, opts(50, 20_000))
+        .unwrap()
+        .lock("held:a")
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Timeout { timeout, .. } if timeout == Duration::from_millis(50)),
+        "{err:?} after {:?}",
+        t0.elapsed()
+    );
 
     // Fill the capacity, then one more: the message names the key and the capacity.
     let guards: Vec<_> = (0..8)

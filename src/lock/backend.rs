@@ -191,7 +191,7 @@ pub(crate) fn acquire_slow<B: Backend>(
             retried = true;
         } else {
             let Some(step) = schedule.next_sleep() else {
-                return Err(Error::timeout(key, timeout.unwrap_or(Duration::ZERO)));
+                return Err(Error::timeout(key, budget));
             };
             retried = false;
             if notify {
@@ -199,7 +199,7 @@ pub(crate) fn acquire_slow<B: Backend>(
                 // sleeps count too.
                 let left = match budget.checked_sub(started.elapsed()) {
                     Some(left) if !left.is_zero() => left,
-                    _ => return Err(Error::timeout(key, timeout.unwrap_or(Duration::ZERO))),
+                    _ => return Err(Error::timeout(key, budget)),
                 };
                 let step = step.min(left);
                 // A step may end a tick late (see `slack`), never past the deadline.
@@ -249,7 +249,7 @@ where
         }
         retried = false;
         let Some(step) = schedule.next_sleep() else {
-            return Err(Error::timeout(key, timeout));
+            return Err(Error::timeout(key, opts.timeout_for(timeout)));
         };
         tokio::time::sleep(step).await;
         slept += step;
