@@ -120,6 +120,7 @@ impl table::Env for ShmEnv {
 /// assert!(table.try_lock_with_lease("user:42", Duration::from_secs(30))?.is_none());
 /// drop(guard);
 /// assert!(table.try_lock_with_lease("user:42", Duration::from_secs(30))?.is_some());
+/// # drop(table); std::fs::remove_dir_all(&dir).unwrap();
 /// # fn tempdir() -> std::path::PathBuf {
 /// #     let d = std::env::temp_dir().join(format!("shmlock-doc-{}-{}", std::process::id(), line!()));
 /// #     let _ = std::fs::remove_dir_all(&d);
