@@ -64,10 +64,13 @@ fn main() {
         .collect();
     all.push(
         Test::new(
-            "a_waiter_sleeps_its_steps_with_a_ticks_slack_and_gets_its_own_back",
-            waiter_timer_slack,
+            "a_waiter_sleeps_its_steps_to_ticks_of_the_coarse_clock_and_keeps_its_own_slack",
+            waiter_sleeps_to_ticks,
         )
-        .needs_root("needs root: CAP_SYS_NICE, to read another process's timer slack"),
+        .needs_root(
+            "needs root: CAP_SYS_NICE and ptrace access, to read another process's timer \
+             slack and futex timeout",
+        ),
     );
     common::harness::run("procs", &all, role);
 }
@@ -599,11 +602,49 @@ fn timer_slack(pid: &str) -> Option<u64> {
         .ok()
 }
 
-fn waiter_timer_slack() {
+/// The absolute timeout of the futex wait `pid`'s main thread is blocked in, if it is in
+/// one with a timeout (ns of CLOCK_MONOTONIC: read from its memory).
+fn futex_deadline(pid: libc::pid_t) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let line = std::fs::read_to_string(format!("/proc/{pid}/syscall")).ok()?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let arg = |i: usize| u64::from_str_radix(f.get(i)?.trim_start_matches("0x"), 16).ok();
+    if f.first() != Some(&libc::SYS_futex.to_string().as_str())
+        || arg(2)? & 0x7f != libc::FUTEX_WAIT_BITSET as u64
+    {
+        return None;
+    }
+    let mut ts = [0u8; 16];
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+    mem.read_exact_at(&mut ts, arg(4)?).ok()?;
+    let secs = u64::from_ne_bytes(ts[..8].try_into().unwrap());
+    let nanos = u64::from_ne_bytes(ts[8..].try_into().unwrap());
+    Some(secs * 1_000_000_000 + nanos)
+}
+
+fn coarse_ns() -> u64 {
+    // SAFETY: timespec is plain integers; `ts` is a valid out-pointer.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn waiter_sleeps_to_ticks() {
     require_root();
     const OWN: u64 = 123_456;
-    const TICK: u64 = 4_000_000;
-    let path = TempPath::new("slack");
+    const TIMEOUT_MS: u64 = 400;
+    let tick = {
+        // SAFETY: as in `coarse_ns`.
+        let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) },
+            0
+        );
+        ts.tv_nsec as u64
+    };
+    let path = TempPath::new("ticks");
     let table = LockTable::open(&path, 16).unwrap();
     let held = table.lock("k", LockOptions::default()).unwrap();
     // words: 0 when the waiter's lock started (ns), 1 set once it returned, 2 its slack
@@ -618,9 +659,9 @@ fn waiter_timer_slack() {
                 unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, OWN, 0, 0, 0) },
                 0
             );
-            let mut lock = Lock::new(table, opts(30_000, 400)).unwrap();
+            let mut lock = Lock::new(table, opts(30_000, TIMEOUT_MS)).unwrap();
             sh.word(0).store(mono_ns(), Ordering::SeqCst);
-            // steps 1, 2, ..., 128 ms end at 255 ms; the last sleep is cut to the deadline
+            // steps 1, 2, ..., 128 ms end by 255 ms; the last sleep is cut to the deadline
             let timed_out = matches!(lock.lock("k"), Err(Error::Timeout { .. }));
             sh.word(1).store(1, Ordering::SeqCst);
             sh.word(2)
@@ -632,15 +673,23 @@ fn waiter_timer_slack() {
             i32::from(!(timed_out && won))
         })
     };
-    // the waiter's slack over its wait, by the time since its lock started
-    let mut seen = Vec::new();
+    // The waiter's futex deadlines (each with how far it lies off the coarse clock's grid,
+    // in ns) and its slack, over its wait.
+    let mut deadlines: Vec<(u64, u64)> = Vec::new();
+    let mut slacks = Vec::new();
     let limit = Instant::now() + Duration::from_secs(30);
     while sh.word(1).load(Ordering::SeqCst) == 0 && Instant::now() < limit {
-        let start = sh.word(0).load(Ordering::SeqCst);
-        if let (Some(slack), true) = (timer_slack(&waiter.0.to_string()), start != 0) {
-            seen.push((mono_ns().saturating_sub(start) / 1_000_000, slack));
+        if sh.word(0).load(Ordering::SeqCst) == 0 {
+            continue; // its slack not set yet
         }
-        std::thread::sleep(Duration::from_micros(500));
+        if let Some(d) = futex_deadline(waiter.0) {
+            if deadlines.last().is_none_or(|&(last, _)| last != d) {
+                let off = d.abs_diff(coarse_ns()) % tick;
+                deadlines.push((d, off.min(tick - off)));
+            }
+        }
+        slacks.extend(timer_slack(&waiter.0.to_string()));
+        std::thread::sleep(Duration::from_micros(300));
     }
     go.open();
     std::thread::sleep(Duration::from_millis(20));
@@ -650,26 +699,32 @@ fn waiter_timer_slack() {
         0,
         "timed out, then won"
     );
-    let widened = seen
-        .iter()
-        .filter(|&&(ms, s)| ms < 250 && s == TICK)
-        .count();
-    let at_deadline: Vec<u64> = seen
-        .iter()
-        .filter(|&&(ms, _)| (300..390).contains(&ms))
-        .map(|&(_, s)| s)
-        .collect();
-    assert!(widened > 0, "the steps kept the thread's slack: {seen:?}");
+    let start = sh.word(0).load(Ordering::SeqCst);
+    let at_ms = |d: u64| d.saturating_sub(start) / 1_000_000;
+    let report: Vec<(u64, u64)> = deadlines.iter().map(|&(d, off)| (at_ms(d), off)).collect();
+    let (steps, last) = deadlines.split_at(deadlines.len().saturating_sub(1));
+    // a step ends on a tick (within the ns the clock's frequency correction moves it)
     assert!(
-        !at_deadline.is_empty() && at_deadline.iter().all(|&s| s == OWN),
-        "the sleep that ends at the deadline took more than the thread's slack: {seen:?}"
+        steps.len() >= 4 && steps.iter().all(|&(_, off)| off < 1_000),
+        "step deadlines (ms after the lock, ns off a tick): {report:?}"
+    );
+    // the last sleep ends at the caller's deadline, not at a tick after it
+    assert!(
+        last.iter()
+            .all(|&(d, _)| d <= start + (TIMEOUT_MS + 1) * 1_000_000),
+        "the last sleep runs past the timeout: {report:?}"
+    );
+    let other: Vec<u64> = slacks.iter().copied().filter(|&s| s != OWN).collect();
+    assert!(
+        !slacks.is_empty() && other.is_empty(),
+        "the wait changed the thread's slack: {} samples, those not its own: {other:?}",
+        slacks.len()
     );
     assert_eq!(sh.word(2).load(Ordering::SeqCst), OWN, "after the timeout");
     assert_eq!(sh.word(3).load(Ordering::SeqCst), OWN, "after the win");
     print!(
-        "[{} samples: {widened} widened in the steps, {} at the thread's own in the last sleep] ",
-        seen.len(),
-        at_deadline.len()
+        "[step deadlines (ms after the lock, ns off a tick) {report:?}; {} slack samples] ",
+        slacks.len()
     );
 }
 

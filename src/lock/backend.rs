@@ -112,7 +112,7 @@ pub trait Backend: Sealed {
     /// backend can. Returns the time slept (zero: retry at once) and whether the key moved
     /// on meanwhile (a wake-up, or a change seen before sleeping), which makes a look at the
     /// holder's liveness pointless. The sleep may end up to `late` past `step` (the caller's
-    /// deadline allows it) if the backend sets `slack` so.
+    /// deadline allows it); `slack` holds the thread's timer slack to a tick meanwhile.
     #[doc(hidden)]
     fn sleep(
         &self,
@@ -210,7 +210,7 @@ pub(crate) fn acquire_slow<B: Backend>(
                 look = !moved;
             } else {
                 // resty's own step, as sharp as the thread's slack allows (up to a tick)
-                slack.allow(Duration::ZERO);
+                slack.hold();
                 std::thread::sleep(step);
                 slept += step;
             }

@@ -33,7 +33,7 @@ pub(crate) use host::*;
 
 #[cfg(not(loom))]
 mod host {
-    use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
+    use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
 
     use super::Clock;
     use crate::error::Error;
@@ -81,6 +81,60 @@ mod host {
         (ts.tv_sec as u64)
             .saturating_mul(1_000_000_000)
             .saturating_add(ts.tv_nsec as u64)
+    }
+
+    /// This process's own `CLOCK_MONOTONIC` in ns: the clock of absolute futex timeouts.
+    pub(crate) fn precise_now() -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: as in `raw_now`.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        (ts.tv_sec as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(ts.tv_nsec as u64)
+    }
+
+    /// The first tick of the coarse clock at or after `at` (ns of this process's
+    /// `CLOCK_MONOTONIC`), if it comes by `limit`; `at` itself otherwise. The coarse clock
+    /// moves a whole tick at a time, so its reading is a tick and the later ones lie
+    /// whole ticks after it (the clock may lag some ticks when every CPU idles, which
+    /// changes nothing).
+    pub(crate) fn on_tick(at: u64, limit: u64) -> u64 {
+        let tick = tick_ns();
+        if tick == 0 {
+            return at;
+        }
+        let last = raw_now();
+        at.saturating_sub(last)
+            .div_ceil(tick)
+            .checked_mul(tick)
+            .and_then(|d| last.checked_add(d))
+            .filter(|&t| t <= limit)
+            .unwrap_or(at)
+    }
+
+    /// The coarse clock's tick in ns (its resolution: 1-10 ms, by the kernel's HZ); 0
+    /// where it reads as something else, and ticks are not used.
+    fn tick_ns() -> u64 {
+        static TICK: AtomicU64 = AtomicU64::new(u64::MAX);
+        let known = TICK.load(Ordering::Relaxed);
+        if known != u64::MAX {
+            return known;
+        }
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec.
+        let r = unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+        let tick = match (r, ts.tv_sec, ts.tv_nsec as u64) {
+            (0, 0, ns) if (1_000_000..=10_000_000).contains(&ns) => ns,
+            _ => 0,
+        };
+        TICK.store(tick, Ordering::Relaxed);
+        tick
     }
 
     /// Makes sure this process knows its offset: a table cannot be used by a process that
@@ -197,6 +251,25 @@ mod host {
             );
             assert_eq!(parse("monotonic x 0\n"), None);
             assert_eq!(parse(""), None);
+        }
+
+        #[test]
+        fn on_tick_ends_on_the_coarse_clocks_grid_within_the_limit() {
+            let tick = tick_ns();
+            assert!((1_000_000..=10_000_000).contains(&tick), "{tick}");
+            let now = precise_now();
+            let last = raw_now();
+            let at = now + 1_000_000;
+            let end = on_tick(at, at + tick);
+            assert!((at..at + tick).contains(&end), "{at} {end}");
+            // on the grid of the coarse clock: whole ticks after its last reading (which
+            // may move up to a tick by ns of frequency correction)
+            let off = (end - last) % tick;
+            assert!(off.min(tick - off) < 1_000, "{off} ns off the grid");
+            // no tick by the limit: the end itself
+            let next = on_tick(at, u64::MAX);
+            assert_eq!(on_tick(at, next - 1), at);
+            assert_eq!(on_tick(at, next), next);
         }
 
         #[test]

@@ -20,11 +20,38 @@ pub(crate) fn wake_all_low(word: &AtomicU64) {
     wake_at(low_half(word));
 }
 
-/// Sleeps until the low half of `word` is woken, or no longer reads `expected`, or
-/// `timeout` passes. The kernel reads that half itself; nothing here accesses the word
-/// as 32 bits.
-pub(crate) fn wait_low(word: &AtomicU64, expected: u32, timeout: Duration) {
-    wait_at(low_half(word), expected, timeout);
+/// Sleeps until the low half of `word` is woken, or no longer reads `expected`, or this
+/// process's `CLOCK_MONOTONIC` reaches `until` (ns). The kernel reads that half itself;
+/// nothing here accesses the word as 32 bits.
+pub(crate) fn wait_low_until(word: &AtomicU64, expected: u32, until: u64) {
+    let word = low_half(word);
+    #[cfg(target_os = "linux")]
+    {
+        let ts = libc::timespec {
+            tv_sec: (until / 1_000_000_000).min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: (until % 1_000_000_000) as libc::c_long,
+        };
+        // SAFETY: as for FUTEX_WAIT in `wait_at`; FUTEX_WAIT_BITSET takes `ts` as an
+        // absolute time of CLOCK_MONOTONIC (moved by the kernel out of this process's time
+        // namespace, if any), and matches any waker with the full bitset.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word,
+                libc::FUTEX_WAIT_BITSET,
+                expected,
+                &ts as *const libc::timespec,
+                std::ptr::null::<u32>(),
+                u32::MAX, // FUTEX_BITSET_MATCH_ANY
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (word, expected);
+        let now = crate::shm::clock::precise_now();
+        std::thread::sleep(Duration::from_nanos(until.saturating_sub(now)));
+    }
 }
 
 /// Wakes every sleeper with `FUTEX_WAKE` on the shared (not process-private) word.

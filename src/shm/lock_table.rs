@@ -15,7 +15,7 @@ use crate::lock::options::LockOptions;
 use crate::lock::slack::TimerSlack;
 use crate::lock::{self, LockGuard};
 use crate::shm::attachment::Attachment;
-use crate::shm::clock::{Clock, Monotonic};
+use crate::shm::clock::{self, Clock, Monotonic};
 use crate::shm::file::{self, OpenSpec};
 use crate::shm::format::{Header, Layout};
 use crate::shm::futex;
@@ -562,6 +562,10 @@ const TRANSIENT_POLL: Duration = Duration::from_millis(1);
 /// The coarse clock's resolution (a deadline is seen passed up to one tick late).
 const CLOCK_TICK: Duration = Duration::from_nanos(crate::shm::clock::TICK_NS);
 
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// The calling thread's number within the process, which every hold it takes carries as
 /// its lease: with the entry's owner and generation it tells the holder's holds from those
 /// of the process's other threads. (The same for every hold of one thread, so a thread
@@ -704,10 +708,14 @@ impl Backend for LockTable {
                     }
                     None => (step, late),
                 };
-                slack.allow(late);
-                let t = Instant::now();
-                futex::wait_low(table.wait_word(busy.0.slot), low, step);
-                let used = t.elapsed();
+                slack.hold();
+                // The step ends on a tick of the coarse clock where `late` allows it (see
+                // `slack`).
+                let start = clock::precise_now();
+                let end = start.saturating_add(nanos(step));
+                let until = clock::on_tick(end, end.saturating_add(nanos(late)));
+                futex::wait_low_until(table.wait_word(busy.0.slot), low, until);
+                let used = Duration::from_nanos(clock::precise_now().saturating_sub(start));
                 // Woken early, or refused the sleep: moved on only if the key may be free
                 // now (a holder that took it straight back still holds, and may be dead
                 // by the next look).
@@ -719,7 +727,7 @@ impl Backend for LockTable {
             // one would sleep out long steps while the ones asleep on the word are woken at
             // each release and take the key before it (starved for its timeout).
             Prepared::Poll => {
-                slack.allow(Duration::ZERO);
+                slack.hold();
                 let t = Instant::now();
                 std::thread::sleep(step.min(TRANSIENT_POLL));
                 (t.elapsed(), false)
