@@ -603,7 +603,8 @@ fn timer_slack(pid: &str) -> Option<u64> {
 }
 
 /// The absolute timeout of the futex wait `pid`'s main thread is blocked in, if it is in
-/// one with a timeout (ns of CLOCK_MONOTONIC: read from its memory).
+/// one with a timeout (ns of CLOCK_MONOTONIC: read from its memory, so it may be read just
+/// as the thread leaves the wait and reuses that memory; see the caller).
 fn futex_deadline(pid: libc::pid_t) -> Option<u64> {
     use std::os::unix::fs::FileExt;
     let line = std::fs::read_to_string(format!("/proc/{pid}/syscall")).ok()?;
@@ -619,7 +620,10 @@ fn futex_deadline(pid: libc::pid_t) -> Option<u64> {
     mem.read_exact_at(&mut ts, arg(4)?).ok()?;
     let secs = u64::from_ne_bytes(ts[..8].try_into().unwrap());
     let nanos = u64::from_ne_bytes(ts[8..].try_into().unwrap());
-    Some(secs * 1_000_000_000 + nanos)
+    let still = std::fs::read_to_string(format!("/proc/{pid}/syscall")).ok()? == line;
+    (still && nanos < 1_000_000_000)
+        .then(|| secs.checked_mul(1_000_000_000)?.checked_add(nanos))
+        .flatten()
 }
 
 fn coarse_ns() -> u64 {
@@ -675,19 +679,25 @@ fn waiter_sleeps_to_ticks() {
     };
     // The waiter's futex deadlines (each with how far it lies off the coarse clock's grid,
     // in ns) and its slack, over its wait.
+    // A deadline counts once read twice in a row, a sample apart: each sleep lasts
+    // milliseconds, while memory read as the waiter left its wait holds whatever it
+    // wrote there next.
     let mut deadlines: Vec<(u64, u64)> = Vec::new();
     let mut slacks = Vec::new();
+    let mut seen = None;
     let limit = Instant::now() + Duration::from_secs(30);
     while sh.word(1).load(Ordering::SeqCst) == 0 && Instant::now() < limit {
         if sh.word(0).load(Ordering::SeqCst) == 0 {
             continue; // its slack not set yet
         }
-        if let Some(d) = futex_deadline(waiter.0) {
+        let d = futex_deadline(waiter.0);
+        if let (Some(d), true) = (d, d == seen) {
             if deadlines.last().is_none_or(|&(last, _)| last != d) {
                 let off = d.abs_diff(coarse_ns()) % tick;
                 deadlines.push((d, off.min(tick - off)));
             }
         }
+        seen = d;
         slacks.extend(timer_slack(&waiter.0.to_string()));
         std::thread::sleep(Duration::from_micros(300));
     }
@@ -708,11 +718,13 @@ fn waiter_sleeps_to_ticks() {
         steps.len() >= 4 && steps.iter().all(|&(_, off)| off < 1_000),
         "step deadlines (ms after the lock, ns off a tick): {report:?}"
     );
-    // the last sleep ends at the caller's deadline, not at a tick after it
+    // the last sleep ends at the caller's deadline, not at a tick after it: off the grid
+    // (or, by a chance of 1 in 2000, on it but by the deadline; the lock's clock starts
+    // a little after `start`, more under load)
     assert!(
         last.iter()
-            .all(|&(d, _)| d <= start + (TIMEOUT_MS + 1) * 1_000_000),
-        "the last sleep runs past the timeout: {report:?}"
+            .all(|&(d, off)| off >= 1_000 || d <= start + (TIMEOUT_MS + 1) * 1_000_000),
+        "the last sleep runs to a tick past the timeout: {report:?}"
     );
     let other: Vec<u64> = slacks.iter().copied().filter(|&s| s != OWN).collect();
     assert!(
