@@ -14,9 +14,10 @@
 //! tick of timer slack on each sleep (the previous way, which needed a system call to put
 //! the slack back after the wake), the handoff at a 5 ms hold took 3.2-3.4 µs against
 //! 4.0 µs (the robust mutex: 3.1-3.2), and over holds spread across 1-20 ms 5.7-5.8 µs
-//! against 5.9-6.1 µs. With slack, 15 % of the rounds at the 5 ms hold had the waiter's
-//! first step (1 ms, up to 4 ms late) end 25-100 µs before the release; it slept again on
-//! the other CPU, and the release's wake of that idle CPU took 25-30 µs.
+//! against 5.9-6.1 µs. With slack, 13-16 % of the rounds at the 5 ms hold had the
+//! waiter's first step (1 ms, up to 4 ms late) end 25-100 µs before the release; it slept
+//! again on the other CPU, and the release's wake of that idle CPU took 24-27 µs
+//! (median).
 //!
 //! A step's sleep, with wake-ups on, only bounds how soon a dead holder is noticed (a
 //! release wakes the sleeper, and so does a holder that shortens its lease): ending it up
