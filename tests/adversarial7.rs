@@ -17,7 +17,7 @@ use common::forking::{arm_alarm, locate_before_fork, mask_alarm, on_alarm, Opene
 use common::harness::Test;
 use common::probe::{
     await_word, describe_hang, describe_threads, flagging_waiter, header_u64, mapping_base,
-    mono_ns, place, registry_len, GdbStop, Proc, Watch,
+    mono_ns, place, registry_len, stat_fields, GdbStop, Proc, Watch,
 };
 use common::TempPath;
 use shmlock::{LockOptions, LockTable};
@@ -113,12 +113,7 @@ fn all_pids_in_group(pgid: i32) -> Vec<i32> {
             continue;
         };
         let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let f: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
+        let f = stat_fields(&stat);
         if f.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid) {
             v.push(pid);
         }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::fork::{fork, xorshift, Child, Gate, Shared};
 use common::harness::{require_root, Test, TestFn};
-use common::probe::mono_ns;
+use common::probe::{coarse_ns, mono_ns};
 use common::TempPath;
 use shmlock::{Error, Lock, LockOptions, LockTable};
 
@@ -626,22 +626,14 @@ fn futex_deadline(pid: libc::pid_t) -> Option<u64> {
         .flatten()
 }
 
-fn coarse_ns() -> u64 {
-    // SAFETY: timespec is plain integers; `ts` is a valid out-pointer.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 fn waiter_sleeps_to_ticks() {
     require_root();
     const OWN: u64 = 123_456;
     const TIMEOUT_MS: u64 = 400;
     let tick = {
-        // SAFETY: as in `coarse_ns`.
+        // SAFETY: timespec is plain integers, so all-zero bytes are a valid value.
         let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
+        // SAFETY: `ts` is a valid out-pointer, and the coarse clock a supported one.
         assert_eq!(
             unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) },
             0

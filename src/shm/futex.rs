@@ -26,26 +26,16 @@ pub(crate) fn wake_all_low(word: &AtomicU64) {
 pub(crate) fn wait_low_until(word: &AtomicU64, expected: u32, until: u64) {
     let word = low_half(word);
     #[cfg(target_os = "linux")]
-    {
-        let ts = libc::timespec {
-            tv_sec: (until / 1_000_000_000).min(i64::MAX as u64) as libc::time_t,
-            tv_nsec: (until % 1_000_000_000) as libc::c_long,
-        };
-        // SAFETY: as for FUTEX_WAIT in `wait_at`; FUTEX_WAIT_BITSET takes `ts` as an
-        // absolute time of CLOCK_MONOTONIC (moved by the kernel out of this process's time
-        // namespace, if any), and matches any waker with the full bitset.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                word,
-                libc::FUTEX_WAIT_BITSET,
-                expected,
-                &ts as *const libc::timespec,
-                std::ptr::null::<u32>(),
-                u32::MAX, // FUTEX_BITSET_MATCH_ANY
-            );
-        }
-    }
+    // FUTEX_WAIT_BITSET takes the time as an absolute one of CLOCK_MONOTONIC (moved by the
+    // kernel out of this process's time namespace, if any); the full bitset matches any
+    // waker.
+    futex_wait(
+        word,
+        libc::FUTEX_WAIT_BITSET,
+        expected,
+        Duration::from_nanos(until),
+        u32::MAX, // FUTEX_BITSET_MATCH_ANY
+    );
     #[cfg(not(target_os = "linux"))]
     {
         let _ = (word, expected);
@@ -62,7 +52,13 @@ pub(crate) fn wake_all(word: &AtomicU32) {
 /// Sleeps until `word` is woken, or no longer holds `expected`, or `timeout` passes
 /// (spurious returns are allowed: the caller looks again either way).
 pub(crate) fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    wait_at(word.as_ptr(), expected, timeout);
+    #[cfg(target_os = "linux")]
+    futex_wait(word.as_ptr(), libc::FUTEX_WAIT, expected, timeout, 0);
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (word, expected);
+        std::thread::sleep(timeout);
+    }
 }
 
 fn wake_at(word: *const u32) {
@@ -85,30 +81,24 @@ fn wake_at(word: *const u32) {
     let _ = word;
 }
 
-fn wait_at(word: *const u32, expected: u32, timeout: Duration) {
-    #[cfg(target_os = "linux")]
-    {
-        let ts = libc::timespec {
-            tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
-            tv_nsec: timeout.subsec_nanos() as libc::c_long,
-        };
-        // SAFETY: as for FUTEX_WAKE; the kernel compares `*word` with `expected` atomically
-        // with going to sleep, and `ts` is a valid relative timeout that outlives the call.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                word,
-                libc::FUTEX_WAIT,
-                expected,
-                &ts as *const libc::timespec,
-                std::ptr::null::<u32>(),
-                0u32,
-            );
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (word, expected);
-        std::thread::sleep(timeout);
+/// One futex wait of `op` (FUTEX_WAIT: `time` is relative; FUTEX_WAIT_BITSET: absolute).
+#[cfg(target_os = "linux")]
+fn futex_wait(word: *const u32, op: libc::c_int, expected: u32, time: Duration, bitset: u32) {
+    let ts = libc::timespec {
+        tv_sec: time.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: time.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: as for FUTEX_WAKE; the kernel compares `*word` with `expected` atomically
+    // with going to sleep, and `ts` is a valid timespec that outlives the call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word,
+            op,
+            expected,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            bitset,
+        );
     }
 }

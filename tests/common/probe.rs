@@ -107,11 +107,30 @@ pub fn await_word(s: &Shared, w: usize, limit: Duration) -> u64 {
 
 /// This process's CLOCK_MONOTONIC in ns.
 pub fn mono_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// This process's CLOCK_MONOTONIC_COARSE in ns.
+pub fn coarse_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC_COARSE)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     // SAFETY: timespec is plain integers, so all-zero bytes are a valid value.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: ts is a valid out-pointer and CLOCK_MONOTONIC a supported clock.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: ts is a valid out-pointer and both clocks callers pass are supported.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The fields of a `/proc/.../stat` line after the command name (which may hold spaces
+/// and parentheses): the state is field 0, the parent 1, the process group 2.
+pub fn stat_fields(stat: &str) -> Vec<&str> {
+    stat.rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect()
 }
 
 /// A forked child, killed on drop.
@@ -225,12 +244,7 @@ pub fn describe_threads(pid: i32) -> String {
     };
     for t in tasks.flatten() {
         let stat = fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        let f: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
+        let f = stat_fields(&stat);
         let ticks = |i: usize| f.get(i).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0);
         let sys = fs::read_to_string(t.path().join("syscall")).unwrap_or_default();
         let nr = sys.split_whitespace().next().unwrap_or("?");
