@@ -38,10 +38,9 @@ pub struct LockOptions {
     /// still bounds each sleep and the whole wait, and `elapsed` becomes the time actually
     /// waited. A step's sleep then only bounds how soon a dead holder is noticed, and may
     /// end up to 4 ms late (on a tick of the coarse clock, which makes an early wake
-    /// cheaper); no sleep runs
-    /// past the timeout, nor past the holder's lease end by more than the clock's tick
-    /// (4 ms). `false` reproduces resty's pure polling exactly (elapsed = sum of the
-    /// steps). Default: `true` where futexes exist (Linux).
+    /// cheaper); no sleep runs past the timeout, nor past the holder's lease end by more
+    /// than the clock's tick (4 ms). `false` reproduces resty's pure polling exactly
+    /// (elapsed = sum of the steps). Default: `true` where futexes exist (Linux).
     pub notify: bool,
 }
 

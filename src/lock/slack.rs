@@ -32,8 +32,8 @@
 
 use std::time::Duration;
 
-/// How late a step's sleep may end: one tick of the usual 250 Hz clock.
-pub(crate) const STEP_SLACK: Duration = Duration::from_millis(4);
+/// How late a step's sleep may end: one tick of the coarse clock at the usual 250 Hz.
+pub(crate) const STEP_SLACK: Duration = Duration::from_nanos(crate::shm::clock::TICK_NS);
 
 /// The calling thread's timer slack over one wait: read at the first sleep, held to a
 /// tick, put back when dropped (also when a panic unwinds through the wait). Plumbing of
@@ -44,13 +44,16 @@ pub struct TimerSlack {
     /// The thread's own slack in ns, once read; 0 means hands off (a real-time thread,
     /// whose timers take no slack, or one whose slack cannot be read).
     own: Option<u64>,
-    /// What the thread's slack is set to now.
-    now: u64,
+    /// Whether the thread's slack is held to a tick (its own is wider).
+    held: bool,
 }
 
 impl TimerSlack {
     pub(crate) const fn new() -> TimerSlack {
-        TimerSlack { own: None, now: 0 }
+        TimerSlack {
+            own: None,
+            held: false,
+        }
     }
 
     /// Before a sleep: holds the thread's slack to a tick if its own is wider.
@@ -60,26 +63,22 @@ impl TimerSlack {
         }
         let own = sys::get().unwrap_or(0);
         self.own = Some(own);
-        self.now = own;
         let tick = STEP_SLACK.as_nanos() as u64;
-        if own > tick && sys::set(tick) {
-            self.now = tick;
-        }
+        self.held = own > tick && sys::set(tick);
     }
 
     /// The slack this wait has the thread on now, in ns (`None` before the first sleep).
     #[cfg(test)]
     pub(crate) fn current(&self) -> Option<u64> {
-        self.own.map(|_| self.now)
+        let tick = STEP_SLACK.as_nanos() as u64;
+        self.own.map(|own| if self.held { tick } else { own })
     }
 }
 
 impl Drop for TimerSlack {
     fn drop(&mut self) {
-        if let Some(own) = self.own {
-            if own != 0 && self.now != own {
-                sys::set(own);
-            }
+        if let (Some(own), true) = (self.own, self.held) {
+            sys::set(own);
         }
     }
 }
