@@ -449,6 +449,7 @@ impl LockTable {
         self.inner.table.entries().len()
     }
 
+    #[inline]
     fn hash(&self, key: &[u8]) -> KeyHash {
         KeyHash::of(key, self.inner.header.seed)
     }
@@ -570,6 +571,7 @@ fn nanos(d: Duration) -> u64 {
 /// its lease: with the entry's owner and generation it tells the holder's holds from those
 /// of the process's other threads. (The same for every hold of one thread, so a thread
 /// that takes its key again within a clock tick finds the slot's fields already right.)
+#[inline]
 fn thread_lease() -> u64 {
     static THREADS: AtomicU64 = AtomicU64::new(1);
     thread_local! {
