@@ -63,14 +63,14 @@ impl TimerSlack {
         }
         let own = sys::get().unwrap_or(0);
         self.own = Some(own);
-        let tick = STEP_SLACK.as_nanos() as u64;
+        let tick = crate::shm::clock::TICK_NS;
         self.held = own > tick && sys::set(tick);
     }
 
     /// The slack this wait has the thread on now, in ns (`None` before the first sleep).
     #[cfg(test)]
     pub(crate) fn current(&self) -> Option<u64> {
-        let tick = STEP_SLACK.as_nanos() as u64;
+        let tick = crate::shm::clock::TICK_NS;
         self.own.map(|own| if self.held { tick } else { own })
     }
 }
