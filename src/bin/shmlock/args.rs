@@ -1,0 +1,205 @@
+//! The command line: its subcommands and options (clap derive), with the help texts that
+//! document them, and the checks of option values clap cannot do.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgGroup, Args, Parser, Subcommand};
+
+use crate::exit::{Fail, EX_USAGE};
+
+/// Where the table is when neither --file nor $SHMLOCK_FILE says.
+pub const DEFAULT_FILE: &str = "/dev/shm/shmlock";
+/// Capacity of a table that `run` creates because none existed.
+pub const DEFAULT_CAPACITY: usize = 1024;
+
+#[derive(Parser)]
+#[command(
+    name = "shmlock",
+    version,
+    about = "Named locks shared by the processes of one machine",
+    long_about = "Named locks shared by the processes of one machine, kept in a lock table \
+                  file (by default $SHMLOCK_FILE, else /dev/shm/shmlock). Like flock(1), with \
+                  lease expiry, dead-owner recovery and inspection.",
+    after_help = concat!(
+        "Examples:\n",
+        "  shmlock run nightly-report -- ./report.sh\n",
+        "  shmlock inspect\n",
+        "  shmlock --file /dev/shm/app-cache inspect      # a SharedDict: counters and keys\n",
+        "  shmlock --file /dev/shm/app-locks unlock --force user:42\n",
+        "  shmlock --redis redis://10.0.0.5:6379/ run nightly-report -- ./report.sh",
+    )
+)]
+pub struct Cli {
+    /// The lock table file [default: $SHMLOCK_FILE, else /dev/shm/shmlock]
+    #[arg(long, global = true, value_name = "PATH", conflicts_with = "redis")]
+    pub file: Option<PathBuf>,
+    /// Use the locks in Redis instead of a table file: redis://[:PASSWORD@]host:port/db
+    /// (rediss:// for TLS). Several URLs, comma-separated, with --redis-cluster or
+    /// --redis-sentinel. A password may come from $REDISCLI_AUTH instead of the URL.
+    #[arg(long, global = true, value_name = "URL")]
+    pub redis: Option<String>,
+    /// The --redis URLs are nodes of a Redis Cluster
+    #[arg(
+        long,
+        global = true,
+        requires = "redis",
+        conflicts_with = "redis_sentinel"
+    )]
+    pub redis_cluster: bool,
+    /// The --redis URLs are sentinels; use the master they know by this name
+    #[arg(long, global = true, value_name = "MASTER", requires = "redis")]
+    pub redis_sentinel: Option<String>,
+    /// Key prefix in Redis
+    #[arg(long, global = true, value_name = "PREFIX", default_value = "shmlock:")]
+    pub redis_prefix: String,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    Run(RunArgs),
+    Inspect(InspectArgs),
+    Unlock(UnlockArgs),
+    Create(CreateArgs),
+}
+
+/// Take KEY, run COMMAND, release when it exits; exit with its status
+#[derive(Args)]
+#[command(
+    group(ArgGroup::new("what").required(true).args(["shell_command", "args"])),
+    after_help = concat!(
+    "Examples:\n",
+    "  shmlock run backup -- rsync -a /data /backup    # wait as long as it takes\n",
+    "  shmlock run -n backup -- ./backup.sh            # exit 1 at once if it is running\n",
+    "  shmlock run -w 10 -E 75 deploy -- make deploy   # wait 10 s at most, then exit 75\n",
+    "  shmlock run report -c 'make report | mail ops'  # a command line, through /bin/sh -c\n",
+    "\n",
+    "While shmlock waits with stderr on a terminal, a status line there shows who holds KEY\n",
+    "(pid, how long) and how long it has waited; --verbose says the same in plain lines.\n",
+    "\n",
+    "While COMMAND runs the lease is renewed every EXPTIME/3, so a live job keeps the lock\n",
+    "however long it runs and a dead one loses it within EXPTIME. SIGINT, SIGTERM, SIGHUP and\n",
+    "SIGQUIT sent to shmlock are passed on to COMMAND, and the lock is released only once\n",
+    "COMMAND has exited (its traps and cleanup run under the lock); one that arrives while\n",
+    "shmlock still waits ends it with 128+signal, COMMAND not run. If shmlock itself is\n",
+    "killed (SIGKILL), COMMAND is killed with it (PR_SET_PDEATHSIG), and the key is free for\n",
+    "the next run. If the lease cannot be renewed (the lock was broken, a Redis server\n",
+    "restarted empty, or no renewal got through for most of a lease), or COMMAND outlives\n",
+    "--max-time, COMMAND is sent SIGTERM (SIGKILL 5 s later) and run exits 2.\n",
+    "\n",
+    "Exit status (flock(1)'s, <sysexits.h> for errors):\n",
+    "  COMMAND's own status, or 128+N if it was killed by signal N\n",
+    "  1 (or -E N)  the lock could not be taken (-n, or -w ran out)\n",
+    "  2            COMMAND stopped by shmlock (lease lost, --max-time)\n",
+    "  64           usage error (EX_USAGE)\n",
+    "  65           the file is not a lock table (EX_DATAERR)\n",
+    "  66           the file cannot be opened (EX_NOINPUT)\n",
+    "  69           Redis unreachable or refusing (EX_UNAVAILABLE)\n",
+    "  71, 73, 75   out of memory or descriptors (EX_OSERR), read-only or full file system\n",
+    "               (EX_CANTCREAT), table or owner registry full (EX_TEMPFAIL)\n",
+    "  126, 127     COMMAND found but not executable, or not found\n",
+    "  128+N        shmlock got signal N while waiting for the lock",
+))]
+pub struct RunArgs {
+    /// The lock name
+    pub key: String,
+    /// Give up after this many seconds of waiting [default: wait forever]
+    #[arg(short = 'w', long = "timeout", value_name = "SECS")]
+    pub timeout: Option<f64>,
+    /// Lease length in seconds; renewed every third of it while COMMAND runs
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    pub exptime: f64,
+    /// Do not wait: exit at once if the lock is held (same as -w 0)
+    #[arg(short = 'n', long)]
+    pub nonblock: bool,
+    /// Exit code when the lock could not be taken
+    #[arg(short = 'E', long, value_name = "N", default_value_t = 1)]
+    pub conflict_exit_code: u8,
+    /// Stop renewing after this many seconds: COMMAND is terminated and the lock released
+    /// [default: no limit]
+    #[arg(long, value_name = "SECS")]
+    pub max_time: Option<f64>,
+    /// Say on stderr who held the lock, how long it waited, and when it got it
+    #[arg(long)]
+    pub verbose: bool,
+    /// Run this command line through /bin/sh -c instead of COMMAND
+    #[arg(short = 'c', long = "command", value_name = "STRING")]
+    pub shell_command: Option<String>,
+    /// The command and its arguments
+    #[arg(last = true, value_name = "COMMAND")]
+    pub args: Vec<String>,
+}
+
+/// List the locks held in the table (or, for a SharedDict file, its counters and keys)
+#[derive(Args)]
+#[command(after_help = concat!(
+    "Examples:\n",
+    "  shmlock inspect\n",
+    "  shmlock inspect --all --json | jq '.holders[] | select(.alive | not)'\n",
+    "\n",
+    "--json prints one object:\n",
+    "  {\"file\", \"format_version\", \"capacity\", \"occupancy\", \"holders\": [{\"key\",\n",
+    "   \"key_hex\", \"key_len\", \"truncated\", \"pid\", \"alive\", \"state\", \"age_ms\",\n",
+    "   \"ttl_ms\", \"expired\", \"token\", \"waiters\"}]}\n",
+    "\"key\" is the preview (first 32 bytes) as UTF-8 with invalid bytes replaced, \"key_hex\"\n",
+    "the same bytes in hex; \"ttl_ms\" (never expires) and \"token\" may be null; \"state\" is\n",
+    "\"held\", \"claiming\" or \"extending\".\n",
+    "\n",
+    "--watch prints the table again every second (--interval SECS) until interrupted: on a\n",
+    "terminal the screen is cleared before each print, elsewhere a line \"--- TIME ---\"\n",
+    "(UTC) comes before each. With --json, one object per line per print (NDJSON).",
+))]
+pub struct InspectArgs {
+    /// Print JSON for scripts
+    #[arg(long)]
+    pub json: bool,
+    /// Include expired entries and entries of dead owners
+    #[arg(long)]
+    pub all: bool,
+    /// Print again every --interval until interrupted
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+    /// Seconds between two prints; implies --watch [default: 1]
+    #[arg(long, value_name = "SECS")]
+    pub interval: Option<f64>,
+}
+
+/// Break a lock, whoever holds it (prints who did)
+#[derive(Args)]
+#[command(after_help = "Example:\n  shmlock unlock --force user:42")]
+pub struct UnlockArgs {
+    /// The lock name
+    pub key: String,
+    /// Required: breaking a lock its holder still relies on is your decision
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Create a table file with a chosen capacity and mode
+#[derive(Args)]
+#[command(
+    after_help = "Example:\n  shmlock --file /dev/shm/app-locks create --capacity 4096 --mode 0660"
+)]
+pub struct CreateArgs {
+    /// How many keys can be held at once
+    #[arg(long, default_value_t = DEFAULT_CAPACITY)]
+    pub capacity: usize,
+    /// Permission bits, octal
+    #[arg(long, default_value = "0600", value_parser = parse_mode)]
+    pub mode: u32,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| format!("{s:?} is not an octal mode"))
+}
+
+/// `v` seconds as a Duration; `what` names the option in the error.
+pub fn secs(v: f64, what: &str) -> Result<Duration, Fail> {
+    Duration::try_from_secs_f64(v)
+        .map_err(|_| Fail(format!("{what} must be a number of seconds >= 0"), EX_USAGE))
+}

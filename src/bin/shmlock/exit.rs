@@ -1,0 +1,73 @@
+//! Exit codes: flock(1)'s choices, <sysexits.h> for errors, and `Fail`, a failure as one
+//! line on stderr and its code.
+
+use shmlock::Error;
+
+/// A failure, as one line on stderr and an exit code.
+pub struct Fail(pub String, pub u8);
+
+// Exit codes of <sysexits.h>, which flock(1) uses for everything but a lock it could not
+// take and the command's own status.
+/// The command line is wrong (clap's errors included; clap's own code would be 2).
+pub const EX_USAGE: u8 = 64;
+/// The file is not a usable lock table.
+pub const EX_DATAERR: u8 = 65;
+/// The file cannot be opened (as flock(1) exits when it cannot open its lock file).
+pub const EX_NOINPUT: u8 = 66;
+/// The Redis server cannot be reached or refuses.
+pub const EX_UNAVAILABLE: u8 = 69;
+/// Stdout cannot be written.
+pub const EX_IOERR: u8 = 74;
+/// Something that should not happen (lost track of the command).
+pub const EX_SOFTWARE: u8 = 70;
+/// The system is out of something (memory, file descriptors, processes).
+pub const EX_OSERR: u8 = 71;
+/// The file cannot be created (read-only file system, no space; `create` on an existing
+/// file).
+pub const EX_CANTCREAT: u8 = 73;
+/// Full for now: no free slot in the table, no free entry in its owner registry.
+pub const EX_TEMPFAIL: u8 = 75;
+/// The command was found but could not be executed (as shells exit).
+pub const EX_CANNOT_EXECUTE: u8 = 126;
+/// The command was not found (as shells exit).
+pub const EX_NOT_FOUND: u8 = 127;
+/// `run` stopped its command: the lease was lost or --max-time passed.
+pub const EX_TERMINATED: u8 = 2;
+
+/// The exit code for an operating-system error, as flock(1) chooses it for its lock file.
+fn os_error_code(e: &std::io::Error) -> u8 {
+    match e.raw_os_error() {
+        Some(libc::ENOMEM | libc::EMFILE | libc::ENFILE | libc::EAGAIN) => EX_OSERR,
+        Some(libc::EROFS | libc::ENOSPC) => EX_CANTCREAT,
+        _ => EX_NOINPUT,
+    }
+}
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Fail {
+        let code = match &e {
+            Error::Io { source, .. } => os_error_code(source),
+            Error::Format { .. } => EX_DATAERR,
+            Error::EmptyKey
+            | Error::KeyTooLong(_)
+            | Error::InvalidOptions(_)
+            | Error::InvalidCapacity(_)
+            | Error::InvalidLayout(_) => EX_USAGE,
+            Error::Redis(_) | Error::NotReplicated { .. } => EX_UNAVAILABLE,
+            Error::TableFull { .. } | Error::TooManyProcesses { .. } | Error::NoMemory => {
+                EX_TEMPFAIL
+            }
+            _ => EX_SOFTWARE,
+        };
+        Fail(e.to_string(), code)
+    }
+}
+
+/// The exit code for a command that could not be started, as shells choose it.
+pub fn spawn_error_code(e: &std::io::Error) -> u8 {
+    match e.raw_os_error() {
+        Some(libc::ENOENT | libc::ENOTDIR) => EX_NOT_FOUND,
+        Some(libc::EAGAIN | libc::ENOMEM) => EX_OSERR,
+        _ => EX_CANNOT_EXECUTE,
+    }
+}

@@ -1,0 +1,154 @@
+//! `inspect`: opens a table file or a dict file read-only (Redis is opened by the caller),
+//! and prints what it holds once, or again every interval with --watch.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use shmlock::{Error, FormatError, Holder, LockTable, RedisLocks, SharedDict};
+
+use crate::args::{secs, InspectArgs};
+use crate::exit::{Fail, EX_IOERR, EX_USAGE};
+use crate::{json, text};
+
+/// What `inspect` looks at.
+pub enum Inspected {
+    Table(LockTable, PathBuf),
+    Dict(SharedDict, PathBuf),
+    /// With the URLs as printed (passwords redacted).
+    Redis(RedisLocks, String),
+}
+
+/// Opens `file` read-only (anyone who can read it can inspect it), as a lock table or as a
+/// shared dict, whichever it is.
+pub fn open_inspected(file: &Path) -> Result<Inspected, Fail> {
+    match LockTable::options().read_only(true).open(file) {
+        Ok(table) => Ok(Inspected::Table(table, file.to_path_buf())),
+        Err(Error::Format {
+            source: FormatError::WrongKind { .. },
+            ..
+        }) => Ok(Inspected::Dict(
+            SharedDict::options().read_only(true).open(file)?,
+            file.to_path_buf(),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Prints what `what` holds, once or (--watch) until interrupted.
+pub fn inspect(what: &Inspected, a: &InspectArgs) -> Result<u8, Fail> {
+    let stdout_err = |e: std::io::Error| Fail(format!("stdout: {e}"), EX_IOERR);
+    let mut buf = Vec::new();
+    snapshot(&mut buf, what, a)?;
+    if !a.watch && a.interval.is_none() {
+        std::io::stdout().write_all(&buf).map_err(stdout_err)?;
+        return Ok(0);
+    }
+    let interval = secs(a.interval.unwrap_or(1.0), "--interval")?;
+    if interval.is_zero() {
+        return Err(Fail("--interval must be > 0".into(), EX_USAGE));
+    }
+    let terminal = std::io::stdout().is_terminal();
+    let mut first = true;
+    loop {
+        if !first {
+            std::thread::sleep(interval);
+            buf.clear();
+            // A snapshot that fails (a Redis outage) is reported, and the next one tried.
+            if let Err(Fail(msg, _)) = snapshot(&mut buf, what, a) {
+                let _ = writeln!(buf, "shmlock: {msg}");
+            }
+        }
+        first = false;
+        let mut out = std::io::stdout().lock();
+        let written = if a.json {
+            // NDJSON: each snapshot is one line already.
+            out.write_all(&buf)
+        } else if terminal {
+            // Home, erase the screen, then the whole snapshot in one write: no flicker.
+            writeln!(
+                out,
+                "\x1b[H\x1b[2J{}  (every {}s; Ctrl-C to stop)",
+                utc_now(),
+                interval.as_secs_f64()
+            )
+            .and_then(|()| out.write_all(&buf))
+        } else {
+            writeln!(out, "--- {} ---", utc_now()).and_then(|()| out.write_all(&buf))
+        };
+        match written.and_then(|()| out.flush()) {
+            Ok(()) => {}
+            // The reader went away (`| head`): that is the end of watching, not an error.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(0),
+            Err(e) => return Err(stdout_err(e)),
+        }
+    }
+}
+
+/// Now in UTC, as `2026-01-31 23:59:59 UTC` (from the Unix time: days to a civil date by
+/// Howard Hinnant's algorithm).
+fn utc_now() -> String {
+    let t = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let (days, rem) = ((t / 86_400) as i64, t % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// One print of `what` into `out`.
+fn snapshot(out: &mut Vec<u8>, what: &Inspected, a: &InspectArgs) -> Result<(), Fail> {
+    let written = match what {
+        Inspected::Table(table, file) => {
+            let mut holders: Vec<Holder> = table
+                .holders()
+                .into_iter()
+                .filter(|h| a.all || (!h.expired && h.owner_alive))
+                .collect();
+            holders.sort_by(|x, y| x.key_preview.cmp(&y.key_preview));
+            if a.json {
+                json::write_table(out, file, table, &holders)
+            } else {
+                text::write_table(out, file, table, &holders)
+            }
+        }
+        Inspected::Dict(dict, file) => {
+            let mut keys: Vec<(Vec<u8>, Option<Duration>)> = dict
+                .keys(0)?
+                .into_iter()
+                // a key may expire or go between the two looks
+                .filter_map(|k| dict.ttl(&k).ok().map(|ttl| (k, ttl)))
+                .collect();
+            keys.sort();
+            if a.json {
+                json::write_dict(out, file, dict, &keys)
+            } else {
+                text::write_dict(out, file, dict, &keys)
+            }
+        }
+        Inspected::Redis(redis, url) => {
+            let mut held = redis.holders()?;
+            held.sort_by(|x, y| x.key.cmp(&y.key));
+            if a.json {
+                json::write_redis(out, url, &held)
+            } else {
+                text::write_redis(out, url, &held)
+            }
+        }
+    };
+    written.map_err(|e| Fail(format!("stdout: {e}"), EX_IOERR))
+}

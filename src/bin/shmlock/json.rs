@@ -1,0 +1,171 @@
+//! `inspect --json`: one object on a line per print, for a lock table (the schema
+//! `inspect --help` describes), a shared dict or Redis.
+
+use std::borrow::Cow;
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use shmlock::{Holder, LockTable, RedisHolder, SharedDict};
+
+use crate::show::{held_for, hex, state_name};
+
+/// One JSON object on a line, as `--json` promises.
+fn print_json(out: &mut impl Write, value: &impl serde::Serialize) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *out, value)?;
+    writeln!(out)
+}
+
+/// `inspect --json` of a lock table (the schema `inspect --help` describes).
+#[derive(serde::Serialize)]
+struct TableReport<'a> {
+    file: Cow<'a, str>,
+    format_version: u32,
+    capacity: usize,
+    occupancy: usize,
+    holders: Vec<TableEntry>,
+}
+
+#[derive(serde::Serialize)]
+struct TableEntry {
+    key: String,
+    key_hex: String,
+    key_len: usize,
+    truncated: bool,
+    pid: u32,
+    alive: bool,
+    state: &'static str,
+    age_ms: u64,
+    ttl_ms: Option<u64>,
+    expired: bool,
+    token: Option<u64>,
+    waiters: bool,
+}
+
+/// `hs`: the holders to list, sorted.
+pub fn write_table(
+    out: &mut impl Write,
+    file: &Path,
+    t: &LockTable,
+    hs: &[Holder],
+) -> std::io::Result<()> {
+    let report = TableReport {
+        file: file.to_string_lossy(),
+        format_version: t.format_version(),
+        capacity: t.capacity(),
+        occupancy: t.occupancy(),
+        holders: hs
+            .iter()
+            .map(|h| TableEntry {
+                key: String::from_utf8_lossy(&h.key_preview).into_owned(),
+                key_hex: hex(&h.key_preview),
+                key_len: h.key_len,
+                truncated: h.key_len > h.key_preview.len(),
+                pid: h.pid,
+                alive: h.owner_alive,
+                state: state_name(h.state),
+                age_ms: h.age.as_millis() as u64,
+                ttl_ms: h.ttl.map(|d| d.as_millis() as u64),
+                expired: h.expired,
+                token: h.token,
+                waiters: h.waiters,
+            })
+            .collect(),
+    };
+    print_json(out, &report)
+}
+
+/// `inspect --json` of a shared dict.
+#[derive(serde::Serialize)]
+struct DictReport<'a> {
+    file: Cow<'a, str>,
+    kind: &'static str,
+    capacity: usize,
+    entries: usize,
+    live: usize,
+    max_key_len: usize,
+    max_value_len: usize,
+    evictions: u64,
+    repairs: u64,
+    writer_pid: Option<u32>,
+    keys: Vec<DictKey>,
+}
+
+#[derive(serde::Serialize)]
+struct DictKey {
+    key: String,
+    key_hex: String,
+    ttl_ms: Option<u64>,
+}
+
+/// `keys`: the live keys and their time to live, sorted.
+pub fn write_dict(
+    out: &mut impl Write,
+    file: &Path,
+    dict: &SharedDict,
+    keys: &[(Vec<u8>, Option<Duration>)],
+) -> std::io::Result<()> {
+    let report = DictReport {
+        file: file.to_string_lossy(),
+        kind: "dict",
+        capacity: dict.capacity(),
+        entries: dict.len(),
+        live: keys.len(),
+        max_key_len: dict.max_key_len(),
+        max_value_len: dict.max_value_len(),
+        evictions: dict.evictions(),
+        repairs: dict.repairs(),
+        writer_pid: dict.writer_pid(),
+        keys: keys
+            .iter()
+            .map(|(k, ttl)| DictKey {
+                key: String::from_utf8_lossy(k).into_owned(),
+                key_hex: hex(k),
+                ttl_ms: ttl.map(|d| d.as_millis() as u64),
+            })
+            .collect(),
+    };
+    print_json(out, &report)
+}
+
+/// `inspect --redis --json`.
+#[derive(serde::Serialize)]
+struct RedisReport<'a> {
+    redis: &'a str,
+    holders: Vec<RedisEntry>,
+}
+
+#[derive(serde::Serialize)]
+struct RedisEntry {
+    key: String,
+    key_hex: String,
+    ttl_ms: Option<u64>,
+    token: Option<u64>,
+    holder_token: Option<u64>,
+    host: Option<String>,
+    pid: Option<u32>,
+    age_ms: Option<u64>,
+    node: String,
+}
+
+/// `url`: the --redis URLs as printed (passwords redacted).
+pub fn write_redis(out: &mut impl Write, url: &str, held: &[RedisHolder]) -> std::io::Result<()> {
+    let report = RedisReport {
+        redis: url,
+        holders: held
+            .iter()
+            .map(|h| RedisEntry {
+                key: String::from_utf8_lossy(&h.key).into_owned(),
+                key_hex: hex(&h.key),
+                ttl_ms: h.ttl.map(|d| d.as_millis() as u64),
+                token: h.last_token,
+                holder_token: h.token,
+                host: h.host.clone(),
+                pid: h.pid,
+                age_ms: held_for(h).map(|d| d.as_millis() as u64),
+                node: h.node.clone(),
+            })
+            .collect(),
+    };
+    print_json(out, &report)
+}

@@ -1,0 +1,98 @@
+//! The subcommands against Redis: the --redis URLs (with a password from $REDISCLI_AUTH,
+//! redacted when printed), the topology they name, and each subcommand on the locks there.
+
+use shmlock::RedisLocks;
+
+use crate::args::Cmd;
+use crate::exit::{Fail, EX_USAGE};
+use crate::inspect::{inspect, Inspected};
+use crate::run::run;
+use crate::unlock::unlock_redis;
+
+/// What the --redis URLs name.
+pub enum Topology<'a> {
+    Single,
+    Cluster,
+    Sentinel(&'a str),
+}
+
+/// `url` with the password from $REDISCLI_AUTH if it has none (as redis-cli does), so a
+/// password need not be on the command line. URLs that do not parse are left as they are
+/// (opening them reports why).
+fn with_env_password(url: &str) -> String {
+    let Ok(password) = std::env::var("REDISCLI_AUTH") else {
+        return url.to_string();
+    };
+    match redis::parse_redis_url(url) {
+        Some(mut parsed) if parsed.password().is_none() => {
+            if parsed.set_password(Some(&password)).is_ok() {
+                parsed.to_string()
+            } else {
+                url.to_string()
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// `url` for printing: any password replaced by `***`.
+fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return url.to_string();
+    };
+    let userinfo = &authority[..at];
+    let user = match userinfo.find(':') {
+        Some(colon) => format!("{}:***", &userinfo[..colon]),
+        None => userinfo.to_string(),
+    };
+    format!("{}{user}{}", &url[..scheme_end + 3], &rest[at..])
+}
+
+/// Opens the locks `url` names and runs `command` on them.
+pub fn dispatch(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -> Result<u8, Fail> {
+    let urls: Vec<String> = url.split(',').map(with_env_password).collect();
+    let redis = match topology {
+        Topology::Single => RedisLocks::open(&urls[0])?,
+        Topology::Cluster => RedisLocks::open_cluster(&urls)?,
+        Topology::Sentinel(master) => RedisLocks::open_sentinel(master, &urls)?,
+    }
+    .with_prefix(prefix);
+    match command {
+        Cmd::Run(a) => run(&redis, a),
+        Cmd::Inspect(a) => {
+            let shown: Vec<String> = url.split(',').map(redact_url).collect();
+            inspect(&Inspected::Redis(redis, shown.join(",")), &a)
+        }
+        Cmd::Unlock(a) => unlock_redis(&redis, a),
+        Cmd::Create(_) => Err(Fail(
+            "create makes table files; a Redis server needs no creating".into(),
+            EX_USAGE,
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_in_urls_are_redacted_and_the_rest_kept() {
+        for (url, shown) in [
+            ("redis://127.0.0.1:6379/", "redis://127.0.0.1:6379/"),
+            ("redis://:pw@h:1/0", "redis://:***@h:1/0"),
+            ("rediss://user:p%40ss@h:1/", "rediss://user:***@h:1/"),
+            ("redis://user@h:1/", "redis://user@h:1/"),
+            ("redis://:a@b@h:1/?x=@", "redis://:***@h:1/?x=@"),
+            ("redis://:pw@h", "redis://:***@h"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
+}

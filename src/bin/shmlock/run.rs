@@ -1,0 +1,250 @@
+//! `run`: waits for the lock (with the status line and the signals that may end the wait),
+//! runs the command, renews the lease while it runs, and exits with its status.
+
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nix::sys::wait::{waitid, Id, WaitPidFlag};
+use nix::unistd::Pid;
+
+use shmlock::{Backend, Error, Lock, LockOptions};
+
+use crate::args::{secs, RunArgs};
+use crate::exit::{spawn_error_code, Fail, EX_OSERR, EX_SOFTWARE, EX_TERMINATED, EX_USAGE};
+use crate::show::{human, printable};
+use crate::signals::{Phase, SIGNALS};
+use crate::status::{HolderInfo, StatusLine, WhoHolds};
+
+/// How long one wait for the lock lasts before `run` looks at signals and its status line.
+const SLICE: Duration = Duration::from_millis(250);
+/// How often the holder is looked up again while `run` waits (Redis: a SCAN).
+const LOOKUP_EVERY: Duration = Duration::from_secs(1);
+
+pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
+    let signals = SIGNALS
+        .get()
+        .ok_or_else(|| Fail("signal handling was not set up".into(), EX_SOFTWARE))?;
+    let exptime = secs(a.exptime, "--exptime")?;
+    if exptime.is_zero() {
+        return Err(Fail(
+            "--exptime must be > 0: the lock is renewed while the command runs".into(),
+            EX_USAGE,
+        ));
+    }
+    let wait_for = match (a.nonblock, a.timeout) {
+        (true, _) => Some(Duration::ZERO),
+        (false, Some(t)) => Some(secs(t, "--timeout")?),
+        (false, None) => None,
+    };
+    let opts = LockOptions {
+        exptime,
+        timeout: Duration::ZERO,
+        ..LockOptions::default()
+    };
+    let max_time = a.max_time.map(|m| secs(m, "--max-time")).transpose()?;
+    let mut lock = Lock::new(backend, opts)?;
+    let (program, args): (&str, &[String]) = match &a.shell_command {
+        Some(line) => ("/bin/sh", std::slice::from_ref(line)),
+        None => (&a.args[0], &a.args[1..]),
+    };
+    let shown_key = printable(a.key.as_bytes());
+
+    // Waits in slices, between which it looks at signals and redraws the status line.
+    let started = Instant::now();
+    let mut status = StatusLine::new();
+    let mut holder: Option<HolderInfo> = None;
+    let mut first = true;
+    loop {
+        let left = wait_for.map_or(SLICE, |w| w.saturating_sub(started.elapsed()));
+        let slice = if first {
+            Duration::ZERO
+        } else {
+            left.min(SLICE)
+        };
+        match lock.lock_with_timeout(&a.key, slice) {
+            Ok(_) => break,
+            Err(Error::Timeout { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if let Phase::Waiting(Some(sig)) = *signals.phase() {
+            status.clear();
+            if a.verbose {
+                eprintln!(
+                    "shmlock: got {sig} while waiting for {shown_key:?}; not running the command"
+                );
+            }
+            return Ok(128u8.wrapping_add(sig as u8));
+        }
+        let waited = started.elapsed();
+        let stale = holder
+            .as_ref()
+            .is_none_or(|h| h.seen.elapsed() >= LOOKUP_EVERY);
+        if (status.on || a.verbose) && stale {
+            holder = backend.who_holds(&a.key).or(holder);
+        }
+        let describe = || {
+            holder
+                .as_ref()
+                .map_or("someone".to_string(), HolderInfo::describe)
+        };
+        if first && a.verbose {
+            eprintln!("shmlock: {shown_key:?} is held by {}", describe());
+        }
+        first = false;
+        if wait_for.is_some_and(|w| waited >= w) {
+            status.clear();
+            if a.verbose {
+                eprintln!(
+                    "shmlock: gave up on {shown_key:?} after waiting {:.3}s",
+                    waited.as_secs_f64()
+                );
+            }
+            return Ok(a.conflict_exit_code);
+        }
+        status.show(&format!(
+            "shmlock: waiting for {shown_key:?}, held by {}; waited {}",
+            describe(),
+            human(waited)
+        ));
+    }
+    status.clear();
+    if a.verbose {
+        eprintln!(
+            "shmlock: got {shown_key:?} after waiting {:.3}s",
+            started.elapsed().as_secs_f64()
+        );
+        eprintln!("shmlock: running {program}");
+    }
+
+    // The lease was set by the server a round trip at most before this (far less than the
+    // margin below).
+    let locked_at = Instant::now();
+    let mut cmd = Command::new(program);
+    if a.shell_command.is_some() {
+        cmd.arg("-c");
+    }
+    cmd.args(args);
+    let blocked = signals.set;
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe system calls (pthread_sigmask, prctl, getppid, _exit).
+    unsafe {
+        cmd.pre_exec(move || {
+            // The command gets the signals we block (std resets the mask too; this does not
+            // rely on it).
+            blocked.thread_unblock()?;
+            // Die with us: the key must never be free while the command still runs.
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            if nix::unistd::getppid().as_raw() == 1 {
+                // we already died between fork and prctl
+                libc::_exit(137);
+            }
+            Ok(())
+        });
+    }
+    // Under the phase lock, so that a signal is either seen here or passed on to the child.
+    let mut phase = signals.phase();
+    if let Phase::Waiting(Some(sig)) = *phase {
+        drop(phase);
+        let _ = lock.unlock();
+        return Ok(128u8.wrapping_add(sig as u8));
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Fail(format!("{program}: {e}"), spawn_error_code(&e)))?;
+    let pid = Pid::from_raw(child.id() as libc::pid_t);
+    *phase = Phase::Running(pid);
+    drop(phase);
+
+    // The child is waited for on a helper thread; this thread (the child's parent thread,
+    // which PR_SET_PDEATHSIG watches) renews the lease meanwhile.
+    let (done, exited) = mpsc::channel();
+    std::thread::spawn(move || {
+        // Waits without reaping first, so that the pid stays the child's until the signal
+        // thread knows not to use it any more.
+        while let Err(nix::errno::Errno::EINTR) =
+            waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT)
+        {}
+        *signals.phase() = Phase::Exited;
+        let _ = done.send(child.wait());
+    });
+    // Stops the command (SIGTERM, SIGKILL if it is still there 5 s later), releases what
+    // is left of the lock, and fails with `why`.
+    let terminate = |lock: &mut Lock<'_, B>, why: String| -> Fail {
+        signals.signal_command(Signal::SIGTERM);
+        if exited.recv_timeout(Duration::from_secs(5)).is_err() {
+            signals.signal_command(Signal::SIGKILL);
+            let _ = exited.recv();
+        }
+        let _ = lock.unlock();
+        Fail(format!("{why}; command terminated"), EX_TERMINATED)
+    };
+    let every = exptime / 3;
+    // A lease is counted from just before the command that set it was sent; the command
+    // is stopped a tenth of a lease before the last one could lapse.
+    let margin = exptime / 10;
+    let mut lease_end = locked_at + exptime - margin;
+    let mut next_renewal = locked_at + every;
+    let stop_at = max_time.map(|m| locked_at + m);
+    let status = loop {
+        let wake = stop_at.map_or(next_renewal.min(lease_end), |s| {
+            s.min(next_renewal).min(lease_end)
+        });
+        match exited.recv_timeout(wake.saturating_duration_since(Instant::now())) {
+            Ok(status) => break status.map_err(|e| Fail(format!("wait: {e}"), EX_OSERR))?,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let now = Instant::now();
+                if stop_at.is_some_and(|s| now >= s) {
+                    return Err(terminate(
+                        &mut lock,
+                        format!("{:?} held for --max-time", a.key),
+                    ));
+                }
+                if now >= lease_end {
+                    return Err(terminate(
+                        &mut lock,
+                        format!("could not renew the lock on {:?} in time", a.key),
+                    ));
+                }
+                if now < next_renewal {
+                    continue;
+                }
+                let sent = Instant::now();
+                match lock.expire(None) {
+                    Ok(()) => {
+                        lease_end = sent + exptime - margin;
+                        next_renewal = sent + every;
+                    }
+                    // Broken by force, or gone with a server that restarted empty.
+                    Err(Error::Expired) => {
+                        return Err(terminate(
+                            &mut lock,
+                            format!("lost the lock on {:?}", a.key),
+                        ))
+                    }
+                    // Unreachable for now (a Redis outage, a failover, replicas missing):
+                    // try again soon; the command is stopped if no renewal gets through
+                    // before the lease could lapse.
+                    Err(e) => {
+                        eprintln!("shmlock: renewing {:?}: {e}", a.key);
+                        next_renewal = now + every / 4;
+                    }
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(Fail("lost track of the command".into(), EX_SOFTWARE))
+            }
+        }
+    };
+    match lock.unlock() {
+        Ok(()) => {}
+        Err(e) => eprintln!("shmlock: releasing {:?}: {e}", a.key),
+    }
+    Ok(match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
+        _ => 2,
+    })
+}

@@ -1,0 +1,120 @@
+//! `run`'s signal forwarding: SIGINT, SIGTERM, SIGHUP and SIGQUIT are blocked in every
+//! thread and taken by one thread of their own, which remembers the first while `run`
+//! waits for the lock and passes each on to the command once it runs.
+
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::unistd::{getpgid, getpgrp, Pid};
+
+use crate::exit::{Fail, EX_OSERR};
+
+/// The signals `run` passes on to its command.
+const FORWARDED: [Signal; 4] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+];
+
+/// Where `run` is, as its signal thread needs to know.
+pub enum Phase {
+    /// Waiting for the lock; the first forwarded signal that arrived meanwhile.
+    Waiting(Option<Signal>),
+    /// The command runs as this child, not yet reaped (so the pid is still its).
+    Running(Pid),
+    /// The command has exited and may be reaped at any moment: its pid is no longer ours.
+    Exited,
+}
+
+/// `run`'s signal handling: FORWARDED are blocked in every thread and taken, one by one,
+/// by a thread of their own, which passes them on to the command.
+pub struct Signals {
+    pub set: SigSet,
+    phase: Mutex<Phase>,
+    verbose: bool,
+}
+
+/// Set once, by `main`, before any other thread starts.
+pub static SIGNALS: OnceLock<Signals> = OnceLock::new();
+
+impl Signals {
+    /// Blocks FORWARDED in this thread, and so in every thread started after (the mask is
+    /// inherited), then starts the thread that takes them. Must run before any other
+    /// thread exists: a thread with them unblocked would die of them instead.
+    pub fn start(verbose: bool) -> Result<&'static Signals, Fail> {
+        let mut set = SigSet::empty();
+        for sig in FORWARDED {
+            set.add(sig);
+        }
+        set.thread_block()
+            .map_err(|e| Fail(format!("blocking signals: {e}"), EX_OSERR))?;
+        let signals = SIGNALS.get_or_init(|| Signals {
+            set,
+            phase: Mutex::new(Phase::Waiting(None)),
+            verbose,
+        });
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(|| signals.forward())
+            .map_err(|e| Fail(format!("starting a thread: {e}"), EX_OSERR))?;
+        Ok(signals)
+    }
+
+    pub fn phase(&self) -> MutexGuard<'_, Phase> {
+        self.phase.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The signal thread: forever takes the next signal and passes it on.
+    fn forward(&self) {
+        loop {
+            let Some((sig, by_kernel)) = next_signal(&self.set) else {
+                continue;
+            };
+            let mut phase = self.phase();
+            match &mut *phase {
+                Phase::Waiting(got) => {
+                    got.get_or_insert(sig);
+                }
+                Phase::Running(pid) => {
+                    // A terminal sends the signals of its INTR and QUIT characters to its
+                    // whole foreground process group: a command still in ours has it
+                    // already, and a second one could cut its cleanup short.
+                    let has_it = by_kernel
+                        && matches!(sig, Signal::SIGINT | Signal::SIGQUIT)
+                        && getpgid(Some(*pid)).is_ok_and(|g| g == getpgrp());
+                    if !has_it {
+                        if self.verbose {
+                            eprintln!("shmlock: passing {sig} on to pid {pid}");
+                        }
+                        let _ = kill(*pid, sig);
+                    }
+                }
+                Phase::Exited => {}
+            }
+        }
+    }
+
+    /// Sends `sig` to the command if it has not exited.
+    pub fn signal_command(&self, sig: Signal) {
+        if let Phase::Running(pid) = *self.phase() {
+            let _ = kill(pid, sig);
+        }
+    }
+}
+
+/// The next of `set`'s signals, and whether the kernel sent it (a terminal's INTR or QUIT
+/// character, a hangup) rather than a process. `None`: interrupted, ask again.
+fn next_signal(set: &SigSet) -> Option<(Signal, bool)> {
+    let mut info = std::mem::MaybeUninit::<libc::siginfo_t>::zeroed();
+    // SAFETY: `set` is an initialised signal set and `info` points to writable memory of
+    // the size of a siginfo_t, which lives across the call.
+    let n = unsafe { libc::sigwaitinfo(set.as_ref(), info.as_mut_ptr()) };
+    if n < 0 {
+        return None;
+    }
+    // SAFETY: zeroed is a valid siginfo_t (plain integers), and sigwaitinfo filled it in.
+    let info = unsafe { info.assume_init() };
+    let sig = Signal::try_from(n).ok()?;
+    Some((sig, info.si_code == libc::SI_KERNEL))
+}

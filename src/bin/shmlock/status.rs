@@ -1,0 +1,136 @@
+//! The waiting status line: who holds the key `run` waits for (looked up in the table or
+//! in Redis), shown on stderr in one line rewritten in place while stderr is a terminal.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use shmlock::{LockTable, RedisLocks};
+
+use crate::show::{held_for, human, printable};
+
+/// Who holds a key, as far as the backend tells, for people waiting on it.
+pub struct HolderInfo {
+    /// "pid 1234", "host:1234" or "an unknown process".
+    who: String,
+    /// How long it had held the key when it was looked up.
+    held: Option<Duration>,
+    /// When it was looked up.
+    pub seen: Instant,
+}
+
+impl HolderInfo {
+    pub fn describe(&self) -> String {
+        match self.held {
+            Some(held) => format!("{} for {}", self.who, human(held + self.seen.elapsed())),
+            None => self.who.clone(),
+        }
+    }
+}
+
+/// The backends `run` can tell the holder of a key of.
+pub trait WhoHolds {
+    fn who_holds(&self, key: &str) -> Option<HolderInfo>;
+}
+
+impl WhoHolds for LockTable {
+    fn who_holds(&self, key: &str) -> Option<HolderInfo> {
+        let key = key.as_bytes();
+        // The preview is the first 32 bytes: a longer key is matched by them and its length.
+        let h = self
+            .holders()
+            .into_iter()
+            .find(|h| h.key_len == key.len() && key.starts_with(&h.key_preview))?;
+        Some(HolderInfo {
+            who: if h.pid == 0 {
+                "an unknown process".into()
+            } else {
+                format!("pid {}", h.pid)
+            },
+            held: Some(h.age),
+            seen: Instant::now(),
+        })
+    }
+}
+
+impl WhoHolds for RedisLocks {
+    fn who_holds(&self, key: &str) -> Option<HolderInfo> {
+        let h = self
+            .holders()
+            .ok()?
+            .into_iter()
+            .find(|h| h.key == key.as_bytes())?;
+        Some(HolderInfo {
+            who: match (&h.host, h.pid) {
+                (Some(host), Some(pid)) => format!("pid {pid} on {}", printable(host.as_bytes())),
+                (None, Some(pid)) => format!("pid {pid}"),
+                _ => "an unknown process".into(),
+            },
+            held: held_for(&h),
+            seen: Instant::now(),
+        })
+    }
+}
+
+/// The live line on stderr while `run` waits, if stderr is a terminal: rewritten in place
+/// (carriage return, ANSI erase-line), erased when done.
+pub struct StatusLine {
+    pub on: bool,
+    shown: bool,
+}
+
+impl StatusLine {
+    pub fn new() -> StatusLine {
+        StatusLine {
+            on: std::io::stderr().is_terminal(),
+            shown: false,
+        }
+    }
+
+    pub fn show(&mut self, text: &str) {
+        if !self.on {
+            return;
+        }
+        // One line that never wraps, or the carriage return would not get back to its start.
+        let text: String = text
+            .chars()
+            .take(terminal_width().saturating_sub(1))
+            .collect();
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, "\r\x1b[2K{text}");
+        let _ = err.flush();
+        self.shown = true;
+    }
+
+    pub fn clear(&mut self) {
+        if self.shown {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "\r\x1b[2K");
+            let _ = err.flush();
+            self.shown = false;
+        }
+    }
+}
+
+impl Drop for StatusLine {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+/// Columns of the terminal on stderr (80 if it does not say).
+fn terminal_width() -> usize {
+    let mut ws = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one winsize into the struct pointed to, which lives across
+    // the call; on failure it writes nothing.
+    let r = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut ws) };
+    if r == 0 && ws.ws_col > 0 {
+        usize::from(ws.ws_col)
+    } else {
+        80
+    }
+}

@@ -1,0 +1,146 @@
+//! `inspect`'s text output: a header line, then one row per lock (or per key of a shared
+//! dict), in columns for a terminal.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use shmlock::{Holder, LockTable, RedisHolder, SharedDict};
+
+use crate::show::{held_for, printable, state_name};
+
+/// A key as its row shows it: the preview, with `…` if the key is longer.
+fn shown_key(h: &Holder) -> String {
+    let mut k = printable(&h.key_preview);
+    if h.key_len > h.key_preview.len() {
+        k.push('…');
+    }
+    k
+}
+
+/// `hs`: the holders to list, sorted.
+pub fn write_table(
+    out: &mut impl Write,
+    file: &Path,
+    t: &LockTable,
+    hs: &[Holder],
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{}: format {}, capacity {}, occupancy {}",
+        file.display(),
+        t.format_version(),
+        t.capacity(),
+        t.occupancy()
+    )?;
+    if hs.is_empty() {
+        return writeln!(out, "no locks held");
+    }
+    writeln!(
+        out,
+        "{:<32} {:>8} {:>6} {:>9} {:>10} {:>10} {:>8} {:>7}",
+        "KEY", "PID", "ALIVE", "STATE", "AGE", "TTL", "TOKEN", "WAITERS"
+    )?;
+    for h in hs {
+        let ttl = match h.ttl {
+            _ if h.expired => "expired".to_string(),
+            Some(d) => format!("{:.3}s", d.as_secs_f64()),
+            None => "never".to_string(),
+        };
+        writeln!(
+            out,
+            "{:<32} {:>8} {:>6} {:>9} {:>9.3}s {:>10} {:>8} {:>7}",
+            shown_key(h),
+            h.pid,
+            if h.owner_alive { "yes" } else { "no" },
+            state_name(h.state),
+            h.age.as_secs_f64(),
+            ttl,
+            h.token.map_or("-".to_string(), |t| t.to_string()),
+            if h.waiters { "yes" } else { "no" },
+        )?;
+    }
+    Ok(())
+}
+
+/// `keys`: the live keys and their time to live, sorted.
+pub fn write_dict(
+    out: &mut impl Write,
+    file: &Path,
+    dict: &SharedDict,
+    keys: &[(Vec<u8>, Option<Duration>)],
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{}: shared dict, capacity {}, entries {} ({} live), keys up to {} B, values up to {} B, evictions {}, repairs {}, writer {}",
+        file.display(),
+        dict.capacity(),
+        dict.len(),
+        keys.len(),
+        dict.max_key_len(),
+        dict.max_value_len(),
+        dict.evictions(),
+        dict.repairs(),
+        dict.writer_pid().map_or("none".to_string(), |p| format!("pid {p}"))
+    )?;
+    if keys.is_empty() {
+        return writeln!(out, "no live keys");
+    }
+    writeln!(out, "{:<48} {:>10}", "KEY", "TTL")?;
+    for (k, ttl) in keys {
+        let ttl = ttl.map_or("never".to_string(), |d| format!("{:.3}s", d.as_secs_f64()));
+        writeln!(out, "{:<48} {:>10}", printable(k), ttl)?;
+    }
+    Ok(())
+}
+
+/// `url`: the --redis URLs as printed (passwords redacted). A NODE column is added when
+/// the holders come from a cluster's nodes.
+pub fn write_redis(out: &mut impl Write, url: &str, held: &[RedisHolder]) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{}: {} locks held",
+        printable(url.as_bytes()),
+        held.len()
+    )?;
+    if held.is_empty() {
+        return Ok(());
+    }
+    let cluster = held.iter().any(|h| !h.node.is_empty());
+    write!(
+        out,
+        "{:<32} {:>24} {:>10} {:>10} {:>8}",
+        "KEY", "HOLDER", "AGE", "TTL", "TOKEN"
+    )?;
+    writeln!(out, "{}", if cluster { "  NODE" } else { "" })?;
+    for h in held {
+        let holder = match (&h.host, h.pid) {
+            (Some(host), Some(pid)) => format!("{}:{pid}", printable(host.as_bytes())),
+            _ => "?".to_string(),
+        };
+        let secs = |d: Option<Duration>, none: &str| {
+            d.map_or(none.to_string(), |d| format!("{:.3}s", d.as_secs_f64()))
+        };
+        write!(
+            out,
+            "{:<32} {:>24} {:>10} {:>10} {:>8}",
+            printable(&h.key),
+            holder,
+            secs(held_for(h), "?"),
+            secs(h.ttl, "never"),
+            h.token
+                .or(h.last_token)
+                .map_or("-".to_string(), |t| t.to_string()),
+        )?;
+        writeln!(
+            out,
+            "{}",
+            if cluster {
+                format!("  {}", h.node)
+            } else {
+                String::new()
+            }
+        )?;
+    }
+    Ok(())
+}
