@@ -1,12 +1,14 @@
 //! `run`: waits for the lock (with the status line and the signals that may end the wait),
 //! runs the command, renews the lease while it runs, and exits with its status.
 
+use std::io;
+use std::ops::ControlFlow;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::Command;
-use std::sync::mpsc;
+use std::process::{Child, Command, ExitStatus};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::Signal;
+use nix::sys::signal::{SigSet, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag};
 use nix::unistd::Pid;
 
@@ -15,7 +17,7 @@ use shmlock::{Backend, Error, Lock, LockOptions};
 use crate::args::{secs, RunArgs};
 use crate::exit::{spawn_error_code, Fail, EX_OSERR, EX_SOFTWARE, EX_TERMINATED, EX_USAGE};
 use crate::show::{human, printable};
-use crate::signals::{Phase, SIGNALS};
+use crate::signals::{Phase, Signals, SIGNALS};
 use crate::status::{HolderInfo, StatusLine, WhoHolds};
 
 /// How long one wait for the lock lasts before `run` looks at signals and its status line.
@@ -23,6 +25,7 @@ const SLICE: Duration = Duration::from_millis(250);
 /// How often the holder is looked up again while `run` waits (Redis: a SCAN).
 const LOOKUP_EVERY: Duration = Duration::from_secs(1);
 
+/// Takes `a.key`, runs the command, releases the key when it exits; the exit code.
 pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     let signals = SIGNALS
         .get()
@@ -50,9 +53,61 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
         Some(line) => ("/bin/sh", std::slice::from_ref(line)),
         None => (&a.args[0], &a.args[1..]),
     };
-    let shown_key = printable(a.key.as_bytes());
 
-    // Waits in slices, between which it looks at signals and redraws the status line.
+    if let ControlFlow::Break(code) = wait_for_lock(backend, &mut lock, &a, wait_for, signals)? {
+        return Ok(code);
+    }
+    if a.verbose {
+        eprintln!("shmlock: running {program}");
+    }
+
+    // The lease was set by the server a round trip at most before this (far less than the
+    // margin `supervise` keeps).
+    let locked_at = Instant::now();
+    let mut cmd = command(program, args, a.shell_command.is_some(), signals.set);
+    // Under the phase lock, so that a signal is either seen here or passed on to the child.
+    let mut phase = signals.phase();
+    if let Phase::Waiting(Some(sig)) = *phase {
+        drop(phase);
+        let _ = lock.unlock();
+        return Ok(128u8.wrapping_add(sig as u8));
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| Fail(format!("{program}: {e}"), spawn_error_code(&e)))?;
+    let pid = Pid::from_raw(child.id() as libc::pid_t);
+    *phase = Phase::Running(pid);
+    drop(phase);
+
+    let exited = reap_on_thread(child, pid, signals);
+    let lease = Lease {
+        exptime,
+        locked_at,
+        max_time,
+    };
+    let status = supervise(&mut lock, &a.key, lease, &exited, signals)?;
+    match lock.unlock() {
+        Ok(()) => {}
+        Err(e) => eprintln!("shmlock: releasing {:?}: {e}", a.key),
+    }
+    Ok(match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
+        _ => 2,
+    })
+}
+
+/// Waits for `a.key` in slices, between which it looks at signals and redraws the status
+/// line. `Break(code)`: `run` exits with `code` without running the command (a signal
+/// came, or the wait ran out).
+fn wait_for_lock<B: Backend + WhoHolds>(
+    backend: &B,
+    lock: &mut Lock<'_, B>,
+    a: &RunArgs,
+    wait_for: Option<Duration>,
+    signals: &Signals,
+) -> Result<ControlFlow<u8>, Fail> {
+    let shown_key = printable(a.key.as_bytes());
     let started = Instant::now();
     let mut status = StatusLine::new();
     let mut holder: Option<HolderInfo> = None;
@@ -76,7 +131,7 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
                     "shmlock: got {sig} while waiting for {shown_key:?}; not running the command"
                 );
             }
-            return Ok(128u8.wrapping_add(sig as u8));
+            return Ok(ControlFlow::Break(128u8.wrapping_add(sig as u8)));
         }
         let waited = started.elapsed();
         let stale = holder
@@ -102,7 +157,7 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
                     waited.as_secs_f64()
                 );
             }
-            return Ok(a.conflict_exit_code);
+            return Ok(ControlFlow::Break(a.conflict_exit_code));
         }
         status.show(&format!(
             "shmlock: waiting for {shown_key:?}, held by {}; waited {}",
@@ -116,18 +171,18 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
             "shmlock: got {shown_key:?} after waiting {:.3}s",
             started.elapsed().as_secs_f64()
         );
-        eprintln!("shmlock: running {program}");
     }
+    Ok(ControlFlow::Continue(()))
+}
 
-    // The lease was set by the server a round trip at most before this (far less than the
-    // margin below).
-    let locked_at = Instant::now();
+/// `program` with `args` (after `-c` for a shell command line), set up to get the signals
+/// `blocked` in this process and to die with it.
+fn command(program: &str, args: &[String], shell: bool, blocked: SigSet) -> Command {
     let mut cmd = Command::new(program);
-    if a.shell_command.is_some() {
+    if shell {
         cmd.arg("-c");
     }
     cmd.args(args);
-    let blocked = signals.set;
     // SAFETY: the closure runs in the forked child before exec and only makes
     // async-signal-safe system calls (pthread_sigmask, prctl, getppid, _exit).
     unsafe {
@@ -144,22 +199,17 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
             Ok(())
         });
     }
-    // Under the phase lock, so that a signal is either seen here or passed on to the child.
-    let mut phase = signals.phase();
-    if let Phase::Waiting(Some(sig)) = *phase {
-        drop(phase);
-        let _ = lock.unlock();
-        return Ok(128u8.wrapping_add(sig as u8));
-    }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| Fail(format!("{program}: {e}"), spawn_error_code(&e)))?;
-    let pid = Pid::from_raw(child.id() as libc::pid_t);
-    *phase = Phase::Running(pid);
-    drop(phase);
+    cmd
+}
 
-    // The child is waited for on a helper thread; this thread (the child's parent thread,
-    // which PR_SET_PDEATHSIG watches) renews the lease meanwhile.
+/// Waits for the child on a helper thread, whose channel gets its exit status; the
+/// calling thread (the child's parent thread, which PR_SET_PDEATHSIG watches) is left
+/// free to renew the lease meanwhile.
+fn reap_on_thread(
+    mut child: Child,
+    pid: Pid,
+    signals: &'static Signals,
+) -> Receiver<io::Result<ExitStatus>> {
     let (done, exited) = mpsc::channel();
     std::thread::spawn(move || {
         // Waits without reaping first, so that the pid stays the child's until the signal
@@ -170,17 +220,33 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
         *signals.phase() = Phase::Exited;
         let _ = done.send(child.wait());
     });
-    // Stops the command (SIGTERM, SIGKILL if it is still there 5 s later), releases what
-    // is left of the lock, and fails with `why`.
-    let terminate = |lock: &mut Lock<'_, B>, why: String| -> Fail {
-        signals.signal_command(Signal::SIGTERM);
-        if exited.recv_timeout(Duration::from_secs(5)).is_err() {
-            signals.signal_command(Signal::SIGKILL);
-            let _ = exited.recv();
-        }
-        let _ = lock.unlock();
-        Fail(format!("{why}; command terminated"), EX_TERMINATED)
-    };
+    exited
+}
+
+/// The lease `supervise` keeps, and for how long.
+struct Lease {
+    exptime: Duration,
+    /// When the lock was taken.
+    locked_at: Instant,
+    /// --max-time, counted from `locked_at`.
+    max_time: Option<Duration>,
+}
+
+/// Renews the lease on `key` every third of it until the command exits (its status
+/// comes on `exited`). Stops the command and fails when the lease is lost, cannot be
+/// renewed in time, or --max-time passes.
+fn supervise<B: Backend>(
+    lock: &mut Lock<'_, B>,
+    key: &str,
+    lease: Lease,
+    exited: &Receiver<io::Result<ExitStatus>>,
+    signals: &Signals,
+) -> Result<ExitStatus, Fail> {
+    let Lease {
+        exptime,
+        locked_at,
+        max_time,
+    } = lease;
     let every = exptime / 3;
     // A lease is counted from just before the command that set it was sent; the command
     // is stopped a tenth of a lease before the last one could lapse.
@@ -188,24 +254,22 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     let mut lease_end = locked_at + exptime - margin;
     let mut next_renewal = locked_at + every;
     let stop_at = max_time.map(|m| locked_at + m);
-    let status = loop {
+    let terminate = |lock: &mut Lock<'_, B>, why: String| terminate(lock, why, exited, signals);
+    loop {
         let wake = stop_at.map_or(next_renewal.min(lease_end), |s| {
             s.min(next_renewal).min(lease_end)
         });
         match exited.recv_timeout(wake.saturating_duration_since(Instant::now())) {
-            Ok(status) => break status.map_err(|e| Fail(format!("wait: {e}"), EX_OSERR))?,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
+            Ok(status) => return status.map_err(|e| Fail(format!("wait: {e}"), EX_OSERR)),
+            Err(RecvTimeoutError::Timeout) => {
                 let now = Instant::now();
                 if stop_at.is_some_and(|s| now >= s) {
-                    return Err(terminate(
-                        &mut lock,
-                        format!("{:?} held for --max-time", a.key),
-                    ));
+                    return Err(terminate(lock, format!("{key:?} held for --max-time")));
                 }
                 if now >= lease_end {
                     return Err(terminate(
-                        &mut lock,
-                        format!("could not renew the lock on {:?} in time", a.key),
+                        lock,
+                        format!("could not renew the lock on {key:?} in time"),
                     ));
                 }
                 if now < next_renewal {
@@ -219,32 +283,37 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
                     }
                     // Broken by force, or gone with a server that restarted empty.
                     Err(Error::Expired) => {
-                        return Err(terminate(
-                            &mut lock,
-                            format!("lost the lock on {:?}", a.key),
-                        ))
+                        return Err(terminate(lock, format!("lost the lock on {key:?}")))
                     }
                     // Unreachable for now (a Redis outage, a failover, replicas missing):
                     // try again soon; the command is stopped if no renewal gets through
                     // before the lease could lapse.
                     Err(e) => {
-                        eprintln!("shmlock: renewing {:?}: {e}", a.key);
+                        eprintln!("shmlock: renewing {key:?}: {e}");
                         next_renewal = now + every / 4;
                     }
                 }
             }
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
+            Err(RecvTimeoutError::Disconnected) => {
                 return Err(Fail("lost track of the command".into(), EX_SOFTWARE))
             }
         }
-    };
-    match lock.unlock() {
-        Ok(()) => {}
-        Err(e) => eprintln!("shmlock: releasing {:?}: {e}", a.key),
     }
-    Ok(match (status.code(), status.signal()) {
-        (Some(code), _) => code as u8,
-        (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
-        _ => 2,
-    })
+}
+
+/// Stops the command (SIGTERM, SIGKILL if it is still there 5 s later), releases what is
+/// left of the lock, and fails with `why`.
+fn terminate<B: Backend>(
+    lock: &mut Lock<'_, B>,
+    why: String,
+    exited: &Receiver<io::Result<ExitStatus>>,
+    signals: &Signals,
+) -> Fail {
+    signals.signal_command(Signal::SIGTERM);
+    if exited.recv_timeout(Duration::from_secs(5)).is_err() {
+        signals.signal_command(Signal::SIGKILL);
+        let _ = exited.recv();
+    }
+    let _ = lock.unlock();
+    Fail(format!("{why}; command terminated"), EX_TERMINATED)
 }
