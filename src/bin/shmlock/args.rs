@@ -31,27 +31,48 @@ pub const DEFAULT_CAPACITY: usize = 1024;
     )
 )]
 pub struct Cli {
+    // These global options show in every subcommand's help too: --file after the
+    // subcommand's own options (display_order), the Redis ones under a heading of theirs.
     /// The lock table file [default: $SHMLOCK_FILE, else /dev/shm/shmlock]
-    #[arg(long, global = true, value_name = "PATH", conflicts_with = "redis")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "PATH",
+        conflicts_with = "redis",
+        display_order = 100
+    )]
     pub file: Option<PathBuf>,
     /// Use the locks in Redis instead of a table file: redis://[:PASSWORD@]host:port/db
     /// (rediss:// for TLS). Several URLs, comma-separated, with --redis-cluster or
     /// --redis-sentinel. A password may come from $REDISCLI_AUTH instead of the URL.
-    #[arg(long, global = true, value_name = "URL")]
+    #[arg(long, global = true, value_name = "URL", help_heading = "Redis")]
     pub redis: Option<String>,
     /// The --redis URLs are nodes of a Redis Cluster
     #[arg(
         long,
         global = true,
         requires = "redis",
-        conflicts_with = "redis_sentinel"
+        conflicts_with = "redis_sentinel",
+        help_heading = "Redis"
     )]
     pub redis_cluster: bool,
     /// The --redis URLs are sentinels; use the master they know by this name
-    #[arg(long, global = true, value_name = "MASTER", requires = "redis")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "MASTER",
+        requires = "redis",
+        help_heading = "Redis"
+    )]
     pub redis_sentinel: Option<String>,
     /// Key prefix in Redis
-    #[arg(long, global = true, value_name = "PREFIX", default_value = "shmlock:")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "PREFIX",
+        default_value = "shmlock:",
+        help_heading = "Redis"
+    )]
     pub redis_prefix: String,
     #[command(subcommand)]
     pub command: Cmd,
