@@ -5,18 +5,20 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::limits::{MAX_CAPACITY, MAX_KEY_LEN};
+
 /// Everything that can go wrong, as a value you can match on.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
     /// The key is empty.
     EmptyKey,
-    /// The key is longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes, or than a
+    /// The key is longer than [`MAX_KEY_LEN`] bytes, or than a
     /// [`SharedDict`](crate::SharedDict)'s longest key.
     KeyTooLong(usize),
     /// A [`LockOptions`](crate::LockOptions) value is out of range.
     InvalidOptions(&'static str),
-    /// The capacity asked for is 0 or above [`MAX_CAPACITY`](crate::MAX_CAPACITY).
+    /// The capacity asked for is 0 or above [`MAX_CAPACITY`].
     InvalidCapacity(u64),
     /// The key or value lengths asked of a new [`SharedDict`](crate::SharedDict) are out
     /// of range.
@@ -182,6 +184,8 @@ impl fmt::Debug for KeyPreview {
 }
 
 /// Why a file is not a lock table this version can use.
+// Its messages are written beside the format they describe (and whose version they name),
+// in `shm/format.rs`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FormatError {
@@ -257,14 +261,12 @@ impl fmt::Display for Error {
             Error::KeyTooLong(n) => write!(
                 f,
                 "key of {n} bytes is too long (locks: at most {} bytes; a dict: its max_key_len)",
-                crate::MAX_KEY_LEN
+                MAX_KEY_LEN
             ),
             Error::InvalidOptions(why) => write!(f, "invalid lock options: {why}"),
-            Error::InvalidCapacity(n) => write!(
-                f,
-                "capacity {n} is out of range 1..={}",
-                crate::MAX_CAPACITY
-            ),
+            Error::InvalidCapacity(n) => {
+                write!(f, "capacity {n} is out of range 1..={}", MAX_CAPACITY)
+            }
             Error::InvalidLayout(why) => write!(f, "invalid dict layout: {why}"),
             Error::ValueTooLong { len, max } => {
                 write!(f, "value of {len} bytes is longer than the dict's {max}")
@@ -314,29 +316,6 @@ impl fmt::Display for Error {
             Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
             #[cfg(feature = "redis")]
             Error::Redis(e) => write!(f, "redis: {e}"),
-        }
-    }
-}
-
-impl fmt::Display for FormatError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FormatError::NotATable => f.write_str("not a shmlock table (bad magic)"),
-            FormatError::UnsupportedVersion(v) => {
-                write!(
-                    f,
-                    "shmlock table format version {v} is not supported (this build uses \
-                     version {}: remove the file once no process uses it)",
-                    crate::shm::format::VERSION
-                )
-            }
-            FormatError::Truncated { len, expected } => {
-                write!(f, "truncated table: {len} bytes, expected {expected}")
-            }
-            FormatError::Corrupt(why) => write!(f, "corrupt table: {why}"),
-            FormatError::WrongKind { found, expected } => {
-                write!(f, "this file is a shmlock {found}, not a {expected}")
-            }
         }
     }
 }

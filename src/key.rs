@@ -1,9 +1,7 @@
 //! What a key may be: any bytes, 1 to [`MAX_KEY_LEN`] long, for every backend.
 
 use crate::error::Error;
-
-/// The longest key accepted, in bytes.
-pub const MAX_KEY_LEN: usize = 65535;
+use crate::limits::MAX_KEY_LEN;
 
 /// Keys are any bytes, 1 to [`MAX_KEY_LEN`] long.
 pub(crate) fn check_key(key: &[u8]) -> Result<&[u8], Error> {

@@ -31,13 +31,15 @@
 //!
 //! - `lock/`: the [`Lock`] and [`LockGuard`] API (`api`), the [`Backend`] trait and the
 //!   waiting loop (`backend`), [`LockOptions`] (`options`), resty's schedule (`wait`).
-//! - `shm/`: the shared-memory backend, [`LockTable`] (`lock_table`), its slot protocol
-//!   (`table`, `slot`, model-checked in `loom_tests`), owner registry (`registry`,
-//!   `attachment`), file format (`format`, `file`), clock, futex and process identity.
+//! - `shm/`: the shared-memory backend, [`LockTable`] (`lock_table`, and `guards` for its
+//!   calls that hand out guards), its slot protocol (`table`, `slot`, model-checked in
+//!   `loom_tests`), owner registry (`registry`, `attachment`), file format (`format`,
+//!   `file`), clock, futex and process identity.
 //! - `dict/`: [`SharedDict`], ngx.shared.DICT on the same file machinery.
 //! - `redis_store/` (feature `redis`): the [`RedisLocks`] backend: one server, Sentinel
 //!   or Cluster.
-//! - `key`: what a key may be; `error`: [`Error`].
+//! - `key`: what a key may be; `limits`: [`MAX_KEY_LEN`] and [`MAX_CAPACITY`]; `error`:
+//!   [`Error`].
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -57,6 +59,7 @@ compile_error!(
 mod dict;
 mod error;
 mod key;
+mod limits;
 mod lock;
 #[cfg(all(feature = "redis", not(loom)))]
 mod redis_store;
@@ -65,14 +68,14 @@ mod shm;
 #[cfg(not(loom))]
 pub use dict::{DictOptions, Fetched, Item, Put, SharedDict, Source, Stored, Value, ValueRef};
 pub use error::{Error, FormatError, KeyPreview};
+#[cfg(all(feature = "redis", not(loom)))]
 pub(crate) use key::check_key;
-pub use key::MAX_KEY_LEN;
+pub use limits::{MAX_CAPACITY, MAX_KEY_LEN};
 pub use lock::LockOptions;
 #[cfg(not(loom))]
 pub use lock::{Backend, KeepAlive, Lock, LockGuard};
 #[cfg(all(feature = "redis", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis_store::{RedisHolder, RedisLocks};
-pub use shm::MAX_CAPACITY;
 #[cfg(not(loom))]
 pub use shm::{Holder, HolderState, LockTable, OpenOptions};

@@ -285,7 +285,7 @@ impl DictOptions {
 
     /// Opens (and maybe creates) the dict at `path`.
     pub fn open(self, path: impl AsRef<Path>) -> Result<SharedDict, Error> {
-        if self.max_key > crate::MAX_KEY_LEN || self.max_value > MAX_VALUE_LEN as usize {
+        if self.max_key > crate::limits::MAX_KEY_LEN || self.max_value > MAX_VALUE_LEN as usize {
             return Err(Error::InvalidLayout(
                 "keys are at most 65535 bytes and values at most 1 MiB",
             ));
@@ -779,7 +779,7 @@ impl SharedDict {
     }
 
     fn pack<'k>(&self, key: &'k [u8]) -> Result<PackedKey<'k>, Error> {
-        crate::shm::clock::check()?;
+        crate::shm::process::check_clock()?;
         if key.is_empty() {
             return Err(Error::EmptyKey);
         }

@@ -60,7 +60,7 @@ impl Schedule {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::LockOptions;
+    use crate::lock::options::LockOptions;
 
     fn steps(opts: LockOptions) -> Vec<u64> {
         let mut s = Schedule::new(&opts.resolve().unwrap(), opts.timeout);

@@ -136,11 +136,10 @@ mod host {
     }
 
     /// Makes sure this process knows its offset: a table cannot be used by a process that
-    /// cannot tell its clock from the others'.
+    /// cannot tell its clock from the others'. Called by `process::check_clock`, which
+    /// first lets a forked child find out that it is one (and forget the offset).
     #[inline]
-    pub(crate) fn check() -> Result<(), Error> {
-        // A forked child finds out here first that it is one (and forgets the offset).
-        crate::shm::process::token();
+    pub(crate) fn check_offset() -> Result<(), Error> {
         if STATE.load(Ordering::Acquire) == KNOWN {
             // Known already: a later unshare for children does not change our own.
             return Ok(());
@@ -280,7 +279,7 @@ mod host {
 
         #[test]
         fn host_clock_is_this_process_clock_outside_a_time_namespace() {
-            check().unwrap();
+            check_offset().unwrap();
             let a = Monotonic.now();
             let b = raw_now();
             // this test does not run in a time namespace

@@ -89,7 +89,7 @@ pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
             "mode may only hold permission bits (at most 0o777)",
         ));
     }
-    crate::shm::clock::check()?;
+    crate::shm::process::check_clock()?;
     for _ in 0..OPEN_ROUNDS {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
         match OpenOptions::new()

@@ -32,7 +32,10 @@
 //! rewritten only when a table from an earlier boot is reset. A reader accepts exactly
 //! what this module writes: anything else is a typed error.
 
+use std::fmt;
+
 use crate::error::{Error, FormatError};
+use crate::limits;
 
 pub(crate) const MAGIC: [u8; 8] = *b"SHMLOCK\0";
 pub(crate) const DICT_MAGIC: [u8; 8] = *b"SHMDICT\0";
@@ -43,7 +46,7 @@ const PAGE: u64 = 4096;
 pub(crate) const SLOT_SIZE: usize = 64;
 pub(crate) const COLD_SIZE: usize = 64;
 /// Upper bound on capacity: 2^24 keys (a lock table of 8 GiB, with its headroom).
-pub(crate) const MAX_CAPACITY: u64 = 1 << 24;
+pub(crate) const MAX_CAPACITY: u64 = limits::MAX_CAPACITY as u64;
 /// A lock table has this many slots per key of capacity: at most a quarter full, so most
 /// keys sit at their home and take it by one CAS however full the user fills it (a key
 /// whose home is taken costs a scan, a second line and a second locked operation: at half
@@ -132,7 +135,7 @@ impl Layout {
             ));
         }
         if let Layout::Dict { max_key, max_value } = self {
-            if max_key == 0 || max_key as usize > crate::MAX_KEY_LEN {
+            if max_key == 0 || max_key as usize > limits::MAX_KEY_LEN {
                 return Err(Error::InvalidLayout(
                     "the longest key must be 1..=65535 bytes",
                 ));
@@ -301,6 +304,30 @@ impl Header {
             registry,
             token_base: u64_at(80),
         })
+    }
+}
+
+// What is wrong with a file, as a user reads it.
+impl fmt::Display for FormatError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FormatError::NotATable => f.write_str("not a shmlock table (bad magic)"),
+            FormatError::UnsupportedVersion(v) => {
+                write!(
+                    f,
+                    "shmlock table format version {v} is not supported (this build uses \
+                     version {}: remove the file once no process uses it)",
+                    VERSION
+                )
+            }
+            FormatError::Truncated { len, expected } => {
+                write!(f, "truncated table: {len} bytes, expected {expected}")
+            }
+            FormatError::Corrupt(why) => write!(f, "corrupt table: {why}"),
+            FormatError::WrongKind { found, expected } => {
+                write!(f, "this file is a shmlock {found}, not a {expected}")
+            }
+        }
     }
 }
 

@@ -1,6 +1,5 @@
 //! The shared-memory backend: [`LockTable`], a lock table in a memory-mapped file.
 
-use std::borrow::Borrow;
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
@@ -8,12 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::check_key;
 use crate::error::{Error, KeyPreview};
+use crate::key::check_key;
 use crate::lock::backend::{Backend, Sealed};
-use crate::lock::options::LockOptions;
 use crate::lock::slack::TimerSlack;
-use crate::lock::{self, LockGuard};
 use crate::shm::attachment::Attachment;
 use crate::shm::clock::{self, Clock, Monotonic};
 use crate::shm::file::{self, OpenSpec};
@@ -294,81 +291,6 @@ impl LockTable {
         self.inner.created
     }
 
-    /// Takes `key`, waiting as `opts` says; released when the guard drops.
-    #[inline]
-    pub fn lock(
-        &self,
-        key: impl AsRef<[u8]>,
-        opts: impl Borrow<LockOptions>,
-    ) -> Result<LockGuard<'_>, Error> {
-        let opts = opts.borrow();
-        lock::guard(self, key.as_ref(), opts, Some(opts.timeout))
-    }
-
-    /// [`lock`](Self::lock) for async code (tokio): waits on resty's schedule with
-    /// `tokio::time::sleep`, so the runtime thread is never blocked; the elapsed time is the
-    /// sum of the steps. Each attempt is a few atomic operations, made in place; dropping the
-    /// guard releases with one CAS, which never blocks either.
-    ///
-    /// ```
-    /// # let path = std::env::temp_dir().join(format!("shmlock-doc-async-{}", std::process::id()));
-    /// # let _ = std::fs::remove_file(&path);
-    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-    /// use shmlock::{LockOptions, LockTable};
-    ///
-    /// let table = LockTable::open(&path, 64)?;
-    /// let guard = table.lock_async("user:42", &LockOptions::default()).await?;
-    /// drop(guard);
-    /// # std::fs::remove_file(&path).unwrap();
-    /// # Ok::<(), shmlock::Error>(())
-    /// # }).unwrap();
-    /// ```
-    #[cfg(feature = "tokio")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
-    pub async fn lock_async(
-        &self,
-        key: impl AsRef<[u8]>,
-        opts: impl Borrow<LockOptions>,
-    ) -> Result<LockGuard<'_>, Error> {
-        let opts = opts.borrow();
-        let resolved = opts.resolve()?;
-        let key = key.as_ref();
-        let (hold, elapsed) = crate::lock::backend::acquire_async(
-            key,
-            &resolved,
-            opts.timeout,
-            || std::future::ready(Backend::try_acquire(self, key, resolved.exptime_ns)),
-            |busy: &ShmBusy| self.inner.table.recover(&busy.0),
-        )
-        .await?;
-        Ok(LockGuard::new(self, hold, elapsed, resolved.exptime_ns))
-    }
-
-    /// Takes `key` if nobody holds it, without waiting, for a lease of `lease` (zero:
-    /// never expires). `Ok(None)` if it is held.
-    #[inline]
-    pub fn try_lock_with_lease(
-        &self,
-        key: impl AsRef<[u8]>,
-        lease: Duration,
-    ) -> Result<Option<LockGuard<'_>>, Error> {
-        lock::try_guard(self, key.as_ref(), lease)
-    }
-
-    /// The old name of [`try_lock_with_lease`](Self::try_lock_with_lease): its duration
-    /// is the lease, not a wait.
-    #[deprecated(
-        since = "0.2.0",
-        note = "the duration is a lease, not a wait: use try_lock_with_lease"
-    )]
-    pub fn try_lock(
-        &self,
-        key: impl AsRef<[u8]>,
-        exptime: Duration,
-    ) -> Result<Option<LockGuard<'_>>, Error> {
-        self.try_lock_with_lease(key, exptime)
-    }
-
     /// Whether someone holds `key` right now (a snapshot: it may change at once).
     pub fn is_locked(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
         let key = check_key(key.as_ref())?;
@@ -461,7 +383,7 @@ impl LockTable {
         let (owner, generation) = self.att().registration()?;
         // Deadlines must mean the same instant to everyone: a process that cannot tell its
         // clock's offset takes nothing.
-        crate::shm::clock::check()?;
+        crate::shm::process::check_clock()?;
         Ok(Request {
             key,
             hash: self.hash(key),

@@ -1,6 +1,8 @@
 //! The shared-memory backend: a lock table in a memory-mapped file.
 //!
-//! - `lock_table`: [`LockTable`], the backend's public face (open, lock, inspect).
+//! - `lock_table`: [`LockTable`], the backend's public face (open, inspect, the
+//!   [`Backend`](crate::Backend) it implements); `guards`: its calls that hand out guards
+//!   (`lock`, `lock_async`, `try_lock_with_lease`).
 //! - `table`: the slot protocol (claim, release, reach, recovery), model-checked by
 //!   `loom_tests`.
 //! - `slot`: a slot's 64-byte hot line, its control word, and the cold side array.
@@ -25,6 +27,8 @@ pub(crate) mod format;
 #[cfg(not(loom))]
 pub(crate) mod futex;
 #[cfg(not(loom))]
+mod guards;
+#[cfg(not(loom))]
 mod lock_table;
 #[cfg(not(loom))]
 pub(crate) mod mapping;
@@ -40,6 +44,3 @@ mod loom_tests;
 
 #[cfg(not(loom))]
 pub use lock_table::{Holder, HolderState, LockTable, OpenOptions};
-
-/// The largest capacity a table can be created with.
-pub const MAX_CAPACITY: usize = format::MAX_CAPACITY as usize;

@@ -24,6 +24,9 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
+use crate::error::Error;
+use crate::shm::clock;
+
 /// The identity of this process, as inspection shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Me {
@@ -217,7 +220,7 @@ fn name_this_process() {
 fn new_token() -> u64 {
     let mut b = [0u8; 8];
     if getrandom::fill(&mut b).is_err() {
-        b = (std::process::id() as u64 ^ crate::shm::clock::raw_now()).to_le_bytes();
+        b = (std::process::id() as u64 ^ clock::raw_now()).to_le_bytes();
     }
     // Odd (never 0, "not named"), top bit clear (never NAMING).
     (u64::from_le_bytes(b) >> 1) | 1
@@ -236,6 +239,15 @@ pub(crate) fn token() -> u64 {
     }
     refresh();
     cell().token.load(Ordering::Acquire)
+}
+
+/// Makes sure this process can use a table's deadlines: it knows its clock's offset (see
+/// `clock.rs`). A forked child finds out here first that it is one (and forgets the offset
+/// its parent read).
+#[inline]
+pub(crate) fn check_clock() -> Result<(), Error> {
+    token();
+    clock::check_offset()
 }
 
 /// The token while a forked child's first user names it: never a name (tokens are odd
@@ -285,7 +297,7 @@ fn refresh() {
         return;
     }
     FORK_EPOCH.fetch_add(1, Ordering::Relaxed);
-    crate::shm::clock::forget_offset();
+    clock::forget_offset();
     name_this_process();
 }
 
