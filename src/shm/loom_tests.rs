@@ -1,5 +1,5 @@
 //! Loom models of the slot protocol and the owner registry: the production source of
-//! `table.rs` and `registry.rs`, run on heap slots with loom's atomics, a clock, a
+//! `table/` and `registry.rs`, run on heap slots with loom's atomics, a clock, a
 //! liveness oracle and a stall oracle the model drives.
 //!
 //! ```sh
@@ -8,7 +8,8 @@
 //! ```
 //!
 //! Threads stand in for processes. Key hashes are built by hand so a model can put keys in
-//! the homes and probe positions it needs. What loom cannot prove is said in `table.rs`.
+//! the homes and probe positions it needs. What loom cannot prove is said in
+//! `table/claim.rs`.
 
 use std::sync::Arc;
 

@@ -3,8 +3,8 @@
 //! - `lock_table`: [`LockTable`], the backend's public face (open, inspect, the
 //!   [`Backend`](crate::Backend) it implements); `guards`: its calls that hand out guards
 //!   (`lock`, `lock_async`, `try_lock_with_lease`).
-//! - `table`: the slot protocol (claim, release, reach, recovery), model-checked by
-//!   `loom_tests`.
+//! - `table/`: the slot protocol, a file per part (`claim`, `hold`, `recover`, `wait`,
+//!   `inspect`), model-checked by `loom_tests`.
 //! - `slot`: a slot's 64-byte hot line, its control word, and the cold side array.
 //! - `registry`: the owner registry (who is attached, and whether the kernel says they
 //!   are alive); `attachment`: one process's registration, its descriptor and lock.

@@ -35,7 +35,7 @@ pub(crate) struct Slot {
     /// here, in the line the claim writes anyway.
     pub acquired_at: AtomicU64,
     /// Home word: the claim count of the keys whose home is this slot, counted by every
-    /// claim that scans (see `table.rs`), and their fencing counter.
+    /// claim that scans (see `table/claim.rs`), and their fencing counter.
     pub fence: AtomicU64,
     /// Home word: the reach of this home when it does not fit the control word's 5 bits.
     pub reach: AtomicU32,

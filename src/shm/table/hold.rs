@@ -1,0 +1,185 @@
+//! What a holder does with its hold: release it, extend its lease, give it up to its lease
+//! (disown), take a fencing token. Each acts on the slot's word as the holder may act on it
+//! (a check of the hold in progress is ended first) and by a CAS from the exact entry it
+//! owns, so a holder whose hold was taken touches nothing of the new owner's.
+
+use super::{Env, Held, Lost, Slots, Table};
+use crate::shm::clock::{deadline, TICK_NS};
+use crate::shm::primitive::{crash_point, Ordering};
+use crate::shm::registry::OwnerId;
+use crate::shm::slot::{Slot, State, Word, WAITERS};
+
+impl<S: Slots, E: Env> Table<S, E> {
+    /// The slot word as the holder of `held` may act on it: a check of this very hold in
+    /// progress (someone about to free it, see [`steal`](Self::steal)) is ended first,
+    /// as that check would end it: the hold comes back unless its lease ran out.
+    #[inline]
+    fn holder_word(&self, slot: &Slot, held: &Held) -> Word {
+        let c = Word(slot.control.load(Ordering::SeqCst));
+        if c.state() == State::Stealing && c.with_state(State::Held).ident() == held.word.ident() {
+            self.resolve_steal(held.slot, c);
+            return Word(slot.control.load(Ordering::SeqCst));
+        }
+        c
+    }
+
+    /// Whether `held` is still this holder's: same entry, lease and acquisition time.
+    #[inline]
+    fn owns(&self, slot: &Slot, c: Word, held: &Held) -> bool {
+        c.ident() == held.word.ident()
+            && slot.lease.load(Ordering::Relaxed) == held.lease
+            && slot.acquired_at.load(Ordering::Relaxed) == held.acquired_at
+    }
+
+    /// Releases a hold. `Err(Lost)` if it was taken from us; the new owner is untouched.
+    #[inline]
+    pub(crate) fn release(&self, held: &Held) -> Result<(), Lost> {
+        let slot = &self.slots()[held.slot];
+        loop {
+            let c = self.holder_word(slot, held);
+            if !self.owns(slot, c, held) {
+                return Err(Lost);
+            }
+            if slot
+                .control
+                .compare_exchange(c.0, c.freed().0, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+            {
+                crash_point();
+                if c.has_waiters() {
+                    self.wake(held.slot);
+                }
+                return Ok(());
+            }
+            // Only the waiters and reach bits can change under a live hold: retry.
+        }
+    }
+
+    /// Moves the deadline of a hold to `now + exptime` (0 = never). A lease already past
+    /// its deadline cannot be renewed: it is released and reported lost.
+    pub(crate) fn extend(&self, held: &mut Held, exptime: u64) -> Result<(), Lost> {
+        let slot = &self.slots()[held.slot];
+        let now = self.now();
+        loop {
+            let c = self.holder_word(slot, held);
+            if !self.owns(slot, c, held) {
+                return Err(Lost);
+            }
+            if slot.deadline.load(Ordering::Relaxed) <= now {
+                if self.force_release(held.slot, c) {
+                    return Err(Lost);
+                }
+                continue;
+            }
+            let extending = Word(c.next(State::Extending).0 | (c.0 & WAITERS));
+            if slot
+                .control
+                .compare_exchange(c.0, extending.0, Ordering::SeqCst, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            crash_point();
+            let until = deadline(now, exptime);
+            // Moved earlier by more than a tick: a sleeper's step ends by the old end and a
+            // tick, so less is seen in time anyway (and a holder renewing towards a fixed
+            // end moves it back and forth within a tick of the coarse clock, each time).
+            let shortened = until.saturating_add(TICK_NS) < slot.deadline.load(Ordering::Relaxed);
+            slot.deadline.store(until, Ordering::Relaxed);
+            crash_point();
+            // Nobody flags an EXTENDING word; only the reach may change meanwhile.
+            let mut cur = extending;
+            loop {
+                let back = Word(cur.next(State::Held).0 | (cur.0 & WAITERS));
+                match slot.control.compare_exchange(
+                    cur.0,
+                    back.0,
+                    Ordering::SeqCst,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => {
+                        crash_point();
+                        held.word = back;
+                        // A sleeper's step was cut to the old lease end: it looks again
+                        // and sleeps to the new one (an expiry wakes nobody).
+                        if shortened && back.has_waiters() {
+                            self.wake(held.slot);
+                        }
+                        return Ok(());
+                    }
+                    Err(now) if Word(now).ident() == extending.ident() => cur = Word(now),
+                    Err(_) => {
+                        self.back_out(slot, extending);
+                        return Err(Lost);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives a hold up to its lease: it stays HELD until its deadline (or for good with
+    /// none), but no longer names its owner, so the owner's death does not free it. Does
+    /// nothing if the hold was lost already.
+    pub(crate) fn disown(&self, held: &Held) {
+        let slot = &self.slots()[held.slot];
+        loop {
+            let c = self.holder_word(slot, held);
+            if !self.owns(slot, c, held) {
+                return;
+            }
+            let nobody = Word::new(
+                State::Held,
+                c.tag(),
+                OwnerId::UNKNOWN,
+                c.gen().wrapping_add(1),
+                c,
+            );
+            let nobody = Word(nobody.0 | (c.0 & WAITERS));
+            if slot
+                .control
+                .compare_exchange(c.0, nobody.0, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+            {
+                crash_point();
+                return;
+            }
+        }
+    }
+
+    /// A fencing token for `held`: greater than the token of every earlier holder of the
+    /// key. Taken from the home's counter, then checked against the hold, so a holder that
+    /// lost its lease before asking gets `None`, never a token that outranks its successor.
+    /// The caller adds the file's token base.
+    pub(crate) fn token(&self, held: &Held) -> Option<u64> {
+        let slots = self.slots();
+        let t = slots[held.home]
+            .fence
+            .fetch_add(1, Ordering::SeqCst)
+            .wrapping_add(1);
+        crash_point();
+        let slot = &slots[held.slot];
+        let c = self.holder_word(slot, held);
+        if !self.owns(slot, c, held) {
+            return None;
+        }
+        // For inspection only: shown while the hold it names is the slot's.
+        let cold = self.cold(held.slot);
+        cold.token.store(t, Ordering::Relaxed);
+        cold.token_of.store(
+            token_label(c, held.lease, held.acquired_at),
+            Ordering::Release,
+        );
+        Some(t)
+    }
+}
+
+/// What a slot's cold line records of the hold whose token it shows: a hash of its owner,
+/// its lease (the owner's registry generation and thread) and when it began, which no
+/// other hold shares (short of a 64-bit hash collision).
+pub(super) fn token_label(c: Word, lease: u64, acquired_at: u64) -> u64 {
+    let mut bytes = [0u8; 20];
+    bytes[..4].copy_from_slice(&c.owner().bits().to_le_bytes());
+    bytes[4..12].copy_from_slice(&lease.to_le_bytes());
+    bytes[12..].copy_from_slice(&acquired_at.to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64(&bytes)
+}

@@ -1,0 +1,87 @@
+//! Looking without taking: where a key's live entry is, whether an entry's owner is dead,
+//! and consistent snapshots of the occupied slots.
+
+use super::hold::token_label;
+use super::{busy, Busy, Entry, Env, KeyHash, Seen, Slots, Table};
+use crate::shm::primitive::{fence, Ordering};
+use crate::shm::slot::{State, Word};
+
+impl<S: Slots, E: Env> Table<S, E> {
+    /// The live entry of a key, if any (no side effects).
+    pub(crate) fn find(&self, hash: KeyHash) -> Option<Busy> {
+        let slots = self.slots();
+        let home = hash.home(slots.len());
+        let now = self.now();
+        let reach = self.reach(home, Ordering::Acquire);
+        let mut d = 0;
+        while d <= reach {
+            let i = self.at(home, d);
+            let c = self.word(i, Ordering::Acquire);
+            match self.examine(&slots[i], c, hash, now) {
+                Seen::Changed => continue,
+                // held until the check ends, and most likely after it
+                Seen::Key | Seen::Stealing => return Some(busy(i, home, c, hash)),
+                _ => {}
+            }
+            d += 1;
+        }
+        None
+    }
+
+    /// Whether the owner recorded in an entry is dead, as the registry judges it.
+    pub(crate) fn is_owner_dead(&self, e: &Entry) -> bool {
+        match e.word.state() {
+            State::Free => false,
+            State::Held | State::Extending | State::Stealing => {
+                self.env.is_holder_dead(e.word.owner(), e.lease)
+            }
+            _ => self.env.is_dead(e.word.owner()),
+        }
+    }
+
+    /// Snapshots every occupied slot (for inspection; consistent per slot).
+    pub(crate) fn entries(&self) -> Vec<Entry> {
+        (0..self.slots().len())
+            .filter_map(|i| self.entry(i))
+            .collect()
+    }
+
+    /// A consistent snapshot of slot `i`, if it is occupied.
+    pub(super) fn entry(&self, i: usize) -> Option<Entry> {
+        let slot = &self.slots()[i];
+        let cold = self.cold(i);
+        let c = Word(slot.control.load(Ordering::Acquire));
+        if c.state() == State::Free {
+            return None;
+        }
+        let hash = KeyHash {
+            lo: slot.hash_lo.load(Ordering::Relaxed),
+            hi: slot.hash_hi.load(Ordering::Relaxed),
+        };
+        let deadline = slot.deadline.load(Ordering::Relaxed);
+        let acquired_at = slot.acquired_at.load(Ordering::Relaxed);
+        let lease = slot.lease.load(Ordering::Relaxed);
+        let token_of = cold.token_of.load(Ordering::Acquire);
+        let token = cold.token.load(Ordering::Relaxed);
+        let (key_len, preview) = cold.read_preview();
+        fence(Ordering::Acquire);
+        if Word(slot.control.load(Ordering::Relaxed)).ident() != c.ident() {
+            return None; // moved while read: not a consistent snapshot
+        }
+        Some(Entry {
+            slot: i as u32,
+            word: c,
+            hash,
+            deadline,
+            acquired_at,
+            lease,
+            token: if token_of == token_label(c, lease, acquired_at) {
+                token
+            } else {
+                0
+            },
+            key_len,
+            preview,
+        })
+    }
+}

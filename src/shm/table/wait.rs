@@ -1,0 +1,65 @@
+//! A waiter's side of a busy key: the flag it sets on the hold before it sleeps (see
+//! [`prepare_wait`](Table::prepare_wait) for why no wake-up is lost), the word it sleeps
+//! on, and the looks that tell it the key may be free.
+
+use std::time::Duration;
+
+use super::{Busy, Env, Prepared, Slots, Table};
+use crate::shm::primitive::{crash_point, AtomicU64, Ordering};
+use crate::shm::slot::{State, Word, WAITERS};
+
+impl<S: Slots, E: Env> Table<S, E> {
+    /// Before sleeping on a busy key: flags the busy slot's word as waited on, and says
+    /// what to do. The flag is set by one RMW on whatever the word is now (`lock or` on
+    /// x86: no load first, no CAS to fail while the holder cycles), then the word is read
+    /// back; only a hold of this key is slept on: the slot's control word while its low
+    /// half (state, waiters bit, tag, reach, the owner's low bits) still reads as it does
+    /// now. Whoever moves a flagged entry off its key wakes the sleepers on that word, and
+    /// a move before the sleep changes the low half, so the kernel refuses the sleep: no
+    /// lost wake-up. A bit left on a word that is not a hold (free, claimed, being
+    /// checked) is harmless: claims, promotions and frees drop it, and it costs at most a
+    /// wake-up nobody waits for.
+    pub(crate) fn prepare_wait(&self, b: &Busy) -> Prepared {
+        let slot = &self.slots()[b.slot];
+        slot.control.fetch_or(WAITERS, Ordering::SeqCst);
+        crash_point();
+        let c = Word(slot.control.load(Ordering::SeqCst));
+        match c.state() {
+            State::Held => {}
+            // A claim, a renewal or a check in progress: look again soon.
+            State::Claiming | State::Extending | State::Stealing => return Prepared::Poll,
+            State::Free | State::Broken => return Prepared::Changed,
+        }
+        if c.ident() != b.word.ident() {
+            // Another hold: wait on it only if it is a hold of this very key (its holder
+            // took it again meanwhile).
+            if c.tag() != b.word.tag() || self.hash_of(slot, c) != Some(b.hash) {
+                return Prepared::Changed;
+            }
+        }
+        if !c.has_waiters() {
+            return Prepared::Changed; // moved on between the flag and the read
+        }
+        Prepared::Sleep(c.0 as u32)
+    }
+
+    /// Whether the key may be free now: the busy slot no longer holds a hold of it (one
+    /// read, no write). A holder that released and took the key again counts as holding.
+    #[inline]
+    pub(crate) fn moved_on(&self, b: &Busy) -> bool {
+        let w = self.word(b.slot, Ordering::Relaxed);
+        w.state() != State::Held || w.tag() != b.word.tag()
+    }
+
+    /// How long the busy entry's lease has left on the table clock (`None`: it never
+    /// expires): a sleeper need not sleep past it, as nobody wakes anyone at expiry.
+    pub(crate) fn lease_left(&self, b: &Busy) -> Option<Duration> {
+        let deadline = self.slots()[b.slot].deadline.load(Ordering::Relaxed);
+        (deadline != u64::MAX).then(|| Duration::from_nanos(deadline.saturating_sub(self.now())))
+    }
+
+    /// The control word a waiter on slot `i` sleeps on (see [`Prepared::Sleep`]).
+    pub(crate) fn wait_word(&self, i: usize) -> &AtomicU64 {
+        &self.slots()[i].control
+    }
+}
