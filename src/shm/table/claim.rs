@@ -41,13 +41,38 @@
 //! kernel's locks (a fake registry lock table), or processes (threads stand in, a "crash"
 //! unwinds a thread at a chosen step and never runs it again).
 
-use super::{busy, Attempt, Env, Held, Lost, Request, Seen, Slots, Table, TableFull};
+use super::{
+    busy, Attempt, Busy, Env, Held, KeyHash, Lost, Request, Seen, Slots, Table, TableFull,
+};
 use crate::shm::clock::deadline;
 use crate::shm::primitive::{crash_point, Ordering};
 use crate::shm::slot::{Slot, State, Word, REACH_OVERFLOW};
 
 /// How many times a claim restarts after yielding to a rival before it reports the key busy.
 const MAX_RESTARTS: u32 = 16;
+
+/// What pass 1 found in a key's range.
+enum Scan {
+    /// The key is held here, or claimed here by a rival still at it (alive, not stalled).
+    Busy(Busy),
+    /// The key is not held: the first free slot is at this distance, with this word.
+    Free(usize, Word),
+    /// The key is not held, and there is no free slot.
+    Full,
+}
+
+/// What pass 2 found in a key's range.
+enum Rescan {
+    /// Nothing stands in the claim's way: publish it.
+    Clear,
+    /// The key is held, or claimed by a rival still at it (alive, not stalled): our claim
+    /// was taken back.
+    Busy(Busy),
+    /// A rival nearer home was claiming the key: our claim was taken back to let it finish,
+    /// and it did; start over (at most [`MAX_RESTARTS`] times, then report the key busy
+    /// here).
+    Yield(Busy),
+}
 
 impl<S: Slots, E: Env> Table<S, E> {
     /// One attempt to take `req.key`, without waiting for a holder.
@@ -198,6 +223,9 @@ impl<S: Slots, E: Env> Table<S, E> {
     }
 
     /// The general claim: two scans of the key's range, with rivals and stale entries.
+    /// Each round reads the home's claim count, scans the range (pass 1), claims the
+    /// nearest free slot, counts the claim, scans again if a rival was in flight (pass 2)
+    /// and publishes the hold; a round that loses a race starts over.
     #[inline(never)]
     pub(crate) fn try_acquire_slow(&self, req: &Request<'_>) -> Result<Attempt, TableFull> {
         let slots = self.slots();
@@ -220,58 +248,15 @@ impl<S: Slots, E: Env> Table<S, E> {
             // so pass 1 sees it (see "Why two live entries of one key cannot exist").
             let claims = slots[home].fence.load(Ordering::SeqCst);
             let reach = self.reach(home, Ordering::Acquire);
-            let mut free = None;
-            // A free home is the nearest place there is.
-            let hc = self.word(home, Ordering::SeqCst);
-            if hc.state() == State::Free && !cfg!(shmlock_broken) {
-                free = Some((0, hc));
-            }
-            // Pass 1: is the key held anywhere in its range, and where is the first free
-            // slot?
-            let mut d = 0;
-            while d < n {
-                if d > reach && free.is_some() {
-                    break;
-                }
-                let i = self.at(home, d);
-                let c = self.word(i, Ordering::SeqCst);
-                match self.examine(&slots[i], c, hash, now) {
-                    Seen::Free => {
-                        if free.is_none() {
-                            free = Some((d, c));
-                            // The classic mistake the protocol exists to avoid: stop at the
-                            // first free slot, as if the key could not be further on.
-                            #[cfg(shmlock_broken)]
-                            break;
-                        }
+            let (fd, fc) = match self.scan(home, reach, hash, now) {
+                Scan::Free(d, c) => (d, c),
+                Scan::Busy(b) => return Ok(Attempt::Busy(b)),
+                Scan::Full => {
+                    if self.reap_any(now) {
+                        continue 'restart;
                     }
-                    Seen::Changed => continue,
-                    // Beyond the reach read above, an entry of the key can only belong to a
-                    // claimer that published after that read: its count moves the home's
-                    // claim count, and pass 2 sees it.
-                    _ if d > reach => {}
-                    Seen::Other => {}
-                    Seen::Claiming => match self.settle(i, c) {
-                        Some(_) => continue,
-                        None => return Ok(Attempt::Busy(busy(i, home, c, hash))),
-                    },
-                    Seen::Key => return Ok(Attempt::Busy(busy(i, home, c, hash))),
-                    Seen::Expired => {
-                        self.steal(i, c);
-                        continue;
-                    }
-                    Seen::Stealing => {
-                        self.resolve_steal(i, c);
-                        continue;
-                    }
+                    return Err(TableFull);
                 }
-                d += 1;
-            }
-            let Some((fd, fc)) = free else {
-                if self.reap_any(now) {
-                    continue 'restart;
-                }
-                return Err(TableFull);
             };
 
             // Claim: make room in the reach first, so every later scan covers our slot.
@@ -308,76 +293,21 @@ impl<S: Slots, E: Env> Table<S, E> {
             }
 
             // Pass 2 (decisive when a rival was in flight): look at the whole range again.
-            let range = if rivals {
-                self.reach(home, Ordering::SeqCst).max(fd)
-            } else {
-                0
-            };
-            // The broken variant trusts pass 1 and skips the rescan.
-            #[cfg(shmlock_broken)]
-            let range = {
-                let _ = range;
-                0
-            };
-            let mut d = 0;
-            while rivals && d <= range {
-                if d == fd {
-                    d += 1;
-                    continue;
-                }
-                let i = self.at(home, d);
-                let c = self.word(i, Ordering::SeqCst);
-                match self.examine(&slots[i], c, hash, now) {
-                    Seen::Free | Seen::Other => {}
-                    Seen::Changed => continue,
-                    Seen::Expired => {
-                        self.steal(i, c);
-                        continue;
-                    }
-                    Seen::Stealing => {
-                        self.resolve_steal(i, c);
-                        continue;
-                    }
-                    Seen::Key => {
-                        self.withdraw(slot, claiming);
-                        return Ok(Attempt::Busy(busy(i, home, c, hash)));
-                    }
-                    Seen::Claiming if d < fd => {
-                        // A rival nearer home has priority: step aside, let it finish.
-                        self.withdraw(slot, claiming);
-                        let settled = self.settle(i, c);
+            if rivals {
+                match self.rescan(home, fd, slot, claiming, hash, now) {
+                    Rescan::Clear => {}
+                    Rescan::Busy(b) => return Ok(Attempt::Busy(b)),
+                    Rescan::Yield(b) => {
                         restarts += 1;
-                        if settled.is_none() || restarts > MAX_RESTARTS {
-                            return Ok(Attempt::Busy(busy(i, home, c, hash)));
+                        if restarts > MAX_RESTARTS {
+                            return Ok(Attempt::Busy(b));
                         }
                         continue 'restart;
                     }
-                    Seen::Claiming => match self.settle(i, c) {
-                        Some(_) => continue,
-                        None => {
-                            // The rival farther out may not have seen us: we cannot proceed.
-                            self.withdraw(slot, claiming);
-                            return Ok(Attempt::Busy(busy(i, home, c, hash)));
-                        }
-                    },
                 }
-                d += 1;
             }
 
-            let promoted = if direct && !Self::fields_say(slot, req, now, until) {
-                // Fields changed between the check and the CAS (see try_acquire_fast).
-                self.withdraw(slot, claiming);
-                restarts += 1;
-                if restarts > MAX_RESTARTS {
-                    return Ok(Attempt::Busy(busy(fi, home, claiming, hash)));
-                }
-                continue 'restart;
-            } else if direct {
-                Ok(claiming)
-            } else {
-                self.promote(slot, claiming)
-            };
-            match promoted {
+            match self.publish(slot, claiming, direct, req, now, until) {
                 Ok(word) => {
                     return Ok(Attempt::Acquired(Held {
                         slot: fi,
@@ -387,7 +317,8 @@ impl<S: Slots, E: Env> Table<S, E> {
                         acquired_at: now,
                     }))
                 }
-                // Broken as stalled while we scanned: start over.
+                // Broken as stalled while we scanned (or taken back, its fields changed):
+                // start over.
                 Err(Lost) => {
                     restarts += 1;
                     if restarts > MAX_RESTARTS {
@@ -397,6 +328,152 @@ impl<S: Slots, E: Env> Table<S, E> {
                 }
             }
         }
+    }
+
+    /// Publishes a claim that nothing stands in the way of: a CLAIMING one is promoted; one
+    /// made directly as HELD stands if its fields still say what its claim checked, and is
+    /// taken back otherwise. `Err(Lost)`: taken back, or broken as stalled meanwhile.
+    #[inline(always)]
+    fn publish(
+        &self,
+        slot: &Slot,
+        claiming: Word,
+        direct: bool,
+        req: &Request<'_>,
+        now: u64,
+        until: u64,
+    ) -> Result<Word, Lost> {
+        if direct && !Self::fields_say(slot, req, now, until) {
+            // Fields changed between the check and the CAS (see try_acquire_fast).
+            self.withdraw(slot, claiming);
+            Err(Lost)
+        } else if direct {
+            Ok(claiming)
+        } else {
+            self.promote(slot, claiming)
+        }
+    }
+
+    /// Pass 1: is the key held anywhere in its range, and where is the first free slot?
+    #[inline(always)]
+    fn scan(&self, home: usize, reach: usize, hash: KeyHash, now: u64) -> Scan {
+        let slots = self.slots();
+        let n = slots.len();
+        let mut free = None;
+        // A free home is the nearest place there is.
+        let hc = self.word(home, Ordering::SeqCst);
+        if hc.state() == State::Free && !cfg!(shmlock_broken) {
+            free = Some((0, hc));
+        }
+        let mut d = 0;
+        while d < n {
+            if d > reach && free.is_some() {
+                break;
+            }
+            let i = self.at(home, d);
+            let c = self.word(i, Ordering::SeqCst);
+            match self.examine(&slots[i], c, hash, now) {
+                Seen::Free => {
+                    if free.is_none() {
+                        free = Some((d, c));
+                        // The classic mistake the protocol exists to avoid: stop at the
+                        // first free slot, as if the key could not be further on.
+                        #[cfg(shmlock_broken)]
+                        break;
+                    }
+                }
+                Seen::Changed => continue,
+                // Beyond the reach read above, an entry of the key can only belong to a
+                // claimer that published after that read: its count moves the home's
+                // claim count, and pass 2 sees it.
+                _ if d > reach => {}
+                Seen::Other => {}
+                Seen::Claiming => match self.settle(i, c) {
+                    Some(_) => continue,
+                    None => return Scan::Busy(busy(i, home, c, hash)),
+                },
+                Seen::Key => return Scan::Busy(busy(i, home, c, hash)),
+                Seen::Expired => {
+                    self.steal(i, c);
+                    continue;
+                }
+                Seen::Stealing => {
+                    self.resolve_steal(i, c);
+                    continue;
+                }
+            }
+            d += 1;
+        }
+        match free {
+            Some((d, c)) => Scan::Free(d, c),
+            None => Scan::Full,
+        }
+    }
+
+    /// Pass 2, made when a rival was in flight: the whole range again but for our claim
+    /// (`claiming`, at distance `fd`), and what it finds decides.
+    #[inline(always)]
+    fn rescan(
+        &self,
+        home: usize,
+        fd: usize,
+        slot: &Slot,
+        claiming: Word,
+        hash: KeyHash,
+        now: u64,
+    ) -> Rescan {
+        let slots = self.slots();
+        let range = self.reach(home, Ordering::SeqCst).max(fd);
+        // The broken variant trusts pass 1 and skips the rescan.
+        #[cfg(shmlock_broken)]
+        let range = {
+            let _ = range;
+            0
+        };
+        let mut d = 0;
+        while d <= range {
+            if d == fd {
+                d += 1;
+                continue;
+            }
+            let i = self.at(home, d);
+            let c = self.word(i, Ordering::SeqCst);
+            match self.examine(&slots[i], c, hash, now) {
+                Seen::Free | Seen::Other => {}
+                Seen::Changed => continue,
+                Seen::Expired => {
+                    self.steal(i, c);
+                    continue;
+                }
+                Seen::Stealing => {
+                    self.resolve_steal(i, c);
+                    continue;
+                }
+                Seen::Key => {
+                    self.withdraw(slot, claiming);
+                    return Rescan::Busy(busy(i, home, c, hash));
+                }
+                Seen::Claiming if d < fd => {
+                    // A rival nearer home has priority: step aside, let it finish.
+                    self.withdraw(slot, claiming);
+                    let b = busy(i, home, c, hash);
+                    return match self.settle(i, c) {
+                        Some(_) => Rescan::Yield(b),
+                        None => Rescan::Busy(b),
+                    };
+                }
+                Seen::Claiming => match self.settle(i, c) {
+                    Some(_) => continue,
+                    None => {
+                        // The rival farther out may not have seen us: we cannot proceed.
+                        self.withdraw(slot, claiming);
+                        return Rescan::Busy(busy(i, home, c, hash));
+                    }
+                },
+            }
+            d += 1;
+        }
+        Rescan::Clear
     }
 
     /// Writes the fields of slot `i`, freshly claimed (owner-only, before promotion).

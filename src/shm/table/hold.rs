@@ -87,31 +87,43 @@ impl<S: Slots, E: Env> Table<S, E> {
             let shortened = until.saturating_add(TICK_NS) < slot.deadline.load(Ordering::Relaxed);
             slot.deadline.store(until, Ordering::Relaxed);
             crash_point();
-            // Nobody flags an EXTENDING word; only the reach may change meanwhile.
-            let mut cur = extending;
-            loop {
-                let back = Word(cur.next(State::Held).0 | (cur.0 & WAITERS));
-                match slot.control.compare_exchange(
-                    cur.0,
-                    back.0,
-                    Ordering::SeqCst,
-                    Ordering::Relaxed,
-                ) {
-                    Ok(_) => {
-                        crash_point();
-                        held.word = back;
-                        // A sleeper's step was cut to the old lease end: it looks again
-                        // and sleeps to the new one (an expiry wakes nobody).
-                        if shortened && back.has_waiters() {
-                            self.wake(held.slot);
-                        }
-                        return Ok(());
+            return self.end_extension(slot, held, extending, shortened);
+        }
+    }
+
+    /// Ends the renewal `extending` of `held`: EXTENDING → HELD, with the waiters and reach
+    /// bits as they are now; backs out if the renewal was broken as stalled meanwhile.
+    /// `shortened`: the deadline moved earlier, and sleepers are woken to look again.
+    #[inline]
+    fn end_extension(
+        &self,
+        slot: &Slot,
+        held: &mut Held,
+        extending: Word,
+        shortened: bool,
+    ) -> Result<(), Lost> {
+        // Nobody flags an EXTENDING word; only the reach may change meanwhile.
+        let mut cur = extending;
+        loop {
+            let back = Word(cur.next(State::Held).0 | (cur.0 & WAITERS));
+            match slot
+                .control
+                .compare_exchange(cur.0, back.0, Ordering::SeqCst, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    crash_point();
+                    held.word = back;
+                    // A sleeper's step was cut to the old lease end: it looks again and
+                    // sleeps to the new one (an expiry wakes nobody).
+                    if shortened && back.has_waiters() {
+                        self.wake(held.slot);
                     }
-                    Err(now) if Word(now).ident() == extending.ident() => cur = Word(now),
-                    Err(_) => {
-                        self.back_out(slot, extending);
-                        return Err(Lost);
-                    }
+                    return Ok(());
+                }
+                Err(now) if Word(now).ident() == extending.ident() => cur = Word(now),
+                Err(_) => {
+                    self.back_out(slot, extending);
+                    return Err(Lost);
                 }
             }
         }
