@@ -15,7 +15,7 @@ fn low_half(word: &AtomicU64) -> *const u32 {
     unsafe { word.as_ptr().cast::<u32>().add(at) }
 }
 
-/// Wakes every sleeper on the low half of `word` (see [`wait_low`]).
+/// Wakes every sleeper on the low half of `word` (see [`wait_low_until`]).
 pub(crate) fn wake_all_low(word: &AtomicU64) {
     wake_at(low_half(word));
 }
