@@ -11,6 +11,9 @@
 //! ignored in a debug build unless named on the command line or `SHMLOCK_SLOW` is set; a
 //! *known limit* (an attack that still succeeds, as the README's "Known limits" says) is
 //! left out of the suite and run only with `--known-limits`, where it is expected to fail.
+//!
+//! `--list` prints every test of the binary, one `NAME: test` line each (as libtest does),
+//! whatever its marks, and runs none.
 #![allow(dead_code)]
 
 use std::io::Write;
@@ -97,6 +100,17 @@ pub fn run(binary: &str, tests: &[Test], role: fn(&[String]) -> i32) -> ! {
         std::process::exit(role(&args[i + 1..]));
     }
     let filter = args.iter().skip(1).find(|a| !a.starts_with('-'));
+    if args.iter().any(|a| a == "--list") {
+        let listed: Vec<&Test> = tests
+            .iter()
+            .filter(|t| filter.is_none_or(|f| t.name.contains(f.as_str())))
+            .collect();
+        for test in &listed {
+            println!("{}: test", test.name);
+        }
+        println!("\n{} tests, 0 benchmarks", listed.len());
+        std::process::exit(0);
+    }
     let include_ignored = args.iter().any(|a| a == "--include-ignored");
     let only_ignored = args.iter().any(|a| a == "--ignored");
     let known_limits = args.iter().any(|a| a == "--known-limits");
