@@ -39,4 +39,4 @@ fi
 
 # The generation-wrap attacks need tens of millions of lock operations: a release build
 # runs them (the debug run above lists them as needing one).
-cargo test --release --test adversarial2
+cargo test --release --test generation_wraps
