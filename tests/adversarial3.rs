@@ -14,12 +14,12 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::fork::{fork, xorshift, Child, Shared};
+use common::fork::{fork, xorshift, Shared};
 use common::harness::Test;
-use common::probe::{await_word, mapping_base, wait_file};
+use common::probe::{await_word, mapping_base, registry_len, GdbStop, Proc, Spawned, Stage, Watch};
 use common::word::{gen, ident, state, GEN_MASK};
-use common::TempPath;
-use shmlock::{Error, LockOptions, LockTable};
+use common::{opts, TempPath};
+use shmlock::{Error, LockTable};
 
 const TESTS: &[Test] = &[
     Test::new(
@@ -85,81 +85,8 @@ fn main() {
 
 const K: &str = "review3:K";
 
-fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
-    LockOptions {
-        exptime: Duration::from_millis(exptime_ms),
-        timeout: Duration::from_millis(timeout_ms),
-        ..LockOptions::default()
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Helpers
-
-struct Proc(Option<Child>);
-impl Proc {
-    fn new(c: Child) -> Proc {
-        Proc(Some(c))
-    }
-    fn pid(&self) -> libc::pid_t {
-        self.0.as_ref().unwrap().0
-    }
-    fn kill(&mut self) {
-        if let Some(c) = self.0.take() {
-            c.kill();
-        }
-    }
-}
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// A spawned process (gdb), killed and reaped on drop.
-struct Spawned(std::process::Child);
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        // gdb runs in a process group of its own: its `shell` loops go with it
-        // SAFETY: signalling a process group this test made.
-        unsafe { libc::kill(-(self.0.id() as libc::pid_t), libc::SIGKILL) };
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct Watch {
-    map: memmap2::MmapRaw,
-    slots_at: usize,
-}
-impl Watch {
-    fn new(path: &Path) -> Watch {
-        use std::os::unix::fs::FileExt;
-        let f = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .unwrap();
-        let mut b = [0u8; 4];
-        f.read_exact_at(&mut b, 72).unwrap();
-        let entries = u64::from(u32::from_le_bytes(b));
-        let registry = (entries * 32).div_ceil(4096) * 4096;
-        Watch {
-            map: memmap2::MmapRaw::map_raw(&f).unwrap(),
-            slots_at: (4096 + registry) as usize,
-        }
-    }
-    fn word(&self, slot: usize, off: usize) -> u64 {
-        let at = self.slots_at + slot * 64 + off;
-        assert!(at + 8 <= self.map.len());
-        // SAFETY: in bounds, 8-aligned; only read, atomically.
-        unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add(at).cast::<u64>()) }
-            .load(Ordering::SeqCst)
-    }
-    fn control(&self, slot: usize) -> u64 {
-        self.word(slot, 0)
-    }
-}
 
 /// Where this process mapped `path` at offset 0 (what the registry records).
 fn mapping_start(path: &Path) -> usize {
@@ -173,39 +100,6 @@ fn mapping_start(path: &Path) -> usize {
         }
     }
     panic!("{} is not mapped", path.display());
-}
-
-/// gdb attached to `pid`: sets `setup` breakpoints/watchpoints, touches `attached`, runs
-/// until the first stop, touches `stopped`, then waits for `go` and detaches.
-fn gdb(pid: libc::pid_t, setup: &[String], flags: &Path) -> Spawned {
-    let (attached, stopped, go) = (
-        flags.join("attached"),
-        flags.join("stopped"),
-        flags.join("go"),
-    );
-    let wait_go = format!(
-        "shell i=0; while [ ! -e {} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done",
-        go.display()
-    );
-    let mut cmd = std::process::Command::new("gdb");
-    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    cmd.args(["-q", "-nx", "-batch", "-p", &pid.to_string()])
-        .args(["-ex", "set pagination off"]);
-    for s in setup {
-        cmd.args(["-ex", s]);
-    }
-    cmd.args(["-ex", &format!("shell touch {}", attached.display())])
-        .args(["-ex", "continue"])
-        .args(["-ex", &format!("shell touch {}", stopped.display())])
-        .args(["-ex", &wait_go, "-ex", "delete", "-ex", "detach"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let child = Spawned(cmd.spawn().unwrap());
-    assert!(
-        wait_file(&attached, Duration::from_secs(60)),
-        "gdb did not attach"
-    );
-    child
 }
 
 fn role(args: &[String]) -> i32 {
@@ -270,10 +164,8 @@ fn extending_dead_holder(reuses: usize) {
         .open(&path)
         .unwrap();
     let watch = Watch::new(path.as_ref());
-    let registry_len = watch.slots_at as u64 - 4096;
+    let registry_len = registry_len(path.as_ref());
     let shared = Shared::new(8);
-    let flags = TempPath::new("gdb-ext");
-    fs::create_dir_all(&flags.0).unwrap();
     let mut p = Proc::new(fork(|| {
         let t = LockTable::open(&path, 64).unwrap();
         // a 600 s lease, renewed below to "never expires" (the watchpoint needs a change)
@@ -296,30 +188,29 @@ fn extending_dead_holder(reuses: usize) {
     let addr = await_word(&shared, 1, Duration::from_secs(10));
     let slot = (await_word(&shared, 7, Duration::from_secs(1)) - 1) as usize;
     let inside = shared.word(6) as *const AtomicU64 as u64;
-    let _gdb = gdb(
+    let gdb = GdbStop::attach(
         p.pid(),
         &[
             format!("watch *(long*){addr:#x}"),
             format!("condition 1 *(long*){inside:#x} == 1"),
         ],
-        &flags.0,
     );
     shared.word(0).store(1, Ordering::SeqCst);
     assert!(
-        wait_file(&flags.0.join("stopped"), Duration::from_secs(30)),
+        gdb.stopped(Duration::from_secs(30)),
         "P never wrote its deadline"
     );
     let w = watch.control(slot);
     note!(
         "[P stopped after its deadline store; state {} deadline {:#x}] ",
         state(w),
-        watch.word(slot, 24)
+        watch.at(slot, 24).load(Ordering::SeqCst)
     );
     assert_eq!(state(w), 3, "P not stopped in EXTENDING (inconclusive)");
     // SIGKILL while EXTENDING (before gdb goes, so it cannot resume), then reap
     // SAFETY: signalling our own child, unreaped until p.kill(), so its pid is not reused.
     unsafe { libc::kill(p.pid(), libc::SIGKILL) };
-    drop(_gdb);
+    drop(gdb);
     p.kill();
     for _ in 0..reuses {
         let c = fork(|| match LockTable::open(&path, 64) {
@@ -462,11 +353,10 @@ fn control_exec_with_aslr_frees_the_old_images_keys() {
 fn stopped_stealer(
     path: &TempPath,
     slot: usize,
-    flags: &Path,
     shared: &Shared,
     exptime_ms: u64,
-) -> (Proc, Spawned) {
-    let registry_len = Watch::new(path.as_ref()).slots_at as u64 - 4096;
+) -> (Proc, GdbStop) {
+    let registry_len = registry_len(path.as_ref());
     let s = Proc::new(fork(|| {
         let t = LockTable::open(path, 64).unwrap();
         let base = mapping_base(&path.0) as u64;
@@ -486,17 +376,16 @@ fn stopped_stealer(
         0
     }));
     let addr = await_word(shared, 1, Duration::from_secs(10));
-    let g = gdb(
+    let g = GdbStop::attach(
         s.pid(),
         &[
             format!("watch *(long*){addr:#x}"),
             format!("condition 1 (*(long*){addr:#x} & 7) == 5"),
         ],
-        flags,
     );
     shared.word(0).store(1, Ordering::SeqCst);
     assert!(
-        wait_file(&flags.join("stopped"), Duration::from_secs(30)),
+        g.stopped(Duration::from_secs(30)),
         "S never froze the entry"
     );
     (s, g)
@@ -512,10 +401,8 @@ fn stealer_killed_while_stealing_an_expired_live_holders_key_blocks_nobody() {
     let mut h = table.lock(K, opts(50, 1_000)).unwrap();
     let (_, slot) = table.debug_placement(K).unwrap();
     let shared = Shared::new(8);
-    let flags = TempPath::new("gdb-sk");
-    fs::create_dir_all(&flags.0).unwrap();
     std::thread::sleep(Duration::from_millis(80)); // H's lease runs out
-    let (mut s, g) = stopped_stealer(&path, slot, &flags.0, &shared, 60_000);
+    let (mut s, g) = stopped_stealer(&path, slot, &shared, 60_000);
     let w = watch.control(slot);
     note!("[S stopped, slot state {}] ", state(w));
     assert_eq!(state(w), 5, "S not stopped in STEALING (inconclusive)");
@@ -574,9 +461,7 @@ fn stealer_killed_while_stealing_a_dead_holders_key_blocks_nobody() {
     let slot = (flag.word(1).load(Ordering::SeqCst) - 1) as usize;
     hp.kill();
     let shared = Shared::new(8);
-    let flags = TempPath::new("gdb-skd");
-    fs::create_dir_all(&flags.0).unwrap();
-    let (mut s, g) = stopped_stealer(&path, slot, &flags.0, &shared, 60_000);
+    let (mut s, g) = stopped_stealer(&path, slot, &shared, 60_000);
     assert_eq!(state(watch.control(slot)), 5, "inconclusive");
     // SAFETY: signalling our own child, unreaped until s.kill(), so its pid is not reused.
     unsafe { libc::kill(s.pid(), libc::SIGKILL) };
@@ -604,9 +489,7 @@ fn stealer_stopped_while_stealing_resumes_after_the_key_changed_hands() {
     std::mem::forget(h);
     std::thread::sleep(Duration::from_millis(80));
     let shared = Shared::new(8);
-    let flags = TempPath::new("gdb-ss");
-    fs::create_dir_all(&flags.0).unwrap();
-    let (mut s, g) = stopped_stealer(&path, slot, &flags.0, &shared, 60_000);
+    let (mut s, g) = stopped_stealer(&path, slot, &shared, 60_000);
     assert_eq!(state(watch.control(slot)), 5, "inconclusive");
     // W: another table handle in this process would share its owner: fork W
     let wflag = Shared::new(4);
@@ -631,13 +514,7 @@ fn stealer_stopped_while_stealing_resumes_after_the_key_changed_hands() {
     }));
     let w_got = await_word(&wflag, 0, Duration::from_secs(10)) == 1;
     // let the slot move on a few times under W's hold (renewals are W's; here: nothing)
-    fs::write(flags.0.join("go"), b"").unwrap();
-    let mut g = g;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while g.0.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "gdb did not detach");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    g.release();
     // S resumes; give it 200 ms to finish its look
     std::thread::sleep(Duration::from_millis(200));
     let s_got = shared.word(3).load(Ordering::SeqCst);
@@ -999,7 +876,7 @@ fn second_order_wrap_frees_a_live_hold() {
     let path = TempPath::new("wrap2");
     let table = LockTable::open(&path, 64).unwrap();
     let watch = Watch::new(path.as_ref());
-    let registry_len = watch.slots_at as u64 - 4096;
+    let registry_len = registry_len(path.as_ref());
     let a = table
         .try_lock_with_lease(K, Duration::from_millis(1))
         .unwrap()
@@ -1009,8 +886,6 @@ fn second_order_wrap_frees_a_live_hold() {
     std::thread::sleep(Duration::from_millis(20)); // H1 runs out
     let shared = Shared::new(16);
     // S3: stopped after its look (deadline read), then after its freeze
-    let f3 = TempPath::new("gdb-s3");
-    fs::create_dir_all(&f3.0).unwrap();
     let mut s3 = Proc::new(fork(|| {
         let t = LockTable::open(&path, 64).unwrap();
         let base = mapping_base(&path.0) as u64 + registry_len + slot as u64 * 64;
@@ -1024,45 +899,21 @@ fn second_order_wrap_frees_a_live_hold() {
         0
     }));
     let base3 = await_word(&shared, 1, Duration::from_secs(10));
-    let wait = |f: &Path| {
-        format!(
-            "shell i=0; while [ ! -e {} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done",
-            f.display()
-        )
-    };
-    let j = |n: &str| f3.0.join(n);
-    let _gdb3 = Spawned(
-        std::os::unix::process::CommandExt::process_group(
-            &mut std::process::Command::new("gdb"),
-            0,
-        )
-        .args(["-q", "-nx", "-batch", "-p", &s3.pid().to_string()])
-        .args(["-ex", "set pagination off"])
-        .args(["-ex", &format!("rwatch *(long*){:#x}", base3 + 24)])
-        .args(["-ex", &format!("shell touch {}", j("attached").display())])
-        .args(["-ex", "continue"])
-        .args(["-ex", &format!("shell touch {}", j("stopped1").display())])
-        .args(["-ex", &wait(&j("go1")), "-ex", "delete"])
-        .args(["-ex", &format!("watch *(long*){base3:#x}")])
-        .args(["-ex", &format!("condition 2 (*(long*){base3:#x} & 7) == 5")])
-        .args(["-ex", "continue"])
-        .args(["-ex", &format!("shell touch {}", j("stopped2").display())])
-        .args(["-ex", &wait(&j("go2")), "-ex", "delete", "-ex", "detach"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap(),
+    let gdb3 = GdbStop::attach_stages(
+        s3.pid(),
+        &[
+            Stage::new(&[format!("rwatch *(long*){:#x}", base3 + 24)]),
+            Stage::new(&[
+                "delete".to_string(),
+                format!("watch *(long*){base3:#x}"),
+                format!("condition 2 (*(long*){base3:#x} & 7) == 5"),
+            ]),
+        ],
     );
-    assert!(wait_file(&j("attached"), Duration::from_secs(60)));
     shared.word(0).store(1, Ordering::SeqCst);
-    assert!(
-        wait_file(&j("stopped1"), Duration::from_secs(30)),
-        "S3 never looked"
-    );
+    assert!(gdb3.reached(0, Duration::from_secs(30)), "S3 never looked");
     assert_eq!(watch.control(slot), wa, "inconclusive (S3)");
     // S1: freezes H1, stopped after reading the lease in resolve_steal
-    let f1 = TempPath::new("gdb-s1");
-    fs::create_dir_all(&f1.0).unwrap();
     let mut s1 = Proc::new(fork(|| {
         let t = LockTable::open(&path, 64).unwrap();
         let base = mapping_base(&path.0) as u64 + registry_len + slot as u64 * 64;
@@ -1076,16 +927,9 @@ fn second_order_wrap_frees_a_live_hold() {
         0
     }));
     let base1 = await_word(&shared, 5, Duration::from_secs(10));
-    let gdb1 = gdb(
-        s1.pid(),
-        &[format!("rwatch *(long*){:#x}", base1 + 32)],
-        &f1.0,
-    );
+    let gdb1 = GdbStop::attach(s1.pid(), &[format!("rwatch *(long*){:#x}", base1 + 32)]);
     shared.word(4).store(1, Ordering::SeqCst);
-    assert!(
-        wait_file(&f1.0.join("stopped"), Duration::from_secs(30)),
-        "S1 never froze"
-    );
+    assert!(gdb1.stopped(Duration::from_secs(30)), "S1 never froze");
     let w1 = watch.control(slot);
     note!(
         "[S3 stopped before its freeze; S1 stopped in resolve_steal, word state {}] ",
@@ -1128,25 +972,19 @@ fn second_order_wrap_frees_a_live_hold() {
     );
     assert_eq!(ident(wb), ident(wa), "inconclusive (wrap)");
     // S3 resumes and freezes H2
-    fs::write(j("go1"), b"").unwrap();
+    gdb3.resume(0);
     assert!(
-        wait_file(&j("stopped2"), Duration::from_secs(30)),
+        gdb3.reached(1, Duration::from_secs(30)),
         "S3 never froze H2"
     );
     let w3 = watch.control(slot);
     note!("[S3 froze H2: state {}] ", state(w3));
     // S1 resumes
-    fs::write(f1.0.join("go"), b"").unwrap();
-    let mut gdb1 = gdb1;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while gdb1.0.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "gdb did not detach");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    gdb1.release();
     std::thread::sleep(Duration::from_millis(200));
     let s1_got = shared.word(6).load(Ordering::SeqCst) == 1;
     let b_renews = b.expire(Some(Duration::from_secs(600)));
-    fs::write(j("go2"), b"").unwrap();
+    gdb3.resume(1);
     note!(
         "[S1 {} K; this process's H2 then renews: {b_renews:?}] ",
         if s1_got { "TOOK" } else { "did not take" }

@@ -9,11 +9,13 @@ use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use common::fork::{fork, Child, Shared};
-use common::forking::{arm_alarm, locate_before_fork, mask_alarm, on_alarm, Openers};
+use common::forking::{
+    arm_alarm, interrupted_in_before_fork, mask_alarm, on_alarm, watch_for_before_fork, Openers,
+};
 use common::harness::Test;
 use common::probe::{
     await_word, describe_hang, describe_threads, flagging_waiter, header_u64, mapping_base,
@@ -426,26 +428,13 @@ fn nested_fork_signal() {
 //      opener threads), except that the handler's child returns from the handler instead
 //      of _exit. It goes on with the interrupted fork, then tries to open a table.
 
-extern "C" {
-    fn backtrace(buf: *mut *mut libc::c_void, size: libc::c_int) -> libc::c_int;
-}
-static BF_LO: AtomicU64 = AtomicU64::new(0);
-static BF_HI: AtomicU64 = AtomicU64::new(0);
 static HF_DONE: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_alarm_fork_and_return(_: libc::c_int) {
     if HF_DONE.load(Ordering::Relaxed) {
         return;
     }
-    let mut buf = [std::ptr::null_mut::<libc::c_void>(); 32];
-    // SAFETY: backtrace into a local 32-entry buffer, warmed up before the timer is armed
-    // (so it loads no library in this handler).
-    let n = unsafe { backtrace(buf.as_mut_ptr(), 32) };
-    let (lo, hi) = (BF_LO.load(Ordering::Relaxed), BF_HI.load(Ordering::Relaxed));
-    if !buf[..n.max(0) as usize]
-        .iter()
-        .any(|&f| (f as u64) >= lo && (f as u64) < hi)
-    {
+    if !interrupted_in_before_fork() {
         return;
     }
     HF_DONE.store(true, Ordering::Relaxed);
@@ -462,12 +451,7 @@ fn timer_nested() {
     let c = fork(move || {
         // SAFETY: setpgid(0, 0) only moves this forked child into a group of its own.
         unsafe { libc::setpgid(0, 0) }; // its own group: killed whole at the end
-        let (lo, hi) = locate_before_fork();
-        BF_LO.store(lo, Ordering::Relaxed);
-        BF_HI.store(hi, Ordering::Relaxed);
-        let mut buf = [std::ptr::null_mut::<libc::c_void>(); 4];
-        // SAFETY: backtrace into a local 4-entry buffer (warm-up: it loads libgcc).
-        unsafe { backtrace(buf.as_mut_ptr(), 4) };
+        watch_for_before_fork();
         mask_alarm(true);
         let openers = Openers::start(&p, 2);
         mask_alarm(false);

@@ -15,11 +15,12 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::fork::{fork, Child, Shared};
+use common::fork::{_Fork, fork, Shared};
 use common::harness::Test;
-use common::probe::await_word;
-use common::TempPath;
-use shmlock::{LockOptions, LockTable};
+use common::ns::{bind, private_mount_ns, BOOT_ID_FILE};
+use common::probe::{await_word, close_from_3, Proc};
+use common::{opts, TempPath};
+use shmlock::LockTable;
 
 const TESTS: &[Test] = &[
     Test::new(
@@ -93,35 +94,6 @@ fn main() {
 }
 
 const K: &str = "review4:K";
-
-fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
-    LockOptions {
-        exptime: Duration::from_millis(exptime_ms),
-        timeout: Duration::from_millis(timeout_ms),
-        ..LockOptions::default()
-    }
-}
-
-struct Proc(Option<Child>);
-impl Proc {
-    fn new(c: Child) -> Proc {
-        Proc(Some(c))
-    }
-}
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.take() {
-            c.kill();
-        }
-    }
-}
-
-fn close_from_3() {
-    // SAFETY: closes descriptors 3 and up; the caller owns nothing there it still needs
-    // (Shared is a mapping, its file is closed).
-    let rc = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
-    assert_eq!(rc, 0);
-}
 
 /// `fd -> target` for every open descriptor of this process.
 fn fds() -> String {
@@ -709,42 +681,14 @@ fn a_child_never_maps_the_table_over_its_own_memory() {
 //    attaches while (a) a holder that closed every descriptor holds K, (b) the worker of
 //    attack 1 (registered through a description that is gone) holds K.
 
-const BOOT_ID_FILE: &str = "/proc/sys/kernel/random/boot_id";
-
 /// In a forked child: a private mount namespace where the boot id reads another id, then
 /// opens `path`; exit code 0 if the open worked.
 fn newcomer_with_other_boot_id(path: &Path) -> i32 {
     let fake = TempPath::new("bootid");
     fs::write(&fake, "0badc0de-1111-4222-8333-444455556666\n").unwrap();
     let c = fork(|| {
-        use std::ffi::CString;
-        // SAFETY: plain syscalls on C strings we own.
-        unsafe {
-            assert_eq!(libc::unshare(libc::CLONE_NEWNS), 0);
-            let root = CString::new("/").unwrap();
-            assert_eq!(
-                libc::mount(
-                    std::ptr::null(),
-                    root.as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_REC | libc::MS_PRIVATE,
-                    std::ptr::null()
-                ),
-                0
-            );
-            let src = CString::new(fake.0.to_str().unwrap()).unwrap();
-            let dst = CString::new(BOOT_ID_FILE).unwrap();
-            assert_eq!(
-                libc::mount(
-                    src.as_ptr(),
-                    dst.as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_BIND,
-                    std::ptr::null()
-                ),
-                0
-            );
-        }
+        private_mount_ns();
+        bind(fake.0.to_str().unwrap(), BOOT_ID_FILE);
         let seen = fs::read_to_string(BOOT_ID_FILE).unwrap();
         assert!(seen.starts_with("0badc0de"));
         match LockTable::open(path, 64) {
@@ -1036,10 +980,6 @@ fn a_child_at_its_fd_limit_never_keeps_the_parents_registration() {
 //     handlers), a raw clone(SIGCHLD) syscall, clone3, and a grandchild of a child that
 //     used the library. The child (a) must not take K while its parent holds it, and
 //     (b) must not keep its parent's keys after the parent dies.
-
-extern "C" {
-    fn _Fork() -> libc::pid_t;
-}
 
 fn spawn_kind(kind: &str, f: impl FnOnce() -> i32) -> libc::pid_t {
     // SAFETY: single-threaded process; the child runs f and _exits.

@@ -15,12 +15,13 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::fork::{fork, xorshift, Child, Shared};
-use common::forking::arm_alarm_in;
+use common::fork::{_Fork, fork, xorshift, Child, Shared};
+use common::forking::{arm_alarm_in, backtrace, on_alarm};
 use common::harness::Test;
-use common::probe::{await_word, describe_hang, monitor};
-use common::TempPath;
-use shmlock::{LockOptions, LockTable, SharedDict};
+use common::ns::{bind, private_mount_ns, BOOT_ID_FILE};
+use common::probe::{await_word, describe_hang, monitor, ofd_locks_on};
+use common::{opts, TempPath};
+use shmlock::{LockTable, SharedDict};
 
 const TESTS: &[Test] = &[
     Test::new(
@@ -79,33 +80,8 @@ fn main() {
 
 const K: &str = "review5:K";
 
-fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
-    LockOptions {
-        exptime: Duration::from_millis(exptime_ms),
-        timeout: Duration::from_millis(timeout_ms),
-        ..LockOptions::default()
-    }
-}
-
 fn cstr(s: &str) -> CString {
     CString::new(s).unwrap()
-}
-
-fn private_mount_ns() {
-    // SAFETY: plain syscalls on C strings we own.
-    unsafe {
-        assert_eq!(libc::unshare(libc::CLONE_NEWNS), 0);
-        assert_eq!(
-            libc::mount(
-                std::ptr::null(),
-                cstr("/").as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null()
-            ),
-            0
-        );
-    }
 }
 
 fn mount_overlay(base: &Path) -> PathBuf {
@@ -131,20 +107,6 @@ fn mount_overlay(base: &Path) -> PathBuf {
     };
     assert_eq!(rc, 0, "mount overlay: {}", std::io::Error::last_os_error());
     merged
-}
-
-fn ofd_locks_on(ino: u64) -> Vec<String> {
-    fs::read_to_string("/proc/locks")
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| {
-            l.split_whitespace()
-                .nth(5)
-                .and_then(|f| f.rsplit(':').next())
-                .is_some_and(|i| i == ino.to_string())
-        })
-        .map(str::to_string)
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -250,17 +212,6 @@ extern "C" fn on_alarm_fork(_: libc::c_int) {
     }
 }
 
-fn install(handler: extern "C" fn(libc::c_int), sig: libc::c_int) {
-    // SAFETY: installing a handler with a zeroed sigaction.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = handler as usize;
-        sa.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut sa.sa_mask);
-        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
-    }
-}
-
 fn fork_in_signal_handler_during_open() {
     let path = TempPath::new("sigfork");
     drop(LockTable::open(&path, 64).unwrap());
@@ -268,7 +219,7 @@ fn fork_in_signal_handler_during_open() {
     let c = fork(|| {
         // SAFETY: children are reaped by the kernel.
         unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
-        install(on_alarm_fork, libc::SIGALRM);
+        on_alarm(on_alarm_fork);
         let mut x = 0x9e3779b97f4a7c15u64 ^ std::process::id() as u64;
         for i in 0..4000u64 {
             arm_alarm_in(1 + xorshift(&mut x) % 120);
@@ -299,10 +250,6 @@ fn fork_in_signal_handler_during_open() {
 //    returns a handle whose registration is the parent's, with the child's fork epoch, so
 //    the child takes the parent's owner id for its own; its drop leaves the parent's entry.
 
-extern "C" {
-    fn _Fork() -> libc::pid_t;
-}
-
 static CHILD_PID: AtomicI32 = AtomicI32::new(0);
 static IN_CHILD: AtomicBool = AtomicBool::new(false);
 static USE_FORK: AtomicBool = AtomicBool::new(false);
@@ -312,9 +259,6 @@ static PIN_LO: AtomicU64 = AtomicU64::new(0);
 static PIN_LEN: AtomicU64 = AtomicU64::new(0);
 static BASE: AtomicU64 = AtomicU64::new(0);
 static SKIPPED: AtomicU64 = AtomicU64::new(0);
-extern "C" {
-    fn backtrace(buf: *mut *mut libc::c_void, size: libc::c_int) -> libc::c_int;
-}
 
 fn exe_base() -> u64 {
     let maps = fs::read_to_string("/proc/self/maps").unwrap();
@@ -386,7 +330,7 @@ fn adopt_trials(use_fork: bool) {
             PIN_LO.store(it.next().unwrap(), Ordering::Relaxed);
             PIN_LEN.store(it.next().unwrap(), Ordering::Relaxed);
         }
-        install(on_alarm_adopt, libc::SIGALRM);
+        on_alarm(on_alarm_adopt);
         let mut x = 0x1234_5678_9abc_def1u64 ^ std::process::id() as u64;
         let mut windows = 0u64;
         for trial in 1..=3000u64 {
@@ -621,8 +565,6 @@ fn fork_starvation_many_openers() {
 //    writing): another process's open waits in `join` up to 10 s, inside an anchor's
 //    setup, and every fork of that process waits as long.
 
-const BOOT_ID_FILE: &str = "/proc/sys/kernel/random/boot_id";
-
 fn fork_stalled_by_stopped_resetter() {
     common::harness::require_root();
     let path = TempPath::new("reset-stall");
@@ -631,19 +573,7 @@ fn fork_stalled_by_stopped_resetter() {
     // the table is made by a process of "another boot"; big, so that its reset takes a while
     let maker = fork(|| {
         private_mount_ns();
-        // SAFETY: bind-mounting a file we own.
-        unsafe {
-            assert_eq!(
-                libc::mount(
-                    cstr(fake.0.to_str().unwrap()).as_ptr(),
-                    cstr(BOOT_ID_FILE).as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_BIND,
-                    std::ptr::null()
-                ),
-                0
-            );
-        }
+        bind(fake.0.to_str().unwrap(), BOOT_ID_FILE);
         drop(LockTable::open(&path, 1 << 22).unwrap());
         0
     });

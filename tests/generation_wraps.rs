@@ -16,16 +16,16 @@ mod common;
 use std::ffi::CString;
 use std::fs;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::fork::{fork, Child, Shared};
+use common::fork::{fork, Shared};
 use common::harness::Test;
-use common::probe::{await_word, mapping_base, wait_file};
+use common::probe::{await_word, close_from_3, mapping_base, registry_len, GdbStop, Proc, Watch};
 use common::word::{gen, ident, state, GEN_MASK};
-use common::TempPath;
-use shmlock::{Error, LockOptions, LockTable};
+use common::{opts, TempPath};
+use shmlock::{Error, LockTable};
 
 const TESTS: &[Test] = &[
     Test::new(
@@ -119,39 +119,8 @@ fn role(args: &[String]) -> i32 {
 
 const K: &str = "review2:K";
 
-fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
-    LockOptions {
-        exptime: Duration::from_millis(exptime_ms),
-        timeout: Duration::from_millis(timeout_ms),
-        ..LockOptions::default()
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Helpers
-
-/// A child killed (and reaped) on drop.
-struct Proc(Option<Child>);
-
-impl Proc {
-    fn new(c: Child) -> Proc {
-        Proc(Some(c))
-    }
-    fn pid(&self) -> libc::pid_t {
-        self.0.as_ref().unwrap().0
-    }
-    fn kill(&mut self) {
-        if let Some(c) = self.0.take() {
-            c.kill();
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 /// The descriptors of process `pid` that name the file with inode `ino`.
 fn fds_of_inode(pid: libc::pid_t, ino: u64) -> Vec<String> {
@@ -170,41 +139,6 @@ fn fds_of_inode(pid: libc::pid_t, ino: u64) -> Vec<String> {
         }
     }
     out
-}
-
-/// A read-write mapping of a lock table file, to watch a slot's control word (never
-/// written by these tests).
-struct Watch {
-    map: memmap2::MmapRaw,
-    slots_at: usize,
-}
-
-impl Watch {
-    fn new(path: &Path) -> Watch {
-        use std::os::unix::fs::FileExt;
-        let f = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .unwrap();
-        let mut b = [0u8; 4];
-        f.read_exact_at(&mut b, 72).unwrap();
-        let entries = u64::from(u32::from_le_bytes(b));
-        let registry = (entries * 32).div_ceil(4096) * 4096;
-        Watch {
-            map: memmap2::MmapRaw::map_raw(&f).unwrap(),
-            slots_at: (4096 + registry) as usize,
-        }
-    }
-
-    fn control(&self, slot: usize) -> u64 {
-        let at = self.slots_at + slot * 64;
-        assert!(at + 8 <= self.map.len());
-        // SAFETY: in bounds, 8-aligned (page-aligned base, 64-byte slots), and the table
-        // only ever accesses this word atomically.
-        unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add(at).cast::<u64>()) }
-            .load(Ordering::SeqCst)
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -336,15 +270,8 @@ fn a_claimer_stopped_before_its_direct_claim_never_publishes_stale_fields() {
         p
     };
     assert_eq!(home, slot);
-    let registry_len = watch.slots_at as u64 - 4096;
+    let registry_len = registry_len(path.as_ref());
     let shared = Shared::new(8);
-    let flags = TempPath::new("gdb-flags2");
-    fs::create_dir_all(&flags.0).unwrap();
-    let (attached, stopped, go) = (
-        flags.0.join("attached"),
-        flags.0.join("stopped"),
-        flags.0.join("go"),
-    );
     let mut p = Proc::new(fork(|| {
         let t = LockTable::open(&path, 64).unwrap();
         let base = mapping_base(&path.0) as u64;
@@ -379,27 +306,16 @@ fn a_claimer_stopped_before_its_direct_claim_never_publishes_stale_fields() {
     }));
     let addr = await_word(&shared, 1, Duration::from_secs(10));
     let inside = shared.word(6) as *const AtomicU64 as u64;
-    let wait_go = format!("shell while [ ! -e {} ]; do sleep 0.01; done", go.display());
-    let mut gdb = std::process::Command::new("gdb")
-        .args(["-q", "-nx", "-batch", "-p", &p.pid().to_string()])
-        .args(["-ex", "set pagination off"])
-        .args(["-ex", &format!("rwatch *(long*){addr:#x}")])
-        .args(["-ex", &format!("condition 1 *(long*){inside:#x} == 1")])
-        .args(["-ex", &format!("shell touch {}", attached.display())])
-        .args(["-ex", "continue"])
-        .args(["-ex", &format!("shell touch {}", stopped.display())])
-        .args(["-ex", &wait_go, "-ex", "delete", "-ex", "detach"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(
-        wait_file(&attached, Duration::from_secs(30)),
-        "gdb did not attach"
+    let gdb = GdbStop::attach(
+        p.pid(),
+        &[
+            format!("rwatch *(long*){addr:#x}"),
+            format!("condition 1 *(long*){inside:#x} == 1"),
+        ],
     );
     shared.word(0).store(1, Ordering::SeqCst);
     assert!(
-        wait_file(&stopped, Duration::from_secs(30)),
+        gdb.stopped(Duration::from_secs(30)),
         "P never read the fields"
     );
     let w0 = watch.control(slot);
@@ -439,8 +355,7 @@ fn a_claimer_stopped_before_its_direct_claim_never_publishes_stale_fields() {
     );
     assert_eq!(w1, w0, "could not bring the word back (inconclusive)");
     shared.word(2).store(1, Ordering::SeqCst);
-    fs::write(&go, b"").unwrap();
-    let _ = gdb.wait();
+    gdb.release();
     let p_holds = await_word(&shared, 3, Duration::from_secs(10)) == 1;
     std::thread::sleep(Duration::from_millis(20));
     let other = table
@@ -488,15 +403,8 @@ fn a_waiter_stopped_before_stealing_an_expired_hold_never_frees_a_fresh_one() {
     let (_, slot) = table.debug_placement(K).unwrap();
     let wa = watch.control(slot);
     std::thread::sleep(Duration::from_millis(20)); // A runs out
-    let registry_len = watch.slots_at as u64 - 4096;
+    let registry_len = registry_len(path.as_ref());
     let shared = Shared::new(8);
-    let flags = TempPath::new("gdb-flags3");
-    fs::create_dir_all(&flags.0).unwrap();
-    let (attached, stopped, go) = (
-        flags.0.join("attached"),
-        flags.0.join("stopped"),
-        flags.0.join("go"),
-    );
     let mut w = Proc::new(fork(|| {
         let t = LockTable::open(&path, 64).unwrap();
         let base = mapping_base(&path.0) as u64;
@@ -514,26 +422,10 @@ fn a_waiter_stopped_before_stealing_an_expired_hold_never_frees_a_fresh_one() {
         0
     }));
     let addr = await_word(&shared, 1, Duration::from_secs(10));
-    let wait_go = format!("shell while [ ! -e {} ]; do sleep 0.01; done", go.display());
-    let mut gdb = std::process::Command::new("gdb")
-        .args(["-q", "-nx", "-batch", "-p", &w.pid().to_string()])
-        .args(["-ex", "set pagination off"])
-        .args(["-ex", &format!("rwatch *(long*){addr:#x}")])
-        .args(["-ex", &format!("shell touch {}", attached.display())])
-        .args(["-ex", "continue"])
-        .args(["-ex", &format!("shell touch {}", stopped.display())])
-        .args(["-ex", &wait_go, "-ex", "delete", "-ex", "detach"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(
-        wait_file(&attached, Duration::from_secs(30)),
-        "gdb did not attach"
-    );
+    let gdb = GdbStop::attach(w.pid(), &[format!("rwatch *(long*){addr:#x}")]);
     shared.word(0).store(1, Ordering::SeqCst);
     assert!(
-        wait_file(&stopped, Duration::from_secs(30)),
+        gdb.stopped(Duration::from_secs(30)),
         "W never read the deadline"
     );
     assert_eq!(
@@ -575,8 +467,7 @@ fn a_waiter_stopped_before_stealing_an_expired_hold_never_frees_a_fresh_one() {
         }
     );
     assert_eq!(ident(wb), ident(wa), "inconclusive");
-    fs::write(&go, b"").unwrap();
-    let _ = gdb.wait();
+    gdb.release();
     let w_got = await_word(&shared, 3, Duration::from_secs(10)) == 1;
     let b_renews = b.expire(Some(Duration::from_secs(600)));
     drop(a);
@@ -672,9 +563,7 @@ fn a_process_that_closed_its_descriptors_after_opening_is_never_given_a_shared_k
     let flag = Shared::new(2);
     let _d = Proc::new(fork(|| {
         let t = LockTable::open(&path, 64).unwrap();
-        // SAFETY: closes descriptors; nothing else runs in this child.
-        let rc = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
-        assert_eq!(rc, 0);
+        close_from_3();
         let _logs: Vec<fs::File> = (0..4)
             .map(|_| fs::File::open("/dev/null").unwrap())
             .collect();
@@ -742,9 +631,7 @@ fn a_newcomer_never_takes_the_registry_entry_of_a_process_that_closed_its_descri
     let flag = Shared::new(1);
     let mut d = Proc::new(fork(|| {
         let t = LockTable::open(&path, 64).unwrap();
-        // SAFETY: closes descriptors; nothing else runs in this child.
-        let rc = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
-        assert_eq!(rc, 0);
+        close_from_3();
         let g = t.lock(K, opts(0, 1_000)).unwrap();
         std::mem::forget(g);
         flag.word(0).store(1, Ordering::SeqCst);

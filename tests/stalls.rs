@@ -17,11 +17,13 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::fork::{fork, xorshift, Child, Shared};
+use common::fork::{_Fork, fork, xorshift, Child, Shared};
 use common::harness::{require_root, Test};
-use common::probe::{await_word, mapping_base, wait_file};
-use common::TempPath;
-use shmlock::{Error, HolderState, Lock, LockOptions, LockTable};
+use common::probe::{
+    await_word, cont, header_u64, mapping_base, proc_state, stop, GdbStop, Proc, Stage,
+};
+use common::{opts, TempPath};
+use shmlock::{Error, HolderState, Lock, LockTable};
 
 const ROOT_NS: &str = "needs root: time namespaces";
 
@@ -126,76 +128,8 @@ fn main() {
 
 const K: &str = "review:K";
 
-fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
-    LockOptions {
-        exptime: Duration::from_millis(exptime_ms),
-        timeout: Duration::from_millis(timeout_ms),
-        ..LockOptions::default()
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Process helpers
-
-/// A child killed (and reaped) on drop.
-struct Proc(Option<Child>);
-
-impl Proc {
-    fn new(c: Child) -> Proc {
-        Proc(Some(c))
-    }
-    fn pid(&self) -> libc::pid_t {
-        self.0.as_ref().unwrap().0
-    }
-    fn wait(&mut self, limit: Duration) -> i32 {
-        let c = self.0.take().unwrap();
-        c.wait(limit)
-    }
-    fn try_wait(&mut self) -> Option<i32> {
-        let pid = self.pid();
-        let mut status = 0;
-        // SAFETY: our own child.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            self.0 = None;
-            return Some(if libc::WIFEXITED(status) {
-                libc::WEXITSTATUS(status)
-            } else {
-                128 + libc::WTERMSIG(status)
-            });
-        }
-        None
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.take() {
-            c.kill();
-        }
-    }
-}
-
-fn proc_state(pid: libc::pid_t) -> Option<u8> {
-    let stat = fs::read(format!("/proc/{pid}/stat")).ok()?;
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    stat.get(close + 2).copied()
-}
-
-fn stop(pid: libc::pid_t) {
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !matches!(proc_state(pid), Some(b'T' | b't')) {
-        assert!(Instant::now() < deadline, "{pid} did not stop");
-        std::thread::yield_now();
-    }
-}
-
-fn cont(pid: libc::pid_t) {
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(pid, libc::SIGCONT) };
-}
 
 /// The descriptors of this process that name `path`.
 fn fds_naming(path: &Path) -> Vec<i32> {
@@ -695,10 +629,6 @@ fn an_opener_whose_main_thread_exited_never_misreads_its_clock() {
 // ---------------------------------------------------------------------------------------
 // F: children made without the fork handler
 
-extern "C" {
-    fn _Fork() -> libc::pid_t;
-}
-
 /// glibc's `_Fork` (POSIX 2024; async-signal-safe fork) runs no atfork handlers, so the
 /// child keeps the parent's memory as it was: its copy of the parent's guard must still
 /// know it is not the child's (dropping it must not release the parent's hold).
@@ -944,13 +874,6 @@ fn chaos_with_sigstop_and_sigkill() {
 // ---------------------------------------------------------------------------------------
 // F: the dict's reach is raised with a plain store, by writers that may have been taken over
 
-fn header_u64(path: &Path, at: u64) -> u64 {
-    let f = fs::File::open(path).unwrap();
-    let mut b = [0u8; 8];
-    f.read_exact_at(&mut b, at).unwrap();
-    u64::from_le_bytes(b)
-}
-
 /// A writer W is stopped (by a debugger, standing in for SIGSTOP or an overloaded machine)
 /// inside `place`, between its load of the home's reach and its store of the new reach.
 /// Another process takes the writer lock over after the bound and stores two keys of the
@@ -990,9 +913,6 @@ fn a_dict_writer_stopped_inside_place_never_lowers_reach() {
     let never = Duration::ZERO;
     d.set(x.as_str(), "x", never).unwrap(); // distance 0
     let shared = Shared::new(4);
-    let flags = TempPath::new("gdb-flags");
-    fs::create_dir_all(&flags.0).unwrap();
-    let (attached, stopped) = (flags.0.join("attached"), flags.0.join("stopped"));
     let mut w = Proc::new(fork(|| {
         let base = mapping_base(&path.0) as u64;
         let addr = base + registry_len + 4096 + h * slot_size + 6 * 8;
@@ -1005,25 +925,14 @@ fn a_dict_writer_stopped_inside_place_never_lowers_reach() {
         0
     }));
     let addr = await_word(&shared, 1, Duration::from_secs(10));
-    let mut gdb = std::process::Command::new("gdb")
-        .args(["-q", "-nx", "-batch", "-p", &w.pid().to_string()])
-        .args(["-ex", "set pagination off"])
-        .args(["-ex", &format!("rwatch *(long*){addr:#x}")])
-        .args(["-ex", &format!("shell touch {}", attached.display())])
-        .args(["-ex", "continue", "-ex", "continue"])
-        .args(["-ex", &format!("shell touch {}", stopped.display())])
-        .args(["-ex", "shell sleep 3", "-ex", "delete", "-ex", "detach"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(
-        wait_file(&attached, Duration::from_secs(30)),
-        "gdb did not attach"
+    // W is held at its second read of the reach.
+    let gdb = GdbStop::attach_stages(
+        w.pid(),
+        &[Stage::new(&[format!("rwatch *(long*){addr:#x}")]).at_hit(2)],
     );
     shared.word(0).store(1, Ordering::SeqCst);
     assert!(
-        wait_file(&stopped, Duration::from_secs(30)),
+        gdb.stopped(Duration::from_secs(30)),
         "W never read the reach twice"
     );
     assert_eq!(
@@ -1037,7 +946,7 @@ fn a_dict_writer_stopped_inside_place_never_lowers_reach() {
     let took_over = t0.elapsed();
     d.set(k2.as_str(), "old", never).unwrap();
     let before = d.get(k2.as_str()).unwrap().map(|i| i.value);
-    let _ = gdb.wait();
+    gdb.release();
     await_word(&shared, 2, Duration::from_secs(10));
     let _ = w.wait(Duration::from_secs(10));
     let after_resume = d.get(k2.as_str()).unwrap().map(|i| i.value);
@@ -1064,7 +973,6 @@ fn a_dict_writer_stopped_inside_place_never_lowers_reach() {
         show(&after_set),
         show(&after_delete)
     );
-    let _ = fs::remove_dir_all(&flags.0);
     assert_eq!(show(&after_resume), "old", "a stored key became invisible");
     assert_eq!(copies, 1, "two entries for one key");
     assert_eq!(

@@ -11,14 +11,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use common::fork::{fork, Child, Shared};
-use common::forking::{arm_alarm, locate_before_fork, mask_alarm, on_alarm, Openers};
+use common::fork::{fork, xorshift, Child, Shared};
+use common::forking::{
+    arm_alarm, interrupted_in_before_fork, mask_alarm, on_alarm, watch_for_before_fork, Openers,
+};
 use common::harness::Test;
 use common::probe::{
-    await_word, flagging_waiter, header_u64, mapping_base, monitor, mono_ns, place, registry_len,
-    GdbStop, Proc, Spawned, Watch,
+    await_word, flagging_waiter, header_u64, mapping_base, monitor, mono_ns, place, proc_state,
+    registry_len, GdbStop, Proc, Spawned, Watch,
 };
-use common::TempPath;
+use common::{opts, TempPath};
 use shmlock::{LockOptions, LockTable};
 
 const TESTS: &[Test] = &[
@@ -64,14 +66,6 @@ const TESTS: &[Test] = &[
 
 fn main() {
     common::harness::run("adversarial6", TESTS, common::harness::no_roles);
-}
-
-fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
-    LockOptions {
-        exptime: Duration::from_millis(exptime_ms),
-        timeout: Duration::from_millis(timeout_ms),
-        ..LockOptions::default()
-    }
 }
 
 /// In a forked child: whether it inherited a descriptor of inode `ino` that holds an OFD
@@ -192,26 +186,10 @@ fn two_forkers() {
 //     takes a signal whose handler forks: the nested fork's handlers count in and out,
 //     and the outer fork still completes.
 
-extern "C" {
-    fn backtrace(buf: *mut *mut libc::c_void, size: libc::c_int) -> libc::c_int;
-}
-static BF_LO: AtomicU64 = AtomicU64::new(0);
-static BF_HI: AtomicU64 = AtomicU64::new(0);
-static SKIPPED: AtomicU64 = AtomicU64::new(0);
-
 extern "C" fn on_alarm_fork(_: libc::c_int) {
     // fork only when the interrupted thread is inside shmlock's before_fork (glibc's own
     // fork is not reentrant anywhere else)
-    let mut buf = [std::ptr::null_mut::<libc::c_void>(); 32];
-    // SAFETY: backtrace into a local 32-entry buffer, warmed up before the timer is armed
-    // (so it loads no library in this handler).
-    let n = unsafe { backtrace(buf.as_mut_ptr(), 32) };
-    let (lo, hi) = (BF_LO.load(Ordering::Relaxed), BF_HI.load(Ordering::Relaxed));
-    if !buf[..n.max(0) as usize]
-        .iter()
-        .any(|&f| (f as u64) >= lo && (f as u64) < hi)
-    {
-        SKIPPED.fetch_add(1, Ordering::Relaxed);
+    if !interrupted_in_before_fork() {
         return;
     }
     // SAFETY: fork in a signal handler (async-signal-safe in POSIX.1-2017); the child
@@ -244,13 +222,7 @@ fn handler_fork_in_before_fork() {
             shared.word(2) as *const AtomicU64 as *mut AtomicU64,
             Ordering::Relaxed,
         );
-        let (lo, hi) = locate_before_fork();
-        BF_LO.store(lo, Ordering::Relaxed);
-        BF_HI.store(hi, Ordering::Relaxed);
-        // warm backtrace up (it loads libgcc on first use)
-        let mut buf = [std::ptr::null_mut::<libc::c_void>(); 4];
-        // SAFETY: backtrace into a local 4-entry buffer (warm-up: it loads libgcc).
-        unsafe { backtrace(buf.as_mut_ptr(), 4) };
+        watch_for_before_fork();
         // SAFETY: SIG_IGN for SIGCHLD installs no handler; the kernel reaps the children.
         unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
         mask_alarm(true);
@@ -496,16 +468,6 @@ fn control_lost_wakeup_k2_unflagged() {
 //    controller SIGSTOPs workers (20-900 ms, past the 500 ms bound, under the 3 s lease)
 //    and SIGKILLs them (respawned).
 
-fn proc_state(pid: u32) -> Option<u8> {
-    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    s.rsplit(')')
-        .next()?
-        .split_whitespace()
-        .next()?
-        .bytes()
-        .next()
-}
-
 const CK: usize = 18;
 
 fn crowd_keys(path: &Path) -> Vec<String> {
@@ -538,12 +500,7 @@ fn crowd_worker(path: &Path, keys: &[String], sh: &Shared, seed: u64) -> i32 {
     let t = LockTable::open(path, 64).unwrap();
     let me = std::process::id() as u64;
     let mut x = seed | 1;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = || xorshift(&mut x);
     while sh.word(0).load(Ordering::Relaxed) == 0 {
         let r = next();
         let ki = (r % CK as u64) as usize;
@@ -574,7 +531,7 @@ fn crowd_worker(path: &Path, keys: &[String], sh: &Shared, seed: u64) -> i32 {
             match occ.compare_exchange(0, me, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => break,
                 Err(p) => {
-                    if matches!(proc_state(p as u32), Some(b'Z') | None) {
+                    if matches!(proc_state(p as libc::pid_t), Some(b'Z') | None) {
                         // a killed holder's record: its key was rightly taken
                         let _ = occ.compare_exchange(p, 0, Ordering::SeqCst, Ordering::SeqCst);
                         continue;
@@ -626,12 +583,7 @@ fn crowded_chaos() {
     let deadline = Instant::now() + Duration::from_secs(secs);
     let (mut kills, mut stops) = (0u64, 0u64);
     let mut x = 0x5eed_u64;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = || xorshift(&mut x);
     let mut seed = 1000;
     while Instant::now() < deadline {
         std::thread::sleep(Duration::from_micros(2000 + next() % 13_000));
@@ -651,7 +603,7 @@ fn crowded_chaos() {
             let pid = workers[i].0;
             // SAFETY: killing our own child, reaped only below, so the pid is still its.
             unsafe { libc::kill(pid, libc::SIGKILL) };
-            while proc_state(pid as u32) != Some(b'Z') {
+            while proc_state(pid) != Some(b'Z') {
                 std::thread::sleep(Duration::from_micros(200));
             }
             for k in 0..CK {

@@ -10,6 +10,12 @@ use memmap2::MmapRaw;
 
 use super::TempPath;
 
+extern "C" {
+    /// glibc's `_Fork` (POSIX.1-2024): an async-signal-safe fork that runs no atfork
+    /// handlers.
+    pub fn _Fork() -> libc::pid_t;
+}
+
 /// A forked child process.
 pub struct Child(pub libc::pid_t);
 

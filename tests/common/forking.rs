@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -66,6 +66,42 @@ pub fn locate_before_fork() -> (u64, u64) {
     (base + off, base + off + len)
 }
 
+extern "C" {
+    /// glibc's `backtrace(3)`: the return addresses of the calling thread's frames.
+    pub fn backtrace(buf: *mut *mut libc::c_void, size: libc::c_int) -> libc::c_int;
+}
+
+/// Where the library's `before_fork` lies at run time (see [`watch_for_before_fork`]).
+static BEFORE_FORK_LO: AtomicU64 = AtomicU64::new(0);
+static BEFORE_FORK_HI: AtomicU64 = AtomicU64::new(0);
+
+/// Readies [`interrupted_in_before_fork`]: finds the library's `before_fork` and warms
+/// `backtrace` up (it loads libgcc on first use, which a signal handler must not do).
+pub fn watch_for_before_fork() {
+    let (lo, hi) = locate_before_fork();
+    BEFORE_FORK_LO.store(lo, Ordering::Relaxed);
+    BEFORE_FORK_HI.store(hi, Ordering::Relaxed);
+    let mut buf = [std::ptr::null_mut::<libc::c_void>(); 4];
+    // SAFETY: backtrace into a local 4-entry buffer (warm-up: it loads libgcc).
+    unsafe { backtrace(buf.as_mut_ptr(), 4) };
+}
+
+/// In a signal handler: whether the thread it interrupted is inside the library's
+/// `before_fork` (after [`watch_for_before_fork`]).
+pub fn interrupted_in_before_fork() -> bool {
+    let mut buf = [std::ptr::null_mut::<libc::c_void>(); 32];
+    // SAFETY: backtrace into a local 32-entry buffer, warmed up by watch_for_before_fork
+    // (so it loads no library in a signal handler).
+    let n = unsafe { backtrace(buf.as_mut_ptr(), 32) };
+    let (lo, hi) = (
+        BEFORE_FORK_LO.load(Ordering::Relaxed),
+        BEFORE_FORK_HI.load(Ordering::Relaxed),
+    );
+    buf[..n.max(0) as usize]
+        .iter()
+        .any(|&f| (f as u64) >= lo && (f as u64) < hi)
+}
+
 /// Blocks or unblocks SIGALRM in the calling thread (threads started meanwhile inherit it).
 pub fn mask_alarm(block: bool) {
     // SAFETY: zeroed storage is a valid sigset_t for sigemptyset; the mask changes only
@@ -92,7 +128,7 @@ pub fn on_alarm(handler: extern "C" fn(libc::c_int)) {
         sa.sa_sigaction = handler as usize;
         sa.sa_flags = libc::SA_RESTART;
         libc::sigemptyset(&mut sa.sa_mask);
-        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        assert_eq!(libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut()), 0);
     }
 }
 

@@ -15,6 +15,7 @@ macro_rules! note {
 pub mod fork;
 pub mod forking;
 pub mod harness;
+pub mod ns;
 pub mod probe;
 #[cfg(feature = "redis")]
 pub mod redis_server;
@@ -22,6 +23,17 @@ pub mod word;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Lock options with a lease of `exptime_ms` (0: never expires) and a wait of at most
+/// `timeout_ms`, the rest as by default.
+pub fn opts(exptime_ms: u64, timeout_ms: u64) -> shmlock::LockOptions {
+    shmlock::LockOptions {
+        exptime: Duration::from_millis(exptime_ms),
+        timeout: Duration::from_millis(timeout_ms),
+        ..shmlock::LockOptions::default()
+    }
+}
 
 /// A table path that is removed when dropped.
 pub struct TempPath(pub PathBuf);

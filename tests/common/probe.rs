@@ -1,6 +1,8 @@
 //! Looking into a table from outside the library, for the tests that stop processes at
 //! exact points: the header's fields, where a key lands, a slot's words, the table's
-//! mapping in this process; and guards that kill what a test started.
+//! mapping in this process; stopping processes (SIGSTOP, or gdb at an instruction or a
+//! system call) and watching them (hang monitors, stacks); and guards that kill what a
+//! test started.
 #![allow(dead_code)]
 
 use std::fs;
@@ -133,18 +135,47 @@ pub fn stat_fields(stat: &str) -> Vec<&str> {
         .collect()
 }
 
-/// A forked child, killed on drop.
+/// A forked child, killed (and reaped) on drop.
 pub struct Proc(pub Option<Child>);
 impl Proc {
+    pub fn new(c: Child) -> Proc {
+        Proc(Some(c))
+    }
     pub fn pid(&self) -> libc::pid_t {
         self.0.as_ref().unwrap().0
+    }
+    /// Waits for the child's exit code; kills it and panics after `limit` (see
+    /// [`Child::wait`]).
+    pub fn wait(&mut self, limit: Duration) -> i32 {
+        let c = self.0.take().unwrap();
+        c.wait(limit)
+    }
+    /// The child's exit code (128 + the signal if it was killed), if it has ended.
+    pub fn try_wait(&mut self) -> Option<i32> {
+        let pid = self.pid();
+        let mut status = 0;
+        // SAFETY: our own child; status is a valid out-pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            self.0 = None;
+            return Some(if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::WTERMSIG(status)
+            });
+        }
+        None
+    }
+    /// SIGKILLs and reaps the child (if it was not waited for already).
+    pub fn kill(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.kill();
+        }
     }
 }
 impl Drop for Proc {
     fn drop(&mut self) {
-        if let Some(c) = self.0.take() {
-            c.kill();
-        }
+        self.kill();
     }
 }
 /// A spawned program, killed with its process group on drop.
@@ -159,17 +190,51 @@ impl Drop for Spawned {
     }
 }
 
-/// A process held by gdb where breakpoint 1 (made by the given gdb commands) first hits,
-/// until [`release`](GdbStop::release)d.
+/// One stop of a process held by gdb (see [`GdbStop::attach_stages`]): the gdb commands
+/// that make its breakpoints (and delete earlier ones), and how many hits to run through
+/// (`continue`s) before the process is held.
+pub struct Stage {
+    pub commands: Vec<String>,
+    pub hits: usize,
+}
+
+impl Stage {
+    /// The process is held where the breakpoints `commands` make first hit.
+    pub fn new(commands: &[String]) -> Stage {
+        Stage {
+            commands: commands.to_vec(),
+            hits: 1,
+        }
+    }
+
+    /// Held at the `n`th hit instead of the first.
+    pub fn at_hit(mut self, n: usize) -> Stage {
+        self.hits = n;
+        self
+    }
+}
+
+/// A process held by gdb at chosen points, until [`release`](GdbStop::release)d: where
+/// breakpoint 1 (made by the given gdb commands) first hits, or at each of several
+/// [`Stage`]s in turn.
 pub struct GdbStop {
     flags: super::TempPath,
     gdb: Spawned,
+    stages: usize,
 }
 
 impl GdbStop {
     /// Attaches gdb to `pid` with the commands that make breakpoint 1, and waits until it
     /// is attached (the process then runs on to the breakpoint).
     pub fn attach(pid: libc::pid_t, breakpoint: &[String]) -> GdbStop {
+        GdbStop::attach_stages(pid, &[Stage::new(breakpoint)])
+    }
+
+    /// Attaches gdb to `pid` and waits until it is attached. gdb then holds the process at
+    /// each stage in turn: it runs the stage's commands, lets the process run through the
+    /// stage's hits, and holds it there until [`resume`](GdbStop::resume)d (or for at most
+    /// 10 minutes); after the last stage it deletes every breakpoint and detaches.
+    pub fn attach_stages(pid: libc::pid_t, stages: &[Stage]) -> GdbStop {
         use std::os::unix::process::CommandExt;
         let flags = super::TempPath::new("gdb");
         fs::create_dir_all(&flags.0).unwrap();
@@ -178,19 +243,25 @@ impl GdbStop {
         cmd.process_group(0)
             .args(["-q", "-nx", "-batch", "-p", &pid.to_string()])
             .args(["-ex", "set pagination off"]);
-        for c in breakpoint {
-            cmd.args(["-ex", c]);
-        }
-        cmd.args(["-ex", &flag("attached"), "-ex", "continue"])
-            .args(["-ex", &flag("stopped")])
-            .args([
+        for (i, stage) in stages.iter().enumerate() {
+            for c in &stage.commands {
+                cmd.args(["-ex", c]);
+            }
+            if i == 0 {
+                cmd.args(["-ex", &flag("attached")]);
+            }
+            for _ in 0..stage.hits {
+                cmd.args(["-ex", "continue"]);
+            }
+            cmd.args(["-ex", &flag(&format!("stopped-{i}"))]).args([
                 "-ex",
                 &format!(
-                    "shell i=0; while [ ! -e {} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done",
-                    flags.0.join("go").display()
+                    "shell i=0; while [ ! -e {} ] && [ $i -lt 60000 ]; do sleep 0.01; i=$((i+1)); done",
+                    flags.0.join(format!("go-{i}")).display()
                 ),
-            ])
-            .args(["-ex", "delete", "-ex", "detach"])
+            ]);
+        }
+        cmd.args(["-ex", "delete", "-ex", "detach"])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
         let gdb = Spawned(cmd.spawn().unwrap());
@@ -198,7 +269,11 @@ impl GdbStop {
             wait_file(&flags.0.join("attached"), Duration::from_secs(60)),
             "gdb did not attach"
         );
-        GdbStop { flags, gdb }
+        GdbStop {
+            flags,
+            gdb,
+            stages: stages.len(),
+        }
     }
 
     /// [`attach`](GdbStop::attach) with breakpoint 1 at the process's futex system call on
@@ -213,14 +288,26 @@ impl GdbStop {
         )
     }
 
-    /// Whether the process reached the breakpoint within `limit`.
+    /// Whether the process reached the (first) stop within `limit`.
     pub fn stopped(&self, limit: Duration) -> bool {
-        wait_file(&self.flags.0.join("stopped"), limit)
+        self.reached(0, limit)
     }
 
-    /// Lets the process go on, and waits for gdb to detach.
+    /// Whether the process reached stage `stage`'s stop within `limit`.
+    pub fn reached(&self, stage: usize, limit: Duration) -> bool {
+        wait_file(&self.flags.0.join(format!("stopped-{stage}")), limit)
+    }
+
+    /// Lets the process go on from stage `stage`'s stop (to the next stage, if any).
+    pub fn resume(&self, stage: usize) {
+        fs::write(self.flags.0.join(format!("go-{stage}")), b"").unwrap();
+    }
+
+    /// Lets the process go on from every stop left, and waits for gdb to detach.
     pub fn release(mut self) {
-        fs::write(self.flags.0.join("go"), b"").unwrap();
+        for stage in 0..self.stages {
+            self.resume(stage);
+        }
         let deadline = Instant::now() + Duration::from_secs(20);
         while self.gdb.0.try_wait().unwrap().is_none() {
             assert!(Instant::now() < deadline, "gdb did not detach");
@@ -233,6 +320,53 @@ impl Drop for GdbStop {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.flags.0);
     }
+}
+
+/// The state letter of `/proc/<pid>/stat` (`R`, `S`, `T`, `Z`, ...); `None` if gone.
+pub fn proc_state(pid: libc::pid_t) -> Option<u8> {
+    let stat = fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    stat.get(close + 2).copied()
+}
+
+/// SIGSTOPs `pid` (a child of the test) and waits until the kernel shows it stopped.
+pub fn stop(pid: libc::pid_t) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !matches!(proc_state(pid), Some(b'T' | b't')) {
+        assert!(Instant::now() < deadline, "{pid} did not stop");
+        std::thread::yield_now();
+    }
+}
+
+/// SIGCONTs `pid` (a child of the test).
+pub fn cont(pid: libc::pid_t) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+}
+
+/// Closes every descriptor from 3 up, as a daemonizing program does (`close_range`).
+pub fn close_from_3() {
+    // SAFETY: closes descriptors 3 and up; the caller owns nothing there it still needs
+    // (Shared is a mapping, its file is closed).
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    assert_eq!(rc, 0);
+}
+
+/// The lines of `/proc/locks` about the file with inode `ino`.
+pub fn ofd_locks_on(ino: u64) -> Vec<String> {
+    fs::read_to_string("/proc/locks")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(5)
+                .and_then(|f| f.rsplit(':').next())
+                .is_some_and(|i| i == ino.to_string())
+        })
+        .map(str::to_string)
+        .collect()
 }
 
 /// What each thread of `pid` is doing: its state, its CPU time (utime + stime ticks), its
