@@ -83,7 +83,7 @@ fn main() {
     common::harness::run("adversarial3", TESTS, role);
 }
 
-const K: &str = "review3:K";
+const K: &str = "K";
 
 // ---------------------------------------------------------------------------------------
 // Helpers
@@ -597,7 +597,7 @@ fn inspection_names_the_dead_holder_not_the_64th_reuser() {
 //    whether that process is dead (killed by the parent, who sets its tombstone).
 
 fn chaos_many_stealers_reapers_stop_and_kill() {
-    let path = TempPath::new("chaos3");
+    let path = TempPath::new("chaos-stealers");
     let _table = LockTable::open(&path, 64).unwrap();
     const N: usize = 6;
     // word 0: current holder pid; 1: violations; 2: acquisitions; 3..3+N: tombstones

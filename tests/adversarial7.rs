@@ -442,7 +442,7 @@ extern "C" fn on_alarm_fork_and_return(_: libc::c_int) {
 }
 
 fn timer_nested() {
-    let dir = PathBuf::from(format!("/dev/shm/r7-timer-{}", std::process::id()));
+    let dir = PathBuf::from(format!("/dev/shm/shmlock-test-timer-{}", std::process::id()));
     fs::create_dir_all(&dir).unwrap();
     let path = dir.join("t");
     drop(LockTable::open(&path, 64).unwrap());
@@ -665,7 +665,7 @@ fn locked_fds_of(pid: i32, ino: u64) -> usize {
         .unwrap_or_default();
         if info.contains("lock:") {
             n += 1;
-            if std::env::var_os("R7_SHOW").is_some() {
+            if std::env::var_os("SHMLOCK_SHOW_LOCKS").is_some() {
                 eprintln!(
                     "fd {:?} of {pid}: {}",
                     e.file_name(),
@@ -1057,7 +1057,7 @@ fn gen_wrap_lost_wakeup() {
     let mut seen = std::collections::HashMap::new();
     let (k1, k2) = (0..200_000)
         .find_map(|i| {
-            let k = format!("r7g:{i}");
+            let k = format!("g:{i}");
             let (home, _) = place(seed, n, &k);
             seen.insert(home, k.clone()).map(|prev| (prev, k))
         })

@@ -93,7 +93,7 @@ fn main() {
     common::harness::run("adversarial4", TESTS, common::harness::no_roles);
 }
 
-const K: &str = "review4:K";
+const K: &str = "K";
 
 /// `fd -> target` for every open descriptor of this process.
 fn fds() -> String {
@@ -634,7 +634,7 @@ fn a_child_never_maps_the_table_over_its_own_memory() {
             // over the program's memory. (Using `a` itself now would be the program's own
             // use-after-unmap: it took that memory away from the child.)
             let b = LockTable::open(TempPath::new("dontfork-other"), 64).unwrap();
-            let r = b.lock("review4:other", opts(1_000, 1_000)).map(drop);
+            let r = b.lock("other", opts(1_000, 1_000)).map(drop);
             // SAFETY: as above.
             let still = unsafe { std::slice::from_raw_parts(buf, len) }
                 .iter()
@@ -937,7 +937,7 @@ fn a_child_at_its_fd_limit_never_keeps_the_parents_registration() {
             drop(hog);
             // SAFETY: old is the valid rlimit getrlimit filled in; it restores this child's limit.
             unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &old) };
-            let later = a.lock("review4:mine", opts(1_000, 100)).map(drop);
+            let later = a.lock("mine", opts(1_000, 100)).map(drop);
             let u = LockTable::open(&other, 64).unwrap();
             let uses = u.lock("x", opts(1_000, 100)).map(drop);
             eprintln!(
@@ -1053,7 +1053,7 @@ fn fork_kinds() {
                 let _mid = fork(|| {
                     flag.word(3)
                         .store(std::process::id() as u64, Ordering::SeqCst);
-                    let _ = a.lock("review4:mid", opts(1_000, 1_000)).map(drop);
+                    let _ = a.lock("mid", opts(1_000, 1_000)).map(drop);
                     let _gc = spawn_kind("fork", body);
                     std::thread::sleep(Duration::from_secs(15));
                     0

@@ -78,7 +78,7 @@ fn main() {
     common::harness::run("adversarial5", TESTS, common::harness::no_roles);
 }
 
-const K: &str = "review5:K";
+const K: &str = "K";
 
 fn cstr(s: &str) -> CString {
     CString::new(s).unwrap()
@@ -165,7 +165,7 @@ fn a_table_on_overlayfs_is_refused_not_judged_dead() {
     common::harness::require_root();
     let c = fork(|| {
         private_mount_ns();
-        let base = PathBuf::from(format!("/tmp/review5-ovl-{}", std::process::id()));
+        let base = PathBuf::from(format!("/tmp/shmlock-test-ovl-{}", std::process::id()));
         let merged = mount_overlay(&base);
         let table = LockTable::open(merged.join("table"), 64).map(drop);
         let dict = SharedDict::open(merged.join("dict"), 64, 64).map(drop);
@@ -189,7 +189,7 @@ fn a_table_on_overlayfs_is_refused_not_judged_dead() {
 }
 
 fn control_tmpfs_live_holder() {
-    let dir = PathBuf::from(format!("/dev/shm/review5-ctl-{}", std::process::id()));
+    let dir = PathBuf::from(format!("/dev/shm/shmlock-test-ctl-{}", std::process::id()));
     fs::create_dir_all(&dir).unwrap();
     let r = live_holder_check(&dir);
     let _ = fs::remove_dir_all(&dir);
@@ -274,7 +274,7 @@ extern "C" fn on_alarm_adopt(_: libc::c_int) {
     if CHILD_PID.load(Ordering::Relaxed) != 0 || IN_CHILD.load(Ordering::Relaxed) {
         return;
     }
-    // optionally: no fork while Anchor::pin is on the stack (REVIEW5_PIN=start,len offsets)
+    // optionally: no fork while Anchor::pin is on the stack (SHMLOCK_FORK_PIN=start,len offsets)
     let (lo, len) = (
         PIN_LO.load(Ordering::Relaxed),
         PIN_LEN.load(Ordering::Relaxed),
@@ -315,7 +315,7 @@ extern "C" fn on_alarm_adopt(_: libc::c_int) {
 
 fn adopt_trials(use_fork: bool) {
     let shared = Shared::new(8);
-    let dir = PathBuf::from(format!("/dev/shm/review5-adopt-{}", std::process::id()));
+    let dir = PathBuf::from(format!("/dev/shm/shmlock-test-adopt-{}", std::process::id()));
     fs::create_dir_all(&dir).unwrap();
     let d2 = dir.clone();
     let sh = &shared;
@@ -323,7 +323,7 @@ fn adopt_trials(use_fork: bool) {
         let shared = sh;
         USE_FORK.store(use_fork, Ordering::Relaxed);
         BASE.store(exe_base(), Ordering::Relaxed);
-        if let Ok(v) = std::env::var("REVIEW5_PIN") {
+        if let Ok(v) = std::env::var("SHMLOCK_FORK_PIN") {
             let mut it = v
                 .split(',')
                 .map(|x| u64::from_str_radix(x.trim_start_matches("0x"), 16).unwrap());
@@ -363,7 +363,7 @@ fn adopt_trials(use_fork: bool) {
                         .map(|&f| format!("{:#x}", (f as u64).wrapping_sub(base)))
                         .collect()
                 };
-                let _ = fs::write(format!("/dev/shm/review5-bt-{trial}"), frames.join(" "));
+                let _ = fs::write(format!("/dev/shm/shmlock-test-bt-{trial}"), frames.join(" "));
                 shared.word(2).store(trial, Ordering::SeqCst);
                 // SAFETY: leaving the child.
                 unsafe { libc::_exit(0) }
@@ -412,11 +412,11 @@ fn adopt_trials(use_fork: bool) {
                 );
                 shared.word(3).store(trial, Ordering::SeqCst);
                 let bt =
-                    fs::read_to_string(format!("/dev/shm/review5-bt-{trial}")).unwrap_or_default();
+                    fs::read_to_string(format!("/dev/shm/shmlock-test-bt-{trial}")).unwrap_or_default();
                 println!("  the child's frames (offsets in {}): {bt}; forks skipped because Anchor::pin was on the stack: {}", fs::read_link("/proc/self/exe").unwrap().display(), SKIPPED.load(Ordering::Relaxed));
                 return 1;
             }
-            let _ = fs::remove_file(format!("/dev/shm/review5-bt-{trial}"));
+            let _ = fs::remove_file(format!("/dev/shm/shmlock-test-bt-{trial}"));
             drop(stolen);
             drop(g);
             drop(t2);
@@ -458,15 +458,15 @@ fn fork_in_signal_handler_child_adopts_owner() {
 fn fork_starvation_many_openers() {
     let shared = Shared::new(4);
     let c = fork(|| {
-        let dir = PathBuf::from(format!("/dev/shm/review5-starve-{}", std::process::id()));
+        let dir = PathBuf::from(format!("/dev/shm/shmlock-test-starve-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let opens = Arc::new(AtomicU64::new(0));
-        let nthreads: usize = std::env::var("REVIEW5_THREADS")
+        let nthreads: usize = std::env::var("SHMLOCK_FORK_THREADS")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(8);
-        let control = std::env::var_os("REVIEW5_CONTROL").is_some();
+        let control = std::env::var_os("SHMLOCK_FORK_CONTROL").is_some();
         drop(LockTable::open(dir.join("t0"), 64).unwrap());
         drop(LockTable::open(dir.join("t1"), 64).unwrap());
         let threads: Vec<_> = (0..nthreads)
@@ -656,7 +656,7 @@ fn fork_stalled_by_stopped_resetter() {
 fn underscore_fork_child_inherits_setting_up() {
     let shared = Shared::new(8);
     let c = fork(|| {
-        let dir = PathBuf::from(format!("/dev/shm/review5-uf-{}", std::process::id()));
+        let dir = PathBuf::from(format!("/dev/shm/shmlock-test-uf-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let threads: Vec<_> = (0..2)
@@ -829,7 +829,7 @@ fn table_fds_of(pid: i32, dir: &Path) -> usize {
 }
 
 fn posix_spawn_children_hold_nothing() {
-    let dir = PathBuf::from(format!("/dev/shm/review5-spawn-{}", std::process::id()));
+    let dir = PathBuf::from(format!("/dev/shm/shmlock-test-spawn-{}", std::process::id()));
     fs::create_dir_all(&dir).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let threads: Vec<_> = (0..2)
@@ -1074,7 +1074,7 @@ static REPEAT_CLOSE_RANGE: AtomicBool = AtomicBool::new(false);
 
 fn probe_aba_program_reuses_the_number() {
     REPEAT_CLOSE_RANGE.store(
-        std::env::var_os("REVIEW5_REPEAT").is_some(),
+        std::env::var_os("SHMLOCK_REPEAT_CLOSE_RANGE").is_some(),
         Ordering::Relaxed,
     );
     let path = TempPath::new("aba");

@@ -117,7 +117,7 @@ fn role(args: &[String]) -> i32 {
     }
 }
 
-const K: &str = "review2:K";
+const K: &str = "K";
 
 // ---------------------------------------------------------------------------------------
 // Helpers
@@ -1007,7 +1007,7 @@ impl Drop for Remove {
 }
 
 fn a_dead_holder_on_a_disk_filesystem_is_reclaimed_at_once() {
-    let path = Remove(disk_dir().join(format!("shmlock-review2-disk-{}", std::process::id())));
+    let path = Remove(disk_dir().join(format!("shmlock-test-disk-{}", std::process::id())));
     let _ = fs::remove_file(&path.0);
     let table = LockTable::open(&path.0, 64).unwrap();
     let fs_type = {

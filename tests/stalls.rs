@@ -126,7 +126,7 @@ fn main() {
     common::harness::run("adversarial", TESTS, common::harness::no_roles);
 }
 
-const K: &str = "review:K";
+const K: &str = "K";
 
 // ---------------------------------------------------------------------------------------
 // Process helpers
@@ -746,9 +746,9 @@ fn chaos_with_sigstop_and_sigkill() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(default)
     };
-    let secs = env("REVIEW_CHAOS_SECS", 20);
-    let workers_n = env("REVIEW_CHAOS_WORKERS", 8) as usize;
-    let cap = env("REVIEW_CHAOS_CAP", 64) as usize;
+    let secs = env("SHMLOCK_CHAOS_SECS", 20);
+    let workers_n = env("SHMLOCK_CHAOS_WORKERS", 8) as usize;
+    let cap = env("SHMLOCK_CHAOS_CAP", 64) as usize;
     let path = TempPath::new("chaos-stop");
     let table = LockTable::open(&path, cap).unwrap();
     let log_path = TempPath::new("chaos-stop-log");
@@ -1018,7 +1018,7 @@ fn gen_of(v: &[u8]) -> u64 {
 
 const DKEYS: u64 = 48;
 fn dmax() -> usize {
-    std::env::var("REVIEW_DICT_MAX")
+    std::env::var("SHMLOCK_DICT_MAX")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(4096)
@@ -1026,7 +1026,7 @@ fn dmax() -> usize {
 
 fn dict_chaos_with_sigstop_and_sigkill() {
     use shmlock::{SharedDict, Value};
-    let secs: u64 = std::env::var("REVIEW_CHAOS_SECS")
+    let secs: u64 = std::env::var("SHMLOCK_CHAOS_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(20);
@@ -1379,16 +1379,16 @@ fn leases_left_to_expire_never_fill_the_registry() {
 // ---------------------------------------------------------------------------------------
 // The dict's takeover scans every entry under the lock; the bound is 500 ms
 
-/// A big dict (REVIEW_BIG_DICT entries, default 4M): how long a takeover's recovery holds
+/// A big dict (SHMLOCK_BIG_DICT entries, default 4M): how long a takeover's recovery holds
 /// the writer lock, and what two writers that keep writing make of it once it exceeds the
 /// bound (each takes the lock over from the other while it is still recovering).
 fn big_dict_takeover_recovery_versus_the_bound() {
     use shmlock::SharedDict;
-    let Some(n) = std::env::var("REVIEW_BIG_DICT")
+    let Some(n) = std::env::var("SHMLOCK_BIG_DICT")
         .ok()
         .and_then(|s| s.parse::<usize>().ok())
     else {
-        note!("[set REVIEW_BIG_DICT=16000000 to run: it needs ~2 GiB of /dev/shm] ");
+        note!("[set SHMLOCK_BIG_DICT=16000000 to run: it needs ~2 GiB of /dev/shm] ");
         return;
     };
     let path = TempPath::new("big-dict");

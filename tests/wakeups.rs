@@ -116,7 +116,7 @@ fn inherited_locked_fd(ino: u64) -> bool {
 //     descriptor, the parent's registration), and no forker may wait forever.
 
 fn two_forkers() {
-    let dir = PathBuf::from(format!("/dev/shm/adv6-forkers-{}", std::process::id()));
+    let dir = PathBuf::from(format!("/dev/shm/shmlock-test-forkers-{}", std::process::id()));
     fs::create_dir_all(&dir).unwrap();
     let path = dir.join("t");
     drop(LockTable::open(&path, 64).unwrap());
@@ -212,7 +212,7 @@ static HF_WORD: std::sync::atomic::AtomicPtr<AtomicU64> =
 static HANDLER_FORKS: AtomicU64 = AtomicU64::new(0);
 
 fn handler_fork_in_before_fork() {
-    let dir = PathBuf::from(format!("/dev/shm/adv6-hfork-{}", std::process::id()));
+    let dir = PathBuf::from(format!("/dev/shm/shmlock-test-hfork-{}", std::process::id()));
     fs::create_dir_all(&dir).unwrap();
     let path = dir.join("t");
     drop(LockTable::open(&path, 64).unwrap());
@@ -359,7 +359,7 @@ fn lost_wakeup_same_tag(flag_k2: bool) {
     let mut seen = std::collections::HashMap::new();
     let (k1, k2) = (0..200_000)
         .find_map(|i| {
-            let k = format!("r6w:{i}");
+            let k = format!("w:{i}");
             let p = place(seed, n, &k);
             seen.insert(p, k.clone()).map(|prev| (prev, k))
         })
@@ -905,7 +905,7 @@ fn fork_once(ino: u64, sh: &'static Shared) {
 }
 
 fn leaked_anchor_keeps_dead_parents_keys() {
-    let dir = PathBuf::from(format!("/dev/shm/adv6-leak-{}", std::process::id()));
+    let dir = PathBuf::from(format!("/dev/shm/shmlock-test-leak-{}", std::process::id()));
     fs::create_dir_all(&dir).unwrap();
     let path = dir.join("t");
     drop(LockTable::open(&path, 1024).unwrap());
