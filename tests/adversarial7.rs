@@ -21,7 +21,7 @@ use common::probe::{
     await_word, describe_hang, describe_threads, flagging_waiter, header_u64, mapping_base,
     mono_ns, place, registry_len, stat_fields, GdbStop, Proc, Watch,
 };
-use common::TempPath;
+use common::{fresh_table, TempPath};
 use shmlock::{LockOptions, LockTable};
 
 const TESTS: &[Test] = &[
@@ -171,12 +171,6 @@ fn run_role(role: &str, path: &Path, limit: Duration) -> Outcome {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-fn fresh_table(name: &str) -> TempPath {
-    let p = TempPath::new(name);
-    drop(LockTable::open(&p, 64).unwrap());
-    p
 }
 
 // ---------------------------------------------------------------------------------------
@@ -442,7 +436,10 @@ extern "C" fn on_alarm_fork_and_return(_: libc::c_int) {
 }
 
 fn timer_nested() {
-    let dir = PathBuf::from(format!("/dev/shm/shmlock-test-timer-{}", std::process::id()));
+    let dir = PathBuf::from(format!(
+        "/dev/shm/shmlock-test-timer-{}",
+        std::process::id()
+    ));
     fs::create_dir_all(&dir).unwrap();
     let path = dir.join("t");
     drop(LockTable::open(&path, 64).unwrap());

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::ffi::CString;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -20,7 +19,7 @@ use common::forking::{arm_alarm_in, backtrace, on_alarm};
 use common::harness::Test;
 use common::ns::{bind, private_mount_ns, BOOT_ID_FILE};
 use common::probe::{await_word, describe_hang, monitor, ofd_locks_on};
-use common::{opts, TempPath};
+use common::{cstr, opts, TempPath};
 use shmlock::{LockTable, SharedDict};
 
 const TESTS: &[Test] = &[
@@ -79,10 +78,6 @@ fn main() {
 }
 
 const K: &str = "K";
-
-fn cstr(s: &str) -> CString {
-    CString::new(s).unwrap()
-}
 
 fn mount_overlay(base: &Path) -> PathBuf {
     for d in ["lower", "upper", "work", "merged"] {
@@ -315,7 +310,10 @@ extern "C" fn on_alarm_adopt(_: libc::c_int) {
 
 fn adopt_trials(use_fork: bool) {
     let shared = Shared::new(8);
-    let dir = PathBuf::from(format!("/dev/shm/shmlock-test-adopt-{}", std::process::id()));
+    let dir = PathBuf::from(format!(
+        "/dev/shm/shmlock-test-adopt-{}",
+        std::process::id()
+    ));
     fs::create_dir_all(&dir).unwrap();
     let d2 = dir.clone();
     let sh = &shared;
@@ -363,7 +361,10 @@ fn adopt_trials(use_fork: bool) {
                         .map(|&f| format!("{:#x}", (f as u64).wrapping_sub(base)))
                         .collect()
                 };
-                let _ = fs::write(format!("/dev/shm/shmlock-test-bt-{trial}"), frames.join(" "));
+                let _ = fs::write(
+                    format!("/dev/shm/shmlock-test-bt-{trial}"),
+                    frames.join(" "),
+                );
                 shared.word(2).store(trial, Ordering::SeqCst);
                 // SAFETY: leaving the child.
                 unsafe { libc::_exit(0) }
@@ -411,8 +412,8 @@ fn adopt_trials(use_fork: bool) {
                     }
                 );
                 shared.word(3).store(trial, Ordering::SeqCst);
-                let bt =
-                    fs::read_to_string(format!("/dev/shm/shmlock-test-bt-{trial}")).unwrap_or_default();
+                let bt = fs::read_to_string(format!("/dev/shm/shmlock-test-bt-{trial}"))
+                    .unwrap_or_default();
                 println!("  the child's frames (offsets in {}): {bt}; forks skipped because Anchor::pin was on the stack: {}", fs::read_link("/proc/self/exe").unwrap().display(), SKIPPED.load(Ordering::Relaxed));
                 return 1;
             }
@@ -458,7 +459,10 @@ fn fork_in_signal_handler_child_adopts_owner() {
 fn fork_starvation_many_openers() {
     let shared = Shared::new(4);
     let c = fork(|| {
-        let dir = PathBuf::from(format!("/dev/shm/shmlock-test-starve-{}", std::process::id()));
+        let dir = PathBuf::from(format!(
+            "/dev/shm/shmlock-test-starve-{}",
+            std::process::id()
+        ));
         fs::create_dir_all(&dir).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let opens = Arc::new(AtomicU64::new(0));
@@ -829,7 +833,10 @@ fn table_fds_of(pid: i32, dir: &Path) -> usize {
 }
 
 fn posix_spawn_children_hold_nothing() {
-    let dir = PathBuf::from(format!("/dev/shm/shmlock-test-spawn-{}", std::process::id()));
+    let dir = PathBuf::from(format!(
+        "/dev/shm/shmlock-test-spawn-{}",
+        std::process::id()
+    ));
     fs::create_dir_all(&dir).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let threads: Vec<_> = (0..2)

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use common::fork::{_Fork, fork, xorshift, Child, Shared};
 use common::harness::{require_root, Test};
 use common::probe::{
-    await_word, cont, header_u64, mapping_base, proc_state, stop, GdbStop, Proc, Stage,
+    await_word, cont, fds_naming, header_u64, mapping_base, proc_state, stop, GdbStop, Proc, Stage,
 };
 use common::{opts, TempPath};
 use shmlock::{Error, HolderState, Lock, LockTable};
@@ -130,23 +130,6 @@ const K: &str = "K";
 
 // ---------------------------------------------------------------------------------------
 // Process helpers
-
-/// The descriptors of this process that name `path`.
-fn fds_naming(path: &Path) -> Vec<i32> {
-    let mut out = Vec::new();
-    for e in fs::read_dir("/proc/self/fd").unwrap().flatten() {
-        if let (Ok(n), Ok(target)) = (
-            e.file_name().to_string_lossy().parse::<i32>(),
-            fs::read_link(e.path()),
-        ) {
-            if target == path {
-                out.push(n);
-            }
-        }
-    }
-    out.sort();
-    out
-}
 
 /// A child that takes K (lease `exptime_ms`) on its own handle, sets `ready[0]`, and holds
 /// it for 30 s, counting in `ready[1]` how many times it saw itself still K's holder.

@@ -116,7 +116,10 @@ fn inherited_locked_fd(ino: u64) -> bool {
 //     descriptor, the parent's registration), and no forker may wait forever.
 
 fn two_forkers() {
-    let dir = PathBuf::from(format!("/dev/shm/shmlock-test-forkers-{}", std::process::id()));
+    let dir = PathBuf::from(format!(
+        "/dev/shm/shmlock-test-forkers-{}",
+        std::process::id()
+    ));
     fs::create_dir_all(&dir).unwrap();
     let path = dir.join("t");
     drop(LockTable::open(&path, 64).unwrap());
@@ -212,7 +215,10 @@ static HF_WORD: std::sync::atomic::AtomicPtr<AtomicU64> =
 static HANDLER_FORKS: AtomicU64 = AtomicU64::new(0);
 
 fn handler_fork_in_before_fork() {
-    let dir = PathBuf::from(format!("/dev/shm/shmlock-test-hfork-{}", std::process::id()));
+    let dir = PathBuf::from(format!(
+        "/dev/shm/shmlock-test-hfork-{}",
+        std::process::id()
+    ));
     fs::create_dir_all(&dir).unwrap();
     let path = dir.join("t");
     drop(LockTable::open(&path, 64).unwrap());

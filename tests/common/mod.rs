@@ -21,6 +21,7 @@ pub mod probe;
 pub mod redis_server;
 pub mod word;
 
+use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -33,6 +34,11 @@ pub fn opts(exptime_ms: u64, timeout_ms: u64) -> shmlock::LockOptions {
         timeout: Duration::from_millis(timeout_ms),
         ..shmlock::LockOptions::default()
     }
+}
+
+/// A C string of `s` (which has no NUL).
+pub fn cstr(s: &str) -> CString {
+    CString::new(s).unwrap()
 }
 
 /// A table path that is removed when dropped.
@@ -65,6 +71,13 @@ impl Drop for TempPath {
             let _ = std::fs::remove_file(&self.0);
         }
     }
+}
+
+/// The path of a table made (capacity 64) and closed again.
+pub fn fresh_table(name: &str) -> TempPath {
+    let p = TempPath::new(name);
+    drop(shmlock::LockTable::open(&p, 64).unwrap());
+    p
 }
 
 impl AsRef<Path> for TempPath {

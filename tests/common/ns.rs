@@ -2,14 +2,10 @@
 //! another boot's id in it.
 #![allow(dead_code)]
 
-use std::ffi::CString;
+use super::cstr;
 
 /// Where the kernel shows this boot's id.
 pub const BOOT_ID_FILE: &str = "/proc/sys/kernel/random/boot_id";
-
-fn cstr(s: &str) -> CString {
-    CString::new(s).unwrap()
-}
 
 /// Moves the calling (single-threaded, forked) process into a private mount namespace.
 pub fn private_mount_ns() {

@@ -82,6 +82,23 @@ pub fn mapping_base(path: &Path) -> usize {
     panic!("{} is not mapped", path.display());
 }
 
+/// The descriptors of this process that name `path`.
+pub fn fds_naming(path: &Path) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        if let (Ok(n), Ok(target)) = (
+            e.file_name().to_string_lossy().parse::<i32>(),
+            fs::read_link(e.path()),
+        ) {
+            if target == path {
+                out.push(n);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 /// Whether `p` appeared within `limit`.
 pub fn wait_file(p: &Path, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
