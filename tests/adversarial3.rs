@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::fork::{fork, xorshift, Shared};
+use common::fork::{fork, Shared};
 use common::harness::Test;
 use common::probe::{await_word, mapping_base, registry_len, GdbStop, Proc, Spawned, Stage, Watch};
 use common::word::{gen, ident, state, GEN_MASK};
@@ -73,10 +73,6 @@ const TESTS: &[Test] = &[
         second_order_wrap_frees_a_live_hold,
     )
     .known_limit(),
-    Test::new(
-        "chaos_many_stealers_reapers_stop_and_kill",
-        chaos_many_stealers_reapers_stop_and_kill,
-    ),
 ];
 
 fn main() {
@@ -586,132 +582,6 @@ fn inspection_names_the_dead_holder_not_the_64th_reuser() {
     assert!(
         h.pid as i32 != q.pid(),
         "inspection names the live 64th reuser as the holder of the dead process's key"
-    );
-}
-
-// ---------------------------------------------------------------------------------------
-// 5. Chaos: many processes wait for one key while holders are SIGKILLed and SIGSTOPped,
-//    a reaper calls reap() and holders() in a loop, and another force-free-nothing
-//    process inspects. Leases never expire (so any second live holder is a break); a
-//    holder records itself in a shared word; a newcomer that finds the word taken checks
-//    whether that process is dead (killed by the parent, who sets its tombstone).
-
-fn chaos_many_stealers_reapers_stop_and_kill() {
-    let path = TempPath::new("chaos-stealers");
-    let _table = LockTable::open(&path, 64).unwrap();
-    const N: usize = 6;
-    // word 0: current holder pid; 1: violations; 2: acquisitions; 3..3+N: tombstones
-    // (pid of killed children); 20: stop flag
-    let shared = Shared::new(32);
-    let start = Instant::now();
-    let worker = |i: usize| {
-        let shared = &shared;
-        let path = &path;
-        move || {
-            let t = LockTable::open(path, 64).unwrap();
-            let me = std::process::id() as u64;
-            let mut rng = me ^ 0x9e37_79b9_7f4a_7c15;
-            while shared.word(20).load(Ordering::SeqCst) == 0 {
-                let Ok(g) = t.lock(K, opts(0, 2_000)) else {
-                    continue;
-                };
-                let prev = shared.word(0).swap(me, Ordering::SeqCst);
-                if prev != 0 {
-                    // the previous recorded holder must be one the parent killed
-                    let dead =
-                        (0..N + 8).any(|k| shared.word(3 + k).load(Ordering::SeqCst) == prev);
-                    if !dead {
-                        shared.word(1).fetch_add(1, Ordering::SeqCst);
-                        shared.word(21).store(prev, Ordering::SeqCst);
-                        shared.word(22).store(me, Ordering::SeqCst);
-                    }
-                }
-                shared.word(2).fetch_add(1, Ordering::SeqCst);
-                let spin = xorshift(&mut rng) % 200;
-                for _ in 0..spin {
-                    std::hint::spin_loop();
-                }
-                if xorshift(&mut rng).is_multiple_of(8) {
-                    std::thread::sleep(Duration::from_micros(xorshift(&mut rng) % 2000));
-                }
-                let _ = shared
-                    .word(0)
-                    .compare_exchange(me, 0, Ordering::SeqCst, Ordering::SeqCst);
-                let r = if xorshift(&mut rng).is_multiple_of(4) {
-                    let mut g = g;
-                    let _ = g.token();
-                    let _ = g.expire(None);
-                    g.unlock()
-                } else {
-                    g.unlock()
-                };
-                let _ = i;
-                if r.is_err() {
-                    // lost a never-expiring hold while alive: only force_unlock may do that
-                    shared.word(23).fetch_add(1, Ordering::SeqCst);
-                }
-            }
-            0
-        }
-    };
-    let mut procs: Vec<Option<Proc>> = (0..N).map(|i| Some(Proc::new(fork(worker(i))))).collect();
-    let reaper = Proc::new(fork(|| {
-        let t = LockTable::open(&path, 64).unwrap();
-        while shared.word(20).load(Ordering::SeqCst) == 0 {
-            t.reap();
-            let _ = t.holders();
-            let _ = t.is_locked(K);
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        0
-    }));
-    let mut rng = 12345u64;
-    let mut kills = 0;
-    let mut stops = 0;
-    let mut tomb = 0;
-    while start.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(xorshift(&mut rng) % 30));
-        let k = (xorshift(&mut rng) % N as u64) as usize;
-        let Some(p) = procs[k].as_mut() else { continue };
-        match xorshift(&mut rng) % 3 {
-            0 if tomb < N + 8 => {
-                let pid = p.pid();
-                // tombstone first: once it is dead, anyone may find its record
-                shared.word(3 + tomb).store(pid as u64, Ordering::SeqCst);
-                tomb += 1;
-                p.kill();
-                kills += 1;
-                procs[k] = Some(Proc::new(fork(worker(k))));
-            }
-            _ => {
-                // SIGSTOP a live process (maybe while holding) for up to 700 ms
-                // SAFETY: stopping our own child, unreaped while procs[k] holds it.
-                unsafe { libc::kill(p.pid(), libc::SIGSTOP) };
-                std::thread::sleep(Duration::from_millis(xorshift(&mut rng) % 700));
-                // SAFETY: resuming the same child, still unreaped (procs[k] holds it).
-                unsafe { libc::kill(p.pid(), libc::SIGCONT) };
-                stops += 1;
-            }
-        }
-    }
-    shared.word(20).store(1, Ordering::SeqCst);
-    std::thread::sleep(Duration::from_millis(2500));
-    drop(procs);
-    drop(reaper);
-    let v = shared.word(1).load(Ordering::SeqCst);
-    note!(
-        "[{} acquisitions, {kills} kills, {stops} stops; violations {v} (prev {} me {}); \
-         live holds lost {}] ",
-        shared.word(2).load(Ordering::SeqCst),
-        shared.word(21).load(Ordering::SeqCst),
-        shared.word(22).load(Ordering::SeqCst),
-        shared.word(23).load(Ordering::SeqCst)
-    );
-    assert_eq!(v, 0, "two live holders");
-    assert_eq!(
-        shared.word(23).load(Ordering::SeqCst),
-        0,
-        "a live never-expiring hold was lost"
     );
 }
 
