@@ -20,15 +20,9 @@ use common::harness::Test;
 use common::ns::{bind, private_mount_ns, BOOT_ID_FILE};
 use common::probe::{await_word, describe_hang, monitor, ofd_locks_on};
 use common::{cstr, opts, TempPath};
-use shmlock::{LockTable, SharedDict};
+use shmlock::LockTable;
 
 const TESTS: &[Test] = &[
-    Test::new(
-        "a_table_on_overlayfs_is_refused_not_judged_dead",
-        a_table_on_overlayfs_is_refused_not_judged_dead,
-    )
-    .needs_root("mounts an overlayfs in a mount namespace"),
-    Test::new("control_tmpfs_live_holder", control_tmpfs_live_holder),
     Test::new(
         "a_fork_in_a_signal_handler_during_open_never_deadlocks",
         fork_in_signal_handler_during_open,
@@ -78,120 +72,6 @@ fn main() {
 }
 
 const K: &str = "K";
-
-fn mount_overlay(base: &Path) -> PathBuf {
-    for d in ["lower", "upper", "work", "merged"] {
-        fs::create_dir_all(base.join(d)).unwrap();
-    }
-    let data = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        base.join("lower").display(),
-        base.join("upper").display(),
-        base.join("work").display()
-    );
-    let merged = base.join("merged");
-    // SAFETY: plain syscall on C strings we own.
-    let rc = unsafe {
-        libc::mount(
-            cstr("overlay").as_ptr(),
-            cstr(merged.to_str().unwrap()).as_ptr(),
-            cstr("overlay").as_ptr(),
-            0,
-            cstr(&data).as_ptr().cast(),
-        )
-    };
-    assert_eq!(rc, 0, "mount overlay: {}", std::io::Error::last_os_error());
-    merged
-}
-
-// ---------------------------------------------------------------------------------------
-// 1. A table on overlayfs (a container's root filesystem): mmap of an overlay file maps the
-//    real (upper) file, so an anchor does not keep the overlay description, and its locks
-//    go when the anchor's descriptor is closed.
-
-fn live_holder_check(dir: &Path) -> Result<(), String> {
-    let path = dir.join("table");
-    let _ = fs::remove_file(&path);
-    let shared = Shared::new(4);
-    let holder = fork(|| {
-        let t = LockTable::open(&path, 64).unwrap();
-        let g = t.lock(K, opts(60_000, 1_000)).unwrap();
-        shared.word(0).store(1, Ordering::SeqCst);
-        std::thread::sleep(Duration::from_secs(20));
-        drop(g);
-        0
-    });
-    await_word(&shared, 0, Duration::from_secs(10));
-    std::thread::sleep(Duration::from_millis(50));
-    let ino = fs::metadata(&path).unwrap().ino();
-    let locks = ofd_locks_on(ino);
-    let t = LockTable::open(&path, 64).unwrap();
-    let hs = t.holders();
-    let alive: Vec<_> = hs.iter().map(|h| (h.pid, h.owner_alive)).collect();
-    let stolen = t.try_lock_with_lease(K, Duration::from_secs(60)).unwrap();
-    // the holder is alive (sleeping 20 s)?
-    let mut st = 0;
-    // SAFETY: our own child.
-    let reaped = unsafe { libc::waitpid(holder.0, &mut st, libc::WNOHANG) };
-    let holder_alive = reaped == 0;
-    let r = if stolen.is_some() {
-        Err(format!(
-            "holder pid {} alive={holder_alive} holds {K} (lease 60 s); /proc/locks for the \
-             table before our open: {locks:?}; holders() says (pid, owner_alive) = {alive:?}; a \
-             newcomer's try_lock_with_lease({K}) TOOK IT",
-            holder.0
-        ))
-    } else {
-        note!("[holders {alive:?}, locks {locks:?}, newcomer could not take K] ");
-        Ok(())
-    };
-    drop(stolen);
-    holder.kill();
-    r
-}
-
-/// A filesystem that maps another file than the one opened (overlayfs maps the file
-/// beneath it) keeps no lock for a mapping: the registration would vanish with the anchor's
-/// descriptor, and a live holder would be judged dead (this broke an earlier build:
-/// "a newcomer's try_lock_with_lease TOOK IT"; and a newcomer with another boot id reset a
-/// dict under its live writer). Opening a table or a dict there is refused with a clear
-/// error instead.
-fn a_table_on_overlayfs_is_refused_not_judged_dead() {
-    common::harness::require_root();
-    let c = fork(|| {
-        private_mount_ns();
-        let base = PathBuf::from(format!("/tmp/shmlock-test-ovl-{}", std::process::id()));
-        let merged = mount_overlay(&base);
-        let table = LockTable::open(merged.join("table"), 64).map(drop);
-        let dict = SharedDict::open(merged.join("dict"), 64, 64).map(drop);
-        // SAFETY: unmounting what we mounted.
-        unsafe { libc::umount2(cstr(merged.to_str().unwrap()).as_ptr(), libc::MNT_DETACH) };
-        let _ = fs::remove_dir_all(&base);
-        let refused = |r: &Result<(), shmlock::Error>| match r {
-            Err(shmlock::Error::Io { source, .. }) => {
-                source.kind() == std::io::ErrorKind::Unsupported
-            }
-            _ => false,
-        };
-        note!("[overlayfs: table {table:?}; dict {dict:?}] ");
-        i32::from(!(refused(&table) && refused(&dict)))
-    });
-    assert_eq!(
-        c.wait(Duration::from_secs(60)),
-        0,
-        "a table on overlayfs was not refused"
-    );
-}
-
-fn control_tmpfs_live_holder() {
-    let dir = PathBuf::from(format!("/dev/shm/shmlock-test-ctl-{}", std::process::id()));
-    fs::create_dir_all(&dir).unwrap();
-    let r = live_holder_check(&dir);
-    let _ = fs::remove_dir_all(&dir);
-    if let Err(e) = r {
-        panic!("{e}");
-    }
-}
 
 // ---------------------------------------------------------------------------------------
 // 2. fork() from a signal handler that interrupted an open: the prepare handler waits for

@@ -1,0 +1,340 @@
+//! The table file: however a process reaches a table, it is one table and the promises
+//! hold on it. Several paths to one file (a hard link, a symbolic link) are one table; a
+//! dead holder is reclaimed at once on a disk filesystem as on tmpfs; a filesystem on which
+//! a live holder would look dead (overlayfs maps another file than the one opened) is
+//! refused; fencing tokens keep growing when the file is deleted and made again. A known
+//! limit (run with `--known-limits`): a newcomer on the path of a table unlinked while in
+//! use can take a key that is still held in the old file.
+//!
+//! Exercises `src/shm/file.rs` (creating and attaching, the filesystem check),
+//! `src/shm/anchor.rs` (the registration's locks on the file), `src/shm/format.rs` and
+//! `src/shm/lock_table.rs` (the token base). The file layer's other cases (a dangling
+//! symlink, mode bits, a creator killed midway) are in `tests/liveness.rs`.
+//!
+//! `files FILTER` runs the tests whose name contains FILTER; `files --list` lists them; the
+//! root-only one runs with `--include-ignored` as root.
+
+mod common;
+
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::fork::{fork, Shared};
+use common::harness::Test;
+use common::ns::private_mount_ns;
+use common::probe::{await_word, ofd_locks_on, Proc};
+use common::{cstr, opts, TempPath};
+use shmlock::{LockTable, SharedDict};
+
+const TESTS: &[Test] = &[
+    Test::new(
+        "hardlink_and_symlink_paths_are_one_table",
+        hardlink_and_symlink_paths_are_one_table,
+    ),
+    Test::new(
+        "a_dead_holder_on_a_disk_filesystem_is_reclaimed_at_once",
+        a_dead_holder_on_a_disk_filesystem_is_reclaimed_at_once,
+    ),
+    Test::new(
+        "a_table_on_overlayfs_is_refused_not_judged_dead",
+        a_table_on_overlayfs_is_refused_not_judged_dead,
+    )
+    .needs_root("mounts an overlayfs in a mount namespace"),
+    Test::new("control_tmpfs_live_holder", control_tmpfs_live_holder),
+    Test::new(
+        "tokens_grow_across_re_creating_the_file",
+        tokens_grow_across_re_creating_the_file,
+    ),
+    Test::new(
+        "a_table_unlinked_while_in_use_never_gives_a_held_key_to_a_newcomer",
+        a_table_unlinked_while_in_use_never_gives_a_held_key_to_a_newcomer,
+    )
+    .known_limit(),
+];
+
+fn main() {
+    common::harness::run("files", TESTS, common::harness::no_roles);
+}
+
+const K: &str = "K";
+
+// ---------------------------------------------------------------------------------------
+// 7. Several paths to one file
+
+/// A holder opens the table by its path, a waiter through a hard link, another through a
+/// symbolic link: all are one table (busy for the others), and the holder's death frees K
+/// at once for a waiter on another path.
+fn hardlink_and_symlink_paths_are_one_table() {
+    let path = TempPath::new("paths");
+    let hard = TempPath::new("paths-hard");
+    let soft = TempPath::new("paths-soft");
+    let table = LockTable::open(&path, 64).unwrap();
+    fs::hard_link(&path, &hard).unwrap();
+    std::os::unix::fs::symlink(&path, &soft).unwrap();
+    let flag = Shared::new(1);
+    let mut h = Proc::new(fork(|| {
+        let t = LockTable::open(&hard, 64).unwrap();
+        let g = t.lock(K, opts(0, 1_000)).unwrap();
+        std::mem::forget(g);
+        flag.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(60));
+        0
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    let by_soft = LockTable::open(&soft, 64).unwrap();
+    assert!(table
+        .try_lock_with_lease(K, Duration::from_secs(1))
+        .unwrap()
+        .is_none());
+    assert!(by_soft
+        .try_lock_with_lease(K, Duration::from_secs(1))
+        .unwrap()
+        .is_none());
+    h.kill();
+    let started = Instant::now();
+    let got = by_soft.lock(K, opts(0, 2_000));
+    note!(
+        "[after the holder's death: {:?} in {:?}] ",
+        got.is_ok(),
+        started.elapsed()
+    );
+    assert!(got.is_ok());
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. A table on a disk filesystem (ext4/overlay/xfs, not tmpfs)
+
+fn disk_dir() -> PathBuf {
+    let dir = std::env::var_os("CARGO_TARGET_TMPDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+struct Remove(PathBuf);
+impl Drop for Remove {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+fn a_dead_holder_on_a_disk_filesystem_is_reclaimed_at_once() {
+    let path = Remove(disk_dir().join(format!("shmlock-test-disk-{}", std::process::id())));
+    let _ = fs::remove_file(&path.0);
+    let table = LockTable::open(&path.0, 64).unwrap();
+    let fs_type = {
+        // SAFETY: statfs into a zeroed struct with a valid NUL-terminated path.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        let c = CString::new(path.0.to_str().unwrap()).unwrap();
+        // SAFETY: c is a NUL-terminated path; st is a valid, writable statfs out-pointer.
+        assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut st) }, 0);
+        st.f_type
+    };
+    let flag = Shared::new(1);
+    let mut h = Proc::new(fork(|| {
+        let t = LockTable::open(&path.0, 64).unwrap();
+        let g = t.lock(K, opts(0, 1_000)).unwrap();
+        std::mem::forget(g);
+        flag.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(60));
+        0
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    assert!(table
+        .try_lock_with_lease(K, Duration::from_secs(1))
+        .unwrap()
+        .is_none());
+    h.kill();
+    let started = Instant::now();
+    let got = table.lock(K, opts(0, 2_000));
+    note!(
+        "[filesystem magic {fs_type:#x}; after the holder's death: {:?} in {:?}] ",
+        got.is_ok(),
+        started.elapsed()
+    );
+    assert!(got.is_ok());
+}
+
+fn mount_overlay(base: &Path) -> PathBuf {
+    for d in ["lower", "upper", "work", "merged"] {
+        fs::create_dir_all(base.join(d)).unwrap();
+    }
+    let data = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        base.join("lower").display(),
+        base.join("upper").display(),
+        base.join("work").display()
+    );
+    let merged = base.join("merged");
+    // SAFETY: plain syscall on C strings we own.
+    let rc = unsafe {
+        libc::mount(
+            cstr("overlay").as_ptr(),
+            cstr(merged.to_str().unwrap()).as_ptr(),
+            cstr("overlay").as_ptr(),
+            0,
+            cstr(&data).as_ptr().cast(),
+        )
+    };
+    assert_eq!(rc, 0, "mount overlay: {}", std::io::Error::last_os_error());
+    merged
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. A table on overlayfs (a container's root filesystem): mmap of an overlay file maps the
+//    real (upper) file, so an anchor does not keep the overlay description, and its locks
+//    go when the anchor's descriptor is closed.
+
+fn live_holder_check(dir: &Path) -> Result<(), String> {
+    let path = dir.join("table");
+    let _ = fs::remove_file(&path);
+    let shared = Shared::new(4);
+    let holder = fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.lock(K, opts(60_000, 1_000)).unwrap();
+        shared.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(20));
+        drop(g);
+        0
+    });
+    await_word(&shared, 0, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(50));
+    let ino = fs::metadata(&path).unwrap().ino();
+    let locks = ofd_locks_on(ino);
+    let t = LockTable::open(&path, 64).unwrap();
+    let hs = t.holders();
+    let alive: Vec<_> = hs.iter().map(|h| (h.pid, h.owner_alive)).collect();
+    let stolen = t.try_lock_with_lease(K, Duration::from_secs(60)).unwrap();
+    // the holder is alive (sleeping 20 s)?
+    let mut st = 0;
+    // SAFETY: our own child.
+    let reaped = unsafe { libc::waitpid(holder.0, &mut st, libc::WNOHANG) };
+    let holder_alive = reaped == 0;
+    let r = if stolen.is_some() {
+        Err(format!(
+            "holder pid {} alive={holder_alive} holds {K} (lease 60 s); /proc/locks for the \
+             table before our open: {locks:?}; holders() says (pid, owner_alive) = {alive:?}; a \
+             newcomer's try_lock_with_lease({K}) TOOK IT",
+            holder.0
+        ))
+    } else {
+        note!("[holders {alive:?}, locks {locks:?}, newcomer could not take K] ");
+        Ok(())
+    };
+    drop(stolen);
+    holder.kill();
+    r
+}
+
+/// A filesystem that maps another file than the one opened (overlayfs maps the file
+/// beneath it) keeps no lock for a mapping: the registration would vanish with the anchor's
+/// descriptor, and a live holder would be judged dead (this broke an earlier build:
+/// "a newcomer's try_lock_with_lease TOOK IT"; and a newcomer with another boot id reset a
+/// dict under its live writer). Opening a table or a dict there is refused with a clear
+/// error instead.
+fn a_table_on_overlayfs_is_refused_not_judged_dead() {
+    common::harness::require_root();
+    let c = fork(|| {
+        private_mount_ns();
+        let base = PathBuf::from(format!("/tmp/shmlock-test-ovl-{}", std::process::id()));
+        let merged = mount_overlay(&base);
+        let table = LockTable::open(merged.join("table"), 64).map(drop);
+        let dict = SharedDict::open(merged.join("dict"), 64, 64).map(drop);
+        // SAFETY: unmounting what we mounted.
+        unsafe { libc::umount2(cstr(merged.to_str().unwrap()).as_ptr(), libc::MNT_DETACH) };
+        let _ = fs::remove_dir_all(&base);
+        let refused = |r: &Result<(), shmlock::Error>| match r {
+            Err(shmlock::Error::Io { source, .. }) => {
+                source.kind() == std::io::ErrorKind::Unsupported
+            }
+            _ => false,
+        };
+        note!("[overlayfs: table {table:?}; dict {dict:?}] ");
+        i32::from(!(refused(&table) && refused(&dict)))
+    });
+    assert_eq!(
+        c.wait(Duration::from_secs(60)),
+        0,
+        "a table on overlayfs was not refused"
+    );
+}
+
+fn control_tmpfs_live_holder() {
+    let dir = PathBuf::from(format!("/dev/shm/shmlock-test-ctl-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    let r = live_holder_check(&dir);
+    let _ = fs::remove_dir_all(&dir);
+    if let Err(e) = r {
+        panic!("{e}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 10. Tokens across re-creating the file
+
+fn tokens_grow_across_re_creating_the_file() {
+    let path = TempPath::new("tokens");
+    let mut last = 0;
+    for round in 0..5 {
+        let table = LockTable::open(&path, 64).unwrap();
+        assert!(
+            table.created(),
+            "round {round}: the file was not re-created"
+        );
+        for _ in 0..1000 {
+            let g = table.lock(K, opts(1_000, 1_000)).unwrap();
+            let t = g.token().unwrap();
+            assert!(t > last, "round {round}: token {t} after {last}");
+            last = t;
+        }
+        drop(table);
+        fs::remove_file(&path).unwrap();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. The table file unlinked (or replaced) while processes use it
+
+/// H holds K on the table. The path is then unlinked (an administrator's `rm`, a tmp
+/// cleaner) and a newcomer opens the same path. The newcomer must not be handed K while H
+/// still holds it (it may get an error, or wait).
+fn a_table_unlinked_while_in_use_never_gives_a_held_key_to_a_newcomer() {
+    let path = TempPath::new("unlinked");
+    let table = LockTable::open(&path, 64).unwrap();
+    let _g = table.lock(K, opts(60_000, 1_000)).unwrap();
+    fs::remove_file(&path).unwrap();
+    let flag = Shared::new(1);
+    let c = fork(|| {
+        let code = match LockTable::open(&path, 64) {
+            Ok(t) => match t.try_lock_with_lease(K, Duration::from_secs(60)) {
+                Ok(Some(_)) => 1,
+                Ok(None) => 2,
+                Err(_) => 3,
+            },
+            Err(_) => 4,
+        };
+        flag.word(0).store(code, Ordering::SeqCst);
+        0
+    });
+    assert_eq!(c.wait(Duration::from_secs(10)), 0);
+    let code = flag.word(0).load(Ordering::SeqCst);
+    note!(
+        "[newcomer on the re-created path: {}] ",
+        match code {
+            1 => "TOOK K",
+            2 => "refused",
+            3 => "lock error",
+            _ => "open error",
+        }
+    );
+    assert_ne!(
+        code, 1,
+        "two live holders: the path was unlinked while K was held, and a newcomer on the \
+         re-created file took K"
+    );
+}
