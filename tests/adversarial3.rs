@@ -55,16 +55,6 @@ const TESTS: &[Test] = &[
         inspection_names_the_dead_holder_not_the_64th_reuser,
     ),
     Test::new(
-        "closed_descriptor_registrant_in_a_boottime_namespace_keeps_its_key",
-        closed_descriptor_registrant_in_a_boottime_namespace_keeps_its_key,
-    )
-    .needs_root("unshare(CLONE_NEWTIME)"),
-    Test::new(
-        "control_closed_descriptor_registrant_in_a_monotonic_only_namespace_keeps_its_key",
-        control_closed_descriptor_registrant_in_a_monotonic_only_namespace_keeps_its_key,
-    )
-    .needs_root("unshare(CLONE_NEWTIME)"),
-    Test::new(
         "inspection_shows_a_token_only_on_the_hold_that_took_it",
         inspection_shows_a_token_only_on_the_hold_that_took_it,
     ),
@@ -583,68 +573,6 @@ fn inspection_names_the_dead_holder_not_the_64th_reuser() {
         h.pid as i32 != q.pid(),
         "inspection names the live 64th reuser as the holder of the dead process's key"
     );
-}
-
-// ---------------------------------------------------------------------------------------
-// 6. 7feedcc: a registrant that closed its descriptor is alive if /proc shows it running
-//    with the same start time. /proc/<pid>/stat's start time is shifted by the *reader's*
-//    time-namespace boottime offset, so a registrant in a time namespace with a boottime
-//    offset records a start time nobody outside reads.
-
-fn closed_descriptor_in_time_namespace(offsets: &'static str) {
-    let path = TempPath::new("timens-closed");
-    let table = LockTable::open(&path, 64).unwrap();
-    let flag = Shared::new(2);
-    let _o = Proc::new(fork(|| {
-        // SAFETY: unshare in a single-threaded child.
-        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWTIME) }, 0);
-        fs::write("/proc/self/timens_offsets", offsets).unwrap();
-        let d = fork(|| {
-            let t = LockTable::open(&path, 64).unwrap();
-            // SAFETY: closes descriptors; nothing else runs in this child.
-            let rc = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
-            assert_eq!(rc, 0);
-            let g = t.lock(K, opts(0, 1_000)).unwrap();
-            flag.word(0).store(1, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_millis(1500));
-            let r = g.unlock();
-            flag.word(1)
-                .store(if r.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_secs(30));
-            0
-        });
-        let _ = d.wait(Duration::from_secs(40));
-        0
-    }));
-    await_word(&flag, 0, Duration::from_secs(10));
-    let other = table
-        .try_lock_with_lease(K, Duration::from_secs(60))
-        .unwrap();
-    let d_unlock = await_word(&flag, 1, Duration::from_secs(10));
-    note!(
-        "[offsets {:?}: D (running, descriptor closed) holds K; this process {}; D's unlock \
-         later: {}] ",
-        offsets.trim(),
-        if other.is_some() {
-            "ALSO TOOK K"
-        } else {
-            "was refused"
-        },
-        if d_unlock == 1 { "Ok" } else { "Expired" }
-    );
-    assert!(
-        other.is_none(),
-        "two live holders: a running registrant in a time namespace with a boottime offset \
-         whose descriptor was closed is judged dead"
-    );
-}
-
-fn closed_descriptor_registrant_in_a_boottime_namespace_keeps_its_key() {
-    closed_descriptor_in_time_namespace("boottime 3600 0\n");
-}
-
-fn control_closed_descriptor_registrant_in_a_monotonic_only_namespace_keeps_its_key() {
-    closed_descriptor_in_time_namespace("monotonic 3600 0\n");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use common::fork::{_Fork, fork, Shared};
 use common::harness::Test;
-use common::ns::{bind, private_mount_ns, BOOT_ID_FILE};
 use common::probe::{await_word, close_from_3, Proc};
 use common::{opts, TempPath};
 use shmlock::LockTable;
@@ -56,21 +55,6 @@ const TESTS: &[Test] = &[
         a_child_never_maps_the_table_over_its_own_memory,
     ),
     Test::new(
-        "other_boot_id_newcomer_vs_holder_that_closed_every_descriptor",
-        other_boot_id_newcomer_vs_holder_that_closed_every_descriptor,
-    )
-    .needs_root("bind-mounts a boot id in a mount namespace"),
-    Test::new(
-        "other_boot_id_newcomer_vs_worker_registered_on_a_dropped_description",
-        other_boot_id_newcomer_vs_worker_registered_on_a_dropped_description,
-    )
-    .needs_root("bind-mounts a boot id in a mount namespace"),
-    Test::new(
-        "control_other_boot_id_newcomer_vs_worker_without_close_range",
-        control_other_boot_id_newcomer_vs_worker_without_close_range,
-    )
-    .needs_root("bind-mounts a boot id in a mount namespace"),
-    Test::new(
         "a_dict_workers_registration_is_never_taken_by_a_newcomer",
         a_dict_workers_registration_is_never_taken_by_a_newcomer,
     ),
@@ -86,7 +70,6 @@ const TESTS: &[Test] = &[
         "fork_kinds_child_never_keeps_or_shares_the_parents_registration",
         fork_kinds,
     ),
-    Test::new("zombie_holder_frees_its_keys", zombie_holder_frees_its_keys),
 ];
 
 fn main() {
@@ -677,105 +660,6 @@ fn a_child_never_maps_the_table_over_its_own_memory() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 7. Reboot reset. A newcomer in a mount namespace whose boot id file reads another id
-//    attaches while (a) a holder that closed every descriptor holds K, (b) the worker of
-//    attack 1 (registered through a description that is gone) holds K.
-
-/// In a forked child: a private mount namespace where the boot id reads another id, then
-/// opens `path`; exit code 0 if the open worked.
-fn newcomer_with_other_boot_id(path: &Path) -> i32 {
-    let fake = TempPath::new("bootid");
-    fs::write(&fake, "0badc0de-1111-4222-8333-444455556666\n").unwrap();
-    let c = fork(|| {
-        private_mount_ns();
-        bind(fake.0.to_str().unwrap(), BOOT_ID_FILE);
-        let seen = fs::read_to_string(BOOT_ID_FILE).unwrap();
-        assert!(seen.starts_with("0badc0de"));
-        match LockTable::open(path, 64) {
-            Ok(t) => {
-                drop(t);
-                0
-            }
-            Err(e) => {
-                eprintln!("newcomer: {e}");
-                1
-            }
-        }
-    });
-    c.wait(Duration::from_secs(20))
-}
-
-fn other_boot_id_newcomer_vs_holder_that_closed_every_descriptor() {
-    common::harness::require_root();
-    let path = TempPath::new("reset-a");
-    drop(LockTable::open(&path, 64).unwrap());
-    let flag = Shared::new(4);
-    let _h = Proc::new(fork(|| {
-        let t = LockTable::open(&path, 64).unwrap();
-        let g = t.lock(K, opts(60_000, 1_000)).unwrap();
-        close_from_3();
-        flag.word(0).store(1, Ordering::SeqCst);
-        std::thread::sleep(Duration::from_secs(30));
-        drop(g);
-        0
-    }));
-    await_word(&flag, 0, Duration::from_secs(10));
-    let rc = newcomer_with_other_boot_id(path.as_ref());
-    let table = LockTable::open(&path, 64).unwrap();
-    let locked = table.is_locked(K).unwrap();
-    note!("[newcomer rc {rc}; K still held by the live holder: {locked}] ");
-    assert!(locked, "a live table was reset");
-}
-
-fn other_boot_id_newcomer_vs_worker_registered_on_a_dropped_description() {
-    reset_b(true);
-}
-
-fn control_other_boot_id_newcomer_vs_worker_without_close_range() {
-    reset_b(false);
-}
-
-fn reset_b(close: bool) {
-    common::harness::require_root();
-    let path = TempPath::new("reset-b");
-    drop(LockTable::open(&path, 64).unwrap());
-    let flag = Shared::new(4);
-    let p = fork(|| {
-        let a = LockTable::open(&path, 64).unwrap();
-        if close {
-            close_from_3();
-        }
-        let b = std::cell::RefCell::new(Some(LockTable::open(&path, 64).unwrap()));
-        let _c = fork(|| {
-            flag.word(2)
-                .store(std::process::id() as u64, Ordering::SeqCst);
-            let g = a.lock(K, opts(60_000, 1_000)).unwrap();
-            drop(b.borrow_mut().take());
-            // wait for the parent to be gone (the daemon's launcher exits)
-            std::thread::sleep(Duration::from_millis(200));
-            flag.word(0).store(1, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_secs(20));
-            drop(g);
-            0
-        });
-        std::mem::forget(a);
-        0 // P exits; the worker C is reparented and keeps running
-    });
-    let _ = p.wait(Duration::from_secs(10));
-    await_word(&flag, 0, Duration::from_secs(10));
-    let worker = flag.word(2).load(Ordering::SeqCst) as libc::pid_t;
-    let rc = newcomer_with_other_boot_id(path.as_ref());
-    let table = LockTable::open(&path, 64).unwrap();
-    let locked = table.is_locked(K).unwrap();
-    let alive = fs::read_to_string(format!("/proc/{worker}/stat"))
-        .map(|s| s.split_whitespace().nth(2).unwrap_or("?").to_string());
-    note!("[worker {worker} state {alive:?} holds K; newcomer (other boot id) rc {rc}; K still held: {locked}] ");
-    // SAFETY: killing the orphaned worker this test made.
-    unsafe { libc::kill(worker, libc::SIGKILL) };
-    assert!(locked, "a live table was reset");
-}
-
-// ---------------------------------------------------------------------------------------
 // 8. The dict, same attachment layer: a dict with room for 3 registrations. The daemon P
 //    (2 handles: A, then close_range, then B) and its worker (which writes through A and
 //    drops B) use all 3. A newcomer should get TooManyProcesses; it gets the worker's
@@ -869,34 +753,6 @@ fn locks_of(p: &Path) -> String {
         })
         .collect::<Vec<_>>()
         .join(",")
-}
-
-// ---------------------------------------------------------------------------------------
-// 11. A holder that exited but is not reaped (a zombie): its mapping went at exit.
-
-fn zombie_holder_frees_its_keys() {
-    let path = TempPath::new("zombie");
-    drop(LockTable::open(&path, 64).unwrap());
-    let z = fork(|| {
-        let t = LockTable::open(&path, 64).unwrap();
-        let g = t.lock(K, opts(60_000, 1_000)).unwrap();
-        std::mem::forget(g);
-        std::mem::forget(t);
-        0
-    });
-    std::thread::sleep(Duration::from_millis(100));
-    let state = fs::read_to_string(format!("/proc/{}/stat", z.0)).unwrap();
-    let table = LockTable::open(&path, 64).unwrap();
-    let started = Instant::now();
-    let r = table.lock(K, opts(60_000, 2_000)).map(drop);
-    note!(
-        "[holder state {}; waiter {} in {:?}] ",
-        state.split_whitespace().nth(2).unwrap(),
-        if r.is_ok() { "took K" } else { "TIMED OUT" },
-        started.elapsed()
-    );
-    z.wait(Duration::from_secs(5));
-    assert!(r.is_ok());
 }
 
 // ---------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ mod common;
 use std::ffi::CString;
 use std::fs;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -22,8 +21,6 @@ use common::harness::{require_root, Test};
 use common::probe::{await_word, cont, fds_naming, proc_state, stop, Proc};
 use common::{opts, TempPath};
 use shmlock::{Error, HolderState, LockTable};
-
-const ROOT_NS: &str = "needs root: time namespaces";
 
 const TESTS: &[Test] = &[
     Test::new(
@@ -50,20 +47,6 @@ const TESTS: &[Test] = &[
         "control_two_stopped_claims_32_slots_apart_are_broken",
         control_two_stopped_claims_32_slots_apart_are_broken,
     ),
-    Test::new(
-        "concurrent_attach_after_reboot_keeps_tokens_growing",
-        concurrent_attach_after_reboot_keeps_tokens_growing,
-    ),
-    Test::new(
-        "a_process_that_unshared_a_time_namespace_keeps_its_own_clock",
-        a_process_that_unshared_a_time_namespace_keeps_its_own_clock,
-    )
-    .needs_root(ROOT_NS),
-    Test::new(
-        "an_opener_whose_main_thread_exited_never_misreads_its_clock",
-        an_opener_whose_main_thread_exited_never_misreads_its_clock,
-    )
-    .needs_root(ROOT_NS),
     Test::new(
         "a_child_of_underscore_fork_never_releases_the_parents_hold",
         a_child_of_underscore_fork_never_releases_the_parents_hold,
@@ -95,11 +78,6 @@ const TESTS: &[Test] = &[
     Test::new(
         "killed_mid_claim_in_a_new_pid_namespace_many_times_leaves_nothing",
         killed_mid_claim_in_a_new_pid_namespace_many_times_leaves_nothing,
-    )
-    .needs_root("needs root: new pid namespaces"),
-    Test::new(
-        "a_pid_1_child_in_a_new_pid_namespace_never_releases_the_parents_hold",
-        a_pid_1_child_in_a_new_pid_namespace_never_releases_the_parents_hold,
     )
     .needs_root("needs root: new pid namespaces"),
 ];
@@ -409,189 +387,6 @@ fn two_stopped_claims(apart: usize) {
 }
 
 // ---------------------------------------------------------------------------------------
-// F: reboot reset vs a concurrent attacher
-
-fn set_boot_id_in_header(path: &Path, id: [u8; 16]) {
-    let f = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    let mut h = [0u8; 96];
-    f.read_exact_at(&mut h, 0).unwrap();
-    h[40..56].copy_from_slice(&id);
-    let sum = xxhash_rust::xxh3::xxh3_64(&h);
-    f.write_all_at(&h, 0).unwrap();
-    f.write_all_at(&sum.to_le_bytes(), 96).unwrap();
-}
-
-fn ofd_lock(f: &fs::File, byte: i64, kind: i32) -> bool {
-    // SAFETY: a zeroed flock is valid.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = kind as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = byte;
-    fl.l_len = 1;
-    // SAFETY: valid descriptor and flock.
-    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) == 0 }
-}
-
-/// After a reboot (the file names another boot), two processes attach at once. Both read
-/// the old header before either marks the file in use; the first resets the table (and
-/// moves its token base past every old token); the second must then use the header as it
-/// is, so every token after the reboot is above those handed out before it.
-fn concurrent_attach_after_reboot_keeps_tokens_growing() {
-    let path = TempPath::new("reboot");
-    let mut before = 0;
-    {
-        let t = LockTable::open(&path, 64).unwrap();
-        for _ in 0..1000 {
-            let g = t.lock(K, opts(1_000, 1_000)).unwrap();
-            before = before.max(g.token().unwrap());
-        }
-    }
-    set_boot_id_in_header(&path.0, [0x42; 16]);
-    // Somebody is attaching (holds the init lock) while A and B start.
-    let f = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
-    assert!(ofd_lock(&f, 4000, libc::F_WRLCK));
-    let tokens = Shared::new(4);
-    let attach = |slot: usize| {
-        let (path, tokens) = (&path, &tokens);
-        Proc::new(fork(move || {
-            let t = LockTable::open(path, 64).unwrap();
-            // take turns: A first, then B; A stays attached until B is done
-            if slot == 1 {
-                await_word(tokens, 0, Duration::from_secs(20));
-            }
-            let g = t.lock(K, opts(1_000, 5_000)).unwrap();
-            tokens
-                .word(slot)
-                .store(g.token().unwrap(), Ordering::SeqCst);
-            drop(g);
-            if slot == 0 {
-                await_word(tokens, 1, Duration::from_secs(20));
-            }
-            0
-        }))
-    };
-    let mut a = attach(0);
-    let mut b = attach(1);
-    std::thread::sleep(Duration::from_millis(300)); // both have read the header by now
-    assert!(ofd_lock(&f, 4000, libc::F_UNLCK));
-    assert_eq!(a.wait(Duration::from_secs(20)), 0);
-    assert_eq!(b.wait(Duration::from_secs(20)), 0);
-    let (ta, tb) = (
-        tokens.word(0).load(Ordering::SeqCst),
-        tokens.word(1).load(Ordering::SeqCst),
-    );
-    note!("[before reboot up to {before}; after: A {ta}, then B {tb}] ");
-    assert!(ta > before && tb > ta, "fencing tokens went backwards");
-}
-
-// ---------------------------------------------------------------------------------------
-// F: /proc/self/timens_offsets is the offset of the namespace for children
-
-/// A process that unshares a time namespace for the children it will start (setting their
-/// monotonic clock 3600 s ahead) stays in its own namespace, but `timens_offsets` now shows
-/// the children's offset. Opening a table afterwards must not take that offset for its own
-/// (its leases would be expired for everyone else).
-fn a_process_that_unshared_a_time_namespace_keeps_its_own_clock() {
-    require_root();
-    let path = TempPath::new("timens-unshare");
-    drop(LockTable::open(&path, 64).unwrap());
-    let ready = Shared::new(2);
-    let _h = Proc::new(fork(|| {
-        // SAFETY: plain system call.
-        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWTIME) }, 0);
-        fs::write("/proc/self/timens_offsets", "monotonic 3600 0\n").unwrap();
-        let t = LockTable::open(&path, 64).unwrap();
-        let g = t.lock(K, opts(60_000, 1_000)).unwrap();
-        ready.word(0).store(1, Ordering::SeqCst);
-        std::thread::sleep(Duration::from_secs(30));
-        drop(g);
-        0
-    }));
-    await_word(&ready, 0, Duration::from_secs(10));
-    let table = LockTable::open(&path, 64).unwrap();
-    let got = table.lock(K, opts(60_000, 1_000));
-    let stole = got.is_ok();
-    if let Ok(g) = got {
-        note!("[took K at once though its holder has 60 s left] ");
-        std::mem::forget(g);
-    }
-    assert!(!stole, "two live holders of K");
-}
-
-/// In a time namespace with a +3600 s offset, a process whose main thread has exited opens
-/// the table from another thread: `/proc/self/timens_offsets` of a process whose leader is
-/// a zombie reads empty: it must not take that for "no offset" (every lease would look
-/// expired to it); finding K busy, or refusing, are both right.
-fn an_opener_whose_main_thread_exited_never_misreads_its_clock() {
-    require_root();
-    let path = TempPath::new("timens-zombie");
-    let table = LockTable::open(&path, 64).unwrap();
-    let g = table.lock(K, opts(60_000, 1_000)).unwrap();
-    let result = Shared::new(2);
-    let mut middle = Proc::new(fork(|| {
-        // SAFETY: plain system call.
-        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWTIME) }, 0);
-        fs::write("/proc/self/timens_offsets", "monotonic 3600 0\n").unwrap();
-        let inner = fork(|| {
-            let p = path.0.clone();
-            let w0 = result.word(0) as *const std::sync::atomic::AtomicU64 as usize;
-            let w1 = result.word(1) as *const std::sync::atomic::AtomicU64 as usize;
-            std::thread::spawn(move || {
-                // SAFETY: words of a shared mapping that outlives this process.
-                let (w0, w1) = unsafe {
-                    (
-                        &*(w0 as *const std::sync::atomic::AtomicU64),
-                        &*(w1 as *const std::sync::atomic::AtomicU64),
-                    )
-                };
-                std::thread::sleep(Duration::from_millis(200)); // the leader is gone by now
-                let off = fs::read_to_string("/proc/self/timens_offsets").unwrap_or_default();
-                let code = match LockTable::open(&p, 64).and_then(|t| {
-                    t.try_lock_with_lease(K, Duration::from_secs(60))
-                        .map(|g| g.map(std::mem::forget))
-                }) {
-                    Ok(Some(())) => 2,
-                    Ok(None) => 1,
-                    Err(_) => 3,
-                };
-                w1.store(off.len() as u64, Ordering::SeqCst);
-                w0.store(code, Ordering::SeqCst);
-                // SAFETY: leaving the process.
-                unsafe { libc::_exit(0) };
-            });
-            // SAFETY: SYS_exit ends the calling (main) thread only; nothing on this stack
-            // is used again.
-            unsafe { libc::syscall(libc::SYS_exit, 0) };
-            unreachable!()
-        });
-        inner.wait(Duration::from_secs(20))
-    }));
-    let code = await_word(&result, 0, Duration::from_secs(20));
-    let _ = middle.wait(Duration::from_secs(20));
-    note!(
-        "[timens_offsets read {} bytes; the waiter {}] ",
-        result.word(1).load(Ordering::SeqCst),
-        match code {
-            1 => "found K busy",
-            2 => "TOOK K from a live 60 s holder",
-            _ => "was refused (its clock offset cannot be read)",
-        }
-    );
-    drop(g);
-    // Finding K busy, or refusing to work with a clock it cannot vouch for, are both
-    // right; taking K is not.
-    assert_ne!(code, 2, "two live holders of K");
-}
-
-// ---------------------------------------------------------------------------------------
 // F: children made without the fork handler
 
 /// glibc's `_Fork` (POSIX 2024; async-signal-safe fork) runs no atfork handlers, so the
@@ -875,53 +670,4 @@ fn killed_mid_claim(new_pid_ns: bool) {
     }
     note!("[{KILLS} kills in Claiming; K back within {worst:.2?} each time] ");
     assert!(table.holders().is_empty());
-}
-
-// ---------------------------------------------------------------------------------------
-// F: a guard tells its process by pid only
-
-/// A container's init (pid 1 in its namespace) holds K and forks a child into a new pid
-/// namespace (as sandboxes and nested containers do): the child is pid 1 too, and its copy
-/// of the guard must still not count as its own.
-fn a_pid_1_child_in_a_new_pid_namespace_never_releases_the_parents_hold() {
-    require_root();
-    let path = TempPath::new("pid1");
-    let table = LockTable::open(&path, 64).unwrap();
-    let r = Shared::new(2);
-    let mut middle = Proc::new(fork(|| {
-        // SAFETY: plain system call.
-        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWPID) }, 0);
-        let init = fork(|| {
-            // pid 1 of a new namespace
-            let t = LockTable::open(&path, 64).unwrap();
-            let g = t.lock(K, opts(60_000, 1_000)).unwrap();
-            // SAFETY: plain system call.
-            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWPID) }, 0);
-            let gref = &g;
-            let child = fork(move || {
-                // The child's copy of the guard goes out of scope (it is pid 1 as well).
-                // SAFETY: this is the child's own copy of the memory; the original is never
-                // used in this process again.
-                drop(unsafe { std::ptr::read(gref) });
-                0
-            });
-            child.wait(Duration::from_secs(10));
-            r.word(1)
-                .store(u64::from(std::process::id()), Ordering::SeqCst);
-            r.word(0).store(1, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_secs(30));
-            drop(g);
-            0
-        });
-        init.wait(Duration::from_secs(60))
-    }));
-    await_word(&r, 0, Duration::from_secs(10));
-    let held = table.is_locked(K).unwrap();
-    note!(
-        "[the holder is pid {} in its namespace; after its child dropped its copy, K is {}] ",
-        r.word(1).load(Ordering::SeqCst),
-        if held { "still held" } else { "FREE" }
-    );
-    let _ = middle.try_wait();
-    assert!(held, "a forked child released its parent's hold");
 }
