@@ -74,10 +74,6 @@ const TESTS: &[Test] = &[
         "a_raw_clone_child_neither_takes_nor_keeps_its_parents_keys",
         a_raw_clone_child_neither_takes_nor_keeps_its_parents_keys,
     ),
-    Test::new(
-        "a_forked_child_that_finds_the_registry_full_takes_nothing",
-        a_forked_child_that_finds_the_registry_full_takes_nothing,
-    ),
 ];
 
 fn main() {
@@ -883,42 +879,4 @@ fn a_raw_clone_child_neither_takes_nor_keeps_its_parents_keys() {
         got.is_ok(),
         "the clone child kept its dead parent's registration"
     );
-}
-
-// ---------------------------------------------------------------------------------------
-// 9. A forked child in a full registry
-
-/// The registry has one entry, this process's. A forked child cannot register: its lock
-/// calls must fail, not take keys under no owner (or under its parent's), and it must not
-/// release the parent's hold.
-fn a_forked_child_that_finds_the_registry_full_takes_nothing() {
-    let path = TempPath::new("full");
-    let table = LockTable::options()
-        .capacity(64)
-        .max_processes(1)
-        .open(&path)
-        .unwrap();
-    let g = table.lock(K, opts(0, 1_000)).unwrap();
-    let flag = Shared::new(1);
-    let c = fork(|| {
-        let other = table.try_lock_with_lease("other", Duration::from_secs(60));
-        let mine = table.try_lock_with_lease(K, Duration::from_secs(60));
-        let code = match (&other, &mine) {
-            (Err(_), Err(_)) => 1,
-            (Ok(Some(_)), _) => 2,
-            (_, Ok(Some(_))) => 3,
-            _ => 4,
-        };
-        eprintln!("child: other {other:?}, K {mine:?}");
-        flag.word(0).store(code, Ordering::SeqCst);
-        0
-    });
-    assert_eq!(c.wait(Duration::from_secs(20)), 0);
-    let code = flag.word(0).load(Ordering::SeqCst);
-    note!("[child: {code}] ");
-    assert_eq!(code, 1, "a child without a registry entry took a key");
-    // the child's copy of the guard is gone with the child: K is still ours
-    assert!(g.unlock().is_ok());
-    // and nothing the child did left an entry behind
-    assert!(table.holders().is_empty(), "{:?}", table.holders());
 }

@@ -9,7 +9,6 @@
 
 mod common;
 
-use std::ffi::CString;
 use std::fs;
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -32,10 +31,6 @@ const TESTS: &[Test] = &[
         a_forked_worker_that_closes_inherited_fds_stays_alive,
     ),
     Test::new(
-        "a_process_with_no_registry_entry_takes_no_locks",
-        a_process_with_no_registry_entry_takes_no_locks,
-    ),
-    Test::new(
         "an_opener_stopped_while_attaching_blocks_nobody",
         an_opener_stopped_while_attaching_blocks_nobody,
     ),
@@ -52,24 +47,8 @@ const TESTS: &[Test] = &[
         a_child_of_underscore_fork_never_releases_the_parents_hold,
     ),
     Test::new(
-        "a_lease_left_to_expire_outlives_its_process",
-        a_lease_left_to_expire_outlives_its_process,
-    ),
-    Test::new(
-        "a_lease_left_to_expire_outlives_an_exec",
-        a_lease_left_to_expire_outlives_an_exec,
-    ),
-    Test::new(
-        "leases_left_to_expire_never_fill_the_registry",
-        leases_left_to_expire_never_fill_the_registry,
-    ),
-    Test::new(
         "a_stopped_claim_is_broken_for_short_lived_pollers_too",
         a_stopped_claim_is_broken_for_short_lived_pollers_too,
-    ),
-    Test::new(
-        "registry_full_of_dead_entries_is_reused",
-        registry_full_of_dead_entries_is_reused,
     ),
     Test::new(
         "killed_mid_claim_many_times_leaves_nothing",
@@ -242,44 +221,6 @@ fn catch_claiming_beyond(
     false
 }
 
-/// A table whose registry is full (`max_processes(1)`, taken by the test). A process
-/// that cannot register must not take locks at all: an entry whose owner nobody can judge
-/// would, once its claim is broken into BROKEN, stay out of use for good if that process
-/// died. Opening fails with `TooManyProcesses`; once the test's handle is dropped, the
-/// entry is free again.
-fn a_process_with_no_registry_entry_takes_no_locks() {
-    let path = TempPath::new("unknown-owner");
-    let table = LockTable::options()
-        .capacity(2) // 4 slots
-        .max_processes(1)
-        .open(&path)
-        .unwrap();
-    assert!(table.registered());
-    let other = fork(|| match LockTable::open(&path.0, 2) {
-        Err(Error::TooManyProcesses { max: 1, .. }) => 0,
-        Err(e) => {
-            eprintln!("open with the registry full: {e}");
-            1
-        }
-        Ok(_) => {
-            eprintln!("a process with no registry entry opened the table");
-            2
-        }
-    });
-    assert_eq!(other.wait(Duration::from_secs(10)), 0);
-    drop(table);
-    let again = fork(|| match LockTable::open(&path.0, 2) {
-        Ok(t) if t.registered() => 0,
-        _ => 1,
-    });
-    assert_eq!(
-        again.wait(Duration::from_secs(10)),
-        0,
-        "the entry was not freed"
-    );
-    note!("[full registry: TooManyProcesses; free again once the holder left] ");
-}
-
 // ---------------------------------------------------------------------------------------
 // F: the init lock has no bound
 
@@ -416,123 +357,6 @@ fn a_child_of_underscore_fork_never_releases_the_parents_hold() {
 }
 
 // ---------------------------------------------------------------------------------------
-// F: leave_to_expire ("only one worker runs this tick") does not outlive the process
-
-/// The README's cron pattern: whoever gets the lease for this minute does the work and
-/// leaves the lease to expire. The winner finishes and exits well within the minute; a
-/// second runner arriving in the same minute must not get the lease.
-fn a_lease_left_to_expire_outlives_its_process() {
-    let path = TempPath::new("leave-exit");
-    let table = LockTable::open(&path, 64).unwrap();
-    let mut first = Proc::new(fork(|| {
-        let t = LockTable::open(&path, 64).unwrap();
-        let got = t
-            .try_lock_with_lease("cron:12:00", Duration::from_secs(60))
-            .unwrap();
-        match got {
-            Some(g) => {
-                let _ = g.leave_to_expire();
-                0 // work done, exit
-            }
-            None => 1,
-        }
-    }));
-    assert_eq!(first.wait(Duration::from_secs(10)), 0);
-    let second = table
-        .try_lock_with_lease("cron:12:00", Duration::from_secs(60))
-        .unwrap();
-    let ran_twice = second.is_some();
-    note!(
-        "[second runner in the same minute {}] ",
-        if ran_twice {
-            "GOT the lease"
-        } else {
-            "was refused"
-        }
-    );
-    assert!(
-        !ran_twice,
-        "a lease left to expire was reaped when its process exited"
-    );
-}
-
-/// The same for a launcher that takes the lease and execs the job.
-fn a_lease_left_to_expire_outlives_an_exec() {
-    let path = TempPath::new("leave-exec");
-    let table = LockTable::open(&path, 64).unwrap();
-    let flag = Shared::new(1);
-    let _launcher = Proc::new(fork(|| {
-        let t = LockTable::open(&path, 64).unwrap();
-        let g = t
-            .try_lock_with_lease("job", Duration::from_secs(60))
-            .unwrap()
-            .unwrap();
-        let _ = g.leave_to_expire();
-        flag.word(0).store(1, Ordering::SeqCst);
-        let sleep = CString::new("/bin/sleep").unwrap();
-        let arg = CString::new("30").unwrap();
-        // SAFETY: valid NUL-terminated strings and a NULL-terminated argv.
-        unsafe {
-            libc::execv(
-                sleep.as_ptr(),
-                [sleep.as_ptr(), arg.as_ptr(), std::ptr::null()].as_ptr(),
-            )
-        };
-        99
-    }));
-    await_word(&flag, 0, Duration::from_secs(10));
-    std::thread::sleep(Duration::from_millis(200)); // the exec is done
-    let second = table
-        .try_lock_with_lease("job", Duration::from_secs(60))
-        .unwrap();
-    let twice = second.is_some();
-    note!(
-        "[while the exec'd job runs, a second launcher {}] ",
-        if twice {
-            "GOT the lease"
-        } else {
-            "was refused"
-        }
-    );
-    assert!(
-        !twice,
-        "a lease left to expire was reaped when its process exec'd"
-    );
-}
-
-/// A long-lived process that opens a handle per run and leaves each lease to expire must
-/// not keep a registration (and its descriptor) per run: the registry would fill up.
-fn leases_left_to_expire_never_fill_the_registry() {
-    let path = TempPath::new("leave-leak");
-    drop(
-        LockTable::options()
-            .capacity(4096)
-            .max_processes(64)
-            .open(&path)
-            .unwrap(),
-    );
-    let mut child = Proc::new(fork(|| {
-        for i in 0..100 {
-            let t = LockTable::open(&path, 64).unwrap();
-            if !t.registered() {
-                note!(
-                    "[run {i}: no registry entry left; fds open: {}] ",
-                    fds_naming(&path.0).len()
-                );
-                return 1;
-            }
-            let g = t
-                .try_lock_with_lease(format!("run:{i}"), Duration::from_millis(10))
-                .unwrap()
-                .unwrap();
-            let _ = g.leave_to_expire();
-        }
-        0
-    }));
-    assert_eq!(child.wait(Duration::from_secs(30)), 0, "registrations leak");
-}
-
-// ---------------------------------------------------------------------------------------
 // The stall memory is per process
 
 /// A claimer is stopped mid-claim and left stopped. Fresh processes poll the key with
@@ -575,35 +399,6 @@ fn a_stopped_claim_is_broken_for_short_lived_pollers_too() {
         got.is_some(),
         "a stopped claim is never broken by short-lived processes"
     );
-}
-
-/// Every registry entry is left TAKEN by a process that was SIGKILLed: a new process must
-/// still get an entry (the locks are gone).
-fn registry_full_of_dead_entries_is_reused() {
-    let path = TempPath::new("registry-dead");
-    drop(LockTable::options().max_processes(4).open(&path).unwrap());
-    let flag = Shared::new(8);
-    for i in 0..4 {
-        let c = fork(|| {
-            let t = LockTable::open(&path, 64).unwrap();
-            flag.word(i)
-                .store(1 + u64::from(t.registered()), Ordering::SeqCst);
-            std::thread::sleep(Duration::from_secs(30));
-            drop(t);
-            0
-        });
-        await_word(&flag, i, Duration::from_secs(10));
-        c.kill();
-    }
-    let registered: Vec<_> = (0..4)
-        .map(|i| flag.word(i).load(Ordering::SeqCst) == 2)
-        .collect();
-    let t = LockTable::open(&path, 64).unwrap();
-    note!(
-        "[dead processes registered: {registered:?}; a new one registered: {}] ",
-        t.registered()
-    );
-    assert!(t.registered());
 }
 
 // ---------------------------------------------------------------------------------------
