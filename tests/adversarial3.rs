@@ -7,19 +7,17 @@
 
 mod common;
 
-use std::ffi::CString;
 use std::fs;
-use std::io::{BufRead, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::fork::{fork, Shared};
 use common::harness::Test;
-use common::probe::{await_word, mapping_base, registry_len, GdbStop, Proc, Spawned, Stage, Watch};
+use common::probe::{await_word, mapping_base, registry_len, GdbStop, Proc, Stage, Watch};
 use common::word::{gen, ident, state, GEN_MASK};
 use common::{opts, TempPath};
-use shmlock::{Error, LockTable};
+use shmlock::LockTable;
 
 const TESTS: &[Test] = &[
     Test::new(
@@ -29,14 +27,6 @@ const TESTS: &[Test] = &[
     Test::new(
         "control_extending_dead_holder_after_63_registry_reuses_is_freed",
         control_extending_dead_holder_after_63_registry_reuses_is_freed,
-    ),
-    Test::new(
-        "exec_without_aslr_frees_the_old_images_keys",
-        exec_without_aslr_frees_the_old_images_keys,
-    ),
-    Test::new(
-        "control_exec_with_aslr_frees_the_old_images_keys",
-        control_exec_with_aslr_frees_the_old_images_keys,
     ),
     Test::new(
         "stealer_killed_while_stealing_an_expired_live_holders_key_blocks_nobody",
@@ -66,75 +56,13 @@ const TESTS: &[Test] = &[
 ];
 
 fn main() {
-    common::harness::run("adversarial3", TESTS, role);
+    common::harness::run("adversarial3", TESTS, common::harness::no_roles);
 }
 
 const K: &str = "K";
 
 // ---------------------------------------------------------------------------------------
 // Helpers
-
-/// Where this process mapped `path` at offset 0 (what the registry records).
-fn mapping_start(path: &Path) -> usize {
-    use std::os::unix::fs::MetadataExt;
-    let ino = fs::metadata(path).unwrap().ino().to_string();
-    let maps = fs::read_to_string("/proc/self/maps").unwrap();
-    for line in maps.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() >= 5 && f[4] == ino {
-            return usize::from_str_radix(f[0].split('-').next().unwrap(), 16).unwrap();
-        }
-    }
-    panic!("{} is not mapped", path.display());
-}
-
-fn role(args: &[String]) -> i32 {
-    match args.first().map(String::as_str) {
-        // holdexec PATH: open the table, take K for good, say where the table is mapped,
-        // then exec a new image of this binary that opens the table again.
-        Some("holdexec") => {
-            let path = &args[1];
-            let t = LockTable::open(path, 64).unwrap();
-            let g = t.lock(K, opts(0, 1_000)).unwrap();
-            std::mem::forget(g);
-            println!("old {:#x}", mapping_start(Path::new(path)));
-            let _ = std::io::stdout().flush();
-            std::mem::forget(t);
-            use std::os::unix::ffi::OsStringExt;
-            let exe =
-                CString::new(std::env::current_exe().unwrap().into_os_string().into_vec()).unwrap();
-            let a = [
-                exe.clone(),
-                CString::new("--role").unwrap(),
-                CString::new("reopen").unwrap(),
-                CString::new(path.as_str()).unwrap(),
-            ];
-            let mut argv: Vec<*const libc::c_char> = a.iter().map(|a| a.as_ptr()).collect();
-            argv.push(std::ptr::null());
-            // SAFETY: NUL-terminated strings, NULL-terminated argv.
-            unsafe { libc::execv(exe.as_ptr(), argv.as_ptr()) };
-            99
-        }
-        Some("reopen") => {
-            let path = &args[1];
-            match LockTable::open(path, 64) {
-                Ok(t) => {
-                    println!("new {:#x}", mapping_start(Path::new(path)));
-                    let _ = std::io::stdout().flush();
-                    std::thread::sleep(Duration::from_secs(30));
-                    drop(t);
-                }
-                Err(e) => {
-                    println!("error {e}");
-                    let _ = std::io::stdout().flush();
-                    std::thread::sleep(Duration::from_secs(30));
-                }
-            }
-            0
-        }
-        _ => common::harness::no_roles(args),
-    }
-}
 
 // ---------------------------------------------------------------------------------------
 // 1. 7feedcc: a dead holder killed mid-renewal (EXTENDING) after its registry entry was
@@ -244,89 +172,6 @@ fn extending_dead_holder_after_64_registry_reuses_is_freed() {
 
 fn control_extending_dead_holder_after_63_registry_reuses_is_freed() {
     extending_dead_holder(62);
-}
-
-// ---------------------------------------------------------------------------------------
-// 2. 7feedcc: `runs_with_mapping` says an exec'd image is a new one because exec maps the
-//    table elsewhere. Without address-space randomisation (personality
-//    ADDR_NO_RANDOMIZE, `setarch -R`, or sysctl kernel.randomize_va_space=0) the new
-//    image maps it at the same page: the old image's registration (descriptor closed by
-//    O_CLOEXEC) is judged alive as long as the new image runs.
-
-fn exec_reopen(no_aslr: bool) {
-    use std::os::unix::process::CommandExt;
-    let path = TempPath::new("exec-noaslr");
-    // 3 entries: this process, the old image's, the new image's; a 4th process is refused
-    // if the old image's entry is never given back.
-    let table = LockTable::options()
-        .capacity(64)
-        .max_processes(3)
-        .open(&path)
-        .unwrap();
-    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.process_group(0);
-    cmd.args(["--role", "holdexec"])
-        .arg(&path.0)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit());
-    if no_aslr {
-        // SAFETY: personality is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::personality(libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
-                Ok(())
-            });
-        }
-    }
-    let mut h = Spawned(cmd.spawn().unwrap());
-    let mut out = std::io::BufReader::new(h.0.stdout.take().unwrap());
-    let (mut l1, mut l2) = (String::new(), String::new());
-    out.read_line(&mut l1).unwrap();
-    out.read_line(&mut l2).unwrap();
-    let same = l1.split_whitespace().nth(1) == l2.split_whitespace().nth(1);
-    note!(
-        "[pid {}: {} / {}: {}] ",
-        h.0.id(),
-        l1.trim(),
-        l2.trim(),
-        if same { "SAME page" } else { "different pages" }
-    );
-    assert!(l2.starts_with("new"), "the new image did not open: {l2}");
-    let started = Instant::now();
-    let got = table.lock(K, opts(0, 2_000));
-    let waited = started.elapsed();
-    // a newcomer: one entry should be free (the old image's) once the old image is gone
-    let newcomer = fork(|| match LockTable::open(&path, 64) {
-        Ok(_) => 0,
-        Err(Error::TooManyProcesses { .. }) => 3,
-        Err(_) => 1,
-    })
-    .wait(Duration::from_secs(10));
-    note!(
-        "[waiter {} in {waited:?}; a newcomer's open: {}] ",
-        if got.is_ok() { "took K" } else { "TIMED OUT" },
-        match newcomer {
-            0 => "ok",
-            3 => "REFUSED (TooManyProcesses)",
-            _ => "error",
-        }
-    );
-    assert!(
-        got.is_ok(),
-        "the old image's key stays held for as long as the exec'd image runs"
-    );
-    assert_eq!(
-        newcomer, 0,
-        "the old image's registry entry is never given back"
-    );
-}
-
-fn exec_without_aslr_frees_the_old_images_keys() {
-    exec_reopen(true);
-}
-
-fn control_exec_with_aslr_frees_the_old_images_keys() {
-    exec_reopen(false);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::fork::{_Fork, fork, xorshift, Shared};
+use common::fork::{fork, xorshift, Shared};
 use common::harness::{require_root, Test};
 use common::probe::{await_word, cont, fds_naming, proc_state, stop, Proc};
 use common::{opts, TempPath};
@@ -41,10 +41,6 @@ const TESTS: &[Test] = &[
     Test::new(
         "control_two_stopped_claims_32_slots_apart_are_broken",
         control_two_stopped_claims_32_slots_apart_are_broken,
-    ),
-    Test::new(
-        "a_child_of_underscore_fork_never_releases_the_parents_hold",
-        a_child_of_underscore_fork_never_releases_the_parents_hold,
     ),
     Test::new(
         "a_stopped_claim_is_broken_for_short_lived_pollers_too",
@@ -325,35 +321,6 @@ fn two_stopped_claims(apart: usize) {
     let code = waiter.wait(Duration::from_secs(30));
     let _ = (wa.try_wait(), wb.try_wait());
     assert_eq!(code, 0, "stopped claims left unbroken (entries {states:?})");
-}
-
-// ---------------------------------------------------------------------------------------
-// F: children made without the fork handler
-
-/// glibc's `_Fork` (POSIX 2024; async-signal-safe fork) runs no atfork handlers, so the
-/// child keeps the parent's memory as it was: its copy of the parent's guard must still
-/// know it is not the child's (dropping it must not release the parent's hold).
-fn a_child_of_underscore_fork_never_releases_the_parents_hold() {
-    let path = TempPath::new("underscore-fork");
-    let table = LockTable::open(&path, 64).unwrap();
-    let g = table.lock(K, opts(60_000, 1_000)).unwrap();
-    // SAFETY: single-threaded test binary.
-    let pid = unsafe { _Fork() };
-    if pid == 0 {
-        drop(g); // the child's copy goes out of scope
-                 // SAFETY: leave.
-        unsafe { libc::_exit(0) };
-    }
-    let mut status = 0;
-    // SAFETY: our child.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
-    let stolen = table.is_locked(K).unwrap();
-    note!(
-        "[after the _Fork child dropped its copy, K is {}] ",
-        if stolen { "still held" } else { "FREE" }
-    );
-    drop(g);
-    assert!(stolen, "the parent's hold was released by its child");
 }
 
 // ---------------------------------------------------------------------------------------
