@@ -11,15 +11,17 @@ mod common;
 use std::fs;
 use std::io::Write;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::fork::{fork, Shared};
 use common::harness::Test;
-use common::probe::{await_word, close_from_3, Proc};
-use common::{opts, TempPath};
-use shmlock::LockTable;
+use common::probe::{await_word, close_from_3, fds_naming, Proc};
+use common::{cstr, opts, TempPath};
+use shmlock::{Error, LockTable};
 
 const TESTS: &[Test] = &[
     Test::new(
@@ -57,6 +59,31 @@ const TESTS: &[Test] = &[
     Test::new(
         "control_dict_without_close_range",
         control_dict_without_close_range,
+    ),
+    Test::new(
+        "a_replaced_probe_descriptor_never_makes_a_live_holder_look_dead",
+        a_replaced_probe_descriptor_never_makes_a_live_holder_look_dead,
+    ),
+    Test::new(
+        "a_forked_worker_that_closes_inherited_fds_stays_alive",
+        a_forked_worker_that_closes_inherited_fds_stays_alive,
+    ),
+    Test::new(
+        "a_process_that_closed_its_descriptors_after_opening_is_never_given_a_shared_key",
+        a_process_that_closed_its_descriptors_after_opening_is_never_given_a_shared_key,
+    ),
+    Test::new(
+        "a_newcomer_never_takes_the_registry_entry_of_a_process_that_closed_its_descriptors",
+        a_newcomer_never_takes_the_registry_entry_of_a_process_that_closed_its_descriptors,
+    ),
+    Test::new("probe_games_leave_a_live_holder_alive", probe_games),
+    Test::new(
+        "a_probe_number_the_program_reuses_never_judges",
+        probe_aba_program_reuses_the_number,
+    ),
+    Test::new(
+        "a_probe_swapped_during_a_lock_test_never_judges",
+        probe_aba_preempted_at_the_lock_test,
     ),
 ];
 
@@ -639,4 +666,596 @@ fn kill_word(flag: &Shared, w: usize) {
         // SAFETY: signalling a process this test made.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Process helpers
+
+/// A child that takes K (lease `exptime_ms`) on its own handle, sets `ready[0]`, and holds
+/// it for 30 s, counting in `ready[1]` how many times it saw itself still K's holder.
+fn holder(path: &Path, ready: &Shared, exptime_ms: u64) -> Proc {
+    let p = Proc::new(fork(|| {
+        let t = LockTable::open(path, 64).unwrap();
+        let g = t.lock(K, opts(exptime_ms, 1_000)).unwrap();
+        ready
+            .word(0)
+            .store(u64::from(std::process::id()), Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(30));
+        drop(g);
+        0
+    }));
+    await_word(ready, 0, Duration::from_secs(10));
+    p
+}
+
+// ---------------------------------------------------------------------------------------
+// F1: a descriptor number reused behind the library's back
+
+/// A waiter process whose table descriptors were replaced by another file (what
+/// `closefrom(3)` followed by opening a log file does) asks the kernel about the holder's
+/// registry lock through a descriptor that names another file now: the waiter must not
+/// take that "unlocked" for a verdict (the holder is alive).
+fn a_replaced_probe_descriptor_never_makes_a_live_holder_look_dead() {
+    let path = TempPath::new("probe");
+    drop(LockTable::open(&path, 64).unwrap());
+    let ready = Shared::new(2);
+    let _h = holder(&path.0, &ready, 60_000);
+    let other = TempPath::new("other-file");
+    let mut waiter = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let fds = fds_naming(&path.0);
+        let scratch = fs::File::create(&other).unwrap();
+        scratch.set_len(8192).unwrap();
+        // Only the lowest: the descriptor the mapping came from (the liveness probe).
+        // SAFETY: replacing a descriptor number, as a careless closefrom+open would.
+        unsafe { libc::dup2(scratch.as_raw_fd(), fds[0]) };
+        let r = t.lock(K, opts(60_000, 1_500)).map(std::mem::forget);
+        match r {
+            Ok(()) => {
+                note!(
+                    "[waiter got K while pid {} holds it] ",
+                    ready.word(0).load(Ordering::SeqCst)
+                );
+                1
+            }
+            Err(Error::Timeout { .. }) => 0,
+            Err(e) => {
+                eprintln!("{e}");
+                2
+            }
+        }
+    }));
+    assert_eq!(
+        waiter.wait(Duration::from_secs(20)),
+        0,
+        "two live holders of K"
+    );
+}
+
+/// The prefork pattern: a master opens the table and forks a worker; the worker does the
+/// usual daemon hygiene (close every inherited descriptor above 2, then open its own log
+/// file, which takes the lowest free number) and then uses the table it inherited. Its
+/// re-registration must go to the table, not to whatever took the number: the master must
+/// find it alive while it holds K.
+fn a_forked_worker_that_closes_inherited_fds_stays_alive() {
+    let path = TempPath::new("prefork");
+    let table = LockTable::open(&path, 64).unwrap();
+    let log = TempPath::new("worker-log");
+    let flag = Shared::new(2);
+    let _worker = Proc::new(fork(|| {
+        // SAFETY: closing every descriptor above stderr, as daemons do after fork.
+        unsafe { libc::close_range(3, u32::MAX, 0) };
+        let _log = fs::File::create(&log).unwrap(); // gets fd 3
+        let g = table.lock(K, opts(60_000, 1_000)).unwrap();
+        flag.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(30));
+        drop(g);
+        0
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    let got = table.lock(K, opts(60_000, 1_500));
+    let stole = got.is_ok();
+    if let Ok(g) = got {
+        note!("[master got K while the worker holds it] ");
+        std::mem::forget(g);
+    }
+    assert!(!stole, "two live holders of K");
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. A process that closes its descriptors after opening (a daemonizing step)
+
+/// D opens the table, then closes every descriptor from 3 up (`close_range`, as a
+/// daemonizing library does) and opens a few files under the freed numbers; then it locks
+/// K. Either D's lock call must fail, or nobody else may take K while D holds it.
+fn a_process_that_closed_its_descriptors_after_opening_is_never_given_a_shared_key() {
+    let path = TempPath::new("daemon");
+    let table = LockTable::open(&path, 64).unwrap();
+    let flag = Shared::new(2);
+    let _d = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        close_from_3();
+        let _logs: Vec<fs::File> = (0..4)
+            .map(|_| fs::File::open("/dev/null").unwrap())
+            .collect();
+        match t.lock(K, opts(60_000, 1_000)) {
+            Ok(g) => {
+                flag.word(0).store(1, Ordering::SeqCst);
+                // Later: does D still think it holds K?
+                std::thread::sleep(Duration::from_millis(500));
+                let still = g.unlock();
+                flag.word(1)
+                    .store(if still.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
+            }
+            Err(e) => {
+                eprintln!("D's lock after close_range: {e}");
+                flag.word(0).store(2, Ordering::SeqCst);
+            }
+        }
+        std::thread::sleep(Duration::from_secs(30));
+        0
+    }));
+    let d_got = await_word(&flag, 0, Duration::from_secs(10)) == 1;
+    let mut other = None;
+    if d_got {
+        other = table
+            .try_lock_with_lease(K, Duration::from_secs(60))
+            .unwrap();
+    }
+    let d_unlock = if d_got {
+        await_word(&flag, 1, Duration::from_secs(10))
+    } else {
+        0
+    };
+    note!(
+        "[D's lock after closing its descriptors: {}; another process {}; D's unlock {}] ",
+        if d_got { "granted" } else { "refused" },
+        if other.is_some() {
+            "ALSO took K"
+        } else {
+            "was refused"
+        },
+        match d_unlock {
+            1 => "Ok",
+            2 => "Expired",
+            _ => "-",
+        }
+    );
+    assert!(
+        other.is_none(),
+        "two live holders: a process whose registration descriptor was closed was granted \
+         K and another process took it at once"
+    );
+}
+
+/// D closes its descriptors after opening and then holds K with no lease, so only its
+/// liveness can free K. The registry has two entries: this process's and D's. A newcomer
+/// whose registration found D's entry unlocked and took it would make D's hold look dead;
+/// it must be refused instead. Once D dies, its entry and K are free again.
+fn a_newcomer_never_takes_the_registry_entry_of_a_process_that_closed_its_descriptors() {
+    let path = TempPath::new("daemon-entry");
+    let table = LockTable::options()
+        .capacity(64)
+        .max_processes(2)
+        .open(&path)
+        .unwrap();
+    let flag = Shared::new(1);
+    let mut d = Proc::new(fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        close_from_3();
+        let g = t.lock(K, opts(0, 1_000)).unwrap();
+        std::mem::forget(g);
+        flag.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(60));
+        0
+    }));
+    await_word(&flag, 0, Duration::from_secs(10));
+    // 3: refused a registry entry; 1: took K; 2: registered but K was busy
+    let newcomer = || {
+        fork(|| match LockTable::open(&path, 64) {
+            Err(shmlock::Error::TooManyProcesses { .. }) => 3,
+            Err(e) => panic!("{e}"),
+            Ok(t) => match t.try_lock_with_lease(K, Duration::from_secs(60)) {
+                Ok(Some(g)) => {
+                    std::mem::forget(g);
+                    1
+                }
+                _ => 2,
+            },
+        })
+        .wait(Duration::from_secs(10))
+    };
+    let while_d_runs = newcomer();
+    let here = table
+        .try_lock_with_lease(K, Duration::from_secs(60))
+        .unwrap()
+        .is_some();
+    d.kill();
+    let after = newcomer();
+    note!("[newcomer while D runs: exit {while_d_runs}; after D's death: exit {after}] ");
+    assert_eq!(
+        while_d_runs, 3,
+        "a newcomer took the registry entry of a live process that closed its descriptors"
+    );
+    assert!(!here, "another process took D's key while D runs");
+    assert_eq!(after, 1, "D's entry and key stay taken after its death");
+}
+
+// ---------------------------------------------------------------------------------------
+// 9. Probe games a program may play with its own descriptors.
+
+fn probe_games() {
+    let path = TempPath::new("probe");
+    let shared = Shared::new(4);
+    let holder = fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.lock(K, opts(60_000, 1_000)).unwrap();
+        shared.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(20));
+        drop(g);
+        0
+    });
+    await_word(&shared, 0, Duration::from_secs(10));
+    let mut results = Vec::new();
+    let t = LockTable::open(&path, 64).unwrap();
+    // find our probe: the descriptor naming the table
+    let ino = fs::metadata(&path).unwrap().ino();
+    let fds: Vec<i32> = fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let n: i32 = e.file_name().to_str()?.parse().ok()?;
+            let m = fs::metadata(e.path()).ok()?;
+            (m.ino() == ino).then_some(n)
+        })
+        .collect();
+    results.push(format!("table fds {fds:?}"));
+    let n = fds[0];
+    let try_k = |what: &str, results: &mut Vec<String>| {
+        let r = t.try_lock_with_lease(K, Duration::from_secs(60)).unwrap();
+        results.push(format!(
+            "{what}: {}",
+            if r.is_some() { "TOOK K" } else { "busy" }
+        ));
+        r.is_some()
+    };
+    let mut broke = try_k("baseline", &mut results);
+    use std::os::unix::fs::OpenOptionsExt;
+    // (a) the program reopens the table itself O_NONBLOCK|O_RDWR and takes an OFD lock on
+    //     the holder's entry range? no: it takes a *write* lock on the whole header page
+    //     through its own description, closes our number and dup2s that description onto it
+    let own = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&path)
+        .unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: dup2 onto the library's number (the program replaces it: out of contract
+    // for a number the library owns, but exactly what close-then-reopen produces)
+    unsafe { libc::dup2(own.as_raw_fd(), n) };
+    broke |= try_k(
+        "our number replaced by the program's O_NONBLOCK description of the table",
+        &mut results,
+    );
+    // (b) the program takes OFD locks on the registry through that description
+    let fl = libc::flock {
+        l_type: libc::F_RDLCK as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: 4096,
+        l_len: 4096 * 16,
+        l_pid: 0,
+    };
+    // SAFETY: fcntl on our own descriptor.
+    let rc = unsafe { libc::fcntl(own.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+    broke |= try_k(
+        &format!("program read-locks the registry pages through it (rc {rc})"),
+        &mut results,
+    );
+    // (c) clears O_NONBLOCK on it
+    // SAFETY: fcntl on our own descriptor.
+    unsafe { libc::fcntl(n, libc::F_SETFL, 0) };
+    broke |= try_k(
+        "program clears O_NONBLOCK on that description",
+        &mut results,
+    );
+    holder.kill();
+    std::thread::sleep(Duration::from_millis(20));
+    let after = t.try_lock_with_lease(K, Duration::from_secs(60)).unwrap();
+    results.push(format!(
+        "after the holder's death: {}",
+        if after.is_some() {
+            "took K"
+        } else {
+            "busy (doubt = alive)"
+        }
+    ));
+    note!("[{}] ", results.join("; "));
+    assert!(!broke, "BROKE: a live holder was judged dead");
+}
+
+#[allow(dead_code)]
+fn _unused(_: AtomicU64) {}
+
+// ---------------------------------------------------------------------------------------
+// 11. The probe checked before and after the lock test, but not *during* it: a program that
+//     closed our number once (a daemon's close_range) and then opens and closes files of
+//     its own under it — the table itself (O_NONBLOCK), a log file — can have the number
+//     name the table at both checks and a log file at the test.
+
+static REPEAT_CLOSE_RANGE: AtomicBool = AtomicBool::new(false);
+
+fn probe_aba_program_reuses_the_number() {
+    REPEAT_CLOSE_RANGE.store(
+        std::env::var_os("SHMLOCK_REPEAT_CLOSE_RANGE").is_some(),
+        Ordering::Relaxed,
+    );
+    let path = TempPath::new("aba");
+    let log = TempPath::new("abalog");
+    fs::write(&log, b"log").unwrap();
+    drop(LockTable::open(&path, 64).unwrap());
+    let shared = Shared::new(8);
+    let q = fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.lock(K, opts(120_000, 1_000)).unwrap();
+        shared.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(60));
+        drop(g);
+        0
+    });
+    await_word(&shared, 0, Duration::from_secs(10));
+    let c = fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        // the table's descriptor in this process
+        let ino = fs::metadata(&path).unwrap().ino();
+        let n: i32 = fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                let n: i32 = e.file_name().to_str()?.parse().ok()?;
+                (fs::metadata(e.path()).ok()?.ino() == ino).then_some(n)
+            })
+            .min()
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let (tp, lp) = (
+            cstr(path.0.to_str().unwrap()),
+            cstr(log.0.to_str().unwrap()),
+        );
+        let cycler = std::thread::spawn(move || {
+            // SAFETY: closes the library's number once (as close_range would), then only
+            // descriptors this thread opened itself.
+            unsafe { libc::close(n) };
+            let mut cycles = 0u64;
+            while !s2.load(Ordering::Relaxed) {
+                // SAFETY: opening and closing our own descriptors.
+                unsafe {
+                    if REPEAT_CLOSE_RANGE.load(Ordering::Relaxed) {
+                        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                    }
+                    let a = libc::open(
+                        tp.as_ptr(),
+                        libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+                    );
+                    libc::close(a);
+                    let b = libc::open(lp.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+                    libc::close(b);
+                }
+                cycles += 1;
+            }
+            cycles
+        });
+        let start = Instant::now();
+        let mut tries = 0u64;
+        let mut took = false;
+        while start.elapsed() < Duration::from_secs(5) {
+            tries += 1;
+            if let Ok(Some(g)) = t.try_lock_with_lease(K, Duration::from_secs(60)) {
+                took = true;
+                std::mem::forget(g);
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let cycles = cycler.join().unwrap();
+        println!(
+            "\n  probe number {n}; program's open/close cycles {cycles}; our try_lock calls \
+             {tries} in {:?}; took K from the live holder: {took}",
+            start.elapsed()
+        );
+        i32::from(took)
+    });
+    let rc = c.wait(Duration::from_secs(60));
+    // SAFETY: signal 0 sends nothing; it asks whether our own child, not yet reaped (q
+    // reaps it when killed below), still exists.
+    let alive = unsafe { libc::kill(q.0, 0) } == 0;
+    q.kill();
+    assert!(
+        !(rc == 1 && alive),
+        "BROKE: a live holder's key was taken (holder alive {alive})"
+    );
+}
+
+// 11b. The same, with the waiter preempted exactly around its lock test (ptrace stops it at
+//      entry and exit of fcntl(F_OFD_GETLK), as the scheduler could): while it is off the
+//      CPU the program closes its own table descriptor and opens a log file under the
+//      number, then the other way round.
+
+fn probe_aba_preempted_at_the_lock_test() {
+    let path = TempPath::new("aba2");
+    let log = TempPath::new("aba2log");
+    fs::write(&log, b"log").unwrap();
+    drop(LockTable::open(&path, 64).unwrap());
+    let shared = Shared::new(8);
+    let q = fork(|| {
+        let t = LockTable::open(&path, 64).unwrap();
+        let g = t.lock(K, opts(120_000, 1_000)).unwrap();
+        shared.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(60));
+        drop(g);
+        0
+    });
+    await_word(&shared, 0, Duration::from_secs(10));
+    // word 1: waiter tid; word 2: probe number; word 3: command to the program (1: make it a
+    // log, 2: make it the table) ; word 4: ack; word 5: result (1 took, 2 not)
+    let c = fork(|| {
+        let t = Arc::new(LockTable::open(&path, 64).unwrap());
+        let ino = fs::metadata(&path).unwrap().ino();
+        let n: i32 = fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                let n: i32 = e.file_name().to_str()?.parse().ok()?;
+                (fs::metadata(e.path()).ok()?.ino() == ino).then_some(n)
+            })
+            .min()
+            .unwrap();
+        let (tp, lp) = (
+            cstr(path.0.to_str().unwrap()),
+            cstr(log.0.to_str().unwrap()),
+        );
+        // the program: closes the library's number once (close_range), opens the table
+        // itself (O_NONBLOCK) and gets that number; later swaps its own descriptors on demand
+        // SAFETY: plain descriptor calls.
+        unsafe {
+            libc::close(n);
+            let a = libc::open(
+                tp.as_ptr(),
+                libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            );
+            assert_eq!(a, n);
+        }
+        shared.word(2).store(n as u64, Ordering::SeqCst);
+        let t2 = t.clone();
+        let sh = &shared;
+        // SAFETY: shared lives until the end of this child (it is joined below).
+        let sh: &'static Shared = unsafe { &*(sh as *const Shared) };
+        let waiter = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            sh.word(1)
+                .store(unsafe { libc::gettid() } as u64, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(300)); // the tracer attaches
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(g)) = t2.try_lock_with_lease(K, Duration::from_secs(60)) {
+                    std::mem::forget(g);
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(3));
+            }
+            false
+        });
+        // the program's own descriptor work, on demand
+        let start = Instant::now();
+        let mut last = 0;
+        while start.elapsed() < Duration::from_secs(15)
+            && shared.word(5).load(Ordering::SeqCst) == 0
+        {
+            let cmd = shared.word(3).load(Ordering::SeqCst);
+            if cmd != last && cmd != 0 {
+                last = cmd;
+                // SAFETY: the program's own descriptor n.
+                unsafe {
+                    libc::close(n);
+                    let p = if cmd & 1 == 1 {
+                        lp.as_ptr()
+                    } else {
+                        tp.as_ptr()
+                    };
+                    let fl = if cmd & 1 == 1 {
+                        libc::O_RDONLY
+                    } else {
+                        libc::O_RDONLY | libc::O_NONBLOCK
+                    };
+                    let a = libc::open(p, fl | libc::O_CLOEXEC);
+                    assert_eq!(a, n);
+                }
+                shared.word(4).store(cmd, Ordering::SeqCst);
+            }
+            if waiter.is_finished() {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let took = waiter.join().unwrap();
+        shared
+            .word(5)
+            .store(if took { 1 } else { 2 }, Ordering::SeqCst);
+        0
+    });
+    let tid = await_word(&shared, 1, Duration::from_secs(10)) as i32;
+    let n = shared.word(2).load(Ordering::SeqCst);
+    // the tracer
+    // SAFETY: tracing a thread of our own child.
+    unsafe {
+        assert_eq!(
+            libc::ptrace(
+                libc::PTRACE_SEIZE,
+                tid,
+                0,
+                libc::PTRACE_O_TRACESYSGOOD as usize
+            ),
+            0,
+            "seize: {}",
+            std::io::Error::last_os_error()
+        );
+        libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0);
+    }
+    let mut st = 0;
+    // SAFETY: waiting for our tracee.
+    unsafe { libc::waitpid(tid, &mut st, libc::__WALL) };
+    let mut cmd = 0u64;
+    let mut in_getlk = false;
+    let mut swaps = 0;
+    let deadline = Instant::now() + Duration::from_secs(12);
+    while Instant::now() < deadline {
+        // SAFETY: resuming our tracee to its next system call stop.
+        if unsafe { libc::ptrace(libc::PTRACE_SYSCALL, tid, 0, 0) } != 0 {
+            break;
+        }
+        // SAFETY: waiting for our tracee.
+        let r = unsafe { libc::waitpid(tid, &mut st, libc::__WALL) };
+        if r != tid || libc::WIFEXITED(st) || libc::WIFSIGNALED(st) {
+            break;
+        }
+        if !(libc::WIFSTOPPED(st) && libc::WSTOPSIG(st) == (libc::SIGTRAP | 0x80)) {
+            continue;
+        }
+        // SAFETY: reading the tracee's registers into a zeroed struct.
+        let regs = unsafe {
+            let mut regs: libc::user_regs_struct = std::mem::zeroed();
+            libc::ptrace(libc::PTRACE_GETREGS, tid, 0, &mut regs as *mut _);
+            regs
+        };
+        let is_getlk = regs.orig_rax == libc::SYS_fcntl as u64
+            && regs.rdi == n
+            && regs.rsi == libc::F_OFD_GETLK as u64;
+        if !is_getlk {
+            continue;
+        }
+        // entry, then exit
+        in_getlk = !in_getlk;
+        cmd += 1; // odd: log (at entry), even: table (at exit)
+        assert_eq!(cmd & 1 == 1, in_getlk);
+        shared.word(3).store(cmd, Ordering::SeqCst);
+        let until = Instant::now() + Duration::from_secs(2);
+        while shared.word(4).load(Ordering::SeqCst) != cmd && Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        swaps += 1;
+    }
+    // SAFETY: detaching (the tracee may be gone).
+    unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0) };
+    let rc = c.wait(Duration::from_secs(30));
+    let took = shared.word(5).load(Ordering::SeqCst);
+    // SAFETY: signal 0 sends nothing; it asks whether our own unreaped child still exists.
+    let alive = unsafe { libc::kill(q.0, 0) } == 0;
+    q.kill();
+    note!("[probe number {n}; descriptor swaps by the program while the waiter was preempted in its lock test: {swaps}; rc {rc}; the waiter took K from the live holder: {}, holder alive: {alive}] ", took == 1);
+    assert!(
+        !(took == 1 && alive),
+        "BROKE: a live holder's key was taken"
+    );
 }

@@ -13,13 +13,12 @@
 
 mod common;
 
-use std::fs;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::fork::{fork, Shared};
 use common::harness::Test;
-use common::probe::{await_word, close_from_3, mapping_base, registry_len, GdbStop, Proc, Watch};
+use common::probe::{await_word, mapping_base, registry_len, GdbStop, Proc, Watch};
 use common::word::{gen, ident, state, GEN_MASK};
 use common::{opts, TempPath};
 use shmlock::{Error, LockTable};
@@ -48,14 +47,6 @@ const TESTS: &[Test] = &[
         "control_a_dead_holders_key_is_freed_after_its_registry_entry_was_reused_63_times",
         control_a_dead_holders_key_is_freed_after_its_registry_entry_was_reused_63_times,
     ),
-    Test::new(
-        "a_process_that_closed_its_descriptors_after_opening_is_never_given_a_shared_key",
-        a_process_that_closed_its_descriptors_after_opening_is_never_given_a_shared_key,
-    ),
-    Test::new(
-        "a_newcomer_never_takes_the_registry_entry_of_a_process_that_closed_its_descriptors",
-        a_newcomer_never_takes_the_registry_entry_of_a_process_that_closed_its_descriptors,
-    ),
 ];
 
 fn main() {
@@ -63,9 +54,6 @@ fn main() {
 }
 
 const K: &str = "K";
-
-// ---------------------------------------------------------------------------------------
-// Helpers
 
 // ---------------------------------------------------------------------------------------
 // 1. The slot's 26-bit generation wraps under one thread's own holds
@@ -475,123 +463,4 @@ fn a_dead_holders_key_is_freed_after_its_registry_entry_was_reused_64_times() {
 
 fn control_a_dead_holders_key_is_freed_after_its_registry_entry_was_reused_63_times() {
     dead_holder_after_reuses(62);
-}
-
-// ---------------------------------------------------------------------------------------
-// 3. A process that closes its descriptors after opening (a daemonizing step)
-
-/// D opens the table, then closes every descriptor from 3 up (`close_range`, as a
-/// daemonizing library does) and opens a few files under the freed numbers; then it locks
-/// K. Either D's lock call must fail, or nobody else may take K while D holds it.
-fn a_process_that_closed_its_descriptors_after_opening_is_never_given_a_shared_key() {
-    let path = TempPath::new("daemon");
-    let table = LockTable::open(&path, 64).unwrap();
-    let flag = Shared::new(2);
-    let _d = Proc::new(fork(|| {
-        let t = LockTable::open(&path, 64).unwrap();
-        close_from_3();
-        let _logs: Vec<fs::File> = (0..4)
-            .map(|_| fs::File::open("/dev/null").unwrap())
-            .collect();
-        match t.lock(K, opts(60_000, 1_000)) {
-            Ok(g) => {
-                flag.word(0).store(1, Ordering::SeqCst);
-                // Later: does D still think it holds K?
-                std::thread::sleep(Duration::from_millis(500));
-                let still = g.unlock();
-                flag.word(1)
-                    .store(if still.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
-            }
-            Err(e) => {
-                eprintln!("D's lock after close_range: {e}");
-                flag.word(0).store(2, Ordering::SeqCst);
-            }
-        }
-        std::thread::sleep(Duration::from_secs(30));
-        0
-    }));
-    let d_got = await_word(&flag, 0, Duration::from_secs(10)) == 1;
-    let mut other = None;
-    if d_got {
-        other = table
-            .try_lock_with_lease(K, Duration::from_secs(60))
-            .unwrap();
-    }
-    let d_unlock = if d_got {
-        await_word(&flag, 1, Duration::from_secs(10))
-    } else {
-        0
-    };
-    note!(
-        "[D's lock after closing its descriptors: {}; another process {}; D's unlock {}] ",
-        if d_got { "granted" } else { "refused" },
-        if other.is_some() {
-            "ALSO took K"
-        } else {
-            "was refused"
-        },
-        match d_unlock {
-            1 => "Ok",
-            2 => "Expired",
-            _ => "-",
-        }
-    );
-    assert!(
-        other.is_none(),
-        "two live holders: a process whose registration descriptor was closed was granted \
-         K and another process took it at once"
-    );
-}
-
-/// D closes its descriptors after opening and then holds K with no lease, so only its
-/// liveness can free K. The registry has two entries: this process's and D's. A newcomer
-/// whose registration found D's entry unlocked and took it would make D's hold look dead;
-/// it must be refused instead. Once D dies, its entry and K are free again.
-fn a_newcomer_never_takes_the_registry_entry_of_a_process_that_closed_its_descriptors() {
-    let path = TempPath::new("daemon-entry");
-    let table = LockTable::options()
-        .capacity(64)
-        .max_processes(2)
-        .open(&path)
-        .unwrap();
-    let flag = Shared::new(1);
-    let mut d = Proc::new(fork(|| {
-        let t = LockTable::open(&path, 64).unwrap();
-        close_from_3();
-        let g = t.lock(K, opts(0, 1_000)).unwrap();
-        std::mem::forget(g);
-        flag.word(0).store(1, Ordering::SeqCst);
-        std::thread::sleep(Duration::from_secs(60));
-        0
-    }));
-    await_word(&flag, 0, Duration::from_secs(10));
-    // 3: refused a registry entry; 1: took K; 2: registered but K was busy
-    let newcomer = || {
-        fork(|| match LockTable::open(&path, 64) {
-            Err(shmlock::Error::TooManyProcesses { .. }) => 3,
-            Err(e) => panic!("{e}"),
-            Ok(t) => match t.try_lock_with_lease(K, Duration::from_secs(60)) {
-                Ok(Some(g)) => {
-                    std::mem::forget(g);
-                    1
-                }
-                _ => 2,
-            },
-        })
-        .wait(Duration::from_secs(10))
-    };
-    let while_d_runs = newcomer();
-    let here = table
-        .try_lock_with_lease(K, Duration::from_secs(60))
-        .unwrap()
-        .is_some();
-    d.kill();
-    let after = newcomer();
-    note!("[newcomer while D runs: exit {while_d_runs}; after D's death: exit {after}] ");
-    assert_eq!(
-        while_d_runs, 3,
-        "a newcomer took the registry entry of a live process that closed its descriptors"
-    );
-    assert!(!here, "another process took D's key while D runs");
-    assert_eq!(after, 1, "D's entry and key stay taken after its death");
 }

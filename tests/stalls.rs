@@ -9,27 +9,17 @@
 
 mod common;
 
-use std::fs;
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::fork::{fork, xorshift, Shared};
 use common::harness::{require_root, Test};
-use common::probe::{await_word, cont, fds_naming, proc_state, stop, Proc};
+use common::probe::{await_word, cont, proc_state, stop, Proc};
 use common::{opts, TempPath};
 use shmlock::{Error, HolderState, LockTable};
 
 const TESTS: &[Test] = &[
-    Test::new(
-        "a_replaced_probe_descriptor_never_makes_a_live_holder_look_dead",
-        a_replaced_probe_descriptor_never_makes_a_live_holder_look_dead,
-    ),
-    Test::new(
-        "a_forked_worker_that_closes_inherited_fds_stays_alive",
-        a_forked_worker_that_closes_inherited_fds_stays_alive,
-    ),
     Test::new(
         "an_opener_stopped_while_attaching_blocks_nobody",
         an_opener_stopped_while_attaching_blocks_nobody,
@@ -62,100 +52,6 @@ fn main() {
 }
 
 const K: &str = "K";
-
-// ---------------------------------------------------------------------------------------
-// Process helpers
-
-/// A child that takes K (lease `exptime_ms`) on its own handle, sets `ready[0]`, and holds
-/// it for 30 s, counting in `ready[1]` how many times it saw itself still K's holder.
-fn holder(path: &Path, ready: &Shared, exptime_ms: u64) -> Proc {
-    let p = Proc::new(fork(|| {
-        let t = LockTable::open(path, 64).unwrap();
-        let g = t.lock(K, opts(exptime_ms, 1_000)).unwrap();
-        ready
-            .word(0)
-            .store(u64::from(std::process::id()), Ordering::SeqCst);
-        std::thread::sleep(Duration::from_secs(30));
-        drop(g);
-        0
-    }));
-    await_word(ready, 0, Duration::from_secs(10));
-    p
-}
-
-// ---------------------------------------------------------------------------------------
-// F1: a descriptor number reused behind the library's back
-
-/// A waiter process whose table descriptors were replaced by another file (what
-/// `closefrom(3)` followed by opening a log file does) asks the kernel about the holder's
-/// registry lock through a descriptor that names another file now: the waiter must not
-/// take that "unlocked" for a verdict (the holder is alive).
-fn a_replaced_probe_descriptor_never_makes_a_live_holder_look_dead() {
-    let path = TempPath::new("probe");
-    drop(LockTable::open(&path, 64).unwrap());
-    let ready = Shared::new(2);
-    let _h = holder(&path.0, &ready, 60_000);
-    let other = TempPath::new("other-file");
-    let mut waiter = Proc::new(fork(|| {
-        let t = LockTable::open(&path, 64).unwrap();
-        let fds = fds_naming(&path.0);
-        let scratch = fs::File::create(&other).unwrap();
-        scratch.set_len(8192).unwrap();
-        // Only the lowest: the descriptor the mapping came from (the liveness probe).
-        // SAFETY: replacing a descriptor number, as a careless closefrom+open would.
-        unsafe { libc::dup2(scratch.as_raw_fd(), fds[0]) };
-        let r = t.lock(K, opts(60_000, 1_500)).map(std::mem::forget);
-        match r {
-            Ok(()) => {
-                note!(
-                    "[waiter got K while pid {} holds it] ",
-                    ready.word(0).load(Ordering::SeqCst)
-                );
-                1
-            }
-            Err(Error::Timeout { .. }) => 0,
-            Err(e) => {
-                eprintln!("{e}");
-                2
-            }
-        }
-    }));
-    assert_eq!(
-        waiter.wait(Duration::from_secs(20)),
-        0,
-        "two live holders of K"
-    );
-}
-
-/// The prefork pattern: a master opens the table and forks a worker; the worker does the
-/// usual daemon hygiene (close every inherited descriptor above 2, then open its own log
-/// file, which takes the lowest free number) and then uses the table it inherited. Its
-/// re-registration must go to the table, not to whatever took the number: the master must
-/// find it alive while it holds K.
-fn a_forked_worker_that_closes_inherited_fds_stays_alive() {
-    let path = TempPath::new("prefork");
-    let table = LockTable::open(&path, 64).unwrap();
-    let log = TempPath::new("worker-log");
-    let flag = Shared::new(2);
-    let _worker = Proc::new(fork(|| {
-        // SAFETY: closing every descriptor above stderr, as daemons do after fork.
-        unsafe { libc::close_range(3, u32::MAX, 0) };
-        let _log = fs::File::create(&log).unwrap(); // gets fd 3
-        let g = table.lock(K, opts(60_000, 1_000)).unwrap();
-        flag.word(0).store(1, Ordering::SeqCst);
-        std::thread::sleep(Duration::from_secs(30));
-        drop(g);
-        0
-    }));
-    await_word(&flag, 0, Duration::from_secs(10));
-    let got = table.lock(K, opts(60_000, 1_500));
-    let stole = got.is_ok();
-    if let Ok(g) = got {
-        note!("[master got K while the worker holds it] ");
-        std::mem::forget(g);
-    }
-    assert!(!stole, "two live holders of K");
-}
 
 // ---------------------------------------------------------------------------------------
 // F: unregistered owners (registry full) leave BROKEN slots nobody can free
