@@ -8,18 +8,25 @@
 mod common;
 
 use std::fs;
+use std::io::Write;
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use common::fork::{_Fork, fork, xorshift, Child, Shared};
-use common::forking::{arm_alarm_in, backtrace, on_alarm};
+use common::forking::{
+    arm_alarm, arm_alarm_in, backtrace, interrupted_in_before_fork, mask_alarm, on_alarm,
+    watch_for_before_fork, Openers,
+};
 use common::harness::Test;
 use common::ns::{bind, private_mount_ns, BOOT_ID_FILE};
-use common::probe::{describe_hang, monitor, ofd_locks_on};
-use common::{opts, TempPath};
+use common::probe::{
+    await_word, describe_hang, describe_threads, monitor, ofd_locks_on, stat_fields, Proc,
+};
+use common::{fresh_table, opts, TempPath};
 use shmlock::LockTable;
 
 const TESTS: &[Test] = &[
@@ -56,10 +63,68 @@ const TESTS: &[Test] = &[
         "a_forked_child_of_a_judging_thread_never_hangs",
         forked_child_of_a_judging_thread,
     ),
+    Test::new(
+        "forks_from_two_threads_at_once_leak_no_registration",
+        two_forkers,
+    ),
+    Test::new(
+        "a_fork_in_a_signal_handler_during_a_fork_does_not_hang",
+        handler_fork_in_before_fork,
+    ),
+    Test::new(
+        "a_dead_parents_keys_are_free_despite_concurrent_forks",
+        leaked_anchor_keeps_dead_parents_keys,
+    ),
+    Test::new(
+        "a_child_forked_during_open_never_keeps_the_parents_registration",
+        a_child_forked_during_open_never_keeps_the_parents_registration,
+    ),
+    Test::new(
+        "atfork_prepare_mutex_registered_first_does_not_deadlock_open",
+        atfork_mutex_first,
+    ),
+    Test::new(
+        "atfork_prepare_mutex_registered_after_the_librarys_does_not_deadlock_open",
+        atfork_mutex_after,
+    ),
+    Test::new(
+        "child_of_a_fork_inside_a_prepare_handler_can_open",
+        nested_fork_prepare,
+    ),
+    Test::new(
+        "child_of_a_signal_handler_fork_inside_a_fork_can_open",
+        nested_fork_signal,
+    ),
+    Test::new(
+        "child_of_a_timer_signal_fork_inside_before_fork_can_open",
+        timer_nested,
+    ),
+    Test::new("a_failed_fork_leaves_open_working", fork_fails),
+    // The README's fork caveat: posix_spawn clones without the fork handlers.
+    Test::new(
+        "a_posix_spawn_child_before_exec_holds_no_registration",
+        posix_spawn_fifo,
+    )
+    .known_limit(),
 ];
 
 fn main() {
-    common::harness::run("adversarial5", TESTS, common::harness::no_roles);
+    common::harness::run("adversarial5", TESTS, roles);
+}
+
+fn roles(args: &[String]) -> i32 {
+    let path = PathBuf::from(&args[1]);
+    match args[0].as_str() {
+        "atfork_mutex_first" => role_atfork_mutex(&path, true),
+        "atfork_mutex_after" => role_atfork_mutex(&path, false),
+        "nested_fork_prepare" => role_nested_fork(&path, false),
+        "nested_fork_signal" => role_nested_fork(&path, true),
+        "fork_fails" => role_fork_fails(&path),
+        other => {
+            eprintln!("unknown role {other}");
+            2
+        }
+    }
 }
 
 const K: &str = "K";
@@ -844,4 +909,1169 @@ fn forked_child_of_a_judging_thread() {
     let hung = shared.word(2).load(Ordering::SeqCst).saturating_sub(1);
     assert_eq!(r, 0);
     assert_eq!(hung, 0, "BROKE: forked children deadlocked");
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+
+/// In a forked child: whether it inherited a descriptor of inode `ino` that holds an OFD
+/// lock (fdinfo "lock:" lines): a leaked anchor description (the parent's registration).
+/// Raw syscalls and stack buffers only.
+fn inherited_locked_fd(ino: u64) -> bool {
+    for fd in 3..512 {
+        // SAFETY: libc::stat is plain integers, so all-zero bytes are a valid value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: st is a valid out-pointer; fstat on an unused descriptor number just fails.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_ino != ino {
+            continue;
+        }
+        let mut p = *b"/proc/self/fdinfo/\0\0\0\0\0\0\0\0";
+        let mut n = fd;
+        let mut digits = [0u8; 8];
+        let mut k = 0;
+        while n > 0 {
+            digits[k] = b'0' + (n % 10) as u8;
+            n /= 10;
+            k += 1;
+        }
+        for i in 0..k {
+            p[18 + i] = digits[k - 1 - i];
+        }
+        p[18 + k] = 0;
+        // SAFETY: p is NUL-terminated (at most 3 digits after the 18-byte prefix, then a 0).
+        let f = unsafe { libc::open(p.as_ptr().cast(), libc::O_RDONLY) };
+        if f < 0 {
+            continue;
+        }
+        let mut buf = [0u8; 2048];
+        // SAFETY: buf is writable for buf.len() bytes; f is the descriptor opened above.
+        let r = unsafe { libc::read(f, buf.as_mut_ptr().cast(), buf.len()) };
+        // SAFETY: closing f, opened above and used by nothing else.
+        unsafe { libc::close(f) };
+        if r > 0 && buf[..r as usize].windows(5).any(|w| w == b"lock:") {
+            return true;
+        }
+    }
+    false
+}
+
+// ---------------------------------------------------------------------------------------
+// A1. Two threads call fork() at about the same time while other threads open tables.
+//     The handshake counts forkers: the first fork's parent handler must not let anchors
+//     be made while the second is still on its way (its child would inherit an anchor's
+//     descriptor, the parent's registration), and no forker may wait forever.
+
+fn two_forkers() {
+    let dir = PathBuf::from(format!(
+        "/dev/shm/shmlock-test-forkers-{}",
+        std::process::id()
+    ));
+    fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t");
+    drop(LockTable::open(&path, 64).unwrap());
+    let ino = fs::metadata(&path).unwrap().ino();
+    let shared = Shared::new(8);
+    let rounds: u64 = 1500;
+    let nforkers: usize = 2;
+    let c = fork(|| {
+        let openers = Openers::start(&path, 2);
+        for round in 0..rounds {
+            let barrier = Arc::new(Barrier::new(nforkers));
+            let forkers: Vec<_> = (0..nforkers)
+                .map(|_| {
+                    let b = barrier.clone();
+                    std::thread::spawn(move || {
+                        b.wait();
+                        // SAFETY: a threaded fork; the child runs only raw syscalls on stack
+                        // buffers (inherited_locked_fd) and _exit, all async-signal-safe.
+                        let pid = unsafe { libc::fork() };
+                        if pid == 0 {
+                            let code = if inherited_locked_fd(ino) { 42 } else { 0 };
+                            // SAFETY: leaving the child without destructors or atexit handlers.
+                            unsafe { libc::_exit(code) };
+                        }
+                        let mut st = 0;
+                        // SAFETY: reaping the child just forked; st is a valid out-pointer.
+                        unsafe { libc::waitpid(pid, &mut st, 0) };
+                        libc::WEXITSTATUS(st)
+                    })
+                })
+                .collect();
+            for f in forkers {
+                if f.join().unwrap() == 42 {
+                    shared.word(1).fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            shared.word(0).store(round + 1, Ordering::SeqCst);
+        }
+        openers.stop();
+        0
+    });
+    let r = monitor(
+        &c,
+        &shared,
+        0,
+        Duration::from_secs(4),
+        Duration::from_secs(60),
+    );
+    let leaks = shared.word(1).load(Ordering::SeqCst);
+    let done = shared.word(0).load(Ordering::SeqCst);
+    let _ = fs::remove_dir_all(&dir);
+    match r {
+        Ok(rc) => note!("[rc {rc}; {done} rounds of {nforkers} simultaneous forks; children holding the parent's registration lock: {leaks}] "),
+        Err(e) => {
+            note!("[children holding the parent's registration lock before the hang: {leaks}] ");
+            panic!("fork hung: {e}")
+        }
+    }
+    assert_eq!(
+        leaks, 0,
+        "children of a plain fork() inherited an anchor's descriptor"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// A2. A thread in fork()'s before_fork wait (an anchor is being set up by another thread)
+//     takes a signal whose handler forks: the nested fork's handlers count in and out,
+//     and the outer fork still completes.
+
+extern "C" fn on_alarm_fork_in_before_fork(_: libc::c_int) {
+    // fork only when the interrupted thread is inside shmlock's before_fork (glibc's own
+    // fork is not reentrant anywhere else)
+    if !interrupted_in_before_fork() {
+        return;
+    }
+    // SAFETY: fork in a signal handler (async-signal-safe in POSIX.1-2017); the child
+    // leaves at once with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: leaving the child.
+        unsafe { libc::_exit(0) };
+    }
+    HANDLER_FORKS.fetch_add(1, Ordering::Relaxed);
+    let w = HF_WORD.load(Ordering::Relaxed);
+    if !w.is_null() {
+        // SAFETY: w is non-null, so it is HF_WORD's pointer to a word of `shared`, mapped until
+        // this process exits.
+        unsafe { (*w).fetch_add(1, Ordering::SeqCst) };
+    }
+}
+static HF_WORD: std::sync::atomic::AtomicPtr<AtomicU64> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+static HANDLER_FORKS: AtomicU64 = AtomicU64::new(0);
+
+fn handler_fork_in_before_fork() {
+    let dir = PathBuf::from(format!(
+        "/dev/shm/shmlock-test-hfork-{}",
+        std::process::id()
+    ));
+    fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t");
+    drop(LockTable::open(&path, 64).unwrap());
+    let shared = Shared::new(8);
+    let c = fork(|| {
+        HF_WORD.store(
+            shared.word(2) as *const AtomicU64 as *mut AtomicU64,
+            Ordering::Relaxed,
+        );
+        watch_for_before_fork();
+        // SAFETY: SIG_IGN for SIGCHLD installs no handler; the kernel reaps the children.
+        unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
+        mask_alarm(true);
+        let openers = Openers::start(&path, 2);
+        mask_alarm(false);
+        on_alarm(on_alarm_fork_in_before_fork);
+        let mut x = 0x9e3779b97f4a7c15u64;
+        // 4000 forks, and on until 5 of them were interrupted in before_fork (at most
+        // 40000: a loaded machine lands fewer alarms there)
+        for i in 0..40_000u64 {
+            if i >= 4000 && HANDLER_FORKS.load(Ordering::Relaxed) >= 5 {
+                break;
+            }
+            arm_alarm(&mut x);
+            // SAFETY: a threaded fork whose child only calls _exit, async-signal-safe.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // SAFETY: leaving the child.
+                unsafe { libc::_exit(0) };
+            }
+            shared.word(0).store(i + 1, Ordering::SeqCst);
+            shared
+                .word(1)
+                .store(HANDLER_FORKS.load(Ordering::Relaxed), Ordering::SeqCst);
+        }
+        openers.stop();
+        0
+    });
+    let r = monitor(
+        &c,
+        &shared,
+        0,
+        Duration::from_secs(4),
+        Duration::from_secs(60),
+    );
+    let _ = fs::remove_dir_all(&dir);
+    let hf = shared.word(2).load(Ordering::SeqCst);
+    match r {
+        Ok(rc) => note!(
+            "[rc {rc}; {} forks, {hf} of them interrupted by a forking handler] ",
+            shared.word(0).load(Ordering::SeqCst)
+        ),
+        Err(e) => panic!("fork hung after {hf} handler forks: {e}"),
+    }
+    assert!(hf > 0, "inconclusive: no alarm landed in before_fork");
+}
+
+// ---------------------------------------------------------------------------------------
+// A3. What a leaked anchor costs: threads open handles that each keep one key (60 s
+//     lease) while two threads fork at once (a third forks every 20 ms so no fork stays
+//     stuck). Children that inherited a locked descriptor of the table would stay alive;
+//     the whole parent is SIGKILLed, and its keys must be free at once.
+
+fn fork_once(ino: u64, sh: &'static Shared) {
+    // SAFETY: a threaded fork; the child runs only raw syscalls on stack buffers, atomics,
+    // fork and sleep (async-signal-safe in POSIX.1-2017), then _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        if inherited_locked_fd(ino) {
+            let k = sh.word(2).fetch_add(1, Ordering::SeqCst) as usize;
+            // a grandchild keeps the inherited descriptor; this child leaves at once
+            // SAFETY: fork is async-signal-safe (POSIX.1-2017); the grandchild sleeps and _exits.
+            let g = unsafe { libc::fork() };
+            if g == 0 {
+                // SAFETY: sleep is async-signal-safe.
+                unsafe { libc::sleep(60) };
+                // SAFETY: leaving the grandchild.
+                unsafe { libc::_exit(0) };
+            }
+            if k < 32 {
+                sh.word(32 + k).store(g as u64, Ordering::SeqCst);
+            }
+        }
+        // SAFETY: leaving the child.
+        unsafe { libc::_exit(0) };
+    }
+    let mut st = 0;
+    // SAFETY: reaping the child just forked; st is a valid out-pointer.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+}
+
+fn leaked_anchor_keeps_dead_parents_keys() {
+    let dir = PathBuf::from(format!("/dev/shm/shmlock-test-leak-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t");
+    drop(LockTable::open(&path, 1024).unwrap());
+    let ino = fs::metadata(&path).unwrap().ino();
+    let sh: &'static Shared = Box::leak(Box::new(Shared::new(64)));
+    let lab = Proc(Some(fork(|| {
+        for o in 0..2u64 {
+            let p = path.clone();
+            std::thread::spawn(move || {
+                let mut keep = Vec::new();
+                let mut i = 0u64;
+                while sh.word(2).load(Ordering::SeqCst) == 0 {
+                    let raw: *mut LockTable =
+                        Box::into_raw(Box::new(LockTable::open(&p, 1024).unwrap()));
+                    // SAFETY: raw is from Box::into_raw just above; it is freed only after
+                    // its guard is dropped (below), so t is never used dangling.
+                    let t: &'static LockTable = unsafe { &*raw };
+                    let g = t.lock(format!("hold:{o}:{i}"), opts(60_000, 100)).unwrap();
+                    i += 1;
+                    keep.push((Some(g), raw as usize));
+                    sh.word(4 + o as usize).store(i, Ordering::SeqCst);
+                    if keep.len() >= 200 && sh.word(2).load(Ordering::SeqCst) == 0 {
+                        for (g, raw) in keep.drain(..) {
+                            drop(g);
+                            // SAFETY: raw came from Box::into_raw, freed once, after its guard g.
+                            drop(unsafe { Box::from_raw(raw as *mut LockTable) });
+                        }
+                    }
+                }
+                sh.word(1).fetch_add(1, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_secs(120));
+                drop(keep);
+            });
+        }
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(20));
+            fork_once(ino, sh);
+        });
+        let mut round = 0u64;
+        let t0 = Instant::now();
+        while sh.word(1).load(Ordering::SeqCst) < 2 && t0.elapsed() < Duration::from_secs(12) {
+            let b = Arc::new(Barrier::new(2));
+            let fs: Vec<_> = (0..2)
+                .map(|_| {
+                    let b = b.clone();
+                    std::thread::spawn(move || {
+                        b.wait();
+                        fork_once(ino, sh);
+                    })
+                })
+                .collect();
+            for f in fs {
+                f.join().unwrap();
+            }
+            round += 1;
+            sh.word(3).store(round, Ordering::SeqCst);
+        }
+        sh.word(0).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(120));
+        0
+    })));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while sh.word(0).load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let leaked = sh.word(2).load(Ordering::SeqCst);
+    let rounds = sh.word(3).load(Ordering::SeqCst);
+    let held = sh.word(1).load(Ordering::SeqCst);
+    // the parent dies with all its holds
+    drop(lab);
+    std::thread::sleep(Duration::from_millis(50));
+    let t = LockTable::open(&path, 1024).unwrap();
+    let mut busy = Vec::new();
+    for o in 0..2 {
+        for i in 0..sh.word(4 + o as usize).load(Ordering::SeqCst) {
+            let k = format!("hold:{o}:{i}");
+            if t.try_lock_with_lease(&k, Duration::from_secs(1))
+                .unwrap()
+                .is_none()
+            {
+                busy.push(k);
+            }
+        }
+    }
+    let alive_owner: usize = t.holders().iter().filter(|h| h.owner_alive).count();
+    for k in 0..(leaked.min(32) as usize) {
+        let pid = sh.word(32 + k).load(Ordering::SeqCst) as i32;
+        if pid > 0 {
+            // SAFETY: a plain signal (no memory involved) to a grandchild this test forked.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+    drop(t);
+    let _ = fs::remove_dir_all(&dir);
+    note!("[{rounds} two-fork rounds ({held} opener threads done); children holding a table lock: {leaked}; after the parent's SIGKILL, keys still busy: {} {:?}, holders judged alive: {alive_owner}] ", busy.len(), busy.iter().take(3).collect::<Vec<_>>());
+    assert!(
+        busy.is_empty(),
+        "a dead process's keys stay busy (its registration lives on in a forked child)"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. A thread forks while another thread is inside open(), after the mapping's description
+//    was opened (and/or mapped) but before its track was published. The child inherits the
+//    description (descriptor and/or mapping) with no track: its first use of the library
+//    remaps nothing for it, and the child keeps the parent's registration alive for as
+//    long as it lives, though it uses the library (the README's caveat covers only a
+//    child that never does).
+
+fn table_refs(ino: u64) -> (usize, usize) {
+    use std::os::unix::fs::MetadataExt;
+    let maps = fs::read_to_string("/proc/self/maps").unwrap();
+    let m = maps
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(4)
+                .and_then(|i| i.parse::<u64>().ok())
+                == Some(ino)
+        })
+        .count();
+    let f = fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| fs::metadata(e.ok()?.path()).ok())
+        .filter(|md| md.ino() == ino)
+        .count();
+    (m, f)
+}
+
+/// Descriptors of `ino` whose description holds OFD locks (fdinfo lists them).
+fn locked_fds(ino: u64) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            (fs::metadata(e.path()).ok()?.ino() == ino).then(|| e.file_name())
+        })
+        .filter(|n| {
+            fs::read_to_string(format!("/proc/self/fdinfo/{}", n.to_str().unwrap()))
+                .is_ok_and(|t| t.contains("OFDLCK"))
+        })
+        .count()
+}
+
+fn a_child_forked_during_open_never_keeps_the_parents_registration() {
+    use std::os::unix::fs::MetadataExt;
+    let other = TempPath::new("other");
+    drop(LockTable::open(&other, 64).unwrap());
+    let flag = Shared::new(8);
+    let mut hit = false;
+    for trial in 0..200 {
+        let path = TempPath::new("forkrace");
+        drop(LockTable::open(&path, 64).unwrap());
+        let ino = fs::metadata(&path).unwrap().ino();
+        for w in 0..8 {
+            flag.word(w).store(0, Ordering::SeqCst);
+        }
+        // P: thread A opens T and locks K; the main thread forks workers meanwhile. A worker
+        // uses the library (opens another table, locks), then reports whether anything of
+        // T is still in it. A leaky worker stays alive 5 s, the others exit.
+        let p = Proc::new(fork(|| {
+            let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let d2 = done.clone();
+            let pp = path.0.clone();
+            let a = std::thread::spawn(move || {
+                let t = LockTable::open(&pp, 64).unwrap();
+                d2.store(true, Ordering::SeqCst);
+                let g = t.lock(K, opts(60_000, 1_000)).unwrap();
+                std::mem::forget(g);
+                std::mem::forget(t);
+            });
+            let mut kids = Vec::new();
+            while !done.load(Ordering::SeqCst) && kids.len() < 200 {
+                kids.push(fork(|| {
+                    let u = LockTable::open(&other, 64).unwrap();
+                    let g = u.lock("child", opts(1_000, 1_000)).unwrap();
+                    drop(g);
+                    let until = Instant::now() + Duration::from_secs(3);
+                    while flag.word(0).load(Ordering::SeqCst) == 0 && Instant::now() < until {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                    let (m, f) = table_refs(ino);
+                    if f > 0 && locked_fds(ino) > 0 {
+                        flag.word(2)
+                            .store((m as u64) << 8 | f as u64 | 1 << 16, Ordering::SeqCst);
+                        flag.word(3)
+                            .store(std::process::id() as u64, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_secs(5));
+                        flag.word(4).store(1, Ordering::SeqCst);
+                    }
+                    0
+                }));
+            }
+            a.join().unwrap();
+            flag.word(0).store(1, Ordering::SeqCst);
+            for k in kids {
+                let _ = k.wait(Duration::from_secs(20));
+            }
+            0
+        }));
+        await_word(&flag, 0, Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(100));
+        let leak = flag.word(2).load(Ordering::SeqCst);
+        if leak == 0 {
+            drop(p);
+            continue;
+        }
+        hit = true;
+        // kill P (SIGKILL the holder); the leaky worker, which used the library, lives on
+        let pid = p.0.as_ref().unwrap().0;
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        std::thread::sleep(Duration::from_millis(20));
+        let table = LockTable::open(&path, 64).unwrap();
+        let started = Instant::now();
+        let r = table.lock(K, opts(60_000, 3_000));
+        note!(
+            "[trial {trial}: worker pid {} (used the library) still has {} mapping(s) and {} \
+             descriptor(s) of T; holder SIGKILLed; a waiter's lock(K, 3 s): {} after {:?}; \
+             worker gone at that time: {}] ",
+            flag.word(3).load(Ordering::SeqCst),
+            (leak >> 8) & 0xff,
+            leak & 0xff,
+            if r.is_ok() { "took K" } else { "TIMED OUT" },
+            started.elapsed(),
+            flag.word(4).load(Ordering::SeqCst) == 1
+        );
+        drop(r);
+        drop(p);
+        break;
+    }
+    assert!(
+        !hit,
+        "a child that used the library kept its dead parent's keys"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Running a role with a hang guard.
+
+enum Outcome {
+    Exited(i32, String),
+    Hung(String),
+}
+
+fn all_pids_in_group(pgid: i32) -> Vec<i32> {
+    let mut v = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let f = stat_fields(&stat);
+        if f.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid) {
+            v.push(pid);
+        }
+    }
+    v
+}
+
+fn run_role(role: &str, path: &Path, limit: Duration) -> Outcome {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = std::process::Command::new(exe)
+        .args(["--role", role])
+        .arg(path)
+        .process_group(0)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let started = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            let mut s = String::new();
+            use std::io::Read;
+            let _ = child.stdout.take().unwrap().read_to_string(&mut s);
+            // kill leftovers of the group (grandchildren)
+            // SAFETY: a plain signal (no memory) to the group our child led (process_group(0)).
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            return Outcome::Exited(st.code().unwrap_or(-1), s.trim().to_string());
+        }
+        if started.elapsed() > limit {
+            // describe every process of the group, twice 1 s apart (CPU progress)
+            let pids = all_pids_in_group(pid);
+            let first: Vec<String> = pids
+                .iter()
+                .map(|p| format!("pid {p}: {}", describe_threads(*p)))
+                .collect();
+            std::thread::sleep(Duration::from_secs(1));
+            let second: Vec<String> = pids
+                .iter()
+                .map(|p| format!("pid {p}: {}", describe_threads(*p)))
+                .collect();
+            // SAFETY: a plain signal to our child's group; the child is not yet reaped.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            let _ = child.wait();
+            let mut s = String::new();
+            use std::io::Read;
+            let _ = child.stdout.take().unwrap().read_to_string(&mut s);
+            return Outcome::Hung(format!(
+                "after {limit:?}: [{}] then 1 s later [{}]; output so far: {:?}",
+                first.join(" | "),
+                second.join(" | "),
+                s.trim()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// F1. pthread_atfork ordering: an application registers, before shmlock's first use, the
+//     usual handler that locks its mutex M around fork (prepare: lock M; parent/child:
+//     unlock). Prepare handlers run in reverse order of registration, so shmlock's runs
+//     first and bars new anchors; then the application's waits for M. A thread that holds
+//     M and opens a table then waits in NoFork::hold for the fork to end: deadlock. The
+//     control registers the application's handler after shmlock's (so it runs first).
+
+/// The application's mutex, locked around `fork` by its handlers.
+struct AppMutex(std::cell::UnsafeCell<libc::pthread_mutex_t>);
+// SAFETY: a pthread mutex is made to be shared between threads; it is only ever used
+// through the pthread functions.
+unsafe impl Sync for AppMutex {}
+static APP_MUTEX: AppMutex = AppMutex(std::cell::UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER));
+static IN_PREPARE: AtomicBool = AtomicBool::new(false);
+static A_HAS_M: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn app_prepare() {
+    IN_PREPARE.store(true, Ordering::SeqCst);
+    // SAFETY: a pointer to the static, initialized APP_MUTEX, which never moves.
+    unsafe { libc::pthread_mutex_lock(APP_MUTEX.0.get()) };
+}
+extern "C" fn app_parent() {
+    // SAFETY: the static APP_MUTEX, locked by app_prepare in this same forking thread.
+    unsafe { libc::pthread_mutex_unlock(APP_MUTEX.0.get()) };
+}
+extern "C" fn app_child() {
+    // SAFETY: the child's copy of APP_MUTEX, locked by app_prepare in the forking thread
+    // (this child's only thread).
+    unsafe { libc::pthread_mutex_unlock(APP_MUTEX.0.get()) };
+}
+
+fn role_atfork_mutex(path: &Path, app_first: bool) -> i32 {
+    // SAFETY: the handlers are extern "C" fns that live as long as the program.
+    let reg = || unsafe {
+        assert_eq!(
+            libc::pthread_atfork(Some(app_prepare), Some(app_parent), Some(app_child)),
+            0
+        )
+    };
+    if app_first {
+        reg();
+    }
+    let t0 = LockTable::open(path, 64).unwrap(); // shmlock installs its handlers here
+    if !app_first {
+        reg();
+    }
+    let p = path.to_path_buf();
+    let a = std::thread::spawn(move || {
+        // SAFETY: a pointer to the static, initialized APP_MUTEX, which never moves.
+        unsafe { libc::pthread_mutex_lock(APP_MUTEX.0.get()) };
+        A_HAS_M.store(true, Ordering::SeqCst);
+        let until = Instant::now() + Duration::from_secs(2);
+        while !IN_PREPARE.load(Ordering::SeqCst) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        println!("A: opening a table while holding M");
+        let _ = std::io::stdout().flush();
+        let t = LockTable::open(&p, 64).unwrap();
+        drop(t);
+        // SAFETY: unlocking APP_MUTEX, which this thread locked above.
+        unsafe { libc::pthread_mutex_unlock(APP_MUTEX.0.get()) };
+        println!("A: done");
+    });
+    let b = std::thread::spawn(|| {
+        while !A_HAS_M.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: a threaded fork whose child only calls _exit, async-signal-safe.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: leaving the child.
+            unsafe { libc::_exit(0) };
+        }
+        let mut st = 0;
+        // SAFETY: reaping the child just forked; st is a valid out-pointer.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        println!("B: fork done");
+    });
+    a.join().unwrap();
+    b.join().unwrap();
+    drop(t0);
+    println!("completed");
+    0
+}
+
+fn atfork_mutex(app_first: bool) {
+    let path = fresh_table("atfork");
+    let role = if app_first {
+        "atfork_mutex_first"
+    } else {
+        "atfork_mutex_after"
+    };
+    match run_role(role, &path.0, Duration::from_secs(5)) {
+        Outcome::Exited(rc, out) => {
+            note!("[rc {rc}; {out:?}] ");
+            assert_eq!(rc, 0);
+        }
+        Outcome::Hung(d) => {
+            note!("[HUNG {d}] ");
+            panic!("fork and open deadlocked");
+        }
+    }
+}
+fn atfork_mutex_first() {
+    atfork_mutex(true)
+}
+fn atfork_mutex_after() {
+    atfork_mutex(false)
+}
+
+// ---------------------------------------------------------------------------------------
+// F2. A fork made inside a fork (by another library's prepare handler, registered before
+//     shmlock's so it runs after shmlock's before_fork; or by a signal handler that a
+//     signal runs in the middle of fork()), whose child returns from the handler: that
+//     child goes on with the interrupted outer fork, as its parent, and runs the parent
+//     handlers, after_fork_in_parent included, on a counter the wipe-on-fork page zeroed.
+//     fetch_sub(FORKING) on 0 leaves 0xffff0000: the child can never make an anchor again
+//     (NoFork::hold waits for a fork that is not there).
+
+static FIRST: AtomicBool = AtomicBool::new(true);
+static INNER_CHILD: AtomicBool = AtomicBool::new(false);
+static INNER_PID: AtomicI32 = AtomicI32::new(0);
+
+fn fork_in_handler() {
+    // SAFETY: fork in a prepare or signal handler (async-signal-safe, POSIX.1-2017) of a
+    // single-threaded role process; what its child does next is the test.
+    let p = unsafe { libc::fork() };
+    if p == 0 {
+        INNER_CHILD.store(true, Ordering::SeqCst);
+    } else {
+        INNER_PID.store(p, Ordering::SeqCst);
+    }
+}
+extern "C" fn forking_prepare() {
+    if FIRST.swap(false, Ordering::SeqCst) {
+        fork_in_handler();
+    }
+}
+extern "C" fn raising_prepare() {
+    if FIRST.swap(false, Ordering::SeqCst) {
+        // SAFETY: raising SIGUSR1, whose handler (on_usr1) was installed before this prepare
+        // handler was registered.
+        unsafe { libc::raise(libc::SIGUSR1) };
+    }
+}
+extern "C" fn on_usr1(_: libc::c_int) {
+    fork_in_handler();
+}
+
+fn role_nested_fork(path: &Path, by_signal: bool) -> i32 {
+    // SAFETY: a zeroed sigaction (plain C data) gets an extern "C" handler; the handlers
+    // are extern "C" fns that live as long as the program.
+    unsafe {
+        if by_signal {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_usr1 as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut());
+            assert_eq!(libc::pthread_atfork(Some(raising_prepare), None, None), 0);
+        } else {
+            assert_eq!(libc::pthread_atfork(Some(forking_prepare), None, None), 0);
+        }
+    }
+    let t = LockTable::open(path, 64).unwrap(); // shmlock's handlers, registered second
+    drop(t);
+    // SAFETY: fork in a single-threaded role process; the child only calls _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: leaving the child.
+        unsafe { libc::_exit(0) }; // the outer fork's child (or grandchild)
+    }
+    if INNER_CHILD.load(Ordering::SeqCst) {
+        // The inner fork's child, back from the handler and past the outer fork.
+        let mut st = 0;
+        // SAFETY: reaping this process's own child of the outer fork; st is a valid out-pointer.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        // SAFETY: default action for SIGALRM, then an alarm: it kills this child if open hangs.
+        unsafe {
+            libc::signal(libc::SIGALRM, libc::SIG_DFL);
+            libc::alarm(3);
+        }
+        let s = Instant::now();
+        let r = LockTable::open(path, 64);
+        let code = if r.is_ok() { 0 } else { 7 };
+        eprintln!("inner child: open {:?} after {:?}", r.is_ok(), s.elapsed());
+        // SAFETY: leaving the inner child.
+        unsafe { libc::_exit(code) };
+    }
+    // The original process.
+    let mut st = 0;
+    // SAFETY: reaping the outer fork's child; st is a valid out-pointer.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    let inner = INNER_PID.load(Ordering::SeqCst);
+    if inner <= 0 {
+        println!("no inner fork happened");
+        return 3;
+    }
+    let started = Instant::now();
+    let mut st = 0;
+    // SAFETY: reaping the handler fork's child, ours; st is a valid out-pointer.
+    unsafe { libc::waitpid(inner, &mut st, 0) };
+    let waited = started.elapsed();
+    // The parent can still open (its own counter is balanced).
+    let own = LockTable::open(path, 64).is_ok();
+    if libc::WIFSIGNALED(st) {
+        println!(
+            "inner child killed by signal {} (SIGALRM = 14: its open hung) after {:.2} s; \
+             the parent's own open: {own}",
+            libc::WTERMSIG(st),
+            waited.as_secs_f64()
+        );
+        1
+    } else {
+        println!(
+            "inner child exited {} after {:.2} s; the parent's own open: {own}",
+            libc::WEXITSTATUS(st),
+            waited.as_secs_f64()
+        );
+        libc::WEXITSTATUS(st)
+    }
+}
+
+fn nested(role: &str) {
+    let path = fresh_table("nested");
+    match run_role(role, &path.0, Duration::from_secs(10)) {
+        Outcome::Exited(rc, out) => {
+            note!("[rc {rc}; {out}] ");
+            assert_eq!(rc, 0, "the inner fork's child could not open a table");
+        }
+        Outcome::Hung(d) => {
+            note!("[HUNG {d}] ");
+            panic!("hung");
+        }
+    }
+}
+fn nested_fork_prepare() {
+    nested("nested_fork_prepare")
+}
+fn nested_fork_signal() {
+    nested("nested_fork_signal")
+}
+
+// F2b. The same without any atfork handler of ours: adversarial6's A2 (a SIGALRM handler
+//      forks when it interrupts a thread inside shmlock's before_fork, which waits for
+//      opener threads), except that the handler's child returns from the handler instead
+//      of _exit. It goes on with the interrupted fork, then tries to open a table.
+
+static HF_DONE: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_alarm_fork_and_return(_: libc::c_int) {
+    if HF_DONE.load(Ordering::Relaxed) {
+        return;
+    }
+    if !interrupted_in_before_fork() {
+        return;
+    }
+    HF_DONE.store(true, Ordering::Relaxed);
+    fork_in_handler();
+}
+
+fn timer_nested() {
+    let dir = PathBuf::from(format!(
+        "/dev/shm/shmlock-test-timer-{}",
+        std::process::id()
+    ));
+    fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t");
+    drop(LockTable::open(&path, 64).unwrap());
+    let shared: &'static Shared = Box::leak(Box::new(Shared::new(8)));
+    let p = path.clone();
+    let c = fork(move || {
+        // SAFETY: setpgid(0, 0) only moves this forked child into a group of its own.
+        unsafe { libc::setpgid(0, 0) }; // its own group: killed whole at the end
+        watch_for_before_fork();
+        mask_alarm(true);
+        let openers = Openers::start(&p, 2);
+        mask_alarm(false);
+        on_alarm(on_alarm_fork_and_return);
+        let mut x = 0x9e3779b97f4a7c15u64;
+        for i in 0..4000u64 {
+            arm_alarm(&mut x);
+            // SAFETY: a threaded fork whose child only calls _exit, async-signal-safe.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // SAFETY: leaving the child.
+                unsafe { libc::_exit(0) };
+            }
+            let mut st = 0;
+            // SAFETY: reaping the child just forked; st is a valid out-pointer.
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+            if INNER_CHILD.load(Ordering::SeqCst) {
+                // the handler's child, past the outer fork: only this thread here
+                shared
+                    .word(3)
+                    .store(std::process::id() as u64, Ordering::SeqCst);
+                shared.word(1).store(1, Ordering::SeqCst);
+                let r = LockTable::open(&p, 64);
+                shared
+                    .word(2)
+                    .store(if r.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
+                // SAFETY: leaving the handler's child, without destructors or atexit handlers.
+                unsafe { libc::_exit(0) };
+            }
+            if HF_DONE.load(Ordering::Relaxed) {
+                let inner = INNER_PID.load(Ordering::SeqCst);
+                shared.word(4).store(i + 1, Ordering::SeqCst);
+                let until = Instant::now() + Duration::from_secs(3);
+                while shared.word(2).load(Ordering::SeqCst) == 0 && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let _ = inner;
+                break;
+            }
+        }
+        openers.stop();
+        0
+    });
+    let group = c.0;
+    let rc = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        c.wait(Duration::from_secs(60))
+    }))
+    .unwrap_or(-1);
+    let started = shared.word(1).load(Ordering::SeqCst);
+    let result = shared.word(2).load(Ordering::SeqCst);
+    let inner = shared.word(3).load(Ordering::SeqCst) as i32;
+    let mut d = String::new();
+    if started == 1 && result == 0 && inner > 0 {
+        d = describe_hang(inner);
+        // SAFETY: a plain signal (no memory involved) to the inner child, a grandchild of ours.
+        unsafe { libc::kill(inner, libc::SIGKILL) };
+    }
+    // SAFETY: a plain signal (no memory) to the group our child made with setpgid(0, 0).
+    unsafe { libc::kill(-group, libc::SIGKILL) };
+    let _ = fs::remove_dir_all(&dir);
+    note!(
+        "[rc {rc}; handler fork at outer fork #{}; inner child started open: {}, open result: {} (0 = still running after 3 s) {d}] ",
+        shared.word(4).load(Ordering::SeqCst),
+        started == 1,
+        result
+    );
+    assert!(
+        started == 1,
+        "inconclusive: no handler fork inside before_fork"
+    );
+    assert_eq!(
+        result, 1,
+        "the handler's child cannot open a table: it hangs"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// F3. fork() that fails (clone refused by a seccomp filter with EAGAIN): glibc runs the
+//     parent handlers, so the FORKING count comes back and open still works.
+
+fn role_fork_fails(path: &Path) -> i32 {
+    drop(LockTable::open(path, 64).unwrap());
+    #[repr(C)]
+    struct SockFilter {
+        code: u16,
+        jt: u8,
+        jf: u8,
+        k: u32,
+    }
+    #[repr(C)]
+    struct SockFprog {
+        len: u16,
+        filter: *const SockFilter,
+    }
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const RET_K: u16 = 0x06;
+    let errno_eagain = 0x0005_0000u32 | libc::EAGAIN as u32;
+    let prog = [
+        SockFilter {
+            code: LD_W_ABS,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        SockFilter {
+            code: JEQ_K,
+            jt: 2,
+            jf: 0,
+            k: libc::SYS_clone as u32,
+        },
+        SockFilter {
+            code: JEQ_K,
+            jt: 1,
+            jf: 0,
+            k: libc::SYS_clone3 as u32,
+        },
+        SockFilter {
+            code: RET_K,
+            jt: 0,
+            jf: 0,
+            k: 0x7fff_0000,
+        },
+        SockFilter {
+            code: RET_K,
+            jt: 0,
+            jf: 0,
+            k: errno_eagain,
+        },
+    ];
+    let fprog = SockFprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr(),
+    };
+    // SAFETY: fprog points to prog, a valid 5-instruction BPF filter alive for the call (the
+    // kernel copies it); NO_NEW_PRIVS is set first, as seccomp requires.
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        assert_eq!(
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                2, /* FILTER */
+                &fprog as *const _ as usize,
+                0,
+                0
+            ),
+            0
+        );
+    }
+    let mut failures = 0;
+    for _ in 0..3 {
+        // SAFETY: fork in a single-threaded role process; the child only calls _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: leaving the child.
+            unsafe { libc::_exit(0) };
+        }
+        if pid < 0 {
+            failures += 1;
+        }
+    }
+    let s = Instant::now();
+    let ok = LockTable::open(path, 64).is_ok();
+    println!(
+        "{failures} failed forks; open afterwards: {ok} in {:?}",
+        s.elapsed()
+    );
+    if failures == 3 && ok {
+        0
+    } else {
+        1
+    }
+}
+
+fn fork_fails() {
+    let path = fresh_table("forkfail");
+    match run_role("fork_fails", &path.0, Duration::from_secs(5)) {
+        Outcome::Exited(rc, out) => {
+            note!("[rc {rc}; {out}] ");
+            assert_eq!(rc, 0);
+        }
+        Outcome::Hung(d) => {
+            note!("[HUNG {d}] ");
+            panic!("open hung after a failed fork");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// F4. posix_spawn (glibc: clone(CLONE_VM|CLONE_VFORK), no fork handlers) while other
+//     threads open tables; the spawned child blocks before its exec in a file action (an
+//     open of a FIFO). Does it hold an anchor's descriptor (a "lock:" line on the table's
+//     inode in its fdinfo) meanwhile?
+
+fn locked_fds_of(pid: i32, ino: u64) -> usize {
+    let mut n = 0;
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    for e in dir.flatten() {
+        let Ok(m) = fs::metadata(e.path()) else {
+            continue;
+        };
+        if m.ino() != ino {
+            continue;
+        }
+        let info = fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            e.file_name().to_string_lossy()
+        ))
+        .unwrap_or_default();
+        if info.contains("lock:") {
+            n += 1;
+            if std::env::var_os("SHMLOCK_SHOW_LOCKS").is_some() {
+                eprintln!(
+                    "fd {:?} of {pid}: {}",
+                    e.file_name(),
+                    info.replace('\n', " | ")
+                );
+            }
+        }
+    }
+    n
+}
+
+fn posix_spawn_fifo() {
+    // The spawning thread is blocked in posix_spawn until the child execs, so a helper
+    // thread watches for children blocked on the FIFO, inspects them, then opens the FIFO
+    // for writing to let them go.
+    let path = fresh_table("spawn");
+    let ino = fs::metadata(&path.0).unwrap().ino();
+    let fifo = path.0.with_extension("fifo");
+    let _ = fs::remove_file(&fifo);
+    let shared = Shared::new(4);
+    let c = fork(|| {
+        let cf = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: cf is a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(cf.as_ptr(), 0o600) }, 0);
+        let openers = Openers::start(&path.0, 2);
+        let truebin = std::ffi::CString::new("/bin/true").unwrap();
+        let rounds = 400u64;
+        let me = std::process::id() as i32;
+        for round in 0..rounds {
+            // release thread: find the blocked child, inspect, then open the FIFO
+            let fifo2 = fifo.clone();
+            // SAFETY: `shared` outlives this round's release thread, which is joined below.
+            let sh: &'static Shared = unsafe { &*(&shared as *const Shared) };
+            let rel = std::thread::spawn(move || {
+                let until = Instant::now() + Duration::from_secs(5);
+                let mut kid = None;
+                while kid.is_none() && Instant::now() < until {
+                    for e in fs::read_dir(format!("/proc/{me}/task/{me}/children"))
+                        .ok()
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                    {
+                        let _ = e;
+                    }
+                    let kids = fs::read_to_string(format!("/proc/{me}/task/{me}/children"))
+                        .unwrap_or_default();
+                    kid = kids
+                        .split_whitespace()
+                        .next()
+                        .and_then(|k| k.parse::<i32>().ok());
+                    if kid.is_none() {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }
+                if let Some(k) = kid {
+                    std::thread::sleep(Duration::from_millis(2));
+                    if locked_fds_of(k, ino) > 0 {
+                        sh.word(1).fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                // let the child go
+                let _w = fs::OpenOptions::new().write(true).open(&fifo2);
+            });
+            // SAFETY: posix_spawn_file_actions_t is plain C data; init sets it up next.
+            let mut fa: libc::posix_spawn_file_actions_t = unsafe { std::mem::zeroed() };
+            // SAFETY: fa is valid storage; cf is NUL-terminated and outlives the spawn below.
+            unsafe {
+                libc::posix_spawn_file_actions_init(&mut fa);
+                libc::posix_spawn_file_actions_addopen(
+                    &mut fa,
+                    900,
+                    cf.as_ptr(),
+                    libc::O_RDONLY,
+                    0,
+                );
+            }
+            let argv = [truebin.as_ptr() as *mut libc::c_char, std::ptr::null_mut()];
+            let envp = [std::ptr::null_mut::<libc::c_char>()];
+            let mut pid = 0;
+            // SAFETY: fa is initialized, the path NUL-terminated, argv and envp NULL-terminated;
+            // all outlive the call, and fa is destroyed once, after it.
+            unsafe {
+                libc::posix_spawn(
+                    &mut pid,
+                    truebin.as_ptr(),
+                    &fa,
+                    std::ptr::null(),
+                    argv.as_ptr(),
+                    envp.as_ptr(),
+                );
+                libc::posix_spawn_file_actions_destroy(&mut fa);
+            }
+            rel.join().unwrap();
+            let mut st = 0;
+            // SAFETY: reaping the spawned child; st is a valid out-pointer.
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+            shared.word(0).store(round + 1, Ordering::SeqCst);
+        }
+        openers.stop();
+        let _ = fs::remove_file(&fifo);
+        0
+    });
+    let rc = c.wait(Duration::from_secs(120));
+    let leaks = shared.word(1).load(Ordering::SeqCst);
+    note!(
+        "[rc {rc}; {} posix_spawn children blocked before exec, {leaks} of them held a \
+         descriptor with the parent's registration locks] ",
+        shared.word(0).load(Ordering::SeqCst)
+    );
+    assert_eq!(
+        leaks, 0,
+        "posix_spawn children inherited an anchor's descriptor"
+    );
 }
