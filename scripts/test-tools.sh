@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure the tools the process tests drive are installed (Debian packages): gdb, which
-# stops a process at one exact instruction or system call (tests/adversarial*.rs), and
-# strace, which counts a process's system calls (tests/adversarial6.rs).
+# stops a process at one exact instruction or system call (tests/stalls.rs,
+# generation_wraps.rs, wakeups.rs, dict_writer.rs), and strace, which counts a process's
+# system calls (tests/wakeups.rs).
 set -euo pipefail
 missing=()
 for tool in gdb strace; do

@@ -29,14 +29,14 @@ if [ -n "${CI:-}" ]; then
     rm -rf target/loom target/loomcfgshmlock_broken
 fi
 
-# Tests that need root (namespaces, mounts, uid switches: the liveness cases of issue 12) are
-# ignored unless asked for; as root (as CI runs) they run too, elsewhere they say why not.
+# Tests that need root (namespaces, mounts, uid switches) are ignored unless asked for; as
+# root (as CI runs) they run too, elsewhere they say why not.
 if [ "$(id -u)" -eq 0 ]; then
     cargo test --all-features -- --include-ignored
 else
     cargo test --all-features
 fi
 
-# The generation-wrap attacks need tens of millions of lock operations: a release build
+# The generation-wrap tests need tens of millions of lock operations: a release build
 # runs them (the debug run above lists them as needing one).
 cargo test --release --test generation_wraps

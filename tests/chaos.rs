@@ -262,11 +262,11 @@ fn chaos_with_sigstop_and_sigkill() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 5. Chaos: many processes wait for one key while holders are SIGKILLed and SIGSTOPped,
-//    a reaper calls reap() and holders() in a loop, and another force-free-nothing
-//    process inspects. Leases never expire (so any second live holder is a break); a
-//    holder records itself in a shared word; a newcomer that finds the word taken checks
-//    whether that process is dead (killed by the parent, who sets its tombstone).
+// Chaos: many processes wait for one key while holders are SIGKILLed and SIGSTOPped,
+// a reaper calls reap() and holders() in a loop, and another force-free-nothing
+// process inspects. Leases never expire (so any second live holder is a break); a
+// holder records itself in a shared word; a newcomer that finds the word taken checks
+// whether that process is dead (killed by the parent, who sets its tombstone).
 
 fn chaos_many_stealers_reapers_stop_and_kill() {
     let path = TempPath::new("chaos-stealers");
@@ -388,11 +388,11 @@ fn chaos_many_stealers_reapers_stop_and_kill() {
 }
 
 // ---------------------------------------------------------------------------------------
-// D. Chaos on keys crowded into three neighbouring homes (slow path, raised reaches,
-//    release holes, displacement across homes): workers lock/try-lock, check mutual
-//    exclusion through an occupant word per key and that fencing tokens only grow; the
-//    controller SIGSTOPs workers (20-900 ms, past the 500 ms bound, under the 3 s lease)
-//    and SIGKILLs them (respawned).
+// Chaos on keys crowded into three neighbouring homes (slow path, raised reaches,
+// release holes, displacement across homes): workers lock/try-lock, check mutual
+// exclusion through an occupant word per key and that fencing tokens only grow; the
+// controller SIGSTOPs workers (20-900 ms, past the 500 ms bound, under the 3 s lease)
+// and SIGKILLs them (respawned).
 
 const CK: usize = 18;
 

@@ -324,7 +324,7 @@ fn a_command_that_cannot_run_exits_126_or_127_and_frees_the_key() {
     assert!(!LockTable::open(&file, 1).unwrap().is_locked("k").unwrap());
 }
 
-/// Issue #12: `inspect` only reads, so read access to the file is enough. The table is
+/// `inspect` only reads, so read access to the file is enough. The table is
 /// root's, mode 0644, with a holder; `shmlock inspect` runs as uid 65534 (nobody).
 #[test]
 #[ignore = "needs root: creates a root-owned table and runs `shmlock inspect` as uid 65534 through setpriv"]

@@ -1,10 +1,18 @@
-//! Attacks of the fourth adversarial review, with real processes (fork, `_Fork`, clone,
-//! namespaces): the registration and descriptors a daemon closes behind the library's
-//! back (`close_range`), second handles of one table, forks during `open`, a child at its
-//! descriptor limit, memory a program takes away from a child (MADV_DONTFORK), the reboot
-//! reset and the dict. They broke an earlier design that pinned the registration with the
-//! table's own mapping and mapped every table again in a forked child; each is a
-//! regression test now.
+//! Descriptors: nothing a program does with its own descriptors makes a live holder look
+//! dead, hands one process's registration to another, or costs the program a descriptor.
+//! Daemons close every descriptor after opening a table (`close_range`) and open log files
+//! under the freed numbers; prefork workers close what they inherited and open the table
+//! again; a program holds two handles of one table, replaces the library's numbers with
+//! `dup2`, takes locks through its own description of the table, or opens and closes files
+//! under a number while a waiter asks the kernel about a holder (even with the waiter
+//! stopped by ptrace around that very call). The dict registers through the same layer.
+//!
+//! Exercises `src/shm/anchor.rs` (a registration held by a description of its own),
+//! `src/shm/registry.rs` (judging an owner by its lock, the probe), `src/shm/attachment.rs`
+//! and `src/shm/file.rs` (opening and registering).
+//!
+//! `descriptors FILTER` runs the tests whose name contains FILTER; `descriptors --list`
+//! lists them.
 
 mod common;
 
@@ -13,7 +21,7 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -84,7 +92,7 @@ const TESTS: &[Test] = &[
 ];
 
 fn main() {
-    common::harness::run("adversarial4", TESTS, common::harness::no_roles);
+    common::harness::run("descriptors", TESTS, common::harness::no_roles);
 }
 
 const K: &str = "K";
@@ -109,13 +117,10 @@ fn fds() -> String {
 }
 
 // ---------------------------------------------------------------------------------------
-// 1. A daemon opens the table (A), closes every descriptor (close_range: supported, "the
-//    mapping keeps the registration"), and opens the same table again (B). B's mapping
-//    description lands on A's old tracked number, so both tracks say "fd 4", and both name
-//    the table file. A forked worker's first use remaps both tracks; the second dup3 leaves
-//    fd 4 naming B's new description, and A's register_again registers through fd 4:
-//    A's registration lock lives on B's description. The worker drops B (it only needs A):
-//    B's description goes, and with it A's registry lock, while A still holds K.
+// A daemon opens the table (handle A), closes every descriptor (`close_range`) and opens
+// the same table again (B), whose descriptors take A's old numbers. Its forked worker holds
+// K through A and drops B, which it does not need: A's registration must not go with B's
+// descriptors while A still holds K.
 
 fn a_worker_keeps_its_key_after_close_range_and_a_second_handle() {
     let path = TempPath::new("collapse");
@@ -170,11 +175,10 @@ fn a_worker_keeps_its_key_after_close_range_and_a_second_handle() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 2. Same daemon, but it opens a log file after close_range (fd 3), then B: B's *probe*
-//    descriptor takes A's old tracked number 4. The worker's remap dup3()s A's new mapping
-//    description onto fd 4 = B's probe. B then tests A's registry lock through the very
-//    description that holds it (F_OFD_GETLK never reports one's own lock): "nobody holds
-//    it", so B judges A's owner dead and takes K from it, in one process with two handles.
+// The same daemon opens a log file after `close_range` (fd 3), then B, whose descriptors
+// take A's old numbers. B must never test A's registry lock through the description that
+// holds it (F_OFD_GETLK never reports one's own lock): it would judge A's owner dead and
+// take K from it, in one process with two handles.
 
 fn a_probe_never_tests_through_a_description_that_holds_a_lock() {
     let path = TempPath::new("probe");
@@ -216,12 +220,10 @@ fn a_probe_never_tests_through_a_description_that_holds_a_lock() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 3. The README's own daemon case: close_range, then a log file opened under the number
-//    of the library's probe descriptor (3). The library "reopens the table by path, never
-//    judges through the log file" -- and in doing so drops its old File, closing fd 3: the
-//    program's log. The program's next open (a data file) gets 3, and its log lines go
-//    into the data file. Triggered by nothing but a lock call that judges a busy key's
-//    holder (here: another live process holds K).
+// The documented daemon case: `close_range`, then a log file opened under the number the
+// library's probe descriptor had (3). A lock call that judges a busy key's holder (here
+// another live process holds K) must not close fd 3, the program's log: the program's next
+// open (a data file) would get 3, and its log lines would go into the data file.
 
 fn reopening_the_probe_never_closes_the_programs_log_file() {
     let path = TempPath::new("logfd");
@@ -270,9 +272,8 @@ fn reopening_the_probe_never_closes_the_programs_log_file() {
     assert_eq!(w, 1, "the library closed the program's log file");
 }
 
-// 3b. Dropping a handle after close_range closes whatever the program opened under the
-//     library's old numbers (the probe File unconditionally; the track if it names the
-//     table file: here the program's own descriptor of the table file).
+// Dropping a handle after `close_range` must not close what the program opened under the
+// library's old numbers (here the program's own descriptor of the table file).
 
 fn dropping_a_handle_never_closes_the_programs_own_descriptor() {
     let path = TempPath::new("ownfd");
@@ -311,9 +312,9 @@ fn dropping_a_handle_never_closes_the_programs_own_descriptor() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 4. Same, in a forked child: the program's own descriptor of the table file (read-only,
-//    at some offset) is replaced by dup3 with the library's O_RDWR|O_CLOEXEC description
-//    at offset 0.
+// The same in a forked child: the program's own descriptor of the table file (read-only,
+// at some offset) must not be replaced by one of the library's (read-write, close-on-exec,
+// at offset 0).
 
 fn a_child_never_replaces_the_programs_own_descriptor() {
     let path = TempPath::new("dup3");
@@ -361,13 +362,10 @@ fn a_child_never_replaces_the_programs_own_descriptor() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 1b. The prefork pattern, no close_range in the parent: the parent opens the table (A)
-//     and forks a worker. The worker closes the descriptors it inherited (close_range),
-//     opens its own handle C of the same table, and drops the inherited handle A. C's
-//     open publishes its track only after its first look at itself, which remaps A: A's
-//     tracked number (4) is C's new description by then, /proc/self/fd/4 names the table,
-//     so dup3 puts A's new description under 4, and C's own_fd() -- 4 -- is A's. C
-//     registers through A's description; dropping A ends C's registration while C holds K.
+// The prefork pattern, no `close_range` in the parent: the parent opens the table (A) and
+// forks a worker, which closes the descriptors it inherited, opens its own handle C of the
+// same table and drops the inherited A. C's registration must not go with A while C holds
+// K.
 
 fn worker_closes_inherited_fds_reopens_and_drops_the_inherited_handle() {
     let path = TempPath::new("prefork");
@@ -422,11 +420,11 @@ fn worker_closes_inherited_fds_reopens_and_drops_the_inherited_handle() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 8. The dict, same attachment layer: a dict with room for 3 registrations. The daemon P
-//    (2 handles: A, then close_range, then B) and its worker (which writes through A and
-//    drops B) use all 3. A newcomer should get TooManyProcesses; it gets the worker's
-//    entry instead (its lock went with B's description), and the live worker's owner id
-//    is now dead to everyone (its writer lock would be broken at once, not after 500 ms).
+// The dict, on the same attachment layer: a dict with room for 3 registrations. The daemon
+// P (2 handles: A, then `close_range`, then B) and its worker (which writes through A and
+// drops B) use all 3. A newcomer must get TooManyProcesses, not the worker's entry: the
+// live worker's owner id would be dead to everyone (its writer lock broken at once, not
+// after 500 ms).
 
 fn a_dict_workers_registration_is_never_taken_by_a_newcomer() {
     dict_case(true);
@@ -547,7 +545,7 @@ fn holder(path: &Path, ready: &Shared, exptime_ms: u64) -> Proc {
 }
 
 // ---------------------------------------------------------------------------------------
-// F1: a descriptor number reused behind the library's back
+// A descriptor number reused behind the library's back
 
 /// A waiter process whose table descriptors were replaced by another file (what
 /// `closefrom(3)` followed by opening a log file does) asks the kernel about the holder's
@@ -621,7 +619,7 @@ fn a_forked_worker_that_closes_inherited_fds_stays_alive() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 3. A process that closes its descriptors after opening (a daemonizing step)
+// A process that closes its descriptors after opening (a daemonizing step)
 
 /// D opens the table, then closes every descriptor from 3 up (`close_range`, as a
 /// daemonizing library does) and opens a few files under the freed numbers; then it locks
@@ -740,7 +738,7 @@ fn a_newcomer_never_takes_the_registry_entry_of_a_process_that_closed_its_descri
 }
 
 // ---------------------------------------------------------------------------------------
-// 9. Probe games a program may play with its own descriptors.
+// Probe games a program may play with its own descriptors.
 
 fn probe_games() {
     let path = TempPath::new("probe");
@@ -832,14 +830,11 @@ fn probe_games() {
     assert!(!broke, "BROKE: a live holder was judged dead");
 }
 
-#[allow(dead_code)]
-fn _unused(_: AtomicU64) {}
-
 // ---------------------------------------------------------------------------------------
-// 11. The probe checked before and after the lock test, but not *during* it: a program that
-//     closed our number once (a daemon's close_range) and then opens and closes files of
-//     its own under it — the table itself (O_NONBLOCK), a log file — can have the number
-//     name the table at both checks and a log file at the test.
+// A program that closed the library's number once (a daemon's `close_range`) and then opens
+// and closes files of its own under it (the table itself with O_NONBLOCK, a log file) can
+// have the number name the table before and after a waiter's lock test and a log file
+// during it: no verdict may come from that test.
 
 static REPEAT_CLOSE_RANGE: AtomicBool = AtomicBool::new(false);
 
@@ -936,10 +931,10 @@ fn probe_aba_program_reuses_the_number() {
     );
 }
 
-// 11b. The same, with the waiter preempted exactly around its lock test (ptrace stops it at
-//      entry and exit of fcntl(F_OFD_GETLK), as the scheduler could): while it is off the
-//      CPU the program closes its own table descriptor and opens a log file under the
-//      number, then the other way round.
+// The same, with the waiter preempted exactly around its lock test (ptrace stops it at
+// entry and exit of fcntl(F_OFD_GETLK), as the scheduler could): while it is off the
+// CPU the program closes its own table descriptor and opens a log file under the
+// number, then the other way round.
 
 fn probe_aba_preempted_at_the_lock_test() {
     let path = TempPath::new("aba2");

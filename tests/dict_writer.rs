@@ -43,7 +43,7 @@ fn main() {
 }
 
 // ---------------------------------------------------------------------------------------
-// F: the dict's reach is raised with a plain store, by writers that may have been taken over
+// The dict's reach is raised with a plain store, by writers that may have been taken over
 
 /// A writer W is stopped (by a debugger, standing in for SIGSTOP or an overloaded machine)
 /// inside `place`, between its load of the home's reach and its store of the new reach.
@@ -413,7 +413,7 @@ fn dict_chaos_with_sigstop_and_sigkill() {
             "the counter lost or gained increments"
         );
     } else {
-        // The documented loss (README, "Known limits"): a writer killed or stalled past
+        // The documented loss (a known limit): a writer killed or stalled past
         // the bound while writing the counter's entry leaves it absent, and the next incr
         // starts again from its init. Each such restart needs a takeover of that dict's
         // writer lock; anything else losing increments is a bug.

@@ -63,7 +63,7 @@ fn main() {
 const K: &str = "K";
 
 // ---------------------------------------------------------------------------------------
-// 7. Several paths to one file
+// Several paths to one file
 
 /// A holder opens the table by its path, a waiter through a hard link, another through a
 /// symbolic link: all are one table (busy for the others), and the holder's death frees K
@@ -106,7 +106,7 @@ fn hardlink_and_symlink_paths_are_one_table() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 8. A table on a disk filesystem (ext4/overlay/xfs, not tmpfs)
+// A table on a disk filesystem (ext4/overlay/xfs, not tmpfs)
 
 fn disk_dir() -> PathBuf {
     let dir = std::env::var_os("CARGO_TARGET_TMPDIR")
@@ -186,9 +186,9 @@ fn mount_overlay(base: &Path) -> PathBuf {
 }
 
 // ---------------------------------------------------------------------------------------
-// 1. A table on overlayfs (a container's root filesystem): mmap of an overlay file maps the
-//    real (upper) file, so an anchor does not keep the overlay description, and its locks
-//    go when the anchor's descriptor is closed.
+// A table on overlayfs (a container's root filesystem): mmap of an overlay file maps the
+// real (upper) file, so an anchor does not keep the overlay description, and its locks
+// go when the anchor's descriptor is closed.
 
 fn live_holder_check(dir: &Path) -> Result<(), String> {
     let path = dir.join("table");
@@ -233,10 +233,9 @@ fn live_holder_check(dir: &Path) -> Result<(), String> {
 
 /// A filesystem that maps another file than the one opened (overlayfs maps the file
 /// beneath it) keeps no lock for a mapping: the registration would vanish with the anchor's
-/// descriptor, and a live holder would be judged dead (this broke an earlier build:
-/// "a newcomer's try_lock_with_lease TOOK IT"; and a newcomer with another boot id reset a
-/// dict under its live writer). Opening a table or a dict there is refused with a clear
-/// error instead.
+/// descriptor, a live holder would be judged dead (a newcomer would take its key), and a
+/// newcomer with another boot id would reset a dict under its live writer. Opening a table
+/// or a dict there is refused with a clear error instead.
 fn a_table_on_overlayfs_is_refused_not_judged_dead() {
     common::harness::require_root();
     let c = fork(|| {
@@ -275,7 +274,7 @@ fn control_tmpfs_live_holder() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 10. Tokens across re-creating the file
+// Tokens across re-creating the file
 
 fn tokens_grow_across_re_creating_the_file() {
     let path = TempPath::new("tokens");
@@ -298,7 +297,7 @@ fn tokens_grow_across_re_creating_the_file() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 4. The table file unlinked (or replaced) while processes use it
+// The table file unlinked (or replaced) while processes use it
 
 /// H holds K on the table. The path is then unlinked (an administrator's `rm`, a tmp
 /// cleaner) and a newcomer opens the same path. The newcomer must not be handed K while H

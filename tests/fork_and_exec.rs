@@ -177,7 +177,7 @@ fn fds_of_inode(pid: libc::pid_t, ino: u64) -> Vec<String> {
 }
 
 // ---------------------------------------------------------------------------------------
-// F: children made without the fork handler
+// Children made without the fork handlers
 
 /// glibc's `_Fork` (POSIX 2024; async-signal-safe fork) runs no atfork handlers, so the
 /// child keeps the parent's memory as it was: its copy of the parent's guard must still
@@ -206,10 +206,10 @@ fn a_child_of_underscore_fork_never_releases_the_parents_hold() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 10. Every way to make a child with a copy of the memory: fork, glibc's _Fork (no atfork
-//     handlers), a raw clone(SIGCHLD) syscall, clone3, and a grandchild of a child that
-//     used the library. The child (a) must not take K while its parent holds it, and
-//     (b) must not keep its parent's keys after the parent dies.
+// Every way to make a child with a copy of the memory: fork, glibc's _Fork (no atfork
+// handlers), a raw clone(SIGCHLD) syscall, clone3, and a grandchild of a child that
+// used the library. The child (a) must not take K while its parent holds it, and
+// (b) must not keep its parent's keys after the parent dies.
 
 fn spawn_kind(kind: &str, f: impl FnOnce() -> i32) -> libc::pid_t {
     // SAFETY: single-threaded process; the child runs f and _exits.
@@ -325,7 +325,7 @@ fn fork_kinds() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 6. A child made by the raw clone system call (no glibc fork path, no atfork handlers)
+// A child made by the raw clone system call (no glibc fork path, no atfork handlers)
 
 fn raw_fork() -> libc::pid_t {
     // SAFETY: clone with only the exit signal: a fork without glibc's bookkeeping. The
@@ -407,11 +407,11 @@ fn a_raw_clone_child_neither_takes_nor_keeps_its_parents_keys() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 6. MADV_DONTFORK on the table's range (a program that keeps big regions out of its
-//    children): the child does not inherit the mapping, and its allocator may hand the
-//    hole to the program. The child's first use of the library maps the table MAP_FIXED
-//    over that memory: the program's private buffer becomes the shared table, and the
-//    program's next memset of its buffer wipes every process's holds.
+// MADV_DONTFORK on the table's range (a program that keeps big regions out of its
+// children): the child does not inherit the mapping, and its allocator may hand the hole to
+// the program. The child's first use of the library must not map the table (MAP_FIXED)
+// over that memory: the program's private buffer would become the shared table, and the
+// program's next memset of its buffer would wipe every process's holds.
 
 fn table_range(ino: u64) -> Option<(usize, usize)> {
     let maps = fs::read_to_string("/proc/self/maps").unwrap();
@@ -430,8 +430,7 @@ fn table_range(ino: u64) -> Option<(usize, usize)> {
 
 /// A program marks the table's memory MADV_DONTFORK, so a forked child has a hole there,
 /// and the child's own scratch buffer lands in it. The child's first use of the library
-/// must not map the table over that buffer (an earlier design mapped every inherited
-/// table again at its old address in the child), nor may anyone take H's key.
+/// must not map the table over that buffer, nor may anyone take H's key.
 fn a_child_never_maps_the_table_over_its_own_memory() {
     use std::os::unix::fs::MetadataExt;
     let path = TempPath::new("dontfork");
@@ -518,11 +517,9 @@ fn a_child_never_maps_the_table_over_its_own_memory() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 9. A forked child whose first use of the library falls at its descriptor limit: the
-//    reopen fails, the inherited mapping (and descriptor) of the parent's description stay,
-//    and the remap is never tried again. The child goes on using the library (another
-//    table works; this one says it cannot register), and keeps its dead parent's keys held
-//    until their leases end.
+// A forked child whose first use of the library falls at its descriptor limit goes on
+// using the library (another table works; this one says it cannot register): it must not
+// keep its dead parent's keys held until their leases end.
 
 fn a_child_at_its_fd_limit_never_keeps_the_parents_registration() {
     let path = TempPath::new("emfile");
@@ -594,7 +591,7 @@ fn a_child_at_its_fd_limit_never_keeps_the_parents_registration() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 5. exec and posix_spawn while holding
+// exec and posix_spawn while holding
 
 /// H takes K with no expiry and execs `sleep`: the exec'd program keeps no descriptor of
 /// the table, so its registration is gone and a waiter takes K at once (not wedged).
@@ -745,11 +742,11 @@ fn a_program_spawned_by_a_holder_never_keeps_its_dead_parents_keys() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 2. 7feedcc: `runs_with_mapping` says an exec'd image is a new one because exec maps the
-//    table elsewhere. Without address-space randomisation (personality
-//    ADDR_NO_RANDOMIZE, `setarch -R`, or sysctl kernel.randomize_va_space=0) the new
-//    image maps it at the same page: the old image's registration (descriptor closed by
-//    O_CLOEXEC) is judged alive as long as the new image runs.
+// An exec'd image is a new process for the registry even when it maps the table at the
+// same page as the old image did, as it does without address-space randomisation
+// (personality ADDR_NO_RANDOMIZE, `setarch -R`, or sysctl kernel.randomize_va_space=0):
+// the old image's registration (its descriptor closed by O_CLOEXEC) must not be judged
+// alive for as long as the new image runs.
 
 fn exec_reopen(no_aslr: bool) {
     use std::os::unix::process::CommandExt;

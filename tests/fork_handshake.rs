@@ -1,9 +1,25 @@
-//! Attacks of the fifth adversarial review, with real processes (fork from signal handlers,
-//! `_Fork`, posix_spawn, threads forking while others open tables, a stopped resetter,
-//! overlayfs, programs juggling descriptors under ptrace): the registration's anchor (a
-//! PROT_NONE, MADV_DONTFORK page of a description of its own) and the fork handler that
-//! holds `fork` off while one is set up. Those that broke an earlier build are regression
-//! tests now.
+//! The fork handshake: `fork` never deadlocks with, and never leaks to its child, a
+//! registration being set up. A fork waits while another thread sets up a registration
+//! (its anchor), so that no child inherits the anchor's descriptor, the parent's
+//! registration; and it never waits for good: not when two threads fork at once, when a
+//! signal handler forks inside `open` or inside the fork handler itself, when many threads
+//! keep opening tables, when another process is stopped in a reboot reset, when another
+//! library's atfork handler takes its own mutex or forks, or when the fork fails. A child
+//! made by a signal handler in the middle of `open` never adopts the parent's
+//! registration, and children made by glibc's `_Fork` or by a handler's fork that returns
+//! can still open tables. Children of `posix_spawn` hold no registration; one that blocks
+//! before its exec does (a known limit, run with `--known-limits`).
+//!
+//! Exercises `src/shm/process.rs` (the fork handlers, the count of registrations being set
+//! up), `src/shm/anchor.rs` (setting a registration up), `src/shm/attachment.rs` and
+//! `src/shm/registry.rs` (a forked child's first use while a thread judges an owner). What a
+//! child keeps of its parent once forked is in `tests/fork_and_exec.rs`.
+//!
+//! `fork_handshake FILTER` runs the tests whose name contains FILTER; `fork_handshake
+//! --list` lists them; the root-only one runs with `--include-ignored` as root.
+//! `fork_handshake --role NAME PATH` is how a test starts this binary afresh, so that the
+//! order of `pthread_atfork` registrations is its own (the test kills the whole process
+//! group if it hangs).
 
 mod common;
 
@@ -100,7 +116,7 @@ const TESTS: &[Test] = &[
         timer_nested,
     ),
     Test::new("a_failed_fork_leaves_open_working", fork_fails),
-    // The README's fork caveat: posix_spawn clones without the fork handlers.
+    // A documented fork caveat: posix_spawn clones without the fork handlers.
     Test::new(
         "a_posix_spawn_child_before_exec_holds_no_registration",
         posix_spawn_fifo,
@@ -109,7 +125,7 @@ const TESTS: &[Test] = &[
 ];
 
 fn main() {
-    common::harness::run("adversarial5", TESTS, roles);
+    common::harness::run("fork_handshake", TESTS, roles);
 }
 
 fn roles(args: &[String]) -> i32 {
@@ -130,8 +146,8 @@ fn roles(args: &[String]) -> i32 {
 const K: &str = "K";
 
 // ---------------------------------------------------------------------------------------
-// 2. fork() from a signal handler that interrupted an open: the prepare handler waits for
-//    the very thread it interrupted.
+// fork() from a signal handler that interrupted an open: the prepare handler must not wait
+// for the very thread it interrupted.
 
 extern "C" fn on_alarm_fork(_: libc::c_int) {
     // SAFETY: fork in a handler (async-signal-safe in POSIX.1-2017); the child leaves at
@@ -177,9 +193,10 @@ fn fork_in_signal_handler_during_open() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 3. A child made in a signal handler that interrupted an open continues that open: it
-//    returns a handle whose registration is the parent's, with the child's fork epoch, so
-//    the child takes the parent's owner id for its own; its drop leaves the parent's entry.
+// A child made in a signal handler that interrupted an open continues that open: the
+// handle it returns must not carry the parent's registration (under the child's fork epoch
+// the child would take the parent's owner id for its own, and its drop would leave the
+// parent's entry).
 
 static CHILD_PID: AtomicI32 = AtomicI32::new(0);
 static IN_CHILD: AtomicBool = AtomicBool::new(false);
@@ -389,8 +406,8 @@ fn fork_in_signal_handler_child_adopts_owner() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 4. Threads forking while many threads open tables: fork waits for a moment when no
-//    anchor is being set up anywhere in the process.
+// Threads forking while many threads open tables: fork waits for a moment when no
+// anchor is being set up anywhere in the process.
 
 fn fork_starvation_many_openers() {
     let shared = Shared::new(4);
@@ -501,9 +518,9 @@ fn fork_starvation_many_openers() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 5. A process stopped in the middle of a reboot reset (it holds the attached byte for
-//    writing): another process's open waits in `join` up to 10 s, inside an anchor's
-//    setup, and every fork of that process waits as long.
+// A process stopped in the middle of a reboot reset (it holds the attached byte for
+// writing): another process's open waits for it (up to 10 s); a fork in that process must
+// not wait as long.
 
 fn fork_stalled_by_stopped_resetter() {
     common::harness::require_root();
@@ -590,8 +607,9 @@ fn fork_stalled_by_stopped_resetter() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 6. _Fork (no atfork handlers) from one thread while another sets up an anchor: the child
-//    inherits SETTING_UP != 0 (or FORKING), which nothing in it will ever clear.
+// _Fork (no atfork handlers) from one thread while another sets up an anchor: the child
+// inherits a count of registrations being set up (or of forks) that nothing in it will
+// ever bring down, and must not hang on it.
 
 fn underscore_fork_child_inherits_setting_up() {
     let shared = Shared::new(8);
@@ -737,8 +755,8 @@ fn underscore_fork_child_inherits_setting_up() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 8. posix_spawn (std::process::Command) and clone3 children while threads open tables:
-//    none keeps a description of any table.
+// posix_spawn (std::process::Command) children while threads open tables: none keeps a
+// description of any table.
 
 fn table_fds_of(pid: i32, dir: &Path) -> usize {
     // descriptors of a table that hold a lock (fdinfo "lock:" lines), and anchor mappings
@@ -810,8 +828,9 @@ fn posix_spawn_children_hold_nothing() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 10. A forked child of a multi-threaded process whose other thread was judging an owner
-//     (holding the probe mutex) at the fork: the child's first use takes that mutex.
+// A forked child of a multi-threaded process whose other thread was judging an owner
+// (holding the probe mutex) at the fork: the child's first use must not hang on that
+// mutex.
 
 fn forked_child_of_a_judging_thread() {
     let path = TempPath::new("judging");
@@ -956,10 +975,10 @@ fn inherited_locked_fd(ino: u64) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------
-// A1. Two threads call fork() at about the same time while other threads open tables.
-//     The handshake counts forkers: the first fork's parent handler must not let anchors
-//     be made while the second is still on its way (its child would inherit an anchor's
-//     descriptor, the parent's registration), and no forker may wait forever.
+// Two threads call fork() at about the same time while other threads open tables.
+// The handshake counts forkers: the first fork's parent handler must not let anchors
+// be made while the second is still on its way (its child would inherit an anchor's
+// descriptor, the parent's registration), and no forker may wait forever.
 
 fn two_forkers() {
     let dir = PathBuf::from(format!(
@@ -1031,9 +1050,9 @@ fn two_forkers() {
 }
 
 // ---------------------------------------------------------------------------------------
-// A2. A thread in fork()'s before_fork wait (an anchor is being set up by another thread)
-//     takes a signal whose handler forks: the nested fork's handlers count in and out,
-//     and the outer fork still completes.
+// A thread in fork()'s before_fork wait (an anchor is being set up by another thread)
+// takes a signal whose handler forks: the nested fork's handlers count in and out,
+// and the outer fork still completes.
 
 extern "C" fn on_alarm_fork_in_before_fork(_: libc::c_int) {
     // fork only when the interrupted thread is inside shmlock's before_fork (glibc's own
@@ -1123,10 +1142,10 @@ fn handler_fork_in_before_fork() {
 }
 
 // ---------------------------------------------------------------------------------------
-// A3. What a leaked anchor costs: threads open handles that each keep one key (60 s
-//     lease) while two threads fork at once (a third forks every 20 ms so no fork stays
-//     stuck). Children that inherited a locked descriptor of the table would stay alive;
-//     the whole parent is SIGKILLed, and its keys must be free at once.
+// What a leaked anchor costs: threads open handles that each keep one key (60 s
+// lease) while two threads fork at once (a third forks every 20 ms so no fork stays
+// stuck). Children that inherited a locked descriptor of the table would stay alive;
+// the whole parent is SIGKILLed, and its keys must be free at once.
 
 fn fork_once(ino: u64, sh: &'static Shared) {
     // SAFETY: a threaded fork; the child runs only raw syscalls on stack buffers, atomics,
@@ -1260,12 +1279,10 @@ fn leaked_anchor_keeps_dead_parents_keys() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 5. A thread forks while another thread is inside open(), after the mapping's description
-//    was opened (and/or mapped) but before its track was published. The child inherits the
-//    description (descriptor and/or mapping) with no track: its first use of the library
-//    remaps nothing for it, and the child keeps the parent's registration alive for as
-//    long as it lives, though it uses the library (the README's caveat covers only a
-//    child that never does).
+// A thread forks while another thread is inside open(), with the table's description
+// opened (or mapped) but its registration not set up yet. A child that then uses the
+// library must not keep the parent's registration alive for as long as it lives (the
+// documented caveat covers only a child that never uses the library).
 
 fn table_refs(ino: u64) -> (usize, usize) {
     use std::os::unix::fs::MetadataExt;
@@ -1471,12 +1488,12 @@ fn run_role(role: &str, path: &Path, limit: Duration) -> Outcome {
 }
 
 // ---------------------------------------------------------------------------------------
-// F1. pthread_atfork ordering: an application registers, before shmlock's first use, the
-//     usual handler that locks its mutex M around fork (prepare: lock M; parent/child:
-//     unlock). Prepare handlers run in reverse order of registration, so shmlock's runs
-//     first and bars new anchors; then the application's waits for M. A thread that holds
-//     M and opens a table then waits in NoFork::hold for the fork to end: deadlock. The
-//     control registers the application's handler after shmlock's (so it runs first).
+// pthread_atfork ordering: an application registers, before shmlock's first use, the
+// usual handler that locks its mutex M around fork (prepare: lock M; parent/child:
+// unlock). Prepare handlers run in reverse order of registration, so shmlock's runs
+// first and bars new anchors; then the application's waits for M. A thread that holds
+// M and opens a table then waits in NoFork::hold for the fork to end: deadlock. The
+// control registers the application's handler after shmlock's (so it runs first).
 
 /// The application's mutex, locked around `fork` by its handlers.
 struct AppMutex(std::cell::UnsafeCell<libc::pthread_mutex_t>);
@@ -1583,13 +1600,13 @@ fn atfork_mutex_after() {
 }
 
 // ---------------------------------------------------------------------------------------
-// F2. A fork made inside a fork (by another library's prepare handler, registered before
-//     shmlock's so it runs after shmlock's before_fork; or by a signal handler that a
-//     signal runs in the middle of fork()), whose child returns from the handler: that
-//     child goes on with the interrupted outer fork, as its parent, and runs the parent
-//     handlers, after_fork_in_parent included, on a counter the wipe-on-fork page zeroed.
-//     fetch_sub(FORKING) on 0 leaves 0xffff0000: the child can never make an anchor again
-//     (NoFork::hold waits for a fork that is not there).
+// A fork made inside a fork (by another library's prepare handler, registered before
+// shmlock's so it runs after shmlock's before_fork; or by a signal handler that a signal
+// runs in the middle of fork()), whose child returns from the handler: that child goes on
+// with the interrupted outer fork, as its parent, and runs the parent handlers,
+// after_fork_in_parent included, on a counter the wipe-on-fork page zeroed. Taking FORKING
+// off that 0 must not leave a count that bars the child from making an anchor for good
+// (NoFork::hold would wait for a fork that is not there).
 
 static FIRST: AtomicBool = AtomicBool::new(true);
 static INNER_CHILD: AtomicBool = AtomicBool::new(false);
@@ -1714,10 +1731,11 @@ fn nested_fork_signal() {
     nested("nested_fork_signal")
 }
 
-// F2b. The same without any atfork handler of ours: adversarial6's A2 (a SIGALRM handler
-//      forks when it interrupts a thread inside shmlock's before_fork, which waits for
-//      opener threads), except that the handler's child returns from the handler instead
-//      of _exit. It goes on with the interrupted fork, then tries to open a table.
+// The same without any atfork handler of ours: as in
+// `a_fork_in_a_signal_handler_during_a_fork_does_not_hang` (a SIGALRM handler forks when it
+// interrupts a thread inside shmlock's before_fork, which waits for opener threads), except
+// that the handler's child returns from the handler instead of _exit. It goes on with the
+// interrupted fork, then tries to open a table.
 
 static HF_DONE: AtomicBool = AtomicBool::new(false);
 
@@ -1823,8 +1841,8 @@ fn timer_nested() {
 }
 
 // ---------------------------------------------------------------------------------------
-// F3. fork() that fails (clone refused by a seccomp filter with EAGAIN): glibc runs the
-//     parent handlers, so the FORKING count comes back and open still works.
+// fork() that fails (clone refused by a seccomp filter with EAGAIN): glibc runs the
+// parent handlers, so the FORKING count comes back and open still works.
 
 fn role_fork_fails(path: &Path) -> i32 {
     drop(LockTable::open(path, 64).unwrap());
@@ -1935,10 +1953,10 @@ fn fork_fails() {
 }
 
 // ---------------------------------------------------------------------------------------
-// F4. posix_spawn (glibc: clone(CLONE_VM|CLONE_VFORK), no fork handlers) while other
-//     threads open tables; the spawned child blocks before its exec in a file action (an
-//     open of a FIFO). Does it hold an anchor's descriptor (a "lock:" line on the table's
-//     inode in its fdinfo) meanwhile?
+// posix_spawn (glibc: clone(CLONE_VM|CLONE_VFORK), no fork handlers) while other
+// threads open tables; the spawned child blocks before its exec in a file action (an
+// open of a FIFO). Does it hold an anchor's descriptor (a "lock:" line on the table's
+// inode in its fdinfo) meanwhile?
 
 fn locked_fds_of(pid: i32, ino: u64) -> usize {
     let mut n = 0;

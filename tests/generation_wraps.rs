@@ -1,15 +1,23 @@
-//! A second round of real-process attacks on the liveness design (issue 12): the promises
-//! "a key never has two live holders at once", "nothing wedges forever" and "fencing
-//! tokens only grow", against what the first round (`tests/adversarial.rs`) did not try:
-//! the 26-bit generation of a slot's control word and the 6-bit registry generation an
-//! owner id carries wrapping around, a process that closes its descriptors after opening
-//! a table, the table file unlinked while in use, exec and posix_spawn while holding, a
-//! raw `clone` child, several paths to one file, a table on a disk filesystem, a forked
-//! child that finds the registry full, and tokens across re-creating the file.
+//! Generation wraps: a word that comes round to a value it had before is never taken for
+//! the word it was. A slot's control word carries a 26-bit generation: an expired guard, a
+//! claimer stopped before its one-CAS claim and a waiter stopped before its stealing CAS
+//! each meet a word that came round after 2^25 or 2^26 transitions, and none of them may
+//! free, or publish over, the live hold it finds there. An owner id carries 6 bits of its
+//! registry entry's generation: a dead holder (holding, or killed mid-renewal) is still
+//! dead after its entry was reused 63 or 64 times, and inspection names it, and the token
+//! it took, rather than the live reuser. Two known limits (run with `--known-limits`): a
+//! second-order wrap with two stealers stopped at chosen instructions, and a late sleeper
+//! whose futex compares only 23 bits of the generation.
 //!
-//! `adversarial2 FILTER` runs the tests whose name contains FILTER. Tests that need a
-//! release build (tens of millions of lock operations) say so and are skipped in debug
-//! builds: run them with `cargo test --release --test adversarial2`.
+//! Exercises `src/shm/slot.rs` (the control word), `src/shm/table.rs` (claim, steal,
+//! renewal, release), `src/shm/registry.rs` (owner ids and generations),
+//! `src/shm/lock_table.rs` (inspection) and `src/shm/futex.rs`.
+//!
+//! `generation_wraps FILTER` runs the tests whose name contains FILTER; `generation_wraps
+//! --list` lists them. Tests that need a release build (tens of millions of lock
+//! operations) say so and are skipped in debug builds: `cargo test --release --test
+//! generation_wraps` runs them, as `scripts/test.sh` does. gdb stops processes at exact
+//! instructions (`scripts/test-tools.sh` installs it).
 
 mod common;
 
@@ -73,7 +81,7 @@ const TESTS: &[Test] = &[
         second_order_wrap_frees_a_live_hold,
     )
     .known_limit(),
-    // The README's known limit: the futex sees 23 bits of the generation.
+    // A known limit: the futex sees 23 bits of the generation.
     Test::new(
         "a_late_sleeper_is_refused_its_sleep_after_a_generation_wrap",
         gen_wrap_lost_wakeup,
@@ -83,13 +91,13 @@ const TESTS: &[Test] = &[
 ];
 
 fn main() {
-    common::harness::run("adversarial2", TESTS, common::harness::no_roles);
+    common::harness::run("generation_wraps", TESTS, common::harness::no_roles);
 }
 
 const K: &str = "K";
 
 // ---------------------------------------------------------------------------------------
-// 1. The slot's 26-bit generation wraps under one thread's own holds
+// The slot's 26-bit generation wraps under one thread's own holds
 
 /// A thread's guard A on K runs out its lease; the same thread then takes K again (guard B,
 /// stealing the expired hold, in the same slot) and keeps B for a while, renewing it. Every
@@ -431,7 +439,7 @@ fn a_waiter_stopped_before_stealing_an_expired_hold_never_frees_a_fresh_one() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 2. The registry generation an owner id carries is 6 bits
+// The registry generation an owner id carries is 6 bits
 
 /// Process P takes K with no expiry and is SIGKILLed. Its registry entry is then taken and
 /// left by `reuses` short-lived processes, and a last one, Q, takes it and stays. With
@@ -499,10 +507,10 @@ fn control_a_dead_holders_key_is_freed_after_its_registry_entry_was_reused_63_ti
 }
 
 // ---------------------------------------------------------------------------------------
-// 1. 7feedcc: a dead holder killed mid-renewal (EXTENDING) after its registry entry was
-//    reused 64 times. The commit says a waiter judging a HELD *or EXTENDING* entry
-//    compares the whole 32-bit generation; the waiter's path for EXTENDING is
-//    `recover -> unstick -> env.is_dead(owner)`, 6 bits only.
+// A dead holder killed mid-renewal (EXTENDING) after its registry entry was reused 64
+// times: a waiter judges an EXTENDING entry as it judges a HELD one, on the whole 32-bit
+// generation the hold recorded (also on its way through recovery, `recover -> unstick`),
+// not on the 6 bits of the owner id.
 
 fn extending_dead_holder(reuses: usize) {
     let path = TempPath::new("ext-wrap");
@@ -609,7 +617,7 @@ fn control_extending_dead_holder_after_63_registry_reuses_is_freed() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 4. Inspection after 64 reuses: does `holders()` name the dead holder or the live reuser?
+// Inspection after 64 reuses: `holders()` names the dead holder, not the live reuser
 
 fn inspection_names_the_dead_holder_not_the_64th_reuser() {
     let path = TempPath::new("insp-wrap");
@@ -659,11 +667,11 @@ fn inspection_names_the_dead_holder_not_the_64th_reuser() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 7. 7feedcc: the lease's upper half is now the registry generation, but the cold line's
-//    token label is still `lease ^ owner_bits << 40`, so the generation bits and the owner
-//    bits overlap: (entry 0, gen g) and (entry 1, gen g ^ 0x4000) of the same thread
-//    number give the same label. Inspection then shows a token on a hold that never took
-//    one (the previous holder's).
+// The token that inspection shows belongs to the hold that took it. A hold's lease carries
+// the registry generation in its upper half; a token label of `lease ^ owner_bits << 40`
+// would make generation and owner bits overlap: (entry 0, gen g) and (entry 1, gen
+// g ^ 0x4000) of the same thread number would get one label, and inspection would show the
+// previous holder's token on a hold that never took one.
 
 fn registry_gen(path: &Path, entry: usize) -> u32 {
     use std::os::unix::fs::FileExt;
@@ -740,14 +748,14 @@ fn inspection_shows_a_token_only_on_the_hold_that_took_it() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 8. 80a1247: the second-order wrap the README lists as a known limit, tried for real.
-//    S3 looks at this process's expired hold H1 (word w) and is stopped before its freeze
-//    CAS; S1 freezes H1 (STEALING) and is stopped inside resolve_steal after reading the
-//    fields, before its check of the word. This process ends the steal (its release of
-//    H1 finds it expired), takes K again (H2, 600 s) and renews H2 until its word is w
-//    again (26-bit gen: ~0.8 s in release). S3 resumes: its freeze of H2 succeeds (its CAS
-//    is from w) and it is stopped right after. S1 resumes: the word is its frozen word, so
-//    it frees H2 on H1's fields. Does S1 then hold K while this process holds H2?
+// The second-order wrap, a documented known limit, tried for real.
+// S3 looks at this process's expired hold H1 (word w) and is stopped before its freeze
+// CAS; S1 freezes H1 (STEALING) and is stopped inside resolve_steal after reading the
+// fields, before its check of the word. This process ends the steal (its release of
+// H1 finds it expired), takes K again (H2, 600 s) and renews H2 until its word is w
+// again (26-bit gen: ~0.8 s in release). S3 resumes: its freeze of H2 succeeds (its CAS
+// is from w) and it is stopped right after. S1 resumes: the word is its frozen word, so
+// it frees H2 on H1's fields. Does S1 then hold K while this process holds H2?
 
 fn second_order_wrap_frees_a_live_hold() {
     if cfg!(debug_assertions) {
@@ -879,11 +887,12 @@ fn second_order_wrap_frees_a_live_hold() {
 }
 
 // ---------------------------------------------------------------------------------------
-// W1. adversarial6's lost wake-up (W stopped by gdb at the entry of its FUTEX_WAIT on H's
-//     flagged hold of K1; H releases K1 and takes K2 in the same slot; X flags K2's hold),
-//     except that H then cycles K2 until the slot's generation has come round 2^23
-//     transitions to W's value (the low half holds only 23 bits of it): the low halves are
-//     equal again, the kernel lets W sleep, and W sleeps its whole step while K1 is free.
+// A known limit: the lost wake-up of `tests/wakeups.rs` (W stopped by gdb at the entry of
+// its FUTEX_WAIT on H's flagged hold of K1; H releases K1 and takes K2 in the same slot; X
+// flags K2's hold), except that H then cycles K2 until the slot's generation has come
+// round 2^23 transitions to W's value (the low half holds only 23 bits of it): the low
+// halves are equal again, the kernel lets W sleep, and W sleeps its whole step while K1 is
+// free.
 
 fn gen_wrap_lost_wakeup() {
     let path = TempPath::new("genwrap");

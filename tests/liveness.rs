@@ -1,7 +1,16 @@
-//! Issue #12 in real processes: a holder is judged dead only on evidence the kernel vouches
-//! for, whatever the namespaces and `/proc` of the processes involved, and no state a
-//! killed or stopped process leaves behind wedges a key (or the dict) for good. Plus the
-//! file layer's cases from the same issue: dangling symlinks, mode bits, killed creators.
+//! Liveness in real processes: a holder is judged dead only on evidence the kernel vouches
+//! for, whatever the namespaces and `/proc` of the processes involved (a main thread that
+//! exited, a `/proc` mounted with hidepid and read by another uid, time, pid and boot-id
+//! namespaces), and no state a killed or stopped process leaves behind wedges a key (or the
+//! dict) for good. Plus the file layer's own cases: dangling symlinks, mode bits, killed
+//! creators.
+//!
+//! Exercises `src/shm/registry.rs` (judging an owner), `src/shm/clock.rs` and
+//! `src/shm/process.rs` (clocks and identities across namespaces), `src/shm/file.rs`
+//! (creating, the reboot reset, symlinks and modes), `src/shm/table.rs` (breaking stopped
+//! claims and renewals) and `src/dict/writer.rs`. More cases of the same promises:
+//! `tests/namespaces.rs`, `tests/stalls.rs` (stops and kills at exact points) and
+//! `tests/files.rs` (the table file).
 //!
 //! Its own small harness (`harness = false`): single-threaded, so `fork` copies the whole
 //! process. `liveness FILTER` runs the tests whose name contains FILTER. The tests that need
@@ -129,7 +138,7 @@ fn main() {
 }
 
 /// The key every test fights over, each in a table of its own.
-const K: &str = "issue-12:K";
+const K: &str = "K";
 
 fn opts(exptime_ms: u64, timeout_ms: u64) -> LockOptions {
     LockOptions {

@@ -90,7 +90,7 @@ fn main() {
 const K: &str = "K";
 
 // ---------------------------------------------------------------------------------------
-// F: /proc/self/timens_offsets is the offset of the namespace for children
+// Time namespaces: /proc/self/timens_offsets is the offset of the namespace for children
 
 /// A process that unshares a time namespace for the children it will start (setting their
 /// monotonic clock 3600 s ahead) stays in its own namespace, but `timens_offsets` now shows
@@ -189,10 +189,10 @@ fn an_opener_whose_main_thread_exited_never_misreads_its_clock() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 6. 7feedcc: a registrant that closed its descriptor is alive if /proc shows it running
-//    with the same start time. /proc/<pid>/stat's start time is shifted by the *reader's*
-//    time-namespace boottime offset, so a registrant in a time namespace with a boottime
-//    offset records a start time nobody outside reads.
+// A registrant that closed its descriptor is alive if /proc shows it running with the
+// same start time. /proc/<pid>/stat's start time is shifted by the *reader's*
+// time-namespace boottime offset, so a registrant in a time namespace with a boottime
+// offset records a start time nobody outside reads: it must still be judged alive.
 
 fn closed_descriptor_in_time_namespace(offsets: &'static str) {
     let path = TempPath::new("timens-closed");
@@ -251,7 +251,7 @@ fn control_closed_descriptor_registrant_in_a_monotonic_only_namespace_keeps_its_
 }
 
 // ---------------------------------------------------------------------------------------
-// F: a guard tells its process by pid only
+// A pid-1 child of a pid-1 parent: a guard must not tell its process by pid alone
 
 /// A container's init (pid 1 in its namespace) holds K and forks a child into a new pid
 /// namespace (as sandboxes and nested containers do): the child is pid 1 too, and its copy
@@ -300,7 +300,7 @@ fn a_pid_1_child_in_a_new_pid_namespace_never_releases_the_parents_hold() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 11. A holder that exited but is not reaped (a zombie): its mapping went at exit.
+// A holder that exited but is not reaped (a zombie): its mapping went at exit.
 
 fn zombie_holder_frees_its_keys() {
     let path = TempPath::new("zombie");
@@ -328,7 +328,7 @@ fn zombie_holder_frees_its_keys() {
 }
 
 // ---------------------------------------------------------------------------------------
-// F: reboot reset vs a concurrent attacher
+// The reboot reset against a concurrent attacher
 
 fn set_boot_id_in_header(path: &Path, id: [u8; 16]) {
     let f = fs::OpenOptions::new()
@@ -412,9 +412,11 @@ fn concurrent_attach_after_reboot_keeps_tokens_growing() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 7. Reboot reset. A newcomer in a mount namespace whose boot id file reads another id
-//    attaches while (a) a holder that closed every descriptor holds K, (b) the worker of
-//    attack 1 (registered through a description that is gone) holds K.
+// The reboot reset. A newcomer in a mount namespace whose boot id file reads another id
+// attaches while (a) a holder that closed every descriptor holds K, (b) a daemon's worker
+// registered through a description that is gone (as in
+// `a_worker_keeps_its_key_after_close_range_and_a_second_handle`, `tests/descriptors.rs`)
+// holds K. Neither table may be reset.
 
 /// In a forked child: a private mount namespace where the boot id reads another id, then
 /// opens `path`; exit code 0 if the open worked.

@@ -99,7 +99,7 @@ fn a_process_with_no_registry_entry_takes_no_locks() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 9. A forked child in a full registry
+// A forked child in a full registry
 
 /// The registry has one entry, this process's. A forked child cannot register: its lock
 /// calls must fail, not take keys under no owner (or under its parent's), and it must not
@@ -169,9 +169,10 @@ fn registry_full_of_dead_entries_is_reused() {
 }
 
 // ---------------------------------------------------------------------------------------
-// F: leave_to_expire ("only one worker runs this tick") does not outlive the process
+// Leases left to expire ("only one worker runs this tick") outlive their process, and take
+// no registry entry with them
 
-/// The README's cron pattern: whoever gets the lease for this minute does the work and
+/// The documented cron pattern: whoever gets the lease for this minute does the work and
 /// leaves the lease to expire. The winner finishes and exits well within the minute; a
 /// second runner arriving in the same minute must not get the lease.
 fn a_lease_left_to_expire_outlives_its_process() {

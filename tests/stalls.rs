@@ -1,11 +1,22 @@
-//! Real-process attacks on the two promises: "a key never has two live holders" and
-//! "nothing dead or stopped wedges a key for good". Each test is an attack that once
-//! worked (descriptors closed behind the library's back, time namespaces, `_Fork`, pid 1
-//! of a new namespace, stopped writers, reboots, leases left to expire, short-lived
-//! pollers, ...) and asserts what the design promises; two chaos tests SIGSTOP and SIGKILL
-//! workers at random for 20 s each.
-//! `adversarial FILTER` runs the tests whose name contains FILTER; the root-only ones run
-//! with `--include-ignored` as root.
+//! Stalls: a process stopped (SIGSTOP, a debugger, an overloaded machine) or killed at any
+//! point of the slot protocol never wedges a key and never makes two live holders. A claim
+//! stopped midway is broken after the stall bound (about 0.5 s): for a waiter that watches
+//! it, for short-lived pollers that each look only once, and for two stopped claims whose
+//! homes are 64 slots apart. An opener stopped while attaching holds nobody up. A stealer
+//! stopped or killed right after freezing a hold, and a claimer stopped or killed between
+//! publishing its claim and counting it, neither wedge the key nor take it from whoever
+//! holds it next. Claimers killed mid-claim (also as pid 1 of a new pid namespace) leave
+//! nothing behind.
+//!
+//! Exercises `src/shm/table.rs` (claiming and stealing, recovery, the stall bound),
+//! `src/shm/attachment.rs` (the stall memory), `src/shm/file.rs` (attaching) and
+//! `src/shm/registry.rs` (the killed judged dead). Stopped claimers and renewers watched
+//! through `holders()` are in `tests/liveness.rs`, a waiter's timeout on a stalled entry in
+//! `tests/wakeups.rs`.
+//!
+//! `stalls FILTER` runs the tests whose name contains FILTER; `stalls --list` lists them;
+//! the root-only one runs with `--include-ignored` as root. gdb stops processes at exact
+//! instructions (`scripts/test-tools.sh` installs it).
 
 mod common;
 
@@ -72,13 +83,13 @@ const TESTS: &[Test] = &[
 ];
 
 fn main() {
-    common::harness::run("adversarial", TESTS, common::harness::no_roles);
+    common::harness::run("stalls", TESTS, common::harness::no_roles);
 }
 
 const K: &str = "K";
 
 // ---------------------------------------------------------------------------------------
-// F: unregistered owners (registry full) leave BROKEN slots nobody can free
+// Claimers caught mid-claim
 
 /// Takes and releases `key` for good. The lease alternates between two lengths, so that
 /// every claim goes through CLAIMING (a thread taking its key again within one clock tick
@@ -138,7 +149,7 @@ fn catch_claiming_beyond(
 }
 
 // ---------------------------------------------------------------------------------------
-// F: the init lock has no bound
+// An opener stopped while attaching
 
 /// A process that opens and drops the table in a loop is SIGSTOPped at random moments of
 /// its attaching (200 times) and left stopped while another process opens the table:
@@ -173,7 +184,8 @@ fn an_opener_stopped_while_attaching_blocks_nobody() {
 }
 
 // ---------------------------------------------------------------------------------------
-// F: the stall memory has 64 cells, and two stalled slots 64 apart evict each other
+// Two claims stopped at once, 64 slots apart (and, as a control, 32): each is broken after
+// the bound, neither hiding the other's stall
 
 /// Two keys whose homes are `apart` slots apart (in a table of 128 slots).
 fn keys_apart(table: &LockTable, apart: usize) -> (String, String) {
@@ -244,7 +256,7 @@ fn two_stopped_claims(apart: usize) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The stall memory is per process
+// A stopped claim and short-lived pollers, none of which watches it for the whole bound
 
 /// A claimer is stopped mid-claim and left stopped. Fresh processes poll the key with
 /// `try_lock` every 100 ms for 5 s (a cron job, `shmlock run --nonblock`, a CLI with a short
@@ -289,9 +301,8 @@ fn a_stopped_claim_is_broken_for_short_lived_pollers_too() {
 }
 
 // ---------------------------------------------------------------------------------------
-// The lead's "killed mid-claim" scenarios, with a claimer that really goes through CLAIMING
-// (tests/liveness.rs's claim_loop mostly takes the one-CAS path and is never caught there
-// on a machine with a 4 ms clock tick).
+// Claimers killed mid-claim, twenty times over (`claim_loop` alternates two leases, so
+// that its claims go through CLAIMING)
 
 fn killed_mid_claim_many_times_leaves_nothing() {
     killed_mid_claim(false);
@@ -355,9 +366,9 @@ fn killed_mid_claim(new_pid_ns: bool) {
 }
 
 // ---------------------------------------------------------------------------------------
-// 3. 80a1247: a stealer stopped or killed right after its freezing CAS (HELD -> STEALING).
-//    A hardware watchpoint on the slot's control word stops it at the first store that
-//    leaves the state STEALING.
+// A stealer stopped or killed right after its freezing CAS (HELD -> STEALING).
+// A hardware watchpoint on the slot's control word stops it at the first store that
+// leaves the state STEALING.
 
 /// Forks a stealer S that waits for K (its lock call finds the hold expired or its owner
 /// dead and freezes it), stopped by gdb right after the freeze. Returns S, gdb and the slot.
@@ -551,11 +562,11 @@ fn stealer_stopped_while_stealing_resumes_after_the_key_changed_hands() {
 }
 
 // ---------------------------------------------------------------------------------------
-// E. A slow claimer X of K stopped (gdb watchpoint) right after publishing its CLAIMING
-//    entry in a release hole (no reach raised) and before counting it at the home. A rival
-//    Y of K waits, breaks X's claim after 500 ms, claims the next hole (no raise) and, as
-//    nobody counted since its read, skips pass 2. Then X resumes and counts. Or X is
-//    SIGKILLed there instead. Nobody may hold K while Y does.
+// A slow claimer X of K stopped (gdb watchpoint) right after publishing its CLAIMING
+// entry in a release hole (no reach raised) and before counting it at the home. A rival
+// Y of K waits, breaks X's claim after 500 ms, claims the next hole (no raise) and, as
+// nobody counted since its read, skips pass 2. Then X resumes and counts. Or X is
+// SIGKILLed there instead. Nobody may hold K while Y does.
 
 fn claimer_stopped_between_publish_and_count(kill: bool) {
     let path = TempPath::new("pubcount");

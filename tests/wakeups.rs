@@ -1,6 +1,20 @@
-//! Fork races against the fork handshake, lost and late wake-ups, and the claim count
-//! under stops and kills, with real processes (gdb and strace stop and watch them at exact
-//! points; `scripts/test-tools.sh` installs both).
+//! Wake-ups: a waiter sleeps while its key is held, wakes when the key frees (never late,
+//! never lost) and keeps its timeout. Every way a key frees ends a sleeping waiter's wait
+//! in time: a release, `force_unlock` by a third process, renewals then a release, a lease
+//! left to expire, a SIGKILLed holder. A sleeper is woken when another key of the same home
+//! and tag takes its key's slot. A stray waiter's flag costs the holder one wake, not one per
+//! unlock. A waiter on a holder that relocks in a loop, renews in a loop, or stalled in a
+//! claim or a renewal keeps its timeout, and sleeps rather than spins. (A sleeper late after
+//! a 2^23 generation wrap is a known limit, in `tests/generation_wraps.rs`.)
+//!
+//! Exercises `src/shm/futex.rs`, `src/lock/wait.rs` (the step schedule),
+//! `src/shm/table.rs` (the waiters flag, a sleep cut at the lease's end, stalled entries)
+//! and `src/shm/slot.rs` (the control word's futex half).
+//!
+//! `wakeups FILTER` runs the tests whose name contains FILTER; `wakeups --list` lists them.
+//! gdb and strace stop and watch processes at exact points (`scripts/test-tools.sh`
+//! installs both).
+
 mod common;
 
 use std::fs;
@@ -58,12 +72,12 @@ const TESTS: &[Test] = &[
 ];
 
 fn main() {
-    common::harness::run("adversarial6", TESTS, common::harness::no_roles);
+    common::harness::run("wakeups", TESTS, common::harness::no_roles);
 }
 
 // ---------------------------------------------------------------------------------------
-// B. A waiter with a timeout against a holder that unlocks and locks again in a loop: it
-//    gets the key at some point and never waits past its timeout.
+// A waiter with a timeout against a holder that unlocks and locks again in a loop: it
+// gets the key at some point and never waits past its timeout.
 
 fn timeout_overrun() {
     let path = TempPath::new("overrun");
@@ -132,15 +146,12 @@ fn timeout_overrun() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Helpers: the file's seed and slot count, key placement as the library computes it.
-
-// ---------------------------------------------------------------------------------------
-// C. Lost wake-up: a waiter W of K1 flags H's hold of K1 and is stopped at the entry of its
-//    FUTEX_WAIT (gdb catch syscall). H releases K1 (wakes nobody: W is not asleep yet) and
-//    takes K2, a key of the same home and the same 7-bit tag, in the same slot; X, a waiter
-//    of K2, flags that hold (or not). The futex compares only the word's low 32 bits; they
-//    carry the low bits of the generation, so they differ from W's expected value and the
-//    kernel refuses W the sleep (before, they read the same and W slept its step out).
+// Lost wake-up: a waiter W of K1 flags H's hold of K1 and is stopped at the entry of its
+// FUTEX_WAIT (gdb catch syscall). H releases K1 (wakes nobody: W is not asleep yet) and
+// takes K2, a key of the same home and the same 7-bit tag, in the same slot; X, a waiter of
+// K2, flags that hold (or not). The futex compares only the word's low 32 bits; they carry
+// the low bits of the generation, so they differ from W's expected value and the kernel
+// refuses W the sleep (were they equal, W would sleep its step out).
 
 fn lost_wakeup_same_tag(flag_k2: bool) {
     let path = TempPath::new("lostwake");
@@ -253,8 +264,8 @@ fn control_lost_wakeup_k2_unflagged() {
 }
 
 // ---------------------------------------------------------------------------------------
-// F. A stray flag: a waiter that timed out leaves the waiters bit on the hold; the holder
-//    pays one FUTEX_WAKE for it, not one on every uncontended lock/unlock ever after.
+// A stray flag: a waiter that timed out leaves the waiters bit on the hold; the holder
+// pays one FUTEX_WAKE for it, not one on every uncontended lock/unlock ever after.
 
 fn stray_flag_syscalls() {
     let path = TempPath::new("stray");
@@ -324,11 +335,11 @@ fn stray_flag_syscalls() {
 }
 
 // ---------------------------------------------------------------------------------------
-// G. Each way a key frees ends a sleeping waiter's wait: release, force_unlock by a third
-//    process, many renewals then release (woken: long before W's 2 s step would end), a
-//    lease left to expire (W's sleep ends at the deadline, not at its step), a SIGKILLed
-//    holder (W finds it dead at its next step, with the default schedule 2 s into its
-//    wait).
+// Each way a key frees ends a sleeping waiter's wait: release, force_unlock by a third
+// process, many renewals then release (woken: long before W's 2 s step would end), a
+// lease left to expire (W's sleep ends at the deadline, not at its step), a SIGKILLed
+// holder (W finds it dead at its next step, with the default schedule 2 s into its
+// wait).
 
 fn wake_latency(action: u64) -> (Duration, bool) {
     let path = TempPath::new("wake");
@@ -707,12 +718,9 @@ fn expired_hold_liveness_off() {
     assert!(ok && took < Duration::from_millis(480));
 }
 
-#[allow(dead_code)]
-fn unused(_: &Child) {}
-
 // ---------------------------------------------------------------------------------------
-// W2. A holder that renews in a tight loop (each renewal moves the generation twice, and
-//     the futex half now carries it): does a waiter still sleep, or spin on EAGAIN?
+// A holder that renews in a tight loop (each renewal moves the generation twice, and the
+// futex half carries it): a waiter must still sleep, not spin on EAGAIN.
 
 fn renewing_tight_loop() {
     let (path, shared, h) = renewing_holder("tight", Duration::from_secs(30), None);
