@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use common::fork::{fork, xorshift, Child, Shared};
 use common::harness::Test;
-use common::probe::{await_word, cont, header_u64, mapping_base, stop, GdbStop, Proc, Stage};
+use common::probe::{
+    await_word, cont, header_u64, mapping_base, require_gdb, stop, GdbStop, Proc, Stage,
+};
 use common::TempPath;
 use shmlock::Error;
 
@@ -52,13 +54,7 @@ fn main() {
 /// distance 2 would become invisible, a `set` of it would make a second entry, and after
 /// `delete` the other value would come back).
 fn a_dict_writer_stopped_inside_place_never_lowers_reach() {
-    if std::process::Command::new("gdb")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        panic!("needs gdb");
-    }
+    require_gdb();
     let path = TempPath::new("dict-reach");
     let d = shmlock::SharedDict::open(&path, 64, 16).unwrap();
     let seed = header_u64(&path.0, 32);

@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 use common::fork::{fork, Shared};
 use common::harness::Test;
 use common::probe::{
-    await_word, flagging_waiter, header_u64, mapping_base, mono_ns, place, registry_len, GdbStop,
-    Proc, Stage, Watch,
+    await_word, flagging_waiter, header_u64, mapping_base, mono_ns, place, registry_len,
+    require_gdb, GdbStop, Proc, Stage, Watch,
 };
 use common::word::{gen, ident, state, GEN_MASK};
 use common::{opts, TempPath};
@@ -204,13 +204,7 @@ fn an_expired_guard_never_frees_a_later_hold_of_its_thread_after_the_generation_
 /// it checked before the stop (another holder's deadline, already past): else P's `lock`
 /// returns a 60 s lease that everyone else sees expired, and a second process takes K.
 fn a_claimer_stopped_before_its_direct_claim_never_publishes_stale_fields() {
-    if std::process::Command::new("gdb")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        panic!("needs gdb");
-    }
+    require_gdb();
     let path = TempPath::new("stale-direct");
     let table = LockTable::open(&path, 64).unwrap();
     let watch = Watch::new(path.as_ref());
@@ -341,13 +335,7 @@ fn a_claimer_stopped_before_its_direct_claim_never_publishes_stale_fields() {
 /// bit the expired one W read, but the lease is fresh (600 s). W resumes: its CAS must
 /// not free the live hold (else W takes K while this process holds it).
 fn a_waiter_stopped_before_stealing_an_expired_hold_never_frees_a_fresh_one() {
-    if std::process::Command::new("gdb")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        panic!("needs gdb");
-    }
+    require_gdb();
     let path = TempPath::new("stale-steal");
     let table = LockTable::open(&path, 64).unwrap();
     let watch = Watch::new(path.as_ref());

@@ -207,6 +207,17 @@ impl Drop for Spawned {
     }
 }
 
+/// Fails the test at once if gdb is not installed (`scripts/test-tools.sh` installs it).
+pub fn require_gdb() {
+    if std::process::Command::new("gdb")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        panic!("needs gdb");
+    }
+}
+
 /// One stop of a process held by gdb (see [`GdbStop::attach_stages`]): the gdb commands
 /// that make its breakpoints (and delete earlier ones), and how many hits to run through
 /// (`continue`s) before the process is held.
