@@ -102,8 +102,16 @@ fn a_redis_guard_dropped_as_its_runtime_ends_is_still_released() {
             .lock_async("k", &LockOptions::default())
             .await
             .unwrap();
-        drop(guard); // its release task is spawned, and never runs: block_on ends here
+        drop(guard); // handed to the handle's janitor thread, which no runtime drives
     });
     drop(rt);
-    assert!(!redis.is_locked("k").unwrap());
+    // released by that thread within a round trip or so, with no runtime left
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while redis.is_locked("k").unwrap() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dropped guard's key is still held"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }

@@ -136,6 +136,39 @@ where
     assert!(matches!(idle.keep_alive(|_| ()), Err(Error::Unlocked)));
 }
 
+/// A's lease runs out, B takes the key and unlocks it, then A unlocks: `Expired` on every
+/// backend (A's hold was lost, whoever holds the key now).
+fn an_unlock_after_a_takeover_is_expired<B: Backend>(b: &B) {
+    let mut a = Lock::new(b, opts(100, 0)).unwrap();
+    a.lock("k").unwrap();
+    let mut other = Lock::new(b, opts(30_000, 5_000)).unwrap();
+    other.lock("k").unwrap();
+    other.unlock().unwrap();
+    assert!(matches!(a.unlock(), Err(Error::Expired)));
+}
+
+/// A hold that was lost is told so by every query, even one that answered before: no
+/// token, `check` says `Expired`.
+fn a_lost_hold_gets_no_token_even_the_one_it_had<B: Backend>(b: &B) {
+    let mut a = Lock::new(b, opts(100, 0)).unwrap();
+    a.lock("k").unwrap();
+    let t = a.try_token().unwrap();
+    assert_eq!(a.token(), Some(t));
+    a.check().unwrap();
+    let mut other = Lock::new(b, opts(30_000, 5_000)).unwrap();
+    other.lock("k").unwrap();
+    assert_eq!(a.token(), None);
+    assert!(matches!(a.try_token(), Err(Error::Expired)));
+    assert!(matches!(a.check(), Err(Error::Expired)));
+    assert!(other.token().unwrap() > t);
+    other.check().unwrap();
+    other.unlock().unwrap();
+    assert!(matches!(
+        Lock::new(b, opts(100, 0)).unwrap().check(),
+        Err(Error::Unlocked)
+    ));
+}
+
 fn bad_keys_are_typed_errors<B: Backend>(b: &B) {
     let mut a = Lock::new(b, LockOptions::default()).unwrap();
     assert!(matches!(a.lock(""), Err(Error::EmptyKey)));
@@ -198,6 +231,18 @@ macro_rules! suite {
             fn keep_alive_holds_the_lock_through_work_longer_than_the_lease() {
                 let (b, _keep) = $make;
                 super::keep_alive_holds_the_lock_through_work_longer_than_the_lease(&b);
+            }
+
+            #[test]
+            fn an_unlock_after_a_takeover_is_expired() {
+                let (b, _keep) = $make;
+                super::an_unlock_after_a_takeover_is_expired(&b);
+            }
+
+            #[test]
+            fn a_lost_hold_gets_no_token_even_the_one_it_had() {
+                let (b, _keep) = $make;
+                super::a_lost_hold_gets_no_token_even_the_one_it_had(&b);
             }
 
             #[test]

@@ -93,8 +93,8 @@ fn a_server_restart_gives_typed_errors_then_recovers() {
     assert!(matches!(redis.is_locked("k"), Err(Error::Redis(_))));
     server.restart(); // empty: the old hold is gone with the old server
     assert!(!redis.is_locked("k").unwrap());
-    // the holder's unlock finds nothing of its own and nobody else's: not an error
-    holder.unlock().unwrap();
+    // the holder's unlock finds its hold gone with the old server: it was lost, and says so
+    assert!(matches!(holder.unlock(), Err(Error::Expired)));
     other.lock("k").unwrap();
     assert!(redis.is_locked("k").unwrap());
     other.unlock().unwrap();

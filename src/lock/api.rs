@@ -83,6 +83,10 @@ fn try_token<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Result<u64,
     backend.try_token(holding.ours()?)
 }
 
+fn check<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Result<(), Error> {
+    backend.check(holding.ours()?)
+}
+
 /// What [`LockGuard::keep_alive`] and [`Lock::keep_alive`] hand to the work they guard.
 #[derive(Debug, Default)]
 pub struct KeepAlive {
@@ -99,7 +103,9 @@ impl KeepAlive {
 
 /// Runs `work` while a scoped thread renews `holding` every third of `exptime_ns`.
 /// Returns the work's result and whether the lease held throughout: a renewal that finds
-/// the lease lost, or refused past the backend's longest hold, stops the renewals.
+/// the lease lost, or refused past the backend's longest hold, stops the renewals, and the
+/// hold is looked at once more when the work is done (a holder stopped past its lease may
+/// finish its work before its renewer runs again).
 fn keep_alive<B, R>(
     backend: &B,
     holding: &mut Holding<B::Hold>,
@@ -114,12 +120,14 @@ where
         return (work(&KeepAlive::default()), Err(e));
     }
     if exptime_ns == 0 {
-        return (work(&KeepAlive::default()), Ok(())); // never expires: nothing to renew
+        // never expires: nothing to renew, but it may have been broken meanwhile
+        let value = work(&KeepAlive::default());
+        return (value, backend.check(&holding.hold));
     }
     let every = Duration::from_nanos(exptime_ns / 3);
     let status = KeepAlive::default();
     let done = (Mutex::new(false), Condvar::new());
-    std::thread::scope(|scope| {
+    let (value, lease) = std::thread::scope(|scope| {
         let renewer = scope.spawn(|| {
             let (stop, wake) = (&done.0, &done.1);
             let mut stopped = stop.lock().unwrap_or_else(|e| e.into_inner());
@@ -148,7 +156,13 @@ where
         done.1.notify_all();
         let lease = renewer.join().unwrap_or(Err(Error::Expired));
         (value, lease)
-    })
+    });
+    // `Ok` says the lease held until the work was done: the hold must still be ours now.
+    let lease = lease.and_then(|()| backend.check(&holding.hold));
+    if lease.is_err() {
+        status.lost.store(true, Ordering::Release);
+    }
+    (value, lease)
 }
 
 /// `try_lock` of any backend: one attempt for a guard, `Ok(None)` if the key is held.
@@ -298,13 +312,15 @@ impl<'b, B: Backend> Lock<'b, B> {
     }
 
     /// The fencing token of the current hold: larger than any token handed to an earlier
-    /// holder of the key. `None` if nothing is held or the lease was already lost.
+    /// holder of the key. `None` if nothing is held or the hold is no longer valid: every
+    /// call looks at the hold (see [`check`](Lock::check)), so a holder whose lease ran out
+    /// gets `None`, even after it had a token.
     pub fn token(&self) -> Option<u64> {
         token(self.backend, self.holding.as_ref()?)
     }
 
     /// [`token`](Lock::token), saying why there is none: [`Error::Unlocked`] if nothing is
-    /// held, [`Error::Expired`] if the lease was lost, or the backend's error (for Redis
+    /// held, [`Error::Expired`] if the lease was lost or ran out, or the backend's error (for Redis
     /// with replicas required, [`Error::NotReplicated`]: the token was not handed out).
     pub fn try_token(&self) -> Result<u64, Error> {
         try_token(self.backend, self.holding.as_ref().ok_or(Error::Unlocked)?)
@@ -320,9 +336,11 @@ impl<'b, B: Backend> Lock<'b, B> {
 
     /// Runs `work` while a background thread renews the lease every third of exptime, so a
     /// long job keeps the lock however long it runs (and a crashed one loses it within
-    /// exptime). Returns the work's result and `Ok` if the lease held throughout, or
-    /// [`Error::Expired`] if a renewal found it lost (the work can watch
-    /// [`KeepAlive::is_lost`] to stop early); the object then holds nothing.
+    /// exptime). Returns the work's result and `Ok` only if the hold was still this
+    /// object's, its lease unbroken, when the work returned (it is looked at then);
+    /// [`Error::Expired`] if a renewal or that last look found it lost (the work can watch
+    /// [`KeepAlive::is_lost`] to stop early), and the object then holds nothing; or the
+    /// backend's error if it could not tell.
     /// [`Error::Unlocked`] (and no run of `work`) if nothing is held.
     pub fn keep_alive<R>(
         &mut self,
@@ -334,13 +352,22 @@ impl<'b, B: Backend> Lock<'b, B> {
     {
         let holding = self.holding.as_mut().ok_or(Error::Unlocked)?;
         let (value, lease) = keep_alive(self.backend, holding, self.opts.exptime_ns, work);
-        if lease.is_err() {
+        if matches!(lease, Err(Error::Expired)) {
             self.holding = None;
         }
         Ok((value, lease))
     }
 
-    /// Whether this object holds a key.
+    /// Whether the hold is still this object's and its lease has not run out, asked of the
+    /// backend now (not remembered): `Ok`, [`Error::Expired`] if it was lost (taken over,
+    /// broken, or its lease ran out), [`Error::Unlocked`] if nothing is held, or the
+    /// backend's own error. A hold that was lost stays this object's until `unlock`.
+    pub fn check(&self) -> Result<(), Error> {
+        check(self.backend, self.holding.as_ref().ok_or(Error::Unlocked)?)
+    }
+
+    /// Whether this object holds a key, as far as it knows (no look at the backend: see
+    /// [`check`](Lock::check)).
     pub fn is_locked(&self) -> bool {
         self.holding.is_some()
     }
@@ -397,6 +424,12 @@ impl<'b, B: Backend> LockGuard<'b, B> {
     /// The fencing token of this hold, saying why there is none (see [`Lock::try_token`]).
     pub fn try_token(&self) -> Result<u64, Error> {
         try_token(self.backend, &self.holding)
+    }
+
+    /// Whether the hold is still this guard's and its lease has not run out, asked of the
+    /// backend now (see [`Lock::check`]).
+    pub fn check(&self) -> Result<(), Error> {
+        check(self.backend, &self.holding)
     }
 
     /// Renews the lease (see [`Lock::expire`]).

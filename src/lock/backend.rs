@@ -46,12 +46,14 @@ pub trait Backend: Sealed {
         exptime_ns: u64,
     ) -> Result<Result<Self::Hold, Option<Self::Busy>>, Error>;
 
-    /// One attempt to take `key` for `exptime_ns` (0: never expires), without waiting.
+    /// One attempt to take `key` for `exptime_ns` (0: never expires), without waiting;
+    /// a backend that waits for a server answers by `deadline` (that of the wait, if any).
     #[doc(hidden)]
     fn try_acquire(
         &self,
         key: &[u8],
         exptime_ns: u64,
+        deadline: Option<Instant>,
     ) -> Result<Result<Self::Hold, Self::Busy>, Error>;
 
     /// Releases a hold; [`Error::Expired`] if it was lost meanwhile.
@@ -70,9 +72,15 @@ pub trait Backend: Sealed {
     #[doc(hidden)]
     fn extend(&self, hold: &mut Self::Hold, exptime_ns: u64) -> Result<(), Error>;
 
-    /// The fencing token of a hold; `None` if it was lost before asking.
+    /// The fencing token of a hold; `None` if it is no longer valid (see
+    /// [`check`](Self::check)), whatever it was before.
     #[doc(hidden)]
     fn token(&self, hold: &Self::Hold) -> Option<u64>;
+
+    /// `Ok` if the hold is still ours and its lease has not run out, looked at now;
+    /// [`Error::Expired`] otherwise (or the backend's own error).
+    #[doc(hidden)]
+    fn check(&self, hold: &Self::Hold) -> Result<(), Error>;
 
     /// The hold is left to run out its lease: whatever it needs must outlive its guard.
     #[doc(hidden)]
@@ -108,6 +116,14 @@ pub trait Backend: Sealed {
     #[doc(hidden)]
     fn reap(&self, busy: &Self::Busy) -> bool;
 
+    /// The error of a wait that ran out while `busy` was the last thing it saw: a
+    /// [`Timeout`](Error::Timeout), or what kept the backend from answering at all.
+    #[doc(hidden)]
+    fn gave_up(&self, busy: Self::Busy, key: &[u8], waited: Duration) -> Error {
+        let _ = busy;
+        Error::timeout(key, waited)
+    }
+
     /// Sleeps at most `step` for the holder of `busy` to let go, waking early where the
     /// backend can. Returns the time slept (zero: retry at once) and whether the key moved
     /// on meanwhile (a wake-up, or a change seen before sleeping), which makes a look at the
@@ -136,22 +152,24 @@ pub(crate) fn acquire_slow<B: Backend>(
     timeout: Option<Duration>,
     first: Option<B::Busy>,
 ) -> Result<(B::Hold, Duration), Error> {
+    let started = Instant::now();
+    let budget = opts.timeout_for(timeout.unwrap_or(Duration::ZERO));
+    // Attempts that wait for a server are held to the wait's end (none: try once).
+    let deadline = (!budget.is_zero()).then(|| started + budget);
     let mut busy = match first {
         Some(busy) => busy,
-        None => match backend.try_acquire(key, opts.exptime_ns)? {
+        None => match backend.try_acquire(key, opts.exptime_ns, deadline)? {
             Ok(hold) => return Ok((hold, Duration::ZERO)),
             Err(busy) => busy,
         },
     };
     let mut schedule = Schedule::new(opts, timeout.unwrap_or(Duration::ZERO));
-    let budget = opts.timeout_for(timeout.unwrap_or(Duration::ZERO));
     let notify = opts.notify && backend.can_notify();
-    let started = Instant::now();
     let mut slack = TimerSlack::new(); // put back when this returns
     let mut slept = Duration::ZERO; // the sum of the steps, when polling
     let elapsed = |slept| if notify { started.elapsed() } else { slept };
     let attempt = |busy: &mut B::Busy| -> Result<Option<B::Hold>, Error> {
-        match backend.try_acquire(key, opts.exptime_ns)? {
+        match backend.try_acquire(key, opts.exptime_ns, deadline)? {
             Ok(hold) => Ok(Some(hold)),
             Err(b) => {
                 *busy = b;
@@ -191,7 +209,7 @@ pub(crate) fn acquire_slow<B: Backend>(
             retried = true;
         } else {
             let Some(step) = schedule.next_sleep() else {
-                return Err(Error::timeout(key, budget));
+                return Err(backend.gave_up(busy, key, budget));
             };
             retried = false;
             if notify {
@@ -199,7 +217,7 @@ pub(crate) fn acquire_slow<B: Backend>(
                 // sleeps count too.
                 let left = match budget.checked_sub(started.elapsed()) {
                     Some(left) if !left.is_zero() => left,
-                    _ => return Err(Error::timeout(key, budget)),
+                    _ => return Err(backend.gave_up(busy, key, budget)),
                 };
                 let step = step.min(left);
                 // A step may end a tick late (see `slack`), never past the deadline.
@@ -223,23 +241,28 @@ pub(crate) fn acquire_slow<B: Backend>(
 
 /// The async waiting loop: resty's schedule with `tokio::time::sleep`, as resty yields the
 /// light thread instead of blocking; elapsed is the sum of the steps. `attempt` makes one
-/// attempt without blocking the runtime; `reap` checks a busy holder for death.
+/// attempt without blocking the runtime, answered by the deadline it is given (the wait's
+/// end; none: try once); `reap` checks a busy holder for death; `gave_up` makes the error
+/// of a wait that ran out (see [`Backend::gave_up`]).
 #[cfg(feature = "tokio")]
 pub(crate) async fn acquire_async<H, Busy, Fut>(
     key: &[u8],
     opts: &Resolved,
     timeout: Duration,
-    mut attempt: impl FnMut() -> Fut,
+    mut attempt: impl FnMut(Option<Instant>) -> Fut,
     reap: impl Fn(&Busy) -> bool,
+    gave_up: impl FnOnce(Busy, &[u8], Duration) -> Error,
 ) -> Result<(H, Duration), Error>
 where
     Fut: std::future::Future<Output = Result<Result<H, Busy>, Error>>,
 {
+    let budget = opts.timeout_for(timeout);
+    let deadline = (!budget.is_zero()).then(|| Instant::now() + budget);
     let mut schedule = Schedule::new(opts, timeout);
     let mut slept = Duration::ZERO;
     let mut retried = false;
     loop {
-        let busy = match attempt().await? {
+        let busy = match attempt(deadline).await? {
             Ok(hold) => return Ok((hold, slept)),
             Err(busy) => busy,
         };
@@ -249,7 +272,7 @@ where
         }
         retried = false;
         let Some(step) = schedule.next_sleep() else {
-            return Err(Error::timeout(key, opts.timeout_for(timeout)));
+            return Err(gave_up(busy, key, budget));
         };
         tokio::time::sleep(step).await;
         slept += step;

@@ -1,5 +1,4 @@
-//! Where commands go: one server, the master a Sentinel names, or a Cluster; and the
-//! connections to it that the threads (and tasks) of one handle share.
+//! The connections the threads (and tasks) of one handle share.
 //!
 //! Synchronous commands take a connection from a small free list and put it back after the
 //! command (a pool without a background thread: check-out and check-in are a push and a pop
@@ -7,76 +6,100 @@
 //! their own connection, so a handle shared by many threads scales like a handle per thread.
 //! A connection that failed is dropped, and with it every idle one (after a failover they
 //! all point at a server that is gone), so the next command connects afresh: to the same
-//! server, to the master the sentinels name now, or through the cluster's slot map.
+//! server, to the master the sentinels name now, or through the cluster's slot map. With
+//! Sentinel, a connection made before the sentinels announced a switch is dropped when next
+//! taken (see `sentinel`).
+//!
+//! Every command runs within a deadline: its reply (and the connection it needs, and the
+//! master lookup that needs) must come by then, or it fails with a timeout. No lock of the
+//! handle is held across network I/O.
 //!
 //! Waiters subscribe to a key's release channel on connections of their own (pub/sub takes
 //! a connection over), from a second free list: any number of threads can wait at once.
 //!
-//! Async commands (feature `tokio`) share one multiplexed connection (or one async cluster
-//! connection), made on first use inside the runtime and made again after an error.
+//! All of it is per process ([`PerProcess`]): a child forked with a handle starts with no
+//! connection of its parent's.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use redis::cluster::ClusterClient;
-use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{Client, Connection, ConnectionAddr, ConnectionInfo, ConnectionLike, RedisResult};
+use redis::{Connection, ConnectionLike, RedisResult};
 
 use crate::error::Error;
-
-/// A synchronous connection of any topology.
-pub(crate) type SyncConn = Box<dyn ConnectionLike + Send>;
+use crate::redis_store::janitor::{Janitor, Job};
+use crate::redis_store::per_process::PerProcess;
+use crate::redis_store::sentinel;
+use crate::redis_store::topology::{self, left, Shared, SyncConn, Tag, Topology};
 
 /// Idle connections kept per list; more are closed when returned.
 const MAX_IDLE: usize = 64;
 
-/// What a handle connects to.
-pub(crate) enum Topology {
-    /// One server (also a replica set whose master never changes).
-    Single(Client),
-    /// The master of `sentinel`'s service, asked for again whenever a connection breaks.
-    Sentinel(Mutex<SentinelClient>),
-    /// A Redis Cluster: commands go to the master of the key's slot; `nodes` are the seed
-    /// addresses (for pub/sub and for finding every master).
-    Cluster {
-        client: ClusterClient,
-        nodes: Vec<ConnectionInfo>,
-    },
+/// The connections of one handle (and of the handles derived from it with the same
+/// command timeout).
+pub(crate) struct Pool {
+    pub(crate) shared: Arc<Shared>,
+    /// The longest one command may take.
+    pub(crate) timeout: Duration,
+    local: PerProcess<Local>,
 }
 
-impl Topology {
-    /// A client for one plain server: the server itself, the master the sentinels name
-    /// now, or seed node `i` of the cluster (callers rotate `i`, so a dead seed is
-    /// skipped next time).
-    fn plain_client(&self, i: usize) -> RedisResult<Client> {
-        match self {
-            Topology::Single(c) => Ok(c.clone()),
-            Topology::Sentinel(s) => lock(s).get_client(),
-            Topology::Cluster { nodes, .. } => Client::open(nodes[i % nodes.len()].clone()),
+/// A pool's state in one process.
+pub(crate) struct Local {
+    idle: Mutex<Vec<(SyncConn, Tag)>>,
+    subscribers: Mutex<Vec<(Connection, Tag)>>,
+    /// Round robin over a cluster's seed nodes.
+    next_node: AtomicUsize,
+    janitor: Janitor,
+    #[cfg(feature = "tokio")]
+    pub(crate) aio: crate::redis_store::aio::Local,
+}
+
+impl Local {
+    fn new() -> Local {
+        Local {
+            idle: Mutex::new(Vec::new()),
+            subscribers: Mutex::new(Vec::new()),
+            next_node: AtomicUsize::new(0),
+            janitor: Janitor::new(),
+            #[cfg(feature = "tokio")]
+            aio: crate::redis_store::aio::Local::new(),
         }
     }
 }
 
-/// The connections of one handle (and of its clones).
-pub(crate) struct Pool {
-    pub(crate) topology: Arc<Topology>,
-    pub(crate) timeout: Duration,
-    idle: Mutex<Vec<SyncConn>>,
-    subscribers: Mutex<Vec<Connection>>,
-    /// Round robin over the seed nodes for subscriber connections (cluster).
-    next_node: std::sync::atomic::AtomicUsize,
-    #[cfg(feature = "tokio")]
-    aio: tokio::sync::Mutex<Option<AsyncConn>>,
+/// A reply, with the connection it came on and when the request went out.
+pub(crate) struct Ran<T> {
+    pub(crate) value: T,
+    pub(crate) tag: Tag,
+    pub(crate) sent: Instant,
+}
+
+/// A command that failed, and whether the server may have run it all the same (the
+/// request went out and no answer came back).
+#[derive(Debug)]
+pub(crate) struct Failed {
+    pub(crate) error: Error,
+    pub(crate) unknown: bool,
+}
+
+impl From<Failed> for Error {
+    fn from(f: Failed) -> Error {
+        f.error
+    }
 }
 
 /// Whether an error means the connection (and probably the server behind it) is unusable:
 /// I/O trouble, a timeout, or a server that is no longer (or not yet) a writable master.
 pub(crate) fn is_broken(e: &redis::RedisError) -> bool {
-    e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_timeout()
+    is_unanswered(e)
         || e.is_connection_refusal()
         || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
+}
+
+/// Whether a request that failed with `e` may have run on the server: no reply came.
+pub(crate) fn is_unanswered(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_timeout()
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -84,135 +107,167 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Pool {
-    pub(crate) fn new(topology: Arc<Topology>, timeout: Duration) -> Pool {
+    pub(crate) fn new(shared: Arc<Shared>, timeout: Duration) -> Pool {
         Pool {
-            topology,
+            shared,
             timeout,
-            idle: Mutex::new(Vec::new()),
-            subscribers: Mutex::new(Vec::new()),
-            next_node: std::sync::atomic::AtomicUsize::new(0),
-            #[cfg(feature = "tokio")]
-            aio: tokio::sync::Mutex::new(None),
+            local: PerProcess::new(),
         }
     }
 
-    /// The same topology with empty connection lists (a handle with another prefix or
-    /// timeout).
+    /// The same servers with another command timeout and connections of its own.
     pub(crate) fn renew(&self, timeout: Duration) -> Pool {
-        Pool::new(self.topology.clone(), timeout)
+        Pool::new(self.shared.clone(), timeout)
     }
 
-    fn plain_connection(&self) -> RedisResult<Connection> {
-        let i = self
-            .next_node
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let c = self
-            .topology
-            .plain_client(i)?
-            .get_connection_with_timeout(self.timeout)?;
-        c.set_read_timeout(Some(self.timeout))?;
-        c.set_write_timeout(Some(self.timeout))?;
-        Ok(c)
+    pub(crate) fn local(&self) -> &Local {
+        self.local.get(Local::new)
     }
 
-    fn connect(&self) -> RedisResult<SyncConn> {
-        match &*self.topology {
-            Topology::Cluster { client, .. } => {
-                let config = redis::cluster::ClusterConfig::new()
-                    .set_connection_timeout(self.timeout)
-                    .set_response_timeout(self.timeout);
-                Ok(Box::new(client.get_connection_with_config(config)?))
-            }
-            _ => Ok(Box::new(self.plain_connection()?)),
-        }
+    /// When a command started now must be done: within the command timeout, and by
+    /// `deadline` if one is given.
+    pub(crate) fn limit(&self, deadline: Option<Instant>) -> Instant {
+        let own = Instant::now() + self.timeout;
+        deadline.map_or(own, |d| d.min(own))
     }
 
-    /// Connects once, so that a wrong address or password is an error at `open`.
+    fn connect(&self, limit: Instant) -> RedisResult<(SyncConn, Tag)> {
+        let i = self.local().next_node.fetch_add(1, Ordering::Relaxed);
+        self.shared.connect(i, limit, self.timeout)
+    }
+
+    /// Connects once, so that a wrong address or password is an error at `open`; reads
+    /// the server's clock (a cluster's through a seed node).
     pub(crate) fn check(&self) -> Result<(), Error> {
-        let conn = self.connect()?;
+        let limit = self.limit(None);
+        let conn = self.connect(limit)?;
+        if let Topology::Cluster { .. } = self.shared.topology {
+            let _ = self.shared.plain(0, limit);
+        }
         self.put_back(conn);
         Ok(())
     }
 
-    fn put_back(&self, conn: SyncConn) {
-        let mut idle = lock(&self.idle);
+    fn put_back(&self, conn: (SyncConn, Tag)) {
+        let mut idle = lock(&self.local().idle);
         if idle.len() < MAX_IDLE {
             idle.push(conn);
         }
     }
 
-    /// Runs `f` on a connection of the pool; a connection that broke is dropped with all
-    /// idle ones, to be made anew by the next command.
+    /// Runs `f` on a connection of the pool, all of it by `limit`; a connection that broke
+    /// is dropped with all idle ones, to be made anew by the next command.
     pub(crate) fn run<T>(
         &self,
+        limit: Instant,
         f: impl FnOnce(&mut dyn ConnectionLike) -> RedisResult<T>,
-    ) -> Result<T, Error> {
-        let taken = lock(&self.idle).pop();
-        let mut conn = match taken {
-            Some(c) => c,
-            None => self.connect()?,
+    ) -> Result<Ran<T>, Failed> {
+        let before = |e: redis::RedisError| Failed {
+            error: e.into(),
+            unknown: false,
         };
-        let result = f(&mut *conn);
-        match &result {
-            Err(e) if is_broken(e) => {
-                drop(conn);
-                lock(&self.idle).clear();
+        let taken = loop {
+            let Some((c, tag)) = lock(&self.local().idle).pop() else {
+                break None;
+            };
+            if self.shared.current(&tag) {
+                break Some((c, tag));
             }
-            _ => self.put_back(conn),
+            // made before the sentinels announced a switch: dropped
+        };
+        let (mut conn, tag) = match taken {
+            Some(c) => c,
+            None => self.connect(limit).map_err(before)?,
+        };
+        let wait = left(limit).ok_or_else(|| before(sentinel::timed_out()))?;
+        conn.set_timeouts(wait).map_err(before)?;
+        let sent = Instant::now();
+        match f(conn.as_dyn()) {
+            Ok(value) => {
+                self.put_back((conn, tag.clone()));
+                Ok(Ran { value, tag, sent })
+            }
+            Err(e) => {
+                if is_broken(&e) {
+                    drop(conn);
+                    lock(&self.local().idle).clear();
+                } else {
+                    self.put_back((conn, tag));
+                }
+                Err(Failed {
+                    unknown: is_unanswered(&e),
+                    error: e.into(),
+                })
+            }
         }
-        Ok(result?)
     }
 
-    /// [`run`](Self::run), once more on a fresh connection if the first one broke: for
-    /// commands that are safe to repeat (compare-and-delete, compare-and-renew).
+    /// [`run`](Self::run) with the command timeout, once more on a fresh connection if the
+    /// first one broke: for commands that are safe to repeat (compare-and-delete,
+    /// compare-and-renew).
     pub(crate) fn retrying<T>(
         &self,
         f: impl Fn(&mut dyn ConnectionLike) -> RedisResult<T>,
-    ) -> Result<T, Error> {
-        match self.run(&f) {
-            Err(Error::Redis(e)) if is_broken(&e) => self.run(&f),
+    ) -> Result<Ran<T>, Failed> {
+        match self.run(self.limit(None), &f) {
+            Err(Failed {
+                error: Error::Redis(e),
+                ..
+            }) if is_broken(&e) => self.run(self.limit(None), &f),
             other => other,
         }
     }
 
+    /// Whether a reply on a connection tagged `tag`, to a request sent at `sent`, comes
+    /// from the master now (see `Sentinel::vouch`).
+    pub(crate) fn vouch(&self, tag: &Tag, sent: Instant, limit: Instant) -> Result<bool, Error> {
+        Ok(self.shared.vouch(tag, sent, limit)?)
+    }
+
     /// A connection for one subscription (taken over by pub/sub until given back).
-    pub(crate) fn subscriber(&self) -> RedisResult<Connection> {
-        let taken = lock(&self.subscribers).pop();
-        match taken {
-            Some(c) => Ok(c),
-            None => self.plain_connection(),
+    pub(crate) fn subscriber(&self, limit: Instant) -> RedisResult<(Connection, Tag)> {
+        loop {
+            let Some((c, tag)) = lock(&self.local().subscribers).pop() else {
+                break;
+            };
+            if self.shared.current(&tag) {
+                return Ok((c, tag));
+            }
+        }
+        let i = self.local().next_node.fetch_add(1, Ordering::Relaxed);
+        self.shared.plain(i, limit)
+    }
+
+    pub(crate) fn put_back_subscriber(&self, conn: Connection, tag: Tag) {
+        let mut idle = lock(&self.local().subscribers);
+        if idle.len() < MAX_IDLE && conn.is_open() {
+            idle.push((conn, tag));
         }
     }
 
-    pub(crate) fn put_back_subscriber(&self, conn: Connection) {
-        let mut idle = lock(&self.subscribers);
-        if idle.len() < MAX_IDLE && conn.is_open() {
-            idle.push(conn);
-        }
+    /// Hands a release or cancel to the handle's janitor thread (see `janitor`).
+    pub(crate) fn janitor(&self, job: Job) {
+        self.local().janitor.give(&self.shared, self.timeout, job);
     }
 
     /// Plain connections to every master (one server, the current master, or each master
     /// of the cluster as `CLUSTER NODES` lists them), with the address each one is at.
     pub(crate) fn masters(&self) -> Result<Vec<(String, Connection)>, Error> {
-        let Topology::Cluster { nodes, .. } = &*self.topology else {
-            let conn = self.plain_connection()?;
+        let limit = self.limit(None);
+        let Topology::Cluster { nodes, .. } = &self.shared.topology else {
+            let (conn, _) = self.shared.plain(0, limit)?;
             return Ok(vec![(String::new(), conn)]);
         };
         let mut last = None;
         for seed in nodes {
-            let listing: RedisResult<String> = Client::open(seed.clone())
-                .and_then(|c| c.get_connection_with_timeout(self.timeout))
-                .and_then(|mut c| {
-                    c.set_read_timeout(Some(self.timeout))?;
-                    redis::cmd("CLUSTER").arg("NODES").query(&mut c)
-                });
+            let listing: RedisResult<String> = sentinel::connect_within(seed, limit)
+                .and_then(|mut c| redis::cmd("CLUSTER").arg("NODES").query(&mut c));
             match listing {
                 Ok(listing) => {
                     let mut out = Vec::new();
-                    for (host, port) in cluster_masters(&listing) {
-                        let info = with_addr(seed, &host, port);
-                        let conn = Client::open(info)?.get_connection_with_timeout(self.timeout)?;
-                        conn.set_read_timeout(Some(self.timeout))?;
+                    for (host, port) in topology::cluster_masters(&listing) {
+                        let info = topology::with_addr(seed, &host, port);
+                        let conn = sentinel::connect_within(&info, self.limit(None))?;
                         out.push((format!("{host}:{port}"), conn));
                     }
                     return Ok(out);
@@ -227,188 +282,7 @@ impl Pool {
     }
 }
 
-/// The masters in a `CLUSTER NODES` listing that are up and serve slots: their address.
-fn cluster_masters(listing: &str) -> Vec<(String, u16)> {
-    let mut out = Vec::new();
-    for line in listing.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        if fields.len() < 8 {
-            continue;
-        }
-        let flags = fields[2];
-        if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
-            continue;
-        }
-        // ip:port@cport[,hostname]
-        let addr = fields[1].split(['@', ',']).next().unwrap_or("");
-        let Some((host, port)) = addr.rsplit_once(':') else {
-            continue;
-        };
-        if let Ok(port) = port.parse() {
-            out.push((host.to_string(), port));
-        }
-    }
-    out
-}
-
-/// `seed`'s settings (password, TLS, database) for another address.
-fn with_addr(seed: &ConnectionInfo, host: &str, port: u16) -> ConnectionInfo {
-    let addr = match seed.addr() {
-        ConnectionAddr::TcpTls {
-            insecure,
-            tls_params,
-            ..
-        } => ConnectionAddr::TcpTls {
-            host: host.to_string(),
-            port,
-            insecure: *insecure,
-            tls_params: tls_params.clone(),
-        },
-        _ => ConnectionAddr::Tcp(host.to_string(), port),
-    };
-    seed.clone().set_addr(addr)
-}
-
-/// A Sentinel client for the master of `service`, with the masters' connection settings
-/// (password, database, TLS) taken from the first sentinel URL's.
-pub(crate) fn sentinel_client(
-    service: &str,
-    sentinels: Vec<ConnectionInfo>,
-) -> RedisResult<SentinelClient> {
-    let node = sentinels.first().map(|first| {
-        let redis = first.redis_settings().clone();
-        let mut node =
-            redis::sentinel::SentinelNodeConnectionInfo::default().set_redis_connection_info(redis);
-        if let ConnectionAddr::TcpTls { insecure, .. } = first.addr() {
-            node = node.set_tls_mode(if *insecure {
-                redis::TlsMode::Insecure
-            } else {
-                redis::TlsMode::Secure
-            });
-        }
-        node
-    });
-    // redis-rs takes a String here without TLS, `impl AsRef<str>` with it
-    #[allow(clippy::unnecessary_to_owned)]
-    SentinelClient::build(
-        sentinels,
-        service.to_string(),
-        node,
-        SentinelServerType::Master,
-    )
-}
-
-/// The async connection of a handle: redis-rs's multiplexed connection (many tasks share
-/// one socket, requests pipelined), or its async cluster connection.
-#[cfg(feature = "tokio")]
-#[derive(Clone)]
-pub(crate) enum AsyncConn {
-    Plain(redis::aio::MultiplexedConnection),
-    Cluster(redis::cluster_async::ClusterConnection),
-}
-
-#[cfg(feature = "tokio")]
-impl redis::aio::ConnectionLike for AsyncConn {
-    fn req_packed_command<'a>(
-        &'a mut self,
-        cmd: &'a redis::Cmd,
-    ) -> redis::RedisFuture<'a, redis::Value> {
-        match self {
-            AsyncConn::Plain(c) => c.req_packed_command(cmd),
-            AsyncConn::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-        match self {
-            AsyncConn::Plain(c) => c.req_packed_commands(pipeline, offset, count),
-            AsyncConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            AsyncConn::Plain(c) => c.get_db(),
-            AsyncConn::Cluster(c) => c.get_db(),
-        }
-    }
-}
-
-#[cfg(feature = "tokio")]
-impl Pool {
-    /// The shared async connection, made on first use (inside the caller's runtime). Its
-    /// response timeout is the handle's command timeout, not redis-rs's 500 ms default:
-    /// with replicas required a `WAIT` may take that long.
-    pub(crate) async fn aio(&self) -> Result<AsyncConn, Error> {
-        let mut slot = self.aio.lock().await;
-        if let Some(c) = &*slot {
-            return Ok(c.clone());
-        }
-        let conn = match &*self.topology {
-            Topology::Cluster { client, .. } => {
-                let config = redis::cluster::ClusterConfig::new()
-                    .set_connection_timeout(self.timeout)
-                    .set_response_timeout(self.timeout);
-                AsyncConn::Cluster(client.get_async_connection_with_config(config).await?)
-            }
-            Topology::Single(client) => AsyncConn::Plain(self.multiplexed(client).await?),
-            Topology::Sentinel(_) => {
-                // Asking the sentinels is a few blocking round trips, made only when
-                // (re)connecting: on the blocking pool, not on a runtime thread.
-                let topology = self.topology.clone();
-                let client = tokio::task::spawn_blocking(move || topology.plain_client(0))
-                    .await
-                    .map_err(|e| redis::RedisError::from(std::io::Error::other(e)))??;
-                AsyncConn::Plain(self.multiplexed(&client).await?)
-            }
-        };
-        *slot = Some(conn.clone());
-        Ok(conn)
-    }
-
-    async fn multiplexed(&self, client: &Client) -> RedisResult<redis::aio::MultiplexedConnection> {
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout));
-        client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-    }
-
-    /// Forgets the async connection after an error that broke it.
-    pub(crate) async fn aio_failed(&self, e: &redis::RedisError) {
-        if is_broken(e) {
-            *self.aio.lock().await = None;
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cluster_nodes_listing_gives_the_live_masters() {
-        let listing = "\
-07c3 127.0.0.1:30004@40004 slave e7d1 0 1426238317239 4 connected
-67ed 127.0.0.1:30002@40002 master - 0 1426238316232 2 connected 5461-10922
-292f 127.0.0.1:30003@40003,node-3.example master - 0 1426238318243 3 connected 10923-16383
-e7d1 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5460
-dead 127.0.0.1:30009@40009 master,fail - 0 0 1 disconnected
-";
-        assert_eq!(
-            cluster_masters(listing),
-            vec![
-                ("127.0.0.1".to_string(), 30002),
-                ("127.0.0.1".to_string(), 30003),
-                ("127.0.0.1".to_string(), 30001)
-            ]
-        );
-        assert!(cluster_masters("garbage\n\n").is_empty());
-    }
+/// A client for the masters of Sentinel `service`.
+pub(crate) fn sentinel_topology(service: &str, sentinels: Vec<redis::ConnectionInfo>) -> Topology {
+    Topology::Sentinel(sentinel::Sentinel::new(service.to_string(), sentinels))
 }

@@ -1,40 +1,54 @@
 //! The Redis backend: the same locks, shared by many machines through Redis: one server, a
 //! master that Sentinel fails over, or a Cluster.
 //!
-//! A hold is a key set with `SET key value NX PX ttl` (one round trip), where the value
-//! starts with a 128-bit token no other acquisition shares and goes on with who holds it
-//! (`identity`). Release and renewal are scripts that compare the token first, so a holder
-//! whose lease ran out never deletes or extends its successor's key. The fencing token is
-//! taken when first asked for, as on the table: a script `INCR`s the key's counter only
-//! while the key still holds our token, so a holder that lost its lease gets none. All keys
-//! of a lock share a cluster hash tag. With [`RedisLocks::with_replicas`], every write that
-//! grants something (a hold, a renewal, a token) is acknowledged by replicas before it is
-//! handed out.
+//! A hold is a key taken by a script that sets it only if absent (`SET NX PX`), where the
+//! value starts with a 128-bit token no other acquisition shares and goes on with who holds
+//! it (`identity`). The script also refuses an attempt that reaches the server after the
+//! attempt's deadline (in the server's own time, see `server_clock`), or that its maker
+//! already cancelled, so that an attempt whose reply never came can always be undone (see
+//! `scripts::CANCEL`). Release and renewal are scripts that compare the token first, so a
+//! holder whose lease ran out never deletes or extends its successor's key. The fencing
+//! token is taken when first asked for, as on the table, and never below the server's
+//! clock in µs, so it never repeats. All keys of a lock share a cluster hash tag. With
+//! [`RedisLocks::with_replicas`], every write that grants something (a hold, a renewal, a
+//! token) is acknowledged by replicas before it is handed out.
 //!
-//! Layout: `conn` (topologies and the shared connections), `scripts`, `identity` (the
-//! stored value).
+//! Layout: `topology` (where commands go) and `sentinel` (following a master and hearing
+//! of failovers), `conn` (the shared connections) and `aio` (async ones), `per_process`
+//! (what a forked child must not share), `server_clock`, `janitor` (releases nobody waits
+//! for), `scripts`, `identity` (the stored value), `ops` (the operations on a hold) and
+//! `async_ops`.
 
+#[cfg(feature = "tokio")]
+mod aio;
+#[cfg(feature = "tokio")]
+mod async_ops;
 mod conn;
 mod identity;
+mod janitor;
+mod ops;
+mod per_process;
 mod scripts;
+mod sentinel;
+mod server_clock;
+mod topology;
 
 use std::borrow::Borrow;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use redis::{Client, ConnectionLike, IntoConnectionInfo, Script, Value};
+use redis::{Client, IntoConnectionInfo, Script, Value};
 
 use crate::error::Error;
-use crate::lock::backend::{Backend, Sealed};
 use crate::lock::options::LockOptions;
-use crate::lock::slack::TimerSlack;
 use crate::lock::{self, LockGuard};
 
-use conn::{Pool, Topology};
+use conn::Pool;
+use topology::{Shared, Topology};
 
 /// Locks in Redis. A cheap `Clone` handle, `Send + Sync`, meant to be shared: any number
-/// of threads may lock, unlock and wait through one handle at once.
+/// of threads may lock, unlock and wait through one handle at once, and a handle opened
+/// before `fork()` works in every child (each process makes its own connections).
 ///
 /// The threads of a handle share its connections: a command takes an idle connection (or
 /// makes one) and gives it back, so threads running commands at the same time each have
@@ -59,8 +73,10 @@ impl std::fmt::Debug for RedisLocks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisLocks")
             .field("prefix", &String::from_utf8_lossy(&self.0.prefix))
+            .field("timeout", &self.0.pool.timeout)
             .field("replicas", &self.0.replicas)
             .field("max_hold", &self.0.max_hold)
+            .field("fence_grace", &self.0.fence_grace)
             .finish_non_exhaustive()
     }
 }
@@ -73,21 +89,20 @@ struct Inner {
     replicas: Option<(u32, Duration)>,
     /// No hold is renewed past this long after it was taken.
     max_hold: Option<Duration>,
-    release: Script,
-    extend: Script,
-    fence: Script,
-    force: Script,
+    /// How long a fence counter outlives the lease of the hold that last took a token.
+    fence_grace: Duration,
+    scripts: Arc<Scripts>,
 }
 
-/// A hold in Redis: the lock key, this acquisition's token, when it was taken, and its
-/// fencing token once asked for (0 before).
-#[derive(Clone, Debug)]
-pub struct RedisHold {
-    key: Vec<u8>,
-    channel: Vec<u8>,
-    token: String,
-    taken: Instant,
-    fence: Arc<AtomicU64>,
+/// The scripts, loaded once per handle family.
+struct Scripts {
+    acquire: Script,
+    cancel: Script,
+    release: Script,
+    extend: Script,
+    token: Script,
+    check: Script,
+    force: Script,
 }
 
 /// A lock held in Redis, as [`RedisLocks::holders`] reports it. The identity fields are
@@ -101,8 +116,8 @@ pub struct RedisHolder {
     /// Time left on the lease; `None` if it never expires.
     pub ttl: Option<Duration>,
     /// The fencing token most recently handed out for the key (the holder's, unless the
-    /// lock was broken and not taken again). `None` if none was, or if the counter holds
-    /// something that is not a number.
+    /// lock was broken and not taken again). `None` if none was (or the counter expired),
+    /// or if the counter holds something that is not a number.
     pub last_token: Option<u64>,
     /// The holder's own fencing token, if it took one.
     pub token: Option<u64>,
@@ -128,15 +143,11 @@ fn escape_glob(s: &[u8]) -> Vec<u8> {
     out
 }
 
-/// A busy attempt on Redis: the key to wait for and its release channel.
-#[derive(Debug)]
-pub struct RedisBusy {
-    key: Vec<u8>,
-    channel: Vec<u8>,
-}
-
 /// The default time one command may take.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The default time a fence counter outlives the lease of the last hold that was fenced.
+const DEFAULT_FENCE_GRACE: Duration = Duration::from_secs(60);
 
 impl RedisLocks {
     /// Connects to the server at `url` (`redis://[user:password@]host:port/db`, or
@@ -166,11 +177,13 @@ impl RedisLocks {
         RedisLocks::with_topology(Topology::Single(Client::build_with_tls(url, certs)?))
     }
 
-    /// Follows the master that the sentinels at `sentinel_urls` know as `master_name`:
-    /// each new connection asks them which server is master now, so after a failover
-    /// the next command (after the one that failed with [`Error::Redis`]) goes to the
-    /// promoted replica. The masters' password, database and TLS come from the first
-    /// sentinel URL (`redis://:password@sentinel-host:26379/db`).
+    /// Follows the master that the sentinels at `sentinel_urls` know as `master_name`.
+    /// A new connection asks them which server is master now (and checks that it says so),
+    /// and one thread per sentinel listens for their failover announcements: a connection
+    /// to a master the sentinels have given up on is dropped, and a grant that comes back
+    /// on one is not accepted (see the README's topology table for what remains possible
+    /// without [`with_replicas`](Self::with_replicas)). The masters' password, database and
+    /// TLS come from the first sentinel URL (`redis://:password@sentinel-host:26379/db`).
     ///
     /// ```no_run
     /// # use shmlock::RedisLocks;
@@ -191,8 +204,7 @@ impl RedisLocks {
             .iter()
             .map(|u| u.as_ref().into_connection_info())
             .collect::<Result<Vec<_>, _>>()?;
-        let client = conn::sentinel_client(master_name, infos)?;
-        RedisLocks::with_topology(Topology::Sentinel(std::sync::Mutex::new(client)))
+        RedisLocks::with_topology(conn::sentinel_topology(master_name, infos))
     }
 
     /// Uses the Redis Cluster that `node_urls` (some of its nodes) belong to. Each
@@ -217,58 +229,69 @@ impl RedisLocks {
         // sixteen tries
         builder = builder.retries(3).min_retry_wait(50).max_retry_wait(500);
         let client = builder.build()?;
-        RedisLocks::with_topology(Topology::Cluster { client, nodes })
+        RedisLocks::with_topology(Topology::Cluster {
+            client: Box::new(client),
+            nodes,
+        })
     }
 
     fn with_topology(topology: Topology) -> Result<RedisLocks, Error> {
-        let pool = Arc::new(Pool::new(Arc::new(topology), DEFAULT_TIMEOUT));
+        let pool = Arc::new(Pool::new(Arc::new(Shared::new(topology)), DEFAULT_TIMEOUT));
         pool.check()?;
-        Ok(RedisLocks::with(pool, b"shmlock:".to_vec(), None, None))
-    }
-
-    fn with(
-        pool: Arc<Pool>,
-        prefix: Vec<u8>,
-        replicas: Option<(u32, Duration)>,
-        max_hold: Option<Duration>,
-    ) -> RedisLocks {
-        RedisLocks(Arc::new(Inner {
-            pool,
-            prefix,
-            replicas,
-            max_hold,
+        let scripts = Arc::new(Scripts {
+            acquire: Script::new(scripts::ACQUIRE),
+            cancel: Script::new(scripts::CANCEL),
             release: Script::new(scripts::RELEASE),
             extend: Script::new(scripts::EXTEND),
-            fence: Script::new(scripts::TOKEN),
+            token: Script::new(scripts::TOKEN),
+            check: Script::new(scripts::CHECK),
             force: Script::new(scripts::FORCE),
-        }))
+        });
+        Ok(RedisLocks(Arc::new(Inner {
+            pool,
+            prefix: b"shmlock:".to_vec(),
+            replicas: None,
+            max_hold: None,
+            fence_grace: DEFAULT_FENCE_GRACE,
+            scripts,
+        })))
     }
 
-    fn derive(
-        &self,
-        pool: Arc<Pool>,
-        prefix: Option<&[u8]>,
-        replicas: Option<Option<(u32, Duration)>>,
-        max_hold: Option<Option<Duration>>,
-    ) -> RedisLocks {
-        RedisLocks::with(
-            pool,
-            prefix.map_or_else(|| self.0.prefix.clone(), <[u8]>::to_vec),
-            replicas.unwrap_or(self.0.replicas),
-            max_hold.unwrap_or(self.0.max_hold),
-        )
+    /// A new handle with `change` made to a copy of this one's settings.
+    fn derive(&self, change: impl FnOnce(&mut Inner)) -> RedisLocks {
+        let mut inner = Inner {
+            pool: self.0.pool.clone(),
+            prefix: self.0.prefix.clone(),
+            replicas: self.0.replicas,
+            max_hold: self.0.max_hold,
+            fence_grace: self.0.fence_grace,
+            scripts: self.0.scripts.clone(),
+        };
+        change(&mut inner);
+        RedisLocks(Arc::new(inner))
     }
 
     /// Names every key `PREFIX{KEY}` (default prefix `shmlock:`). Returns a new handle
     /// sharing this one's connections.
     pub fn with_prefix(&self, prefix: impl AsRef<[u8]>) -> Self {
-        self.derive(self.0.pool.clone(), Some(prefix.as_ref()), None, None)
+        self.derive(|i| i.prefix = prefix.as_ref().to_vec())
     }
 
-    /// How long one command may take before it fails with a timeout (default 5 s).
-    /// Returns a new handle with connections of its own.
+    /// How long one command may take before it fails with a timeout (default 5 s): the
+    /// connection it needs, a master lookup, the request and its reply. Returns a new
+    /// handle with connections of its own.
     pub fn with_timeout(&self, timeout: Duration) -> Self {
-        self.derive(Arc::new(self.0.pool.renew(timeout)), None, None, None)
+        let timeout = timeout.max(Duration::from_millis(1));
+        self.derive(|i| i.pool = Arc::new(i.pool.renew(timeout)))
+    }
+
+    /// How long a key's fence counter is kept after the lease of the last hold that took a
+    /// token (default 60 s), so that Redis does not keep one counter for every key name
+    /// ever fenced. A counter that expired costs nothing: tokens are never below the
+    /// server's clock in µs, so the next one is still greater than every earlier one (as
+    /// long as the server's clock has not been set back by more than this grace).
+    pub fn with_fence_grace(&self, grace: Duration) -> Self {
+        self.derive(|i| i.fence_grace = grace.max(Duration::from_millis(1)))
     }
 
     /// Replicated grants: every acquisition, renewal and fencing token waits (`WAIT`)
@@ -289,13 +312,12 @@ impl RedisLocks {
     /// fewest acknowledgements count.
     pub fn with_replicas(&self, replicas: u32, timeout: Duration) -> Self {
         let timeout = timeout.max(Duration::from_millis(1));
-        let pool = if self.0.pool.timeout < timeout + Duration::from_secs(1) {
-            Arc::new(self.0.pool.renew(timeout + Duration::from_secs(1)))
-        } else {
-            self.0.pool.clone()
-        };
-        let replicas = (replicas > 0).then_some((replicas, timeout));
-        self.derive(pool, None, Some(replicas), None)
+        self.derive(|i| {
+            if i.pool.timeout < timeout + Duration::from_secs(1) {
+                i.pool = Arc::new(i.pool.renew(timeout + Duration::from_secs(1)));
+            }
+            i.replicas = (replicas > 0).then_some((replicas, timeout));
+        })
     }
 
     /// Caps how long any hold taken through the returned handle may be kept by renewing:
@@ -304,10 +326,13 @@ impl RedisLocks {
     /// [`LockGuard::keep_alive`] stops renewing and reports it). A hung job cannot keep a
     /// lock forever.
     pub fn with_max_hold(&self, max_hold: Duration) -> Self {
-        self.derive(self.0.pool.clone(), None, None, Some(Some(max_hold)))
+        self.derive(|i| i.max_hold = Some(max_hold))
     }
 
-    /// Takes `key`, waiting as `opts` says; released when the guard drops.
+    /// Takes `key`, waiting as `opts` says; released when the guard drops. With a timeout
+    /// T, it returns within T and one attempt's floor (100 ms, or the command timeout if
+    /// shorter), whatever the server does: every connect, lookup and reply of the wait is
+    /// held to that deadline.
     pub fn lock(
         &self,
         key: impl AsRef<[u8]>,
@@ -315,33 +340,6 @@ impl RedisLocks {
     ) -> Result<LockGuard<'_, RedisLocks>, Error> {
         let opts = opts.borrow();
         lock::guard(self, key.as_ref(), opts, Some(opts.timeout))
-    }
-
-    /// [`lock`](Self::lock) for async code (tokio): attempts go over the handle's
-    /// multiplexed async connection (one socket shared by every task of the runtime, no
-    /// thread per waiter), the waits are `tokio::time::sleep` on resty's schedule
-    /// (elapsed = the sum of the steps). A guard dropped inside a runtime releases on a
-    /// spawned task (see [`LockGuard`]'s drop).
-    #[cfg(feature = "tokio")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
-    pub async fn lock_async(
-        &self,
-        key: impl AsRef<[u8]>,
-        opts: impl Borrow<LockOptions>,
-    ) -> Result<LockGuard<'_, RedisLocks>, Error> {
-        let opts = opts.borrow();
-        let resolved = opts.resolve()?;
-        let key = key.as_ref();
-        let exptime = resolved.exptime_ns;
-        let (hold, elapsed) = crate::lock::backend::acquire_async(
-            key,
-            &resolved,
-            opts.timeout,
-            || self.try_acquire_async(key, exptime),
-            |_: &RedisBusy| false,
-        )
-        .await?;
-        Ok(LockGuard::new(self, hold, elapsed, exptime))
     }
 
     /// Takes `key` if nobody holds it, without waiting, for a lease of `lease` (zero:
@@ -370,11 +368,14 @@ impl RedisLocks {
 
     /// Whether someone holds `key` right now (a snapshot).
     pub fn is_locked(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
-        let (lock_key, _) = self.keys(crate::check_key(key.as_ref())?);
+        let names = self.names(crate::check_key(key.as_ref())?);
         let n: u64 = self
             .0
             .pool
-            .run(|c| redis::cmd("EXISTS").arg(&lock_key).query(c))?;
+            .run(self.0.pool.limit(None), |c| {
+                redis::cmd("EXISTS").arg(&names.lock).query(c)
+            })?
+            .value;
         Ok(n == 1)
     }
 
@@ -397,7 +398,7 @@ impl RedisLocks {
                 .collect::<redis::RedisResult<Vec<Vec<u8>>>>()?;
             for lock_key in keys {
                 let name = lock_key[self.0.prefix.len() + 1..lock_key.len() - 1].to_vec();
-                let (_, fence_key) = self.keys(&name);
+                let names = self.names(&name);
                 let replies: Vec<Value> = redis::pipe()
                     .ignore_errors()
                     .cmd("PTTL")
@@ -405,7 +406,7 @@ impl RedisLocks {
                     .cmd("GET")
                     .arg(&lock_key)
                     .cmd("GET")
-                    .arg(&fence_key)
+                    .arg(&names.fence)
                     .query(&mut conn)?;
                 let [pttl, value, fence] = <[Value; 3]>::try_from(replies)
                     .map_err(|_| Error::InvalidOptions("unexpected reply to PTTL/GET/GET"))?;
@@ -442,413 +443,19 @@ impl RedisLocks {
     /// Breaks the lock on `key`, whoever holds it; `true` if it was held. Its holder finds
     /// out at its next unlock or renewal ([`Error::Expired`]).
     pub fn force_unlock(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
-        let (lock_key, channel) = self.channel_keys(crate::check_key(key.as_ref())?);
+        let names = self.names(crate::check_key(key.as_ref())?);
         let n: u64 = self
             .0
             .pool
-            .retrying(|c| self.0.force.key(&lock_key).key(&channel).invoke(c))?;
+            .retrying(|c| {
+                self.0
+                    .scripts
+                    .force
+                    .key(&names.lock)
+                    .key(&names.channel)
+                    .invoke(c)
+            })?
+            .value;
         Ok(n == 1)
-    }
-
-    /// `PREFIX{KEY}` and `PREFIX{KEY}:fence`: the braces make one cluster hash tag, so both
-    /// land in one slot whatever the key holds (the tag ends at the first `}` after the
-    /// first `{`, which lies in the part both names share).
-    fn keys(&self, key: &[u8]) -> (Vec<u8>, Vec<u8>) {
-        let mut lock_key = Vec::with_capacity(self.0.prefix.len() + key.len() + 2);
-        lock_key.extend_from_slice(&self.0.prefix);
-        lock_key.push(b'{');
-        lock_key.extend_from_slice(key);
-        lock_key.push(b'}');
-        let mut fence_key = lock_key.clone();
-        fence_key.extend_from_slice(b":fence");
-        (lock_key, fence_key)
-    }
-
-    /// The lock key and the channel its releases are published on.
-    fn channel_keys(&self, key: &[u8]) -> (Vec<u8>, Vec<u8>) {
-        let (lock_key, _) = self.keys(key);
-        let mut channel = lock_key.clone();
-        channel.extend_from_slice(b":free");
-        (lock_key, channel)
-    }
-
-    /// The lease to set for a hold taken `taken` ago, in ms (0: never expires), within
-    /// `max_hold`; `None` once `max_hold` is spent.
-    fn lease_ms(&self, exptime_ns: u64, held: Duration) -> Option<u64> {
-        let ttl = ttl_ms(exptime_ns);
-        let Some(max) = self.0.max_hold else {
-            return Some(ttl);
-        };
-        let left = max.saturating_sub(held);
-        if left.is_zero() {
-            return None;
-        }
-        let left = u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1);
-        Some(if ttl == 0 { left } else { ttl.min(left) })
-    }
-
-    /// The `WAIT` that follows a granting write on the same connection, if replicas are
-    /// required: `Ok(())` when enough acknowledged it.
-    fn wait_replicas(&self, c: &mut dyn ConnectionLike) -> redis::RedisResult<Result<(), Error>> {
-        let Some((n, timeout)) = self.0.replicas else {
-            return Ok(Ok(()));
-        };
-        let acked: u64 = redis::cmd("WAIT")
-            .arg(n)
-            .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX))
-            .query(c)?;
-        Ok(replicated(acked, n))
-    }
-
-    /// The fencing token of `hold`, or why there is none.
-    fn take_token(&self, hold: &RedisHold) -> Result<u64, Error> {
-        let known = hold.fence.load(Ordering::Relaxed);
-        if known != 0 {
-            return Ok(known);
-        }
-        let mut fence_key = hold.key.clone();
-        fence_key.extend_from_slice(b":fence");
-        let (t, enough) = self.0.pool.run(|c| {
-            let t: u64 = self
-                .0
-                .fence
-                .key(&hold.key)
-                .key(&fence_key)
-                .arg(&hold.token)
-                .invoke(c)?;
-            if t == 0 {
-                return Ok((0, Ok(())));
-            }
-            Ok((t, self.wait_replicas(c)?))
-        })?;
-        if t == 0 {
-            return Err(Error::Expired);
-        }
-        enough?;
-        hold.fence.store(t, Ordering::Relaxed);
-        Ok(t)
-    }
-
-    /// Subscribes to the release channel of `busy` on `con`, looks once more whether the
-    /// key is still held (a release just before the subscription would be missed), and
-    /// waits for a message on that channel for at most `step`.
-    fn wait_for_release(
-        &self,
-        con: &mut redis::Connection,
-        busy: &RedisBusy,
-        step: Duration,
-        started: Instant,
-    ) -> redis::RedisResult<()> {
-        let mut pubsub = con.as_pubsub();
-        pubsub.subscribe(&busy.channel)?;
-        // (cannot tell: count it as held and wait the step out)
-        let held: u64 = self
-            .0
-            .pool
-            .run(|c| redis::cmd("EXISTS").arg(&busy.key).query(c))
-            .unwrap_or(1);
-        let mut outcome = Ok(());
-        if held != 0 {
-            loop {
-                let left = step.saturating_sub(started.elapsed());
-                if left.is_zero() {
-                    break;
-                }
-                pubsub.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
-                match pubsub.get_message() {
-                    Ok(msg) => {
-                        if msg.get_channel::<Vec<u8>>().ok().as_ref() == Some(&busy.channel) {
-                            break;
-                        }
-                    }
-                    Err(e) if e.is_timeout() => break,
-                    Err(e) => {
-                        outcome = Err(e);
-                        break;
-                    }
-                }
-            }
-        }
-        // dropping `pubsub` unsubscribes, with the command timeout for the replies
-        pubsub.set_read_timeout(Some(self.0.pool.timeout))?;
-        outcome
-    }
-
-    #[cfg(feature = "tokio")]
-    async fn try_acquire_async(
-        &self,
-        key: &[u8],
-        exptime_ns: u64,
-    ) -> Result<Result<RedisHold, RedisBusy>, Error> {
-        let (key, channel) = self.channel_keys(crate::check_key(key)?);
-        let (token, value) = identity::new_hold();
-        let ttl = self.lease_ms(exptime_ns, Duration::ZERO).unwrap_or(1);
-        let mut conn = self.0.pool.aio().await?;
-        let set: redis::RedisResult<Option<String>> =
-            set_nx(&key, &value, ttl).query_async(&mut conn).await;
-        let set = match set {
-            Ok(set) => set,
-            Err(e) => {
-                self.0.pool.aio_failed(&e).await;
-                return Err(e.into());
-            }
-        };
-        if set.is_none() {
-            return Ok(Err(RedisBusy { key, channel }));
-        }
-        let hold = RedisHold {
-            key,
-            channel,
-            token,
-            taken: Instant::now(),
-            fence: Arc::new(AtomicU64::new(0)),
-        };
-        if let Some((n, timeout)) = self.0.replicas {
-            let acked: redis::RedisResult<u64> = redis::cmd("WAIT")
-                .arg(n)
-                .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX))
-                .query_async(&mut conn)
-                .await;
-            let verdict = match acked {
-                Ok(acked) => replicated(acked, n),
-                Err(e) => {
-                    self.0.pool.aio_failed(&e).await;
-                    Err(e.into())
-                }
-            };
-            if let Err(e) = verdict {
-                let _ = self.release_async(&hold).await;
-                return Err(e);
-            }
-        }
-        Ok(Ok(hold))
-    }
-
-    #[cfg(feature = "tokio")]
-    async fn release_async(&self, hold: &RedisHold) -> Result<(), Error> {
-        let mut conn = self.0.pool.aio().await?;
-        let outcome: redis::RedisResult<i64> = self
-            .0
-            .release
-            .key(&hold.key)
-            .key(&hold.channel)
-            .arg(&hold.token)
-            .invoke_async(&mut conn)
-            .await;
-        match outcome {
-            Ok(-1) => Err(Error::Expired),
-            Ok(_) => Ok(()),
-            Err(e) => {
-                self.0.pool.aio_failed(&e).await;
-                Err(e.into())
-            }
-        }
-    }
-}
-
-/// A hold whose release task has not run: if the runtime drops the task unrun (it is
-/// shutting down), the release is made in place, where blocking is allowed again.
-#[cfg(feature = "tokio")]
-struct ReleaseOnCancel(RedisLocks, Option<RedisHold>);
-
-#[cfg(feature = "tokio")]
-impl ReleaseOnCancel {
-    fn disarm(&mut self) {
-        self.1 = None;
-    }
-}
-
-#[cfg(feature = "tokio")]
-impl Drop for ReleaseOnCancel {
-    fn drop(&mut self) {
-        if let Some(hold) = self.1.take() {
-            let _ = self.0.release(&hold);
-        }
-    }
-}
-
-/// `SET key value NX [PX ttl]` for a new hold.
-fn set_nx(key: &[u8], value: &str, ttl_ms: u64) -> redis::Cmd {
-    let mut set = redis::cmd("SET");
-    set.arg(key).arg(value).arg("NX");
-    if ttl_ms != 0 {
-        set.arg("PX").arg(ttl_ms);
-    }
-    set
-}
-
-fn replicated(acked: u64, wanted: u32) -> Result<(), Error> {
-    if acked >= u64::from(wanted) {
-        Ok(())
-    } else {
-        Err(Error::NotReplicated {
-            acked,
-            wanted: u64::from(wanted),
-        })
-    }
-}
-
-/// Milliseconds for PX: rounded up, so a lease is never shorter than asked; 0 = no expiry.
-fn ttl_ms(exptime_ns: u64) -> u64 {
-    exptime_ns.div_ceil(1_000_000)
-}
-
-impl Sealed for RedisLocks {}
-
-impl Backend for RedisLocks {
-    type Hold = RedisHold;
-    type Busy = RedisBusy;
-
-    fn acquire_fast(
-        &self,
-        _key: &[u8],
-        _exptime_ns: u64,
-    ) -> Result<Result<RedisHold, Option<RedisBusy>>, Error> {
-        Ok(Err(None)) // every attempt is a round trip: there is no cheaper first try
-    }
-
-    fn try_acquire(
-        &self,
-        key: &[u8],
-        exptime_ns: u64,
-    ) -> Result<Result<RedisHold, RedisBusy>, Error> {
-        let (key, channel) = self.channel_keys(crate::check_key(key)?);
-        let (token, value) = identity::new_hold();
-        let ttl = self.lease_ms(exptime_ns, Duration::ZERO).unwrap_or(1);
-        let mut took = false;
-        let outcome = self.0.pool.run(|c| {
-            let set: Option<String> = set_nx(&key, &value, ttl).query(c)?;
-            if set.is_none() {
-                return Ok(None);
-            }
-            took = true;
-            Ok(Some(self.wait_replicas(c)?))
-        });
-        let taken = Instant::now();
-        let hold = |key, channel, token| RedisHold {
-            key,
-            channel,
-            token,
-            taken,
-            fence: Arc::new(AtomicU64::new(0)),
-        };
-        match outcome {
-            Ok(None) => Ok(Err(RedisBusy { key, channel })),
-            Ok(Some(Ok(()))) => Ok(Ok(hold(key, channel, token))),
-            Ok(Some(Err(e))) | Err(e) => {
-                if took {
-                    // not granted after all: give back what was taken
-                    let _ = self.release(&hold(key, channel, token));
-                }
-                Err(e)
-            }
-        }
-    }
-
-    fn release(&self, hold: &RedisHold) -> Result<(), Error> {
-        // Safe to retry: it only ever deletes the key while it holds our token.
-        let outcome: i64 = self.0.pool.retrying(|c| {
-            self.0
-                .release
-                .key(&hold.key)
-                .key(&hold.channel)
-                .arg(&hold.token)
-                .invoke(c)
-        })?;
-        match outcome {
-            -1 => Err(Error::Expired),
-            _ => Ok(()), // deleted, or already gone with nobody else holding it
-        }
-    }
-
-    /// Inside a tokio runtime the release goes to a spawned task over the async connection
-    /// (the guard's owner cannot be told the outcome anyway); elsewhere it is made in place.
-    fn release_on_drop(&self, hold: &RedisHold) {
-        #[cfg(feature = "tokio")]
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let mut pending = ReleaseOnCancel(self.clone(), Some(hold.clone()));
-            runtime.spawn(async move {
-                if let Some(hold) = pending.1.clone() {
-                    let _ = pending.0.release_async(&hold).await;
-                }
-                pending.disarm(); // released (or told why not): nothing left to do
-            });
-            return;
-        }
-        let _ = self.release(hold);
-    }
-
-    fn extend(&self, hold: &mut RedisHold, exptime_ns: u64) -> Result<(), Error> {
-        let ttl = self
-            .lease_ms(exptime_ns, hold.taken.elapsed())
-            .ok_or(Error::MaxHoldReached)?;
-        let (renewed, enough) = self.0.pool.retrying(|c| {
-            let renewed: i64 = self
-                .0
-                .extend
-                .key(&hold.key)
-                .arg(&hold.token)
-                .arg(ttl)
-                .invoke(c)?;
-            if renewed != 1 {
-                return Ok((renewed, Ok(())));
-            }
-            Ok((renewed, self.wait_replicas(c)?))
-        })?;
-        if renewed != 1 {
-            return Err(Error::Expired);
-        }
-        enough
-    }
-
-    /// A connection error counts as "no token": nothing proves the hold is still ours.
-    fn token(&self, hold: &RedisHold) -> Option<u64> {
-        self.take_token(hold).ok()
-    }
-
-    fn try_token(&self, hold: &RedisHold) -> Result<u64, Error> {
-        self.take_token(hold)
-    }
-
-    fn spins(&self) -> bool {
-        false
-    }
-
-    fn can_notify(&self) -> bool {
-        true
-    }
-
-    fn reap(&self, _busy: &RedisBusy) -> bool {
-        false // the server expires keys itself
-    }
-
-    /// Waits on the key's release channel, woken by the release script's PUBLISH; the step
-    /// bounds the wait, so a lease that lapses (no message) is seen as when polling. Each
-    /// waiting thread subscribes on a connection of its own (from the handle's list of
-    /// subscriber connections), so any number can wait at once, each for its own key; any
-    /// pub/sub trouble falls back to polling. The thread's timer slack is left as it is.
-    fn sleep(
-        &self,
-        busy: &RedisBusy,
-        step: Duration,
-        _late: Duration,
-        _slack: &mut TimerSlack,
-    ) -> (Duration, bool) {
-        let started = Instant::now();
-        let poll = |started: Instant| {
-            std::thread::sleep(step.saturating_sub(started.elapsed()));
-            (started.elapsed(), false)
-        };
-        let Ok(mut con) = self.0.pool.subscriber() else {
-            return poll(started);
-        };
-        match self.wait_for_release(&mut con, busy, step, started) {
-            Ok(()) => {
-                self.0.pool.put_back_subscriber(con);
-                let used = started.elapsed();
-                (used, used < step)
-            }
-            Err(_) => poll(started), // the connection is dropped: a fresh one next time
-        }
     }
 }

@@ -59,8 +59,9 @@ impl LockTable {
             key,
             &resolved,
             opts.timeout,
-            || std::future::ready(Backend::try_acquire(self, key, resolved.exptime_ns)),
+            |_| std::future::ready(Backend::try_acquire(self, key, resolved.exptime_ns, None)),
             |busy: &ShmBusy| Backend::reap(self, busy),
+            |busy, key, waited| Backend::gave_up(self, busy, key, waited),
         )
         .await?;
         Ok(LockGuard::new(self, hold, elapsed, resolved.exptime_ns))

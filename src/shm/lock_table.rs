@@ -567,7 +567,12 @@ impl Backend for LockTable {
         }
     }
 
-    fn try_acquire(&self, key: &[u8], exptime_ns: u64) -> Result<Result<ShmHold, ShmBusy>, Error> {
+    fn try_acquire(
+        &self,
+        key: &[u8],
+        exptime_ns: u64,
+        _deadline: Option<Instant>,
+    ) -> Result<Result<ShmHold, ShmBusy>, Error> {
         let req = self.request(key, exptime_ns)?;
         hold_or_busy(self.inner.table.try_acquire(&req), &req, self.capacity())
     }
@@ -587,12 +592,22 @@ impl Backend for LockTable {
             .map_err(|_| Error::Expired)
     }
 
+    /// Taken once per hold; every ask looks at the hold again, so a hold that was lost (or
+    /// whose lease ran out) gets no token, even the one it had.
     fn token(&self, hold: &ShmHold) -> Option<u64> {
         if hold.token.get() == 0 {
             let count = self.inner.table.token(&hold.held)?;
             hold.token.set(self.token_of(count));
         }
+        self.inner.table.check(&hold.held).ok()?;
         Some(hold.token.get())
+    }
+
+    fn check(&self, hold: &ShmHold) -> Result<(), Error> {
+        self.inner
+            .table
+            .check(&hold.held)
+            .map_err(|_| Error::Expired)
     }
 
     fn leave(&self, hold: &ShmHold) {

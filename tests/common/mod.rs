@@ -18,6 +18,8 @@ pub mod harness;
 pub mod ns;
 pub mod probe;
 #[cfg(feature = "redis")]
+pub mod proxy;
+#[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod word;
 

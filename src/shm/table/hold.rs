@@ -183,6 +183,18 @@ impl<S: Slots, E: Env> Table<S, E> {
         );
         Some(t)
     }
+
+    /// Whether `held` is still this holder's and its lease has not run out. A check of this
+    /// very hold in progress is ended first, as for any act of the holder.
+    pub(crate) fn check(&self, held: &Held) -> Result<(), Lost> {
+        let slot = &self.slots()[held.slot];
+        let c = self.holder_word(slot, held);
+        if self.owns(slot, c, held) && slot.deadline.load(Ordering::Relaxed) > self.now() {
+            Ok(())
+        } else {
+            Err(Lost)
+        }
+    }
 }
 
 /// What a slot's cold line records of the hold whose token it shows: a hash of its owner,

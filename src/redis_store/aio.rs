@@ -1,0 +1,240 @@
+//! Async connections (feature `tokio`): one multiplexed connection that the tasks of a
+//! process share (redis-rs's, or its async cluster connection), and exclusive ones for
+//! attempts that must `WAIT` for replicas (Redis answers one connection's requests in
+//! order, so a `WAIT` on the shared one would hold up every other task's commands).
+//!
+//! A connection's requests are driven by a task on the runtime that made it. When that
+//! runtime shuts down the connection is dead, though its handle looks alive: a canary task
+//! spawned beside it marks it dead when the runtime drops it, and the next use connects
+//! again in the caller's runtime.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use redis::{Client, RedisResult};
+
+use crate::redis_store::conn::{is_broken, Failed, Pool};
+use crate::redis_store::sentinel::timed_out;
+use crate::redis_store::server_clock;
+use crate::redis_store::topology::{left, Tag, Topology};
+
+/// The async connection of a handle: redis-rs's multiplexed connection (many tasks share
+/// one socket, requests pipelined), or its async cluster connection.
+#[derive(Clone)]
+pub(crate) enum AsyncConn {
+    Plain(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for AsyncConn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            AsyncConn::Plain(c) => c.req_packed_command(cmd),
+            AsyncConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            AsyncConn::Plain(c) => c.req_packed_commands(pipeline, offset, count),
+            AsyncConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            AsyncConn::Plain(c) => c.get_db(),
+            AsyncConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// An async connection, where it leads, and whether its runtime still runs.
+#[derive(Clone)]
+pub(crate) struct Aio {
+    pub(crate) conn: AsyncConn,
+    pub(crate) tag: Tag,
+    alive: Arc<AtomicBool>,
+}
+
+/// Marks its connection dead when dropped: with its runtime, which drops every task.
+struct Canary(Arc<AtomicBool>);
+
+impl Drop for Canary {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// A pool's async connections in one process.
+pub(crate) struct Local {
+    shared: Mutex<Option<Aio>>,
+    exclusive: Mutex<Vec<Aio>>,
+}
+
+impl Local {
+    pub(crate) fn new() -> Local {
+        Local {
+            shared: Mutex::new(None),
+            exclusive: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Idle exclusive connections kept.
+const MAX_IDLE: usize = 16;
+
+impl Pool {
+    fn usable(&self, a: &Aio) -> bool {
+        a.alive.load(Ordering::Acquire) && self.shared.current(&a.tag)
+    }
+
+    /// The shared async connection, made on first use (by `limit`) inside the caller's
+    /// runtime. Its response timeout is the handle's command timeout, not redis-rs's
+    /// 500 ms default.
+    pub(crate) async fn aio(&self, limit: Instant) -> Result<Aio, Failed> {
+        let slot = &self.local().aio.shared;
+        if let Some(a) = lock(slot).as_ref().filter(|a| self.usable(a)) {
+            return Ok(a.clone());
+        }
+        // Made without the slot's lock: a connect that stalls stalls only this task.
+        let made = self.connect_async(limit).await.map_err(not_sent)?;
+        let mut slot = lock(slot);
+        match slot.as_ref().filter(|a| self.usable(a)) {
+            Some(other) => Ok(other.clone()), // another task was quicker
+            None => {
+                *slot = Some(made.clone());
+                Ok(made)
+            }
+        }
+    }
+
+    /// A connection no other task uses until it is given back.
+    pub(crate) async fn aio_exclusive(&self, limit: Instant) -> Result<Aio, Failed> {
+        loop {
+            let Some(a) = lock(&self.local().aio.exclusive).pop() else {
+                break;
+            };
+            if self.usable(&a) {
+                return Ok(a);
+            }
+        }
+        self.connect_async(limit).await.map_err(not_sent)
+    }
+
+    pub(crate) fn put_back_exclusive(&self, a: Aio) {
+        let mut idle = lock(&self.local().aio.exclusive);
+        if idle.len() < MAX_IDLE {
+            idle.push(a);
+        }
+    }
+
+    /// Forgets the shared connection after an error that broke it.
+    pub(crate) fn aio_failed(&self, a: &Aio, e: &redis::RedisError) {
+        if is_broken(e) {
+            a.alive.store(false, Ordering::Release);
+            let mut slot = lock(&self.local().aio.shared);
+            if slot
+                .as_ref()
+                .is_some_and(|s| Arc::ptr_eq(&s.alive, &a.alive))
+            {
+                *slot = None;
+            }
+        }
+    }
+
+    async fn connect_async(&self, limit: Instant) -> RedisResult<Aio> {
+        let wait = left(limit).ok_or_else(timed_out)?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(wait))
+            .set_response_timeout(Some(self.timeout));
+        let (conn, tag) = match &self.shared.topology {
+            Topology::Single(client) => {
+                let c = bounded(
+                    limit,
+                    client.get_multiplexed_async_connection_with_config(&config),
+                )
+                .await?;
+                (AsyncConn::Plain(c), Tag::default())
+            }
+            Topology::Sentinel(_) => {
+                // Asking the sentinels is a few blocking round trips, made only when
+                // (re)connecting: on the blocking pool, not on a runtime thread.
+                let shared = self.shared.clone();
+                let located = tokio::task::spawn_blocking(move || match &shared.topology {
+                    Topology::Sentinel(s) => s.locate(limit),
+                    _ => unreachable!("a sentinel topology"),
+                })
+                .await
+                .map_err(|e| redis::RedisError::from(std::io::Error::other(e)))??;
+                let (info, epoch, addr) = located;
+                let client = Client::open(info)?;
+                let c = bounded(
+                    limit,
+                    client.get_multiplexed_async_connection_with_config(&config),
+                )
+                .await?;
+                (
+                    AsyncConn::Plain(c),
+                    Tag {
+                        epoch,
+                        addr: Some(addr),
+                    },
+                )
+            }
+            Topology::Cluster { client, .. } => {
+                let config = redis::cluster::ClusterConfig::new()
+                    .set_connection_timeout(wait)
+                    .set_response_timeout(self.timeout);
+                let c = bounded(limit, client.get_async_connection_with_config(config)).await?;
+                (AsyncConn::Cluster(c), Tag::default())
+            }
+        };
+        let alive = Arc::new(AtomicBool::new(true));
+        let canary = Canary(alive.clone());
+        tokio::spawn(async move {
+            let _canary = canary;
+            std::future::pending::<()>().await;
+        });
+        let mut a = Aio { conn, tag, alive };
+        if let AsyncConn::Plain(_) = a.conn {
+            let time: (String, String) =
+                bounded(limit, redis::cmd("TIME").query_async(&mut a.conn)).await?;
+            if let Some(us) = server_clock::server_us(&time.0, &time.1) {
+                self.shared.clock.observe(us, Instant::now());
+            }
+        }
+        Ok(a)
+    }
+}
+
+/// `f`, failing with a timeout if it is not done by `limit`.
+pub(crate) async fn bounded<T>(
+    limit: Instant,
+    f: impl std::future::Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    let wait = left(limit).ok_or_else(timed_out)?;
+    tokio::time::timeout(wait, f)
+        .await
+        .unwrap_or_else(|_| Err(timed_out()))
+}
+
+fn not_sent(e: redis::RedisError) -> Failed {
+    Failed {
+        error: e.into(),
+        unknown: false,
+    }
+}

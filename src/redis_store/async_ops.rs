@@ -1,0 +1,208 @@
+//! `lock_async` on Redis (feature `tokio`), cancel-safe: a future dropped at any await
+//! leaves no hold behind.
+//!
+//! An attempt's token is made before its request is sent, and a guard ([`Pending`]) holds
+//! it until the attempt's outcome is known and handed on: if the future is dropped first,
+//! the guard has the janitor cancel the attempt by that token (`scripts::CANCEL`), which
+//! releases the key if the attempt took it and otherwise makes sure that it never will.
+//! Attempts that must `WAIT` for replicas run on an exclusive connection, so a `WAIT`
+//! holds up no other task's commands.
+
+use std::borrow::Borrow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::Error;
+use crate::lock::options::LockOptions;
+use crate::lock::LockGuard;
+use crate::redis_store::aio::{bounded, Aio};
+use crate::redis_store::conn::{is_unanswered, Failed};
+use crate::redis_store::ops::{answer, replicated, Answer, Names, RedisBusy, RedisHold};
+use crate::redis_store::{identity, RedisLocks};
+
+/// An attempt whose outcome is not settled yet: cancelled by its token if dropped armed.
+struct Pending<'a> {
+    locks: &'a RedisLocks,
+    names: Arc<Names>,
+    token: String,
+    not_after: i64,
+    armed: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.locks.cancel(&self.names, &self.token, self.not_after);
+        }
+    }
+}
+
+impl RedisLocks {
+    /// [`lock`](Self::lock) for async code (tokio): attempts go over the handle's
+    /// multiplexed async connection (one socket shared by every task of the runtime, no
+    /// thread per waiter), the waits are `tokio::time::sleep` on resty's schedule
+    /// (elapsed = the sum of the steps). Cancel-safe: dropping the future at any point
+    /// (`select!`, `tokio::time::timeout`) leaves the key as it found it, within a round
+    /// trip of the janitor thread. A guard dropped inside a runtime is released by that
+    /// thread too (see [`LockGuard`]'s drop).
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+    pub async fn lock_async(
+        &self,
+        key: impl AsRef<[u8]>,
+        opts: impl Borrow<LockOptions>,
+    ) -> Result<LockGuard<'_, RedisLocks>, Error> {
+        let opts = opts.borrow();
+        let resolved = opts.resolve()?;
+        let names = Arc::new(self.names(crate::check_key(key.as_ref())?));
+        let exptime = resolved.exptime_ns;
+        let (hold, elapsed) = crate::lock::backend::acquire_async(
+            key.as_ref(),
+            &resolved,
+            opts.timeout,
+            |deadline| self.attempt_async(names.clone(), exptime, deadline),
+            |_: &RedisBusy| false,
+            |busy, key, waited| crate::lock::backend::Backend::gave_up(self, busy, key, waited),
+        )
+        .await?;
+        Ok(LockGuard::new(self, hold, elapsed, exptime))
+    }
+
+    async fn attempt_async(
+        &self,
+        names: Arc<Names>,
+        exptime_ns: u64,
+        deadline: Option<Instant>,
+    ) -> Result<Result<RedisHold, RedisBusy>, Error> {
+        let pool = &self.0.pool;
+        let ttl = self.lease_ms(exptime_ns, Duration::ZERO).unwrap_or(1);
+        let limit = self.attempt_limit(deadline);
+        let exclusive = self.0.replicas.is_some();
+        let mut corrected = false;
+        loop {
+            let (token, value) = identity::new_hold();
+            let not_after = pool.shared.clock.at(limit).unwrap_or(0);
+            let aio = if exclusive {
+                pool.aio_exclusive(limit).await
+            } else {
+                pool.aio(limit).await
+            };
+            let mut aio = match aio {
+                Ok(aio) => aio,
+                Err(f) => return RedisBusy::or_error(&names, f.error, deadline).map(Err),
+            };
+            let mut pending = Pending {
+                locks: self,
+                names: names.clone(),
+                token,
+                not_after,
+                armed: true,
+            };
+            let sent = Instant::now();
+            let reply = bounded(
+                limit,
+                self.0
+                    .scripts
+                    .acquire
+                    .key(&names.lock)
+                    .key(names.cancel_marker(&pending.token))
+                    .arg(&value)
+                    .arg(ttl)
+                    .arg(not_after)
+                    .invoke_async(&mut aio.conn),
+            )
+            .await;
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(e) => {
+                    let e = self.failed(&aio, e, &mut pending, false);
+                    return RedisBusy::or_error(&names, e, deadline).map(Err);
+                }
+            };
+            let (verdict, clock) = answer(reply);
+            if let Some(us) = clock {
+                pool.shared.clock.observe(us, Instant::now());
+            }
+            match verdict {
+                Answer::Taken => {}
+                Answer::TooLate if !corrected => {
+                    pending.armed = false;
+                    corrected = true;
+                    self.give_back(exclusive, aio);
+                    continue;
+                }
+                _ => {
+                    pending.armed = false;
+                    self.give_back(exclusive, aio);
+                    return Ok(Err(RedisBusy::held(names)));
+                }
+            }
+            if let Some((n, timeout)) = self.0.replicas {
+                let acked = bounded(
+                    limit,
+                    redis::cmd("WAIT")
+                        .arg(n)
+                        .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX))
+                        .query_async(&mut aio.conn),
+                )
+                .await;
+                match acked {
+                    // not granted after all: the guard gives back what was taken
+                    Ok(acked) => replicated(acked, n)?,
+                    Err(e) => return Err(self.failed(&aio, e, &mut pending, true)),
+                }
+            }
+            if !self.vouch_async(&aio, sent, limit).await? {
+                // granted by a master that was replaced meanwhile: not a hold (the guard
+                // cancels it)
+                return Ok(Err(RedisBusy::held(names)));
+            }
+            pending.armed = false;
+            let token = std::mem::take(&mut pending.token);
+            drop(pending);
+            self.give_back(exclusive, aio);
+            return Ok(Ok(RedisHold {
+                names,
+                token,
+                taken: sent,
+            }));
+        }
+    }
+
+    /// An error on `aio`: the connection is forgotten if it broke, and the attempt stays
+    /// armed for cancelling if it `took` the key or the server may have run it.
+    fn failed(
+        &self,
+        aio: &Aio,
+        e: redis::RedisError,
+        pending: &mut Pending<'_>,
+        took: bool,
+    ) -> Error {
+        self.0.pool.aio_failed(aio, &e);
+        pending.armed = took || is_unanswered(&e);
+        Failed {
+            unknown: pending.armed,
+            error: e.into(),
+        }
+        .into()
+    }
+
+    fn give_back(&self, exclusive: bool, aio: Aio) {
+        if exclusive {
+            self.0.pool.put_back_exclusive(aio);
+        }
+    }
+
+    /// `Sentinel::vouch` for an async reply: asking the sentinels, when it must, on the
+    /// blocking pool.
+    async fn vouch_async(&self, aio: &Aio, sent: Instant, limit: Instant) -> Result<bool, Error> {
+        let shared = &self.0.pool.shared;
+        if let Some(verdict) = shared.vouch_quick(&aio.tag, sent) {
+            return Ok(verdict);
+        }
+        let (shared, tag) = (shared.clone(), aio.tag.clone());
+        tokio::task::spawn_blocking(move || shared.vouch(&tag, sent, limit))
+            .await
+            .map_err(|e| Error::Redis(redis::RedisError::from(std::io::Error::other(e))))?
+            .map_err(Error::Redis)
+    }
+}

@@ -1,0 +1,618 @@
+//! The operations on one hold, each a script on the master of the key's slot: taking a
+//! key (with its deadline and its undo), releasing, renewing, fencing and checking it, and
+//! waiting on its release channel. The [`Backend`] implementation of [`RedisLocks`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::{ConnectionLike, RedisResult};
+
+use crate::error::Error;
+use crate::lock::backend::{Backend, Sealed};
+use crate::lock::slack::TimerSlack;
+use crate::redis_store::conn::{is_broken, Failed};
+use crate::redis_store::janitor::{Job, JobKind};
+use crate::redis_store::server_clock::server_us;
+use crate::redis_store::{identity, RedisLocks};
+
+/// The shortest time an attempt of a wait is given, even at the wait's very end (a reply
+/// takes a round trip).
+const ATTEMPT_FLOOR: Duration = Duration::from_millis(100);
+
+/// The names of one lock's keys: `PREFIX{KEY}`, its fence counter `PREFIX{KEY}:fence`,
+/// and its release channel `PREFIX{KEY}:free`. The braces make one cluster hash tag, so
+/// all of them (and the marks named after a hold's token) land in one slot whatever the
+/// key holds: the tag ends at the first `}` after the first `{`, which lies in the part
+/// they all share.
+#[derive(Clone, Debug)]
+pub(crate) struct Names {
+    pub(crate) lock: Vec<u8>,
+    pub(crate) fence: Vec<u8>,
+    pub(crate) channel: Vec<u8>,
+}
+
+impl Names {
+    /// `PREFIX{KEY}:WHAT:TOKEN`: a short-lived key about one hold (its release's mark, or
+    /// the marker of its cancelled attempt).
+    fn mark(&self, what: &str, token: &str) -> Vec<u8> {
+        let mut k = self.lock.clone();
+        k.push(b':');
+        k.extend_from_slice(what.as_bytes());
+        k.push(b':');
+        k.extend_from_slice(token.as_bytes());
+        k
+    }
+
+    pub(crate) fn cancel_marker(&self, token: &str) -> Vec<u8> {
+        self.mark("cancel", token)
+    }
+
+    fn release_mark(&self, token: &str) -> Vec<u8> {
+        self.mark("released", token)
+    }
+}
+
+/// A hold in Redis: the lock's keys, this acquisition's token, and when it was taken.
+#[derive(Clone, Debug)]
+pub struct RedisHold {
+    pub(crate) names: Arc<Names>,
+    pub(crate) token: String,
+    pub(crate) taken: Instant,
+}
+
+/// A busy attempt on Redis: the keys of the lock to wait for, or why the server could not
+/// be asked (a wait goes on through a failover or a stall until its deadline).
+#[derive(Debug)]
+pub struct RedisBusy {
+    pub(crate) names: Arc<Names>,
+    pub(crate) failed: Option<Error>,
+}
+
+impl RedisBusy {
+    pub(crate) fn held(names: Arc<Names>) -> RedisBusy {
+        RedisBusy {
+            names,
+            failed: None,
+        }
+    }
+
+    /// An attempt that failed with `error`: a busy key to wait on while `deadline` allows
+    /// another try and the error is one a new connection may not meet; else the error.
+    pub(crate) fn or_error(
+        names: &Arc<Names>,
+        error: Error,
+        deadline: Option<Instant>,
+    ) -> Result<RedisBusy, Error> {
+        let retry = matches!(&error, Error::Redis(e) if is_broken(e))
+            && deadline.is_some_and(|d| Instant::now() < d);
+        if retry {
+            Ok(RedisBusy {
+                names: names.clone(),
+                failed: Some(error),
+            })
+        } else {
+            Err(error)
+        }
+    }
+}
+
+/// What the acquire script answered.
+pub(crate) enum Answer {
+    Taken,
+    Busy,
+    /// The server ran it after its deadline: the bound on the server's clock was behind
+    /// (corrected by this reply's clock).
+    TooLate,
+    Cancelled,
+}
+
+/// The acquire script's reply: its verdict and the server's clock when it ran.
+pub(crate) fn answer(reply: (i64, String, String)) -> (Answer, Option<i64>) {
+    let verdict = match reply.0 {
+        1 => Answer::Taken,
+        0 => Answer::Busy,
+        -2 => Answer::TooLate,
+        _ => Answer::Cancelled,
+    };
+    (verdict, server_us(&reply.1, &reply.2))
+}
+
+pub(crate) fn replicated(acked: u64, wanted: u32) -> Result<(), Error> {
+    if acked >= u64::from(wanted) {
+        Ok(())
+    } else {
+        Err(Error::NotReplicated {
+            acked,
+            wanted: u64::from(wanted),
+        })
+    }
+}
+
+/// Milliseconds for PX: rounded up, so a lease is never shorter than asked; 0 = no expiry.
+fn ttl_ms(exptime_ns: u64) -> u64 {
+    exptime_ns.div_ceil(1_000_000)
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The master changed under a request twice in a row.
+fn unsettled() -> Error {
+    Error::Redis(redis::RedisError::from(std::io::Error::other(
+        "the master changed during the request",
+    )))
+}
+
+impl RedisLocks {
+    pub(crate) fn names(&self, key: &[u8]) -> Names {
+        let mut lock = Vec::with_capacity(self.0.prefix.len() + key.len() + 2);
+        lock.extend_from_slice(&self.0.prefix);
+        lock.push(b'{');
+        lock.extend_from_slice(key);
+        lock.push(b'}');
+        let mut fence = lock.clone();
+        fence.extend_from_slice(b":fence");
+        let mut channel = lock.clone();
+        channel.extend_from_slice(b":free");
+        Names {
+            lock,
+            fence,
+            channel,
+        }
+    }
+
+    /// The lease to set for a hold taken `held` ago, in ms (0: never expires), within
+    /// `max_hold`; `None` once `max_hold` is spent.
+    pub(crate) fn lease_ms(&self, exptime_ns: u64, held: Duration) -> Option<u64> {
+        let ttl = ttl_ms(exptime_ns);
+        let Some(max) = self.0.max_hold else {
+            return Some(ttl);
+        };
+        let left = max.saturating_sub(held);
+        if left.is_zero() {
+            return None;
+        }
+        let left = millis(left).max(1);
+        Some(if ttl == 0 { left } else { ttl.min(left) })
+    }
+
+    /// When an attempt must be answered by: the command timeout, or the wait's deadline
+    /// but never less than [`ATTEMPT_FLOOR`] from now.
+    pub(crate) fn attempt_limit(&self, deadline: Option<Instant>) -> Instant {
+        let pool = &self.0.pool;
+        match deadline {
+            None => pool.limit(None),
+            Some(d) => pool.limit(Some(d.max(Instant::now() + ATTEMPT_FLOOR))),
+        }
+    }
+
+    /// The `WAIT` that follows a granting write on the same connection, if replicas are
+    /// required: `Ok(())` when enough acknowledged it.
+    pub(crate) fn wait_replicas(
+        &self,
+        c: &mut dyn ConnectionLike,
+    ) -> RedisResult<Result<(), Error>> {
+        let Some((n, timeout)) = self.0.replicas else {
+            return Ok(Ok(()));
+        };
+        let acked: u64 = redis::cmd("WAIT").arg(n).arg(millis(timeout)).query(c)?;
+        Ok(replicated(acked, n))
+    }
+
+    /// Undoes an attempt whose outcome is unknown (or a grant that must not stand), by
+    /// its token, on the janitor's thread (see `scripts::CANCEL`).
+    pub(crate) fn cancel(&self, names: &Names, token: &str, not_after: i64) {
+        self.0.pool.janitor(Job {
+            keys: [
+                names.lock.clone(),
+                names.channel.clone(),
+                names.cancel_marker(token),
+            ],
+            token: token.to_string(),
+            kind: JobKind::Cancel {
+                not_after,
+                cap_ms: self.marker_cap_ms(),
+            },
+        });
+    }
+
+    /// [`cancel`](Self::cancel) made in place, by `limit`, so that the caller's error comes
+    /// after the key is free again; left to the janitor if the server does not answer.
+    fn cancel_now(&self, names: &Names, token: &str, not_after: i64, limit: Instant) {
+        let marker = names.cancel_marker(token);
+        let done = self
+            .0
+            .pool
+            .run(limit.max(Instant::now() + ATTEMPT_FLOOR), |c| {
+                self.0
+                    .scripts
+                    .cancel
+                    .key(&names.lock)
+                    .key(&names.channel)
+                    .key(&marker)
+                    .arg(token)
+                    .arg(not_after)
+                    .arg(self.marker_cap_ms())
+                    .invoke::<i64>(c)
+            });
+        if done.is_err() {
+            self.cancel(names, token, not_after);
+        }
+    }
+
+    /// The longest a cancel marker lives: its attempt's deadline ends it sooner, unless
+    /// the bound on the server's clock was far off.
+    fn marker_cap_ms(&self) -> u64 {
+        millis(self.0.pool.timeout.saturating_mul(10)).max(1000)
+    }
+
+    /// How long a release's mark lives: long enough for the retry of a release whose reply
+    /// was lost to find it.
+    fn mark_ms(&self) -> u64 {
+        millis(self.0.pool.timeout.saturating_mul(2)).saturating_add(1000)
+    }
+
+    /// Runs a granting `f` and accepts its reply only from the master now; once more on
+    /// the new master if the old one was replaced meanwhile.
+    fn granted<T>(
+        &self,
+        f: impl Fn(&mut dyn ConnectionLike) -> RedisResult<T>,
+        retry_broken: bool,
+    ) -> Result<T, Error> {
+        let pool = &self.0.pool;
+        for _ in 0..2 {
+            let limit = pool.limit(None);
+            let ran = if retry_broken {
+                pool.retrying(&f)?
+            } else {
+                pool.run(limit, &f)?
+            };
+            if pool.vouch(&ran.tag, ran.sent, limit)? {
+                return Ok(ran.value);
+            }
+        }
+        Err(unsettled())
+    }
+
+    /// One attempt to take the key, answered by `limit`.
+    fn attempt(
+        &self,
+        names: &Arc<Names>,
+        exptime_ns: u64,
+        deadline: Option<Instant>,
+    ) -> Result<Result<RedisHold, RedisBusy>, Error> {
+        let pool = &self.0.pool;
+        let ttl = self.lease_ms(exptime_ns, Duration::ZERO).unwrap_or(1);
+        let limit = self.attempt_limit(deadline);
+        let busy = || Ok(Err(RedisBusy::held(names.clone())));
+        let mut corrected = false;
+        loop {
+            let (token, value) = identity::new_hold();
+            let not_after = pool.shared.clock.at(limit).unwrap_or(0);
+            let ran = pool.run(limit, |c| {
+                let reply = self
+                    .0
+                    .scripts
+                    .acquire
+                    .key(&names.lock)
+                    .key(names.cancel_marker(&token))
+                    .arg(&value)
+                    .arg(ttl)
+                    .arg(not_after)
+                    .invoke(c)?;
+                let arrived = Instant::now();
+                let (verdict, clock) = answer(reply);
+                let replicas = match verdict {
+                    Answer::Taken => Some(self.wait_replicas(c)?),
+                    _ => None,
+                };
+                Ok((verdict, clock, arrived, replicas))
+            });
+            let ran = match ran {
+                Ok(ran) => ran,
+                Err(Failed { error, unknown }) => {
+                    if unknown {
+                        self.cancel(names, &token, not_after);
+                    }
+                    return RedisBusy::or_error(names, error, deadline).map(Err);
+                }
+            };
+            let (tag, sent) = (ran.tag, ran.sent);
+            let (verdict, clock, arrived, replicas) = ran.value;
+            if let Some(us) = clock {
+                pool.shared.clock.observe(us, arrived);
+            }
+            match verdict {
+                Answer::Taken => {
+                    let hold = RedisHold {
+                        names: names.clone(),
+                        token,
+                        taken: sent,
+                    };
+                    let verdict = match replicas {
+                        Some(Err(e)) => Err(e),
+                        _ => pool.vouch(&tag, sent, limit).map(|now| now.then_some(())),
+                    };
+                    return match verdict {
+                        Ok(Some(())) => Ok(Ok(hold)),
+                        // granted by a master that was replaced meanwhile: not a hold
+                        Ok(None) => {
+                            self.cancel_now(names, &hold.token, not_after, limit);
+                            busy()
+                        }
+                        // not granted after all (too few replicas): given back first
+                        Err(e) => {
+                            self.cancel_now(names, &hold.token, not_after, limit);
+                            Err(e)
+                        }
+                    };
+                }
+                Answer::TooLate if !corrected => corrected = true,
+                _ => return busy(),
+            }
+        }
+    }
+
+    /// Releases `hold`: `Ok` if this call (or an earlier try of it whose reply was lost)
+    /// deleted it, [`Error::Expired`] if it was no longer ours.
+    pub(crate) fn release_hold(&self, hold: &RedisHold) -> Result<(), Error> {
+        let mark = hold.names.release_mark(&hold.token);
+        let mark_ms = self.mark_ms();
+        let outcome: i64 = self.granted(
+            |c| {
+                self.0
+                    .scripts
+                    .release
+                    .key(&hold.names.lock)
+                    .key(&hold.names.channel)
+                    .key(&mark)
+                    .arg(&hold.token)
+                    .arg(mark_ms)
+                    .invoke(c)
+            },
+            true,
+        )?;
+        match outcome {
+            1 | 2 => Ok(()),
+            _ => Err(Error::Expired),
+        }
+    }
+
+    /// The fencing token of `hold`, or why there is none. Asked of the server every time:
+    /// a hold that was lost gets none, even if it had one.
+    fn take_token(&self, hold: &RedisHold) -> Result<u64, Error> {
+        let grace = millis(self.0.fence_grace);
+        let (t, enough) = self.granted(
+            |c| {
+                let t: u64 = self
+                    .0
+                    .scripts
+                    .token
+                    .key(&hold.names.lock)
+                    .key(&hold.names.fence)
+                    .arg(&hold.token)
+                    .arg(grace)
+                    .invoke(c)?;
+                if t == 0 {
+                    return Ok((0, Ok(())));
+                }
+                Ok((t, self.wait_replicas(c)?))
+            },
+            false,
+        )?;
+        if t == 0 {
+            return Err(Error::Expired);
+        }
+        enough?;
+        Ok(t)
+    }
+
+    /// Waits on the key's release channel for at most `step`.
+    fn wait_for_release(&self, busy: &RedisBusy, step: Duration) -> (Duration, bool) {
+        let started = Instant::now();
+        let end = started + step;
+        let poll = |started: Instant| {
+            std::thread::sleep(step.saturating_sub(started.elapsed()));
+            (started.elapsed(), false)
+        };
+        if busy.failed.is_some() {
+            return poll(started); // nobody to subscribe to: the next attempt reconnects
+        }
+        let pool = &self.0.pool;
+        let Ok((mut con, tag)) = pool.subscriber(end) else {
+            return poll(started);
+        };
+        match self.listen(&mut con, busy, end) {
+            Ok(()) => {
+                pool.put_back_subscriber(con, tag);
+                let used = started.elapsed();
+                (used, used < step)
+            }
+            Err(_) => poll(started), // the connection is dropped: a fresh one next time
+        }
+    }
+
+    /// Subscribes to the release channel of `busy` on `con`, looks once more whether the
+    /// key is still held (a release just before the subscription would be missed), and
+    /// waits for a message on that channel until `end`.
+    fn listen(
+        &self,
+        con: &mut redis::Connection,
+        busy: &RedisBusy,
+        end: Instant,
+    ) -> RedisResult<()> {
+        let timeout = self.0.pool.timeout;
+        let wait = |d: Option<Duration>| Some(d.unwrap_or_default().max(Duration::from_millis(1)));
+        con.set_read_timeout(wait(crate::redis_store::topology::left(end)))?;
+        con.set_write_timeout(Some(timeout))?;
+        let mut pubsub = con.as_pubsub();
+        pubsub.subscribe(&busy.names.channel)?;
+        // (cannot tell: count it as held and wait the step out)
+        let held: u64 = self
+            .0
+            .pool
+            .run(end, |c| redis::cmd("EXISTS").arg(&busy.names.lock).query(c))
+            .map_or(1, |r| r.value);
+        let mut outcome = Ok(());
+        if held != 0 {
+            while let Some(left) = crate::redis_store::topology::left(end) {
+                pubsub.set_read_timeout(wait(Some(left)))?;
+                match pubsub.get_message() {
+                    Ok(msg) => {
+                        if msg.get_channel::<Vec<u8>>().ok().as_ref() == Some(&busy.names.channel) {
+                            break;
+                        }
+                    }
+                    Err(e) if e.is_timeout() => break,
+                    Err(e) => {
+                        outcome = Err(e);
+                        break;
+                    }
+                }
+            }
+        }
+        // dropping `pubsub` unsubscribes, with the command timeout for the replies
+        pubsub.set_read_timeout(Some(timeout))?;
+        outcome
+    }
+}
+
+impl Sealed for RedisLocks {}
+
+impl Backend for RedisLocks {
+    type Hold = RedisHold;
+    type Busy = RedisBusy;
+
+    fn acquire_fast(
+        &self,
+        _key: &[u8],
+        _exptime_ns: u64,
+    ) -> Result<Result<RedisHold, Option<RedisBusy>>, Error> {
+        Ok(Err(None)) // every attempt is a round trip: there is no cheaper first try
+    }
+
+    fn try_acquire(
+        &self,
+        key: &[u8],
+        exptime_ns: u64,
+        deadline: Option<Instant>,
+    ) -> Result<Result<RedisHold, RedisBusy>, Error> {
+        let names = Arc::new(self.names(crate::check_key(key)?));
+        self.attempt(&names, exptime_ns, deadline)
+    }
+
+    fn release(&self, hold: &RedisHold) -> Result<(), Error> {
+        self.release_hold(hold)
+    }
+
+    /// Inside an async runtime the release goes to the handle's janitor thread: a runtime
+    /// thread must not block, and a task spawned on a runtime that is about to stop (or
+    /// that nothing drives any more, after `block_on` returned) might never run. Elsewhere
+    /// it is made in place.
+    fn release_on_drop(&self, hold: &RedisHold) {
+        #[cfg(feature = "tokio")]
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.0.pool.janitor(Job {
+                keys: [
+                    hold.names.lock.clone(),
+                    hold.names.channel.clone(),
+                    hold.names.release_mark(&hold.token),
+                ],
+                token: hold.token.clone(),
+                kind: JobKind::Release {
+                    mark_ms: self.mark_ms(),
+                },
+            });
+            return;
+        }
+        let _ = self.release_hold(hold);
+    }
+
+    fn extend(&self, hold: &mut RedisHold, exptime_ns: u64) -> Result<(), Error> {
+        let ttl = self
+            .lease_ms(exptime_ns, hold.taken.elapsed())
+            .ok_or(Error::MaxHoldReached)?;
+        let (renewed, enough) = self.granted(
+            |c| {
+                let renewed: i64 = self
+                    .0
+                    .scripts
+                    .extend
+                    .key(&hold.names.lock)
+                    .arg(&hold.token)
+                    .arg(ttl)
+                    .invoke(c)?;
+                if renewed != 1 {
+                    return Ok((renewed, Ok(())));
+                }
+                Ok((renewed, self.wait_replicas(c)?))
+            },
+            true,
+        )?;
+        if renewed != 1 {
+            return Err(Error::Expired);
+        }
+        enough
+    }
+
+    /// A connection error counts as "no token": nothing proves the hold is still ours.
+    fn token(&self, hold: &RedisHold) -> Option<u64> {
+        self.take_token(hold).ok()
+    }
+
+    fn try_token(&self, hold: &RedisHold) -> Result<u64, Error> {
+        self.take_token(hold)
+    }
+
+    fn check(&self, hold: &RedisHold) -> Result<(), Error> {
+        let ours: i64 = self.granted(
+            |c| {
+                self.0
+                    .scripts
+                    .check
+                    .key(&hold.names.lock)
+                    .arg(&hold.token)
+                    .invoke(c)
+            },
+            true,
+        )?;
+        if ours == 1 {
+            Ok(())
+        } else {
+            Err(Error::Expired)
+        }
+    }
+
+    fn spins(&self) -> bool {
+        false
+    }
+
+    fn can_notify(&self) -> bool {
+        true
+    }
+
+    fn reap(&self, _busy: &RedisBusy) -> bool {
+        false // the server expires keys itself
+    }
+
+    /// A wait that ran out while the server could not be asked ends with why.
+    fn gave_up(&self, busy: RedisBusy, key: &[u8], waited: Duration) -> Error {
+        busy.failed.unwrap_or_else(|| Error::timeout(key, waited))
+    }
+
+    /// Waits on the key's release channel, woken by the release script's PUBLISH; the step
+    /// bounds the wait, so a lease that lapses (no message) is seen as when polling. Each
+    /// waiting thread subscribes on a connection of its own (from the handle's list of
+    /// subscriber connections), so any number can wait at once, each for its own key; any
+    /// pub/sub trouble falls back to polling. The thread's timer slack is left as it is.
+    fn sleep(
+        &self,
+        busy: &RedisBusy,
+        step: Duration,
+        _late: Duration,
+        _slack: &mut TimerSlack,
+    ) -> (Duration, bool) {
+        self.wait_for_release(busy, step)
+    }
+}

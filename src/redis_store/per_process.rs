@@ -1,0 +1,111 @@
+//! State that belongs to one process: a forked child gets its own, never its parent's.
+//!
+//! A handle opened before `fork()` is copied into every child with its idle connections,
+//! its background threads' channels and its mutexes. A child that used the parent's
+//! sockets would read replies meant for another process (two children each granted the
+//! same key), and a mutex some parent thread held at the fork stays locked in the child
+//! for good. So everything a handle keeps per connection lives in a [`PerProcess`]: the
+//! first use in a new process installs a fresh value, and the parent's copy is leaked in
+//! the child (never dropped: its sockets are the parent's, and dropping them would run
+//! their destructors on state another process owns).
+
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use crate::shm::process;
+
+/// A `T` for the calling process, made on its first use there.
+pub(crate) struct PerProcess<T> {
+    cur: AtomicPtr<Owned<T>>,
+}
+
+struct Owned<T> {
+    /// The process that made it (`process::token`, which no forked child shares).
+    process: u64,
+    value: T,
+}
+
+impl<T> PerProcess<T> {
+    pub(crate) const fn new() -> PerProcess<T> {
+        PerProcess {
+            cur: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    /// This process's value, made by `make` if there is none yet.
+    pub(crate) fn get(&self, make: impl Fn() -> T) -> &T {
+        let me = process::token();
+        loop {
+            let p = self.cur.load(Ordering::Acquire);
+            // SAFETY: a non-null `cur` points to a box that is freed only by `drop` (which
+            // has `&mut self`, so no reference from here is alive) or by the thread that
+            // made it and lost the race below (before anyone else could see it).
+            if let Some(owned) = unsafe { p.as_ref() } {
+                if owned.process == me {
+                    return &owned.value;
+                }
+            }
+            // None yet, or the parent's: this process's own replaces it. The parent's is
+            // leaked here (see the module's docs).
+            let fresh = Box::into_raw(Box::new(Owned {
+                process: me,
+                value: make(),
+            }));
+            match self
+                .cur
+                .compare_exchange(p, fresh, Ordering::AcqRel, Ordering::Acquire)
+            {
+                // SAFETY: `fresh` was just installed and is freed only by `drop`.
+                Ok(_) => return &unsafe { &*fresh }.value,
+                // SAFETY: another thread installed its own first; `fresh` was never shared.
+                Err(_) => drop(unsafe { Box::from_raw(fresh) }),
+            }
+        }
+    }
+}
+
+impl<T> Drop for PerProcess<T> {
+    fn drop(&mut self) {
+        let p = *self.cur.get_mut();
+        if p.is_null() {
+            return;
+        }
+        // SAFETY: `&mut self`: no reference handed out by `get` is alive, and the box was
+        // made by `Box::into_raw`.
+        let owned = unsafe { Box::from_raw(p) };
+        if owned.process != process::token() {
+            std::mem::forget(owned); // the parent's, in a forked child: leaked
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn one_value_per_process_and_dropped_with_it() {
+        static DROPS: AtomicUsize = AtomicUsize::new(0);
+        struct Counted(u32);
+        impl Drop for Counted {
+            fn drop(&mut self) {
+                DROPS.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let p = PerProcess::new();
+        let made = AtomicUsize::new(0);
+        let make = || Counted(made.fetch_add(1, Ordering::SeqCst) as u32);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| assert_eq!(p.get(make).0, p.get(make).0));
+            }
+        });
+        let first = p.get(make).0;
+        assert_eq!(p.get(make).0, first);
+        // the threads' races may have made (and dropped) more, but one stays
+        let before = DROPS.load(Ordering::SeqCst);
+        drop(p);
+        assert_eq!(DROPS.load(Ordering::SeqCst), before + 1);
+    }
+}

@@ -1,0 +1,333 @@
+//! Following the master that Sentinel names, and knowing when it stops being the master.
+//!
+//! **Finding it.** The sentinels are asked in turn (`SENTINEL GET-MASTER-ADDR-BY-NAME`),
+//! and the server the first one names must say it is a master (`ROLE`) before anything is
+//! sent to it. Every step runs within the caller's deadline, and no lock of the handle is
+//! held across it: a stopped sentinel or master stalls only the thread that asked.
+//!
+//! **Hearing of a switch.** One thread per sentinel, per process, subscribes to its
+//! `+odown`, `+promoted-slave` and `+switch-master` events and pings it every
+//! [`PING_EVERY`]. Any of them for our master bumps the *epoch*: every connection made
+//! before is dropped when next taken from the idle list, and a reply that arrives on one
+//! counts for nothing (see [`Sentinel::vouch`]). A master that was stopped long enough to
+//! be failed over is seen down by the sentinels (`+odown`) before any replica is promoted,
+//! so a grant its resumed process sends afterwards on an old connection is refused here,
+//! even though that server still believes it is the master.
+//!
+//! **What is left.** A grant is accepted when its reply comes on a connection of the
+//! current epoch and a sentinel was heard within [`HEALTHY`] (else, and after a reply that
+//! took longer than [`STALL`], the sentinels are asked again first). Sentinel is not a
+//! consensus store: a master cut off from every sentinel this process reaches, yet still
+//! reachable from here, can grant a key for as long as those sentinels do not know of the
+//! failover (their gossip takes up to about 2 s); its holder learns at its next renewal,
+//! which goes to the new master and says `Expired`. `RedisLocks::with_replicas` closes
+//! this gap, as the README's topology table says.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use redis::{Client, Connection, ConnectionInfo, RedisResult, Value};
+
+use crate::redis_store::per_process::PerProcess;
+use crate::redis_store::topology::{left, with_addr};
+
+/// How often a watcher pings its sentinel (and at most how long it waits for an event).
+pub(crate) const PING_EVERY: Duration = Duration::from_millis(250);
+
+/// A sentinel heard within this long vouches for the epoch.
+pub(crate) const HEALTHY: Duration = Duration::from_secs(1);
+
+/// A reply that took longer than this may come from a server that was stopped long
+/// enough to be failed over: the sentinels are asked before it counts.
+pub(crate) const STALL: Duration = Duration::from_millis(250);
+
+/// The events that mean our master may be (or is) replaced.
+const EVENTS: [&str; 3] = ["+odown", "+promoted-slave", "+switch-master"];
+
+/// A master's address as the sentinels give it.
+pub(crate) type Addr = (String, u16);
+
+/// The sentinels of one master name.
+pub(crate) struct Sentinel {
+    name: String,
+    sentinels: Vec<ConnectionInfo>,
+    view: PerProcess<Arc<View>>,
+}
+
+/// What this process knows of the master: its epoch, and when a sentinel was last heard.
+pub(crate) struct View {
+    epoch: AtomicU64,
+    /// Nanoseconds after `base` when a watcher last heard its sentinel answer (0: never).
+    heard: AtomicU64,
+    base: Instant,
+    /// The sentinel to ask first: the last that answered.
+    first: AtomicUsize,
+}
+
+impl View {
+    fn new() -> View {
+        View {
+            epoch: AtomicU64::new(1),
+            heard: AtomicU64::new(0),
+            base: Instant::now(),
+            first: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    fn switched(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn heard_at(&self, at: Instant) {
+        let ns = u64::try_from(at.duration_since(self.base).as_nanos()).unwrap_or(u64::MAX);
+        self.heard.fetch_max(ns.max(1), Ordering::AcqRel);
+    }
+
+    /// Whether a sentinel was heard within [`HEALTHY`].
+    fn healthy(&self) -> bool {
+        let ns = self.heard.load(Ordering::Acquire);
+        ns != 0 && self.base + Duration::from_nanos(ns) + HEALTHY > Instant::now()
+    }
+}
+
+impl Sentinel {
+    pub(crate) fn new(name: String, sentinels: Vec<ConnectionInfo>) -> Sentinel {
+        Sentinel {
+            name,
+            sentinels,
+            view: PerProcess::new(),
+        }
+    }
+
+    /// This process's view, with its watchers started on first use.
+    pub(crate) fn view(&self) -> &View {
+        self.view.get(|| {
+            let view = Arc::new(View::new());
+            for info in &self.sentinels {
+                let (name, info, weak) = (self.name.clone(), info.clone(), Arc::downgrade(&view));
+                let spawned = std::thread::Builder::new()
+                    .name("shmlock-sentinel".into())
+                    .spawn(move || watch(&name, &info, &weak));
+                // Without a watcher every grant asks the sentinels first (see `vouch`).
+                drop(spawned);
+            }
+            view
+        })
+    }
+
+    /// The master the first answering sentinel names, with the settings (password,
+    /// database, TLS) of the first sentinel URL.
+    fn ask(&self, limit: Instant) -> RedisResult<(Addr, ConnectionInfo)> {
+        let view = self.view();
+        let n = self.sentinels.len();
+        let start = view.first.load(Ordering::Relaxed);
+        let mut last = None;
+        for i in (0..n).map(|k| (start + k) % n) {
+            match self.ask_one(i, limit) {
+                Ok(Some(addr)) => {
+                    view.first.store(i, Ordering::Relaxed);
+                    let info = with_addr(&self.sentinels[0], &addr.0, addr.1);
+                    return Ok((addr, info));
+                }
+                Ok(None) => {}
+                Err(e) => last = Some(e),
+            }
+            if left(limit).is_none() {
+                break;
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            redis::RedisError::from(std::io::Error::other(format!(
+                "no sentinel knows a master named {:?}",
+                self.name
+            )))
+        }))
+    }
+
+    fn ask_one(&self, i: usize, limit: Instant) -> RedisResult<Option<Addr>> {
+        let mut con = connect_within(&self.sentinels[i], limit)?;
+        let reply: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(&self.name)
+            .query(&mut con)?;
+        Ok(reply)
+    }
+
+    /// A connection to the current master, made within `limit`, and the epoch and address
+    /// it belongs to. The server must say it is a master: one the sentinels just named
+    /// may still be a replica for a moment, and a replica grants nothing.
+    pub(crate) fn connect_master(&self, limit: Instant) -> RedisResult<(Connection, u64, Addr)> {
+        let (con, _, epoch, addr) = self.master(limit)?;
+        Ok((con, epoch, addr))
+    }
+
+    /// [`connect_master`](Self::connect_master)'s checks, for a connection made elsewhere
+    /// (async): where the master is, and the epoch.
+    pub(crate) fn locate(&self, limit: Instant) -> RedisResult<(ConnectionInfo, u64, Addr)> {
+        let (_, info, epoch, addr) = self.master(limit)?;
+        Ok((info, epoch, addr))
+    }
+
+    fn master(&self, limit: Instant) -> RedisResult<(Connection, ConnectionInfo, u64, Addr)> {
+        let epoch = self.view().epoch();
+        let (addr, info) = self.ask(limit)?;
+        let mut con = connect_within(&info, limit)?;
+        let role: Vec<Value> = redis::cmd("ROLE").query(&mut con)?;
+        match role.first() {
+            Some(Value::BulkString(r)) if r == b"master" => Ok((con, info, epoch, addr)),
+            Some(Value::SimpleString(r)) if r == "master" => Ok((con, info, epoch, addr)),
+            _ => Err(redis::RedisError::from(std::io::Error::other(format!(
+                "{}:{} is named master of {:?} by the sentinels but is not one (yet)",
+                addr.0, addr.1, self.name
+            )))),
+        }
+    }
+
+    /// [`vouch`](Self::vouch) without asking anyone: `None` if the sentinels must be asked.
+    pub(crate) fn vouch_quick(&self, epoch: u64, sent: Instant) -> Option<bool> {
+        let view = self.view();
+        if view.epoch() != epoch {
+            return Some(false);
+        }
+        (view.healthy() && sent.elapsed() < STALL).then_some(true)
+    }
+
+    /// Whether a reply that `addr` sent on a connection of `epoch`, to a request sent at
+    /// `sent`, comes from the master *now*: the epoch is current, and either a sentinel
+    /// was heard lately and the reply was quick, or every sentinel that answers within
+    /// `limit` names `addr`.
+    pub(crate) fn vouch(
+        &self,
+        epoch: u64,
+        addr: &Addr,
+        sent: Instant,
+        limit: Instant,
+    ) -> RedisResult<bool> {
+        if let Some(verdict) = self.vouch_quick(epoch, sent) {
+            return Ok(verdict);
+        }
+        let view = self.view();
+        let mut answered = 0;
+        let mut last = None;
+        for i in 0..self.sentinels.len() {
+            match self.ask_one(i, limit) {
+                Ok(Some(named)) if &named == addr => answered += 1,
+                Ok(_) => return Ok(false),
+                Err(e) => last = Some(e),
+            }
+        }
+        if answered == 0 {
+            return Err(last.unwrap_or_else(|| {
+                redis::RedisError::from(std::io::Error::other("no sentinel answered"))
+            }));
+        }
+        Ok(view.epoch() == epoch)
+    }
+}
+
+/// A connection to `info` whose every step (connect, handshake, each reply) ends by
+/// `limit`. redis-rs bounds each read of the handshake by the timeout it is given, not the
+/// handshake as a whole: the library-name commands are left out, and the time left is
+/// shared among the commands that remain (`AUTH`, `SELECT`).
+pub(crate) fn connect_within(info: &ConnectionInfo, limit: Instant) -> RedisResult<Connection> {
+    let settings = info.redis_settings().clone().set_skip_set_lib_name();
+    let steps = 1 + u32::from(settings.password().is_some()) + u32::from(settings.db() != 0);
+    let info = info.clone().set_redis_settings(settings);
+    let timeout = left(limit).ok_or_else(timed_out)? / steps;
+    let con = Client::open(info)?.get_connection_with_timeout(timeout)?;
+    let timeout = left(limit).ok_or_else(timed_out)?;
+    con.set_read_timeout(Some(timeout))?;
+    con.set_write_timeout(Some(timeout))?;
+    Ok(con)
+}
+
+pub(crate) fn timed_out() -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "the deadline passed",
+    ))
+}
+
+/// Whether an event's payload is about the master `name`: `+switch-master NAME ...`, or
+/// instance details `master NAME ...` / `TYPE NAME IP PORT @ MASTER-NAME ...`.
+fn about(payload: &str, name: &str) -> bool {
+    let words: Vec<&str> = payload.split(' ').collect();
+    match words.iter().position(|w| *w == "@") {
+        Some(at) => words.get(at + 1) == Some(&name),
+        None => words.first() == Some(&name) || words.get(1) == Some(&name),
+    }
+}
+
+/// A watcher thread: listens to one sentinel until the view is gone.
+fn watch(name: &str, info: &ConnectionInfo, view: &Weak<View>) {
+    let mut pause = Duration::from_millis(50);
+    while view.strong_count() > 0 {
+        if listen(name, info, view).is_ok() {
+            return; // the view is gone
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// Subscribes and pings until an error (`Err`) or until the view is gone (`Ok`).
+fn listen(name: &str, info: &ConnectionInfo, view: &Weak<View>) -> RedisResult<()> {
+    let mut con = connect_within(info, Instant::now() + Duration::from_secs(1))?;
+    let mut pubsub = con.as_pubsub();
+    pubsub.subscribe(&EVENTS[..])?;
+    loop {
+        let Some(v) = view.upgrade() else {
+            return Ok(());
+        };
+        pubsub.set_read_timeout(Some(Duration::from_secs(1)))?;
+        let _: Value = pubsub.ping()?;
+        let answered = Instant::now();
+        // The events that came before the ping's answer first (they were read with it),
+        // then any until the next ping.
+        let next = answered + PING_EVERY;
+        while let Some(wait) = left(next) {
+            pubsub.set_read_timeout(Some(wait.max(Duration::from_millis(1))))?;
+            match pubsub.get_message() {
+                Ok(msg) => {
+                    let payload: String = msg.get_payload().unwrap_or_default();
+                    if about(&payload, name) {
+                        v.switched();
+                    }
+                }
+                Err(e) if e.is_timeout() => break,
+                Err(e) => return Err(e),
+            }
+        }
+        // Every event sent before the answer has been seen: the epoch was current then.
+        v.heard_at(answered);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_matched_to_their_master() {
+        assert!(about("mymaster 127.0.0.1 6379 127.0.0.1 6380", "mymaster"));
+        assert!(about(
+            "master mymaster 127.0.0.1 6379 #quorum 2/2",
+            "mymaster"
+        ));
+        assert!(about(
+            "slave 127.0.0.1:6380 127.0.0.1 6380 @ mymaster 127.0.0.1 6379",
+            "mymaster"
+        ));
+        assert!(!about(
+            "slave 127.0.0.1:6380 127.0.0.1 6380 @ other 127.0.0.1 6379",
+            "mymaster"
+        ));
+        assert!(!about("other 127.0.0.1 6379 127.0.0.1 6380", "mymaster"));
+        assert!(!about("", "mymaster"));
+    }
+}

@@ -1,0 +1,237 @@
+//! Where commands go: one server, the master a Sentinel names, or a Cluster; and making a
+//! connection there within a deadline.
+
+use std::time::{Duration, Instant};
+
+use redis::cluster::{ClusterClient, ClusterConnection};
+use redis::{Client, Connection, ConnectionAddr, ConnectionInfo, ConnectionLike, RedisResult};
+
+use crate::redis_store::sentinel::{self, Addr, Sentinel};
+use crate::redis_store::server_clock::{self, ServerClock};
+
+/// What a handle connects to.
+pub(crate) enum Topology {
+    /// One server (also a replica set whose master never changes).
+    Single(Client),
+    /// The master the sentinels name, followed through failovers.
+    Sentinel(Sentinel),
+    /// A Redis Cluster: commands go to the master of the key's slot; `nodes` are the seed
+    /// addresses (for pub/sub and for finding every master).
+    Cluster {
+        client: Box<ClusterClient>,
+        nodes: Vec<ConnectionInfo>,
+    },
+}
+
+/// What every handle made from one `open` shares: where to connect, and the bound on the
+/// servers' clock.
+pub(crate) struct Shared {
+    pub(crate) topology: Topology,
+    pub(crate) clock: ServerClock,
+}
+
+/// Time left until `limit`, if any.
+pub(crate) fn left(limit: Instant) -> Option<Duration> {
+    limit
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+}
+
+/// Which server a connection reaches and, with Sentinel, the epoch it was made in (see
+/// `sentinel`): a reply on a connection of an older epoch grants nothing.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Tag {
+    pub(crate) epoch: u64,
+    pub(crate) addr: Option<Addr>,
+}
+
+/// A synchronous connection of any topology.
+pub(crate) enum SyncConn {
+    Plain(Connection),
+    Cluster(Box<ClusterConnection>),
+}
+
+impl SyncConn {
+    pub(crate) fn as_dyn(&mut self) -> &mut dyn ConnectionLike {
+        match self {
+            SyncConn::Plain(c) => c,
+            SyncConn::Cluster(c) => &mut **c,
+        }
+    }
+
+    /// Replies (and writes) must come within `d`.
+    pub(crate) fn set_timeouts(&self, d: Duration) -> RedisResult<()> {
+        let d = Some(d.max(Duration::from_millis(1)));
+        match self {
+            SyncConn::Plain(c) => {
+                c.set_read_timeout(d)?;
+                c.set_write_timeout(d)
+            }
+            SyncConn::Cluster(c) => {
+                c.set_read_timeout(d)?;
+                c.set_write_timeout(d)
+            }
+        }
+    }
+}
+
+impl Shared {
+    pub(crate) fn new(topology: Topology) -> Shared {
+        Shared {
+            topology,
+            clock: ServerClock::new(),
+        }
+    }
+
+    /// A plain connection to one server, made within `limit`: the server itself, the
+    /// current master, or seed node `i` of a cluster (callers rotate `i`, so a dead seed is
+    /// skipped next time). Its clock is read on the way.
+    pub(crate) fn plain(&self, i: usize, limit: Instant) -> RedisResult<(Connection, Tag)> {
+        let (mut con, tag) = match &self.topology {
+            Topology::Single(c) => (
+                sentinel::connect_within(c.get_connection_info(), limit)?,
+                Tag::default(),
+            ),
+            Topology::Sentinel(s) => {
+                let (con, epoch, addr) = s.connect_master(limit)?;
+                (
+                    con,
+                    Tag {
+                        epoch,
+                        addr: Some(addr),
+                    },
+                )
+            }
+            Topology::Cluster { nodes, .. } => (
+                sentinel::connect_within(&nodes[i % nodes.len()], limit)?,
+                Tag::default(),
+            ),
+        };
+        self.read_clock(&mut con)?;
+        Ok((con, tag))
+    }
+
+    /// A connection for commands, made within `limit`.
+    pub(crate) fn connect(
+        &self,
+        i: usize,
+        limit: Instant,
+        timeout: Duration,
+    ) -> RedisResult<(SyncConn, Tag)> {
+        match &self.topology {
+            Topology::Cluster { client, .. } => {
+                let wait = left(limit).ok_or_else(sentinel::timed_out)?;
+                let config = redis::cluster::ClusterConfig::new()
+                    .set_connection_timeout(wait)
+                    .set_response_timeout(timeout);
+                let con = client.get_connection_with_config(config)?;
+                Ok((SyncConn::Cluster(Box::new(con)), Tag::default()))
+            }
+            _ => {
+                let (con, tag) = self.plain(i, limit)?;
+                Ok((SyncConn::Plain(con), tag))
+            }
+        }
+    }
+
+    /// Reads the server's clock (`TIME`) on `con`, to bound deadlines by.
+    pub(crate) fn read_clock(&self, con: &mut Connection) -> RedisResult<()> {
+        let (secs, micros): (String, String) = redis::cmd("TIME").query(con)?;
+        if let Some(us) = server_clock::server_us(&secs, &micros) {
+            self.clock.observe(us, Instant::now());
+        }
+        Ok(())
+    }
+
+    /// Whether a reply on a connection tagged `tag`, to a request sent at `sent`, comes
+    /// from the master now (always, but for Sentinel: see `Sentinel::vouch`).
+    pub(crate) fn vouch(&self, tag: &Tag, sent: Instant, limit: Instant) -> RedisResult<bool> {
+        match (&self.topology, &tag.addr) {
+            (Topology::Sentinel(s), Some(addr)) => s.vouch(tag.epoch, addr, sent, limit),
+            _ => Ok(true),
+        }
+    }
+
+    /// [`vouch`](Self::vouch) without asking anyone: `None` if the sentinels must be asked.
+    pub(crate) fn vouch_quick(&self, tag: &Tag, sent: Instant) -> Option<bool> {
+        match (&self.topology, &tag.addr) {
+            (Topology::Sentinel(s), Some(_)) => s.vouch_quick(tag.epoch, sent),
+            _ => Some(true),
+        }
+    }
+
+    /// Whether connections tagged `tag` still reach the current master.
+    pub(crate) fn current(&self, tag: &Tag) -> bool {
+        match &self.topology {
+            Topology::Sentinel(s) => s.view().epoch() == tag.epoch,
+            _ => true,
+        }
+    }
+}
+
+/// The masters in a `CLUSTER NODES` listing that are up and serve slots: their address.
+pub(crate) fn cluster_masters(listing: &str) -> Vec<(String, u16)> {
+    let mut out = Vec::new();
+    for line in listing.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        if fields.len() < 8 {
+            continue;
+        }
+        let flags = fields[2];
+        if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+            continue;
+        }
+        // ip:port@cport[,hostname]
+        let addr = fields[1].split(['@', ',']).next().unwrap_or("");
+        let Some((host, port)) = addr.rsplit_once(':') else {
+            continue;
+        };
+        if let Ok(port) = port.parse() {
+            out.push((host.to_string(), port));
+        }
+    }
+    out
+}
+
+/// `seed`'s settings (password, TLS, database) for another address.
+pub(crate) fn with_addr(seed: &ConnectionInfo, host: &str, port: u16) -> ConnectionInfo {
+    let addr = match seed.addr() {
+        ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => ConnectionAddr::TcpTls {
+            host: host.to_string(),
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => ConnectionAddr::Tcp(host.to_string(), port),
+    };
+    seed.clone().set_addr(addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_nodes_listing_gives_the_live_masters() {
+        let listing = "\
+07c3 127.0.0.1:30004@40004 slave e7d1 0 1426238317239 4 connected
+67ed 127.0.0.1:30002@40002 master - 0 1426238316232 2 connected 5461-10922
+292f 127.0.0.1:30003@40003,node-3.example master - 0 1426238318243 3 connected 10923-16383
+e7d1 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5460
+dead 127.0.0.1:30009@40009 master,fail - 0 0 1 disconnected
+";
+        assert_eq!(
+            cluster_masters(listing),
+            vec![
+                ("127.0.0.1".to_string(), 30002),
+                ("127.0.0.1".to_string(), 30003),
+                ("127.0.0.1".to_string(), 30001)
+            ]
+        );
+        assert!(cluster_masters("garbage\n\n").is_empty());
+    }
+}

@@ -1,0 +1,159 @@
+//! A TCP proxy in front of a Redis server that injects the faults of a lossy network: it
+//! can forward a request and then cut the connection before the reply comes back (the
+//! server ran the command; the client never hears of it), and it can hold replies back.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What the proxy does to the traffic now.
+#[derive(Default)]
+struct Faults {
+    /// Cut the next client connection whose request contains this, once it is forwarded.
+    cut_after: Option<Vec<u8>>,
+    /// Hold each reply back this long.
+    delay: Duration,
+}
+
+/// A proxy on a free loopback port; stops (and cuts every connection) when dropped.
+pub struct Proxy {
+    pub port: u16,
+    faults: Arc<Mutex<Faults>>,
+    stop: Arc<AtomicBool>,
+    /// Requests cut so far.
+    cuts: Arc<AtomicU64>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Proxy {
+    pub fn start(upstream: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let faults = Arc::new(Mutex::new(Faults::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let cuts = Arc::new(AtomicU64::new(0));
+        let (f, s, c) = (faults.clone(), stop.clone(), cuts.clone());
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                            continue;
+                        };
+                        client.set_nonblocking(false).unwrap();
+                        pipe(client, server, f.clone(), s.clone(), c.clone());
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+            }
+        });
+        Proxy {
+            port,
+            faults,
+            stop,
+            cuts,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The next request that contains `pattern` reaches the server, and its connection is
+    /// cut before the reply comes back.
+    pub fn cut_after(&self, pattern: &[u8]) {
+        lock(&self.faults).cut_after = Some(pattern.to_vec());
+    }
+
+    /// Holds every reply back for `d` (zero: none).
+    pub fn delay_replies(&self, d: Duration) {
+        lock(&self.faults).delay = d;
+    }
+
+    /// How many connections were cut after a request.
+    pub fn cuts(&self) -> u64 {
+        self.cuts.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Copies both ways between `client` and `server`, with the faults.
+fn pipe(
+    client: TcpStream,
+    server: TcpStream,
+    faults: Arc<Mutex<Faults>>,
+    stop: Arc<AtomicBool>,
+    cuts: Arc<AtomicU64>,
+) {
+    let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+    let (mut s_in, mut c_out) = (server, client);
+    let f = faults.clone();
+    let cut_both = {
+        let (c, s) = (c_in.try_clone().unwrap(), s_out.try_clone().unwrap());
+        move || {
+            let _ = c.shutdown(Shutdown::Both);
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    };
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match c_in.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let cut = {
+                let mut f = lock(&f);
+                match &f.cut_after {
+                    Some(p) if contains(&buf[..n], p) => {
+                        f.cut_after = None;
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            if s_out.write_all(&buf[..n]).is_err() {
+                break;
+            }
+            if cut {
+                cuts.fetch_add(1, Ordering::SeqCst);
+                cut_both();
+                break;
+            }
+        }
+        let _ = s_out.shutdown(Shutdown::Write);
+    });
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match s_in.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let delay = lock(&faults).delay;
+            if !delay.is_zero() {
+                std::thread::sleep(delay);
+            }
+            if stop.load(Ordering::Relaxed) || c_out.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = c_out.shutdown(Shutdown::Both);
+    });
+}

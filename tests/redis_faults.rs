@@ -1,0 +1,506 @@
+//! The Redis backend under real faults, in the manner of a Jepsen test: real servers and
+//! sentinels started here, a master stopped (SIGSTOP) long enough to be failed over, a
+//! server stalled under a waiting client, a proxy that cuts a connection after the request
+//! reached the server, an empty restart, and a keyspace left alone after the leases.
+//! Each test records what the clients were told and judges it against the promises: never
+//! two holders told `Ok` at once, tokens that never repeat or go back, outcomes that say
+//! what happened, waits that end on time, nothing left behind.
+//!
+//! Guards `src/redis_store/` (`sentinel.rs`, `conn.rs`, `ops.rs`, `scripts.rs`,
+//! `server_clock.rs`, `janitor.rs`); forks of a handle are in `tests/redis_fork.rs`.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::proxy::Proxy;
+use common::redis_server::{await_failover, eventually, RedisServer, SentinelSetup, MASTER_NAME};
+use shmlock::{Error, Lock, LockOptions, RedisLocks};
+
+fn opts(exptime: Duration, timeout: Duration) -> LockOptions {
+    LockOptions {
+        exptime,
+        timeout,
+        ..LockOptions::default()
+    }
+}
+
+/// What one client was told about one hold: when it was granted, the last time a renewal
+/// said `Ok`, and its fencing token.
+#[derive(Clone, Debug)]
+struct Held {
+    who: &'static str,
+    granted: Instant,
+    last_ok: Instant,
+    token: u64,
+}
+
+/// Holds the key `lock` holds for `hold`, renewing a lease of `lease` every third of it,
+/// and records what it was told until the first renewal that failed.
+fn hold_and_renew(
+    who: &'static str,
+    lock: &mut Lock<'_, RedisLocks>,
+    hold: Duration,
+    lease: Duration,
+    history: &Mutex<Vec<Held>>,
+) {
+    let granted = Instant::now();
+    let token = lock.try_token().unwrap();
+    let mut last_ok = granted;
+    while granted.elapsed() < hold {
+        std::thread::sleep(lease / 3);
+        match lock.expire(Some(lease)) {
+            Ok(()) => last_ok = Instant::now(),
+            Err(_) => break,
+        }
+    }
+    let _ = lock.unlock();
+    history.lock().unwrap().push(Held {
+        who,
+        granted,
+        last_ok,
+        token,
+    });
+}
+
+/// The promises over a history: no two holds told `Ok` at overlapping times, and tokens
+/// growing with the grants.
+fn judge(history: &[Held]) {
+    let mut h = history.to_vec();
+    h.sort_by_key(|x| x.granted);
+    for pair in h.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        assert!(
+            a.last_ok < b.granted,
+            "{} was told it held the key until {:?} after {} was granted it: {h:#?}",
+            a.who,
+            a.last_ok - b.granted.min(a.last_ok),
+            b.who
+        );
+        assert!(b.token > a.token, "tokens went back or repeated: {h:#?}");
+    }
+}
+
+/// A master stopped long enough to be failed over, with a client's `lock` pending on it:
+/// when it resumes (still believing it is the master) it runs that request and grants the
+/// key, while a client of the promoted master already holds it. The pending client must
+/// not take that grant for a hold: it waits, and gets the key from the new master once
+/// the other client is done. Never two holders told `Ok` at once; tokens in grant order.
+#[test]
+fn a_paused_master_never_grants_a_key_that_its_successor_grants() {
+    let setup = SentinelSetup::start();
+    let urls = setup.sentinel_urls();
+    let a = RedisLocks::open_sentinel(MASTER_NAME, &urls).unwrap();
+    // pooled connections to the master, as a busy client has
+    for _ in 0..4 {
+        a.lock("warm", LockOptions::default())
+            .unwrap()
+            .unlock()
+            .unwrap();
+    }
+    let history = Mutex::new(Vec::new());
+    let lease = Duration::from_millis(1500);
+    let old = setup.master.port;
+    setup.master.pause(true);
+    let paused = Instant::now();
+    std::thread::scope(|s| {
+        let pending = s.spawn(|| {
+            // a wait of 30 s (resty caps the wait at exptime), then leases of 1.5 s
+            let wait = Duration::from_secs(30);
+            let mut lock = Lock::new(&a, opts(wait, wait)).unwrap();
+            lock.lock("k").unwrap();
+            hold_and_renew(
+                "the paused master's client",
+                &mut lock,
+                lease * 2,
+                lease,
+                &history,
+            );
+        });
+        let new = await_failover(&setup.sentinels, old);
+        assert_ne!(new, old);
+        let b = RedisLocks::open_sentinel(MASTER_NAME, &urls).unwrap();
+        let wait = Duration::from_secs(10);
+        let mut lock = Lock::new(&b, opts(wait, wait)).unwrap();
+        lock.lock("k").unwrap();
+        // the old master resumes while the new one's client holds the key
+        std::thread::sleep(Duration::from_secs(4).saturating_sub(paused.elapsed()));
+        setup.master.pause(false);
+        hold_and_renew(
+            "the new master's client",
+            &mut lock,
+            lease * 2,
+            lease,
+            &history,
+        );
+        pending.join().unwrap();
+    });
+    let history = history.into_inner().unwrap();
+    assert_eq!(history.len(), 2, "{history:#?}");
+    judge(&history);
+}
+
+/// After a failover with replicas required, a handle that had connections to the old
+/// master takes keys from the promoted one at once, instead of hearing the old master
+/// (resumed, and for a while still calling itself master) refuse for want of replicas.
+#[test]
+fn a_handle_follows_the_promoted_master_at_once() {
+    let setup = SentinelSetup::start();
+    let urls = setup.sentinel_urls();
+    let redis = RedisLocks::open_sentinel(MASTER_NAME, &urls)
+        .unwrap()
+        .with_replicas(1, Duration::from_millis(300));
+    for _ in 0..4 {
+        redis
+            .lock("warm", LockOptions::default())
+            .unwrap()
+            .unlock()
+            .unwrap();
+    }
+    let old = setup.master.port;
+    setup.master.pause(true);
+    await_failover(&setup.sentinels, old);
+    setup.master.pause(false);
+    // the old master answers again, and still says it is the master
+    eventually("the old master answers", Duration::from_secs(5), || {
+        setup.master.cli(&["PING"]).trim() == "PONG"
+    });
+    let taken = redis.try_lock_with_lease("after", Duration::from_secs(10));
+    assert!(
+        matches!(taken, Ok(Some(_))),
+        "the first attempt after the failover: {taken:?}"
+    );
+}
+
+/// While the master is stopped (and before the sentinels fail it over), a `lock` with a
+/// 500 ms timeout returns about then, not when the master resumes; another thread of the
+/// same handle is not held up by the first one's master lookup either.
+#[test]
+fn a_stopped_master_stalls_no_wait_past_its_deadline() {
+    let setup = SentinelSetup::start();
+    let urls = setup.sentinel_urls();
+    // a handle with no connection yet: its first command must look the master up
+    let redis = RedisLocks::open_sentinel(MASTER_NAME, &urls)
+        .unwrap()
+        .with_timeout(Duration::from_secs(1));
+    const PAUSE: Duration = Duration::from_secs(8);
+    setup.master.pause(true);
+    let paused = Instant::now();
+    let took = std::thread::scope(|s| {
+        let other = s.spawn(|| {
+            let t = Instant::now();
+            let _ = redis.is_locked("y");
+            t.elapsed()
+        });
+        let t = Instant::now();
+        let got = redis.lock(
+            "x",
+            opts(Duration::from_secs(30), Duration::from_millis(500)),
+        );
+        let took = t.elapsed();
+        assert!(got.is_err(), "granted by a stopped master: {got:?}");
+        (took, other.join().unwrap())
+    });
+    assert!(
+        paused.elapsed() < PAUSE,
+        "the master was stopped for less than the calls took"
+    );
+    std::thread::sleep(PAUSE.saturating_sub(paused.elapsed()));
+    setup.master.pause(false);
+    // far below the pause: bounded by the 500 ms wait (and the 1 s command timeout)
+    assert!(took.0 < PAUSE / 2, "lock returned after {:?}", took.0);
+    assert!(took.1 < PAUSE / 2, "is_locked returned after {:?}", took.1);
+}
+
+/// A single server stalled (SIGSTOP) for 2.8 s, or answering 2.8 s late through a proxy:
+/// `lock` with a 500 ms (or 800 ms) timeout returns long before the stall ends, and what
+/// its attempts left on the server is undone: after the stall nobody holds the key.
+#[test]
+fn lock_timeouts_are_wall_time_while_a_server_stalls() {
+    const STALL: Duration = Duration::from_millis(2800);
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    let holder = RedisLocks::open(&server.url()).unwrap();
+    let held = holder.lock("held", LockOptions::default()).unwrap();
+    server.pause(true);
+    let stalled = Instant::now();
+    let (free, busy) = std::thread::scope(|s| {
+        let busy = s.spawn(|| {
+            let t = Instant::now();
+            let r = redis.lock(
+                "held",
+                opts(Duration::from_secs(30), Duration::from_millis(800)),
+            );
+            (t.elapsed(), r.is_err())
+        });
+        let t = Instant::now();
+        let r = redis.lock(
+            "q",
+            opts(Duration::from_secs(30), Duration::from_millis(500)),
+        );
+        ((t.elapsed(), r.is_err()), busy.join().unwrap())
+    });
+    assert!(stalled.elapsed() < STALL, "the calls outlasted the stall");
+    std::thread::sleep(STALL.saturating_sub(stalled.elapsed()));
+    server.pause(false);
+    assert!(free.1 && busy.1, "a stalled server granted a key");
+    assert!(
+        free.0 < STALL / 2,
+        "lock on a free key returned after {:?}",
+        free.0
+    );
+    assert!(
+        busy.0 < STALL / 2,
+        "lock on a held key returned after {:?}",
+        busy.0
+    );
+    // the attempt that reached the stalled server is refused or undone
+    eventually("the stalled attempt undone", Duration::from_secs(5), || {
+        !redis.is_locked("q").unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!redis.is_locked("q").unwrap());
+    assert!(redis.lock("q", LockOptions::default()).is_ok());
+    drop(held);
+
+    // replies held back 2.8 s by a proxy
+    let proxy = Proxy::start(server.port);
+    let slow = RedisLocks::open(&proxy.url()).unwrap();
+    let held = holder.lock("held2", LockOptions::default()).unwrap();
+    proxy.delay_replies(STALL);
+    let t = Instant::now();
+    let r = slow.lock(
+        "held2",
+        opts(Duration::from_secs(30), Duration::from_millis(500)),
+    );
+    let took = t.elapsed();
+    proxy.delay_replies(Duration::ZERO);
+    assert!(r.is_err());
+    assert!(
+        took < STALL / 2,
+        "a 500 ms wait on a slow server took {took:?}"
+    );
+    drop(held);
+}
+
+/// A release whose reply is lost (the proxy cuts the connection once the request is on
+/// its way): the release took effect and woke a waiter, which took the key; the retry on
+/// a fresh connection must report what happened (`Ok`: this holder released it), not
+/// `Expired`.
+#[test]
+fn a_release_whose_reply_was_lost_reports_what_happened() {
+    const ROUNDS: usize = 20;
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let holder = RedisLocks::open(&proxy.url()).unwrap();
+    let waiter = RedisLocks::open(&server.url()).unwrap();
+    let mut outcomes = Vec::new();
+    for _ in 0..ROUNDS {
+        let guard = holder.lock("k", LockOptions::default()).unwrap();
+        std::thread::scope(|s| {
+            let w = s.spawn(|| {
+                let g = waiter
+                    .lock("k", opts(Duration::from_secs(30), Duration::from_secs(5)))
+                    .unwrap();
+                std::thread::sleep(Duration::from_millis(20)); // holds it while the retry runs
+                g.unlock().unwrap();
+            });
+            std::thread::sleep(Duration::from_millis(30)); // the waiter is waiting
+            proxy.cut_after(b"{k}:free");
+            outcomes.push(guard.unlock().map_err(|e| e.to_string()));
+            w.join().unwrap();
+        });
+    }
+    assert_eq!(
+        proxy.cuts(),
+        ROUNDS as u64,
+        "every release's reply was lost"
+    );
+    assert!(
+        outcomes.iter().all(Result::is_ok),
+        "a release that took effect was reported as: {outcomes:?}"
+    );
+}
+
+/// Fencing tokens never repeat or go back: across an empty restart of the server, and
+/// after the key's fence counter expired.
+#[test]
+fn tokens_never_repeat_across_an_empty_restart_or_an_expired_counter() {
+    let mut server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url())
+        .unwrap()
+        .with_fence_grace(Duration::from_millis(50));
+    let mut seen = Vec::new();
+    let mut fence = |redis: &RedisLocks| {
+        let g = redis
+            .lock("k", opts(Duration::from_millis(100), Duration::ZERO))
+            .unwrap();
+        seen.push(g.try_token().unwrap());
+        g.unlock().unwrap();
+    };
+    fence(&redis);
+    fence(&redis);
+    server.restart(); // empty: the counter is gone
+    let redis = RedisLocks::open(&server.url())
+        .unwrap()
+        .with_fence_grace(Duration::from_millis(50));
+    fence(&redis);
+    std::thread::sleep(Duration::from_millis(300)); // lease and grace: the counter expired
+    assert_eq!(server.cli(&["EXISTS", "shmlock:{k}:fence"]).trim(), "0");
+    fence(&redis);
+    assert!(
+        seen.windows(2).all(|w| w[1] > w[0]),
+        "tokens went back or repeated: {seen:?}"
+    );
+}
+
+/// 100 000 distinct keys, each locked, fenced and unlocked once: after their leases and
+/// the fence grace, the server holds as many keys as before (no counter or mark is left
+/// behind for good).
+#[test]
+fn nothing_is_left_in_redis_after_the_leases_and_the_grace() {
+    const KEYS: usize = 100_000;
+    const THREADS: usize = 8;
+    let server = RedisServer::start();
+    let before = server.cli(&["DBSIZE"]).trim().to_string();
+    let redis = RedisLocks::open(&server.url())
+        .unwrap()
+        .with_timeout(Duration::from_millis(500))
+        .with_fence_grace(Duration::from_millis(500));
+    let lease = opts(Duration::from_millis(500), Duration::ZERO);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let most = std::thread::scope(|s| {
+        // how many keys the server held at most while the holds were taken
+        let sampler = s.spawn(|| {
+            let mut most = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                most = most.max(server.cli(&["DBSIZE"]).trim().parse().unwrap_or(0));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            most
+        });
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (redis, lease) = (&redis, &lease);
+                s.spawn(move || {
+                    for i in (t..KEYS).step_by(THREADS) {
+                        let g = redis.lock(format!("key:{i}"), lease).unwrap();
+                        g.try_token().unwrap();
+                        g.unlock().unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        sampler.join().unwrap()
+    });
+    note!("[at most {most} keys while the holds were taken] ");
+    assert!(
+        most > 1000,
+        "the counters and marks were written: {most} keys at most"
+    );
+    eventually(
+        "the keyspace back to its size",
+        Duration::from_secs(60),
+        || server.cli(&["DBSIZE"]).trim() == before,
+    );
+}
+
+/// Faults seen by a client with a history of holds, run for a while: a proxy that cuts
+/// connections after requests and holds replies back, under three contending clients
+/// (one through the proxy). Never two holders told `Ok` at once, tokens in grant order.
+#[test]
+fn contending_clients_behind_a_lossy_proxy_keep_the_promises() {
+    let server = RedisServer::start();
+    let proxy = Arc::new(Proxy::start(server.port));
+    let history = Mutex::new(Vec::new());
+    let lease = Duration::from_millis(600);
+    let deadline = Instant::now() + Duration::from_secs(6);
+    std::thread::scope(|s| {
+        for (who, url) in [
+            ("direct 1", server.url()),
+            ("direct 2", server.url()),
+            ("through the proxy", proxy.url()),
+        ] {
+            let history = &history;
+            s.spawn(move || {
+                let redis = RedisLocks::open(&url)
+                    .unwrap()
+                    .with_timeout(Duration::from_millis(300));
+                while Instant::now() < deadline {
+                    let mut lock = Lock::new(&redis, opts(lease, Duration::from_secs(2))).unwrap();
+                    if lock.lock("k").is_err() {
+                        continue;
+                    }
+                    let granted = Instant::now();
+                    let Ok(token) = lock.try_token() else {
+                        continue;
+                    };
+                    let mut last_ok = granted;
+                    for _ in 0..3 {
+                        std::thread::sleep(Duration::from_millis(40));
+                        match lock.expire(None) {
+                            Ok(()) => last_ok = Instant::now(),
+                            Err(_) => break,
+                        }
+                    }
+                    let _ = lock.unlock();
+                    history.lock().unwrap().push(Held {
+                        who,
+                        granted,
+                        last_ok,
+                        token,
+                    });
+                }
+            });
+        }
+        let proxy = proxy.clone();
+        s.spawn(move || {
+            let mut n = 0u32;
+            while Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(150));
+                n += 1;
+                if n.is_multiple_of(2) {
+                    proxy.cut_after(b"{k}");
+                } else {
+                    proxy.delay_replies(Duration::from_millis(400));
+                    std::thread::sleep(Duration::from_millis(100));
+                    proxy.delay_replies(Duration::ZERO);
+                }
+            }
+        });
+    });
+    let history = history.into_inner().unwrap();
+    let through = history
+        .iter()
+        .filter(|h| h.who == "through the proxy")
+        .count();
+    note!(
+        "[{} holds, {through} through the proxy, {} cuts] ",
+        history.len(),
+        proxy.cuts()
+    );
+    assert!(history.len() > 10, "{history:#?}");
+    assert!(proxy.cuts() > 0);
+    judge(&history);
+}
+
+/// `is_locked` does not see a cancelled attempt's marker, or a release's mark, as a hold,
+/// and `holders` lists only holds.
+#[test]
+fn marks_are_not_holds() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    let g = redis.lock("m", LockOptions::default()).unwrap();
+    g.unlock().unwrap();
+    let _ = redis.holders().unwrap();
+    assert!(!redis.is_locked("m").unwrap());
+    assert!(redis.holders().unwrap().is_empty());
+    let keys = server.cli(&["KEYS", "*"]);
+    assert!(keys.contains("released"), "the release's mark: {keys}");
+    let _ = Error::Expired;
+}
