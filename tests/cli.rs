@@ -791,3 +791,29 @@ fn inspect_watch_prints_the_table_again_until_killed() {
         64
     );
 }
+
+/// Out of descriptors: `run` under limits that leave it one, two, ... descriptors short
+/// exits 71 (EX_OSERR), whether it ran out opening the table or starting the command,
+/// never 66 (the file) or 126 (the command).
+#[test]
+fn run_out_of_descriptors_exits_with_ex_oserr() {
+    let file = TempPath::new("cli-emfile");
+    let mut codes = Vec::new();
+    for limit in 4..=12 {
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(format!(
+            "ulimit -n {limit}; exec \"$0\" --file \"$1\" run k -- true",
+        ));
+        c.arg(env!("CARGO_BIN_EXE_shmlock")).arg(&file.0);
+        let code = code(&mut c);
+        codes.push(code);
+        if code == 0 {
+            break;
+        }
+    }
+    assert!(codes.contains(&71), "no limit was too small: {codes:?}");
+    assert!(
+        codes.iter().all(|&c| c == 71 || c == 0),
+        "exit codes under descriptor limits: {codes:?}"
+    );
+}

@@ -33,6 +33,14 @@ use shmlock::{Error, LockTable};
 
 const TESTS: &[Test] = &[
     Test::new(
+        "open_short_of_descriptors_says_too_many_open_files",
+        open_short_of_descriptors_says_too_many_open_files,
+    ),
+    Test::new(
+        "a_child_with_a_full_descriptor_table_says_too_many_open_files",
+        a_child_with_a_full_descriptor_table_says_too_many_open_files,
+    ),
+    Test::new(
         "a_worker_keeps_its_key_after_close_range_and_a_second_handle",
         a_worker_keeps_its_key_after_close_range_and_a_second_handle,
     ),
@@ -93,6 +101,105 @@ const TESTS: &[Test] = &[
 
 fn main() {
     common::harness::run("descriptors", TESTS, common::harness::no_roles);
+}
+
+/// The lowest descriptor number free now.
+fn lowest_free() -> u64 {
+    // SAFETY: dup of stdin (open in a test process) gives the lowest free number, which is
+    // closed again at once.
+    let fd = unsafe { libc::dup(0) };
+    assert!(fd >= 0);
+    // SAFETY: our own descriptor, just made.
+    unsafe { libc::close(fd) };
+    fd as u64
+}
+
+/// Sets this process's soft descriptor limit.
+fn set_nofile(limit: u64) {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid out-pointer, then a valid in-pointer.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut r), 0);
+        r.rlim_cur = limit.min(r.rlim_max);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &r), 0);
+    }
+}
+
+fn is_emfile(e: &Error) -> bool {
+    matches!(e, Error::Io { source, .. } if source.raw_os_error() == Some(libc::EMFILE))
+}
+
+// ---------------------------------------------------------------------------------------
+// `open` with a descriptor limit that leaves it one, two, ... descriptors short: every
+// refusal says "too many open files" (EMFILE, which the command maps to EX_OSERR), never
+// that the table's path names another file.
+
+fn open_short_of_descriptors_says_too_many_open_files() {
+    let path = TempPath::new("emfile");
+    drop(LockTable::open(&path, 64).unwrap()); // create
+                                               // limits tried, EMFILE refusals, other refusals
+    let told = Shared::new(3);
+    let child = fork(|| {
+        for extra in 1..32 {
+            set_nofile(lowest_free() + extra);
+            told.word(0).fetch_add(1, Ordering::SeqCst);
+            match LockTable::open(&path, 64) {
+                Ok(table) => {
+                    drop(table);
+                    break;
+                }
+                Err(e) if is_emfile(&e) => {
+                    told.word(1).fetch_add(1, Ordering::SeqCst);
+                }
+                Err(e) => {
+                    eprintln!("with {extra} descriptors free: {e}");
+                    told.word(2).fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+        0
+    });
+    assert_eq!(child.wait(Duration::from_secs(30)), 0);
+    let read = |i| told.word(i).load(Ordering::SeqCst);
+    note!(
+        "[{} limits tried, {} EMFILE, {} other] ",
+        read(0),
+        read(1),
+        read(2)
+    );
+    assert!(
+        read(1) >= 1,
+        "no limit was too small: the test tried nothing"
+    );
+    assert_eq!(read(2), 0, "refusals that did not name the cause");
+}
+
+// ---------------------------------------------------------------------------------------
+// A forked child whose descriptor table is full takes its first lock (which registers it,
+// with descriptors of its own): the error says "too many open files".
+
+fn a_child_with_a_full_descriptor_table_says_too_many_open_files() {
+    let path = TempPath::new("emfile-child");
+    let table = LockTable::open(&path, 64).unwrap();
+    let child = fork(|| {
+        set_nofile(lowest_free());
+        match table.lock(K, opts(30_000, 0)) {
+            Ok(_) => 1,
+            Err(e) if is_emfile(&e) => 0,
+            Err(e) => {
+                eprintln!("{e}");
+                2
+            }
+        }
+    });
+    assert_eq!(
+        child.wait(Duration::from_secs(30)),
+        0,
+        "not an EMFILE error"
+    );
 }
 
 const K: &str = "K";

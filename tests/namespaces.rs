@@ -37,6 +37,16 @@ const ROOT_NS: &str = "needs root: time namespaces";
 
 const TESTS: &[Test] = &[
     Test::new(
+        "a_process_whose_proc_went_away_after_open_keeps_locking",
+        a_process_whose_proc_went_away_after_open_keeps_locking,
+    )
+    .needs_root("needs root: a mount namespace without /proc"),
+    Test::new(
+        "a_child_in_a_chroot_without_proc_says_so",
+        a_child_in_a_chroot_without_proc_says_so,
+    )
+    .needs_root("needs root: chroot"),
+    Test::new(
         "a_process_that_unshared_a_time_namespace_keeps_its_own_clock",
         a_process_that_unshared_a_time_namespace_keeps_its_own_clock,
     )
@@ -85,6 +95,77 @@ const TESTS: &[Test] = &[
 
 fn main() {
     common::harness::run("namespaces", TESTS, common::harness::no_roles);
+}
+
+// ---------------------------------------------------------------------------------------
+// A process whose /proc goes away after it opened the table: it takes, renews and releases
+// a key, and takes over a dead holder's key, which it judges by the registry's locks
+// alone. (A child it forks then is refused: see docs/liveness.md, "Without /proc".)
+
+fn a_process_whose_proc_went_away_after_open_keeps_locking() {
+    common::harness::require_root();
+    let path = TempPath::new("noproc");
+    let table = LockTable::open(&path, 64).unwrap();
+    let dead = fork(|| {
+        std::mem::forget(table.lock("dead", common::opts(30_000, 0)).unwrap());
+        0
+    });
+    assert_eq!(dead.wait(Duration::from_secs(30)), 0);
+    drop(table);
+    let child = fork(|| {
+        let table = LockTable::open(&path, 64).unwrap();
+        table
+            .lock("k", common::opts(30_000, 0))
+            .unwrap()
+            .unlock()
+            .unwrap();
+        common::ns::private_mount_ns();
+        // SAFETY: detaching a mount point named by a valid C string, in a child of our own.
+        let rc = unsafe { libc::umount2(c"/proc".as_ptr(), libc::MNT_DETACH) };
+        assert_eq!(rc, 0, "umount /proc");
+        assert!(!Path::new("/proc/self").exists());
+        let mut g = table.lock("k", common::opts(30_000, 0)).unwrap();
+        g.expire(None).unwrap();
+        g.check().unwrap();
+        g.unlock().unwrap();
+        let taken = table.lock("dead", common::opts(30_000, 5_000)).unwrap();
+        i32::from(taken.try_token().is_err())
+    });
+    assert_eq!(child.wait(Duration::from_secs(30)), 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// A forked child that moved into a chroot with no /proc (and where the table's path names
+// nothing) takes its first lock: the error says there is no /proc, not that the path
+// names another file.
+
+fn a_child_in_a_chroot_without_proc_says_so() {
+    common::harness::require_root();
+    let path = TempPath::new("chroot");
+    let table = LockTable::open(&path, 64).unwrap();
+    let root = TempPath::new("chroot-root");
+    fs::create_dir(&root.0).unwrap();
+    let child = fork(|| {
+        let dir = common::cstr(root.0.to_str().unwrap());
+        // SAFETY: chroot and chdir with valid C strings, in a forked child.
+        unsafe {
+            assert_eq!(libc::chroot(dir.as_ptr()), 0);
+            assert_eq!(libc::chdir(c"/".as_ptr()), 0);
+        }
+        match table.lock("K", common::opts(30_000, 0)) {
+            Ok(_) => 1,
+            Err(e) if e.to_string().contains("no /proc") => 0,
+            Err(e) => {
+                eprintln!("{e}");
+                2
+            }
+        }
+    });
+    assert_eq!(
+        child.wait(Duration::from_secs(30)),
+        0,
+        "the error did not name the cause"
+    );
 }
 
 const K: &str = "K";

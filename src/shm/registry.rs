@@ -400,20 +400,46 @@ mod ofd {
         };
         let raw = fd.as_fd().as_raw_fd();
         let proc_path = std::path::PathBuf::from(format!("/proc/self/fd/{raw}"));
+        // Why neither candidate gave the table. An error about this process (out of
+        // descriptors or memory) is the cause, whatever the paths say.
+        let mut path_error = None;
+        let mut proc_missing = false;
         for candidate in [proc_path.as_path(), path] {
-            if let Ok(file) = open(candidate) {
-                let meta = file.metadata()?;
-                if meta.dev() == want.dev && meta.ino() == want.ino {
-                    if access == Access::Probe {
-                        mark_probe(&file)?;
+            match open(candidate) {
+                Ok(file) => {
+                    let meta = file.metadata()?;
+                    if meta.dev() == want.dev && meta.ino() == want.ino {
+                        if access == Access::Probe {
+                            mark_probe(&file)?;
+                        }
+                        return Ok(OwnedFd::from(file));
                     }
-                    return Ok(OwnedFd::from(file));
                 }
+                Err(e) if is_exhaustion(&e) => return Err(e),
+                Err(_) if candidate == proc_path => {
+                    proc_missing = !std::path::Path::new("/proc/self").exists();
+                }
+                Err(e) => path_error = Some(e),
             }
         }
-        Err(io::Error::other(
-            "the table file can no longer be opened (its path names another file now)",
-        ))
+        let by_path = match path_error {
+            Some(e) => format!("its path names no file it can open now ({e})"),
+            None => "its path names another file now".to_string(),
+        };
+        let why = if proc_missing {
+            format!("the table file cannot be opened again: there is no /proc, and {by_path}")
+        } else {
+            format!("the table file can no longer be opened: {by_path}")
+        };
+        Err(io::Error::other(why))
+    }
+
+    /// Whether an error is about this process's resources rather than the file.
+    fn is_exhaustion(e: &io::Error) -> bool {
+        matches!(
+            e.raw_os_error(),
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
+        )
     }
 
     /// Marks a description this process opened as a probe: lock tests go through it, so

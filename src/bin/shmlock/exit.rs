@@ -67,7 +67,7 @@ impl From<Error> for Fail {
 pub fn spawn_error_code(e: &std::io::Error) -> u8 {
     match e.raw_os_error() {
         Some(libc::ENOENT | libc::ENOTDIR) => EX_NOT_FOUND,
-        Some(libc::EAGAIN | libc::ENOMEM) => EX_OSERR,
+        Some(libc::EAGAIN | libc::ENOMEM | libc::EMFILE | libc::ENFILE) => EX_OSERR,
         _ => EX_CANNOT_EXECUTE,
     }
 }
