@@ -127,7 +127,7 @@ fn dropping_a_redis_lock_async_anywhere_leaves_no_hold() {
     let probe = RedisLocks::open(&server.url()).unwrap();
     let (cut, left, longest) = cancel_at_random(
         3000,
-        3,
+        8,
         None,
         || redis.lock_async("k", LockOptions::default()),
         || probe.is_locked("k").unwrap(),

@@ -1,9 +1,10 @@
 //! A holder is told the truth about its hold: `keep_alive` says `Ok` only if the hold was
 //! still its own, its lease unbroken, when the work returned. The attack: a holder takes
-//! a key with a 1.5 s lease and runs 3 s of work under `keep_alive`; 0.7 s in it is
+//! a key with a 1.5 s lease and runs 2.4 s of work under `keep_alive`; 0.7 s in it is
 //! stopped (SIGSTOP, or its cgroup frozen) for 2.1 s; a waiter takes the key when the
-//! lease runs out and holds it; the holder resumes, and its work ends before its renewal
-//! thread runs again. Run on the lock table and on Redis, with real processes.
+//! lease runs out and holds it; the holder resumes with its work done and its renewal
+//! overdue, and the work's thread often runs first (its end stops the renewals). Run on
+//! the lock table and on Redis, with real processes.
 //!
 //! Guards `src/lock/api.rs` (`keep_alive`'s last look), the backends' `check`
 //! (`src/shm/table/hold.rs`, `src/redis_store/ops.rs`). Its own small harness
@@ -19,10 +20,10 @@ use common::harness::Test;
 use shmlock::{Backend, Error, Lock, LockOptions, LockTable};
 
 const LEASE: Duration = Duration::from_millis(1500);
-const WORK: Duration = Duration::from_secs(3);
+const WORK: Duration = Duration::from_millis(2400);
 const STOP_AT: Duration = Duration::from_millis(700);
 const STOPPED_FOR: Duration = Duration::from_millis(2100);
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 
 /// How a process is held still and let go again.
 trait Pause {
