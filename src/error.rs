@@ -16,6 +16,16 @@ pub enum Error {
     /// The key is longer than [`MAX_KEY_LEN`] bytes, or than a
     /// [`SharedDict`](crate::SharedDict)'s longest key.
     KeyTooLong(usize),
+    /// The key cannot be used where it was given: on a Redis Cluster, a key (or a prefix)
+    /// that would leave the cluster hash tag of its lock's names empty (a key starting with
+    /// `}`, a prefix whose first `{` is followed by `}`), so that they would not share a
+    /// slot.
+    InvalidKey {
+        /// The key (its first bytes).
+        key: KeyPreview,
+        /// Why.
+        reason: &'static str,
+    },
     /// A [`LockOptions`](crate::LockOptions) value is out of range.
     InvalidOptions(&'static str),
     /// The capacity asked for is 0 or above [`MAX_CAPACITY`].
@@ -263,6 +273,7 @@ impl fmt::Display for Error {
                 "key of {n} bytes is too long (locks: at most {} bytes; a dict: its max_key_len)",
                 MAX_KEY_LEN
             ),
+            Error::InvalidKey { key, reason } => write!(f, "key {key} cannot be used: {reason}"),
             Error::InvalidOptions(why) => write!(f, "invalid lock options: {why}"),
             Error::InvalidCapacity(n) => {
                 write!(f, "capacity {n} is out of range 1..={}", MAX_CAPACITY)

@@ -68,8 +68,6 @@ mod shm;
 #[cfg(not(loom))]
 pub use dict::{DictOptions, Fetched, Item, Put, SharedDict, Source, Stored, Value, ValueRef};
 pub use error::{Error, FormatError, KeyPreview};
-#[cfg(all(feature = "redis", not(loom)))]
-pub(crate) use key::check_key;
 pub use limits::{MAX_CAPACITY, MAX_KEY_LEN};
 pub use lock::LockOptions;
 #[cfg(not(loom))]

@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::lock::backend::{acquire_slow, Backend};
 use crate::lock::options::{LockOptions, Resolved};
 use crate::shm::process;
-use crate::LockTable;
+use crate::shm::LockTable;
 
 /// A hold and the process that took it: a copy inherited by a forked child must not
 /// release its parent's hold.

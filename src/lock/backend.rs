@@ -19,6 +19,10 @@ use crate::lock::wait::Schedule;
 /// holder that is about to release it.
 const SPINS: u32 = 6;
 
+/// How far past its timeout by the wall clock a polling wait (resty's, which counts only its
+/// steps) may run before it stops: an attempt's worth.
+const POLL_GRACE: Duration = Duration::from_millis(100);
+
 mod sealed {
     pub trait Sealed {}
 }
@@ -227,6 +231,12 @@ pub(crate) fn acquire_slow<B: Backend>(
                 retried = used.is_zero();
                 look = !moved;
             } else {
+                // resty's timeout counts the steps; a wait whose attempts are slow (a server
+                // far away or stalled) stops all the same once the wall clock is past it by
+                // more than an attempt's worth
+                if started.elapsed() > budget + POLL_GRACE {
+                    return Err(backend.gave_up(busy, key, budget));
+                }
                 // resty's own step, as sharp as the thread's slack allows (up to a tick)
                 slack.hold();
                 std::thread::sleep(step);
@@ -257,7 +267,8 @@ where
     Fut: std::future::Future<Output = Result<Result<H, Busy>, Error>>,
 {
     let budget = opts.timeout_for(timeout);
-    let deadline = (!budget.is_zero()).then(|| Instant::now() + budget);
+    let started = Instant::now();
+    let deadline = (!budget.is_zero()).then(|| started + budget);
     let mut schedule = Schedule::new(opts, timeout);
     let mut slept = Duration::ZERO;
     let mut retried = false;
@@ -274,6 +285,9 @@ where
         let Some(step) = schedule.next_sleep() else {
             return Err(gave_up(busy, key, budget));
         };
+        if started.elapsed() > budget + POLL_GRACE {
+            return Err(gave_up(busy, key, budget)); // as in `acquire_slow`'s polling
+        }
         tokio::time::sleep(step).await;
         slept += step;
     }

@@ -53,7 +53,7 @@ impl RedisLocks {
     ) -> Result<LockGuard<'_, RedisLocks>, Error> {
         let opts = opts.borrow();
         let resolved = opts.resolve()?;
-        let names = Arc::new(self.names(crate::check_key(key.as_ref())?));
+        let names = Arc::new(self.names_of(key.as_ref())?);
         let exptime = resolved.exptime_ns;
         let (hold, elapsed) = crate::lock::backend::acquire_async(
             key.as_ref(),
@@ -98,19 +98,17 @@ impl RedisLocks {
                 armed: true,
             };
             let sent = Instant::now();
-            let reply = bounded(
-                limit,
-                self.0
-                    .scripts
-                    .acquire
-                    .key(&names.lock)
-                    .key(names.cancel_marker(&pending.token))
-                    .arg(&value)
-                    .arg(ttl)
-                    .arg(not_after)
-                    .invoke_async(&mut aio.conn),
-            )
-            .await;
+            let call = self
+                .0
+                .scripts
+                .acquire
+                .call()
+                .key(&names.lock)
+                .key(names.cancel_marker(&pending.token))
+                .arg(&value)
+                .arg(ttl)
+                .arg(not_after);
+            let reply = bounded(limit, call.invoke_async(&mut aio.conn)).await;
             let reply = match reply {
                 Ok(reply) => reply,
                 Err(e) => {

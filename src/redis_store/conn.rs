@@ -29,6 +29,7 @@ use redis::{Connection, ConnectionLike, RedisResult};
 use crate::error::Error;
 use crate::redis_store::janitor::{Janitor, Job};
 use crate::redis_store::per_process::PerProcess;
+use crate::redis_store::scripts::Call;
 use crate::redis_store::sentinel;
 use crate::redis_store::topology::{self, left, Shared, SyncConn, Tag, Topology};
 
@@ -67,6 +68,49 @@ impl Local {
         }
     }
 }
+
+/// A command's connection, held to the command's deadline: every request on it (the
+/// script by hash, then whole; the `WAIT` after a grant) must be answered by then.
+pub(crate) struct Req<'a> {
+    conn: &'a mut SyncConn,
+    limit: Instant,
+}
+
+impl Req<'_> {
+    /// A connection's requests must be answered by `limit`.
+    pub(crate) fn new(conn: &mut SyncConn, limit: Instant) -> Req<'_> {
+        Req { conn, limit }
+    }
+
+    /// The read and write timeouts for the next request: the time left. A cluster
+    /// connection tries a request that timed out up to [`CLUSTER_TRIES`] times in all, so
+    /// each try gets its share.
+    fn bound(&mut self) -> RedisResult<()> {
+        let left = left(self.limit).ok_or_else(sentinel::timed_out)?;
+        let tries = match self.conn {
+            SyncConn::Cluster(_) => CLUSTER_TRIES,
+            SyncConn::Plain(_) => 1,
+        };
+        self.conn.set_timeouts(left / tries)
+    }
+
+    pub(crate) fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> RedisResult<T> {
+        self.bound()?;
+        cmd.query(self.conn.as_dyn())
+    }
+
+    /// A script: by hash, then whole if the server lacks it, each within the time left.
+    pub(crate) fn call<T: redis::FromRedisValue>(&mut self, call: &Call<'_>) -> RedisResult<T> {
+        match self.query(&call.cmd(false)) {
+            Err(e) if e.code() == Some("NOSCRIPT") => self.query(&call.cmd(true)),
+            other => other,
+        }
+    }
+}
+
+/// How many times redis-rs's cluster connection sends a request in all (its retries
+/// after a timeout, a redirect...): see `open_cluster`.
+pub(crate) const CLUSTER_TRIES: u32 = 4;
 
 /// A reply, with the connection it came on and when the request went out.
 pub(crate) struct Ran<T> {
@@ -120,6 +164,10 @@ impl Pool {
         Pool::new(self.shared.clone(), timeout)
     }
 
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.shared.topology, Topology::Cluster { .. })
+    }
+
     pub(crate) fn local(&self) -> &Local {
         self.local.get(Local::new)
     }
@@ -160,7 +208,7 @@ impl Pool {
     pub(crate) fn run<T>(
         &self,
         limit: Instant,
-        f: impl FnOnce(&mut dyn ConnectionLike) -> RedisResult<T>,
+        f: impl FnOnce(&mut Req<'_>) -> RedisResult<T>,
     ) -> Result<Ran<T>, Failed> {
         let before = |e: redis::RedisError| Failed {
             error: e.into(),
@@ -179,10 +227,8 @@ impl Pool {
             Some(c) => c,
             None => self.connect(limit).map_err(before)?,
         };
-        let wait = left(limit).ok_or_else(|| before(sentinel::timed_out()))?;
-        conn.set_timeouts(wait).map_err(before)?;
         let sent = Instant::now();
-        match f(conn.as_dyn()) {
+        match f(&mut Req::new(&mut conn, limit)) {
             Ok(value) => {
                 self.put_back((conn, tag.clone()));
                 Ok(Ran { value, tag, sent })
@@ -207,7 +253,7 @@ impl Pool {
     /// compare-and-renew).
     pub(crate) fn retrying<T>(
         &self,
-        f: impl Fn(&mut dyn ConnectionLike) -> RedisResult<T>,
+        f: impl Fn(&mut Req<'_>) -> RedisResult<T>,
     ) -> Result<Ran<T>, Failed> {
         match self.run(self.limit(None), &f) {
             Err(Failed {

@@ -8,7 +8,9 @@
 //! Values written by anything else parse as "unknown holder", never as an error.
 
 use std::fmt::Write;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
+
+use crate::redis_store::per_process::PerProcess;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Length of the token in hex digits, the prefix the scripts compare.
@@ -44,7 +46,7 @@ fn host_name() -> &'static str {
 /// it (one read of the pid for both).
 pub(crate) fn new_hold() -> (String, String) {
     let pid = crate::shm::process::current_pid();
-    let token = token_for(crate::shm::process::token());
+    let token = random_token();
     let since = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
@@ -55,32 +57,21 @@ pub(crate) fn new_hold() -> (String, String) {
 }
 
 /// A token no other acquisition anywhere shares: 128 bits, the high 64 and a base for the
-/// low 64 drawn at random once per process (again after `fork`), plus a per-process count.
-#[cfg(test)]
+/// low 64 drawn at random once per process (again in a forked child: the seed is kept per
+/// process, without a lock, which a thread holding it at a `fork` would leave locked in the
+/// child), plus a per-process count.
 pub(crate) fn random_token() -> String {
-    token_for(crate::shm::process::token())
-}
-
-/// [`random_token`] in the process named `me` (the caller's: see `process::token`, which
-/// no forked child shares, even one whose pid number is its parent's).
-fn token_for(me: u64) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
-    static SEED: Mutex<Option<(u64, u64, u64)>> = Mutex::new(None);
+    static SEED: PerProcess<(u64, u64)> = PerProcess::new();
     static COUNT: AtomicU64 = AtomicU64::new(0);
-    let (hi, lo) = {
-        let mut seed = SEED.lock().unwrap_or_else(|e| e.into_inner());
-        match *seed {
-            Some((p, hi, lo)) if p == me => (hi, lo),
-            _ => {
-                let mut buf = [0u8; 16];
-                getrandom::fill(&mut buf).expect("the system's random source failed");
-                let hi = u64::from_le_bytes(buf[..8].try_into().unwrap());
-                let lo = u64::from_le_bytes(buf[8..].try_into().unwrap());
-                *seed = Some((me, hi, lo));
-                (hi, lo)
-            }
-        }
-    };
+    let &(hi, lo) = SEED.get(|| {
+        let mut buf = [0u8; 16];
+        getrandom::fill(&mut buf).expect("the system's random source failed");
+        (
+            u64::from_le_bytes(buf[..8].try_into().unwrap()),
+            u64::from_le_bytes(buf[8..].try_into().unwrap()),
+        )
+    });
     let n = COUNT.fetch_add(1, Ordering::Relaxed);
     format!("{hi:016x}{:016x}", lo.wrapping_add(n))
 }

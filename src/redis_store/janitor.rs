@@ -5,15 +5,19 @@
 //! One thread per handle and process, started on first need, does them in order on a
 //! connection of its own, trying again on a fresh connection until the server answers or
 //! the hold could no longer matter. It ends when its handle is dropped, after the jobs
-//! already given to it.
+//! already given to it; a process that exits waits for them (see [`flush_at_exit`]).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use redis::{RedisResult, Script};
+use redis::RedisResult;
 
+use crate::redis_store::conn::Req;
+use crate::redis_store::scripts::Lua;
 use crate::redis_store::topology::{Shared, SyncConn, Tag};
+use crate::shm::process;
 
 /// A release or a cancel, by the hold's token.
 pub(crate) struct Job {
@@ -35,59 +39,105 @@ pub(crate) enum JobKind {
 /// The janitor of one handle in one process.
 pub(crate) struct Janitor {
     tx: OnceLock<Mutex<Sender<Job>>>,
+    /// Jobs given and not yet done.
+    pending: Arc<AtomicUsize>,
+}
+
+/// The janitors of this process with jobs to wait for at its exit: their owner process,
+/// pending count and command timeout.
+static LIVE: Mutex<Vec<(u64, Weak<AtomicUsize>, Duration)>> = Mutex::new(Vec::new());
+
+/// At `exit` (main returning, `std::process::exit`), waits for the janitors' pending jobs,
+/// for at most their command timeout (and 2 s): a guard dropped inside a runtime just
+/// before the process ends is still released. Not on `_exit` or a signal, where a hold
+/// lapses with its lease.
+extern "C" fn flush_at_exit() {
+    let me = process::token();
+    // (a mutex some thread holds now, or held at a `fork`, is not waited for)
+    let Ok(live) = LIVE.try_lock() else {
+        return;
+    };
+    for (owner, pending, timeout) in live.iter() {
+        let Some(pending) = pending.upgrade().filter(|_| *owner == me) else {
+            continue;
+        };
+        let until = Instant::now() + (*timeout).min(Duration::from_secs(2));
+        while pending.load(Ordering::Acquire) > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }
 
 /// How long a job is tried before it is given up (the hold's lease ends it anyway).
 const GIVE_UP: Duration = Duration::from_secs(30);
 
 impl Janitor {
-    pub(crate) const fn new() -> Janitor {
+    pub(crate) fn new() -> Janitor {
         Janitor {
             tx: OnceLock::new(),
+            pending: Arc::new(AtomicUsize::new(0)),
         }
     }
 
     /// Hands `job` to the thread, started if this is the first.
     pub(crate) fn give(&self, shared: &Arc<Shared>, timeout: Duration, job: Job) {
         let tx = self.tx.get_or_init(|| {
+            static AT_EXIT: std::sync::Once = std::sync::Once::new();
+            AT_EXIT.call_once(|| {
+                // SAFETY: registers a function of no arguments that touches only statics and
+                // atomics; it may run at any `exit` of this process (or of a forked child,
+                // where it skips the parent's janitors).
+                unsafe { libc::atexit(flush_at_exit) };
+            });
             let (tx, rx) = mpsc::channel();
-            let shared = shared.clone();
+            let (shared, pending) = (shared.clone(), self.pending.clone());
             let spawned = std::thread::Builder::new()
                 .name("shmlock-redis-janitor".into())
-                .spawn(move || work(&shared, timeout, &rx));
-            if spawned.is_err() {
-                // no thread: the jobs are dropped with the channel, and their holds lapse
-                // with their leases
+                .spawn(move || work(&shared, timeout, &rx, &pending));
+            if spawned.is_ok() {
+                let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+                live.retain(|(_, p, _)| p.strong_count() > 0);
+                live.push((process::token(), Arc::downgrade(&self.pending), timeout));
             }
+            // (no thread: the jobs are dropped with the channel, and their holds lapse with
+            // their leases)
             Mutex::new(tx)
         });
-        let _ = tx.lock().unwrap_or_else(|e| e.into_inner()).send(job);
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        if tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(job)
+            .is_err()
+        {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
-fn work(shared: &Shared, timeout: Duration, jobs: &Receiver<Job>) {
-    let release = Script::new(crate::redis_store::scripts::RELEASE);
-    let cancel = Script::new(crate::redis_store::scripts::CANCEL);
+fn work(shared: &Shared, timeout: Duration, jobs: &Receiver<Job>, pending: &AtomicUsize) {
+    let release = Lua::new(crate::redis_store::scripts::RELEASE);
+    let cancel = Lua::new(crate::redis_store::scripts::CANCEL);
     let mut con: Option<(SyncConn, Tag)> = None;
     let mut node = 0usize;
     while let Ok(job) = jobs.recv() {
         let give_up = Instant::now() + GIVE_UP;
         let mut pause = Duration::from_millis(20);
+        let call = match job.kind {
+            JobKind::Release { .. } => release.call(),
+            JobKind::Cancel { .. } => cancel.call(),
+        }
+        .key(&job.keys[0])
+        .key(&job.keys[1])
+        .key(&job.keys[2])
+        .arg(&job.token);
+        let call = match job.kind {
+            JobKind::Release { mark_ms } => call.arg(mark_ms),
+            JobKind::Cancel { not_after, cap_ms } => call.arg(not_after).arg(cap_ms),
+        };
         loop {
-            let done = run(shared, timeout, &mut con, &mut node, |c| {
-                let (script, arg1, arg2) = match job.kind {
-                    JobKind::Release { mark_ms } => (&release, 0i64, mark_ms),
-                    JobKind::Cancel { not_after, cap_ms } => (&cancel, not_after, cap_ms),
-                };
-                let mut call = script.prepare_invoke();
-                call.key(&job.keys[0]).key(&job.keys[1]).key(&job.keys[2]);
-                call.arg(&job.token);
-                if let JobKind::Cancel { .. } = job.kind {
-                    call.arg(arg1);
-                }
-                call.arg(arg2);
-                let _: i64 = call.invoke(c)?;
-                Ok(())
+            let done = run(shared, timeout, &mut con, &mut node, |r| {
+                r.call::<i64>(&call).map(drop)
             });
             if done.is_ok() || Instant::now() >= give_up {
                 break;
@@ -95,29 +145,30 @@ fn work(shared: &Shared, timeout: Duration, jobs: &Receiver<Job>) {
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_secs(1));
         }
+        pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-/// Runs `f` on the janitor's connection, made anew after an error.
+/// Runs `f` on the janitor's connection, made anew after an error or a failover.
 fn run(
     shared: &Shared,
     timeout: Duration,
     con: &mut Option<(SyncConn, Tag)>,
     node: &mut usize,
-    f: impl FnOnce(&mut dyn redis::ConnectionLike) -> RedisResult<()>,
+    f: impl FnOnce(&mut Req<'_>) -> RedisResult<()>,
 ) -> RedisResult<()> {
     if con.as_ref().is_some_and(|(_, tag)| !shared.current(tag)) {
         *con = None; // a master that was replaced
     }
+    let limit = Instant::now() + timeout;
     let (c, _) = match con {
         Some(c) => c,
         None => {
             *node += 1;
-            con.insert(shared.connect(*node, Instant::now() + timeout, timeout)?)
+            con.insert(shared.connect(*node, limit, timeout)?)
         }
     };
-    c.set_timeouts(timeout)?;
-    let outcome = f(c.as_dyn());
+    let outcome = f(&mut Req::new(c, limit));
     if outcome.is_err() {
         *con = None;
     }

@@ -37,13 +37,14 @@ use std::borrow::Borrow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use redis::{Client, IntoConnectionInfo, Script, Value};
+use redis::{Client, IntoConnectionInfo, Value};
 
 use crate::error::Error;
 use crate::lock::options::LockOptions;
 use crate::lock::{self, LockGuard};
 
 use conn::Pool;
+use scripts::Lua;
 use topology::{Shared, Topology};
 
 /// Locks in Redis. A cheap `Clone` handle, `Send + Sync`, meant to be shared: any number
@@ -96,13 +97,13 @@ struct Inner {
 
 /// The scripts, loaded once per handle family.
 struct Scripts {
-    acquire: Script,
-    cancel: Script,
-    release: Script,
-    extend: Script,
-    token: Script,
-    check: Script,
-    force: Script,
+    acquire: Lua,
+    cancel: Lua,
+    release: Lua,
+    extend: Lua,
+    token: Lua,
+    check: Lua,
+    force: Lua,
 }
 
 /// A lock held in Redis, as [`RedisLocks::holders`] reports it. The identity fields are
@@ -226,8 +227,11 @@ impl RedisLocks {
             .collect::<Result<Vec<_>, _>>()?;
         let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.clone());
         // a failing node is given up on after about a second, not redis-rs's default
-        // sixteen tries
-        builder = builder.retries(3).min_retry_wait(50).max_retry_wait(500);
+        // sixteen tries (and each try gets its share of a command's deadline)
+        builder = builder
+            .retries(conn::CLUSTER_TRIES - 1)
+            .min_retry_wait(50)
+            .max_retry_wait(500);
         let client = builder.build()?;
         RedisLocks::with_topology(Topology::Cluster {
             client: Box::new(client),
@@ -239,13 +243,13 @@ impl RedisLocks {
         let pool = Arc::new(Pool::new(Arc::new(Shared::new(topology)), DEFAULT_TIMEOUT));
         pool.check()?;
         let scripts = Arc::new(Scripts {
-            acquire: Script::new(scripts::ACQUIRE),
-            cancel: Script::new(scripts::CANCEL),
-            release: Script::new(scripts::RELEASE),
-            extend: Script::new(scripts::EXTEND),
-            token: Script::new(scripts::TOKEN),
-            check: Script::new(scripts::CHECK),
-            force: Script::new(scripts::FORCE),
+            acquire: Lua::new(scripts::ACQUIRE),
+            cancel: Lua::new(scripts::CANCEL),
+            release: Lua::new(scripts::RELEASE),
+            extend: Lua::new(scripts::EXTEND),
+            token: Lua::new(scripts::TOKEN),
+            check: Lua::new(scripts::CHECK),
+            force: Lua::new(scripts::FORCE),
         });
         Ok(RedisLocks(Arc::new(Inner {
             pool,
@@ -330,9 +334,12 @@ impl RedisLocks {
     }
 
     /// Takes `key`, waiting as `opts` says; released when the guard drops. With a timeout
-    /// T, it returns within T and one attempt's floor (100 ms, or the command timeout if
-    /// shorter), whatever the server does: every connect, lookup and reply of the wait is
-    /// held to that deadline.
+    /// T and `notify` (the default), it returns within T and 200 ms, whatever the server
+    /// does (stopped, slow, behind a proxy that holds replies back): every connect, lookup,
+    /// reply and sleep of the wait is held to its end, but for the last attempt and the
+    /// last sleep's unsubscribe, 100 ms each. Polling (`notify: false`) counts resty's steps
+    /// and stops once the wall clock is 100 ms past T. See the README's "Deadlines" for
+    /// what a Cluster and a reply trickled a byte at a time can still stretch.
     pub fn lock(
         &self,
         key: impl AsRef<[u8]>,
@@ -368,12 +375,12 @@ impl RedisLocks {
 
     /// Whether someone holds `key` right now (a snapshot).
     pub fn is_locked(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
-        let names = self.names(crate::check_key(key.as_ref())?);
+        let names = self.names_of(key.as_ref())?;
         let n: u64 = self
             .0
             .pool
-            .run(self.0.pool.limit(None), |c| {
-                redis::cmd("EXISTS").arg(&names.lock).query(c)
+            .run(self.0.pool.limit(None), |r| {
+                r.query(redis::cmd("EXISTS").arg(&names.lock))
             })?
             .value;
         Ok(n == 1)
@@ -443,17 +450,20 @@ impl RedisLocks {
     /// Breaks the lock on `key`, whoever holds it; `true` if it was held. Its holder finds
     /// out at its next unlock or renewal ([`Error::Expired`]).
     pub fn force_unlock(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
-        let names = self.names(crate::check_key(key.as_ref())?);
+        let names = self.names_of(key.as_ref())?;
         let n: u64 = self
             .0
             .pool
-            .retrying(|c| {
-                self.0
-                    .scripts
-                    .force
-                    .key(&names.lock)
-                    .key(&names.channel)
-                    .invoke(c)
+            .retrying(|r| {
+                r.call(
+                    &self
+                        .0
+                        .scripts
+                        .force
+                        .call()
+                        .key(&names.lock)
+                        .key(&names.channel),
+                )
             })?
             .value;
         Ok(n == 1)

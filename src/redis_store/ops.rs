@@ -5,12 +5,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::{ConnectionLike, RedisResult};
+use redis::RedisResult;
 
 use crate::error::Error;
 use crate::lock::backend::{Backend, Sealed};
 use crate::lock::slack::TimerSlack;
-use crate::redis_store::conn::{is_broken, Failed};
+use crate::redis_store::conn::{is_broken, Failed, Req};
 use crate::redis_store::janitor::{Job, JobKind};
 use crate::redis_store::server_clock::server_us;
 use crate::redis_store::{identity, RedisLocks};
@@ -144,7 +144,31 @@ fn unsettled() -> Error {
     )))
 }
 
+/// The cluster hash tag of a key name as Redis finds it: the bytes between the first `{`
+/// and the first `}` after it, if there are any (else the whole name is hashed).
+fn hash_tag(name: &[u8]) -> Option<&[u8]> {
+    let open = name.iter().position(|&b| b == b'{')?;
+    let len = name[open + 1..].iter().position(|&b| b == b'}')?;
+    (len > 0).then(|| &name[open + 1..open + 1 + len])
+}
+
 impl RedisLocks {
+    /// The names of `key`'s lock, once the key is checked: on a Cluster, every name of a
+    /// lock must hash to the same slot, which needs a tag that is not empty.
+    pub(crate) fn names_of(&self, key: &[u8]) -> Result<Names, Error> {
+        let key = crate::key::check_key(key)?;
+        let names = self.names(key);
+        if self.0.pool.is_cluster() && hash_tag(&names.lock).is_none() {
+            return Err(Error::InvalidKey {
+                key: crate::error::KeyPreview::new(key),
+                reason: "on a Redis Cluster its lock's names would hash to different slots \
+                         (a key may not start with '}', nor a prefix have '{}' as its first \
+                         braces)",
+            });
+        }
+        Ok(names)
+    }
+
     pub(crate) fn names(&self, key: &[u8]) -> Names {
         let mut lock = Vec::with_capacity(self.0.prefix.len() + key.len() + 2);
         lock.extend_from_slice(&self.0.prefix);
@@ -189,14 +213,11 @@ impl RedisLocks {
 
     /// The `WAIT` that follows a granting write on the same connection, if replicas are
     /// required: `Ok(())` when enough acknowledged it.
-    pub(crate) fn wait_replicas(
-        &self,
-        c: &mut dyn ConnectionLike,
-    ) -> RedisResult<Result<(), Error>> {
+    pub(crate) fn wait_replicas(&self, r: &mut Req<'_>) -> RedisResult<Result<(), Error>> {
         let Some((n, timeout)) = self.0.replicas else {
             return Ok(Ok(()));
         };
-        let acked: u64 = redis::cmd("WAIT").arg(n).arg(millis(timeout)).query(c)?;
+        let acked: u64 = r.query(redis::cmd("WAIT").arg(n).arg(millis(timeout)))?;
         Ok(replicated(acked, n))
     }
 
@@ -224,17 +245,20 @@ impl RedisLocks {
         let done = self
             .0
             .pool
-            .run(limit.max(Instant::now() + ATTEMPT_FLOOR), |c| {
-                self.0
-                    .scripts
-                    .cancel
-                    .key(&names.lock)
-                    .key(&names.channel)
-                    .key(&marker)
-                    .arg(token)
-                    .arg(not_after)
-                    .arg(self.marker_cap_ms())
-                    .invoke::<i64>(c)
+            .run(limit.max(Instant::now() + ATTEMPT_FLOOR), |r| {
+                r.call::<i64>(
+                    &self
+                        .0
+                        .scripts
+                        .cancel
+                        .call()
+                        .key(&names.lock)
+                        .key(&names.channel)
+                        .key(&marker)
+                        .arg(token)
+                        .arg(not_after)
+                        .arg(self.marker_cap_ms()),
+                )
             });
         if done.is_err() {
             self.cancel(names, token, not_after);
@@ -257,7 +281,7 @@ impl RedisLocks {
     /// the new master if the old one was replaced meanwhile.
     fn granted<T>(
         &self,
-        f: impl Fn(&mut dyn ConnectionLike) -> RedisResult<T>,
+        f: impl Fn(&mut Req<'_>) -> RedisResult<T>,
         retry_broken: bool,
     ) -> Result<T, Error> {
         let pool = &self.0.pool;
@@ -290,21 +314,23 @@ impl RedisLocks {
         loop {
             let (token, value) = identity::new_hold();
             let not_after = pool.shared.clock.at(limit).unwrap_or(0);
-            let ran = pool.run(limit, |c| {
-                let reply = self
-                    .0
-                    .scripts
-                    .acquire
-                    .key(&names.lock)
-                    .key(names.cancel_marker(&token))
-                    .arg(&value)
-                    .arg(ttl)
-                    .arg(not_after)
-                    .invoke(c)?;
+            let ran = pool.run(limit, |r| {
+                let reply = r.call(
+                    &self
+                        .0
+                        .scripts
+                        .acquire
+                        .call()
+                        .key(&names.lock)
+                        .key(names.cancel_marker(&token))
+                        .arg(&value)
+                        .arg(ttl)
+                        .arg(not_after),
+                )?;
                 let arrived = Instant::now();
                 let (verdict, clock) = answer(reply);
                 let replicas = match verdict {
-                    Answer::Taken => Some(self.wait_replicas(c)?),
+                    Answer::Taken => Some(self.wait_replicas(r)?),
                     _ => None,
                 };
                 Ok((verdict, clock, arrived, replicas))
@@ -360,16 +386,19 @@ impl RedisLocks {
         let mark = hold.names.release_mark(&hold.token);
         let mark_ms = self.mark_ms();
         let outcome: i64 = self.granted(
-            |c| {
-                self.0
-                    .scripts
-                    .release
-                    .key(&hold.names.lock)
-                    .key(&hold.names.channel)
-                    .key(&mark)
-                    .arg(&hold.token)
-                    .arg(mark_ms)
-                    .invoke(c)
+            |r| {
+                r.call(
+                    &self
+                        .0
+                        .scripts
+                        .release
+                        .call()
+                        .key(&hold.names.lock)
+                        .key(&hold.names.channel)
+                        .key(&mark)
+                        .arg(&hold.token)
+                        .arg(mark_ms),
+                )
             },
             true,
         )?;
@@ -384,20 +413,22 @@ impl RedisLocks {
     fn take_token(&self, hold: &RedisHold) -> Result<u64, Error> {
         let grace = millis(self.0.fence_grace);
         let (t, enough) = self.granted(
-            |c| {
-                let t: u64 = self
-                    .0
-                    .scripts
-                    .token
-                    .key(&hold.names.lock)
-                    .key(&hold.names.fence)
-                    .arg(&hold.token)
-                    .arg(grace)
-                    .invoke(c)?;
+            |r| {
+                let t: u64 = r.call(
+                    &self
+                        .0
+                        .scripts
+                        .token
+                        .call()
+                        .key(&hold.names.lock)
+                        .key(&hold.names.fence)
+                        .arg(&hold.token)
+                        .arg(grace),
+                )?;
                 if t == 0 {
                     return Ok((0, Ok(())));
                 }
-                Ok((t, self.wait_replicas(c)?))
+                Ok((t, self.wait_replicas(r)?))
             },
             false,
         )?;
@@ -452,7 +483,7 @@ impl RedisLocks {
         let held: u64 = self
             .0
             .pool
-            .run(end, |c| redis::cmd("EXISTS").arg(&busy.names.lock).query(c))
+            .run(end, |r| r.query(redis::cmd("EXISTS").arg(&busy.names.lock)))
             .map_or(1, |r| r.value);
         let mut outcome = Ok(());
         if held != 0 {
@@ -472,8 +503,16 @@ impl RedisLocks {
                 }
             }
         }
-        // dropping `pubsub` unsubscribes, with the command timeout for the replies
-        pubsub.set_read_timeout(Some(timeout))?;
+        // Dropping `pubsub` unsubscribes and reads the replies: within an attempt's floor, so
+        // that a stalled server holds the waiter up no longer; a connection whose
+        // unsubscribe went unanswered that long is not given back.
+        let wait = timeout.min(ATTEMPT_FLOOR);
+        pubsub.set_read_timeout(Some(wait))?;
+        let unsubscribing = Instant::now();
+        drop(pubsub);
+        if unsubscribing.elapsed() >= wait {
+            return Err(crate::redis_store::sentinel::timed_out());
+        }
         outcome
     }
 }
@@ -498,7 +537,7 @@ impl Backend for RedisLocks {
         exptime_ns: u64,
         deadline: Option<Instant>,
     ) -> Result<Result<RedisHold, RedisBusy>, Error> {
-        let names = Arc::new(self.names(crate::check_key(key)?));
+        let names = Arc::new(self.names_of(key)?);
         self.attempt(&names, exptime_ns, deadline)
     }
 
@@ -534,19 +573,21 @@ impl Backend for RedisLocks {
             .lease_ms(exptime_ns, hold.taken.elapsed())
             .ok_or(Error::MaxHoldReached)?;
         let (renewed, enough) = self.granted(
-            |c| {
-                let renewed: i64 = self
-                    .0
-                    .scripts
-                    .extend
-                    .key(&hold.names.lock)
-                    .arg(&hold.token)
-                    .arg(ttl)
-                    .invoke(c)?;
+            |r| {
+                let renewed: i64 = r.call(
+                    &self
+                        .0
+                        .scripts
+                        .extend
+                        .call()
+                        .key(&hold.names.lock)
+                        .arg(&hold.token)
+                        .arg(ttl),
+                )?;
                 if renewed != 1 {
                     return Ok((renewed, Ok(())));
                 }
-                Ok((renewed, self.wait_replicas(c)?))
+                Ok((renewed, self.wait_replicas(r)?))
             },
             true,
         )?;
@@ -567,13 +608,16 @@ impl Backend for RedisLocks {
 
     fn check(&self, hold: &RedisHold) -> Result<(), Error> {
         let ours: i64 = self.granted(
-            |c| {
-                self.0
-                    .scripts
-                    .check
-                    .key(&hold.names.lock)
-                    .arg(&hold.token)
-                    .invoke(c)
+            |r| {
+                r.call(
+                    &self
+                        .0
+                        .scripts
+                        .check
+                        .call()
+                        .key(&hold.names.lock)
+                        .arg(&hold.token),
+                )
             },
             true,
         )?;
@@ -614,5 +658,20 @@ impl Backend for RedisLocks {
         _slack: &mut TimerSlack,
     ) -> (Duration, bool) {
         self.wait_for_release(busy, step)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hash_tag;
+
+    #[test]
+    fn hash_tags_as_redis_finds_them() {
+        assert_eq!(hash_tag(b"shmlock:{job}"), Some(&b"job"[..]));
+        assert_eq!(hash_tag(b"shmlock:{job}:fence"), Some(&b"job"[..]));
+        assert_eq!(hash_tag(b"shmlock:{}abc}"), None);
+        assert_eq!(hash_tag(b"app{}{k}"), None);
+        assert_eq!(hash_tag(b"a{b{k}"), Some(&b"b{k"[..]));
+        assert_eq!(hash_tag(b"plain"), None);
     }
 }

@@ -13,18 +13,21 @@
 /// `{0, s, us}` held by someone, `{-2, s, us}` refused because the server runs it after the
 /// attempt's deadline (`ARGV[3]`, server µs; `0`: none), `{-3, s, us}` refused because the
 /// attempt was cancelled before it arrived (its marker, `KEYS[2]`, exists). `s`, `us`: the
-/// server's clock when it ran.
+/// server's clock when it ran. An attempt that finds the key already holding its own token
+/// (the same request delivered twice: redis-rs's cluster connection sends a request again
+/// after a timeout) is told it took the key, so the hold is never left without its asker.
 pub(crate) const ACQUIRE: &str = r"
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 32) == string.sub(ARGV[1], 1, 32) then return {1, t[1], t[2]} end
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 if ARGV[3] ~= '0' and now > tonumber(ARGV[3]) then return {-2, t[1], t[2]} end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {-3, t[1], t[2]} end
-local ok
-if ARGV[2] == '0' then ok = redis.call('SET', KEYS[1], ARGV[1], 'NX')
-else ok = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) end
-if ok then return {1, t[1], t[2]} end
-return {0, t[1], t[2]}
+if v then return {0, t[1], t[2]} end
+if ARGV[2] == '0' then redis.call('SET', KEYS[1], ARGV[1])
+else redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
+return {1, t[1], t[2]}
 ";
 
 /// Cancels an attempt whose outcome its maker never learned (a dropped future, a reply
@@ -120,3 +123,77 @@ local n = redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', KEYS[2], '1')
 return n
 ";
+
+/// A script, sent as `EVALSHA` by its hash, or whole (`EVAL`) when the server has not got it
+/// cached (`NOSCRIPT`: a restarted or promoted server). Not `SCRIPT LOAD` and then `EVALSHA`,
+/// as redis-rs's `Script` does: one round trip fewer, and each request is held to the
+/// caller's deadline by the caller (see `conn::Req`).
+#[derive(Debug)]
+pub(crate) struct Lua {
+    code: &'static str,
+    hash: String,
+}
+
+impl Lua {
+    pub(crate) fn new(code: &'static str) -> Lua {
+        Lua {
+            code,
+            hash: redis::Script::new(code).get_hash().to_string(),
+        }
+    }
+
+    /// A call of the script, to be given its keys, then its arguments.
+    pub(crate) fn call(&self) -> Call<'_> {
+        Call {
+            lua: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+}
+
+/// One call of a [`Lua`] script.
+pub(crate) struct Call<'a> {
+    lua: &'a Lua,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Call<'_> {
+    pub(crate) fn key(mut self, key: impl redis::ToRedisArgs) -> Self {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    pub(crate) fn arg(mut self, arg: impl redis::ToRedisArgs) -> Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// `EVALSHA` (`whole`: `EVAL`) with the keys and arguments.
+    pub(crate) fn cmd(&self, whole: bool) -> redis::Cmd {
+        let mut c = if whole {
+            let mut c = redis::cmd("EVAL");
+            c.arg(self.lua.code);
+            c
+        } else {
+            let mut c = redis::cmd("EVALSHA");
+            c.arg(&self.lua.hash);
+            c
+        };
+        c.arg(self.keys.len()).arg(&self.keys).arg(&self.args);
+        c
+    }
+
+    /// The call on an async connection: by hash, then whole if the server lacks the script.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn invoke_async<T: redis::FromRedisValue>(
+        &self,
+        con: &mut impl redis::aio::ConnectionLike,
+    ) -> redis::RedisResult<T> {
+        match self.cmd(false).query_async(con).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => self.cmd(true).query_async(con).await,
+            other => other,
+        }
+    }
+}

@@ -1,9 +1,11 @@
 //! Following the master that Sentinel names, and knowing when it stops being the master.
 //!
-//! **Finding it.** The sentinels are asked in turn (`SENTINEL GET-MASTER-ADDR-BY-NAME`),
-//! and the server the first one names must say it is a master (`ROLE`) before anything is
-//! sent to it. Every step runs within the caller's deadline, and no lock of the handle is
-//! held across it: a stopped sentinel or master stalls only the thread that asked.
+//! **Finding it.** Every sentinel is asked (`SENTINEL MASTER`), each within its share of
+//! the caller's deadline, and the master named with the highest configuration epoch is
+//! taken (a sentinel cut off from a failover still names the old master, with the old
+//! epoch); that server must say it is a master (`ROLE`) before anything is sent to it. No
+//! lock of the handle is held across any of it: a stopped sentinel or master stalls only
+//! the thread that asked, and only for its share.
 //!
 //! **Hearing of a switch.** One thread per sentinel, per process, subscribes to its
 //! `+odown`, `+promoted-slave` and `+switch-master` events and pings it every
@@ -23,7 +25,7 @@
 //! which goes to the new master and says `Expired`. `RedisLocks::with_replicas` closes
 //! this gap, as the README's topology table says.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -48,6 +50,10 @@ const EVENTS: [&str; 3] = ["+odown", "+promoted-slave", "+switch-master"];
 /// A master's address as the sentinels give it.
 pub(crate) type Addr = (String, u16);
 
+/// What one sentinel said of the master: its address and configuration epoch, or `None`
+/// if it knows no master of that name.
+type Answer = RedisResult<Option<(Addr, u64)>>;
+
 /// The sentinels of one master name.
 pub(crate) struct Sentinel {
     name: String,
@@ -61,8 +67,6 @@ pub(crate) struct View {
     /// Nanoseconds after `base` when a watcher last heard its sentinel answer (0: never).
     heard: AtomicU64,
     base: Instant,
-    /// The sentinel to ask first: the last that answered.
-    first: AtomicUsize,
 }
 
 impl View {
@@ -71,7 +75,6 @@ impl View {
             epoch: AtomicU64::new(1),
             heard: AtomicU64::new(0),
             base: Instant::now(),
-            first: AtomicUsize::new(0),
         }
     }
 
@@ -120,42 +123,78 @@ impl Sentinel {
         })
     }
 
-    /// The master the first answering sentinel names, with the settings (password,
-    /// database, TLS) of the first sentinel URL.
+    /// The master as the sentinels that answer within `limit` name it: the one named with
+    /// the highest configuration epoch (a sentinel cut off from the failover names the old
+    /// master with the old epoch), with the settings (password, database, TLS) of the first
+    /// sentinel URL. Each sentinel gets its share of the time left, so one that hangs does
+    /// not keep the others from being asked.
     fn ask(&self, limit: Instant) -> RedisResult<(Addr, ConnectionInfo)> {
-        let view = self.view();
-        let n = self.sentinels.len();
-        let start = view.first.load(Ordering::Relaxed);
+        let mut best: Option<(u64, Addr)> = None;
         let mut last = None;
-        for i in (0..n).map(|k| (start + k) % n) {
-            match self.ask_one(i, limit) {
-                Ok(Some(addr)) => {
-                    view.first.store(i, Ordering::Relaxed);
-                    let info = with_addr(&self.sentinels[0], &addr.0, addr.1);
-                    return Ok((addr, info));
+        for (i, answer) in self.ask_all(limit) {
+            match answer {
+                Ok(Some((addr, epoch))) if best.as_ref().is_none_or(|(e, _)| epoch > *e) => {
+                    best = Some((epoch, addr));
                 }
-                Ok(None) => {}
-                Err(e) => last = Some(e),
-            }
-            if left(limit).is_none() {
-                break;
+                Ok(_) => {}
+                Err(e) => last = Some((i, e)),
             }
         }
-        Err(last.unwrap_or_else(|| {
-            redis::RedisError::from(std::io::Error::other(format!(
-                "no sentinel knows a master named {:?}",
-                self.name
-            )))
-        }))
+        match best {
+            Some((_, addr)) => {
+                let info = with_addr(&self.sentinels[0], &addr.0, addr.1);
+                Ok((addr, info))
+            }
+            None => Err(last.map(|(_, e)| e).unwrap_or_else(|| {
+                redis::RedisError::from(std::io::Error::other(format!(
+                    "no sentinel knows a master named {:?}",
+                    self.name
+                )))
+            })),
+        }
     }
 
-    fn ask_one(&self, i: usize, limit: Instant) -> RedisResult<Option<Addr>> {
+    /// Every sentinel's answer (the master's address and configuration epoch, or `None`
+    /// if it knows no such master), each asked within its share of the time left.
+    fn ask_all(&self, limit: Instant) -> Vec<(usize, Answer)> {
+        let n = self.sentinels.len();
+        (0..n)
+            .map(|i| {
+                let share = left(limit).map(|d| d / u32::try_from(n - i).unwrap_or(u32::MAX));
+                let answer = match share {
+                    Some(d) => self.ask_one(i, Instant::now() + d),
+                    None => Err(timed_out()),
+                };
+                (i, answer)
+            })
+            .collect()
+    }
+
+    fn ask_one(&self, i: usize, limit: Instant) -> Answer {
         let mut con = connect_within(&self.sentinels[i], limit)?;
-        let reply: Option<(String, u16)> = redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
+        let reply: RedisResult<Vec<String>> = redis::cmd("SENTINEL")
+            .arg("MASTER")
             .arg(&self.name)
-            .query(&mut con)?;
-        Ok(reply)
+            .query(&mut con);
+        let fields = match reply {
+            Ok(fields) => fields,
+            Err(e) if e.code() == Some("ERR") => return Ok(None), // no master of that name here
+            Err(e) => return Err(e),
+        };
+        let field = |name: &str| {
+            fields
+                .chunks(2)
+                .find(|pair| pair[0] == name)
+                .and_then(|pair| pair.get(1))
+        };
+        let (Some(ip), Some(port)) = (field("ip"), field("port").and_then(|p| p.parse().ok()))
+        else {
+            return Ok(None);
+        };
+        let epoch = field("config-epoch")
+            .and_then(|e| e.parse().ok())
+            .unwrap_or(0);
+        Ok(Some(((ip.clone(), port), epoch)))
     }
 
     /// A connection to the current master, made within `limit`, and the epoch and address
@@ -214,9 +253,9 @@ impl Sentinel {
         let view = self.view();
         let mut answered = 0;
         let mut last = None;
-        for i in 0..self.sentinels.len() {
-            match self.ask_one(i, limit) {
-                Ok(Some(named)) if &named == addr => answered += 1,
+        for (_, answer) in self.ask_all(limit) {
+            match answer {
+                Ok(Some((named, _))) if &named == addr => answered += 1,
                 Ok(_) => return Ok(false),
                 Err(e) => last = Some(e),
             }
@@ -285,6 +324,9 @@ fn listen(name: &str, info: &ConnectionInfo, view: &Weak<View>) -> RedisResult<(
             return Ok(());
         };
         pubsub.set_read_timeout(Some(Duration::from_secs(1)))?;
+        // The sentinel answered this ping after every event it published before it: as of
+        // the time the ping was sent, at least, this process has heard them all.
+        let asked = Instant::now();
         let _: Value = pubsub.ping()?;
         let answered = Instant::now();
         // The events that came before the ping's answer first (they were read with it),
@@ -303,8 +345,7 @@ fn listen(name: &str, info: &ConnectionInfo, view: &Weak<View>) -> RedisResult<(
                 Err(e) => return Err(e),
             }
         }
-        // Every event sent before the answer has been seen: the epoch was current then.
-        v.heard_at(answered);
+        v.heard_at(asked);
     }
 }
 
