@@ -7,7 +7,7 @@
 //! loop, and keys crowded into three neighbouring homes (the slow path: raised reaches,
 //! release holes, entries displaced across homes).
 //!
-//! Exercises the slot protocol as a whole: `src/shm/table.rs` (claim, release, steal,
+//! Exercises the slot protocol as a whole: `src/shm/table/` (claim, release, steal,
 //! stall breaking), `src/shm/slot.rs`, `src/shm/registry.rs` (judging the killed dead) and
 //! `src/shm/lock_table.rs` (`reap`, `holders`).
 //!

@@ -9,7 +9,7 @@
 //! second-order wrap with two stealers stopped at chosen instructions, and a late sleeper
 //! whose futex compares only 23 bits of the generation.
 //!
-//! Exercises `src/shm/slot.rs` (the control word), `src/shm/table.rs` (claim, steal,
+//! Exercises `src/shm/slot.rs` (the control word), `src/shm/table/` (`claim.rs`, `recover.rs`: claim, steal,
 //! renewal, release), `src/shm/registry.rs` (owner ids and generations),
 //! `src/shm/lock_table.rs` (inspection) and `src/shm/futex.rs`.
 //!

@@ -7,7 +7,7 @@
 //!
 //! Exercises `src/shm/registry.rs` (judging an owner), `src/shm/clock.rs` and
 //! `src/shm/process.rs` (clocks and identities across namespaces), `src/shm/file.rs`
-//! (creating, the reboot reset, symlinks and modes), `src/shm/table.rs` (breaking stopped
+//! (creating, the reboot reset, symlinks and modes), `src/shm/table/recover.rs` (breaking stopped
 //! claims and renewals) and `src/dict/writer.rs`. More cases of the same promises:
 //! `tests/namespaces.rs`, `tests/stalls.rs` (stops and kills at exact points) and
 //! `tests/files.rs` (the table file).

@@ -8,7 +8,7 @@
 //! holds it next. Claimers killed mid-claim (also as pid 1 of a new pid namespace) leave
 //! nothing behind.
 //!
-//! Exercises `src/shm/table.rs` (claiming and stealing, recovery, the stall bound),
+//! Exercises `src/shm/table/` (`claim.rs`, `recover.rs`: claiming and stealing, recovery, the stall bound),
 //! `src/shm/attachment.rs` (the stall memory), `src/shm/file.rs` (attaching) and
 //! `src/shm/registry.rs` (the killed judged dead). Stopped claimers and renewers watched
 //! through `holders()` are in `tests/liveness.rs`, a waiter's timeout on a stalled entry in

@@ -8,7 +8,7 @@
 //! a 2^23 generation wrap is a known limit, in `tests/generation_wraps.rs`.)
 //!
 //! Exercises `src/shm/futex.rs`, `src/lock/wait.rs` (the step schedule),
-//! `src/shm/table.rs` (the waiters flag, a sleep cut at the lease's end, stalled entries)
+//! `src/shm/table/wait.rs` (the waiters flag, a sleep cut at the lease's end, stalled entries)
 //! and `src/shm/slot.rs` (the control word's futex half).
 //!
 //! `wakeups FILTER` runs the tests whose name contains FILTER; `wakeups --list` lists them.

@@ -9,7 +9,7 @@
 //!
 //! Two more marks: a *release-only* test (tens of millions of lock operations) is listed as
 //! ignored in a debug build unless named on the command line or `SHMLOCK_SLOW` is set; a
-//! *known limit* (an attack that still succeeds, as the README's "Known limits" says) is
+//! *known limit* (an attack that still succeeds, as docs/liveness.md's "Known limits" says) is
 //! left out of the suite and run only with `--known-limits`, where it is expected to fail.
 //!
 //! `--list` prints every test of the binary, one `NAME: test` line each (as libtest does),
@@ -124,7 +124,7 @@ pub fn run(binary: &str, tests: &[Test], role: fn(&[String]) -> i32) -> ! {
         if test.known_limit != known_limits {
             if !known_limits {
                 println!(
-                    "test {} ... not run (a known limit, see the README; run with \
+                    "test {} ... not run (a known limit, see docs/liveness.md; run with \
                      --known-limits)",
                     test.name
                 );
