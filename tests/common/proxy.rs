@@ -1,13 +1,15 @@
 //! A TCP proxy in front of a Redis server that injects the faults of a lossy network: it
 //! can forward a request and then cut the connection before the reply comes back (the
-//! server ran the command; the client never hears of it), and it can hold replies back.
+//! server ran the command; the client never hears of it), hold replies back, freeze the
+//! link for a while right after a request went through, and hold everything (a partition
+//! that leaves the connections open).
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What the proxy does to the traffic now.
 #[derive(Default)]
@@ -16,6 +18,13 @@ struct Faults {
     cut_after: Option<Vec<u8>>,
     /// Hold each reply back this long.
     delay: Duration,
+    /// Once a request that contains this is forwarded, hold everything (both ways, on
+    /// every connection) for this long.
+    freeze_after: Option<(Vec<u8>, Duration)>,
+    /// Everything is held until then.
+    frozen_until: Option<Instant>,
+    /// Everything is held (until this is cleared).
+    blackhole: bool,
 }
 
 /// A proxy on a free loopback port; stops (and cuts every connection) when dropped.
@@ -25,6 +34,8 @@ pub struct Proxy {
     stop: Arc<AtomicBool>,
     /// Requests cut so far.
     cuts: Arc<AtomicU64>,
+    /// Freezes begun so far.
+    freezes: Arc<AtomicU64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -39,7 +50,12 @@ impl Proxy {
         let faults = Arc::new(Mutex::new(Faults::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let cuts = Arc::new(AtomicU64::new(0));
-        let (f, s, c) = (faults.clone(), stop.clone(), cuts.clone());
+        let freezes = Arc::new(AtomicU64::new(0));
+        let counts = Counts {
+            cuts: cuts.clone(),
+            freezes: freezes.clone(),
+        };
+        let (f, s) = (faults.clone(), stop.clone());
         std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
                 match listener.accept() {
@@ -48,7 +64,7 @@ impl Proxy {
                             continue;
                         };
                         client.set_nonblocking(false).unwrap();
-                        pipe(client, server, f.clone(), s.clone(), c.clone());
+                        pipe(client, server, f.clone(), s.clone(), counts.clone());
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(2)),
                 }
@@ -59,6 +75,7 @@ impl Proxy {
             faults,
             stop,
             cuts,
+            freezes,
         }
     }
 
@@ -81,6 +98,45 @@ impl Proxy {
     pub fn cuts(&self) -> u64 {
         self.cuts.load(Ordering::SeqCst)
     }
+
+    /// The next request that contains `pattern` reaches the server, and then nothing goes
+    /// through, either way on any connection, for `d` (what was sent meanwhile is delivered
+    /// afterwards): a link that stalls right after the request.
+    pub fn freeze_after(&self, pattern: &[u8], d: Duration) {
+        lock(&self.faults).freeze_after = Some((pattern.to_vec(), d));
+    }
+
+    /// How many freezes `freeze_after` began.
+    pub fn freezes(&self) -> u64 {
+        self.freezes.load(Ordering::SeqCst)
+    }
+
+    /// While on, nothing goes through, either way on any connection, and connections stay
+    /// open (what was sent meanwhile is delivered once it is off): a partition.
+    pub fn blackhole(&self, on: bool) {
+        lock(&self.faults).blackhole = on;
+    }
+}
+
+/// The proxy's counters, shared with its connections.
+#[derive(Clone)]
+struct Counts {
+    cuts: Arc<AtomicU64>,
+    freezes: Arc<AtomicU64>,
+}
+
+/// Waits while the link is frozen or blackholed (or until the proxy stops).
+fn await_passage(faults: &Mutex<Faults>, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        let held = {
+            let f = lock(faults);
+            f.blackhole || f.frozen_until.is_some_and(|until| Instant::now() < until)
+        };
+        if !held {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 impl Drop for Proxy {
@@ -99,11 +155,11 @@ fn pipe(
     server: TcpStream,
     faults: Arc<Mutex<Faults>>,
     stop: Arc<AtomicBool>,
-    cuts: Arc<AtomicU64>,
+    counts: Counts,
 ) {
     let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
     let (mut s_in, mut c_out) = (server, client);
-    let f = faults.clone();
+    let (f, s) = (faults.clone(), stop.clone());
     let cut_both = {
         let (c, s) = (c_in.try_clone().unwrap(), s_out.try_clone().unwrap());
         move || {
@@ -118,8 +174,17 @@ fn pipe(
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
+            await_passage(&f, &s);
             let cut = {
                 let mut f = lock(&f);
+                if let Some((p, d)) = &f.freeze_after {
+                    if contains(&buf[..n], p) {
+                        // frozen from before the request is written: its reply is held too
+                        f.frozen_until = Some(Instant::now() + *d);
+                        f.freeze_after = None;
+                        counts.freezes.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
                 match &f.cut_after {
                     Some(p) if contains(&buf[..n], p) => {
                         f.cut_after = None;
@@ -128,11 +193,11 @@ fn pipe(
                     _ => false,
                 }
             };
-            if s_out.write_all(&buf[..n]).is_err() {
+            if s.load(Ordering::Relaxed) || s_out.write_all(&buf[..n]).is_err() {
                 break;
             }
             if cut {
-                cuts.fetch_add(1, Ordering::SeqCst);
+                counts.cuts.fetch_add(1, Ordering::SeqCst);
                 cut_both();
                 break;
             }
@@ -146,6 +211,7 @@ fn pipe(
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
+            await_passage(&faults, &stop);
             let delay = lock(&faults).delay;
             if !delay.is_zero() {
                 std::thread::sleep(delay);

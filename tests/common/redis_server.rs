@@ -161,6 +161,22 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> String {
         cli(self.port, args)
     }
+
+    /// Closes the connections of the clients whose name starts with `prefix` (a
+    /// sentinel's links are named `sentinel-<the first 8 of its id>-cmd` and `-pubsub`);
+    /// how many.
+    pub fn kill_clients_named(&self, prefix: &str) -> usize {
+        let mut killed = 0;
+        for line in self.cli(&["CLIENT", "LIST"]).lines() {
+            let field = |f: &str| line.split(' ').find_map(|x| x.strip_prefix(f));
+            if field("name=").is_some_and(|n| n.starts_with(prefix)) {
+                if let Some(id) = field("id=") {
+                    killed += usize::from(self.cli(&["CLIENT", "KILL", "ID", id]).trim() == "1");
+                }
+            }
+        }
+        killed
+    }
 }
 
 impl Drop for RedisServer {
@@ -200,6 +216,13 @@ pub const MASTER_NAME: &str = "mymaster";
 
 impl SentinelSetup {
     pub fn start() -> SentinelSetup {
+        SentinelSetup::start_announcing(None)
+    }
+
+    /// As [`start`](Self::start), but with `Some((port, announced))` the last sentinel
+    /// listens on `port` and tells the others to reach it on `announced` (where a
+    /// [`Proxy`](super::proxy::Proxy) to `port` stands for its network link).
+    pub fn start_announcing(last: Option<(u16, u16)>) -> SentinelSetup {
         let fast_sync = [
             "--repl-diskless-sync",
             "yes",
@@ -219,7 +242,14 @@ impl SentinelSetup {
             let info = master.cli(&["INFO", "replication"]);
             info.contains("connected_slaves:2") && info.matches("state=online").count() == 2
         });
-        let sentinels: Vec<RedisServer> = (0..3).map(|_| start_sentinel(master.port)).collect();
+        let sentinels: Vec<RedisServer> = (0..3)
+            .map(|i| match last {
+                Some((port, announced)) if i == 2 => {
+                    start_sentinel(master.port, port, Some(announced))
+                }
+                _ => start_sentinel(master.port, free_port(), None),
+            })
+            .collect();
         eventually(
             "the sentinels know each other and both replicas",
             Duration::from_secs(20),
@@ -292,22 +322,23 @@ fn field_after<'a>(listing: &'a str, name: &str) -> Option<&'a str> {
     None
 }
 
-fn start_sentinel(master_port: u16) -> RedisServer {
-    let port = free_port();
+fn start_sentinel(master_port: u16, port: u16, announced: Option<u16>) -> RedisServer {
     let dir = TempDir::new("sentinel");
     let conf = dir.0.join("sentinel.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "port {port}\nbind 127.0.0.1\ndir {}\nloglevel warning\n\
-             sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
-             sentinel down-after-milliseconds {MASTER_NAME} 500\n\
-             sentinel failover-timeout {MASTER_NAME} 5000\n\
-             sentinel parallel-syncs {MASTER_NAME} 2\n",
-            dir.0.display()
-        ),
-    )
-    .unwrap();
+    let mut text = format!(
+        "port {port}\nbind 127.0.0.1\ndir {}\nloglevel warning\n\
+         sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
+         sentinel down-after-milliseconds {MASTER_NAME} 500\n\
+         sentinel failover-timeout {MASTER_NAME} 5000\n\
+         sentinel parallel-syncs {MASTER_NAME} 2\n",
+        dir.0.display()
+    );
+    if let Some(p) = announced {
+        text.push_str(&format!(
+            "sentinel announce-ip 127.0.0.1\nsentinel announce-port {p}\n"
+        ));
+    }
+    std::fs::write(&conf, text).unwrap();
     let mut s = RedisServer {
         child: None,
         port,
