@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::proxy::Proxy;
-use common::redis_server::{await_failover, eventually, RedisServer, SentinelSetup, MASTER_NAME};
+use common::redis_server::{
+    await_failover, eventually, free_port, ClusterSetup, RedisServer, SentinelSetup, MASTER_NAME,
+};
 use shmlock::{Error, Lock, LockOptions, RedisLocks};
 
 fn opts(exptime: Duration, timeout: Duration) -> LockOptions {
@@ -213,6 +215,118 @@ fn a_stopped_master_stalls_no_wait_past_its_deadline() {
     assert!(took.1 < PAUSE / 2, "is_locked returned after {:?}", took.1);
 }
 
+/// A partial partition: the old master and one sentinel are cut off from the rest, and
+/// the rest fail the master over. When both come back, that sentinel still names the old
+/// master (its links to the other sentinels are held by a proxy, and its links to the data
+/// nodes were closed, so no news of the failover reaches it), and the old master still
+/// says it is master. A client that lists that sentinel first, and whose other sentinels
+/// told it of the failover, needs a new connection: it must go to the promoted master,
+/// where it waits while the other client holds the key, instead of being granted the key
+/// by the old master. Never two holders told `Ok` at once; tokens in grant order.
+#[test]
+fn a_sentinel_cut_off_from_a_failover_never_sends_a_client_to_the_old_master() {
+    let stale_port = free_port();
+    // the stale sentinel's network link, as the other sentinels reach it
+    let link = Proxy::start(stale_port);
+    let setup = SentinelSetup::start_announcing(Some((stale_port, link.port)));
+    let s = &setup.sentinels;
+    let a = RedisLocks::open_sentinel(MASTER_NAME, &[s[2].url(), s[0].url(), s[1].url()]).unwrap();
+    let b = RedisLocks::open_sentinel(MASTER_NAME, &[s[0].url(), s[1].url()]).unwrap();
+    for redis in [&a, &b] {
+        redis
+            .lock("warm", LockOptions::default())
+            .unwrap()
+            .unlock()
+            .unwrap();
+    }
+    let stale_id = s[2].cli(&["SENTINEL", "MYID"]).trim().to_string();
+    let old = setup.master.port;
+    // the partition: the sentinel and the old master stopped, the sentinel's links held
+    // or closed
+    link.blackhole(true);
+    s[2].pause(true);
+    for server in std::iter::once(&setup.master).chain(&setup.replicas) {
+        server.kill_clients_named(&format!("sentinel-{}", &stale_id[..8]));
+    }
+    setup.master.pause(true);
+    let new = await_failover(&s[..2], old);
+    let history = Mutex::new(Vec::new());
+    let lease = Duration::from_millis(1500);
+    let wait = Duration::from_secs(10);
+    let mut lock_b = Lock::new(&b, opts(wait, wait)).unwrap();
+    lock_b.lock("k").unwrap();
+    // both come back, still cut off from the others
+    setup.master.pause(false);
+    s[2].pause(false);
+    // the fault is in place: the cut-off sentinel names the old master, which says it is
+    // the master
+    let named = s[2].cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME]);
+    let role = setup.master.cli(&["ROLE"]);
+    assert_eq!(
+        named.lines().nth(1),
+        Some(old.to_string().as_str()),
+        "{named}"
+    );
+    assert_eq!(role.lines().next(), Some("master"), "{role}");
+    note!("[failover {old} -> {new}] ");
+    std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| {
+            let mut lock_a = Lock::new(&a, opts(wait, wait)).unwrap();
+            lock_a.lock("k").unwrap();
+            hold_and_renew(
+                "the client that lists the cut-off sentinel first",
+                &mut lock_a,
+                lease,
+                lease,
+                &history,
+            );
+        });
+        hold_and_renew("the other client", &mut lock_b, lease * 2, lease, &history);
+        waiter.join().unwrap();
+    });
+    let history = history.into_inner().unwrap();
+    assert_eq!(history.len(), 2, "{history:#?}");
+    judge(&history);
+}
+
+/// The first of three sentinels hangs (stopped): every new connection needs the master
+/// looked up, and the hung sentinel must not take the whole deadline of each. With the
+/// master closing the connections before each, five `lock`s with a 1 s wait on free keys
+/// are all granted.
+#[test]
+fn a_hung_sentinel_does_not_hold_up_reconnects() {
+    let setup = SentinelSetup::start();
+    let redis = RedisLocks::open_sentinel(MASTER_NAME, &setup.sentinel_urls()).unwrap();
+    redis
+        .lock("warm", LockOptions::default())
+        .unwrap()
+        .unlock()
+        .unwrap();
+    setup.sentinels[0].pause(true);
+    let mut outcomes = Vec::new();
+    for i in 0..5 {
+        setup.master.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+        let t = Instant::now();
+        let got = redis.lock(
+            format!("k{i}"),
+            opts(Duration::from_secs(5), Duration::from_secs(1)),
+        );
+        outcomes.push((
+            t.elapsed(),
+            got.map(|g| g.unlock()).map_err(|e| e.to_string()),
+        ));
+    }
+    setup.sentinels[0].pause(false);
+    note!(
+        "[took {:?}] ",
+        outcomes.iter().map(|(took, _)| *took).collect::<Vec<_>>()
+    );
+    assert!(
+        outcomes.iter().all(|(_, got)| matches!(got, Ok(Ok(())))),
+        "with the first sentinel hung (took, outcome): {outcomes:?}"
+    );
+}
+
 /// A single server stalled (SIGSTOP) for 2.8 s, or answering 2.8 s late through a proxy:
 /// `lock` with a 500 ms (or 800 ms) timeout returns long before the stall ends, and what
 /// its attempts left on the server is undone: after the stall nobody holds the key.
@@ -282,6 +396,73 @@ fn lock_timeouts_are_wall_time_while_a_server_stalls() {
         "a 500 ms wait on a slow server took {took:?}"
     );
     drop(held);
+}
+
+/// A waiter subscribed to the key's release channel when its server stops (SIGSTOP) and
+/// stays stopped: `lock` with a 1 s wait returns about then, with an error, not when a
+/// command timeout (5 s) ends the unsubscribe that closes each sleep of the wait.
+#[test]
+fn a_waiter_whose_server_stops_returns_at_the_end_of_its_wait() {
+    let server = RedisServer::start();
+    let holder = RedisLocks::open(&server.url()).unwrap();
+    let _held = holder.lock("k", LockOptions::default()).unwrap();
+    let waiter = RedisLocks::open(&server.url()).unwrap();
+    let (took, got) = std::thread::scope(|s| {
+        let w = s.spawn(|| {
+            let t = Instant::now();
+            let got = waiter.lock("k", opts(Duration::from_secs(60), Duration::from_secs(1)));
+            (t.elapsed(), got.map(drop))
+        });
+        std::thread::sleep(Duration::from_millis(300)); // the waiter sleeps subscribed
+        server.pause(true);
+        let done = w.join().unwrap();
+        server.pause(false);
+        done
+    });
+    note!("[{took:?}] ");
+    assert!(got.is_err(), "granted a held key: {got:?}");
+    // the wait and its last attempt and unsubscribe (T and 200 ms), with room to spare
+    assert!(
+        took < Duration::from_millis(2500),
+        "a 1 s wait took {took:?}"
+    );
+}
+
+/// A server that lacks the scripts (flushed, as after a restart), answering each request
+/// 200 to 450 ms late through a proxy: `lock` on a free key with a 500 ms wait returns
+/// within a generous bound of its wait (1 s), however many round trips the missing script
+/// costs (`EVALSHA` refused with NOSCRIPT, then the script itself), not after each of
+/// them was given the whole command timeout. What it did not take is not left held.
+#[test]
+fn a_server_without_the_scripts_answering_late_keeps_the_wait_short() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let redis = RedisLocks::open(&proxy.url()).unwrap();
+    let mut took = Vec::new();
+    for (round, delay) in [450u64, 350, 200].into_iter().enumerate() {
+        let key = format!("free{round}");
+        server.cli(&["SCRIPT", "FLUSH"]);
+        proxy.delay_replies(Duration::from_millis(delay));
+        let t = Instant::now();
+        let got = redis.lock(
+            &key,
+            opts(Duration::from_secs(30), Duration::from_millis(500)),
+        );
+        took.push((delay, t.elapsed(), got.is_ok()));
+        proxy.delay_replies(Duration::ZERO);
+        if let Ok(g) = got {
+            g.unlock().unwrap();
+        }
+        eventually("no hold left", Duration::from_secs(5), || {
+            !redis.is_locked(&key).unwrap()
+        });
+    }
+    note!("[reply delay, took, granted: {took:?}] ");
+    assert!(
+        took.iter()
+            .all(|(_, t, _)| *t < Duration::from_millis(1000)),
+        "500 ms waits took {took:?}"
+    );
 }
 
 /// A release whose reply is lost (the proxy cuts the connection once the request is on
@@ -503,4 +684,59 @@ fn marks_are_not_holds() {
     let keys = server.cli(&["KEYS", "*"]);
     assert!(keys.contains("released"), "the release's mark: {keys}");
     let _ = Error::Expired;
+}
+
+/// A Cluster node reached through a link that stalls (both ways, for 1.5 s) right after
+/// an acquisition reaches it: the attempt takes the key, its reply is late, and redis-rs's
+/// cluster connection sends the request again. `lock` (a lease of 0: never expires, and a
+/// 1 s wait) gives up before the reply comes; it must not leave the key held: once the
+/// link is back, the key is free and another client takes it.
+#[test]
+fn a_cluster_attempt_sent_twice_leaves_no_hold_behind() {
+    let cluster = ClusterSetup::start();
+    let node = &cluster.nodes[cluster.node_of("shmlock:{k}")];
+    let link = Proxy::start(node.port);
+    node.cli(&[
+        "CONFIG",
+        "SET",
+        "cluster-announce-port",
+        &link.port.to_string(),
+    ]);
+    eventually(
+        "every node sends clients through the proxy",
+        Duration::from_secs(20),
+        || {
+            cluster.nodes.iter().all(|n| {
+                n.cli(&["CLUSTER", "SLOTS"])
+                    .lines()
+                    .any(|l| l.trim() == link.port.to_string())
+            })
+        },
+    );
+    let redis = RedisLocks::open_cluster(&cluster.urls()).unwrap();
+    // the script cached on the node, a connection made through the proxy
+    redis
+        .lock("k", LockOptions::default())
+        .unwrap()
+        .unlock()
+        .unwrap();
+    link.freeze_after(b"EVALSHA", Duration::from_millis(1500));
+    let t = Instant::now();
+    let got = redis.lock("k", opts(Duration::ZERO, Duration::from_secs(1)));
+    let took = t.elapsed();
+    assert_eq!(link.freezes(), 1, "the link never stalled");
+    note!("[{took:?}: {:?}] ", got.as_ref().map(|_| ()));
+    if let Ok(g) = got {
+        g.unlock().unwrap(); // granted after all: released, as any hold
+    }
+    std::thread::sleep(Duration::from_millis(1500).saturating_sub(t.elapsed()));
+    eventually("the key free again", Duration::from_secs(3), || {
+        node.cli(&["EXISTS", "shmlock:{k}"]).trim() == "0"
+    });
+    let other = RedisLocks::open_cluster(&cluster.urls()).unwrap();
+    other
+        .lock("k", opts(Duration::from_secs(5), Duration::from_secs(2)))
+        .unwrap()
+        .unlock()
+        .unwrap();
 }

@@ -190,6 +190,51 @@ fn a_childs_releases_run_on_a_janitor_of_its_own() {
     );
 }
 
+/// A process that drops its guards inside a runtime and then exits at once (as an async
+/// `main` does when it returns; here `std::process::exit`, which runs the `atexit`
+/// handlers): the releases handed to the handle's janitor are done before the process is
+/// gone, so nobody finds the keys held afterwards, though their leases never expire. Once
+/// with the handle still open at the exit, once with it dropped first.
+#[cfg(feature = "tokio")]
+fn guards_dropped_in_a_runtime_are_released_before_the_process_exits() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let forever = LockOptions {
+        exptime: Duration::ZERO,
+        ..LockOptions::default()
+    };
+    for drop_handle in [false, true] {
+        let child = fork(|| {
+            let redis = RedisLocks::open(&url).unwrap();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let _guard = redis.lock_async("guard", &forever).await.unwrap();
+                // a synchronous lock object in async code (a `#[tokio::main]` function)
+                let mut object = Lock::new(&redis, forever).unwrap();
+                object.lock("object").unwrap();
+            }); // both dropped in the runtime: released by the janitor
+            drop(runtime);
+            if drop_handle {
+                drop(redis);
+            }
+            std::process::exit(0)
+        });
+        assert_eq!(child.wait(CHILD_LIMIT), 0);
+        let check = RedisLocks::open(&url).unwrap();
+        let held: Vec<&str> = ["guard", "object"]
+            .into_iter()
+            .filter(|k| check.is_locked(k).unwrap())
+            .collect();
+        assert!(
+            held.is_empty(),
+            "held after the process exited (handle dropped first: {drop_handle}): {held:?}"
+        );
+    }
+}
+
 /// Children of a process with a Sentinel handle (and its watcher threads) lock one key in
 /// turn through it: one holder at a time, no errors.
 fn sentinel_handles_work_in_forked_children() {
@@ -262,6 +307,11 @@ fn main() {
             (
                 "a_childs_releases_run_on_a_janitor_of_its_own",
                 a_childs_releases_run_on_a_janitor_of_its_own,
+            ),
+            #[cfg(feature = "tokio")]
+            (
+                "guards_dropped_in_a_runtime_are_released_before_the_process_exits",
+                guards_dropped_in_a_runtime_are_released_before_the_process_exits,
             ),
             (
                 "sentinel_handles_work_in_forked_children",

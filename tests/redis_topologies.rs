@@ -265,6 +265,61 @@ fn cluster_routes_every_slot_range_lists_holders_on_every_master_and_survives_a_
     );
 }
 
+/// On a Cluster every name of a lock (the key, its fence counter, its channel, its marks)
+/// must hash to one slot, through the hash tag `{KEY}` that the lock's names share: a key
+/// starting with `}`, or a prefix whose first braces are `{}`, would leave that tag empty
+/// and spread the names over slots. Such keys are refused with `InvalidKey` by every call
+/// that takes a key, before anything is sent (not with a CROSSSLOT error half-way, nor
+/// granted); other braces in keys are fine; on a single server the same keys work.
+#[test]
+fn cluster_refuses_keys_that_would_empty_their_hash_tag() {
+    fn invalid<T>(got: Result<T, Error>) -> bool {
+        matches!(got, Err(Error::InvalidKey { .. }))
+    }
+    let round_trip = |redis: &RedisLocks, key: &str| -> Result<u64, Error> {
+        let g = redis.lock(key, lease(Duration::from_secs(5)))?;
+        let token = g.try_token()?;
+        g.unlock()?;
+        Ok(token)
+    };
+    let cluster = ClusterSetup::start();
+    let redis = RedisLocks::open_cluster(&cluster.urls()).unwrap();
+    let prefixed = redis.with_prefix("app{}");
+    for (redis, key) in [(&redis, "}abc"), (&redis, "}"), (&prefixed, "k")] {
+        assert!(
+            invalid(redis.lock(key, lease(Duration::from_secs(5)))),
+            "{key:?}"
+        );
+        assert!(invalid(
+            redis.try_lock_with_lease(key, Duration::from_secs(5))
+        ));
+        assert!(invalid(redis.is_locked(key)));
+        assert!(invalid(redis.force_unlock(key)));
+        assert!(invalid(
+            Lock::new(redis, LockOptions::default()).unwrap().lock(key)
+        ));
+        #[cfg(feature = "tokio")]
+        assert!(invalid(
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(redis.lock_async(key, &LockOptions::default()))
+        ));
+    }
+    assert!(
+        redis.holders().unwrap().is_empty(),
+        "a refused key was taken"
+    );
+    for key in ["a}b", "{x}", "x{", "k"] {
+        round_trip(&redis, key).unwrap();
+    }
+    let single = common::redis_server::RedisServer::start();
+    let single = RedisLocks::open(&single.url()).unwrap();
+    round_trip(&single, "}abc").unwrap();
+    round_trip(&single.with_prefix("app{}"), "k").unwrap();
+}
+
 /// lock_async, a token and the release of the dropped guard, on a runtime of its own.
 #[cfg(feature = "tokio")]
 fn async_round_trip(redis: &RedisLocks, key: &str) {
