@@ -61,6 +61,8 @@ mod error;
 mod key;
 mod limits;
 mod lock;
+#[cfg(all(not(loom), any(feature = "redis", feature = "tokio")))]
+mod per_process;
 #[cfg(all(feature = "redis", not(loom)))]
 mod redis_store;
 mod shm;

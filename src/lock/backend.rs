@@ -20,8 +20,17 @@ use crate::lock::wait::Schedule;
 const SPINS: u32 = 6;
 
 /// How far past its timeout by the wall clock a polling wait (resty's, which counts only its
-/// steps) may run before it stops: an attempt's worth.
+/// steps) may sleep: an attempt's worth.
 const POLL_GRACE: Duration = Duration::from_millis(100);
+
+/// A polling wait's next step, cut so that it ends by the wall clock no later than
+/// [`POLL_GRACE`] past the timeout (the attempt after it is bounded by its backend); `None`
+/// once that is past. Where attempts take no time (the table) the steps' sum reaches the
+/// timeout first, and no step is cut.
+fn poll_step(step: Duration, started: Instant, budget: Duration) -> Option<Duration> {
+    let left = (budget + POLL_GRACE).checked_sub(started.elapsed())?;
+    (!left.is_zero()).then(|| step.min(left))
+}
 
 mod sealed {
     pub trait Sealed {}
@@ -232,11 +241,11 @@ pub(crate) fn acquire_slow<B: Backend>(
                 look = !moved;
             } else {
                 // resty's timeout counts the steps; a wait whose attempts are slow (a server
-                // far away or stalled) stops all the same once the wall clock is past it by
-                // more than an attempt's worth
-                if started.elapsed() > budget + POLL_GRACE {
+                // far away or stalled) ends all the same by the wall clock, an attempt's
+                // worth past it
+                let Some(step) = poll_step(step, started, budget) else {
                     return Err(backend.gave_up(busy, key, budget));
-                }
+                };
                 // resty's own step, as sharp as the thread's slack allows (up to a tick)
                 slack.hold();
                 std::thread::sleep(step);
@@ -249,46 +258,187 @@ pub(crate) fn acquire_slow<B: Backend>(
     }
 }
 
-/// The async waiting loop: resty's schedule with `tokio::time::sleep`, as resty yields the
-/// light thread instead of blocking; elapsed is the sum of the steps. `attempt` makes one
-/// attempt without blocking the runtime, answered by the deadline it is given (the wait's
-/// end; none: try once); `reap` checks a busy holder for death; `gave_up` makes the error
-/// of a wait that ran out (see [`Backend::gave_up`]).
+/// The async waiting loop, as [`acquire_slow`]'s: one attempt, then resty's schedule of
+/// sleeps. With `notify`, each sleep is `sleep`'s (woken by whoever frees the key where the
+/// backend can), the elapsed time is the time actually waited and the timeout is wall
+/// time; the waiter's place in the key's queue, which its first sleep gives it, is handed
+/// to each later sleep (so a waiter whose step ran out, or whose attempt after a wake-up
+/// failed, keeps its turn) and left once the wait ends. Polling (`notify: false`) sleeps resty's steps with `tokio::time::sleep`,
+/// elapsed = their sum. `attempt` makes one attempt without blocking the runtime,
+/// answered by the deadline it is given (the wait's end; none: try once); `queued` says
+/// whether other tasks of the process wait for the key already (then the waiter joins
+/// them without a first attempt), and may give the waiter its place at once; `reap` checks a busy holder for death; `gave_up` makes the
+/// error of a wait that ran out (see [`Backend::gave_up`]).
 #[cfg(feature = "tokio")]
-pub(crate) async fn acquire_async<H, Busy, Fut>(
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn acquire_async<H, Busy, Fut, Sleep, G: Place>(
     key: &[u8],
     opts: &Resolved,
     timeout: Duration,
+    queued: impl FnOnce() -> (Option<Busy>, Option<G>),
     mut attempt: impl FnMut(Option<Instant>) -> Fut,
     reap: impl Fn(&Busy) -> bool,
+    mut sleep: impl FnMut(&Busy, Duration, Option<G>) -> Sleep,
     gave_up: impl FnOnce(Busy, &[u8], Duration) -> Error,
 ) -> Result<(H, Duration), Error>
 where
     Fut: std::future::Future<Output = Result<Result<H, Busy>, Error>>,
+    Sleep: std::future::Future<Output = Slept<G>>,
 {
     let budget = opts.timeout_for(timeout);
     let started = Instant::now();
     let deadline = (!budget.is_zero()).then(|| started + budget);
+    let notify = opts.notify;
+    let elapsed = |slept| if notify { started.elapsed() } else { slept };
     let mut schedule = Schedule::new(opts, timeout);
     let mut slept = Duration::ZERO;
-    let mut retried = false;
+    // Other tasks of this process already wait for the key (`queued`, with notify): no
+    // first attempt, so as not to take the key from under them; the wait starts at the back
+    // of their queue. A backend may give the waiter its place (the waiter's place in the
+    // key's queue) before the first attempt, so that it keeps the order of asking.
+    let (ahead, mut place) = if notify { queued() } else { (None, None) };
+    let (mut busy, mut retried) = match ahead {
+        Some(busy) => (busy, true),
+        None => match attempt(deadline).await {
+            Ok(Ok(hold)) => {
+                if let Some(p) = place.take() {
+                    p.attempted();
+                }
+                return Ok((hold, Duration::ZERO));
+            }
+            Ok(Err(busy)) => (busy, false),
+            Err(e) => {
+                if let Some(p) = place.take() {
+                    p.attempted();
+                }
+                return Err(e);
+            }
+        },
+    };
+    // as in `acquire_slow`: at most one retry without sleeping per step, and a look at the
+    // holder's liveness only after a sleep nobody cut short
+    let mut look = true;
+    let mut jitter = Jitter::new();
     loop {
-        let busy = match attempt(deadline).await? {
-            Ok(hold) => return Ok((hold, slept)),
-            Err(busy) => busy,
-        };
-        if !retried && reap(&busy) {
-            retried = true; // a dead holder: once per step, try again at once
-            continue;
+        if look && !retried && reap(&busy) {
+            retried = true;
+        } else {
+            let Some(step) = schedule.next_sleep() else {
+                return Err(gave_up(busy, key, budget));
+            };
+            retried = false;
+            if notify {
+                let left = match budget.checked_sub(started.elapsed()) {
+                    Some(left) if !left.is_zero() => left,
+                    _ => return Err(gave_up(busy, key, budget)),
+                };
+                // tasks that started together do not all wake on one tick
+                let step = jitter.shorten(step.min(left));
+                let slept = sleep(&busy, step, place.take()).await;
+                place = Some(slept.place);
+                schedule.refund(step.saturating_sub(slept.used));
+                retried = slept.used.is_zero();
+                look = !slept.moved;
+                if !slept.attempt {
+                    // behind others in the key's queue: their turn first (the first of
+                    // them also looks at the holder's liveness)
+                    retried = true;
+                    continue;
+                }
+            } else {
+                // as in `acquire_slow`'s polling
+                let Some(step) = poll_step(step, started, budget) else {
+                    return Err(gave_up(busy, key, budget));
+                };
+                tokio::time::sleep(step).await;
+                slept += step;
+            }
         }
-        retried = false;
-        let Some(step) = schedule.next_sleep() else {
-            return Err(gave_up(busy, key, budget));
-        };
-        if started.elapsed() > budget + POLL_GRACE {
-            return Err(gave_up(busy, key, budget)); // as in `acquire_slow`'s polling
+        match attempt(deadline).await {
+            Ok(Ok(hold)) => {
+                if let Some(p) = place.take() {
+                    p.attempted();
+                }
+                return Ok((hold, elapsed(slept)));
+            }
+            Ok(Err(b)) => busy = b,
+            Err(e) => {
+                if let Some(p) = place.take() {
+                    p.attempted();
+                }
+                return Err(e);
+            }
         }
-        tokio::time::sleep(step).await;
-        slept += step;
     }
+}
+
+/// What an async waiter's sleep says: how long it slept, whether the key may be free
+/// (woken), whether to try now (not when the step ran out while others of the process
+/// were waiting for the key before this waiter: they try first), and its place.
+#[cfg(feature = "tokio")]
+pub(crate) struct Slept<G> {
+    pub used: Duration,
+    pub moved: bool,
+    pub attempt: bool,
+    pub place: G,
+}
+
+/// A waiter's place in a queue of waiters for one key, held from its first sleep to the end
+/// of its wait: [`attempted`](Place::attempted) then; dropped without it (the waiting
+/// future was cancelled), it may hand a wake-up it got on to the next waiter.
+#[cfg(feature = "tokio")]
+pub(crate) trait Place {
+    fn attempted(self);
+}
+
+#[cfg(feature = "tokio")]
+impl<P: Place> Place for Option<P> {
+    fn attempted(self) {
+        if let Some(p) = self {
+            p.attempted();
+        }
+    }
+}
+
+/// Shortens async sleeps by up to a quarter, at random, so that tasks that started
+/// together and are not woken do not all wake on one timer tick.
+#[cfg(feature = "tokio")]
+struct Jitter(u64);
+
+#[cfg(feature = "tokio")]
+impl Jitter {
+    fn new() -> Jitter {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
+        let clock = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos() as u64);
+        Jitter((NEXT.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed) ^ clock) | 1)
+    }
+
+    fn shorten(&mut self, step: Duration) -> Duration {
+        // xorshift64
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        let quarter = step / 4;
+        let cut = quarter.mul_f64((self.0 >> 11) as f64 / (1u64 << 53) as f64);
+        step - cut
+    }
+}
+
+/// Whether `wake` finished before `timer`: polls both until one does.
+#[cfg(feature = "tokio")]
+pub(crate) async fn first_of(
+    wake: &mut (impl std::future::Future<Output = ()> + Unpin),
+    timer: impl std::future::Future<Output = ()>,
+) -> bool {
+    let mut timer = std::pin::pin!(timer);
+    std::future::poll_fn(|cx| {
+        if std::pin::Pin::new(&mut *wake).poll(cx).is_ready() {
+            return std::task::Poll::Ready(true);
+        }
+        timer.as_mut().poll(cx).map(|()| false)
+    })
+    .await
 }

@@ -79,6 +79,8 @@ impl Drop for Canary {
 pub(crate) struct Local {
     shared: Mutex<Option<Aio>>,
     exclusive: Mutex<Vec<Aio>>,
+    /// The pub/sub listener that wakes waiting tasks (see `async_wait`).
+    pub(crate) listeners: crate::redis_store::async_wait::Listeners,
 }
 
 impl Local {
@@ -86,6 +88,7 @@ impl Local {
         Local {
             shared: Mutex::new(None),
             exclusive: Mutex::new(Vec::new()),
+            listeners: crate::redis_store::async_wait::Listeners::new(),
         }
     }
 }

@@ -1,5 +1,5 @@
-//! `lock_async` on Redis (feature `tokio`), cancel-safe: a future dropped at any await
-//! leaves no hold behind.
+//! `lock_async` on Redis (feature `tokio`): woken by the release channel (see
+//! `async_wait`), and cancel-safe: a future dropped at any await leaves no hold behind.
 //!
 //! An attempt's token is made before its request is sent, and a guard ([`Pending`]) holds
 //! it until the attempt's outcome is known and handed on: if the future is dropped first,
@@ -12,10 +12,14 @@ use std::borrow::Borrow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use redis::RedisResult;
+
 use crate::error::Error;
+use crate::lock::backend::Slept;
 use crate::lock::options::LockOptions;
 use crate::lock::LockGuard;
 use crate::redis_store::aio::{bounded, Aio};
+use crate::redis_store::async_wait::Turn;
 use crate::redis_store::conn::{is_unanswered, Failed};
 use crate::redis_store::ops::{answer, replicated, Answer, Names, RedisBusy, RedisHold};
 use crate::redis_store::{identity, RedisLocks};
@@ -40,11 +44,15 @@ impl Drop for Pending<'_> {
 impl RedisLocks {
     /// [`lock`](Self::lock) for async code (tokio): attempts go over the handle's
     /// multiplexed async connection (one socket shared by every task of the runtime, no
-    /// thread per waiter), the waits are `tokio::time::sleep` on resty's schedule
-    /// (elapsed = the sum of the steps). Cancel-safe: dropping the future at any point
+    /// thread per waiter); a waiting task is woken by the release channel, heard on one
+    /// pub/sub connection per handle and process, with resty's schedule as its budget
+    /// (elapsed = the time waited; with `notify: false`, polling, the sum of the steps).
+    /// The tasks of a process waiting for one key take it in the order they asked (a
+    /// release wakes the first only). Cancel-safe: dropping the future at any point
     /// (`select!`, `tokio::time::timeout`) leaves the key as it found it, within a round
-    /// trip of the janitor thread. A guard dropped inside a runtime is released by that
-    /// thread too (see [`LockGuard`]'s drop).
+    /// trip of the janitor thread. A guard dropped inside a runtime is released by a task
+    /// of the runtime, or by that thread if the task does not run (see [`LockGuard`]'s
+    /// drop).
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub async fn lock_async(
         &self,
@@ -59,8 +67,19 @@ impl RedisLocks {
             key.as_ref(),
             &resolved,
             opts.timeout,
+            || {
+                // a place at once, in the order of asking (the first attempt is a round
+                // trip, which later askers would overtake)
+                let turn = self.0.pool.turn(&names.channel);
+                let ahead = (!turn.is_first()).then(|| RedisBusy::held(names.clone()));
+                (ahead, Some(Some(turn)))
+            },
             |deadline| self.attempt_async(names.clone(), exptime, deadline),
             |_: &RedisBusy| false,
+            |busy: &RedisBusy, step, place| {
+                let (names, failed) = (busy.names.clone(), busy.failed.is_some());
+                async move { self.sleep_async(&names, failed, step, place).await }
+            },
             |busy, key, waited| crate::lock::backend::Backend::gave_up(self, busy, key, waited),
         )
         .await?;
@@ -163,6 +182,104 @@ impl RedisLocks {
                 token,
                 taken: sent,
             }));
+        }
+    }
+
+    /// An async waiter's sleep of at most `step` on a busy key: in the key's queue of the
+    /// process's listener, woken by a release's message (see `async_wait`), in the place
+    /// its last sleep had (`place`) if any. Returns the time slept, whether it was woken,
+    /// and its place.
+    async fn sleep_async(
+        &self,
+        names: &Names,
+        failed: bool,
+        step: Duration,
+        place: Option<Option<Turn>>,
+    ) -> Slept<Option<Turn>> {
+        let started = Instant::now();
+        let end = started + step;
+        let pool = &self.0.pool;
+        // the place in the key's queue: kept from the last sleep, else at the back
+        let mut turn = match place.flatten() {
+            Some(mut turn) => {
+                turn.again();
+                turn
+            }
+            None => pool.turn(&names.channel),
+        };
+        let listening = !failed
+            && pool
+                .listen_on(&names.channel, self.attempt_limit(Some(end)))
+                .await
+                .is_ok();
+        if !listening {
+            // nobody to hear a release from: the step is slept out, keeping the place
+            tokio::time::sleep_until(end.into()).await;
+            return Slept {
+                used: started.elapsed(),
+                moved: false,
+                attempt: turn.is_first(),
+                place: Some(turn),
+            };
+        }
+        // a release between the attempt that found the key held and the subscription sent
+        // its message to nobody: the first of the queue looks once (the others wait for
+        // their turn)
+        if turn.is_first() {
+            let aio = pool.aio(end).await;
+            if let Ok(aio) = aio {
+                let mut conn = aio.conn.clone();
+                let held: RedisResult<u64> = bounded(
+                    end,
+                    redis::cmd("EXISTS").arg(&names.lock).query_async(&mut conn),
+                )
+                .await;
+                if matches!(held, Ok(0)) {
+                    return Slept {
+                        used: started.elapsed(),
+                        moved: true,
+                        attempt: true,
+                        place: Some(turn),
+                    };
+                }
+            }
+        }
+        let woken =
+            crate::lock::backend::first_of(&mut turn, tokio::time::sleep_until(end.into())).await;
+        Slept {
+            used: started.elapsed(),
+            moved: woken,
+            // a step that ran out: only the first of the queue tries (a lease that lapses
+            // sends no message), the others keep their turn
+            attempt: woken || turn.is_first(),
+            place: Some(turn),
+        }
+    }
+
+    /// Releases `hold` over the async connection: `Ok` if it was ours and is released (by
+    /// this call; a lost reply is left to the janitor's fallback).
+    pub(crate) async fn release_async(&self, hold: &RedisHold) -> Result<(), Error> {
+        let limit = self.0.pool.limit(None);
+        let aio = self.0.pool.aio(limit).await?;
+        let mut conn = aio.conn.clone();
+        let mark = hold.names.release_mark(&hold.token);
+        let call = self
+            .0
+            .scripts
+            .release
+            .call()
+            .key(&hold.names.lock)
+            .key(&hold.names.channel)
+            .key(&mark)
+            .arg(&hold.token)
+            .arg(self.mark_ms());
+        match bounded(limit, call.invoke_async::<i64>(&mut conn)).await {
+            Ok(1 | 2) => Ok(()),
+            Ok(_) => Err(Error::Expired),
+            Err(e) => {
+                self.0.pool.aio_failed(&aio, &e);
+                Err(e.into())
+            }
         }
     }
 

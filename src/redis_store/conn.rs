@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use redis::{Connection, ConnectionLike, RedisResult};
 
 use crate::error::Error;
+use crate::per_process::PerProcess;
 use crate::redis_store::janitor::{Janitor, Job};
-use crate::redis_store::per_process::PerProcess;
 use crate::redis_store::scripts::Call;
 use crate::redis_store::sentinel;
 use crate::redis_store::topology::{self, left, Shared, SyncConn, Tag, Topology};

@@ -10,7 +10,7 @@
 use std::fmt::Write;
 use std::sync::OnceLock;
 
-use crate::redis_store::per_process::PerProcess;
+use crate::per_process::PerProcess;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Length of the token in hex digits, the prefix the scripts compare.

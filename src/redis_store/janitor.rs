@@ -7,7 +7,7 @@
 //! the hold could no longer matter. It ends when its handle is dropped, after the jobs
 //! already given to it; a process that exits waits for them (see [`flush_at_exit`]).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -29,8 +29,14 @@ pub(crate) struct Job {
 }
 
 pub(crate) enum JobKind {
-    /// A hold that was granted: released (`RELEASE`), its mark kept `mark_ms`.
-    Release { mark_ms: u64 },
+    /// A hold that was granted: released (`RELEASE`), its mark kept `mark_ms` (a guard
+    /// dropped inside an async runtime). With `unless`: not before its time, and not at all
+    /// if the flag says a task of the runtime released it meanwhile.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    Release {
+        mark_ms: u64,
+        unless: Option<(Instant, Arc<AtomicBool>)>,
+    },
     /// An attempt that may or may not have been granted (`CANCEL`): its deadline in the
     /// server's µs (0: none), and the longest its marker may live.
     Cancel { not_after: i64, cap_ms: u64 },
@@ -121,6 +127,17 @@ fn work(shared: &Shared, timeout: Duration, jobs: &Receiver<Job>, pending: &Atom
     let mut con: Option<(SyncConn, Tag)> = None;
     let mut node = 0usize;
     while let Ok(job) = jobs.recv() {
+        if let JobKind::Release {
+            unless: Some((at, done)),
+            ..
+        } = &job.kind
+        {
+            std::thread::sleep(at.saturating_duration_since(Instant::now()));
+            if done.load(Ordering::Acquire) {
+                pending.fetch_sub(1, Ordering::AcqRel);
+                continue;
+            }
+        }
         let give_up = Instant::now() + GIVE_UP;
         let mut pause = Duration::from_millis(20);
         let call = match job.kind {
@@ -132,7 +149,7 @@ fn work(shared: &Shared, timeout: Duration, jobs: &Receiver<Job>, pending: &Atom
         .key(&job.keys[2])
         .arg(&job.token);
         let call = match job.kind {
-            JobKind::Release { mark_ms } => call.arg(mark_ms),
+            JobKind::Release { mark_ms, .. } => call.arg(mark_ms),
             JobKind::Cancel { not_after, cap_ms } => call.arg(not_after).arg(cap_ms),
         };
         loop {

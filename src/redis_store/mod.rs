@@ -14,20 +14,21 @@
 //! token) is acknowledged by replicas before it is handed out.
 //!
 //! Layout: `topology` (where commands go) and `sentinel` (following a master and hearing
-//! of failovers), `conn` (the shared connections) and `aio` (async ones), `per_process`
-//! (what a forked child must not share), `server_clock`, `janitor` (releases nobody waits
-//! for), `scripts`, `identity` (the stored value), `ops` (the operations on a hold) and
+//! of failovers), `conn` (the shared connections, kept per process: see `per_process`)
+//! and `aio` (async ones), `server_clock`, `janitor` (releases nobody waits for), `scripts`, `identity` (the stored value), `ops` (the operations on a hold) and
 //! `async_ops`.
 
 #[cfg(feature = "tokio")]
 mod aio;
 #[cfg(feature = "tokio")]
 mod async_ops;
+#[cfg(feature = "tokio")]
+mod async_wait;
 mod conn;
 mod identity;
 mod janitor;
 mod ops;
-mod per_process;
+
 mod scripts;
 mod sentinel;
 mod server_clock;
@@ -338,7 +339,7 @@ impl RedisLocks {
     /// does (stopped, slow, behind a proxy that holds replies back): every connect, lookup,
     /// reply and sleep of the wait is held to its end, but for the last attempt and the
     /// last sleep's unsubscribe, 100 ms each. Polling (`notify: false`) counts resty's steps
-    /// and stops once the wall clock is 100 ms past T. See the README's "Deadlines" for
+    /// and ends by the wall clock within 200 ms past T. See docs/redis.md, "Deadlines", for
     /// what a Cluster and a reply trickled a byte at a time can still stretch.
     pub fn lock(
         &self,

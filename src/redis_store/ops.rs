@@ -15,6 +15,11 @@ use crate::redis_store::janitor::{Job, JobKind};
 use crate::redis_store::server_clock::server_us;
 use crate::redis_store::{identity, RedisLocks};
 
+/// How long a release handed to a runtime's task may take before the janitor thread makes
+/// it instead.
+#[cfg(feature = "tokio")]
+const RELEASE_FALLBACK: Duration = Duration::from_millis(50);
+
 /// The shortest time an attempt of a wait is given, even at the wait's very end (a reply
 /// takes a round trip).
 const ATTEMPT_FLOOR: Duration = Duration::from_millis(100);
@@ -47,7 +52,7 @@ impl Names {
         self.mark("cancel", token)
     }
 
-    fn release_mark(&self, token: &str) -> Vec<u8> {
+    pub(crate) fn release_mark(&self, token: &str) -> Vec<u8> {
         self.mark("released", token)
     }
 }
@@ -273,7 +278,7 @@ impl RedisLocks {
 
     /// How long a release's mark lives: long enough for the retry of a release whose reply
     /// was lost to find it.
-    fn mark_ms(&self) -> u64 {
+    pub(crate) fn mark_ms(&self) -> u64 {
         millis(self.0.pool.timeout.saturating_mul(2)).saturating_add(1000)
     }
 
@@ -545,13 +550,15 @@ impl Backend for RedisLocks {
         self.release_hold(hold)
     }
 
-    /// Inside an async runtime the release goes to the handle's janitor thread: a runtime
-    /// thread must not block, and a task spawned on a runtime that is about to stop (or
-    /// that nothing drives any more, after `block_on` returned) might never run. Elsewhere
-    /// it is made in place.
+    /// Inside an async runtime a runtime thread must not block: the release goes to a task
+    /// of the runtime (over the async connection, the quickest way), and to the handle's
+    /// janitor thread as a fallback a little later, should that task not run by then (the
+    /// runtime is stopping, or nothing drives it any more after `block_on` returned).
+    /// Elsewhere it is made in place.
     fn release_on_drop(&self, hold: &RedisHold) {
         #[cfg(feature = "tokio")]
-        if tokio::runtime::Handle::try_current().is_ok() {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
             self.0.pool.janitor(Job {
                 keys: [
                     hold.names.lock.clone(),
@@ -561,7 +568,14 @@ impl Backend for RedisLocks {
                 token: hold.token.clone(),
                 kind: JobKind::Release {
                     mark_ms: self.mark_ms(),
+                    unless: Some((Instant::now() + RELEASE_FALLBACK, done.clone())),
                 },
+            });
+            let (locks, hold) = (self.clone(), hold.clone());
+            runtime.spawn(async move {
+                if locks.release_async(&hold).await.is_ok() {
+                    done.store(true, std::sync::atomic::Ordering::Release);
+                }
             });
             return;
         }

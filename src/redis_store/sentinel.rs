@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use redis::{Client, Connection, ConnectionInfo, RedisResult, Value};
 
-use crate::redis_store::per_process::PerProcess;
+use crate::per_process::PerProcess;
 use crate::redis_store::topology::{left, with_addr};
 
 /// How often a watcher pings its sentinel (and at most how long it waits for an event).
@@ -207,6 +207,7 @@ impl Sentinel {
 
     /// [`connect_master`](Self::connect_master)'s checks, for a connection made elsewhere
     /// (async): where the master is, and the epoch.
+    #[cfg(feature = "tokio")]
     pub(crate) fn locate(&self, limit: Instant) -> RedisResult<(ConnectionInfo, u64, Addr)> {
         let (_, info, epoch, addr) = self.master(limit)?;
         Ok((info, epoch, addr))

@@ -153,6 +153,7 @@ impl Shared {
     }
 
     /// [`vouch`](Self::vouch) without asking anyone: `None` if the sentinels must be asked.
+    #[cfg(feature = "tokio")]
     pub(crate) fn vouch_quick(&self, tag: &Tag, sent: Instant) -> Option<bool> {
         match (&self.topology, &tag.addr) {
             (Topology::Sentinel(s), Some(_)) => s.vouch_quick(tag.epoch, sent),

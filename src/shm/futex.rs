@@ -102,3 +102,119 @@ fn futex_wait(word: *const u32, op: libc::c_int, expected: u32, time: Duration, 
         );
     }
 }
+
+/// One word for [`wait_any`] to sleep on: the low half of a slot's control word (shared
+/// with other processes) or a word of this process's own.
+#[cfg(all(target_os = "linux", feature = "tokio"))]
+pub(crate) enum Watched<'a> {
+    Low(&'a AtomicU64, u32),
+    Private(&'a AtomicU32, u32),
+}
+
+/// `struct futex_waitv` of the kernel's uapi.
+#[cfg(all(target_os = "linux", feature = "tokio"))]
+#[repr(C)]
+struct FutexWaitv {
+    val: u64,
+    uaddr: u64,
+    flags: u32,
+    reserved: u32,
+}
+
+/// How [`wait_any`] ended.
+#[cfg(all(target_os = "linux", feature = "tokio"))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WaitAny {
+    /// Woken, timed out, or a word no longer read its value: look again.
+    Returned,
+    /// This kernel has no `futex_waitv` (before Linux 5.16).
+    Unsupported,
+}
+
+/// The most words one [`wait_any`] sleeps on (the kernel's limit).
+#[cfg(all(target_os = "linux", feature = "tokio"))]
+pub(crate) const WAIT_ANY_MAX: usize = 128;
+
+/// Sleeps until any of `words` is woken or no longer reads its value, or this process's
+/// `CLOCK_MONOTONIC` reaches `until` (ns): `futex_waitv` (Linux 5.16), one thread waiting on
+/// many words at once. At most [`WAIT_ANY_MAX`] words.
+#[cfg(all(target_os = "linux", feature = "tokio"))]
+pub(crate) fn wait_any(words: &[Watched<'_>], until: u64) -> WaitAny {
+    let waitv: Vec<FutexWaitv> = words
+        .iter()
+        .take(WAIT_ANY_MAX)
+        .map(|w| match w {
+            Watched::Low(word, expected) => FutexWaitv {
+                val: u64::from(*expected),
+                uaddr: low_half(word) as u64,
+                flags: libc::FUTEX2_SIZE_U32 as u32,
+                reserved: 0,
+            },
+            Watched::Private(word, expected) => FutexWaitv {
+                val: u64::from(*expected),
+                uaddr: word.as_ptr() as u64,
+                flags: (libc::FUTEX2_SIZE_U32 | libc::FUTEX_PRIVATE_FLAG) as u32,
+                reserved: 0,
+            },
+        })
+        .collect();
+    let ts = libc::timespec {
+        tv_sec: (until / 1_000_000_000).min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: (until % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `waitv` holds `waitv.len()` valid entries naming live, aligned u32 words (the
+    // callers keep the mappings and the private words alive across the call); `ts` is a
+    // valid absolute timespec of CLOCK_MONOTONIC that outlives the call. The kernel compares
+    // each word with its value atomically with going to sleep.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_futex_waitv,
+            waitv.as_ptr(),
+            waitv.len() as libc::c_uint,
+            0 as libc::c_uint,
+            &ts as *const libc::timespec,
+            libc::CLOCK_MONOTONIC,
+        )
+    };
+    if rc < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+        WaitAny::Unsupported
+    } else {
+        WaitAny::Returned
+    }
+}
+
+/// Wakes the sleepers on a word of this process's own.
+#[cfg(all(target_os = "linux", feature = "tokio"))]
+pub(crate) fn wake_private(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE_PRIVATE on a live, aligned u32 of this process; it only looks at
+    // the address.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// [`wait`] on a word of this process's own, woken by [`wake_private`].
+#[cfg(feature = "tokio")]
+pub(crate) fn wait_private(word: &AtomicU32, expected: u32, timeout: Duration) {
+    #[cfg(all(target_os = "linux", feature = "tokio"))]
+    futex_wait(
+        word.as_ptr(),
+        libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+        expected,
+        timeout,
+        0,
+    );
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (word, expected);
+        std::thread::sleep(timeout);
+    }
+}

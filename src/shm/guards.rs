@@ -27,10 +27,14 @@ impl LockTable {
         lock::guard(self, key.as_ref(), opts, Some(opts.timeout))
     }
 
-    /// [`lock`](Self::lock) for async code (tokio): waits on resty's schedule with
-    /// `tokio::time::sleep`, so the runtime thread is never blocked; the elapsed time is the
-    /// sum of the steps. Each attempt is a few atomic operations, made in place; dropping the
-    /// guard releases with one CAS, which never blocks either.
+    /// [`lock`](Self::lock) for async code (tokio): the runtime thread is never blocked.
+    /// Each attempt is a few atomic operations, made in place; a waiting task is woken by
+    /// the release that frees its key (through one thread per table and process that sleeps
+    /// on every word the process's tasks wait for), the first task of the process waiting
+    /// for that key first, with resty's schedule as its budget: the elapsed time is the time
+    /// actually waited. With `notify: false` it polls on resty's schedule with
+    /// `tokio::time::sleep`, elapsed = the sum of the steps. Dropping the guard releases with
+    /// one CAS, which never blocks either.
     ///
     /// ```
     /// # let path = std::env::temp_dir().join(format!("shmlock-doc-async-{}", std::process::id()));
@@ -59,8 +63,10 @@ impl LockTable {
             key,
             &resolved,
             opts.timeout,
+            || self.ticket_async(key),
             |_| std::future::ready(Backend::try_acquire(self, key, resolved.exptime_ns, None)),
             |busy: &ShmBusy| Backend::reap(self, busy),
+            |busy: &ShmBusy, step, place| self.sleep_async(busy, step, place),
             |busy, key, waited| Backend::gave_up(self, busy, key, waited),
         )
         .await?;

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, KeyPreview};
 use crate::key::check_key;
+#[cfg(feature = "tokio")]
+use crate::lock::backend::Slept;
 use crate::lock::backend::{Backend, Sealed};
 use crate::lock::slack::TimerSlack;
 use crate::shm::attachment::Attachment;
@@ -136,6 +138,19 @@ struct Inner {
     header: Header,
     path: PathBuf,
     created: bool,
+    /// The thread that wakes this process's async waiters (see `async_wait`).
+    #[cfg(feature = "tokio")]
+    watcher: crate::per_process::PerProcess<crate::shm::async_wait::Watcher>,
+}
+
+#[cfg(feature = "tokio")]
+impl crate::shm::async_wait::Watchable for Inner {
+    fn prepare_wait(&self, b: &Busy) -> Prepared {
+        self.table.prepare_wait(b)
+    }
+    fn wait_word(&self, slot: usize) -> &AtomicU64 {
+        self.table.wait_word(slot)
+    }
 }
 
 /// How to open a [`LockTable`]: capacity and permissions of a table this call creates.
@@ -250,6 +265,8 @@ impl LockTable {
                 header,
                 path: path.to_path_buf(),
                 created: opened.created,
+                #[cfg(feature = "tokio")]
+                watcher: crate::per_process::PerProcess::new(),
             }),
         })
     }
@@ -538,6 +555,69 @@ fn hold_or_busy(
             key: KeyPreview::new(req.key),
             capacity,
         }),
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl LockTable {
+    /// An async waiter's sleep on a busy key (see `async_wait`): at most `step`, and no
+    /// later than the holder's lease end and a tick (an expiry wakes nobody); woken by the
+    /// release through the process's watcher, first come first. `place` is the waiter's
+    /// place in the key's queue from its last sleep, kept. Returns the time slept, whether
+    /// the key may be free, and the place.
+    /// A place in the queue of `key`'s async waiters of this process, taken as the task
+    /// asks, and the key's hold if others wait for it already (see `acquire_async`'s
+    /// `queued`).
+    pub(crate) fn ticket_async(
+        &self,
+        key: &[u8],
+    ) -> (Option<ShmBusy>, Option<crate::shm::async_wait::Wake>) {
+        let watcher = self.inner.watcher.get(crate::shm::async_wait::Watcher::new);
+        let (wake, ahead) = watcher.ticket(self.hash(key));
+        (ahead.map(ShmBusy), Some(wake))
+    }
+
+    fn ticket_async_hash(&self, hash: crate::shm::table::KeyHash) -> crate::shm::async_wait::Wake {
+        let watcher = self.inner.watcher.get(crate::shm::async_wait::Watcher::new);
+        watcher.ticket(hash).0
+    }
+
+    pub(crate) fn sleep_async(
+        &self,
+        busy: &ShmBusy,
+        step: Duration,
+        place: Option<crate::shm::async_wait::Wake>,
+    ) -> impl std::future::Future<Output = Slept<crate::shm::async_wait::Wake>> + '_ {
+        let busy = busy.0;
+        async move { self.sleep_async_on(busy, step, place).await }
+    }
+
+    async fn sleep_async_on(
+        &self,
+        busy: Busy,
+        step: Duration,
+        place: Option<crate::shm::async_wait::Wake>,
+    ) -> Slept<crate::shm::async_wait::Wake> {
+        let started = Instant::now();
+        let step = match self.inner.table.lease_left(&busy) {
+            Some(left) => step.min(left + CLOCK_TICK),
+            None => step,
+        };
+        let table: Arc<dyn crate::shm::async_wait::Watchable> = self.inner.clone();
+        let mut wake = match place {
+            Some(wake) => wake,
+            None => self.ticket_async_hash(busy.hash),
+        };
+        wake.wait(&table, &busy);
+        let woken = crate::lock::backend::first_of(&mut wake, tokio::time::sleep(step)).await;
+        Slept {
+            used: started.elapsed(),
+            moved: woken && self.inner.table.moved_on(&busy),
+            // a step that ran out: only the first of the queue tries (a dead holder wakes
+            // nobody), the others keep their turn
+            attempt: woken || wake.is_first(),
+            place: wake,
+        }
     }
 }
 

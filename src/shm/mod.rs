@@ -18,6 +18,8 @@
 
 #[cfg(not(loom))]
 pub(crate) mod anchor;
+#[cfg(all(feature = "tokio", not(loom)))]
+pub(crate) mod async_wait;
 #[cfg(not(loom))]
 pub(crate) mod attachment;
 pub(crate) mod clock;

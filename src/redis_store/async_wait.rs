@@ -1,0 +1,307 @@
+//! Async waiters on Redis, woken by the release channel (feature `tokio`).
+//!
+//! The tasks of a process waiting for one key form a queue, kept per handle and process,
+//! first come first: a task joins it when its first attempt finds the key held (or, if
+//! others of the process already wait for the key, before trying at all: a newcomer does
+//! not take the key from under them). One pub/sub connection per handle and process (made
+//! in the runtime of the task that first waits, made again when that runtime ends or the
+//! master changes) carries the process's subscriptions; a dispatcher task reads its
+//! messages, and a release's message wakes the first task of the key's queue only: no
+//! herd, and the key goes round in the order the tasks asked for it. A task woken that is
+//! dropped before its attempt hands its wake-up to the next. A task's step (resty's
+//! schedule) still bounds each sleep, as a lease that lapses sends no message; then only
+//! the first of the queue tries.
+//!
+//! Channels are subscribed to when a task first waits on them, and unsubscribed once a
+//! message comes for a channel nobody waits on (or when idle ones pile up).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use redis::aio::PubSubSink;
+use redis::{Client, RedisResult};
+
+use crate::redis_store::aio::bounded;
+use crate::redis_store::conn::Pool;
+use crate::redis_store::topology::{Tag, Topology};
+
+/// A pool's queues and pub/sub connection in one process.
+pub(crate) struct Listeners {
+    queues: Arc<Mutex<Queues>>,
+    /// The pub/sub connection, made by one task at a time.
+    conn: tokio::sync::Mutex<Option<Conn>>,
+}
+
+impl Listeners {
+    pub(crate) fn new() -> Listeners {
+        Listeners {
+            queues: Arc::new(Mutex::new(Queues::default())),
+            conn: tokio::sync::Mutex::new(None),
+        }
+    }
+}
+
+/// One pub/sub connection: its sink, where it leads, whether its dispatcher task runs,
+/// and what it is subscribed to.
+struct Conn {
+    sink: PubSubSink,
+    tag: Tag,
+    alive: Arc<AtomicBool>,
+    subscribed: HashSet<Vec<u8>>,
+}
+
+#[derive(Default)]
+struct Queues {
+    waiting: HashMap<Vec<u8>, VecDeque<Entry>>,
+    next_id: u64,
+}
+
+struct Entry {
+    id: u64,
+    waker: Option<Waker>,
+    woken: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Marks its connection dead when dropped: with its dispatcher task.
+struct Canary(Arc<AtomicBool>);
+
+impl Drop for Canary {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// Subscribed channels nobody waits on, beyond which they are unsubscribed at once.
+const IDLE_CHANNELS: usize = 64;
+
+impl Pool {
+    /// Joins the back of `channel`'s queue.
+    pub(crate) fn turn(&self, channel: &[u8]) -> Turn {
+        let queues = &self.local().aio.listeners.queues;
+        let id = {
+            let mut q = lock(queues);
+            let id = q.next_id;
+            q.next_id += 1;
+            q.waiting
+                .entry(channel.to_vec())
+                .or_default()
+                .push_back(Entry {
+                    id,
+                    waker: None,
+                    woken: false,
+                });
+            id
+        };
+        Turn {
+            queues: queues.clone(),
+            channel: channel.to_vec(),
+            id,
+            attempted: false,
+        }
+    }
+
+    /// Makes sure the process listens on `channel`: a live pub/sub connection to the
+    /// current master (made within `limit` if there is none) subscribed to it.
+    pub(crate) async fn listen_on(&self, channel: &[u8], limit: Instant) -> RedisResult<()> {
+        let listeners = &self.local().aio.listeners;
+        let mut conn = bounded(limit, async { Ok(listeners.conn.lock().await) }).await?;
+        let fresh = conn
+            .as_ref()
+            .is_some_and(|c| c.alive.load(Ordering::Acquire) && self.shared.current(&c.tag));
+        if !fresh {
+            *conn = None;
+            *conn = Some(self.connect_listener(limit).await?);
+        }
+        let c = conn.as_mut().expect("made above");
+        if c.subscribed.contains(channel) {
+            return Ok(());
+        }
+        // channels nobody waits on any more, past a few, go first
+        if c.subscribed.len() > IDLE_CHANNELS {
+            let idle: Vec<Vec<u8>> = {
+                let q = lock(&listeners.queues);
+                c.subscribed
+                    .iter()
+                    .filter(|ch| !q.waiting.contains_key(*ch))
+                    .cloned()
+                    .collect()
+            };
+            if bounded(limit, c.sink.unsubscribe(&idle)).await.is_ok() {
+                for ch in &idle {
+                    c.subscribed.remove(ch);
+                }
+            }
+        }
+        bounded(limit, c.sink.subscribe(channel)).await?;
+        c.subscribed.insert(channel.to_vec());
+        Ok(())
+    }
+
+    async fn connect_listener(&self, limit: Instant) -> RedisResult<Conn> {
+        let (client, tag) = match &self.shared.topology {
+            Topology::Single(c) => (c.clone(), Tag::default()),
+            Topology::Cluster { nodes, .. } => {
+                // a cluster's PUBLISH reaches every node: any seed node hears it
+                (Client::open(nodes[0].clone())?, Tag::default())
+            }
+            Topology::Sentinel(_) => {
+                let shared = self.shared.clone();
+                let located = tokio::task::spawn_blocking(move || match &shared.topology {
+                    Topology::Sentinel(s) => s.locate(limit),
+                    _ => unreachable!("a sentinel topology"),
+                })
+                .await
+                .map_err(|e| redis::RedisError::from(std::io::Error::other(e)))??;
+                let (info, epoch, addr) = located;
+                (
+                    Client::open(info)?,
+                    Tag {
+                        epoch,
+                        addr: Some(addr),
+                    },
+                )
+            }
+        };
+        let pubsub = bounded(limit, client.get_async_pubsub()).await?;
+        let (sink, stream) = pubsub.split();
+        let alive = Arc::new(AtomicBool::new(true));
+        tokio::spawn(dispatch(
+            stream,
+            self.local().aio.listeners.queues.clone(),
+            Canary(alive.clone()),
+        ));
+        Ok(Conn {
+            sink,
+            tag,
+            alive,
+            subscribed: HashSet::new(),
+        })
+    }
+}
+
+/// The dispatcher task: wakes the first task waiting on each channel that a message comes
+/// for; when the connection ends, wakes them all (they try, and listen anew).
+async fn dispatch(stream: redis::aio::PubSubStream, queues: Arc<Mutex<Queues>>, _canary: Canary) {
+    let mut stream = Box::pin(stream);
+    while let Some(msg) =
+        std::future::poll_fn(|cx| futures_core::Stream::poll_next(stream.as_mut(), cx)).await
+    {
+        let Ok(channel) = msg.get_channel::<Vec<u8>>() else {
+            continue;
+        };
+        if let Some(entries) = lock(&queues).waiting.get_mut(&channel) {
+            wake_next(entries);
+        }
+    }
+    let mut q = lock(&queues);
+    for entries in q.waiting.values_mut() {
+        for e in entries.iter_mut() {
+            e.woken = true;
+            if let Some(w) = e.waker.take() {
+                w.wake();
+            }
+        }
+    }
+}
+
+/// Wakes the first task of a queue that is not woken yet.
+fn wake_next(entries: &mut VecDeque<Entry>) {
+    if let Some(e) = entries.iter_mut().find(|e| !e.woken) {
+        e.woken = true;
+        if let Some(w) = e.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+/// A task's place in a key's queue: ready when a release wakes it. Kept from sleep to
+/// sleep ([`again`](Turn::again)) and left with [`attempted`](Turn::attempted) when the
+/// wait ends; dropped otherwise (the task was cancelled) after being woken, it hands the
+/// wake-up to the next task.
+pub(crate) struct Turn {
+    queues: Arc<Mutex<Queues>>,
+    channel: Vec<u8>,
+    id: u64,
+    attempted: bool,
+}
+
+impl Turn {
+    pub(crate) fn attempted(mut self) {
+        self.attempted = true;
+    }
+
+    /// Waits again in the same place.
+    pub(crate) fn again(&mut self) {
+        let mut q = lock(&self.queues);
+        if let Some(e) = q
+            .waiting
+            .get_mut(&self.channel)
+            .and_then(|entries| entries.iter_mut().find(|e| e.id == self.id))
+        {
+            e.woken = false;
+        }
+    }
+
+    /// Whether no task of this process waits for the key before this one.
+    pub(crate) fn is_first(&self) -> bool {
+        let q = lock(&self.queues);
+        q.waiting
+            .get(&self.channel)
+            .and_then(|entries| entries.front())
+            .is_none_or(|e| e.id == self.id)
+    }
+}
+
+impl Future for Turn {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut q = lock(&self.queues);
+        let entry = q
+            .waiting
+            .get_mut(&self.channel)
+            .and_then(|entries| entries.iter_mut().find(|e| e.id == self.id));
+        match entry {
+            Some(e) if !e.woken => {
+                e.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            _ => Poll::Ready(()),
+        }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let mut q = lock(&self.queues);
+        let Some(entries) = q.waiting.get_mut(&self.channel) else {
+            return;
+        };
+        let Some(at) = entries.iter().position(|e| e.id == self.id) else {
+            return;
+        };
+        let was_woken = entries[at].woken;
+        entries.remove(at);
+        if was_woken && !self.attempted {
+            wake_next(entries);
+        }
+        if entries.is_empty() {
+            q.waiting.remove(&self.channel);
+        }
+    }
+}
+
+impl crate::lock::backend::Place for Turn {
+    fn attempted(self) {
+        Turn::attempted(self);
+    }
+}
