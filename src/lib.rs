@@ -71,6 +71,8 @@ mod shm;
 pub use dict::{DictOptions, Fetched, Item, Put, SharedDict, Source, Stored, Value, ValueRef};
 pub use error::{Error, FormatError, KeyPreview};
 pub use limits::{MAX_CAPACITY, MAX_KEY_LEN};
+#[cfg(all(feature = "tokio", not(loom)))]
+pub use lock::AsyncBackend;
 pub use lock::LockOptions;
 #[cfg(not(loom))]
 pub use lock::{Backend, KeepAlive, Lock, LockGuard};

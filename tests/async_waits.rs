@@ -186,3 +186,65 @@ fn a_thousand_tasks_on_one_redis_key_all_get_it_in_turn() {
     let redis: &'static RedisLocks = Box::leak(Box::new(RedisLocks::open(&server.url()).unwrap()));
     crowds(move || redis.lock_async("k", WAIT));
 }
+
+/// 1000 tasks miss one item at once and read it through `get_or_fetch_async`: one fetches
+/// (a slow backend, 50 ms), the others wait without blocking the runtime and find the value
+/// it stored.
+fn burst<B: shmlock::AsyncBackend + Sync + 'static>(locks: &'static B)
+where
+    B::Hold: Send,
+{
+    let path = TempPath::new("async-fetch");
+    let cache: &'static shmlock::SharedDict =
+        Box::leak(Box::new(shmlock::SharedDict::open(&path, 64, 64).unwrap()));
+    let fetches: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    let rt = runtime();
+    let sources: Vec<shmlock::Source> = rt.block_on(async {
+        let handles: Vec<_> = (0..1000)
+            .map(|_| {
+                tokio::spawn(async move {
+                    let got = cache
+                        .get_or_fetch_async(locks, "item", Duration::from_secs(60), || async {
+                            fetches.fetch_add(1, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            Ok::<_, Error>(b"value".to_vec())
+                        })
+                        .await
+                        .unwrap();
+                    assert_eq!(got.value.as_bytes(), Some(&b"value"[..]));
+                    got.source
+                })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for h in handles {
+            out.push(h.await.unwrap());
+        }
+        out
+    });
+    let fetched = sources
+        .iter()
+        .filter(|s| **s == shmlock::Source::Fetched)
+        .count();
+    assert_eq!(
+        fetches.load(Ordering::SeqCst),
+        1,
+        "the backend was asked more than once"
+    );
+    assert_eq!(fetched, 1);
+    drop(path);
+}
+
+#[test]
+fn a_thousand_tasks_missing_one_item_fetch_it_once_through_the_table() {
+    let path = TempPath::new("async-fetch-locks");
+    let table: &'static LockTable = Box::leak(Box::new(LockTable::open(&path, 64).unwrap()));
+    burst(table);
+}
+
+#[test]
+fn a_thousand_tasks_missing_one_item_fetch_it_once_through_redis() {
+    let server = RedisServer::start();
+    let redis: &'static RedisLocks = Box::leak(Box::new(RedisLocks::open(&server.url()).unwrap()));
+    burst(redis);
+}

@@ -123,4 +123,94 @@ impl SharedDict {
             waited,
         })
     }
+
+    /// [`get_or_fetch`](Self::get_or_fetch) for async code (feature `tokio`): the lock is
+    /// taken with `lock_async` on either backend, so a waiting task blocks no runtime
+    /// thread and is woken when the fetching task stores the value and unlocks; `fetch` is
+    /// a future. Of all the tasks and processes that miss the key at once, one fetches.
+    ///
+    /// ```
+    /// use shmlock::{LockTable, SharedDict, Source};
+    /// use std::time::Duration;
+    ///
+    /// # let dir = std::env::temp_dir().join(format!("shmlock-doc-fetch-async-{}", std::process::id()));
+    /// # let _ = std::fs::remove_dir_all(&dir);
+    /// # std::fs::create_dir_all(&dir).unwrap();
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let cache = SharedDict::open(dir.join("cache"), 1024, 256)?;
+    /// let locks = LockTable::open(dir.join("locks"), 1024)?;
+    /// let got = cache
+    ///     .get_or_fetch_async(&locks, "item:42", Duration::from_secs(60), || async {
+    ///         Ok::<_, shmlock::Error>(b"row 42".to_vec())
+    ///     })
+    ///     .await?;
+    /// assert_eq!(got.source, Source::Fetched);
+    /// # std::fs::remove_dir_all(&dir).unwrap();
+    /// # Ok::<(), shmlock::Error>(())
+    /// # }).unwrap();
+    /// ```
+    #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+    pub async fn get_or_fetch_async<B, E, F, Fut>(
+        &self,
+        locks: &B,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        fetch: F,
+    ) -> Result<Fetched, E>
+    where
+        B: crate::lock::backend::AsyncBackend,
+        E: From<Error>,
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<u8>, E>>,
+    {
+        self.get_or_fetch_async_with(locks, key, ttl, &LockOptions::default(), fetch)
+            .await
+    }
+
+    /// [`get_or_fetch_async`](Self::get_or_fetch_async) with the lock's options (see
+    /// [`get_or_fetch_with`](Self::get_or_fetch_with)).
+    #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+    pub async fn get_or_fetch_async_with<B, E, F, Fut>(
+        &self,
+        locks: &B,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        opts: &LockOptions,
+        fetch: F,
+    ) -> Result<Fetched, E>
+    where
+        B: crate::lock::backend::AsyncBackend,
+        E: From<Error>,
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<u8>, E>>,
+    {
+        let key = key.as_ref();
+        if let Some(hit) = self.get(key)? {
+            return Ok(Fetched {
+                value: hit.value,
+                source: Source::Cache,
+                waited: Duration::ZERO,
+            });
+        }
+        let guard = locks.lock_boxed(key, opts).await?;
+        let waited = guard.elapsed();
+        // The double check, as in `get_or_fetch_with`.
+        if let Some(hit) = self.get(key)? {
+            return Ok(Fetched {
+                value: hit.value,
+                source: Source::Filled,
+                waited,
+            });
+        }
+        let value = fetch().await?;
+        self.set(key, &value, ttl)?;
+        drop(guard);
+        Ok(Fetched {
+            value: Value::Bytes(value),
+            source: Source::Fetched,
+            waited,
+        })
+    }
 }

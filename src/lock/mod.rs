@@ -16,6 +16,8 @@ pub(crate) mod wait;
 pub(crate) use api::{guard, try_guard};
 #[cfg(not(loom))]
 pub use api::{KeepAlive, Lock, LockGuard};
+#[cfg(feature = "tokio")]
+pub use backend::AsyncBackend;
 #[cfg(not(loom))]
 pub use backend::Backend;
 pub use options::LockOptions;

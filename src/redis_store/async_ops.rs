@@ -321,3 +321,15 @@ impl RedisLocks {
             .map_err(Error::Redis)
     }
 }
+
+impl crate::lock::backend::AsyncBackend for RedisLocks {
+    fn lock_boxed<'a>(
+        &'a self,
+        key: &'a [u8],
+        opts: &'a LockOptions,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<LockGuard<'a, RedisLocks>, Error>> + Send + 'a>,
+    > {
+        Box::pin(self.lock_async(key, opts))
+    }
+}

@@ -98,3 +98,16 @@ impl LockTable {
         self.try_lock_with_lease(key, exptime)
     }
 }
+
+#[cfg(feature = "tokio")]
+impl crate::lock::backend::AsyncBackend for LockTable {
+    fn lock_boxed<'a>(
+        &'a self,
+        key: &'a [u8],
+        opts: &'a LockOptions,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<LockGuard<'a>, Error>> + Send + 'a>,
+    > {
+        Box::pin(self.lock_async(key, opts))
+    }
+}
