@@ -159,7 +159,7 @@ impl SharedDict {
         fetch: F,
     ) -> Result<Fetched, E>
     where
-        B: crate::lock::backend::AsyncBackend,
+        B: crate::lock::AsyncBackend,
         E: From<Error>,
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<Vec<u8>, E>>,
@@ -181,7 +181,7 @@ impl SharedDict {
         fetch: F,
     ) -> Result<Fetched, E>
     where
-        B: crate::lock::backend::AsyncBackend,
+        B: crate::lock::AsyncBackend,
         E: From<Error>,
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<Vec<u8>, E>>,

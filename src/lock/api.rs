@@ -13,6 +13,23 @@ use crate::lock::options::{LockOptions, Resolved};
 use crate::shm::process;
 use crate::shm::LockTable;
 
+/// A [`Backend`] with `lock_async` (feature `tokio`): what
+/// [`SharedDict::get_or_fetch_async`](crate::SharedDict::get_or_fetch_async) takes its lock
+/// through, on either backend. Sealed, as `Backend` is.
+#[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+pub trait AsyncBackend: Backend + Sized {
+    /// `lock_async` of the backend, boxed.
+    #[doc(hidden)]
+    fn lock_boxed<'a>(
+        &'a self,
+        key: &'a [u8],
+        opts: &'a crate::lock::options::LockOptions,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<LockGuard<'a, Self>, Error>> + Send + 'a>,
+    >;
+}
+
 /// A hold and the process that took it: a copy inherited by a forked child must not
 /// release its parent's hold.
 struct Holding<H> {

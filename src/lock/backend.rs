@@ -258,27 +258,6 @@ pub(crate) fn acquire_slow<B: Backend>(
     }
 }
 
-/// A [`Backend`] with `lock_async` (feature `tokio`): what
-/// [`SharedDict::get_or_fetch_async`](crate::SharedDict::get_or_fetch_async) takes its lock
-/// through, on either backend. Sealed, as `Backend` is.
-#[cfg(feature = "tokio")]
-#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
-pub trait AsyncBackend: Backend + Sized {
-    /// `lock_async` of the backend, boxed.
-    #[doc(hidden)]
-    fn lock_boxed<'a>(
-        &'a self,
-        key: &'a [u8],
-        opts: &'a crate::lock::options::LockOptions,
-    ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<Output = Result<crate::lock::LockGuard<'a, Self>, Error>>
-                + Send
-                + 'a,
-        >,
-    >;
-}
-
 /// The async waiting loop, as [`acquire_slow`]'s: one attempt, then resty's schedule of
 /// sleeps. With `notify`, each sleep is `sleep`'s (woken by whoever frees the key where the
 /// backend can), the elapsed time is the time actually waited and the timeout is wall

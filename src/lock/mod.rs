@@ -12,12 +12,12 @@ pub(crate) mod options;
 pub(crate) mod slack;
 pub(crate) mod wait;
 
+#[cfg(feature = "tokio")]
+pub use api::AsyncBackend;
 #[cfg(not(loom))]
 pub(crate) use api::{guard, try_guard};
 #[cfg(not(loom))]
 pub use api::{KeepAlive, Lock, LockGuard};
-#[cfg(feature = "tokio")]
-pub use backend::AsyncBackend;
 #[cfg(not(loom))]
 pub use backend::Backend;
 pub use options::LockOptions;

@@ -10,14 +10,13 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use redis::{Client, RedisResult};
 
-use crate::redis_store::conn::{is_broken, Failed, Pool};
-use crate::redis_store::sentinel::timed_out;
+use crate::redis_store::net::{bounded, is_broken, left, timed_out, Failed};
 use crate::redis_store::server_clock;
-use crate::redis_store::topology::{left, Tag, Topology};
+use crate::redis_store::topology::{Shared, Tag, Topology};
 
 /// The async connection of a handle: redis-rs's multiplexed connection (many tasks share
 /// one socket, requests pipelined), or its async cluster connection.
@@ -100,23 +99,28 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Idle exclusive connections kept.
 const MAX_IDLE: usize = 16;
 
-impl Pool {
-    fn usable(&self, a: &Aio) -> bool {
-        a.alive.load(Ordering::Acquire) && self.shared.current(&a.tag)
+impl Local {
+    fn usable(shared: &Shared, a: &Aio) -> bool {
+        a.alive.load(Ordering::Acquire) && shared.current(&a.tag)
     }
 
     /// The shared async connection, made on first use (by `limit`) inside the caller's
     /// runtime. Its response timeout is the handle's command timeout, not redis-rs's
     /// 500 ms default.
-    pub(crate) async fn aio(&self, limit: Instant) -> Result<Aio, Failed> {
-        let slot = &self.local().aio.shared;
-        if let Some(a) = lock(slot).as_ref().filter(|a| self.usable(a)) {
+    pub(crate) async fn shared_conn(
+        &self,
+        shared: &Arc<Shared>,
+        timeout: Duration,
+        limit: Instant,
+    ) -> Result<Aio, Failed> {
+        let slot = &self.shared;
+        if let Some(a) = lock(slot).as_ref().filter(|a| Self::usable(shared, a)) {
             return Ok(a.clone());
         }
         // Made without the slot's lock: a connect that stalls stalls only this task.
-        let made = self.connect_async(limit).await.map_err(not_sent)?;
+        let made = connect(shared, timeout, limit).await.map_err(not_sent)?;
         let mut slot = lock(slot);
-        match slot.as_ref().filter(|a| self.usable(a)) {
+        match slot.as_ref().filter(|a| Self::usable(shared, a)) {
             Some(other) => Ok(other.clone()), // another task was quicker
             None => {
                 *slot = Some(made.clone());
@@ -126,30 +130,35 @@ impl Pool {
     }
 
     /// A connection no other task uses until it is given back.
-    pub(crate) async fn aio_exclusive(&self, limit: Instant) -> Result<Aio, Failed> {
+    pub(crate) async fn exclusive_conn(
+        &self,
+        shared: &Arc<Shared>,
+        timeout: Duration,
+        limit: Instant,
+    ) -> Result<Aio, Failed> {
         loop {
-            let Some(a) = lock(&self.local().aio.exclusive).pop() else {
+            let Some(a) = lock(&self.exclusive).pop() else {
                 break;
             };
-            if self.usable(&a) {
+            if Self::usable(shared, &a) {
                 return Ok(a);
             }
         }
-        self.connect_async(limit).await.map_err(not_sent)
+        connect(shared, timeout, limit).await.map_err(not_sent)
     }
 
     pub(crate) fn put_back_exclusive(&self, a: Aio) {
-        let mut idle = lock(&self.local().aio.exclusive);
+        let mut idle = lock(&self.exclusive);
         if idle.len() < MAX_IDLE {
             idle.push(a);
         }
     }
 
     /// Forgets the shared connection after an error that broke it.
-    pub(crate) fn aio_failed(&self, a: &Aio, e: &redis::RedisError) {
+    pub(crate) fn failed(&self, a: &Aio, e: &redis::RedisError) {
         if is_broken(e) {
             a.alive.store(false, Ordering::Release);
-            let mut slot = lock(&self.local().aio.shared);
+            let mut slot = lock(&self.shared);
             if slot
                 .as_ref()
                 .is_some_and(|s| Arc::ptr_eq(&s.alive, &a.alive))
@@ -158,81 +167,71 @@ impl Pool {
             }
         }
     }
-
-    async fn connect_async(&self, limit: Instant) -> RedisResult<Aio> {
-        let wait = left(limit).ok_or_else(timed_out)?;
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(wait))
-            .set_response_timeout(Some(self.timeout));
-        let (conn, tag) = match &self.shared.topology {
-            Topology::Single(client) => {
-                let c = bounded(
-                    limit,
-                    client.get_multiplexed_async_connection_with_config(&config),
-                )
-                .await?;
-                (AsyncConn::Plain(c), Tag::default())
-            }
-            Topology::Sentinel(_) => {
-                // Asking the sentinels is a few blocking round trips, made only when
-                // (re)connecting: on the blocking pool, not on a runtime thread.
-                let shared = self.shared.clone();
-                let located = tokio::task::spawn_blocking(move || match &shared.topology {
-                    Topology::Sentinel(s) => s.locate(limit),
-                    _ => unreachable!("a sentinel topology"),
-                })
-                .await
-                .map_err(|e| redis::RedisError::from(std::io::Error::other(e)))??;
-                let (info, epoch, addr) = located;
-                let client = Client::open(info)?;
-                let c = bounded(
-                    limit,
-                    client.get_multiplexed_async_connection_with_config(&config),
-                )
-                .await?;
-                (
-                    AsyncConn::Plain(c),
-                    Tag {
-                        epoch,
-                        addr: Some(addr),
-                    },
-                )
-            }
-            Topology::Cluster { client, .. } => {
-                let config = redis::cluster::ClusterConfig::new()
-                    .set_connection_timeout(wait)
-                    .set_response_timeout(self.timeout);
-                let c = bounded(limit, client.get_async_connection_with_config(config)).await?;
-                (AsyncConn::Cluster(c), Tag::default())
-            }
-        };
-        let alive = Arc::new(AtomicBool::new(true));
-        let canary = Canary(alive.clone());
-        tokio::spawn(async move {
-            let _canary = canary;
-            std::future::pending::<()>().await;
-        });
-        let mut a = Aio { conn, tag, alive };
-        if let AsyncConn::Plain(_) = a.conn {
-            let time: (String, String) =
-                bounded(limit, redis::cmd("TIME").query_async(&mut a.conn)).await?;
-            if let Some(us) = server_clock::server_us(&time.0, &time.1) {
-                self.shared.clock.observe(us, Instant::now());
-            }
-        }
-        Ok(a)
-    }
 }
 
-/// `f`, failing with a timeout if it is not done by `limit`.
-pub(crate) async fn bounded<T>(
-    limit: Instant,
-    f: impl std::future::Future<Output = RedisResult<T>>,
-) -> RedisResult<T> {
+/// A new async connection, made within `limit` in the caller's runtime.
+async fn connect(shared: &Arc<Shared>, timeout: Duration, limit: Instant) -> RedisResult<Aio> {
     let wait = left(limit).ok_or_else(timed_out)?;
-    tokio::time::timeout(wait, f)
-        .await
-        .unwrap_or_else(|_| Err(timed_out()))
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(wait))
+        .set_response_timeout(Some(timeout));
+    let (conn, tag) = match &shared.topology {
+        Topology::Single(client) => {
+            let c = bounded(
+                limit,
+                client.get_multiplexed_async_connection_with_config(&config),
+            )
+            .await?;
+            (AsyncConn::Plain(c), Tag::default())
+        }
+        Topology::Sentinel(_) => {
+            // Asking the sentinels is a few blocking round trips, made only when
+            // (re)connecting: on the blocking pool, not on a runtime thread.
+            let shared = shared.clone();
+            let located = tokio::task::spawn_blocking(move || match &shared.topology {
+                Topology::Sentinel(s) => s.locate(limit),
+                _ => unreachable!("a sentinel topology"),
+            })
+            .await
+            .map_err(|e| redis::RedisError::from(std::io::Error::other(e)))??;
+            let (info, epoch, addr) = located;
+            let client = Client::open(info)?;
+            let c = bounded(
+                limit,
+                client.get_multiplexed_async_connection_with_config(&config),
+            )
+            .await?;
+            (
+                AsyncConn::Plain(c),
+                Tag {
+                    epoch,
+                    addr: Some(addr),
+                },
+            )
+        }
+        Topology::Cluster { client, .. } => {
+            let config = redis::cluster::ClusterConfig::new()
+                .set_connection_timeout(wait)
+                .set_response_timeout(timeout);
+            let c = bounded(limit, client.get_async_connection_with_config(config)).await?;
+            (AsyncConn::Cluster(c), Tag::default())
+        }
+    };
+    let alive = Arc::new(AtomicBool::new(true));
+    let canary = Canary(alive.clone());
+    tokio::spawn(async move {
+        let _canary = canary;
+        std::future::pending::<()>().await;
+    });
+    let mut a = Aio { conn, tag, alive };
+    if let AsyncConn::Plain(_) = a.conn {
+        let time: (String, String) =
+            bounded(limit, redis::cmd("TIME").query_async(&mut a.conn)).await?;
+        if let Some(us) = server_clock::server_us(&time.0, &time.1) {
+            shared.clock.observe(us, Instant::now());
+        }
+    }
+    Ok(a)
 }
 
 fn not_sent(e: redis::RedisError) -> Failed {

@@ -18,9 +18,10 @@ use crate::error::Error;
 use crate::lock::backend::Slept;
 use crate::lock::options::LockOptions;
 use crate::lock::LockGuard;
-use crate::redis_store::aio::{bounded, Aio};
+use crate::redis_store::aio::Aio;
 use crate::redis_store::async_wait::Turn;
-use crate::redis_store::conn::{is_unanswered, Failed};
+use crate::redis_store::net::bounded;
+use crate::redis_store::net::{is_unanswered, Failed};
 use crate::redis_store::ops::{answer, replicated, Answer, Names, RedisBusy, RedisHold};
 use crate::redis_store::{identity, RedisLocks};
 
@@ -322,7 +323,7 @@ impl RedisLocks {
     }
 }
 
-impl crate::lock::backend::AsyncBackend for RedisLocks {
+impl crate::lock::AsyncBackend for RedisLocks {
     fn lock_boxed<'a>(
         &'a self,
         key: &'a [u8],

@@ -26,9 +26,8 @@ use std::time::Instant;
 use redis::aio::PubSubSink;
 use redis::{Client, RedisResult};
 
-use crate::redis_store::aio::bounded;
-use crate::redis_store::conn::Pool;
-use crate::redis_store::topology::{Tag, Topology};
+use crate::redis_store::net::bounded;
+use crate::redis_store::topology::{Shared, Tag, Topology};
 
 /// A pool's queues and pub/sub connection in one process.
 pub(crate) struct Listeners {
@@ -83,10 +82,10 @@ impl Drop for Canary {
 /// Subscribed channels nobody waits on, beyond which they are unsubscribed at once.
 const IDLE_CHANNELS: usize = 64;
 
-impl Pool {
+impl Listeners {
     /// Joins the back of `channel`'s queue.
     pub(crate) fn turn(&self, channel: &[u8]) -> Turn {
-        let queues = &self.local().aio.listeners.queues;
+        let queues = &self.queues;
         let id = {
             let mut q = lock(queues);
             let id = q.next_id;
@@ -111,15 +110,20 @@ impl Pool {
 
     /// Makes sure the process listens on `channel`: a live pub/sub connection to the
     /// current master (made within `limit` if there is none) subscribed to it.
-    pub(crate) async fn listen_on(&self, channel: &[u8], limit: Instant) -> RedisResult<()> {
-        let listeners = &self.local().aio.listeners;
+    pub(crate) async fn listen_on(
+        &self,
+        shared: &Arc<Shared>,
+        channel: &[u8],
+        limit: Instant,
+    ) -> RedisResult<()> {
+        let listeners = self;
         let mut conn = bounded(limit, async { Ok(listeners.conn.lock().await) }).await?;
         let fresh = conn
             .as_ref()
-            .is_some_and(|c| c.alive.load(Ordering::Acquire) && self.shared.current(&c.tag));
+            .is_some_and(|c| c.alive.load(Ordering::Acquire) && shared.current(&c.tag));
         if !fresh {
             *conn = None;
-            *conn = Some(self.connect_listener(limit).await?);
+            *conn = Some(self.connect(shared, limit).await?);
         }
         let c = conn.as_mut().expect("made above");
         if c.subscribed.contains(channel) {
@@ -146,15 +150,15 @@ impl Pool {
         Ok(())
     }
 
-    async fn connect_listener(&self, limit: Instant) -> RedisResult<Conn> {
-        let (client, tag) = match &self.shared.topology {
+    async fn connect(&self, shared: &Arc<Shared>, limit: Instant) -> RedisResult<Conn> {
+        let (client, tag) = match &shared.topology {
             Topology::Single(c) => (c.clone(), Tag::default()),
             Topology::Cluster { nodes, .. } => {
                 // a cluster's PUBLISH reaches every node: any seed node hears it
                 (Client::open(nodes[0].clone())?, Tag::default())
             }
             Topology::Sentinel(_) => {
-                let shared = self.shared.clone();
+                let shared = shared.clone();
                 let located = tokio::task::spawn_blocking(move || match &shared.topology {
                     Topology::Sentinel(s) => s.locate(limit),
                     _ => unreachable!("a sentinel topology"),
@@ -174,11 +178,7 @@ impl Pool {
         let pubsub = bounded(limit, client.get_async_pubsub()).await?;
         let (sink, stream) = pubsub.split();
         let alive = Arc::new(AtomicBool::new(true));
-        tokio::spawn(dispatch(
-            stream,
-            self.local().aio.listeners.queues.clone(),
-            Canary(alive.clone()),
-        ));
+        tokio::spawn(dispatch(stream, self.queues.clone(), Canary(alive.clone())));
         Ok(Conn {
             sink,
             tag,

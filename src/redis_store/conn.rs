@@ -28,10 +28,14 @@ use redis::{Connection, ConnectionLike, RedisResult};
 
 use crate::error::Error;
 use crate::per_process::PerProcess;
+#[cfg(feature = "tokio")]
+use crate::redis_store::aio::Aio;
+#[cfg(feature = "tokio")]
+use crate::redis_store::async_wait::Turn;
 use crate::redis_store::janitor::{Janitor, Job};
-use crate::redis_store::scripts::Call;
+use crate::redis_store::net::{self, is_broken, is_unanswered, Failed};
 use crate::redis_store::sentinel;
-use crate::redis_store::topology::{self, left, Shared, SyncConn, Tag, Topology};
+use crate::redis_store::topology::{self, Req, Shared, SyncConn, Tag, Topology};
 
 /// Idle connections kept per list; more are closed when returned.
 const MAX_IDLE: usize = 64;
@@ -69,81 +73,11 @@ impl Local {
     }
 }
 
-/// A command's connection, held to the command's deadline: every request on it (the
-/// script by hash, then whole; the `WAIT` after a grant) must be answered by then.
-pub(crate) struct Req<'a> {
-    conn: &'a mut SyncConn,
-    limit: Instant,
-}
-
-impl Req<'_> {
-    /// A connection's requests must be answered by `limit`.
-    pub(crate) fn new(conn: &mut SyncConn, limit: Instant) -> Req<'_> {
-        Req { conn, limit }
-    }
-
-    /// The read and write timeouts for the next request: the time left. A cluster
-    /// connection tries a request that timed out up to [`CLUSTER_TRIES`] times in all, so
-    /// each try gets its share.
-    fn bound(&mut self) -> RedisResult<()> {
-        let left = left(self.limit).ok_or_else(sentinel::timed_out)?;
-        let tries = match self.conn {
-            SyncConn::Cluster(_) => CLUSTER_TRIES,
-            SyncConn::Plain(_) => 1,
-        };
-        self.conn.set_timeouts(left / tries)
-    }
-
-    pub(crate) fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> RedisResult<T> {
-        self.bound()?;
-        cmd.query(self.conn.as_dyn())
-    }
-
-    /// A script: by hash, then whole if the server lacks it, each within the time left.
-    pub(crate) fn call<T: redis::FromRedisValue>(&mut self, call: &Call<'_>) -> RedisResult<T> {
-        match self.query(&call.cmd(false)) {
-            Err(e) if e.code() == Some("NOSCRIPT") => self.query(&call.cmd(true)),
-            other => other,
-        }
-    }
-}
-
-/// How many times redis-rs's cluster connection sends a request in all (its retries
-/// after a timeout, a redirect...): see `open_cluster`.
-pub(crate) const CLUSTER_TRIES: u32 = 4;
-
 /// A reply, with the connection it came on and when the request went out.
 pub(crate) struct Ran<T> {
     pub(crate) value: T,
     pub(crate) tag: Tag,
     pub(crate) sent: Instant,
-}
-
-/// A command that failed, and whether the server may have run it all the same (the
-/// request went out and no answer came back).
-#[derive(Debug)]
-pub(crate) struct Failed {
-    pub(crate) error: Error,
-    pub(crate) unknown: bool,
-}
-
-impl From<Failed> for Error {
-    fn from(f: Failed) -> Error {
-        f.error
-    }
-}
-
-/// Whether an error means the connection (and probably the server behind it) is unusable:
-/// I/O trouble, a timeout, or a server that is no longer (or not yet) a writable master.
-pub(crate) fn is_broken(e: &redis::RedisError) -> bool {
-    is_unanswered(e)
-        || e.is_connection_refusal()
-        || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
-}
-
-/// Whether a request that failed with `e` may have run on the server: no reply came.
-pub(crate) fn is_unanswered(e: &redis::RedisError) -> bool {
-    e.is_io_error() || e.is_connection_dropped() || e.is_timeout()
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -306,14 +240,14 @@ impl Pool {
         };
         let mut last = None;
         for seed in nodes {
-            let listing: RedisResult<String> = sentinel::connect_within(seed, limit)
+            let listing: RedisResult<String> = net::connect_within(seed, limit)
                 .and_then(|mut c| redis::cmd("CLUSTER").arg("NODES").query(&mut c));
             match listing {
                 Ok(listing) => {
                     let mut out = Vec::new();
                     for (host, port) in topology::cluster_masters(&listing) {
-                        let info = topology::with_addr(seed, &host, port);
-                        let conn = sentinel::connect_within(&info, self.limit(None))?;
+                        let info = net::with_addr(seed, &host, port);
+                        let conn = net::connect_within(&info, self.limit(None))?;
                         out.push((format!("{host}:{port}"), conn));
                     }
                     return Ok(out);
@@ -331,4 +265,48 @@ impl Pool {
 /// A client for the masters of Sentinel `service`.
 pub(crate) fn sentinel_topology(service: &str, sentinels: Vec<redis::ConnectionInfo>) -> Topology {
     Topology::Sentinel(sentinel::Sentinel::new(service.to_string(), sentinels))
+}
+
+/// The async connections and waiters of the pool in this process (see `aio` and
+/// `async_wait`).
+#[cfg(feature = "tokio")]
+impl Pool {
+    /// The shared async connection, made on first use (by `limit`) in the caller's runtime.
+    pub(crate) async fn aio(&self, limit: Instant) -> Result<Aio, Failed> {
+        self.local()
+            .aio
+            .shared_conn(&self.shared, self.timeout, limit)
+            .await
+    }
+
+    /// An async connection no other task uses until it is given back.
+    pub(crate) async fn aio_exclusive(&self, limit: Instant) -> Result<Aio, Failed> {
+        self.local()
+            .aio
+            .exclusive_conn(&self.shared, self.timeout, limit)
+            .await
+    }
+
+    pub(crate) fn put_back_exclusive(&self, a: Aio) {
+        self.local().aio.put_back_exclusive(a);
+    }
+
+    /// Forgets the shared async connection after an error that broke it.
+    pub(crate) fn aio_failed(&self, a: &Aio, e: &redis::RedisError) {
+        self.local().aio.failed(a, e);
+    }
+
+    /// A place at the back of the queue of async waiters on `channel`.
+    pub(crate) fn turn(&self, channel: &[u8]) -> Turn {
+        self.local().aio.listeners.turn(channel)
+    }
+
+    /// Makes sure the process listens on `channel` (see `async_wait`).
+    pub(crate) async fn listen_on(&self, channel: &[u8], limit: Instant) -> RedisResult<()> {
+        self.local()
+            .aio
+            .listeners
+            .listen_on(&self.shared, channel, limit)
+            .await
+    }
 }

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use redis::RedisResult;
 
-use crate::redis_store::conn::Req;
 use crate::redis_store::scripts::Lua;
+use crate::redis_store::topology::Req;
 use crate::redis_store::topology::{Shared, SyncConn, Tag};
 use crate::shm::process;
 

@@ -27,6 +27,7 @@ mod async_wait;
 mod conn;
 mod identity;
 mod janitor;
+mod net;
 mod ops;
 
 mod scripts;
@@ -45,6 +46,7 @@ use crate::lock::options::LockOptions;
 use crate::lock::{self, LockGuard};
 
 use conn::Pool;
+
 use scripts::Lua;
 use topology::{Shared, Topology};
 
@@ -230,7 +232,7 @@ impl RedisLocks {
         // a failing node is given up on after about a second, not redis-rs's default
         // sixteen tries (and each try gets its share of a command's deadline)
         builder = builder
-            .retries(conn::CLUSTER_TRIES - 1)
+            .retries(topology::CLUSTER_TRIES - 1)
             .min_retry_wait(50)
             .max_retry_wait(500);
         let client = builder.build()?;

@@ -10,9 +10,10 @@ use redis::RedisResult;
 use crate::error::Error;
 use crate::lock::backend::{Backend, Sealed};
 use crate::lock::slack::TimerSlack;
-use crate::redis_store::conn::{is_broken, Failed, Req};
 use crate::redis_store::janitor::{Job, JobKind};
+use crate::redis_store::net::{is_broken, Failed};
 use crate::redis_store::server_clock::server_us;
+use crate::redis_store::topology::Req;
 use crate::redis_store::{identity, RedisLocks};
 
 /// How long a release handed to a runtime's task may take before the janitor thread makes
@@ -480,7 +481,7 @@ impl RedisLocks {
     ) -> RedisResult<()> {
         let timeout = self.0.pool.timeout;
         let wait = |d: Option<Duration>| Some(d.unwrap_or_default().max(Duration::from_millis(1)));
-        con.set_read_timeout(wait(crate::redis_store::topology::left(end)))?;
+        con.set_read_timeout(wait(crate::redis_store::net::left(end)))?;
         con.set_write_timeout(Some(timeout))?;
         let mut pubsub = con.as_pubsub();
         pubsub.subscribe(&busy.names.channel)?;
@@ -492,7 +493,7 @@ impl RedisLocks {
             .map_or(1, |r| r.value);
         let mut outcome = Ok(());
         if held != 0 {
-            while let Some(left) = crate::redis_store::topology::left(end) {
+            while let Some(left) = crate::redis_store::net::left(end) {
                 pubsub.set_read_timeout(wait(Some(left)))?;
                 match pubsub.get_message() {
                     Ok(msg) => {
@@ -516,7 +517,7 @@ impl RedisLocks {
         let unsubscribing = Instant::now();
         drop(pubsub);
         if unsubscribing.elapsed() >= wait {
-            return Err(crate::redis_store::sentinel::timed_out());
+            return Err(crate::redis_store::net::timed_out());
         }
         outcome
     }

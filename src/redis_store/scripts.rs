@@ -127,7 +127,7 @@ return n
 /// A script, sent as `EVALSHA` by its hash, or whole (`EVAL`) when the server has not got it
 /// cached (`NOSCRIPT`: a restarted or promoted server). Not `SCRIPT LOAD` and then `EVALSHA`,
 /// as redis-rs's `Script` does: one round trip fewer, and each request is held to the
-/// caller's deadline by the caller (see `conn::Req`).
+/// caller's deadline by the caller (see `topology::Req`).
 #[derive(Debug)]
 pub(crate) struct Lua {
     code: &'static str,

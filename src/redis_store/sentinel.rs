@@ -29,10 +29,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use redis::{Client, Connection, ConnectionInfo, RedisResult, Value};
+use redis::{Connection, ConnectionInfo, RedisResult, Value};
 
 use crate::per_process::PerProcess;
-use crate::redis_store::topology::{left, with_addr};
+use crate::redis_store::net::{connect_within, left, timed_out, with_addr};
 
 /// How often a watcher pings its sentinel (and at most how long it waits for an event).
 pub(crate) const PING_EVERY: Duration = Duration::from_millis(250);
@@ -268,29 +268,6 @@ impl Sentinel {
         }
         Ok(view.epoch() == epoch)
     }
-}
-
-/// A connection to `info` whose every step (connect, handshake, each reply) ends by
-/// `limit`. redis-rs bounds each read of the handshake by the timeout it is given, not the
-/// handshake as a whole: the library-name commands are left out, and the time left is
-/// shared among the commands that remain (`AUTH`, `SELECT`).
-pub(crate) fn connect_within(info: &ConnectionInfo, limit: Instant) -> RedisResult<Connection> {
-    let settings = info.redis_settings().clone().set_skip_set_lib_name();
-    let steps = 1 + u32::from(settings.password().is_some()) + u32::from(settings.db() != 0);
-    let info = info.clone().set_redis_settings(settings);
-    let timeout = left(limit).ok_or_else(timed_out)? / steps;
-    let con = Client::open(info)?.get_connection_with_timeout(timeout)?;
-    let timeout = left(limit).ok_or_else(timed_out)?;
-    con.set_read_timeout(Some(timeout))?;
-    con.set_write_timeout(Some(timeout))?;
-    Ok(con)
-}
-
-pub(crate) fn timed_out() -> redis::RedisError {
-    redis::RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        "the deadline passed",
-    ))
 }
 
 /// Whether an event's payload is about the master `name`: `+switch-master NAME ...`, or

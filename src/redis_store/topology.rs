@@ -4,9 +4,11 @@
 use std::time::{Duration, Instant};
 
 use redis::cluster::{ClusterClient, ClusterConnection};
-use redis::{Client, Connection, ConnectionAddr, ConnectionInfo, ConnectionLike, RedisResult};
+use redis::{Client, Connection, ConnectionInfo, ConnectionLike, RedisResult};
 
-use crate::redis_store::sentinel::{self, Addr, Sentinel};
+use crate::redis_store::net::{self, left};
+use crate::redis_store::scripts::Call;
+use crate::redis_store::sentinel::{Addr, Sentinel};
 use crate::redis_store::server_clock::{self, ServerClock};
 
 /// What a handle connects to.
@@ -28,13 +30,6 @@ pub(crate) enum Topology {
 pub(crate) struct Shared {
     pub(crate) topology: Topology,
     pub(crate) clock: ServerClock,
-}
-
-/// Time left until `limit`, if any.
-pub(crate) fn left(limit: Instant) -> Option<Duration> {
-    limit
-        .checked_duration_since(Instant::now())
-        .filter(|d| !d.is_zero())
 }
 
 /// Which server a connection reaches and, with Sentinel, the epoch it was made in (see
@@ -75,6 +70,49 @@ impl SyncConn {
     }
 }
 
+/// A command's connection, held to the command's deadline: every request on it (the
+/// script by hash, then whole; the `WAIT` after a grant) must be answered by then.
+pub(crate) struct Req<'a> {
+    conn: &'a mut SyncConn,
+    limit: Instant,
+}
+
+impl Req<'_> {
+    /// A connection's requests must be answered by `limit`.
+    pub(crate) fn new(conn: &mut SyncConn, limit: Instant) -> Req<'_> {
+        Req { conn, limit }
+    }
+
+    /// The read and write timeouts for the next request: the time left. A cluster
+    /// connection tries a request that timed out up to [`CLUSTER_TRIES`] times in all, so
+    /// each try gets its share.
+    fn bound(&mut self) -> RedisResult<()> {
+        let left = left(self.limit).ok_or_else(net::timed_out)?;
+        let tries = match self.conn {
+            SyncConn::Cluster(_) => CLUSTER_TRIES,
+            SyncConn::Plain(_) => 1,
+        };
+        self.conn.set_timeouts(left / tries)
+    }
+
+    pub(crate) fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> RedisResult<T> {
+        self.bound()?;
+        cmd.query(self.conn.as_dyn())
+    }
+
+    /// A script: by hash, then whole if the server lacks it, each within the time left.
+    pub(crate) fn call<T: redis::FromRedisValue>(&mut self, call: &Call<'_>) -> RedisResult<T> {
+        match self.query(&call.cmd(false)) {
+            Err(e) if e.code() == Some("NOSCRIPT") => self.query(&call.cmd(true)),
+            other => other,
+        }
+    }
+}
+
+/// How many times redis-rs's cluster connection sends a request in all (its retries
+/// after a timeout, a redirect...): see `open_cluster`.
+pub(crate) const CLUSTER_TRIES: u32 = 4;
+
 impl Shared {
     pub(crate) fn new(topology: Topology) -> Shared {
         Shared {
@@ -89,7 +127,7 @@ impl Shared {
     pub(crate) fn plain(&self, i: usize, limit: Instant) -> RedisResult<(Connection, Tag)> {
         let (mut con, tag) = match &self.topology {
             Topology::Single(c) => (
-                sentinel::connect_within(c.get_connection_info(), limit)?,
+                net::connect_within(c.get_connection_info(), limit)?,
                 Tag::default(),
             ),
             Topology::Sentinel(s) => {
@@ -103,7 +141,7 @@ impl Shared {
                 )
             }
             Topology::Cluster { nodes, .. } => (
-                sentinel::connect_within(&nodes[i % nodes.len()], limit)?,
+                net::connect_within(&nodes[i % nodes.len()], limit)?,
                 Tag::default(),
             ),
         };
@@ -120,7 +158,7 @@ impl Shared {
     ) -> RedisResult<(SyncConn, Tag)> {
         match &self.topology {
             Topology::Cluster { client, .. } => {
-                let wait = left(limit).ok_or_else(sentinel::timed_out)?;
+                let wait = left(limit).ok_or_else(net::timed_out)?;
                 let config = redis::cluster::ClusterConfig::new()
                     .set_connection_timeout(wait)
                     .set_response_timeout(timeout);
@@ -192,24 +230,6 @@ pub(crate) fn cluster_masters(listing: &str) -> Vec<(String, u16)> {
         }
     }
     out
-}
-
-/// `seed`'s settings (password, TLS, database) for another address.
-pub(crate) fn with_addr(seed: &ConnectionInfo, host: &str, port: u16) -> ConnectionInfo {
-    let addr = match seed.addr() {
-        ConnectionAddr::TcpTls {
-            insecure,
-            tls_params,
-            ..
-        } => ConnectionAddr::TcpTls {
-            host: host.to_string(),
-            port,
-            insecure: *insecure,
-            tls_params: tls_params.clone(),
-        },
-        _ => ConnectionAddr::Tcp(host.to_string(), port),
-    };
-    seed.clone().set_addr(addr)
 }
 
 #[cfg(test)]

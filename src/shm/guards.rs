@@ -100,7 +100,7 @@ impl LockTable {
 }
 
 #[cfg(feature = "tokio")]
-impl crate::lock::backend::AsyncBackend for LockTable {
+impl crate::lock::AsyncBackend for LockTable {
     fn lock_boxed<'a>(
         &'a self,
         key: &'a [u8],
