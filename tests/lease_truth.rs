@@ -6,6 +6,9 @@
 //! overdue, and the work's thread often runs first (its end stops the renewals). Run on
 //! the lock table and on Redis, with real processes.
 //!
+//! A holder that asks for its fencing token after such a stop is refused it, though it had
+//! one before.
+//!
 //! Guards `src/lock/api.rs` (`keep_alive`'s last look), the backends' `check`
 //! (`src/shm/table/hold.rs`, `src/redis_store/ops.rs`). Its own small harness
 //! (`harness = false`): `lease_truth FILTER` runs the tests whose name contains FILTER; the
@@ -170,6 +173,71 @@ where
         .collect()
 }
 
+/// A holder takes a key and its fencing token, is stopped (SIGSTOP) past its lease while a
+/// waiter takes the key, and asks for its token again when it resumes: it must be refused
+/// (before, the table handed back the token it had, for a hold that was gone). Returns
+/// what `try_token` said (1 the token, 2 Expired, 3 another error).
+fn token_after_a_stop<B: Backend>(backend: &B) -> u64 {
+    let told = Shared::new(1);
+    let held = Gate::new();
+    let opts = LockOptions {
+        exptime: LEASE,
+        timeout: Duration::ZERO,
+        ..LockOptions::default()
+    };
+    let holder = fork(|| {
+        let mut lock = Lock::new(backend, opts).unwrap();
+        lock.lock("T").unwrap();
+        let before = lock.try_token().unwrap();
+        held.signal();
+        // stopped here by the parent, past the lease
+        std::thread::sleep(STOP_AT + STOPPED_FOR);
+        let verdict = match lock.try_token() {
+            Ok(t) if t == before => 1,
+            Ok(_) => 3,
+            Err(Error::Expired) => 2,
+            Err(_) => 3,
+        };
+        let consistent = lock.token().is_none() == (verdict == 2)
+            && matches!(lock.check(), Err(Error::Expired)) == (verdict == 2);
+        told.word(0).store(
+            if consistent { verdict } else { 3 },
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        0
+    });
+    held.await_signals(1);
+    std::thread::sleep(STOP_AT);
+    Sigstop.hold(holder.0);
+    let wait = LockOptions {
+        exptime: Duration::from_secs(30),
+        timeout: Duration::from_secs(10),
+        ..LockOptions::default()
+    };
+    let mut waiter = Lock::new(backend, wait).unwrap();
+    waiter.lock("T").unwrap();
+    Sigstop.release(holder.0);
+    assert_eq!(holder.wait(Duration::from_secs(30)), 0);
+    waiter.unlock().unwrap();
+    told.word(0).load(std::sync::atomic::Ordering::SeqCst)
+}
+
+fn a_token_asked_after_a_stop_past_the_lease_is_refused_on_the_table() {
+    let (t, _path) = table();
+    let told = token_after_a_stop(&t);
+    note!("[try_token said {told} (1 the old token, 2 Expired)] ");
+    assert_eq!(told, 2);
+}
+
+#[cfg(feature = "redis")]
+fn a_token_asked_after_a_stop_past_the_lease_is_refused_on_redis() {
+    let server = common::redis_server::RedisServer::start();
+    let redis = shmlock::RedisLocks::open(&server.url()).unwrap();
+    let told = token_after_a_stop(&redis);
+    note!("[try_token said {told} (1 the old token, 2 Expired)] ");
+    assert_eq!(told, 2);
+}
+
 fn assert_told_expired(told: &[u64]) {
     note!("[keep_alive said {told:?} (1 Ok, 2 Expired)] ");
     assert!(
@@ -223,6 +291,15 @@ fn main() {
                 keep_alive_after_a_freeze_past_the_lease_says_expired_on_the_table,
             )
             .needs_root(FREEZE),
+            Test::new(
+                "a_token_asked_after_a_stop_past_the_lease_is_refused_on_the_table",
+                a_token_asked_after_a_stop_past_the_lease_is_refused_on_the_table,
+            ),
+            #[cfg(feature = "redis")]
+            Test::new(
+                "a_token_asked_after_a_stop_past_the_lease_is_refused_on_redis",
+                a_token_asked_after_a_stop_past_the_lease_is_refused_on_redis,
+            ),
             #[cfg(feature = "redis")]
             Test::new(
                 "keep_alive_after_a_stop_past_the_lease_says_expired_on_redis",
