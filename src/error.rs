@@ -120,6 +120,17 @@ pub enum Error {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Redis(redis::RedisError),
+    /// The file system has no room for the table or dict being created at `path`: it
+    /// needs `needed` bytes and `available` are free (a container's `/dev/shm` is often
+    /// 64 MiB). Nothing was created.
+    NoSpace {
+        /// The file.
+        path: PathBuf,
+        /// Bytes the file needs.
+        needed: u64,
+        /// Bytes free on its file system.
+        available: u64,
+    },
     /// An operating-system error on `path` (permission denied, no space, ...).
     Io {
         /// The file.
@@ -324,6 +335,19 @@ impl fmt::Display for Error {
                  taken over; the write was not made",
             ),
             Error::Format { path, source } => write!(f, "{}: {source}", path.display()),
+            Error::NoSpace {
+                path,
+                needed,
+                available,
+            } => write!(
+                f,
+                "{}: needs {needed} bytes ({:.1} MiB) and its file system has {available} free \
+                 ({:.1} MiB): create it with a smaller capacity, or on a file system with more \
+                 room (a container's /dev/shm is often 64 MiB)",
+                path.display(),
+                *needed as f64 / 1_048_576.0,
+                *available as f64 / 1_048_576.0
+            ),
             Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
             #[cfg(feature = "redis")]
             Error::Redis(e) => write!(f, "redis: {e}"),

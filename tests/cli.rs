@@ -375,6 +375,34 @@ fn inspect_needs_read_access_only() {
     guard.unlock().unwrap();
 }
 
+/// `create` with a capacity bigger than the filesystem's free room exits 73 (EX_CANTCREAT)
+/// and says the bytes it needs and the bytes free; nothing is left behind.
+#[test]
+#[ignore = "needs root: mounts a 1 MiB tmpfs in a mount namespace (unshare -m)"]
+fn create_on_a_filesystem_without_room_says_how_much_it_needs() {
+    common::harness::require_root();
+    let dir = TempPath::new("cli-full");
+    std::fs::create_dir_all(&dir.0).unwrap();
+    // In its own mount namespace: the tmpfs vanishes with the shell.
+    let script = "mount -t tmpfs -o size=1m tmpfs \"$1\" || exit 99; \
+                  \"$2\" --file \"$1/table\" create --capacity 100000; code=$?; \
+                  ls -A \"$1\" >&2; exit $code";
+    let out = output(
+        Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", script, "sh"])
+            .arg(&dir.0)
+            .arg(env!("CARGO_BIN_EXE_shmlock"))
+            .env_remove("SHMLOCK_FILE"),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let _ = std::fs::remove_dir_all(&dir.0);
+    assert_eq!(out.status.code(), Some(73), "{stderr}");
+    assert!(
+        stderr.contains("needs") && stderr.contains("free") && !stderr.contains("table\n"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn the_file_comes_from_shmlock_file_when_not_given() {
     let file = TempPath::new("cli-env");

@@ -46,6 +46,11 @@ const TESTS: &[Test] = &[
     .needs_root("mounts an overlayfs in a mount namespace"),
     Test::new("control_tmpfs_live_holder", control_tmpfs_live_holder),
     Test::new(
+        "a_table_too_big_for_its_filesystem_says_how_much_room_it_needs",
+        a_table_too_big_for_its_filesystem_says_how_much_room_it_needs,
+    )
+    .needs_root("mounts a 1 MiB tmpfs in a mount namespace"),
+    Test::new(
         "tokens_grow_across_re_creating_the_file",
         tokens_grow_across_re_creating_the_file,
     ),
@@ -271,6 +276,62 @@ fn control_tmpfs_live_holder() {
     if let Err(e) = r {
         panic!("{e}");
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// A filesystem without room
+
+/// A table or dict bigger than its filesystem's free room (a container's 64 MiB `/dev/shm`
+/// and a large capacity) is refused with `Error::NoSpace` naming the bytes needed and the
+/// bytes free, and nothing is left behind on the filesystem. A capacity that fits is then
+/// made there as usual. (The CLI's exit code for it: `tests/cli.rs`.)
+fn a_table_too_big_for_its_filesystem_says_how_much_room_it_needs() {
+    common::harness::require_root();
+    let c = fork(|| {
+        private_mount_ns();
+        let dir = PathBuf::from(format!("/tmp/shmlock-test-full-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        // SAFETY: mounting a tmpfs on a directory we made, with C strings we own.
+        let mounted = unsafe {
+            libc::mount(
+                cstr("tmpfs").as_ptr(),
+                cstr(dir.to_str().unwrap()).as_ptr(),
+                cstr("tmpfs").as_ptr(),
+                0,
+                cstr("size=1m").as_ptr().cast(),
+            )
+        };
+        assert_eq!(
+            mounted,
+            0,
+            "mount tmpfs: {}",
+            std::io::Error::last_os_error()
+        );
+        let table = LockTable::open(dir.join("table"), 100_000).map(drop);
+        let dict = SharedDict::open(dir.join("dict"), 100_000, 64).map(drop);
+        let left: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        let small = LockTable::open(dir.join("small"), 64).map(|t| t.capacity());
+        // SAFETY: unmounting what we mounted.
+        unsafe { libc::umount2(cstr(dir.to_str().unwrap()).as_ptr(), libc::MNT_DETACH) };
+        let _ = fs::remove_dir_all(&dir);
+        let no_space = |r: &Result<(), shmlock::Error>| match r {
+            Err(shmlock::Error::NoSpace {
+                needed, available, ..
+            }) => *needed > 1 << 20 && *available <= 1 << 20,
+            _ => false,
+        };
+        note!("[table {table:?}; dict {dict:?}; left {left:?}; small {small:?}] ");
+        let ok = no_space(&table) && no_space(&dict) && left.is_empty() && small.is_ok();
+        i32::from(!ok)
+    });
+    assert_eq!(
+        c.wait(Duration::from_secs(60)),
+        0,
+        "a table too big for its filesystem was not refused with NoSpace"
+    );
 }
 
 // ---------------------------------------------------------------------------------------

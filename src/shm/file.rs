@@ -141,11 +141,23 @@ fn create(path: &Path, spec: OpenSpec) -> Result<Option<File>, Error> {
         token_base: unix_ns(),
         ..Header::new(spec.layout, spec.capacity, spec.registry)
     };
+    let needed = header.file_len();
     let build = |file: &File| -> io::Result<()> {
         // The umask may have cleared bits the caller asked for.
         file.set_permissions(fs::Permissions::from_mode(spec.mode))?;
-        reserve(file, header.file_len())?;
+        reserve(file, needed)?;
         file.write_all_at(&header.encode(), 0)
+    };
+    // A file system without room says how much there is, against what is needed.
+    let failed = |e: io::Error| match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => Error::NoSpace {
+            path: path.to_path_buf(),
+            needed,
+            available: nix::sys::statvfs::statvfs(&dir).map_or(0, |v| {
+                v.blocks_available() as u64 * v.fragment_size() as u64
+            }),
+        },
+        _ => Error::io(path, e),
     };
     match OpenOptions::new()
         .read(true)
@@ -155,7 +167,7 @@ fn create(path: &Path, spec: OpenSpec) -> Result<Option<File>, Error> {
         .open(&dir)
     {
         Ok(file) => {
-            build(&file).map_err(|e| Error::io(path, e))?;
+            build(&file).map_err(failed)?;
             match link_unnamed(&file, path) {
                 Ok(true) => return Ok(Some(file)),
                 Ok(false) => return Ok(None),
@@ -172,7 +184,7 @@ fn create(path: &Path, spec: OpenSpec) -> Result<Option<File>, Error> {
             ) => {}
         Err(e) => return Err(Error::io(&dir, e)),
     }
-    create_named(path, &dir, spec, build)
+    create_named(path, &dir, spec, build, failed)
 }
 
 /// Links an `O_TMPFILE` file to `path`. `Ok(false)`: the path exists.
@@ -206,6 +218,7 @@ fn create_named(
     dir: &Path,
     spec: OpenSpec,
     build: impl Fn(&File) -> io::Result<()>,
+    failed: impl Fn(io::Error) -> Error,
 ) -> Result<Option<File>, Error> {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let tmp = dir.join(format!(
@@ -221,13 +234,17 @@ fn create_named(
         .custom_flags(libc::O_CLOEXEC)
         .open(&tmp)
         .map_err(|e| Error::io(&tmp, e))?;
-    let result = build(&file).and_then(|()| match fs::hard_link(&tmp, path) {
+    if let Err(e) = build(&file) {
+        let _ = fs::remove_file(&tmp);
+        return Err(failed(e));
+    }
+    let linked = match fs::hard_link(&tmp, path) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
         Err(e) => Err(e),
-    });
+    };
     let _ = fs::remove_file(&tmp);
-    match result {
+    match linked {
         Ok(true) => Ok(Some(file)),
         Ok(false) => Ok(None),
         Err(e) => Err(Error::io(path, e)),

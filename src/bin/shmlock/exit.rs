@@ -48,6 +48,7 @@ impl From<Error> for Fail {
         let code = match &e {
             Error::Io { source, .. } => os_error_code(source),
             Error::Format { .. } => EX_DATAERR,
+            Error::NoSpace { .. } => EX_CANTCREAT,
             Error::EmptyKey
             | Error::KeyTooLong(_)
             | Error::InvalidOptions(_)
