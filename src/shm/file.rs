@@ -148,14 +148,13 @@ fn create(path: &Path, spec: OpenSpec) -> Result<Option<File>, Error> {
         reserve(file, needed)?;
         file.write_all_at(&header.encode(), 0)
     };
-    // A file system without room says how much there is, against what is needed.
+    // A file system without room says how much there is, against what is needed. (A quota
+    // or a file-size limit is not the file system's room: those stay the system's error.)
     let failed = |e: io::Error| match e.raw_os_error() {
-        Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => Error::NoSpace {
+        Some(libc::ENOSPC) => Error::NoSpace {
             path: path.to_path_buf(),
             needed,
-            available: nix::sys::statvfs::statvfs(&dir).map_or(0, |v| {
-                v.blocks_available() as u64 * v.fragment_size() as u64
-            }),
+            available: nix::sys::statvfs::statvfs(&dir).map_or(0, free_bytes),
         },
         _ => Error::io(path, e),
     };
@@ -185,6 +184,12 @@ fn create(path: &Path, spec: OpenSpec) -> Result<Option<File>, Error> {
         Err(e) => return Err(Error::io(&dir, e)),
     }
     create_named(path, &dir, spec, build, failed)
+}
+
+/// The bytes an unprivileged process may still write on a filesystem.
+#[allow(clippy::unnecessary_cast)] // the counts are 32-bit on some targets
+fn free_bytes(v: nix::sys::statvfs::Statvfs) -> u64 {
+    (v.blocks_available() as u64).saturating_mul(v.fragment_size() as u64)
 }
 
 /// Links an `O_TMPFILE` file to `path`. `Ok(false)`: the path exists.
