@@ -20,6 +20,7 @@ pub enum Error {
     /// that would leave the cluster hash tag of its lock's names empty (a key starting with
     /// `}`, a prefix whose first `{` is followed by `}`), so that they would not share a
     /// slot.
+    #[non_exhaustive]
     InvalidKey {
         /// The key (its first bytes).
         key: KeyPreview,
@@ -34,6 +35,7 @@ pub enum Error {
     /// of range.
     InvalidLayout(&'static str),
     /// The value is longer than the dict's longest value (chosen when it was created).
+    #[non_exhaustive]
     ValueTooLong {
         /// Bytes given.
         len: usize,
@@ -41,6 +43,7 @@ pub enum Error {
         max: usize,
     },
     /// [`SharedDict::add`](crate::SharedDict::add): the key already has a live value.
+    #[non_exhaustive]
     Exists {
         /// The key (its first bytes).
         key: KeyPreview,
@@ -48,6 +51,7 @@ pub enum Error {
     /// The key has no live value ([`replace`](crate::SharedDict::replace),
     /// [`incr`](crate::SharedDict::incr) without `init`, [`ttl`](crate::SharedDict::ttl),
     /// [`expire`](crate::SharedDict::expire)).
+    #[non_exhaustive]
     NotFound {
         /// The key (its first bytes).
         key: KeyPreview,
@@ -60,11 +64,15 @@ pub enum Error {
     Locked,
     /// The key stayed held by someone else for the whole timeout (with a timeout of zero:
     /// it was held at the one attempt).
+    #[non_exhaustive]
     Timeout {
         /// The key (its first bytes).
         key: KeyPreview,
         /// The timeout that ran out (capped at the lock's exptime, as the wait is).
         timeout: Duration,
+        /// Who held the key when the wait gave up, as far as the backend could tell
+        /// (`None`: it was let go at that instant, or nothing could be read).
+        holder: Option<HolderSeen>,
     },
     /// This lock holds nothing.
     Unlocked,
@@ -78,6 +86,7 @@ pub enum Error {
     /// Fewer replicas than required acknowledged a write that grants something (a hold,
     /// a renewal, a fencing token) in time: it was not granted (a new hold was released
     /// again). See `RedisLocks::with_replicas`.
+    #[non_exhaustive]
     NotReplicated {
         /// Replicas that acknowledged the write.
         acked: u64,
@@ -88,6 +97,7 @@ pub enum Error {
     NotOwner,
     /// The table has no room for the key among its live locks; none was evicted. At
     /// least `capacity` keys can always be held at once.
+    #[non_exhaustive]
     TableFull {
         /// The key that found no room (its first bytes).
         key: KeyPreview,
@@ -99,6 +109,7 @@ pub enum Error {
     /// Every entry of the file's owner registry is held by a live process: this process
     /// cannot register, so it cannot take locks (create the file with a larger
     /// `max_processes`).
+    #[non_exhaustive]
     TooManyProcesses {
         /// The file.
         path: PathBuf,
@@ -110,6 +121,7 @@ pub enum Error {
     /// lock over: the write was not made (the entry it was writing reads as absent).
     Stalled,
     /// The file at `path` is not a usable lock table.
+    #[non_exhaustive]
     Format {
         /// The file.
         path: PathBuf,
@@ -123,6 +135,7 @@ pub enum Error {
     /// The file system has no room for the table or dict being created at `path`: it
     /// needs `needed` bytes and `available` are free (a container's `/dev/shm` is often
     /// 64 MiB). Nothing was created.
+    #[non_exhaustive]
     NoSpace {
         /// The file.
         path: PathBuf,
@@ -132,12 +145,61 @@ pub enum Error {
         available: u64,
     },
     /// An operating-system error on `path` (permission denied, no space, ...).
+    #[non_exhaustive]
     Io {
         /// The file.
         path: PathBuf,
         /// The underlying error.
         source: io::Error,
     },
+}
+
+/// Who held a key when a wait for it gave up ([`Error::Timeout`]): what the backend saw of
+/// the holder at that moment. Each field is `None` when it could not be told (a holder in
+/// another pid namespace; a Redis value written by something else).
+///
+/// ```
+/// use shmlock::{Error, LockOptions, LockTable};
+/// use std::time::Duration;
+///
+/// # let path = std::env::temp_dir().join(format!("shmlock-doc-seen-{}", std::process::id()));
+/// let table = LockTable::open(&path, 64)?;
+/// let _held = table.lock("job", LockOptions::default())?;
+/// let now = LockOptions { timeout: Duration::ZERO, ..LockOptions::default() };
+/// let err = table.lock("job", now).unwrap_err();
+/// let Error::Timeout { holder: Some(h), .. } = &err else { panic!("{err}") };
+/// assert_eq!(h.pid, Some(std::process::id()));
+/// assert!(err.to_string().contains(&format!("held by pid {}", std::process::id())));
+/// # drop(_held); std::fs::remove_file(&path)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HolderSeen {
+    /// The holder's process id (on its host, for Redis).
+    pub pid: Option<u32>,
+    /// The holder's host name (Redis; `None` on a lock table, which is this machine's).
+    pub host: Option<String>,
+    /// How long it had held the key. On Redis, by the server's clock against the time the
+    /// holder's clock wrote (clocks that disagree shift it).
+    pub held_for: Option<Duration>,
+}
+
+impl fmt::Display for HolderSeen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("held by ")?;
+        match self.pid {
+            Some(pid) => write!(f, "pid {pid}")?,
+            None => f.write_str("an unknown process")?,
+        }
+        if let Some(host) = &self.host {
+            write!(f, " on {host}")?;
+        }
+        if let Some(d) = self.held_for {
+            write!(f, " for {:.1?}", d)?;
+        }
+        Ok(())
+    }
 }
 
 /// The first bytes of a key, kept by an error to name it: at most
@@ -241,10 +303,11 @@ impl Error {
         }
     }
 
-    pub(crate) fn timeout(key: &[u8], timeout: Duration) -> Error {
+    pub(crate) fn timeout(key: &[u8], timeout: Duration, holder: Option<HolderSeen>) -> Error {
         Error::Timeout {
             key: KeyPreview::new(key),
             timeout,
+            holder,
         }
     }
 
@@ -298,13 +361,24 @@ impl fmt::Display for Error {
             Error::NotANumber => f.write_str("not a number"),
             Error::NoMemory => f.write_str("no memory: no free slot for the key"),
             Error::Locked => f.write_str("locked: this lock already holds a key"),
-            Error::Timeout { key, timeout } if timeout.is_zero() => {
-                write!(f, "timeout: key {key} is held by someone else")
+            Error::Timeout {
+                key,
+                timeout,
+                holder,
+            } => {
+                if timeout.is_zero() {
+                    write!(f, "timeout: key {key} is held by someone else")?;
+                } else {
+                    write!(
+                        f,
+                        "timeout: key {key} stayed held by someone else for the whole {timeout:?}"
+                    )?;
+                }
+                match holder {
+                    Some(h) => write!(f, " ({h})"),
+                    None => Ok(()),
+                }
             }
-            Error::Timeout { key, timeout } => write!(
-                f,
-                "timeout: key {key} stayed held by someone else for the whole {timeout:?}"
-            ),
             Error::Unlocked => f.write_str("unlocked: this lock holds nothing"),
             Error::Expired => f.write_str(
                 "expired: the hold was lost before this call (its lease ran out, or it was \

@@ -69,7 +69,7 @@ mod shm;
 
 #[cfg(not(loom))]
 pub use dict::{DictOptions, Fetched, Item, Put, SharedDict, Source, Stored, Value, ValueRef};
-pub use error::{Error, FormatError, KeyPreview};
+pub use error::{Error, FormatError, HolderSeen, KeyPreview};
 pub use limits::{MAX_CAPACITY, MAX_KEY_LEN};
 #[cfg(all(feature = "tokio", not(loom)))]
 pub use lock::AsyncBackend;

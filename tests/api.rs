@@ -572,7 +572,9 @@ fn bad_capacity_and_missing_files_are_typed_errors() {
 
 fn format_error(path: &TempPath) -> FormatError {
     match LockTable::open(path, 16) {
-        Err(Error::Format { source, path: p }) => {
+        Err(Error::Format {
+            source, path: p, ..
+        }) => {
             assert_eq!(p, path.0);
             source
         }
@@ -705,14 +707,28 @@ fn errors_name_the_key_and_the_limit() {
     let mut rival = Lock::new(&t, opts(1000, 30)).unwrap();
     let err = rival.lock("held:a").unwrap_err();
     match &err {
-        Error::Timeout { key, timeout } => {
+        Error::Timeout {
+            key,
+            timeout,
+            holder,
+            ..
+        } => {
             assert_eq!(key.as_bytes(), b"held:a");
             assert_eq!(*timeout, Duration::from_millis(30));
+            // the holder (this process) is named, and it had held the key the whole wait
+            let h = holder.as_ref().expect("the holder");
+            assert_eq!(h.pid, Some(std::process::id()));
+            assert_eq!(h.host, None);
+            assert!(h.held_for.unwrap() >= Duration::from_millis(30), "{h:?}");
         }
         other => panic!("{other:?}"),
     }
     let msg = err.to_string();
     assert!(msg.contains("\"held:a\"") && msg.contains("30ms"), "{msg}");
+    assert!(
+        msg.contains(&format!("held by pid {}", std::process::id())),
+        "{msg}"
+    );
     // A try of zero timeout says the key is held, not that a wait ran out.
     let err = Lock::new(&t, opts(1000, 0))
         .unwrap()
@@ -742,7 +758,7 @@ fn errors_name_the_key_and_the_limit() {
     assert!(!guards.is_empty());
     let long = format!("{}\u{1b}[2J", "x".repeat(100));
     let err = t.try_lock_with_lease(&long, Duration::ZERO).unwrap_err();
-    let Error::TableFull { key, capacity } = &err else {
+    let Error::TableFull { key, capacity, .. } = &err else {
         panic!("{err:?}");
     };
     assert_eq!((*capacity, key.len(), key.is_truncated()), (2, 104, true));

@@ -230,7 +230,8 @@ fn dropping_a_lock_async_inside_its_wait_for_replicas_leaves_no_hold() {
         refused,
         Err(Error::NotReplicated {
             acked: 0,
-            wanted: 1
+            wanted: 1,
+            ..
         })
     ));
     eventually(

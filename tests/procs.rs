@@ -35,6 +35,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     elapsed_is_a_sum_of_steps,
     unlock_wakes_a_sleeping_waiter_in_another_process,
     expired_holder_in_another_process_is_taken_over,
+    a_timeout_names_the_holder_in_another_process,
     a_holder_that_shortens_its_lease_wakes_its_sleeping_waiter,
     a_waiter_with_an_enormous_timer_slack_keeps_its_timeout,
     sigkilled_holder_is_reclaimed_at_once,
@@ -764,6 +765,54 @@ fn expired_holder_in_another_process_is_taken_over() {
     assert!(table.is_locked("k").unwrap());
     assert_eq!(table.holders()[0].pid, std::process::id());
     lock.unlock().unwrap();
+}
+
+/// A wait that runs out says who held the key: the holder's pid (another process here) and
+/// how long it had held the key, in the error and in its message; with notify and when
+/// polling, and for a try of zero timeout.
+fn a_timeout_names_the_holder_in_another_process() {
+    let path = TempPath::new("timeout-holder");
+    let table = LockTable::open(&path, 16).unwrap();
+    let held = Gate::new();
+    let mut proceed = Gate::new();
+    let child = {
+        let (table, held, proceed) = (&table, &held, &mut proceed);
+        fork(move || {
+            let _g = table.lock("k", opts(30_000, 0)).unwrap();
+            held.signal();
+            proceed.wait();
+            0
+        })
+    };
+    held.await_signals(1);
+    let since = Instant::now();
+    for (timeout_ms, notify) in [(60, true), (60, false), (0, true)] {
+        let o = LockOptions {
+            notify,
+            ..opts(30_000, timeout_ms)
+        };
+        let err = table.lock("k", o).unwrap_err();
+        let Error::Timeout {
+            holder: Some(h), ..
+        } = &err
+        else {
+            panic!("no holder in {err:?}");
+        };
+        let held_for = h.held_for.expect("how long");
+        assert_eq!(h.pid, Some(child.0 as u32), "{err}");
+        assert!(
+            held_for >= Duration::from_millis(timeout_ms)
+                && held_for <= since.elapsed() + Duration::from_millis(50),
+            "{held_for:?} {err}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!("held by pid {} for ", child.0)),
+            "{msg}"
+        );
+    }
+    proceed.open();
+    assert_eq!(child.wait(Duration::from_secs(30)), 0);
 }
 
 fn sigkilled_holder_is_reclaimed_at_once() {

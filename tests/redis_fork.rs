@@ -287,10 +287,92 @@ fn sentinel_handles_work_in_forked_children() {
     );
 }
 
+/// A wait on Redis that runs out says who held the key: the holder's pid and host (a
+/// forked child here) and how long it had held it, with notify, when polling, for a try
+/// of zero timeout, and for async tasks, including those queued behind another task of
+/// their process (which never asked the server themselves).
+fn a_timeout_names_the_holder_in_another_process() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    let held = Gate::new();
+    let mut proceed = Gate::new();
+    let child = {
+        let (redis, held, proceed) = (&redis, &held, &mut proceed);
+        fork(move || {
+            let _g = redis
+                .lock("k", LockOptions::default())
+                .expect("the child takes the key");
+            held.signal();
+            proceed.wait();
+            0
+        })
+    };
+    held.await_signals(1);
+    let since = std::time::Instant::now();
+    let host = nix::unistd::gethostname().unwrap().into_string().unwrap();
+    let check = |err: &Error, timeout_ms: u64| {
+        let Error::Timeout {
+            holder: Some(h), ..
+        } = err
+        else {
+            panic!("no holder in {err:?}");
+        };
+        assert_eq!(h.pid, Some(child.0 as u32), "{err}");
+        assert_eq!(h.host.as_deref(), Some(host.as_str()), "{err}");
+        let held_for = h.held_for.expect("how long");
+        // the holder's clock and the server's are this machine's: within 50 ms
+        assert!(
+            held_for + Duration::from_millis(50) >= Duration::from_millis(timeout_ms)
+                && held_for <= since.elapsed() + Duration::from_millis(50),
+            "{held_for:?} {err}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!("held by pid {} on {host} for ", child.0)),
+            "{msg}"
+        );
+    };
+    for (timeout_ms, notify) in [(100, true), (100, false), (0, true)] {
+        let o = LockOptions {
+            notify,
+            timeout: Duration::from_millis(timeout_ms),
+            ..LockOptions::default()
+        };
+        check(&redis.lock("k", o).unwrap_err(), timeout_ms);
+    }
+    #[cfg(feature = "tokio")]
+    {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let o = LockOptions {
+            timeout: Duration::from_millis(150),
+            ..LockOptions::default()
+        };
+        let (a, b, c) = rt.block_on(async {
+            tokio::join!(
+                redis.lock_async("k", &o),
+                redis.lock_async("k", &o),
+                redis.lock_async("k", &o)
+            )
+        });
+        for r in [a, b, c] {
+            check(&r.map(drop).unwrap_err(), 150);
+        }
+    }
+    proceed.open();
+    assert_eq!(child.wait(CHILD_LIMIT), 0);
+}
+
 fn main() {
     common::harness::main(
         "redis_fork",
         &[
+            (
+                "a_timeout_names_the_holder_in_another_process",
+                a_timeout_names_the_holder_in_another_process,
+            ),
             (
                 "a_handle_opened_before_fork_grants_each_key_to_one_child",
                 a_handle_opened_before_fork_grants_each_key_to_one_child,

@@ -45,7 +45,8 @@ fn sentinel_failover_with_replicas_required_keeps_the_lock_and_its_token() {
             refused,
             Err(Error::NotReplicated {
                 acked: 0,
-                wanted: 2
+                wanted: 2,
+                ..
             })
         ),
         "{refused:?}"
@@ -93,7 +94,8 @@ fn sentinel_failover_with_replicas_required_keeps_the_lock_and_its_token() {
             renewal,
             Err(Error::NotReplicated {
                 acked: 1,
-                wanted: 2
+                wanted: 2,
+                ..
             })
         ),
         "{renewal:?}"

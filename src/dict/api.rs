@@ -327,7 +327,7 @@ impl DictOptions {
 /// assert_eq!(dict.incr("hits", 1, Some(0), Duration::from_secs(60))?, 1);
 /// assert!(matches!(dict.incr("dog", 1, None, Duration::ZERO), Err(Error::NotANumber)));
 /// assert!(matches!(dict.set("big", &[0u8; 65][..], Duration::ZERO),
-///                  Err(Error::ValueTooLong { len: 65, max: 64 })));
+///                  Err(Error::ValueTooLong { len: 65, max: 64, .. })));
 /// # std::fs::remove_file(&path).unwrap();
 /// # Ok::<(), shmlock::Error>(())
 /// ```

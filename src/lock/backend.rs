@@ -134,7 +134,7 @@ pub trait Backend: Sealed {
     #[doc(hidden)]
     fn gave_up(&self, busy: Self::Busy, key: &[u8], waited: Duration) -> Error {
         let _ = busy;
-        Error::timeout(key, waited)
+        Error::timeout(key, waited, None)
     }
 
     /// Sleeps at most `step` for the holder of `busy` to let go, waking early where the

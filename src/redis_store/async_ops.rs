@@ -75,13 +75,28 @@ impl RedisLocks {
                 let ahead = (!turn.is_first()).then(|| RedisBusy::held(names.clone()));
                 (ahead, Some(Some(turn)))
             },
-            |deadline| self.attempt_async(names.clone(), exptime, deadline),
+            |deadline| {
+                let names = names.clone();
+                async move {
+                    let r = self.attempt_async(names.clone(), exptime, deadline).await;
+                    if let Ok(Err(RedisBusy { seen: Some(s), .. })) = &r {
+                        self.0.pool.saw(&names.channel, s);
+                    }
+                    r
+                }
+            },
             |_: &RedisBusy| false,
             |busy: &RedisBusy, step, place| {
                 let (names, failed) = (busy.names.clone(), busy.failed.is_some());
                 async move { self.sleep_async(&names, failed, step, place).await }
             },
-            |busy, key, waited| crate::lock::backend::Backend::gave_up(self, busy, key, waited),
+            |mut busy: RedisBusy, key, waited| {
+                // a task behind others in the queue did not ask: what the first one saw
+                if busy.seen.is_none() {
+                    busy.seen = self.0.pool.last_seen(&busy.names.channel);
+                }
+                crate::lock::backend::Backend::gave_up(self, busy, key, waited)
+            },
         )
         .await?;
         Ok(LockGuard::new(self, hold, elapsed, exptime))
@@ -147,6 +162,11 @@ impl RedisLocks {
                     corrected = true;
                     self.give_back(exclusive, aio);
                     continue;
+                }
+                Answer::Busy(seen) => {
+                    pending.armed = false;
+                    self.give_back(exclusive, aio);
+                    return Ok(Err(RedisBusy::held_by(names, seen)));
                 }
                 _ => {
                     pending.armed = false;

@@ -26,6 +26,7 @@ use std::time::Instant;
 use redis::aio::PubSubSink;
 use redis::{Client, RedisResult};
 
+use crate::error::HolderSeen;
 use crate::redis_store::net::bounded;
 use crate::redis_store::topology::{Shared, Tag, Topology};
 
@@ -57,6 +58,9 @@ struct Conn {
 #[derive(Default)]
 struct Queues {
     waiting: HashMap<Vec<u8>, VecDeque<Entry>>,
+    /// The holder the last attempt on a waited-for key saw (for the timeouts of the tasks
+    /// behind it, which do not ask the server themselves).
+    seen: HashMap<Vec<u8>, (HolderSeen, Instant)>,
     next_id: u64,
 }
 
@@ -106,6 +110,19 @@ impl Listeners {
             id,
             attempted: false,
         }
+    }
+
+    /// Notes the holder an attempt on `channel`'s key saw, while tasks wait for it.
+    pub(crate) fn saw(&self, channel: &[u8], seen: &(HolderSeen, Instant)) {
+        let mut q = lock(&self.queues);
+        if q.waiting.contains_key(channel) {
+            q.seen.insert(channel.to_vec(), seen.clone());
+        }
+    }
+
+    /// The holder the last attempt on `channel`'s key saw, if tasks still wait for it.
+    pub(crate) fn last_seen(&self, channel: &[u8]) -> Option<(HolderSeen, Instant)> {
+        lock(&self.queues).seen.get(channel).cloned()
     }
 
     /// Makes sure the process listens on `channel`: a live pub/sub connection to the
@@ -296,6 +313,7 @@ impl Drop for Turn {
         }
         if entries.is_empty() {
             q.waiting.remove(&self.channel);
+            q.seen.remove(&self.channel);
         }
     }
 }

@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 use redis::{Connection, ConnectionLike, RedisResult};
 
 use crate::error::Error;
+#[cfg(feature = "tokio")]
+use crate::error::HolderSeen;
 use crate::per_process::PerProcess;
 #[cfg(feature = "tokio")]
 use crate::redis_store::aio::Aio;
@@ -299,6 +301,16 @@ impl Pool {
     /// A place at the back of the queue of async waiters on `channel`.
     pub(crate) fn turn(&self, channel: &[u8]) -> Turn {
         self.local().aio.listeners.turn(channel)
+    }
+
+    /// Notes the holder an attempt on `channel`'s key saw (see `async_wait`).
+    pub(crate) fn saw(&self, channel: &[u8], seen: &(HolderSeen, Instant)) {
+        self.local().aio.listeners.saw(channel, seen)
+    }
+
+    /// The holder the last attempt of this process on `channel`'s key saw.
+    pub(crate) fn last_seen(&self, channel: &[u8]) -> Option<(HolderSeen, Instant)> {
+        self.local().aio.listeners.last_seen(channel)
     }
 
     /// Makes sure the process listens on `channel` (see `async_wait`).

@@ -95,6 +95,19 @@ pub(crate) fn parse(value: &[u8]) -> Identity {
     if token.len() != TOKEN_LEN || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Identity::default();
     }
+    parse_fields(fields)
+}
+
+/// Reads what follows the token in a stored value (what the acquire script shows a waiter).
+pub(crate) fn parse_after_token(rest: &[u8]) -> Identity {
+    match std::str::from_utf8(rest) {
+        Ok(text) if !text.is_empty() => parse_fields(text.splitn(4, ' ')),
+        _ => Identity::default(),
+    }
+}
+
+/// Who holds a key, as far as the fields after a value's token tell.
+fn parse_fields<'a>(mut fields: impl Iterator<Item = &'a str>) -> Identity {
     let fence = fields.next().and_then(|f| f.parse::<u64>().ok());
     let pid = fields.next().and_then(|f| f.parse::<u32>().ok());
     let since = fields
@@ -138,5 +151,8 @@ mod tests {
         }
         // an old-style value (the token alone) is a holder of unknown identity
         assert_eq!(parse(token.as_bytes()), Identity::default());
+        // what a waiter is shown: the value past the token reads the same
+        assert_eq!(parse_after_token(&v.as_bytes()[TOKEN_LEN + 1..]), id);
+        assert_eq!(parse_after_token(b""), Identity::default());
     }
 }

@@ -3,11 +3,11 @@
 //! waiting on its release channel. The [`Backend`] implementation of [`RedisLocks`].
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use redis::RedisResult;
 
-use crate::error::Error;
+use crate::error::{Error, HolderSeen};
 use crate::lock::backend::{Backend, Sealed};
 use crate::lock::slack::TimerSlack;
 use crate::redis_store::janitor::{Job, JobKind};
@@ -72,6 +72,8 @@ pub struct RedisHold {
 pub struct RedisBusy {
     pub(crate) names: Arc<Names>,
     pub(crate) failed: Option<Error>,
+    /// Who held the key, as the attempt's reply showed, and when it arrived.
+    pub(crate) seen: Option<(HolderSeen, Instant)>,
 }
 
 impl RedisBusy {
@@ -79,7 +81,24 @@ impl RedisBusy {
         RedisBusy {
             names,
             failed: None,
+            seen: None,
         }
+    }
+
+    /// Held by the holder an attempt's reply showed.
+    pub(crate) fn held_by(names: Arc<Names>, seen: Option<HolderSeen>) -> RedisBusy {
+        RedisBusy {
+            seen: seen.map(|h| (h, Instant::now())),
+            ..RedisBusy::held(names)
+        }
+    }
+
+    /// The holder last seen, with the time it has held the key counted up to now.
+    fn holder(seen: Option<(HolderSeen, Instant)>) -> Option<HolderSeen> {
+        seen.map(|(mut h, at)| {
+            h.held_for = h.held_for.map(|d| d + at.elapsed());
+            h
+        })
     }
 
     /// An attempt that failed with `error`: a busy key to wait on while `deadline` allows
@@ -93,8 +112,8 @@ impl RedisBusy {
             && deadline.is_some_and(|d| Instant::now() < d);
         if retry {
             Ok(RedisBusy {
-                names: names.clone(),
                 failed: Some(error),
+                ..RedisBusy::held(names.clone())
             })
         } else {
             Err(error)
@@ -105,7 +124,8 @@ impl RedisBusy {
 /// What the acquire script answered.
 pub(crate) enum Answer {
     Taken,
-    Busy,
+    /// Held, by whom the holder's value says.
+    Busy(Option<HolderSeen>),
     /// The server ran it after its deadline: the bound on the server's clock was behind
     /// (corrected by this reply's clock).
     TooLate,
@@ -113,14 +133,33 @@ pub(crate) enum Answer {
 }
 
 /// The acquire script's reply: its verdict and the server's clock when it ran.
-pub(crate) fn answer(reply: (i64, String, String)) -> (Answer, Option<i64>) {
+pub(crate) fn answer(reply: (i64, String, String, Vec<u8>)) -> (Answer, Option<i64>) {
+    let clock = server_us(&reply.1, &reply.2);
     let verdict = match reply.0 {
         1 => Answer::Taken,
-        0 => Answer::Busy,
+        0 => Answer::Busy(seen(&reply.3, clock)),
         -2 => Answer::TooLate,
         _ => Answer::Cancelled,
     };
-    (verdict, server_us(&reply.1, &reply.2))
+    (verdict, clock)
+}
+
+/// The holder a busy reply shows: its value past the token, and the server's clock (µs)
+/// for how long it has held the key (by the time its own clock wrote).
+fn seen(after_token: &[u8], clock: Option<i64>) -> Option<HolderSeen> {
+    let id = identity::parse_after_token(after_token);
+    if id == identity::Identity::default() {
+        return None;
+    }
+    let held_for = id.since.zip(clock).and_then(|(since, us)| {
+        let now = UNIX_EPOCH + Duration::from_micros(u64::try_from(us).ok()?);
+        now.duration_since(since).ok()
+    });
+    Some(HolderSeen {
+        pid: id.pid,
+        host: id.host,
+        held_for,
+    })
 }
 
 pub(crate) fn replicated(acked: u64, wanted: u32) -> Result<(), Error> {
@@ -381,6 +420,7 @@ impl RedisLocks {
                     };
                 }
                 Answer::TooLate if !corrected => corrected = true,
+                Answer::Busy(seen) => return Ok(Err(RedisBusy::held_by(names.clone(), seen))),
                 _ => return busy(),
             }
         }
@@ -657,7 +697,8 @@ impl Backend for RedisLocks {
 
     /// A wait that ran out while the server could not be asked ends with why.
     fn gave_up(&self, busy: RedisBusy, key: &[u8], waited: Duration) -> Error {
-        busy.failed.unwrap_or_else(|| Error::timeout(key, waited))
+        busy.failed
+            .unwrap_or_else(|| Error::timeout(key, waited, RedisBusy::holder(busy.seen)))
     }
 
     /// Waits on the key's release channel, woken by the release script's PUBLISH; the step

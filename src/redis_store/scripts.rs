@@ -9,8 +9,9 @@
 //! are replicated by their effects (the only way since Redis 7, the default since 5; older
 //! servers are asked for it).
 
-/// Takes the key for a new hold, unless the attempt came too late: `{1, s, us}` taken,
-/// `{0, s, us}` held by someone, `{-2, s, us}` refused because the server runs it after the
+/// Takes the key for a new hold, unless the attempt came too late: `{1, s, us, ''}` taken,
+/// `{0, s, us, who}` held by someone (`who`: the holder's value past its token, for the
+/// error of a wait that gives up; the token itself stays on the server), `{-2, s, us, ''}` refused because the server runs it after the
 /// attempt's deadline (`ARGV[3]`, server µs; `0`: none), `{-3, s, us}` refused because the
 /// attempt was cancelled before it arrived (its marker, `KEYS[2]`, exists). `s`, `us`: the
 /// server's clock when it ran. An attempt that finds the key already holding its own token
@@ -20,14 +21,14 @@ pub(crate) const ACQUIRE: &str = r"
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 32) == string.sub(ARGV[1], 1, 32) then return {1, t[1], t[2]} end
+if v and string.sub(v, 1, 32) == string.sub(ARGV[1], 1, 32) then return {1, t[1], t[2], ''} end
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-if ARGV[3] ~= '0' and now > tonumber(ARGV[3]) then return {-2, t[1], t[2]} end
-if redis.call('EXISTS', KEYS[2]) == 1 then return {-3, t[1], t[2]} end
-if v then return {0, t[1], t[2]} end
+if ARGV[3] ~= '0' and now > tonumber(ARGV[3]) then return {-2, t[1], t[2], ''} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {-3, t[1], t[2], ''} end
+if v then return {0, t[1], t[2], string.sub(v, 34)} end
 if ARGV[2] == '0' then redis.call('SET', KEYS[1], ARGV[1])
 else redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
-return {1, t[1], t[2]}
+return {1, t[1], t[2], ''}
 ";
 
 /// Cancels an attempt whose outcome its maker never learned (a dropped future, a reply

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, KeyPreview};
+use crate::error::{Error, HolderSeen, KeyPreview};
 use crate::key::check_key;
 #[cfg(feature = "tokio")]
 use crate::lock::backend::Slept;
@@ -708,6 +708,21 @@ impl Backend for LockTable {
 
     fn reap(&self, busy: &ShmBusy) -> bool {
         self.inner.table.recover(&busy.0)
+    }
+
+    /// A wait that ran out says who held the key then (a snapshot of its entry, read
+    /// after the deadline: no cost while waiting).
+    fn gave_up(&self, busy: ShmBusy, key: &[u8], waited: Duration) -> Error {
+        let table = &self.inner.table;
+        let seen = table.entry_of(busy.0.hash).map(|e| {
+            let h = self.holder(&e, table.now(), true);
+            HolderSeen {
+                pid: (h.pid != 0).then_some(h.pid),
+                host: None,
+                held_for: Some(h.age),
+            }
+        });
+        Error::timeout(key, waited, seen)
     }
 
     fn sleep(

@@ -28,6 +28,13 @@ impl<S: Slots, E: Env> Table<S, E> {
         None
     }
 
+    /// A snapshot of the live entry of a key, if any (what a wait that gave up saw of the
+    /// holder).
+    pub(crate) fn entry_of(&self, hash: KeyHash) -> Option<Entry> {
+        let found = self.find(hash)?;
+        self.entry(found.slot).filter(|e| e.hash == hash)
+    }
+
     /// Whether the owner recorded in an entry is dead, as the registry judges it.
     pub(crate) fn is_owner_dead(&self, e: &Entry) -> bool {
         match e.word.state() {
