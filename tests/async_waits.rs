@@ -248,3 +248,245 @@ fn a_thousand_tasks_missing_one_item_fetch_it_once_through_redis() {
     let redis: &'static RedisLocks = Box::leak(Box::new(RedisLocks::open(&server.url()).unwrap()));
     burst(redis);
 }
+
+/// Four tasks wait 1.2 s for a key that stays held, its holder renewing a 60 ms lease every
+/// 15 ms (each sleep ends at the lease's end, so a wait is many short sleeps): each gets
+/// `Timeout`, and not before its 1.2 s are over (its timeout is wall time, whatever the
+/// steps were cut to).
+fn tasks_time_out_no_sooner_than_their_timeout<B>(locks: &'static B)
+where
+    B: shmlock::AsyncBackend + Sync + 'static,
+    B::Hold: Send,
+{
+    const TIMEOUT: Duration = Duration::from_millis(1200);
+    let lease = LockOptions {
+        exptime: Duration::from_millis(60),
+        ..LockOptions::default()
+    };
+    let opts: &'static LockOptions = Box::leak(Box::new(LockOptions {
+        timeout: TIMEOUT,
+        ..LockOptions::default()
+    }));
+    let mut held = shmlock::Lock::new(locks, lease).unwrap();
+    held.lock("k").unwrap();
+    let rt = runtime();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let waited: Vec<(bool, Duration)> = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(15));
+                held.expire(Some(Duration::from_millis(60))).unwrap();
+            }
+        });
+        let out = rt.block_on(async {
+            let tasks: Vec<_> = (0..4)
+                .map(|_| {
+                    tokio::spawn(async move {
+                        let t = Instant::now();
+                        let r = locks.lock_boxed(b"k", opts).await;
+                        (matches!(r, Err(Error::Timeout { .. })), t.elapsed())
+                    })
+                })
+                .collect();
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.unwrap());
+            }
+            out
+        });
+        stop.store(true, Ordering::SeqCst);
+        out
+    });
+    for (timed_out, after) in &waited {
+        assert!(*timed_out, "{waited:?}");
+        assert!(*after >= TIMEOUT, "a 1.2 s wait gave up early: {waited:?}");
+    }
+}
+
+#[test]
+fn tasks_on_the_table_time_out_no_sooner_than_their_timeout() {
+    let path = TempPath::new("async-full-timeout");
+    let table: &'static LockTable = Box::leak(Box::new(LockTable::open(&path, 64).unwrap()));
+    tasks_time_out_no_sooner_than_their_timeout(table);
+}
+
+#[test]
+fn tasks_on_redis_time_out_no_sooner_than_their_timeout() {
+    let server = RedisServer::start();
+    let redis: &'static RedisLocks = Box::leak(Box::new(RedisLocks::open(&server.url()).unwrap()));
+    tasks_time_out_no_sooner_than_their_timeout(redis);
+}
+
+/// A task that was woken but is not polled (its future kept in a `select!` busy elsewhere)
+/// does not keep the key from the tasks behind it: with the key free, another task with
+/// 2 s steps gets it well before its first step ends, and a try of zero timeout gets it
+/// at once (it never joins the queue).
+fn a_woken_task_left_unpolled_holds_up_nobody<B>(locks: &'static B, release: impl FnOnce())
+where
+    B: shmlock::AsyncBackend + Sync + 'static,
+    B::Hold: Send,
+{
+    let rt = runtime();
+    let steps: &'static LockOptions = Box::leak(Box::new(long_steps()));
+    let mut kept = locks.lock_boxed(b"k", steps);
+    rt.block_on(async {
+        // polled once: queued behind the holder, then left alone
+        assert!(futures_poll_once(&mut kept).await.is_none());
+    });
+    let behind = rt.spawn(async move {
+        let t = Instant::now();
+        let r = locks.lock_boxed(b"k", steps).await.map(drop);
+        (r, t.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    release();
+    let (r, _) = rt.block_on(behind).unwrap();
+    let got = t.elapsed();
+    r.unwrap();
+    assert!(
+        got < Duration::from_millis(1000),
+        "the task behind an unpolled woken one got the key {got:?} after the release"
+    );
+    let now = LockOptions {
+        timeout: Duration::ZERO,
+        ..LockOptions::default()
+    };
+    let tried = rt.block_on(locks.lock_boxed(b"k", &now)).map(drop);
+    assert!(
+        tried.is_ok(),
+        "a try of zero timeout on a free key: {tried:?}"
+    );
+    drop(kept);
+}
+
+/// Polls `f` once: its output if it is ready.
+async fn futures_poll_once<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(match std::pin::Pin::new(&mut *f).poll(cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        })
+    })
+    .await
+}
+
+#[test]
+fn a_woken_task_left_unpolled_holds_up_nobody_on_the_table() {
+    let path = TempPath::new("async-unpolled");
+    let table: &'static LockTable = Box::leak(Box::new(LockTable::open(&path, 64).unwrap()));
+    let held = table.lock("k", LockOptions::default()).unwrap();
+    a_woken_task_left_unpolled_holds_up_nobody(table, move || drop(held));
+}
+
+#[test]
+fn a_woken_task_left_unpolled_holds_up_nobody_on_redis() {
+    let server = RedisServer::start();
+    let redis: &'static RedisLocks = Box::leak(Box::new(RedisLocks::open(&server.url()).unwrap()));
+    let holder = RedisLocks::open(&server.url()).unwrap();
+    let held = holder.lock("k", LockOptions::default()).unwrap();
+    a_woken_task_left_unpolled_holds_up_nobody(redis, move || held.unlock().unwrap());
+}
+
+fn one_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A task of runtime B waits on Redis (2 s steps) after a task of runtime A made the
+/// handle's first listener; A ends. The release still wakes B's task, well before its
+/// step would end (each runtime listens on its own connection; one that ends wakes the
+/// waiters so they listen anew).
+#[test]
+fn a_redis_waiter_is_woken_after_another_runtime_that_listened_ends() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    let holder = RedisLocks::open(&server.url()).unwrap();
+    let (held_a, held_b) = (
+        holder.lock("a", LockOptions::default()).unwrap(),
+        holder.lock("b", LockOptions::default()).unwrap(),
+    );
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+    let a = {
+        let redis = redis.clone();
+        std::thread::spawn(move || {
+            let rt = one_thread_runtime();
+            rt.spawn(async move {
+                let _ = redis.lock_async("a", long_steps()).await;
+            });
+            rt.block_on(async { tokio::time::sleep(Duration::from_millis(200)).await });
+            ready_tx.send(()).unwrap();
+            rt.block_on(async {
+                while end_rx.try_recv().is_err() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            });
+        }) // A ends with the thread: its tasks (its connections' drivers) go
+    };
+    ready_rx.recv().unwrap();
+    let rt = runtime();
+    let waiter = {
+        let redis = redis.clone();
+        rt.spawn(async move { redis.lock_async("b", long_steps()).await.map(drop) })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    end_tx.send(()).unwrap();
+    a.join().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    held_b.unlock().unwrap();
+    rt.block_on(waiter).unwrap().unwrap();
+    let got = t.elapsed();
+    assert!(
+        got < Duration::from_millis(1000),
+        "woken {got:?} after the release: not by it"
+    );
+    held_a.unlock().unwrap();
+}
+
+/// A handle used first in a runtime that then sits idle (a one-thread runtime between two
+/// `block_on`s) serves another runtime all the same: a free key is taken at once, and a
+/// waiter is woken by the release (the other runtime makes connections of its own).
+#[test]
+fn a_redis_handle_used_in_an_idle_runtime_serves_another() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    let holder = RedisLocks::open(&server.url()).unwrap();
+    let idle = one_thread_runtime();
+    let held = holder.lock("a", LockOptions::default()).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            held.unlock().unwrap();
+        });
+        // a wait in runtime A: its connections and its listener live there
+        drop(idle.block_on(redis.lock_async("a", long_steps())).unwrap());
+    });
+    let rt = runtime();
+    let quick = LockOptions {
+        timeout: Duration::from_secs(1),
+        ..LockOptions::default()
+    };
+    rt.block_on(redis.lock_async("free", &quick))
+        .expect("a free key, from another runtime")
+        .unlock()
+        .unwrap();
+    let held = holder.lock("b", LockOptions::default()).unwrap();
+    let waiter = {
+        let redis = redis.clone();
+        rt.spawn(async move { redis.lock_async("b", long_steps()).await.map(drop) })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    held.unlock().unwrap();
+    rt.block_on(waiter).unwrap().unwrap();
+    let got = t.elapsed();
+    assert!(
+        got < Duration::from_millis(1000),
+        "woken {got:?} after the release: not by it"
+    );
+    drop(idle);
+}

@@ -296,7 +296,12 @@ where
     // first attempt, so as not to take the key from under them; the wait starts at the back
     // of their queue. A backend may give the waiter its place (the waiter's place in the
     // key's queue) before the first attempt, so that it keeps the order of asking.
-    let (ahead, mut place) = if notify { queued() } else { (None, None) };
+    // (A try of zero timeout makes its one attempt whoever waits.)
+    let (ahead, mut place) = if notify && !budget.is_zero() {
+        queued()
+    } else {
+        (None, None)
+    };
     let (mut busy, mut retried) = match ahead {
         Some(busy) => (busy, true),
         None => match attempt(deadline).await {
@@ -332,11 +337,14 @@ where
                     Some(left) if !left.is_zero() => left,
                     _ => return Err(gave_up(busy, key, budget)),
                 };
-                // tasks that started together do not all wake on one tick
+                // tasks that started together do not all wake on one tick; the schedule
+                // gets back all of its step that was not slept (the wall clock, not the
+                // steps, ends a wait with notify)
+                let charged = step;
                 let step = jitter.shorten(step.min(left));
                 let slept = sleep(&busy, step, place.take()).await;
                 place = Some(slept.place);
-                schedule.refund(step.saturating_sub(slept.used));
+                schedule.refund(charged.saturating_sub(slept.used));
                 retried = slept.used.is_zero();
                 look = !slept.moved;
                 if !slept.attempt {
@@ -390,6 +398,13 @@ pub(crate) struct Slept<G> {
 pub(crate) trait Place {
     fn attempted(self);
 }
+
+/// How long a waiter woken in its queue keeps its turn without making its attempt (its
+/// future is not polled: kept in a `select!` busy elsewhere): past it, the next waiter's
+/// turn comes, so that a key left free is not left to the timeouts of all behind it. Far
+/// above a runtime's usual delay in polling a woken task.
+#[cfg(feature = "tokio")]
+pub(crate) const STUCK: Duration = Duration::from_millis(20);
 
 #[cfg(feature = "tokio")]
 impl<P: Place> Place for Option<P> {

@@ -3,10 +3,11 @@
 //! attempts that must `WAIT` for replicas (Redis answers one connection's requests in
 //! order, so a `WAIT` on the shared one would hold up every other task's commands).
 //!
-//! A connection's requests are driven by a task on the runtime that made it. When that
-//! runtime shuts down the connection is dead, though its handle looks alive: a canary task
-//! spawned beside it marks it dead when the runtime drops it, and the next use connects
-//! again in the caller's runtime.
+//! A connection's requests are driven by a task on the runtime that made it: a runtime that
+//! is not being driven (a current-thread runtime between two `block_on`s) would stall every
+//! other runtime's requests on it. So each runtime that uses a handle gets connections of
+//! its own. When a runtime shuts down its connections are dead, though their handles look
+//! alive: a canary task spawned beside each marks it dead when the runtime drops it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -57,12 +58,19 @@ impl redis::aio::ConnectionLike for AsyncConn {
     }
 }
 
-/// An async connection, where it leads, and whether its runtime still runs.
+/// An async connection, where it leads, the runtime that drives it, and whether that
+/// runtime still runs.
 #[derive(Clone)]
 pub(crate) struct Aio {
     pub(crate) conn: AsyncConn,
     pub(crate) tag: Tag,
+    runtime: tokio::runtime::Id,
     alive: Arc<AtomicBool>,
+}
+
+/// The runtime the caller runs in.
+pub(crate) fn this_runtime() -> tokio::runtime::Id {
+    tokio::runtime::Handle::current().id()
 }
 
 /// Marks its connection dead when dropped: with its runtime, which drops every task.
@@ -76,7 +84,8 @@ impl Drop for Canary {
 
 /// A pool's async connections in one process.
 pub(crate) struct Local {
-    shared: Mutex<Option<Aio>>,
+    /// The shared connection of each runtime.
+    shared: Mutex<Vec<Aio>>,
     exclusive: Mutex<Vec<Aio>>,
     /// The pub/sub listener that wakes waiting tasks (see `async_wait`).
     pub(crate) listeners: crate::redis_store::async_wait::Listeners,
@@ -85,7 +94,7 @@ pub(crate) struct Local {
 impl Local {
     pub(crate) fn new() -> Local {
         Local {
-            shared: Mutex::new(None),
+            shared: Mutex::new(Vec::new()),
             exclusive: Mutex::new(Vec::new()),
             listeners: crate::redis_store::async_wait::Listeners::new(),
         }
@@ -100,8 +109,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 const MAX_IDLE: usize = 16;
 
 impl Local {
-    fn usable(shared: &Shared, a: &Aio) -> bool {
-        a.alive.load(Ordering::Acquire) && shared.current(&a.tag)
+    /// Alive, to the current master, and driven by the caller's runtime.
+    fn usable(shared: &Shared, a: &Aio, runtime: tokio::runtime::Id) -> bool {
+        a.runtime == runtime && a.alive.load(Ordering::Acquire) && shared.current(&a.tag)
     }
 
     /// The shared async connection, made on first use (by `limit`) inside the caller's
@@ -113,17 +123,25 @@ impl Local {
         timeout: Duration,
         limit: Instant,
     ) -> Result<Aio, Failed> {
-        let slot = &self.shared;
-        if let Some(a) = lock(slot).as_ref().filter(|a| Self::usable(shared, a)) {
-            return Ok(a.clone());
+        let runtime = this_runtime();
+        let find = |all: &[Aio]| {
+            all.iter()
+                .find(|a| Self::usable(shared, a, runtime))
+                .cloned()
+        };
+        if let Some(a) = find(&lock(&self.shared)) {
+            return Ok(a);
         }
-        // Made without the slot's lock: a connect that stalls stalls only this task.
+        // Made without the lock: a connect that stalls stalls only this task.
         let made = connect(shared, timeout, limit).await.map_err(not_sent)?;
-        let mut slot = lock(slot);
-        match slot.as_ref().filter(|a| Self::usable(shared, a)) {
-            Some(other) => Ok(other.clone()), // another task was quicker
+        let mut all = lock(&self.shared);
+        match find(&all) {
+            Some(other) => Ok(other), // another task was quicker
             None => {
-                *slot = Some(made.clone());
+                // those of runtimes that ended, or to a master replaced, go
+                all.retain(|a| a.alive.load(Ordering::Acquire) && shared.current(&a.tag));
+                all.retain(|a| a.runtime != runtime);
+                all.push(made.clone());
                 Ok(made)
             }
         }
@@ -136,15 +154,17 @@ impl Local {
         timeout: Duration,
         limit: Instant,
     ) -> Result<Aio, Failed> {
-        loop {
-            let Some(a) = lock(&self.exclusive).pop() else {
-                break;
-            };
-            if Self::usable(shared, &a) {
-                return Ok(a);
-            }
+        let runtime = this_runtime();
+        let found = {
+            let mut idle = lock(&self.exclusive);
+            idle.retain(|a| a.alive.load(Ordering::Acquire) && shared.current(&a.tag));
+            let at = idle.iter().rposition(|a| a.runtime == runtime);
+            at.map(|i| idle.swap_remove(i))
+        };
+        match found {
+            Some(a) => Ok(a),
+            None => connect(shared, timeout, limit).await.map_err(not_sent),
         }
-        connect(shared, timeout, limit).await.map_err(not_sent)
     }
 
     pub(crate) fn put_back_exclusive(&self, a: Aio) {
@@ -158,13 +178,7 @@ impl Local {
     pub(crate) fn failed(&self, a: &Aio, e: &redis::RedisError) {
         if is_broken(e) {
             a.alive.store(false, Ordering::Release);
-            let mut slot = lock(&self.shared);
-            if slot
-                .as_ref()
-                .is_some_and(|s| Arc::ptr_eq(&s.alive, &a.alive))
-            {
-                *slot = None;
-            }
+            lock(&self.shared).retain(|s| !Arc::ptr_eq(&s.alive, &a.alive));
         }
     }
 }
@@ -223,7 +237,12 @@ async fn connect(shared: &Arc<Shared>, timeout: Duration, limit: Instant) -> Red
         let _canary = canary;
         std::future::pending::<()>().await;
     });
-    let mut a = Aio { conn, tag, alive };
+    let mut a = Aio {
+        conn,
+        tag,
+        runtime: this_runtime(),
+        alive,
+    };
     if let AsyncConn::Plain(_) = a.conn {
         let time: (String, String) =
             bounded(limit, redis::cmd("TIME").query_async(&mut a.conn)).await?;

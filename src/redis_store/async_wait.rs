@@ -3,14 +3,18 @@
 //! The tasks of a process waiting for one key form a queue, kept per handle and process,
 //! first come first: a task joins it when its first attempt finds the key held (or, if
 //! others of the process already wait for the key, before trying at all: a newcomer does
-//! not take the key from under them). One pub/sub connection per handle and process (made
-//! in the runtime of the task that first waits, made again when that runtime ends or the
-//! master changes) carries the process's subscriptions; a dispatcher task reads its
-//! messages, and a release's message wakes the first task of the key's queue only: no
-//! herd, and the key goes round in the order the tasks asked for it. A task woken that is
-//! dropped before its attempt hands its wake-up to the next. A task's step (resty's
-//! schedule) still bounds each sleep, as a lease that lapses sends no message; then only
-//! the first of the queue tries.
+//! not take the key from under them). One pub/sub connection per handle, process and
+//! runtime (a connection is driven by the runtime that made it, and one that is idle or
+//! gone would hear nothing for the others; made again when the master changes) carries the
+//! subscriptions; a dispatcher task reads its messages, and a release's message wakes the
+//! first task of the key's queue only: no herd, and the key goes round in the order the
+//! tasks asked for it. (Tasks of two runtimes waiting for one key are both subscribed: a
+//! release wakes the first two.) A task woken that is dropped before its attempt hands its
+//! wake-up to the next; one that is kept but not polled keeps its turn for
+//! `STUCK` (20 ms) only, after which the next task tries at the
+//! end of its step. A task's step (resty's schedule) still bounds each sleep, as a lease
+//! that lapses sends no message; then only the first of the queue tries. When a runtime
+//! ends, its dispatcher wakes every waiting task: they try, and listen anew in their own.
 //!
 //! Channels are subscribed to when a task first waits on them, and unsubscribed once a
 //! message comes for a channel nobody waits on (or when idle ones pile up).
@@ -27,22 +31,40 @@ use redis::aio::PubSubSink;
 use redis::{Client, RedisResult};
 
 use crate::error::HolderSeen;
+use crate::lock::backend::STUCK;
 use crate::redis_store::net::bounded;
 use crate::redis_store::topology::{Shared, Tag, Topology};
 
-/// A pool's queues and pub/sub connection in one process.
+/// A pool's queues and pub/sub connections in one process.
 pub(crate) struct Listeners {
     queues: Arc<Mutex<Queues>>,
-    /// The pub/sub connection, made by one task at a time.
-    conn: tokio::sync::Mutex<Option<Conn>>,
+    /// Each runtime's pub/sub connection, made by one of its tasks at a time.
+    conns: Mutex<HashMap<tokio::runtime::Id, Arc<ConnSlot>>>,
 }
+
+type ConnSlot = tokio::sync::Mutex<Option<Conn>>;
 
 impl Listeners {
     pub(crate) fn new() -> Listeners {
         Listeners {
             queues: Arc::new(Mutex::new(Queues::default())),
-            conn: tokio::sync::Mutex::new(None),
+            conns: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The caller's runtime's connection slot (those of runtimes that ended go).
+    fn slot(&self) -> Arc<ConnSlot> {
+        let runtime = crate::redis_store::aio::this_runtime();
+        let mut conns = lock(&self.conns);
+        if let Some(slot) = conns.get(&runtime) {
+            return slot.clone();
+        }
+        conns.retain(|_, slot| {
+            slot.try_lock().map_or(true, |c| {
+                c.as_ref().is_some_and(|c| c.alive.load(Ordering::Acquire))
+            })
+        });
+        conns.entry(runtime).or_default().clone()
     }
 }
 
@@ -67,19 +89,49 @@ struct Queues {
 struct Entry {
     id: u64,
     waker: Option<Waker>,
-    woken: bool,
+    /// Told the key may be free (when): it is making its attempt.
+    woken: Option<Instant>,
+}
+
+impl Entry {
+    fn woken(&self) -> bool {
+        self.woken.is_some()
+    }
+
+    /// Woken so long ago that it is not being polled.
+    fn stuck(&self, now: Instant) -> bool {
+        self.woken.is_some_and(|t| now.duration_since(t) >= STUCK)
+    }
+
+    fn wake(&mut self) {
+        self.woken = Some(Instant::now());
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Marks its connection dead when dropped: with its dispatcher task.
-struct Canary(Arc<AtomicBool>);
+/// Marks its connection dead when dropped, with its dispatcher task (the connection ended,
+/// or its runtime is shutting down), and wakes every waiting task: they try the key and
+/// listen anew, in their own runtime.
+struct Canary {
+    alive: Arc<AtomicBool>,
+    queues: Arc<Mutex<Queues>>,
+}
 
 impl Drop for Canary {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        self.alive.store(false, Ordering::Release);
+        let mut q = lock(&self.queues);
+        for entries in q.waiting.values_mut() {
+            for e in entries.iter_mut() {
+                e.wake();
+            }
+        }
     }
 }
 
@@ -100,7 +152,7 @@ impl Listeners {
                 .push_back(Entry {
                     id,
                     waker: None,
-                    woken: false,
+                    woken: None,
                 });
             id
         };
@@ -134,7 +186,8 @@ impl Listeners {
         limit: Instant,
     ) -> RedisResult<()> {
         let listeners = self;
-        let mut conn = bounded(limit, async { Ok(listeners.conn.lock().await) }).await?;
+        let slot = self.slot();
+        let mut conn = bounded(limit, async { Ok(slot.lock().await) }).await?;
         let fresh = conn
             .as_ref()
             .is_some_and(|c| c.alive.load(Ordering::Acquire) && shared.current(&c.tag));
@@ -195,7 +248,11 @@ impl Listeners {
         let pubsub = bounded(limit, client.get_async_pubsub()).await?;
         let (sink, stream) = pubsub.split();
         let alive = Arc::new(AtomicBool::new(true));
-        tokio::spawn(dispatch(stream, self.queues.clone(), Canary(alive.clone())));
+        let canary = Canary {
+            alive: alive.clone(),
+            queues: self.queues.clone(),
+        };
+        tokio::spawn(dispatch(stream, self.queues.clone(), canary));
         Ok(Conn {
             sink,
             tag,
@@ -206,7 +263,8 @@ impl Listeners {
 }
 
 /// The dispatcher task: wakes the first task waiting on each channel that a message comes
-/// for; when the connection ends, wakes them all (they try, and listen anew).
+/// for; when the connection ends (or the runtime drops the task), its canary wakes them
+/// all.
 async fn dispatch(stream: redis::aio::PubSubStream, queues: Arc<Mutex<Queues>>, _canary: Canary) {
     let mut stream = Box::pin(stream);
     while let Some(msg) =
@@ -215,29 +273,35 @@ async fn dispatch(stream: redis::aio::PubSubStream, queues: Arc<Mutex<Queues>>, 
         let Ok(channel) = msg.get_channel::<Vec<u8>>() else {
             continue;
         };
-        if let Some(entries) = lock(&queues).waiting.get_mut(&channel) {
-            wake_next(entries);
-        }
-    }
-    let mut q = lock(&queues);
-    for entries in q.waiting.values_mut() {
-        for e in entries.iter_mut() {
-            e.woken = true;
-            if let Some(w) = e.waker.take() {
-                w.wake();
-            }
-        }
+        wake_next_watched(&queues, &channel);
     }
 }
 
-/// Wakes the first task of a queue that is not woken yet.
-fn wake_next(entries: &mut VecDeque<Entry>) {
-    if let Some(e) = entries.iter_mut().find(|e| !e.woken) {
-        e.woken = true;
-        if let Some(w) = e.waker.take() {
-            w.wake();
+/// Wakes the first task of a queue that is not woken yet. Returns it and when.
+fn wake_next(entries: &mut VecDeque<Entry>) -> Option<(u64, Instant)> {
+    let e = entries.iter_mut().find(|e| !e.woken())?;
+    e.wake();
+    Some((e.id, e.woken?))
+}
+
+/// Wakes the first task of `channel`'s queue that is not woken yet, and, if it is not
+/// polled within `STUCK` (its attempt not made: its `woken` unchanged), the next one.
+fn wake_next_watched(queues: &Arc<Mutex<Queues>>, channel: &[u8]) {
+    let woke = lock(queues).waiting.get_mut(channel).and_then(wake_next);
+    let (Some((id, at)), Ok(rt)) = (woke, tokio::runtime::Handle::try_current()) else {
+        return;
+    };
+    let (queues, channel) = (queues.clone(), channel.to_vec());
+    rt.spawn(async move {
+        tokio::time::sleep(STUCK).await;
+        let stuck = lock(&queues)
+            .waiting
+            .get(&channel)
+            .is_some_and(|entries| entries.iter().any(|e| e.id == id && e.woken == Some(at)));
+        if stuck {
+            wake_next_watched(&queues, &channel);
         }
-    }
+    });
 }
 
 /// A task's place in a key's queue: ready when a release wakes it. Kept from sleep to
@@ -264,16 +328,18 @@ impl Turn {
             .get_mut(&self.channel)
             .and_then(|entries| entries.iter_mut().find(|e| e.id == self.id))
         {
-            e.woken = false;
+            e.woken = None;
         }
     }
 
-    /// Whether no task of this process waits for the key before this one.
+    /// Whether no task of this process waits for the key before this one (but tasks
+    /// woken and not polled for `STUCK`).
     pub(crate) fn is_first(&self) -> bool {
+        let now = Instant::now();
         let q = lock(&self.queues);
         q.waiting
             .get(&self.channel)
-            .and_then(|entries| entries.front())
+            .and_then(|entries| entries.iter().find(|e| !e.stuck(now)))
             .is_none_or(|e| e.id == self.id)
     }
 }
@@ -288,7 +354,7 @@ impl Future for Turn {
             .get_mut(&self.channel)
             .and_then(|entries| entries.iter_mut().find(|e| e.id == self.id));
         match entry {
-            Some(e) if !e.woken => {
+            Some(e) if !e.woken() => {
                 e.waker = Some(cx.waker().clone());
                 Poll::Pending
             }
@@ -306,14 +372,14 @@ impl Drop for Turn {
         let Some(at) = entries.iter().position(|e| e.id == self.id) else {
             return;
         };
-        let was_woken = entries[at].woken;
+        let was_woken = entries[at].woken();
         entries.remove(at);
-        if was_woken && !self.attempted {
-            wake_next(entries);
-        }
         if entries.is_empty() {
             q.waiting.remove(&self.channel);
             q.seen.remove(&self.channel);
+        } else if was_woken && !self.attempted {
+            drop(q);
+            wake_next_watched(&self.queues, &self.channel);
         }
     }
 }

@@ -17,6 +17,11 @@
 //! A task's own step (resty's schedule) still bounds each of its sleeps, so a holder that
 //! dies (and wakes nobody) is noticed as when polling. On a kernel without `futex_waitv`
 //! the watcher looks at the words every millisecond instead.
+//!
+//! **A woken task that is not polled** (a future kept in a `select!` loop busy elsewhere)
+//! keeps its turn for [`STUCK`] only: then the watcher treats the next task as the first,
+//! so that a key left free is not left to the timeouts of everyone behind it. The late
+//! task still makes its attempt when it is polled.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -24,8 +29,9 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::lock::backend::STUCK;
 use crate::shm::clock;
 use crate::shm::futex::{self, WaitAny, Watched, WAIT_ANY_MAX};
 use crate::shm::table::{Busy, KeyHash, Prepared};
@@ -76,8 +82,33 @@ struct Group {
 struct Entry {
     id: u64,
     waker: Option<Waker>,
-    /// Told the key may be free; it is making its attempt.
-    woken: bool,
+    /// Told the key may be free (when): it is making its attempt.
+    woken: Option<Instant>,
+}
+
+impl Entry {
+    fn woken(&self) -> bool {
+        self.woken.is_some()
+    }
+
+    /// Woken so long ago that it is not being polled.
+    fn stuck(&self, now: Instant) -> bool {
+        self.woken.is_some_and(|t| now.duration_since(t) >= STUCK)
+    }
+
+    fn wake(&mut self, now: Instant) {
+        self.woken = Some(now);
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+impl Group {
+    /// The task whose turn it is: the first one that is not stuck.
+    fn head(&mut self, now: Instant) -> Option<&mut Entry> {
+        self.entries.iter_mut().find(|e| !e.stuck(now))
+    }
 }
 
 fn lock(m: &Mutex<Registry>) -> MutexGuard<'_, Registry> {
@@ -112,7 +143,7 @@ impl Watcher {
         let entry = Entry {
             id,
             waker: None,
-            woken: false,
+            woken: None,
         };
         let ahead = match reg.groups.iter_mut().find(|g| g.hash == hash) {
             Some(g) => {
@@ -152,7 +183,7 @@ impl Future for Wake {
         let mut reg = lock(&self.state.registry);
         for g in &mut reg.groups {
             if let Some(e) = g.entries.iter_mut().find(|e| e.id == self.id) {
-                if e.woken {
+                if e.woken() {
                     return Poll::Ready(());
                 }
                 e.waker = Some(cx.waker().clone());
@@ -167,17 +198,24 @@ impl Wake {
     /// Waits (again) in the place, on the key's hold as `busy` saw it: the watcher flags
     /// that hold and sleeps on it. Starts the watcher thread if it does not run (it holds
     /// `table` weakly and ends when the table is gone, or when nobody waits for a while).
+    /// Only a task that has just tried the key (or the first, or the first to ask) tells
+    /// the watcher which hold to flag: the others' `busy` may be long gone.
     pub(crate) fn wait(&self, table: &Arc<dyn Watchable>, busy: &Busy) {
         {
+            let now = Instant::now();
             let mut reg = lock(&self.state.registry);
             if let Some(g) = reg
                 .groups
                 .iter_mut()
                 .find(|g| g.entries.iter().any(|e| e.id == self.id))
             {
-                g.busy = Some(*busy); // the hold seen last, to flag
+                let head = g.head(now).map(|e| e.id);
                 if let Some(e) = g.entries.iter_mut().find(|e| e.id == self.id) {
-                    e.woken = false;
+                    let fresh = e.woken() || head == Some(self.id);
+                    e.woken = None;
+                    if fresh || g.busy.is_none() {
+                        g.busy = Some(*busy); // the hold seen last, to flag
+                    }
                 }
             }
             if !reg.running {
@@ -191,13 +229,24 @@ impl Wake {
         self.state.ring();
     }
 
-    /// Whether no task of this process waits for the key before this one.
+    /// Whether no task of this process waits for the key before this one (but tasks
+    /// woken and not polled for [`STUCK`]).
     pub(crate) fn is_first(&self) -> bool {
+        let now = Instant::now();
+        let mut reg = lock(&self.state.registry);
+        reg.groups
+            .iter_mut()
+            .find(|g| g.entries.iter().any(|e| e.id == self.id))
+            .is_none_or(|g| g.head(now).is_none_or(|e| e.id == self.id))
+    }
+
+    /// The key's hold as the task that tried it last saw it.
+    pub(crate) fn hold(&self) -> Option<Busy> {
         let reg = lock(&self.state.registry);
         reg.groups
             .iter()
             .find(|g| g.entries.iter().any(|e| e.id == self.id))
-            .is_none_or(|g| g.entries.front().is_some_and(|e| e.id == self.id))
+            .and_then(|g| g.busy)
     }
 }
 
@@ -240,26 +289,25 @@ fn watch(state: &State, table: &Weak<dyn Watchable>) {
         let ring = state.doorbell.load(Ordering::Acquire);
         let mut armed: Vec<(usize, u32)> = Vec::new();
         let mut soon = false;
+        let now = Instant::now();
         let idle = {
             let mut reg = lock(&state.registry);
             for g in &mut reg.groups {
-                let Some(first) = g.entries.front_mut() else {
-                    continue;
+                let busy = g.busy;
+                let Some(first) = g.head(now) else {
+                    continue; // all woken long ago: each tries when it is polled
                 };
-                if first.woken {
+                if first.woken() {
                     soon = true; // its attempt is under way: the others wait for it
                     continue;
                 }
-                let Some(busy) = g.busy else {
+                let Some(busy) = busy else {
                     continue; // its first taker is trying the key
                 };
                 match table.prepare_wait(&busy) {
                     Prepared::Sleep(low) => armed.push((busy.slot, low)),
                     Prepared::Changed => {
-                        first.woken = true;
-                        if let Some(w) = first.waker.take() {
-                            w.wake();
-                        }
+                        first.wake(now);
                         soon = true;
                     }
                     Prepared::Poll => soon = true,

@@ -599,16 +599,20 @@ impl LockTable {
         place: Option<crate::shm::async_wait::Wake>,
     ) -> Slept<crate::shm::async_wait::Wake> {
         let started = Instant::now();
-        let step = match self.inner.table.lease_left(&busy) {
-            Some(left) => step.min(left + CLOCK_TICK),
-            None => step,
-        };
         let table: Arc<dyn crate::shm::async_wait::Watchable> = self.inner.clone();
         let mut wake = match place {
             Some(wake) => wake,
             None => self.ticket_async_hash(busy.hash),
         };
         wake.wait(&table, &busy);
+        // No later than the lease's end (an expiry wakes nobody) of the hold the key's last
+        // attempt saw: a task behind others has not tried since it asked, and the hold it
+        // saw then may be long gone (its end passed: a tick's sleep again and again).
+        let hold = wake.hold().unwrap_or(busy);
+        let step = match self.inner.table.lease_left(&hold) {
+            Some(left) => step.min(left + CLOCK_TICK),
+            None => step,
+        };
         let woken = crate::lock::backend::first_of(&mut wake, tokio::time::sleep(step)).await;
         Slept {
             used: started.elapsed(),
