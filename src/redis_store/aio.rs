@@ -68,11 +68,6 @@ pub(crate) struct Aio {
     alive: Arc<AtomicBool>,
 }
 
-/// The runtime the caller runs in.
-pub(crate) fn this_runtime() -> tokio::runtime::Id {
-    tokio::runtime::Handle::current().id()
-}
-
 /// Marks its connection dead when dropped: with its runtime, which drops every task.
 struct Canary(Arc<AtomicBool>);
 
@@ -123,7 +118,7 @@ impl Local {
         timeout: Duration,
         limit: Instant,
     ) -> Result<Aio, Failed> {
-        let runtime = this_runtime();
+        let runtime = crate::redis_store::async_wait::this_runtime();
         let find = |all: &[Aio]| {
             all.iter()
                 .find(|a| Self::usable(shared, a, runtime))
@@ -154,7 +149,7 @@ impl Local {
         timeout: Duration,
         limit: Instant,
     ) -> Result<Aio, Failed> {
-        let runtime = this_runtime();
+        let runtime = crate::redis_store::async_wait::this_runtime();
         let found = {
             let mut idle = lock(&self.exclusive);
             idle.retain(|a| a.alive.load(Ordering::Acquire) && shared.current(&a.tag));
@@ -240,7 +235,7 @@ async fn connect(shared: &Arc<Shared>, timeout: Duration, limit: Instant) -> Red
     let mut a = Aio {
         conn,
         tag,
-        runtime: this_runtime(),
+        runtime: crate::redis_store::async_wait::this_runtime(),
         alive,
     };
     if let AsyncConn::Plain(_) = a.conn {

@@ -35,6 +35,11 @@ use crate::lock::backend::STUCK;
 use crate::redis_store::net::bounded;
 use crate::redis_store::topology::{Shared, Tag, Topology};
 
+/// The runtime the caller runs in (each has connections and a listener of its own).
+pub(crate) fn this_runtime() -> tokio::runtime::Id {
+    tokio::runtime::Handle::current().id()
+}
+
 /// A pool's queues and pub/sub connections in one process.
 pub(crate) struct Listeners {
     queues: Arc<Mutex<Queues>>,
@@ -54,7 +59,7 @@ impl Listeners {
 
     /// The caller's runtime's connection slot (those of runtimes that ended go).
     fn slot(&self) -> Arc<ConnSlot> {
-        let runtime = crate::redis_store::aio::this_runtime();
+        let runtime = this_runtime();
         let mut conns = lock(&self.conns);
         if let Some(slot) = conns.get(&runtime) {
             return slot.clone();
