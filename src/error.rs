@@ -144,6 +144,29 @@ pub enum Error {
         /// Bytes free on its file system.
         available: u64,
     },
+    /// A table or dict is not made at `path`: a file of that path was deleted while the
+    /// processes `pids` still use it, and a new one would not be theirs (a key could have
+    /// a holder in each). `unseen`: processes that could not be looked at (other users,
+    /// `hidepid`). Nothing was created.
+    #[non_exhaustive]
+    DeletedInUse {
+        /// The path.
+        path: PathBuf,
+        /// The live processes that still map the deleted file.
+        pids: Vec<u32>,
+        /// Processes whose mappings could not be read.
+        unseen: usize,
+    },
+    /// The path this table was opened by no longer leads to its file (`how`: "deleted", or
+    /// "replaced by another file"): a process that opens the path gets another table, so
+    /// this one takes no new holds. Holds already taken are released as usual.
+    #[non_exhaustive]
+    TableGone {
+        /// The path.
+        path: PathBuf,
+        /// What happened to the file.
+        how: &'static str,
+    },
     /// An operating-system error on `path` (permission denied, no space, ...).
     #[non_exhaustive]
     Io {
@@ -180,7 +203,8 @@ pub struct HolderSeen {
     pub pid: Option<u32>,
     /// The holder's host name (Redis; `None` on a lock table, which is this machine's).
     pub host: Option<String>,
-    /// How long it had held the key. On Redis, by the server's clock against the time the
+    /// How long it had held the key. On a table, by its coarse clock (a tick, 4 ms at
+    /// 250 Hz, short at most); on Redis, by the server's clock against the time the
     /// holder's clock wrote (clocks that disagree shift it).
     pub held_for: Option<Duration>,
 }
@@ -421,6 +445,32 @@ impl fmt::Display for Error {
                 path.display(),
                 *needed as f64 / 1_048_576.0,
                 *available as f64 / 1_048_576.0
+            ),
+            Error::DeletedInUse { path, pids, unseen } => {
+                write!(
+                    f,
+                    "{}: a table of this path was deleted while processes {} still use it; \
+                     one made here now would not be theirs (a key could be held twice): \
+                     stop them first, or use another path",
+                    path.display(),
+                    pids.iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )?;
+                if *unseen > 0 {
+                    write!(f, " ({unseen} processes could not be looked at)")?;
+                }
+                f.write_str(
+                    ". Keep tables where cleaners do not reach them: /run/APP/ (systemd's \
+                     RuntimeDirectory=), or set RemoveIPC=no",
+                )
+            }
+            Error::TableGone { path, how } => write!(
+                f,
+                "{}: the table file was {how} while in use; a process that opens the path \
+                 gets another table, so this one takes no new holds (open the path again)",
+                path.display()
             ),
             Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
             #[cfg(feature = "redis")]

@@ -716,10 +716,12 @@ fn errors_name_the_key_and_the_limit() {
             assert_eq!(key.as_bytes(), b"held:a");
             assert_eq!(*timeout, Duration::from_millis(30));
             // the holder (this process) is named, and it had held the key the whole wait
+            // (by the table's coarse clock: up to a tick, 4 or 10 ms, less)
             let h = holder.as_ref().expect("the holder");
             assert_eq!(h.pid, Some(std::process::id()));
             assert_eq!(h.host, None);
-            assert!(h.held_for.unwrap() >= Duration::from_millis(30), "{h:?}");
+            let held_for = h.held_for.unwrap() + Duration::from_millis(10);
+            assert!(held_for >= Duration::from_millis(30), "{h:?}");
         }
         other => panic!("{other:?}"),
     }

@@ -403,6 +403,73 @@ fn create_on_a_filesystem_without_room_says_how_much_it_needs() {
     );
 }
 
+/// systemd's `RemoveIPC` (the default for users other than system ones) deletes every
+/// `/dev/shm` file of a user whose last session ends, while that user's services run on:
+/// two `run`s as uid 65534 hold keys on two tables, every file of the uid is deleted, and a
+/// newcomer of that uid is refused the path (73, naming the holder), instead of making a
+/// table where it would take the held key. Once the holders are gone it runs.
+#[test]
+#[ignore = "needs root: runs the holders as uid 65534 through setpriv"]
+fn a_cleanup_of_every_file_of_a_uid_splits_no_table() {
+    common::harness::require_root();
+    let dir = TempPath::new("cli-uid-cleanup");
+    std::fs::create_dir_all(&dir.0).unwrap();
+    std::os::unix::fs::chown(&dir.0, Some(65534), Some(65534)).unwrap();
+    let bin = env!("CARGO_BIN_EXE_shmlock");
+    let as_nobody = |file: &std::path::Path, script: &str| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+            .arg(bin)
+            .arg("--file")
+            .arg(file)
+            .args(["run", "K", "--", "sh", "-c", script])
+            .env_remove("SHMLOCK_FILE")
+            .stdin(Stdio::null());
+        c
+    };
+    let tables = [dir.0.join("a"), dir.0.join("b")];
+    let mut holders: Vec<Child> = tables
+        .iter()
+        .map(|t| as_nobody(t, "sleep 60").spawn().unwrap())
+        .collect();
+    for t in &tables {
+        eventually("the holder holds K", || {
+            LockTable::options()
+                .read_only(true)
+                .open(t)
+                .is_ok_and(|table| table.is_locked("K").unwrap())
+        });
+    }
+    // the cleanup: every file the uid owns
+    let mut deleted = 0;
+    for e in std::fs::read_dir(&dir.0).unwrap() {
+        let e = e.unwrap();
+        if std::os::unix::fs::MetadataExt::uid(&e.metadata().unwrap()) == 65534 {
+            std::fs::remove_file(e.path()).unwrap();
+            deleted += 1;
+        }
+    }
+    assert_eq!(deleted, 2);
+    let out = output(&mut as_nobody(&tables[0], "true"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(73), "{stderr}");
+    assert!(
+        stderr.contains(&holders[0].id().to_string()) && stderr.contains("deleted"),
+        "{stderr}"
+    );
+    assert!(
+        !tables[0].exists(),
+        "a table was made beside the deleted one"
+    );
+    for h in &mut holders {
+        h.kill().unwrap();
+        h.wait().unwrap();
+    }
+    let out = output(&mut as_nobody(&tables[0], "true"));
+    assert!(out.status.success(), "{out:?}");
+    let _ = std::fs::remove_dir_all(&dir.0);
+}
+
 #[test]
 fn the_file_comes_from_shmlock_file_when_not_given() {
     let file = TempPath::new("cli-env");

@@ -2,17 +2,21 @@
 //! hold on it. Several paths to one file (a hard link, a symbolic link) are one table; a
 //! dead holder is reclaimed at once on a disk filesystem as on tmpfs; a filesystem on which
 //! a live holder would look dead (overlayfs maps another file than the one opened) is
-//! refused; fencing tokens keep growing when the file is deleted and made again. A known
-//! limit (run with `--known-limits`): a newcomer on the path of a table unlinked while in
-//! use can take a key that is still held in the old file.
+//! refused; fencing tokens keep growing when the file is deleted and made again. A table
+//! deleted or replaced while in use never splits in two: no table is made at the path of
+//! a deleted one while a live process still maps it, and the processes on it find out at
+//! their next wait or renewal and take no new key from it. A filesystem without room says
+//! how much it would need.
 //!
 //! Exercises `src/shm/file.rs` (creating and attaching, the filesystem check),
+//! `src/shm/deleted.rs` and `src/shm/attachment.rs` (a file deleted or replaced in use),
 //! `src/shm/anchor.rs` (the registration's locks on the file), `src/shm/format.rs` and
 //! `src/shm/lock_table.rs` (the token base). The file layer's other cases (a dangling
 //! symlink, mode bits, a creator killed midway) are in `tests/liveness.rs`.
 //!
 //! `files FILTER` runs the tests whose name contains FILTER; `files --list` lists them; the
-//! root-only one runs with `--include-ignored` as root.
+//! root-only ones run with `--include-ignored` as root; `files --role newcomer PATH` is a
+//! process with nothing mapped trying the table at PATH.
 
 mod common;
 
@@ -23,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::fork::{fork, Shared};
+use common::fork::{fork, Gate, Shared};
 use common::harness::Test;
 use common::ns::private_mount_ns;
 use common::probe::{await_word, ofd_locks_on, Proc};
@@ -57,12 +61,74 @@ const TESTS: &[Test] = &[
     Test::new(
         "a_table_unlinked_while_in_use_never_gives_a_held_key_to_a_newcomer",
         a_table_unlinked_while_in_use_never_gives_a_held_key_to_a_newcomer,
-    )
-    .known_limit(),
+    ),
+    Test::new(
+        "a_table_deleted_under_its_holder_is_not_made_anew_until_it_lets_go",
+        a_table_deleted_under_its_holder_is_not_made_anew_until_it_lets_go,
+    ),
+    Test::new(
+        "a_waiter_on_a_deleted_table_gives_up_saying_so",
+        a_waiter_on_a_deleted_table_gives_up_saying_so,
+    ),
+    Test::new(
+        "a_table_replaced_by_a_rename_is_left_by_its_users",
+        a_table_replaced_by_a_rename_is_left_by_its_users,
+    ),
 ];
 
 fn main() {
-    common::harness::run("files", TESTS, common::harness::no_roles);
+    common::harness::run("files", TESTS, roles);
+}
+
+/// `--role newcomer PATH`: a process with nothing mapped opens the table at PATH and tries
+/// K; prints `took`, `busy`, `deleted-in-use PID,PID…`, or `error MESSAGE`.
+fn roles(args: &[String]) -> i32 {
+    match args.first().map(String::as_str) {
+        Some("newcomer") => {
+            let out = match LockTable::open(&args[1], 64) {
+                Ok(t) => match t.try_lock_with_lease(K, Duration::from_secs(60)) {
+                    Ok(Some(g)) => {
+                        g.leave_to_expire();
+                        "took".to_string()
+                    }
+                    Ok(None) => "busy".to_string(),
+                    Err(e) => format!("error {e}"),
+                },
+                Err(shmlock::Error::DeletedInUse { pids, .. }) => format!(
+                    "deleted-in-use {}",
+                    pids.iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+                Err(e) => format!("error {e}"),
+            };
+            println!("{out}");
+            0
+        }
+        _ => common::harness::no_roles(args),
+    }
+}
+
+/// What a newcomer process (this binary, started anew) makes of the table at `path`.
+fn newcomer(path: &Path) -> String {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--role", "newcomer"])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+fn table_gone(r: Result<impl std::fmt::Debug, shmlock::Error>, how: &str) -> bool {
+    match r {
+        Err(shmlock::Error::TableGone { how: h, .. }) => h == how,
+        other => {
+            eprintln!("not TableGone ({how}): {other:?}");
+            false
+        }
+    }
 }
 
 const K: &str = "K";
@@ -397,4 +463,85 @@ fn a_table_unlinked_while_in_use_never_gives_a_held_key_to_a_newcomer() {
         "two live holders: the path was unlinked while K was held, and a newcomer on the \
          re-created file took K"
     );
+    assert_eq!(code, 4, "the newcomer was not refused the path");
+}
+
+/// K is held and the table's file deleted (`rm`, a cleaner, systemd's `RemoveIPC`): a new
+/// process that opens the path is refused (`DeletedInUse`, naming the holder) and makes
+/// nothing there; the holder learns it at its next renewal (`TableGone`) and takes no new
+/// key, but releases what it holds. Once it has let go of the table, the path is made anew.
+fn a_table_deleted_under_its_holder_is_not_made_anew_until_it_lets_go() {
+    let path = TempPath::new("deleted");
+    let table = LockTable::open(&path, 64).unwrap();
+    let mut held = shmlock::Lock::new(&table, opts(60_000, 0)).unwrap();
+    held.lock(K).unwrap();
+    fs::remove_file(&path).unwrap();
+    let seen = newcomer(&path.0);
+    assert_eq!(seen, format!("deleted-in-use {}", std::process::id()));
+    assert!(!path.0.exists(), "a table was made beside the deleted one");
+    assert!(table_gone(held.expire(None), "deleted"));
+    assert!(table_gone(table.lock("other", opts(1000, 0)), "deleted"));
+    assert!(table_gone(
+        table.try_lock_with_lease("other", Duration::from_secs(1)),
+        "deleted"
+    ));
+    held.unlock().unwrap();
+    drop(held);
+    drop(table);
+    assert_eq!(newcomer(&path.0), "took");
+}
+
+/// A process waits for K, held by another; the file is deleted meanwhile. The wait ends
+/// with `TableGone` (within a step, 0.5 s), not at its 30 s timeout with a key nobody else
+/// can see.
+fn a_waiter_on_a_deleted_table_gives_up_saying_so() {
+    let path = TempPath::new("deleted-wait");
+    let table = LockTable::open(&path, 64).unwrap();
+    let held = Gate::new();
+    let mut done = Gate::new();
+    let holder = {
+        let (table, held, done) = (&table, &held, &mut done);
+        fork(move || {
+            let _g = table.lock(K, opts(60_000, 0)).unwrap();
+            held.signal();
+            done.wait();
+            0
+        })
+    };
+    held.await_signals(1);
+    let remover = {
+        let path = path.0.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            fs::remove_file(path).unwrap();
+        })
+    };
+    let t = Instant::now();
+    let r = table.lock(K, opts(60_000, 30_000)).map(drop);
+    let waited = t.elapsed();
+    remover.join().unwrap();
+    note!("[the wait ended after {waited:.2?}: {r:?}] ");
+    assert!(table_gone(r, "deleted"));
+    done.open();
+    assert_eq!(holder.wait(Duration::from_secs(30)), 0);
+}
+
+/// A new table is made beside the one in use and renamed over its path (a deploy script,
+/// `mv`): a newcomer gets the new table (and K in it); the process on the old one learns it
+/// at its next renewal or wait (`TableGone`, "replaced") and takes no new key there.
+fn a_table_replaced_by_a_rename_is_left_by_its_users() {
+    let path = TempPath::new("replaced");
+    let table = LockTable::open(&path, 64).unwrap();
+    let mut held = shmlock::Lock::new(&table, opts(60_000, 0)).unwrap();
+    held.lock(K).unwrap();
+    let next = TempPath::new("replaced-next");
+    drop(LockTable::open(&next, 64).unwrap());
+    fs::rename(&next.0, &path.0).unwrap();
+    assert_eq!(newcomer(&path.0), "took");
+    assert!(table_gone(held.expire(None), "replaced by another file"));
+    assert!(table_gone(
+        table.lock("other", opts(1000, 0)),
+        "replaced by another file"
+    ));
+    held.unlock().unwrap();
 }

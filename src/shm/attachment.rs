@@ -4,13 +4,14 @@
 use std::fs::File;
 use std::os::fd::{BorrowedFd, IntoRawFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
 use crate::error::Error;
 use crate::shm::anchor::Anchor;
 use crate::shm::clock::{raw_now, Clock, Monotonic};
+use crate::shm::deleted::Gone;
 use crate::shm::mapping::Mapping;
 use crate::shm::process::fork_epoch;
 use crate::shm::registry::{self, FileId, FileLocks, Identity, OwnerId};
@@ -26,6 +27,11 @@ pub(crate) const STALL_BOUND: Duration = Duration::from_millis(500);
 const RECHECK_NS: u64 = 1_000_000;
 
 const GATES: usize = 64;
+
+/// How often (at most) a process's slow paths look whether the table's path still leads to
+/// its file: the bound on how long a process goes on with a table deleted or replaced
+/// under it (for a process that waits, renews or checks a hold).
+pub(crate) const LOOK_AT_PATH_EVERY: Duration = Duration::from_millis(100);
 
 pub(crate) struct Attachment {
     pub map: Arc<Mapping>,
@@ -47,6 +53,10 @@ pub(crate) struct Attachment {
     generation: AtomicU64,
     /// Per owner entry (mod 64): `owner << 40 | ms` of its last "alive" verdict.
     alive_at: [AtomicU64; GATES],
+    /// The path no longer leads to the file, once seen: 1 deleted, 2 replaced (0: it does).
+    gone: AtomicU8,
+    /// The clock (ns) before which the path is not looked at again.
+    next_look: AtomicU64,
 }
 
 impl Attachment {
@@ -80,6 +90,41 @@ impl Attachment {
             cached: AtomicU64::new(cached),
             generation: AtomicU64::new(u64::from(generation)),
             alive_at: std::array::from_fn(|_| AtomicU64::new(0)),
+            gone: AtomicU8::new(0),
+            next_look: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether the table's path still leads to this file, looked at no more often than
+    /// [`LOOK_AT_PATH_EVERY`] (`now`: the table's clock, ns). Once it does not, every later
+    /// call and every acquisition of this process says so ([`Error::TableGone`]): the
+    /// cached registration is dropped, so that even the fast path goes the cold way.
+    pub(crate) fn look_at_path(&self, now: u64) -> Result<(), Error> {
+        if self.gone.load(Ordering::Relaxed) == 0 {
+            if now < self.next_look.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            let every = LOOK_AT_PATH_EVERY.as_nanos() as u64;
+            self.next_look
+                .store(now.saturating_add(every), Ordering::Relaxed);
+            match crate::shm::deleted::left(&self.path, self.probe(), self.id) {
+                None => return Ok(()),
+                Some(Gone::Deleted) => self.gone.store(1, Ordering::Relaxed),
+                Some(Gone::Replaced) => self.gone.store(2, Ordering::Relaxed),
+            }
+        }
+        self.cached.store(0, Ordering::Release);
+        Err(self.gone_error())
+    }
+
+    fn gone_error(&self) -> Error {
+        let how = match self.gone.load(Ordering::Relaxed) {
+            1 => Gone::Deleted,
+            _ => Gone::Replaced,
+        };
+        Error::TableGone {
+            path: self.path.clone(),
+            how: how.as_str(),
         }
     }
 
@@ -115,6 +160,9 @@ impl Attachment {
     fn reregister(&self) -> Result<OwnerId, Error> {
         if self.read_only {
             return Err(Error::ReadOnly);
+        }
+        if self.gone.load(Ordering::Relaxed) != 0 {
+            return Err(self.gone_error());
         }
         // The mutex may have been held by a thread of the parent that does not exist in
         // this child: do not wait for it forever.

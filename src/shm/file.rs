@@ -101,7 +101,7 @@ pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
             Ok(file) => return attach(path, file, false, spec),
             Err(e) if e.kind() == io::ErrorKind::NotFound && spec.create && !spec.read_only => {
                 if let Some(file) = create(path, spec)? {
-                    return attach(path, file, true, spec);
+                    return attach(path, by_its_name(path, file), true, spec);
                 }
                 // Something is at the path: someone else linked first, or a dangling link.
                 if let Ok(m) = fs::symlink_metadata(path) {
@@ -117,6 +117,10 @@ pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
                     }
                 }
             }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // (to inspect: the table of the path may be deleted and still in use)
+                return Err(deleted_in_use(path).unwrap_or_else(|| Error::io(path, e)));
+            }
             Err(e) => return Err(Error::io(path, e)),
         }
     }
@@ -126,10 +130,44 @@ pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
     ))
 }
 
+/// [`Error::DeletedInUse`] if live processes still map a deleted table of `path`.
+fn deleted_in_use(path: &Path) -> Option<Error> {
+    let users = crate::shm::deleted::users(path);
+    (!users.pids.is_empty()).then(|| Error::DeletedInUse {
+        path: path.to_path_buf(),
+        pids: users.pids,
+        unseen: users.unseen,
+    })
+}
+
+/// The file just linked at `path`, opened again by that name: a mapping shows the name of
+/// the file it was made through, and one made through the unnamed file reads as
+/// `#INODE (deleted)` for good, so that nobody could tell later that it maps a deleted
+/// table of `path` (see `deleted`). The unnamed descriptor if the path no longer leads to
+/// the file.
+fn by_its_name(path: &Path, file: File) -> File {
+    let Ok(id) = FileId::of(&file) else {
+        return file;
+    };
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(named) if id.names(&named) => named,
+        _ => file,
+    }
+}
+
 /// Builds a complete table beside `path` and links it into place. `None` if something
 /// appeared at `path` meanwhile.
 fn create(path: &Path, spec: OpenSpec) -> Result<Option<File>, Error> {
     spec.layout.check(spec.capacity, spec.registry)?;
+    // A table of this path deleted while in use: its users would not see a new one.
+    if let Some(e) = deleted_in_use(path) {
+        return Err(e);
+    }
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),

@@ -275,6 +275,12 @@ impl LockTable {
         &self.inner.table.env().att
     }
 
+    /// Whether the path still leads to this table's file (looked at now and then: see
+    /// `Attachment::look_at_path`).
+    fn look_at_path(&self) -> Result<(), Error> {
+        self.att().look_at_path(self.inner.table.now())
+    }
+
     fn writable(&self) -> Result<(), Error> {
         if self.att().read_only() {
             Err(Error::ReadOnly)
@@ -657,6 +663,8 @@ impl Backend for LockTable {
         exptime_ns: u64,
         _deadline: Option<Instant>,
     ) -> Result<Result<ShmHold, ShmBusy>, Error> {
+        // (every wait comes this way after a sleep: a table deleted under it is seen)
+        self.look_at_path()?;
         let req = self.request(key, exptime_ns)?;
         hold_or_busy(self.inner.table.try_acquire(&req), &req, self.capacity())
     }
@@ -670,6 +678,7 @@ impl Backend for LockTable {
     }
 
     fn extend(&self, hold: &mut ShmHold, exptime_ns: u64) -> Result<(), Error> {
+        self.look_at_path()?;
         self.inner
             .table
             .extend(&mut hold.held, exptime_ns)
@@ -688,6 +697,7 @@ impl Backend for LockTable {
     }
 
     fn check(&self, hold: &ShmHold) -> Result<(), Error> {
+        self.look_at_path()?;
         self.inner
             .table
             .check(&hold.held)

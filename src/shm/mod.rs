@@ -9,7 +9,9 @@
 //! - `registry`: the owner registry (who is attached, and whether the kernel says they
 //!   are alive); `attachment`: one process's registration, its descriptor and lock.
 //! - `format`: the file's header and layout; `file`: creating and checking it;
-//!   `mapping`: mapping it; `anchor`: what keeps this process's registration alive.
+//!   `mapping`: mapping it; `anchor`: what keeps this process's registration alive;
+//!   `deleted`: a file deleted or replaced while in use (who still maps it, whether a
+//!   path still leads to it).
 //! - `clock`: the shared monotonic clock; `futex`: sleeping and waking; `process`: this
 //!   process's identity (pid, start time, fork detection); `primitive`: spin helpers.
 //!
@@ -23,6 +25,8 @@ pub(crate) mod async_wait;
 #[cfg(not(loom))]
 pub(crate) mod attachment;
 pub(crate) mod clock;
+#[cfg(not(loom))]
+pub(crate) mod deleted;
 #[cfg(not(loom))]
 pub(crate) mod file;
 pub(crate) mod format;

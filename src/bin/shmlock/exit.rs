@@ -22,8 +22,8 @@ pub const EX_IOERR: u8 = 74;
 pub const EX_SOFTWARE: u8 = 70;
 /// The system is out of something (memory, file descriptors, processes).
 pub const EX_OSERR: u8 = 71;
-/// The file cannot be created (read-only file system, no space; `create` on an existing
-/// file).
+/// The file cannot be created (read-only file system, no space, a deleted table of the
+/// path still in use; `create` on an existing file).
 pub const EX_CANTCREAT: u8 = 73;
 /// Full for now: no free slot in the table, no free entry in its owner registry.
 pub const EX_TEMPFAIL: u8 = 75;
@@ -48,7 +48,8 @@ impl From<Error> for Fail {
         let code = match &e {
             Error::Io { source, .. } => os_error_code(source),
             Error::Format { .. } => EX_DATAERR,
-            Error::NoSpace { .. } => EX_CANTCREAT,
+            Error::NoSpace { .. } | Error::DeletedInUse { .. } => EX_CANTCREAT,
+            Error::TableGone { .. } => EX_NOINPUT,
             Error::EmptyKey
             | Error::KeyTooLong(_)
             | Error::InvalidOptions(_)
