@@ -159,7 +159,8 @@ pub enum Error {
     },
     /// The path this table was opened by no longer leads to its file (`how`: "deleted", or
     /// "replaced by another file"): a process that opens the path gets another table, so
-    /// this one takes no new holds. Holds already taken are released as usual.
+    /// this one takes no new holds. Holds already taken are renewed and released as usual
+    /// (the processes that share the file still exclude each other); `check` says this.
     #[non_exhaustive]
     TableGone {
         /// The path.

@@ -461,6 +461,16 @@ fn a_cleanup_of_every_file_of_a_uid_splits_no_table() {
         !tables[0].exists(),
         "a table was made beside the deleted one"
     );
+    // inspect finds nothing to open there, and says who still uses the deleted one
+    let out = output(
+        Command::new(bin)
+            .arg("--file")
+            .arg(&tables[0])
+            .arg("inspect"),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(66), "{stderr}");
+    assert!(stderr.contains(&holders[0].id().to_string()), "{stderr}");
     for h in &mut holders {
         h.kill().unwrap();
         h.wait().unwrap();

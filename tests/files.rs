@@ -74,6 +74,30 @@ const TESTS: &[Test] = &[
         "a_table_replaced_by_a_rename_is_left_by_its_users",
         a_table_replaced_by_a_rename_is_left_by_its_users,
     ),
+    Test::new(
+        "a_hold_kept_alive_outlives_the_deletion_of_its_file",
+        a_hold_kept_alive_outlives_the_deletion_of_its_file,
+    ),
+    Test::new(
+        "a_holder_whose_main_thread_exited_is_seen_mapping_a_deleted_table",
+        a_holder_whose_main_thread_exited_is_seen_mapping_a_deleted_table,
+    ),
+    Test::new(
+        "a_deleted_table_with_a_newline_in_its_path_is_seen",
+        a_deleted_table_with_a_newline_in_its_path_is_seen,
+    ),
+    Test::new(
+        "a_live_table_named_like_a_deleted_one_blocks_nothing",
+        a_live_table_named_like_a_deleted_one_blocks_nothing,
+    ),
+    Test::new(
+        "a_table_opened_by_a_relative_path_survives_a_chdir",
+        a_table_opened_by_a_relative_path_survives_a_chdir,
+    ),
+    Test::new(
+        "a_file_deleted_between_its_opening_and_its_mapping_is_let_go",
+        a_file_deleted_between_its_opening_and_its_mapping_is_let_go,
+    ),
 ];
 
 fn main() {
@@ -468,8 +492,8 @@ fn a_table_unlinked_while_in_use_never_gives_a_held_key_to_a_newcomer() {
 
 /// K is held and the table's file deleted (`rm`, a cleaner, systemd's `RemoveIPC`): a new
 /// process that opens the path is refused (`DeletedInUse`, naming the holder) and makes
-/// nothing there; the holder learns it at its next renewal (`TableGone`) and takes no new
-/// key, but releases what it holds. Once it has let go of the table, the path is made anew.
+/// nothing there; the holder's renewals go on, its check says `TableGone`, it takes no new
+/// key, and releases what it holds. Once it has let go of the table, the path is made anew.
 fn a_table_deleted_under_its_holder_is_not_made_anew_until_it_lets_go() {
     let path = TempPath::new("deleted");
     let table = LockTable::open(&path, 64).unwrap();
@@ -479,7 +503,9 @@ fn a_table_deleted_under_its_holder_is_not_made_anew_until_it_lets_go() {
     let seen = newcomer(&path.0);
     assert_eq!(seen, format!("deleted-in-use {}", std::process::id()));
     assert!(!path.0.exists(), "a table was made beside the deleted one");
-    assert!(table_gone(held.expire(None), "deleted"));
+    // its renewals go on in the table its processes share; a check says it is gone
+    held.expire(None).unwrap();
+    assert!(table_gone(held.check(), "deleted"));
     assert!(table_gone(table.lock("other", opts(1000, 0)), "deleted"));
     assert!(table_gone(
         table.try_lock_with_lease("other", Duration::from_secs(1)),
@@ -528,7 +554,7 @@ fn a_waiter_on_a_deleted_table_gives_up_saying_so() {
 
 /// A new table is made beside the one in use and renamed over its path (a deploy script,
 /// `mv`): a newcomer gets the new table (and K in it); the process on the old one learns it
-/// at its next renewal or wait (`TableGone`, "replaced") and takes no new key there.
+/// at its next check or wait (`TableGone`, "replaced") and takes no new key there.
 fn a_table_replaced_by_a_rename_is_left_by_its_users() {
     let path = TempPath::new("replaced");
     let table = LockTable::open(&path, 64).unwrap();
@@ -538,10 +564,168 @@ fn a_table_replaced_by_a_rename_is_left_by_its_users() {
     drop(LockTable::open(&next, 64).unwrap());
     fs::rename(&next.0, &path.0).unwrap();
     assert_eq!(newcomer(&path.0), "took");
-    assert!(table_gone(held.expire(None), "replaced by another file"));
+    held.expire(None).unwrap();
+    assert!(table_gone(held.check(), "replaced by another file"));
     assert!(table_gone(
         table.lock("other", opts(1000, 0)),
         "replaced by another file"
     ));
     held.unlock().unwrap();
+}
+
+/// A hold kept alive (`keep_alive`, a 300 ms lease renewed under 1.2 s of work) while its
+/// file is deleted: renewals go on in the table its processes share, so another of them
+/// (a forked child) never gets K meanwhile and the work never reads "lost"; `keep_alive`
+/// then says the table is gone.
+fn a_hold_kept_alive_outlives_the_deletion_of_its_file() {
+    let path = TempPath::new("deleted-keepalive");
+    let table = LockTable::open(&path, 64).unwrap();
+    let mut held = shmlock::Lock::new(&table, opts(300, 0)).unwrap();
+    held.lock(K).unwrap();
+    let took = Shared::new(1);
+    let stop = Shared::new(1);
+    let rival = {
+        let (table, took, stop) = (&table, &took, &stop);
+        fork(move || {
+            while stop.word(0).load(Ordering::SeqCst) == 0 {
+                if let Ok(Some(g)) = table.try_lock_with_lease(K, Duration::from_secs(1)) {
+                    took.word(0).store(1, Ordering::SeqCst);
+                    drop(g);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            0
+        })
+    };
+    let (lost_seen, result) = held
+        .keep_alive(|k| {
+            std::thread::sleep(Duration::from_millis(100));
+            fs::remove_file(&path.0).unwrap();
+            let mut lost = false;
+            for _ in 0..22 {
+                std::thread::sleep(Duration::from_millis(50));
+                lost |= k.is_lost();
+            }
+            lost
+        })
+        .unwrap();
+    stop.word(0).store(1, Ordering::SeqCst);
+    assert_eq!(rival.wait(Duration::from_secs(30)), 0);
+    note!("[work saw lost: {lost_seen}; keep_alive: {result:?}] ");
+    assert_eq!(
+        took.word(0).load(Ordering::SeqCst),
+        0,
+        "K was taken during the work"
+    );
+    assert!(!lost_seen);
+    assert!(table_gone(result, "deleted"));
+    held.unlock().unwrap();
+}
+
+/// The holder's main thread has exited while another of its threads holds K (its own
+/// `maps` reads empty then; its threads' do not): after the file is deleted, a newcomer is
+/// still refused, naming it.
+fn a_holder_whose_main_thread_exited_is_seen_mapping_a_deleted_table() {
+    let path = TempPath::new("deleted-mainless");
+    let held = Gate::new();
+    let holder = {
+        let (owned, held) = (path.0.clone(), &held);
+        fork(move || {
+            // SAFETY: the gate lives in memory this child keeps until it is killed (its
+            // main thread exits, its stack and heap stay: the process goes on).
+            let held: &'static Gate = unsafe { &*(held as *const Gate) };
+            std::thread::spawn(move || {
+                let table = LockTable::open(&owned, 64).unwrap();
+                let _g = table.lock(K, opts(60_000, 0)).unwrap();
+                held.signal();
+                loop {
+                    std::thread::sleep(Duration::from_secs(60));
+                }
+            });
+            // The main thread leaves (by the raw system call: no unwinding, no exit
+            // handlers); the process lives on in the other one.
+            // SAFETY: ends this thread only; nothing of its stack is used after.
+            unsafe { libc::syscall(libc::SYS_exit, 0) };
+            unreachable!("SYS_exit returned")
+        })
+    };
+    held.await_signals(1);
+    fs::remove_file(&path.0).unwrap();
+    let seen = newcomer(&path.0);
+    holder.kill();
+    assert_eq!(seen, format!("deleted-in-use {}", holder.0));
+}
+
+/// A path with a newline (which `maps` writes as `\012`): its deleted table in use is seen.
+fn a_deleted_table_with_a_newline_in_its_path_is_seen() {
+    let path = TempPath::new("deleted\nnewline");
+    let table = LockTable::open(&path, 64).unwrap();
+    let _g = table.lock(K, opts(60_000, 0)).unwrap();
+    fs::remove_file(&path.0).unwrap();
+    assert_eq!(
+        newcomer(&path.0),
+        format!("deleted-in-use {}", std::process::id())
+    );
+}
+
+/// A live table whose name ends in " (deleted)" is not a deleted table of the name before
+/// it: that table is made as usual.
+fn a_live_table_named_like_a_deleted_one_blocks_nothing() {
+    let path = TempPath::new("named");
+    let mut odd = path.0.clone().into_os_string();
+    odd.push(" (deleted)");
+    let odd = TempPath(PathBuf::from(odd));
+    let table = LockTable::open(&odd, 64).unwrap();
+    let _g = table.lock(K, opts(60_000, 0)).unwrap();
+    assert_eq!(newcomer(&path.0), "took");
+}
+
+/// A table opened by a relative path: after the process changes its directory, its waits
+/// and checks still find the path leading to the file (the path was made absolute).
+fn a_table_opened_by_a_relative_path_survives_a_chdir() {
+    let path = TempPath::new("relative");
+    let here = std::env::current_dir().unwrap();
+    std::env::set_current_dir(path.0.parent().unwrap()).unwrap();
+    let opened = LockTable::open(path.0.file_name().unwrap(), 64);
+    std::env::set_current_dir("/").unwrap();
+    let r = opened.and_then(|table| {
+        let mut lock = shmlock::Lock::new(&table, opts(60_000, 0))?;
+        lock.lock(K)?;
+        std::thread::sleep(Duration::from_millis(150)); // past the look's 100 ms
+        let check = lock.check();
+        lock.unlock()?;
+        check
+    });
+    std::env::set_current_dir(here).unwrap();
+    r.unwrap();
+}
+
+/// The race the check at `open` closes: a newcomer opens the path of a table nobody uses,
+/// and its `openat` is held 1.5 s by strace; meanwhile the file is deleted and another
+/// process makes a new table there and takes K. The delayed one must not map the deleted
+/// file and take K in it: it finds its path gone, opens again, and finds K busy.
+fn a_file_deleted_between_its_opening_and_its_mapping_is_let_go() {
+    let path = TempPath::new("deleted-midopen");
+    drop(LockTable::open(&path, 64).unwrap());
+    let slow = std::process::Command::new("strace")
+        .args(["-f", "-qq", "-o", "/dev/null", "-P"])
+        .arg(&path.0)
+        .args(["-e", "inject=openat:delay_exit=1500000:when=1", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--role", "newcomer"])
+        .arg(&path.0)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    fs::remove_file(&path.0).unwrap();
+    let first = newcomer(&path.0);
+    let out = slow.wait_with_output().unwrap();
+    let delayed = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    note!("[the first made anew: {first}; the delayed one: {delayed}] ");
+    assert_eq!(first, "took");
+    assert_eq!(
+        delayed, "busy",
+        "the delayed opener took K in a deleted table"
+    );
 }

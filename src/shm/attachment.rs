@@ -53,6 +53,8 @@ pub(crate) struct Attachment {
     generation: AtomicU64,
     /// Per owner entry (mod 64): `owner << 40 | ms` of its last "alive" verdict.
     alive_at: [AtomicU64; GATES],
+    /// The path made absolute when opened (a later `chdir` changes nothing).
+    abs_path: PathBuf,
     /// The path no longer leads to the file, once seen: 1 deleted, 2 replaced (0: it does).
     gone: AtomicU8,
     /// The clock (ns) before which the path is not looked at again.
@@ -76,6 +78,7 @@ impl Attachment {
             .map(|(anchor, owner)| (*owner, anchor.epoch()));
         let cached = made.map_or(0, |(owner, epoch)| epoch << 32 | u64::from(owner.bits()));
         let generation = made.map_or(0, |(owner, _)| map.registry().generation(owner));
+        let abs_path = crate::shm::deleted::absolute(&path).unwrap_or_else(|| path.clone());
         Attachment {
             map,
             probe: AtomicI32::new(file.into_raw_fd()),
@@ -90,6 +93,7 @@ impl Attachment {
             cached: AtomicU64::new(cached),
             generation: AtomicU64::new(u64::from(generation)),
             alive_at: std::array::from_fn(|_| AtomicU64::new(0)),
+            abs_path,
             gone: AtomicU8::new(0),
             next_look: AtomicU64::new(0),
         }
@@ -107,7 +111,7 @@ impl Attachment {
             let every = LOOK_AT_PATH_EVERY.as_nanos() as u64;
             self.next_look
                 .store(now.saturating_add(every), Ordering::Relaxed);
-            match crate::shm::deleted::left(&self.path, self.probe(), self.id) {
+            match crate::shm::deleted::left(&self.abs_path, self.probe(), self.id) {
                 None => return Ok(()),
                 Some(Gone::Deleted) => self.gone.store(1, Ordering::Relaxed),
                 Some(Gone::Replaced) => self.gone.store(2, Ordering::Relaxed),

@@ -79,11 +79,10 @@ pub(crate) fn users(path: &Path) -> Users {
         let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
-        buf.clear();
-        let read = File::open(p.path().join("maps")).and_then(|mut f| f.read_to_end(&mut buf));
-        match read {
-            Ok(_) if maps_name(&buf, &name, dev) => found.pids.push(pid),
-            Ok(_) => {}
+        match read_maps(&p.path(), &mut buf) {
+            Ok(true) if maps_name(&buf, &name, dev, path) => found.pids.push(pid),
+            Ok(true) => {}
+            Ok(false) => found.unseen += 1,
             // gone meanwhile: nothing to see
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(_) => found.unseen += 1,
@@ -93,30 +92,90 @@ pub(crate) fn users(path: &Path) -> Users {
     found
 }
 
-/// What a mapping of the deleted file reads as in `maps` ("`/abs/path (deleted)`", the
-/// directory's links resolved), and the device it is on.
-fn mapped_name(path: &Path) -> Option<(Vec<u8>, u64)> {
+/// Reads the mappings of the process at `/proc/PID` into `buf`: `Ok(false)` if they could
+/// not be seen. A process whose main thread has exited shows none in its own `maps` (its
+/// other threads' do), and one that is not dumpable (it changed its uids without exec)
+/// shows none to others; a kernel thread has none.
+fn read_maps(proc_dir: &Path, buf: &mut Vec<u8>) -> io::Result<bool> {
+    buf.clear();
+    File::open(proc_dir.join("maps"))?.read_to_end(buf)?;
+    if !buf.is_empty() {
+        return Ok(true);
+    }
+    for task in fs::read_dir(proc_dir.join("task"))?.flatten() {
+        buf.clear();
+        if File::open(task.path().join("maps"))
+            .and_then(|mut f| f.read_to_end(buf))
+            .is_ok_and(|n| n > 0)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(kernel_thread(proc_dir))
+}
+
+/// Whether the process is a kernel thread (`PF_KTHREAD` in the flags of its `stat`).
+fn kernel_thread(proc_dir: &Path) -> bool {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    let Ok(stat) = fs::read_to_string(proc_dir.join("stat")) else {
+        return false;
+    };
+    // after the command's closing parenthesis: state, ppid, pgrp, session, tty, tpgid, flags
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(6))
+        .and_then(|f| f.parse::<u64>().ok())
+        .is_some_and(|flags| flags & PF_KTHREAD != 0)
+}
+
+/// `path` made absolute, its directory's links resolved (what the kernel shows of a file
+/// mapped through it): `None` if its directory cannot be resolved.
+pub(crate) fn absolute(path: &Path) -> Option<PathBuf> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let dir = fs::canonicalize(dir).ok()?;
-    let dev = fs::metadata(&dir).ok()?.dev();
-    let mut name = dir.join(path.file_name()?).as_os_str().as_bytes().to_vec();
+    Some(fs::canonicalize(dir).ok()?.join(path.file_name()?))
+}
+
+/// What a mapping of the deleted file reads as in `maps` ("`/abs/path (deleted)`", a
+/// newline written `\012` as the kernel does), and the device it is on.
+fn mapped_name(path: &Path) -> Option<(Vec<u8>, u64)> {
+    let abs = absolute(path)?;
+    let dev = fs::metadata(abs.parent()?).ok()?.dev();
+    let mut name = Vec::new();
+    for &b in abs.as_os_str().as_bytes() {
+        if b == b'\n' {
+            name.extend_from_slice(b"\\012");
+        } else {
+            name.push(b);
+        }
+    }
     name.extend_from_slice(b" (deleted)");
     Some((name, dev))
 }
 
-/// Whether a `maps` text has a mapping of `name` on device `dev`. A line is
-/// `start-end perms offset major:minor inode   pathname`.
-fn maps_name(maps: &[u8], name: &[u8], dev: u64) -> bool {
+/// Whether a `maps` text has a mapping of `name` on device `dev`, of a file that is really
+/// deleted (not one whose name ends in " (deleted)": `path` + " (deleted)" is then that very
+/// inode). A line is `start-end perms offset major:minor inode   pathname`.
+fn maps_name(maps: &[u8], name: &[u8], dev: u64, path: &Path) -> bool {
     maps.split(|&b| b == b'\n').any(|line| {
         let mut fields = line.splitn(6, |&b| b == b' ');
-        let (Some(devf), Some(rest)) = (fields.nth(3), fields.nth(1)) else {
+        let (Some(devf), Some(inode), Some(rest)) = (fields.nth(3), fields.next(), fields.next())
+        else {
             return false;
         };
-        rest.trim_ascii_start() == name && parse_dev(devf) == Some(dev)
+        rest.trim_ascii_start() == name && parse_dev(devf) == Some(dev) && !named_so(path, inode)
     })
+}
+
+/// Whether a live file is named `path` + " (deleted)", with the inode `inode` (decimal).
+fn named_so(path: &Path, inode: &[u8]) -> bool {
+    let mut live = path.as_os_str().to_os_string();
+    live.push(" (deleted)");
+    let ino = std::str::from_utf8(inode)
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok());
+    fs::metadata(live).is_ok_and(|m| Some(m.ino()) == ino)
 }
 
 /// `major:minor` in hex, as `maps` writes a device.
@@ -138,13 +197,14 @@ mod tests {
         let name = b"/dev/shm/app locks (deleted)";
         let maps = b"7f00-7f10 rw-s 00000000 00:1a 123   /dev/shm/app locks (deleted)\n\
                      7f10-7f20 r--p 00000000 00:1b 9   /usr/lib/libc.so.6\n";
-        assert!(maps_name(maps, name, dev));
+        let path = Path::new("/nonexistent/app locks");
+        assert!(maps_name(maps, name, dev, path));
         // another device, another name, the file not deleted
-        assert!(!maps_name(maps, name, libc::makedev(0, 0x1b)));
-        assert!(!maps_name(maps, b"/dev/shm/other (deleted)", dev));
+        assert!(!maps_name(maps, name, libc::makedev(0, 0x1b), path));
+        assert!(!maps_name(maps, b"/dev/shm/other (deleted)", dev, path));
         let live = b"7f00-7f10 rw-s 00000000 00:1a 123   /dev/shm/app locks\n";
-        assert!(!maps_name(live, name, dev));
-        assert!(!maps_name(b"garbage\n\n", name, dev));
+        assert!(!maps_name(live, name, dev, path));
+        assert!(!maps_name(b"garbage\n\n", name, dev, path));
         assert_eq!(parse_dev(b"103:02"), Some(libc::makedev(0x103, 2)));
     }
 

@@ -98,10 +98,18 @@ pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
             .custom_flags(flags)
             .open(path)
         {
-            Ok(file) => return attach(path, file, false, spec),
+            Ok(file) => {
+                let opened = attach(path, file, false, spec)?;
+                if still_there(path, &opened) {
+                    return Ok(opened);
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound && spec.create && !spec.read_only => {
                 if let Some(file) = create(path, spec)? {
-                    return attach(path, by_its_name(path, file), true, spec);
+                    let opened = attach(path, by_its_name(path, file), true, spec)?;
+                    if still_there(path, &opened) {
+                        return Ok(opened);
+                    }
                 }
                 // Something is at the path: someone else linked first, or a dangling link.
                 if let Ok(m) = fs::symlink_metadata(path) {
@@ -128,6 +136,14 @@ pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
         path,
         io::Error::other("the path kept appearing and vanishing while it was opened"),
     ))
+}
+
+/// Whether `path` still leads to the file just mapped. A file deleted between its opening
+/// and its mapping would be a table nobody else can reach, which a process that creates
+/// one at the path meanwhile could not have seen mapped: it is let go, and the path opened
+/// again. Once mapped, the mapping is what such a process sees.
+fn still_there(path: &Path, opened: &Opened) -> bool {
+    crate::shm::deleted::left(path, &opened.file, opened.id).is_none()
 }
 
 /// [`Error::DeletedInUse`] if live processes still map a deleted table of `path`.

@@ -678,7 +678,6 @@ impl Backend for LockTable {
     }
 
     fn extend(&self, hold: &mut ShmHold, exptime_ns: u64) -> Result<(), Error> {
-        self.look_at_path()?;
         self.inner
             .table
             .extend(&mut hold.held, exptime_ns)

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use shmlock::{Error, FormatError, Holder, LockTable, RedisLocks, SharedDict};
 
 use crate::args::{secs, InspectArgs};
-use crate::exit::{Fail, EX_IOERR, EX_USAGE};
+use crate::exit::{Fail, EX_IOERR, EX_NOINPUT, EX_USAGE};
 use crate::{json, text};
 
 /// What `inspect` looks at.
@@ -31,6 +31,8 @@ pub fn open_inspected(file: &Path) -> Result<Inspected, Fail> {
             SharedDict::options().read_only(true).open(file)?,
             file.to_path_buf(),
         )),
+        // nothing at the path to inspect: "cannot open", not "cannot create"
+        Err(e @ Error::DeletedInUse { .. }) => Err(Fail(e.to_string(), EX_NOINPUT)),
         Err(e) => Err(e.into()),
     }
 }
