@@ -66,6 +66,8 @@ mod per_process;
 #[cfg(all(feature = "redis", not(loom)))]
 mod redis_store;
 mod shm;
+#[cfg(not(loom))]
+mod stats;
 
 #[cfg(not(loom))]
 pub use dict::{DictOptions, Fetched, Item, Put, SharedDict, Source, Stored, Value, ValueRef};
@@ -81,3 +83,5 @@ pub use lock::{Backend, KeepAlive, Lock, LockGuard};
 pub use redis_store::{RedisHolder, RedisLocks};
 #[cfg(not(loom))]
 pub use shm::{Holder, HolderState, LockTable, OpenOptions};
+#[cfg(not(loom))]
+pub use stats::{DictStats, Histogram, LockStats};

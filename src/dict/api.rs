@@ -10,6 +10,7 @@ use super::writer::{WriterEnv, WriterLock, Writing};
 use crate::error::{Error, KeyPreview};
 use crate::shm::attachment::Attachment;
 use crate::shm::clock::{deadline, Clock, Monotonic};
+use crate::shm::counters::{self, Cells, Fast};
 use crate::shm::file::{self, OpenSpec};
 use crate::shm::format::{Header, Layout, MAX_VALUE_LEN};
 use crate::shm::primitive::{spin, SETTLE_ROUNDS};
@@ -441,6 +442,58 @@ impl SharedDict {
         self.control(EVICTIONS).load(Ordering::Relaxed)
     }
 
+    /// What every process did with this dict since its file was made (reads that hit and
+    /// missed, stores, evictions), and what it holds now (see
+    /// [`DictStats`](crate::stats::DictStats)). Looks at every entry for the bytes in use. Another
+    /// process's reads of its last 100 ms may not be counted yet (a thread counts its reads
+    /// itself, and adds them to the file every 100 ms it goes on, and when it ends).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("shmlock-doc-dstats-{}", std::process::id()));
+    /// use shmlock::SharedDict;
+    /// use std::time::Duration;
+    ///
+    /// let dict = SharedDict::open(&path, 64, 16)?;
+    /// dict.set("k", "value", Duration::ZERO)?;
+    /// dict.get("k")?;
+    /// dict.get("absent")?;
+    /// let s = dict.stats();
+    /// assert_eq!((s.hits, s.misses, s.sets, s.entries, s.bytes_in_use), (1, 1, 1, 1, 6));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn stats(&self) -> crate::stats::DictStats {
+        let att = &self.inner.att;
+        counters::flush(att.map_id());
+        let t = self.counters().totals();
+        let evictions = self.evictions();
+        let g = &self.inner.geometry;
+        crate::stats::DictStats {
+            hits: t[counters::HITS],
+            misses: t[counters::MISSES],
+            sets: t[counters::SETS],
+            evictions,
+            forcible_sets: evictions,
+            entries: self.len() as u64,
+            bytes_in_use: (0..self.inner.slots)
+                .map(|i| self.entry(i).stored_bytes())
+                .sum(),
+            bytes_capacity: (self.capacity() * (g.max_key + g.max_value)) as u64,
+        }
+    }
+
+    fn counters(&self) -> Cells<'_> {
+        Cells::of(&self.inner.att.map)
+    }
+
+    /// Counts a read, in the thread first (reads are the fast path: see `counters`).
+    #[inline]
+    fn count_read(&self, hit: bool, now: u64) {
+        let att = &self.inner.att;
+        let event = if hit { Fast::Hit } else { Fast::Miss };
+        counters::count(att.map_id(), &att.map, event, now);
+    }
+
     /// How many times a writer took the writer lock over from a writer that died or
     /// stalled past the bound, and recovered after it.
     pub fn repairs(&self) -> u64 {
@@ -479,13 +532,15 @@ impl SharedDict {
     pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Item>, Error> {
         let k = self.pack(key.as_ref())?;
         let now = self.now();
-        Ok(match self.lookup(&k, true) {
+        let found = match self.lookup(&k, true) {
             Some((i, c)) if c.deadline > now => {
                 self.touch(i, now);
                 Some(item(c))
             }
             _ => None,
-        })
+        };
+        self.count_read(found.is_some(), now);
+        Ok(found)
     }
 
     /// Like [`get`](Self::get), but an expired value that is still stored is returned too,
@@ -493,11 +548,13 @@ impl SharedDict {
     pub fn get_stale(&self, key: impl AsRef<[u8]>) -> Result<Option<(Item, bool)>, Error> {
         let k = self.pack(key.as_ref())?;
         let now = self.now();
-        Ok(self.lookup(&k, true).map(|(i, c)| {
+        let found = self.lookup(&k, true).map(|(i, c)| {
             self.touch(i, now);
             let stale = c.deadline <= now;
             (item(c), stale)
-        }))
+        });
+        self.count_read(found.is_some(), now);
+        Ok(found)
     }
 
     /// Time left to live of `key`'s value: `None` if it never expires,
@@ -636,12 +693,14 @@ impl SharedDict {
                 Some((i, _)) => (i, Stored { forcible: false }),
                 None => self.place(w, &k, now, matches!(how, Put::Set | Put::Add))?,
             };
-            Ok(self
-                .write(
-                    self.entry(i)
-                        .store(&w.0, &k, kind, bytes, flags, until, now),
-                )?
-                .map(|()| stored))
+            let written = self.write(
+                self.entry(i)
+                    .store(&w.0, &k, kind, bytes, flags, until, now),
+            )?;
+            if matches!(written, Outcome::Done(())) {
+                self.counters().add(counters::SETS, 1);
+            }
+            Ok(written.map(|()| stored))
         })
     }
 
@@ -690,7 +749,11 @@ impl SharedDict {
             let stored = self
                 .entry(i)
                 .store(&w.0, &k, Kind::Int, &bytes, flags, until, now);
-            Ok(self.write(stored)?.map(|()| sum))
+            let written = self.write(stored)?;
+            if matches!(written, Outcome::Done(())) {
+                self.counters().add(counters::SETS, 1);
+            }
+            Ok(written.map(|()| sum))
         })
     }
 

@@ -335,6 +335,16 @@ impl<'a> Entry<'a> {
         }
     }
 
+    /// Bytes of key and value the entry holds (a snapshot, for the counters).
+    pub(crate) fn stored_bytes(&self) -> u64 {
+        let meta = Meta(self.w[META].load(Ordering::Relaxed));
+        if meta.is_used() {
+            (meta.key_len().min(self.g.max_key) + meta.value_len().min(self.g.max_value)) as u64
+        } else {
+            0
+        }
+    }
+
     /// Whether the entry holds a key. Exact for a caller that holds the writer lock.
     pub(crate) fn is_used(&self) -> bool {
         Meta(self.w[META].load(Ordering::Relaxed)).is_used()

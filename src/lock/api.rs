@@ -212,7 +212,7 @@ pub(crate) fn guard<'b, B: Backend>(
     let resolved = opts.resolve()?;
     let (hold, elapsed) = match backend.acquire_fast(key, resolved.exptime_ns)? {
         Ok(hold) => (hold, Duration::ZERO),
-        Err(first) => acquire_slow(backend, key, &resolved, timeout, first)?,
+        Err(first) => acquire_slow(backend, key, &resolved, timeout, first, true)?,
     };
     Ok(LockGuard::new(backend, hold, elapsed, resolved.exptime_ns))
 }
@@ -249,6 +249,8 @@ pub struct Lock<'b, B: Backend = LockTable> {
     opts: Resolved,
     timeout: Duration,
     holding: Option<Holding<B::Hold>>,
+    /// Whether its waits go to the backend's counters (see `uncounted`).
+    counted: bool,
 }
 
 impl<B: Backend> std::fmt::Debug for Lock<'_, B> {
@@ -270,7 +272,18 @@ impl<'b, B: Backend> Lock<'b, B> {
             opts: opts.resolve()?,
             timeout: opts.timeout,
             holding: None,
+            counted: true,
         })
+    }
+
+    /// A lock whose waits are left out of the backend's counters (contended acquisitions,
+    /// timeouts, wait times): for a caller that waits in slices and counts its whole wait
+    /// itself (`Backend::waited`), as the command's `run` does. Its acquisitions are
+    /// counted as any.
+    #[doc(hidden)]
+    pub fn uncounted(mut self) -> Self {
+        self.counted = false;
+        self
     }
 
     /// Takes `key`, waiting up to the timeout. Returns the time waited: zero if the key was
@@ -297,7 +310,14 @@ impl<'b, B: Backend> Lock<'b, B> {
             }
             Err(first) => first,
         };
-        let (hold, elapsed) = acquire_slow(self.backend, key, &self.opts, Some(timeout), first)?;
+        let (hold, elapsed) = acquire_slow(
+            self.backend,
+            key,
+            &self.opts,
+            Some(timeout),
+            first,
+            self.counted,
+        )?;
         self.holding = Some(Holding::new(hold));
         Ok(elapsed)
     }

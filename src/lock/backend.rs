@@ -129,6 +129,13 @@ pub trait Backend: Sealed {
     #[doc(hidden)]
     fn reap(&self, busy: &Self::Busy) -> bool;
 
+    /// Notes how an acquisition that found the key busy ended, for the backend's counters:
+    /// `took` the key (a contended acquisition) or timed out, after `waited`.
+    #[doc(hidden)]
+    fn waited(&self, took: bool, waited: Duration) {
+        let _ = (took, waited);
+    }
+
     /// The error of a wait that ran out while `busy` was the last thing it saw: a
     /// [`Timeout`](Error::Timeout), or what kept the backend from answering at all.
     #[doc(hidden)]
@@ -152,6 +159,21 @@ pub trait Backend: Sealed {
     ) -> (Duration, bool);
 }
 
+/// Tells `backend` how an acquisition that went past the fast path ended (a wait that took
+/// the key, or ran out), for its counters.
+#[inline]
+pub(crate) fn note_wait<B: Backend, H>(
+    backend: &B,
+    r: &Result<(H, Duration), Error>,
+    started: Instant,
+) {
+    match r {
+        Ok((_, elapsed)) if !elapsed.is_zero() => backend.waited(true, started.elapsed()),
+        Err(Error::Timeout { .. }) => backend.waited(false, started.elapsed()),
+        _ => {}
+    }
+}
+
 /// Everything but the fast path: one attempt (unless `first` says how the first went),
 /// then resty's schedule of sleeps, plain
 /// (`notify: false`: elapsed = sum of the steps) or woken by whoever frees the key
@@ -164,8 +186,25 @@ pub(crate) fn acquire_slow<B: Backend>(
     opts: &Resolved,
     timeout: Option<Duration>,
     first: Option<B::Busy>,
+    counted: bool,
 ) -> Result<(B::Hold, Duration), Error> {
     let started = Instant::now();
+    let r = wait(backend, key, opts, timeout, first, started);
+    if counted {
+        note_wait(backend, &r, started);
+    }
+    r
+}
+
+/// [`acquire_slow`]'s attempts and sleeps.
+fn wait<B: Backend>(
+    backend: &B,
+    key: &[u8],
+    opts: &Resolved,
+    timeout: Option<Duration>,
+    first: Option<B::Busy>,
+    started: Instant,
+) -> Result<(B::Hold, Duration), Error> {
     let budget = opts.timeout_for(timeout.unwrap_or(Duration::ZERO));
     // Attempts that wait for a server are held to the wait's end (none: try once).
     let deadline = (!budget.is_zero()).then(|| started + budget);

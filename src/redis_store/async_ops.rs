@@ -64,7 +64,8 @@ impl RedisLocks {
         let resolved = opts.resolve()?;
         let names = Arc::new(self.names_of(key.as_ref())?);
         let exptime = resolved.exptime_ns;
-        let (hold, elapsed) = crate::lock::backend::acquire_async(
+        let started = Instant::now();
+        let r = crate::lock::backend::acquire_async(
             key.as_ref(),
             &resolved,
             opts.timeout,
@@ -79,8 +80,12 @@ impl RedisLocks {
                 let names = names.clone();
                 async move {
                     let r = self.attempt_async(names.clone(), exptime, deadline).await;
-                    if let Ok(Err(RedisBusy { seen: Some(s), .. })) = &r {
-                        self.0.pool.saw(&names.channel, s);
+                    match &r {
+                        Ok(Ok(_)) => self.counters().add(crate::shm::counters::ACQUISITIONS, 1),
+                        Ok(Err(RedisBusy { seen: Some(s), .. })) => {
+                            self.0.pool.saw(&names.channel, s);
+                        }
+                        _ => {}
                     }
                     r
                 }
@@ -98,7 +103,9 @@ impl RedisLocks {
                 crate::lock::backend::Backend::gave_up(self, busy, key, waited)
             },
         )
-        .await?;
+        .await;
+        crate::lock::backend::note_wait(self, &r, started);
+        let (hold, elapsed) = r?;
         Ok(LockGuard::new(self, hold, elapsed, exptime))
     }
 

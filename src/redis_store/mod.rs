@@ -36,6 +36,7 @@ mod server_clock;
 mod topology;
 
 use std::borrow::Borrow;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -96,6 +97,9 @@ struct Inner {
     /// How long a fence counter outlives the lease of the hold that last took a token.
     fence_grace: Duration,
     scripts: Arc<Scripts>,
+    /// What this handle (and the handles derived from it) did, in this process: one cell
+    /// of the counters a table keeps in its file (see `shm/counters.rs`).
+    counters: Arc<[AtomicU64]>,
 }
 
 /// The scripts, loaded once per handle family.
@@ -261,6 +265,9 @@ impl RedisLocks {
             max_hold: None,
             fence_grace: DEFAULT_FENCE_GRACE,
             scripts,
+            counters: (0..crate::shm::counters::CELL_WORDS)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
         })))
     }
 
@@ -273,6 +280,7 @@ impl RedisLocks {
             max_hold: self.0.max_hold,
             fence_grace: self.0.fence_grace,
             scripts: self.0.scripts.clone(),
+            counters: self.0.counters.clone(),
         };
         change(&mut inner);
         RedisLocks(Arc::new(inner))
@@ -387,6 +395,18 @@ impl RedisLocks {
             })?
             .value;
         Ok(n == 1)
+    }
+
+    /// What this handle, the handles derived from it (`with_prefix`, ...) and their clones
+    /// did in this process: keys taken, contended, timed out, holds found lost at renewal,
+    /// how long waits and holds took (every hold, from its grant to its release). Kept in
+    /// the process, not on the server: each process counts its own.
+    pub fn stats(&self) -> crate::stats::LockStats {
+        crate::stats::LockStats::from_totals(&self.counters().totals())
+    }
+
+    pub(crate) fn counters(&self) -> crate::shm::counters::Cells<'_> {
+        crate::shm::counters::Cells(&self.0.counters)
     }
 
     /// The locks held under this prefix, on every master (SCAN: a snapshot, fine for

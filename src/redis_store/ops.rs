@@ -15,6 +15,7 @@ use crate::redis_store::net::{is_broken, Failed};
 use crate::redis_store::server_clock::server_us;
 use crate::redis_store::topology::Req;
 use crate::redis_store::{identity, RedisLocks};
+use crate::shm::counters;
 
 /// How long a release handed to a runtime's task may take before the janitor thread makes
 /// it instead.
@@ -563,6 +564,16 @@ impl RedisLocks {
     }
 }
 
+impl RedisLocks {
+    /// Times a hold, from its grant to its release.
+    pub(crate) fn time_hold(&self, hold: &RedisHold) {
+        let cells = self.counters();
+        let ns = u64::try_from(hold.taken.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        cells.time(counters::HOLD_BUCKETS, counters::HOLD_NS, ns);
+        cells.add(counters::HOLD_SAMPLES, 1);
+    }
+}
+
 impl Sealed for RedisLocks {}
 
 impl Backend for RedisLocks {
@@ -584,11 +595,27 @@ impl Backend for RedisLocks {
         deadline: Option<Instant>,
     ) -> Result<Result<RedisHold, RedisBusy>, Error> {
         let names = Arc::new(self.names_of(key)?);
-        self.attempt(&names, exptime_ns, deadline)
+        let r = self.attempt(&names, exptime_ns, deadline);
+        if let Ok(Ok(_)) = &r {
+            self.counters().add(counters::ACQUISITIONS, 1);
+        }
+        r
     }
 
     fn release(&self, hold: &RedisHold) -> Result<(), Error> {
+        self.time_hold(hold);
         self.release_hold(hold)
+    }
+
+    fn waited(&self, took: bool, waited: Duration) {
+        let cells = self.counters();
+        if took {
+            cells.add(counters::CONTENDED, 1);
+            let ns = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+            cells.time(counters::WAIT_BUCKETS, counters::WAIT_NS, ns);
+        } else {
+            cells.add(counters::TIMEOUTS, 1);
+        }
     }
 
     /// Inside an async runtime a runtime thread must not block: the release goes to a task
@@ -597,6 +624,7 @@ impl Backend for RedisLocks {
     /// runtime is stopping, or nothing drives it any more after `block_on` returned).
     /// Elsewhere it is made in place.
     fn release_on_drop(&self, hold: &RedisHold) {
+        self.time_hold(hold);
         #[cfg(feature = "tokio")]
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -647,6 +675,7 @@ impl Backend for RedisLocks {
             true,
         )?;
         if renewed != 1 {
+            self.counters().add(counters::LOST, 1);
             return Err(Error::Expired);
         }
         enough

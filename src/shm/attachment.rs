@@ -51,6 +51,8 @@ pub(crate) struct Attachment {
     cached: AtomicU64,
     /// The full registry generation of that registration (stored before `cached`).
     generation: AtomicU64,
+    /// `map.id()`, beside `cached`: what the fast path's counts name (see `counters.rs`).
+    map_id: u64,
     /// Per owner entry (mod 64): `owner << 40 | ms` of its last "alive" verdict.
     alive_at: [AtomicU64; GATES],
     /// The path made absolute when opened (a later `chdir` changes nothing).
@@ -79,6 +81,7 @@ impl Attachment {
         let cached = made.map_or(0, |(owner, epoch)| epoch << 32 | u64::from(owner.bits()));
         let generation = made.map_or(0, |(owner, _)| map.registry().generation(owner));
         let abs_path = crate::shm::deleted::absolute(&path).unwrap_or_else(|| path.clone());
+        let map_id = map.id();
         Attachment {
             map,
             probe: AtomicI32::new(file.into_raw_fd()),
@@ -92,6 +95,7 @@ impl Attachment {
             })),
             cached: AtomicU64::new(cached),
             generation: AtomicU64::new(u64::from(generation)),
+            map_id,
             alive_at: std::array::from_fn(|_| AtomicU64::new(0)),
             abs_path,
             gone: AtomicU8::new(0),
@@ -130,6 +134,12 @@ impl Attachment {
             path: self.path.clone(),
             how: how.as_str(),
         }
+    }
+
+    /// The mapping's number in this process (see `Mapping::id`).
+    #[inline(always)]
+    pub(crate) fn map_id(&self) -> u64 {
+        self.map_id
     }
 
     pub(crate) fn read_only(&self) -> bool {
@@ -312,6 +322,8 @@ impl Attachment {
 
 impl Drop for Attachment {
     fn drop(&mut self) {
+        // this thread's counts not yet in the file go there before the mapping does
+        crate::shm::counters::flush(self.map_id);
         let reg = self.reg.get_mut().unwrap_or_else(|p| p.into_inner()).take();
         if let Some((owner, anchor, epoch)) = reg {
             if epoch == fork_epoch() {

@@ -3,7 +3,7 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic  "SHMLOCK\0" (lock table) or "SHMDICT\0" (shared dict)
-//!      8     4  format version (5, `VERSION`)
+//!      8     4  format version (6, `VERSION`)
 //!     12     4  header size (4096)
 //!     16     8  slot count
 //!     24     4  slot size (lock table: 64)
@@ -26,7 +26,8 @@
 //! After the header come the owner registry ([`REGISTRY_ENTRY`] bytes an entry, rounded up
 //! to whole pages; see `registry.rs`), then the body: for a lock table the hot slots
 //! (64 bytes each, see `slot.rs`) followed by as many cold slots (what only inspection
-//! reads); for a shared dict a 4 KiB control page and its entries.
+//! reads); for a shared dict a 4 KiB control page and its entries. Last come the counters
+//! ([`STATS_SIZE`] bytes: cells of 64 words that the processes add to, see `counters.rs`).
 //!
 //! The header is written once, before the file becomes visible under its path, and
 //! rewritten only when a table from an earlier boot is reset. A reader accepts exactly
@@ -39,7 +40,7 @@ use crate::limits;
 
 pub(crate) const MAGIC: [u8; 8] = *b"SHMLOCK\0";
 pub(crate) const DICT_MAGIC: [u8; 8] = *b"SHMDICT\0";
-pub(crate) const VERSION: u32 = 5;
+pub(crate) const VERSION: u32 = 6;
 pub(crate) const HEADER_SIZE: usize = 4096;
 const PAGE: u64 = 4096;
 /// Bytes of a lock table's hot slot, and of its cold one.
@@ -59,6 +60,10 @@ pub(crate) const DICT_SLOT_HEAD: usize = 64;
 /// Upper bound on a dict's value length (1 MiB) and on its whole body (64 GiB).
 pub(crate) const MAX_VALUE_LEN: u32 = 1 << 20;
 pub(crate) const MAX_DICT_BODY: u64 = 1 << 36;
+/// Bytes of the counters at the end of the file: [`STATS_CELLS`] cells of 512 bytes.
+pub(crate) const STATS_SIZE: u64 = STATS_CELLS as u64 * 512;
+/// Cells of counters: each process adds to one, a reader sums them.
+pub(crate) const STATS_CELLS: usize = 16;
 /// Bytes of one owner-registry entry.
 pub(crate) const REGISTRY_ENTRY: u64 = 32;
 /// The most registry entries a file can have: entry numbers are 16 bits, and the last
@@ -190,7 +195,7 @@ impl Header {
 
     /// Total file size for this layout.
     pub(crate) fn file_len(&self) -> u64 {
-        HEADER_SIZE as u64 + self.registry_len() + self.layout.body_len(self.slot_count)
+        HEADER_SIZE as u64 + self.mapped_len()
     }
 
     /// Bytes of the registry, whole pages.
@@ -198,9 +203,9 @@ impl Header {
         (u64::from(self.registry) * REGISTRY_ENTRY).div_ceil(PAGE) * PAGE
     }
 
-    /// Bytes after the header: registry and body.
+    /// Bytes after the header: registry, body and counters.
     pub(crate) fn mapped_len(&self) -> u64 {
-        self.registry_len() + self.layout.body_len(self.slot_count)
+        self.registry_len() + self.layout.body_len(self.slot_count) + STATS_SIZE
     }
 
     pub(crate) fn encode(&self) -> [u8; HEADER_SIZE] {
@@ -351,7 +356,7 @@ mod tests {
         assert_eq!(Header::decode(&h.encode()).unwrap(), h);
         assert_eq!(h.slot_count, 4096);
         assert_eq!(h.registry_len(), 4096);
-        assert_eq!(h.file_len(), 4096 + 4096 + 4096 * 128);
+        assert_eq!(h.file_len(), 4096 + 4096 + 4096 * 128 + STATS_SIZE);
     }
 
     fn dict() -> Header {

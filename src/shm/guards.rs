@@ -59,7 +59,8 @@ impl LockTable {
         let opts = opts.borrow();
         let resolved = opts.resolve()?;
         let key = key.as_ref();
-        let (hold, elapsed) = acquire_async(
+        let started = std::time::Instant::now();
+        let r = acquire_async(
             key,
             &resolved,
             opts.timeout,
@@ -69,7 +70,9 @@ impl LockTable {
             |busy: &ShmBusy, step, place| self.sleep_async(busy, step, place),
             |busy, key, waited| Backend::gave_up(self, busy, key, waited),
         )
-        .await?;
+        .await;
+        crate::lock::backend::note_wait(self, &r, started);
+        let (hold, elapsed) = r?;
         Ok(LockGuard::new(self, hold, elapsed, resolved.exptime_ns))
     }
 

@@ -1,5 +1,5 @@
-//! A table file mapped into this process: the registry and the body, reached only through
-//! atomics. The mapping is made from the descriptor the file was opened with, which holds
+//! A table file mapped into this process: the registry, the body and the counters, reached
+//! only through atomics. The mapping is made from the descriptor the file was opened with, which holds
 //! no lock: a forked child inherits it like any other memory, and a child's use of it
 //! decides nothing about anyone's liveness (the registration is the anchor's, see
 //! `anchor.rs`).
@@ -7,20 +7,24 @@
 use std::fs::File;
 use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::{MmapOptions, MmapRaw};
 
-use crate::shm::format::{Header, HEADER_SIZE};
+use crate::shm::format::{Header, HEADER_SIZE, STATS_SIZE};
 use crate::shm::registry::{self, Registry};
 
-/// Everything after the header of a mapped table file: the registry, then the body.
+/// Everything after the header of a mapped table file: the registry, the body, the
+/// counters.
 pub(crate) struct Mapping {
     base: NonNull<AtomicU64>,
     registry_words: usize,
     /// Where the body starts: the registry takes whole pages.
     body_at: usize,
     body_words: usize,
+    /// This mapping among all this process has made (never reused): what a thread's
+    /// pending counts name (see `counters.rs`).
+    id: u64,
     // Keeps the mapping (and so `base`) valid; unmapped on drop.
     _map: MmapRaw,
 }
@@ -46,11 +50,13 @@ impl Mapping {
             options.map_raw_read_only(file)
         }?;
         let base = NonNull::new(map.as_mut_ptr().cast::<AtomicU64>()).expect("mmap returned null");
+        static IDS: AtomicU64 = AtomicU64::new(1);
         Ok(Mapping {
             base,
             registry_words: header.registry as usize * registry::ENTRY_WORDS,
             body_at: (header.registry_len() / 8) as usize,
             body_words: (header.layout.body_len(header.slot_count) / 8) as usize,
+            id: IDS.fetch_add(1, Ordering::Relaxed),
             _map: map,
         })
     }
@@ -70,13 +76,26 @@ impl Mapping {
     /// The body as words. Every layout is made of 8-byte-aligned atomics.
     #[inline]
     pub(crate) fn words(&self) -> &[AtomicU64] {
-        &self.all()[self.body_at..]
+        &self.all()[self.body_at..self.body_at + self.body_words]
     }
 
-    /// Everything mapped: registry pages, then the body.
+    /// The counters' words (see `counters.rs`).
+    #[inline]
+    pub(crate) fn stats(&self) -> &[AtomicU64] {
+        &self.all()[self.body_at + self.body_words..]
+    }
+
+    /// This mapping's number in this process.
+    #[inline]
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Everything mapped: registry pages, the body, the counters.
     pub(crate) fn all(&self) -> &[AtomicU64] {
-        // SAFETY: as for `registry`: the mapping is exactly `body_at + body_words` words
-        // (checked against the file); page-aligned; atomics only; borrowed from `self`.
-        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.body_at + self.body_words) }
+        let words = self.body_at + self.body_words + STATS_SIZE as usize / 8;
+        // SAFETY: as for `registry`: the mapping is exactly `words` words (checked against
+        // the file); page-aligned; atomics only; borrowed from `self`.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), words) }
     }
 }

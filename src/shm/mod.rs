@@ -11,7 +11,7 @@
 //! - `format`: the file's header and layout; `file`: creating and checking it;
 //!   `mapping`: mapping it; `anchor`: what keeps this process's registration alive;
 //!   `deleted`: a file deleted or replaced while in use (who still maps it, whether a
-//!   path still leads to it).
+//!   path still leads to it); `counters`: the counters at the end of the file.
 //! - `clock`: the shared monotonic clock; `futex`: sleeping and waking; `process`: this
 //!   process's identity (pid, start time, fork detection); `primitive`: spin helpers.
 //!
@@ -25,6 +25,8 @@ pub(crate) mod async_wait;
 #[cfg(not(loom))]
 pub(crate) mod attachment;
 pub(crate) mod clock;
+#[cfg(not(loom))]
+pub(crate) mod counters;
 #[cfg(not(loom))]
 pub(crate) mod deleted;
 #[cfg(not(loom))]

@@ -82,6 +82,7 @@ pub struct Cli {
 pub enum Cmd {
     Run(RunArgs),
     Inspect(InspectArgs),
+    Stats(StatsArgs),
     Unlock(UnlockArgs),
     Create(CreateArgs),
 }
@@ -180,6 +181,44 @@ pub struct InspectArgs {
     #[arg(long)]
     pub all: bool,
     /// Print again every --interval until interrupted
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+    /// Seconds between two prints; implies --watch [default: 1]
+    #[arg(long, value_name = "SECS")]
+    pub interval: Option<f64>,
+}
+
+/// Show the counters of a lock table or a dict: keys taken, waits, timeouts, hits...
+#[derive(Args)]
+#[command(after_help = concat!(
+    "Examples:\n",
+    "  shmlock stats\n",
+    "  shmlock --file /dev/shm/app-cache stats --watch     # a dict; rates every second\n",
+    "  shmlock stats --prometheus > /var/lib/node_exporter/textfile/shmlock.prom\n",
+    "\n",
+    "The counters are kept in the file by every process that uses it, since it was made:\n",
+    "a lock table counts keys taken (and those taken after waiting), timeouts, keys taken\n",
+    "from dead holders or after their lease ran out, refusals of a full table, renewals\n",
+    "of lost holds, how long contended waits took and how long the holds that made others\n",
+    "wait were held (log2 buckets from 1 µs); a dict counts hits, misses, sets and\n",
+    "evictions, and shows its entries and bytes. A process adds its uncontended\n",
+    "acquisitions and its reads to the file every 100 ms it goes on, and when it ends.\n",
+    "\n",
+    "--watch prints them again every second (--interval SECS), with the rate of each\n",
+    "since the print before. --json prints one object (a line per print); --prometheus\n",
+    "the Prometheus text exposition format (shmlock_*_total counters, shmlock_wait_seconds\n",
+    "and shmlock_contended_hold_seconds histograms, shmlock_dict_* for a dict), labelled\n",
+    "with the file. A Redis handle's counters are kept by the process that uses it\n",
+    "(RedisLocks::stats).",
+))]
+pub struct StatsArgs {
+    /// Print JSON for scripts
+    #[arg(long)]
+    pub json: bool,
+    /// Print the Prometheus text exposition format
+    #[arg(long)]
+    pub prometheus: bool,
+    /// Print again every --interval, with rates, until interrupted
     #[arg(short = 'w', long)]
     pub watch: bool,
     /// Seconds between two prints; implies --watch [default: 1]

@@ -1,4 +1,5 @@
-//! `shmlock`: run commands under a named lock, inspect a table, break a stuck lock.
+//! `shmlock`: run commands under a named lock, inspect a table, show its counters, break a
+//! stuck lock.
 //!
 //! Built on the public API only. This file parses the command line, sets up `run`'s signal
 //! handling, picks the table file or Redis, and turns the result into the exit code.
@@ -12,6 +13,7 @@ mod redis_cmd;
 mod run;
 mod show;
 mod signals;
+mod stats;
 mod status;
 mod text;
 mod unlock;
@@ -53,6 +55,9 @@ fn main() -> ExitCode {
             .and_then(|t| run::run(&t, a)),
         (None, Cmd::Inspect(a)) => {
             inspect::open_inspected(&file).and_then(|t| inspect::inspect(&t, &a))
+        }
+        (None, Cmd::Stats(a)) => {
+            inspect::open_inspected(&file).and_then(|t| stats::stats(&t, &file, &a))
         }
         (None, Cmd::Unlock(a)) => unlock::unlock(&file, a),
         (None, Cmd::Create(a)) => create::create(&file, a),

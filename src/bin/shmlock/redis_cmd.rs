@@ -70,6 +70,12 @@ pub fn dispatch(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -
             inspect(&Inspected::Redis(redis, shown.join(",")), &a)
         }
         Cmd::Unlock(a) => unlock_redis(&redis, a),
+        Cmd::Stats(_) => Err(Fail(
+            "stats: a Redis handle's counters are kept by the process that uses it \
+             (RedisLocks::stats); the server keeps none"
+                .into(),
+            EX_USAGE,
+        )),
         Cmd::Create(_) => Err(Fail(
             "create makes table files; a Redis server needs no creating".into(),
             EX_USAGE,

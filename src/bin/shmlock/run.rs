@@ -48,7 +48,8 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
         ..LockOptions::default()
     };
     let max_time = a.max_time.map(|m| secs(m, "--max-time")).transpose()?;
-    let mut lock = Lock::new(backend, opts)?;
+    // It waits in slices: the whole wait, not each slice, goes to the counters.
+    let mut lock = Lock::new(backend, opts)?.uncounted();
     let (program, args): (&str, &[String]) = match &a.shell_command {
         Some(line) => ("/bin/sh", std::slice::from_ref(line)),
         None => (&a.args[0], &a.args[1..]),
@@ -150,6 +151,7 @@ fn wait_for_lock<B: Backend + WhoHolds>(
         }
         first = false;
         if wait_for.is_some_and(|w| waited >= w) {
+            backend.waited(false, waited);
             status.clear();
             if a.verbose {
                 eprintln!(
@@ -166,6 +168,9 @@ fn wait_for_lock<B: Backend + WhoHolds>(
         ));
     }
     status.clear();
+    if !first {
+        backend.waited(true, started.elapsed());
+    }
     if a.verbose {
         eprintln!(
             "shmlock: got {shown_key:?} after waiting {:.3}s",

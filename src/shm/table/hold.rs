@@ -48,6 +48,7 @@ impl<S: Slots, E: Env> Table<S, E> {
                 crash_point();
                 if c.has_waiters() {
                     self.wake(held.slot);
+                    self.env.released_to_waiters(held.acquired_at);
                 }
                 return Ok(());
             }

@@ -125,6 +125,16 @@ pub(crate) trait Env {
     /// `word` now; `true` once that very word has been seen there, by anyone, for at least
     /// the stall bound.
     fn stalled(&self, seen: &AtomicU64, word: Word) -> bool;
+    /// Times a hold released to waiters (the holds someone waited for are timed: a clock
+    /// read at every release would cost half an uncontended lock and unlock).
+    fn released_to_waiters(&self, acquired_at: u64) {
+        let _ = acquired_at;
+    }
+    /// Counts a held key freed from under its holder: its lease had run out (`expired`),
+    /// or its owner was dead.
+    fn took_over(&self, expired: bool) {
+        let _ = expired;
+    }
 }
 
 /// One acquisition attempt.

@@ -66,7 +66,8 @@ impl<S: Slots, E: Env> Table<S, E> {
         if Word(slot.control.load(Ordering::SeqCst)).ident() != frozen.ident() {
             return false; // ended by someone else
         }
-        let doomed = deadline <= self.now()
+        let expired = deadline <= self.now();
+        let doomed = expired
             || (self.env.reaps_dead_holders() && self.env.is_holder_dead(frozen.owner(), lease));
         let mut cur = frozen;
         loop {
@@ -81,8 +82,11 @@ impl<S: Slots, E: Env> Table<S, E> {
             {
                 Ok(_) => {
                     crash_point();
-                    if doomed && cur.has_waiters() {
-                        self.wake(i);
+                    if doomed {
+                        self.env.took_over(expired);
+                        if cur.has_waiters() {
+                            self.wake(i);
+                        }
                     }
                     return doomed;
                 }

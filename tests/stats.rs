@@ -1,0 +1,404 @@
+//! The counters, as other processes see them: what forked and unrelated processes did to a
+//! table or a dict is in its file (`stats()`, `shmlock stats`), each kind of event counted
+//! once and only when it happens; a process that exits normally leaves every count it
+//! kept in its threads; a Redis handle counts what it did; `shmlock stats --prometheus`
+//! parses with the Prometheus client's own parser, `--json` with a JSON parser, and
+//! `--watch` prints rates.
+//!
+//! Guards `src/shm/counters.rs`, `src/stats.rs`, the counting in `src/shm/lock_table.rs`,
+//! `src/dict/api.rs`, `src/redis_store/ops.rs` and the command's `stats`. Its own harness
+//! (`harness = false`) so that `fork` copies a process with no test threads;
+//! `stats FILTER` runs the tests whose name contains FILTER; `stats --role NAME ARGS…` is
+//! how a test starts this binary as an unrelated process.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::fork::{fork, Gate};
+use common::harness::Test;
+use common::redis_server::RedisServer;
+use common::{opts, TempPath};
+use shmlock::{Error, Lock, LockOptions, LockTable, RedisLocks, SharedDict};
+
+const TESTS: &[Test] = &[
+    Test::new(
+        "acquisitions_of_many_processes_are_all_counted",
+        acquisitions_of_many_processes_are_all_counted,
+    ),
+    Test::new(
+        "a_process_that_exits_normally_leaves_every_count",
+        a_process_that_exits_normally_leaves_every_count,
+    ),
+    Test::new(
+        "each_kind_of_event_is_counted_once_when_it_happens",
+        each_kind_of_event_is_counted_once_when_it_happens,
+    ),
+    Test::new(
+        "a_dict_counts_hits_misses_sets_and_evictions",
+        a_dict_counts_hits_misses_sets_and_evictions,
+    ),
+    Test::new(
+        "a_redis_handle_counts_what_it_did",
+        a_redis_handle_counts_what_it_did,
+    ),
+    Test::new(
+        "the_command_prints_prometheus_that_parses_json_and_rates",
+        the_command_prints_prometheus_that_parses_json_and_rates,
+    ),
+];
+
+fn main() {
+    common::harness::run("stats", TESTS, roles);
+}
+
+/// `--role take PATH N`: takes N keys of its own one after the other on the table at
+/// PATH, then returns from `main` (the counts its thread kept go to the file on the way
+/// out).
+fn roles(args: &[String]) -> i32 {
+    match args.first().map(String::as_str) {
+        Some("take") => {
+            let table = LockTable::open(&args[1], 64).unwrap();
+            let n: u64 = args[2].parse().unwrap();
+            for i in 0..n {
+                table
+                    .lock(format!("role:{}", i % 8), LockOptions::default())
+                    .unwrap()
+                    .unlock()
+                    .unwrap();
+            }
+            // (the table is leaked: nothing but the thread's end adds the counts)
+            std::mem::forget(table);
+            0
+        }
+        _ => common::harness::no_roles(args),
+    }
+}
+
+/// 4 forked processes take 5000 keys each (uncontended, on keys of their own) and then let
+/// go of their handle: the file counts all 20 000, and nothing contended.
+fn acquisitions_of_many_processes_are_all_counted() {
+    let path = TempPath::new("stats-many");
+    drop(LockTable::open(&path, 256).unwrap());
+    let children: Vec<_> = (0..4)
+        .map(|c| {
+            let path = &path;
+            fork(move || {
+                let table = LockTable::open(path, 256).unwrap();
+                for i in 0..5000 {
+                    let key = format!("c{c}:{}", i % 16);
+                    drop(table.lock(key, LockOptions::default()).unwrap());
+                }
+                drop(table);
+                0
+            })
+        })
+        .collect();
+    for c in children {
+        assert_eq!(c.wait(Duration::from_secs(60)), 0);
+    }
+    let s = LockTable::open(&path, 256).unwrap().stats();
+    assert_eq!(s.acquisitions, 20_000, "{s:?}");
+    assert_eq!((s.contended, s.timeouts, s.wait.count), (0, 0, 0), "{s:?}");
+}
+
+/// An unrelated process takes 777 keys and returns from `main` without dropping its
+/// handle: its thread's counts reach the file as it exits.
+fn a_process_that_exits_normally_leaves_every_count() {
+    let path = TempPath::new("stats-exit");
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--role", "take"])
+        .arg(&path.0)
+        .arg("777")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let s = LockTable::open(&path, 64).unwrap().stats();
+    assert_eq!(s.acquisitions, 777, "{s:?}");
+}
+
+/// One of each, across processes: a wait that took the key after its holder let go, a
+/// wait that ran out, a key taken from a SIGKILLed holder and one after its lease ran out,
+/// a table full, a renewal of a lost hold. Each is counted once, as it happens; the wait
+/// and the hold that made it wait are timed.
+fn each_kind_of_event_is_counted_once_when_it_happens() {
+    let path = TempPath::new("stats-events");
+    let table = LockTable::open(&path, 2).unwrap();
+    // a contended wait: another process holds K for 200 ms
+    let held = Gate::new();
+    let holder = {
+        let (table, held) = (&table, &held);
+        fork(move || {
+            let g = table.lock("K", opts(60_000, 0)).unwrap();
+            held.signal();
+            std::thread::sleep(Duration::from_millis(200));
+            drop(g);
+            0
+        })
+    };
+    held.await_signals(1);
+    let t = Instant::now();
+    table
+        .lock("K", opts(60_000, 10_000))
+        .unwrap()
+        .unlock()
+        .unwrap();
+    let waited = t.elapsed();
+    assert_eq!(holder.wait(Duration::from_secs(30)), 0);
+    let s = table.stats();
+    assert_eq!(
+        (s.contended, s.wait.count, s.hold.count),
+        (1, 1, 1),
+        "{s:?}"
+    );
+    assert!(
+        s.wait.sum <= waited && s.wait.sum >= Duration::from_millis(100),
+        "{s:?}"
+    );
+    assert!(s.hold.sum >= Duration::from_millis(150), "{s:?}");
+
+    // a timeout: K held by a process stopped with it
+    let held = Gate::new();
+    let stuck = {
+        let (table, held) = (&table, &held);
+        fork(move || {
+            let _g = table.lock("K", opts(60_000, 0)).unwrap();
+            held.signal();
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        })
+    };
+    held.await_signals(1);
+    assert!(matches!(
+        table.lock("K", opts(60_000, 50)),
+        Err(Error::Timeout { .. })
+    ));
+    assert_eq!(table.stats().timeouts, 1);
+
+    // its holder killed: K is taken from the dead
+    stuck.kill();
+    table
+        .lock("K", opts(60_000, 10_000))
+        .unwrap()
+        .unlock()
+        .unwrap();
+    assert_eq!(table.stats().dead_owner_takeovers, 1);
+
+    // a lease run out: K is taken after it (and the late holder's renewal finds it lost)
+    let mut late = Lock::new(&table, opts(50, 0)).unwrap();
+    late.lock("K").unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let g = table.lock("K", opts(60_000, 0)).unwrap();
+    assert_eq!(table.stats().expired_takeovers, 1);
+    assert!(matches!(late.expire(None), Err(Error::Expired)));
+    assert_eq!(table.stats().lost, 1);
+    drop(g);
+
+    // a full table (its capacity is 2 keys, its slots take some more): filled until it
+    // refuses one
+    let mut guards = Vec::new();
+    loop {
+        match table.lock(format!("fill:{}", guards.len()), opts(60_000, 0)) {
+            Ok(g) => guards.push(g),
+            Err(Error::TableFull { .. }) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let s = table.stats();
+    assert_eq!(s.table_full, 1, "{s:?}");
+    // and nothing counted twice (the key taken from the dead holder was held when asked
+    // for: a contended acquisition too)
+    assert_eq!(
+        (
+            s.contended,
+            s.timeouts,
+            s.dead_owner_takeovers,
+            s.expired_takeovers,
+            s.lost
+        ),
+        (2, 1, 1, 1, 1),
+        "{s:?}"
+    );
+}
+
+/// Two processes read and write a dict: hits, misses and sets are counted where they
+/// happen, evictions when a full window makes room, and the bytes in use are those stored.
+fn a_dict_counts_hits_misses_sets_and_evictions() {
+    let path = TempPath::new("stats-dict");
+    let dict = SharedDict::open(&path, 4, 16).unwrap();
+    let child = {
+        let path = &path;
+        fork(move || {
+            let d = SharedDict::open(path, 4, 16).unwrap();
+            for i in 0..4 {
+                d.set(format!("k{i}"), "vvvv", Duration::ZERO).unwrap();
+            }
+            for i in 0..6 {
+                let _ = d.get(format!("k{i}")).unwrap(); // 4 hits, 2 misses
+            }
+            drop(d);
+            0
+        })
+    };
+    assert_eq!(child.wait(Duration::from_secs(30)), 0);
+    let s = dict.stats();
+    assert_eq!(
+        (s.hits, s.misses, s.sets, s.evictions),
+        (4, 2, 4, 0),
+        "{s:?}"
+    );
+    assert_eq!((s.entries, s.bytes_in_use), (4, 4 * (2 + 4)), "{s:?}");
+    // full: a fifth key evicts one
+    let stored = dict.set("k9", "v", Duration::ZERO).unwrap();
+    assert!(stored.forcible);
+    let s = dict.stats();
+    assert_eq!((s.sets, s.evictions, s.forcible_sets), (5, 1, 1), "{s:?}");
+}
+
+/// A Redis handle (and the handles derived from it) counts its own acquisitions, waits,
+/// timeouts, holds and lost renewals; another handle's are its own.
+fn a_redis_handle_counts_what_it_did() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    let other = RedisLocks::open(&server.url()).unwrap();
+    for _ in 0..3 {
+        redis
+            .lock("k", LockOptions::default())
+            .unwrap()
+            .unlock()
+            .unwrap();
+    }
+    let g = other.lock("k", opts(60_000, 0)).unwrap();
+    assert!(matches!(
+        redis.with_prefix("shmlock:").lock("k", opts(60_000, 50)),
+        Err(Error::Timeout { .. })
+    ));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            g.unlock().unwrap();
+        });
+        redis
+            .lock("k", opts(60_000, 5_000))
+            .unwrap()
+            .unlock()
+            .unwrap();
+    });
+    let mut late = Lock::new(&redis, opts(50, 0)).unwrap();
+    late.lock("lease").unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(matches!(late.expire(None), Err(Error::Expired)));
+    let s = redis.stats();
+    assert_eq!(
+        (s.acquisitions, s.contended, s.timeouts, s.lost),
+        (5, 1, 1, 1),
+        "{s:?}"
+    );
+    assert_eq!((s.wait.count, s.hold.count), (1, 4), "{s:?}");
+    assert_eq!(other.stats().acquisitions, 1);
+}
+
+/// `shmlock stats --prometheus` of a table and a dict parses with prometheus_client's
+/// parser (installed by scripts/test-tools.sh) into the values `stats()` gives;
+/// `--json` parses; `--watch` prints a rate from its second print on.
+fn the_command_prints_prometheus_that_parses_json_and_rates() {
+    let bin = env!("CARGO_BIN_EXE_shmlock");
+    let path = TempPath::new("stats-cli \"quoted\"");
+    let table = LockTable::open(&path, 64).unwrap();
+    for _ in 0..7 {
+        drop(table.lock("k", LockOptions::default()).unwrap());
+    }
+    let dict_path = TempPath::new("stats-cli-dict");
+    let dict = SharedDict::open(&dict_path, 8, 8).unwrap();
+    dict.set("a", "1", Duration::ZERO).unwrap();
+    let _ = dict.get("a").unwrap();
+    let _ = dict.get("b").unwrap();
+    drop(dict); // this thread's counts of it go to the file (as after 100 ms of use)
+    let stats = |file: &TempPath, extra: &[&str]| {
+        let out = Command::new(bin)
+            .arg("--file")
+            .arg(&file.0)
+            .arg("stats")
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // Prometheus: the real parser, then the values
+    let script = r#"
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+for family in text_string_to_metric_families(sys.stdin.read()):
+    for s in family.samples:
+        le = s.labels.get("le", "")
+        v = float(s.value)
+        print(family.type, s.name, le, int(v) if v.is_integer() else v, s.labels["file"])
+"#;
+    let parse = |text: String| {
+        let mut py = Command::new("python3")
+            .args(["-c", script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        py.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        let out = py.wait_with_output().unwrap();
+        assert!(out.status.success(), "the parser refused:\n{text}\n{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let parsed = parse(stats(&path, &["--prometheus"]));
+    let file = path.0.to_string_lossy();
+    assert!(
+        parsed.contains(&format!("counter shmlock_acquisitions_total  7 {file}")),
+        "{parsed}"
+    );
+    assert!(
+        parsed.contains("histogram shmlock_wait_seconds_bucket +Inf 0 "),
+        "{parsed}"
+    );
+    assert!(
+        parsed.contains("histogram shmlock_contended_hold_seconds_count  0 "),
+        "{parsed}"
+    );
+    let parsed = parse(stats(&dict_path, &["--prometheus"]));
+    for want in [
+        "counter shmlock_dict_hits_total  1 ",
+        "counter shmlock_dict_misses_total  1 ",
+        "counter shmlock_dict_sets_total  1 ",
+        "gauge shmlock_dict_entries  1 ",
+        "gauge shmlock_dict_bytes_in_use  2 ",
+    ] {
+        assert!(parsed.contains(want), "{want} in\n{parsed}");
+    }
+    // JSON
+    let v: serde_json::Value = serde_json::from_str(&stats(&path, &["--json"])).unwrap();
+    assert_eq!(v["acquisitions"], 7);
+    assert_eq!(v["kind"], "lock table");
+    assert_eq!(v["wait"]["buckets"].as_array().unwrap().len(), 24);
+    // --watch: rates from the second print on (the table keeps being used meanwhile)
+    let mut watch = Command::new(bin)
+        .arg("--file")
+        .arg(&path.0)
+        .args(["stats", "--json", "--interval", "1"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(watch.stdout.take().unwrap()));
+    let first: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    for _ in 0..30 {
+        drop(table.lock("k", LockOptions::default()).unwrap());
+    }
+    drop(table); // its counts go to the file
+    let second: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    watch.kill().unwrap();
+    let _ = watch.wait();
+    assert!(first["per_second"].is_null(), "{first}");
+    let rate = second["per_second"]["acquisitions"].as_f64().unwrap();
+    assert!(rate > 0.0, "{second}");
+    assert_eq!(second["acquisitions"], 37);
+}
