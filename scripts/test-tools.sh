@@ -2,9 +2,22 @@
 # Makes sure the tools the process tests drive are installed (Debian packages): gdb, which
 # stops a process at one exact instruction or system call (tests/stalls.rs,
 # generation_wraps.rs, wakeups.rs, dict_writer.rs), and strace, which counts a process's
-# system calls (tests/wakeups.rs) and holds one back (tests/files.rs); and (PyPI) the
-# Prometheus client's parser, which reads `shmlock stats --prometheus` (tests/stats.rs).
+# system calls (tests/wakeups.rs) and holds one back (tests/files.rs); and two readers of
+# `shmlock stats --prometheus` (tests/stats.rs): Prometheus's own `promtool check metrics`
+# (from Debian's prometheus package, unpacked into target/tools/bin: installing the package
+# would also start a server) and the Prometheus client's parser (PyPI).
 set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v promtool >/dev/null 2>&1 && [ ! -x target/tools/bin/promtool ]; then
+    dl=$(mktemp -d)
+    trap 'rm -rf "$dl"' EXIT
+    fetch() { (cd "$dl" && apt-get download prometheus >/dev/null 2>&1); }
+    fetch || { [ "$(id -u)" = 0 ] && apt-get update -qq >/dev/null 2>&1 && fetch; } \
+        || { echo "missing: promtool (Debian: apt-get install prometheus)" >&2; exit 1; }
+    dpkg-deb -x "$dl"/prometheus_*.deb "$dl/x"
+    mkdir -p target/tools/bin
+    cp "$dl/x/usr/bin/promtool" target/tools/bin/promtool
+fi
 if ! python3 -c 'import prometheus_client.parser' >/dev/null 2>&1; then
     python3 -m pip install --quiet --disable-pip-version-check prometheus-client >/dev/null 2>&1 \
         || { echo "missing: the Python package prometheus-client (pip install prometheus-client)" >&2; exit 1; }

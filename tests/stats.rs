@@ -300,8 +300,9 @@ fn a_redis_handle_counts_what_it_did() {
     assert_eq!(other.stats().acquisitions, 1);
 }
 
-/// `shmlock stats --prometheus` of a table and a dict parses with prometheus_client's
-/// parser (installed by scripts/test-tools.sh) into the values `stats()` gives;
+/// `shmlock stats --prometheus` of a table and a dict passes `promtool check metrics` and
+/// parses with prometheus_client's parser (both installed by scripts/test-tools.sh) into
+/// the values `stats()` gives;
 /// `--json` parses; `--watch` prints a rate from its second print on.
 fn the_command_prints_prometheus_that_parses_json_and_rates() {
     let bin = env!("CARGO_BIN_EXE_shmlock");
@@ -351,7 +352,30 @@ for family in text_string_to_metric_families(sys.stdin.read()):
         assert!(out.status.success(), "the parser refused:\n{text}\n{out:?}");
         String::from_utf8(out.stdout).unwrap()
     };
-    let parsed = parse(stats(&path, &["--prometheus"]));
+    // promtool: parses and lints (names, HELP, TYPE, suffixes); exit 0 only when clean
+    let promtool = |text: &str| {
+        let here = concat!(env!("CARGO_MANIFEST_DIR"), "/target/tools/bin/promtool");
+        let tool = if std::path::Path::new(here).exists() {
+            here
+        } else {
+            "promtool"
+        };
+        let mut p = Command::new(tool)
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{tool}: {e} (scripts/test-tools.sh installs it)"));
+        use std::io::Write;
+        p.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        let out = p.wait_with_output().unwrap();
+        assert!(out.status.success(), "promtool refused:\n{text}\n{out:?}");
+    };
+    let text = stats(&path, &["--prometheus"]);
+    promtool(&text);
+    promtool(&stats(&dict_path, &["--prometheus"]));
+    let parsed = parse(text);
     let file = path.0.to_string_lossy();
     assert!(
         parsed.contains(&format!("counter shmlock_acquisitions_total  7 {file}")),
