@@ -6,50 +6,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::command::{code, eventually, holding, output, shmlock};
 use common::TempPath;
 use shmlock::{LockOptions, LockTable, SharedDict};
-
-fn shmlock(file: &TempPath) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_shmlock"));
-    c.env_remove("SHMLOCK_FILE").arg("--file").arg(&file.0);
-    c
-}
-
-fn output(c: &mut Command) -> Output {
-    c.stdin(Stdio::null()).output().unwrap()
-}
-
-fn code(c: &mut Command) -> i32 {
-    output(c).status.code().unwrap()
-}
-
-/// Polls `cond` for up to 10 s (a hang guard, not a timing assertion).
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Starts `shmlock run KEY -- sh -c SCRIPT` and waits until it holds KEY.
-fn holding(file: &TempPath, key: &str, script: &str, extra: &[&str]) -> Child {
-    let child = shmlock(file)
-        .arg("run")
-        .args(extra)
-        .arg(key)
-        .args(["--", "sh", "-c", script])
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    eventually("the first run holds the key", || {
-        LockTable::options()
-            .create(false)
-            .open(file)
-            .is_ok_and(|t| t.is_locked(key).unwrap())
-    });
-    child
-}
 
 #[test]
 fn run_passes_the_exit_status_through() {

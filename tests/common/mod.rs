@@ -12,6 +12,8 @@ macro_rules! note {
     }};
 }
 
+#[cfg(feature = "cli")]
+pub mod command;
 pub mod fork;
 pub mod forking;
 pub mod harness;

@@ -87,29 +87,42 @@ pub enum Cmd {
     Create(CreateArgs),
 }
 
-/// Take KEY, run COMMAND, release when it exits; exit with its status
+/// Take KEY, run COMMAND, release when it and what it left running have exited; exit
+/// with its status
 #[derive(Args)]
 #[command(
     group(ArgGroup::new("what").required(true).args(["shell_command", "args"])),
+    override_usage = "shmlock run [OPTIONS] KEY [--] COMMAND [ARGS]...\n       \
+                      shmlock run [OPTIONS] KEY -c STRING",
     after_help = concat!(
     "Examples:\n",
     "  shmlock run backup -- rsync -a /data /backup    # wait as long as it takes\n",
-    "  shmlock run -n backup -- ./backup.sh            # exit 1 at once if it is running\n",
+    "  shmlock run -n backup ./backup.sh               # exit 1 at once if it is running\n",
     "  shmlock run -w 10 -E 75 deploy -- make deploy   # wait 10 s at most, then exit 75\n",
     "  shmlock run report -c 'make report | mail ops'  # a command line, through /bin/sh -c\n",
+    "\n",
+    "COMMAND is the first argument after KEY (or after --); the options of run come before\n",
+    "it, and everything from it on is COMMAND's. COMMAND finds the key in $SHMLOCK_KEY and\n",
+    "its hold's fencing token in $SHMLOCK_TOKEN (greater than that of any earlier hold of the\n",
+    "key): a script can stamp what it writes with it.\n",
+    "\n",
+    "As with flock(1), processes COMMAND leaves running keep the lock: shmlock adopts them\n",
+    "(a child subreaper) and releases KEY when the last has exited, then exits with\n",
+    "COMMAND's status. With -o the lock is released as soon as COMMAND itself exits.\n",
     "\n",
     "While shmlock waits with stderr on a terminal, a status line there shows who holds KEY\n",
     "(pid, how long) and how long it has waited; --verbose says the same in plain lines.\n",
     "\n",
     "While COMMAND runs the lease is renewed every EXPTIME/3, so a live job keeps the lock\n",
     "however long it runs and a dead one loses it within EXPTIME. SIGINT, SIGTERM, SIGHUP and\n",
-    "SIGQUIT sent to shmlock are passed on to COMMAND, and the lock is released only once\n",
-    "COMMAND has exited (its traps and cleanup run under the lock); one that arrives while\n",
-    "shmlock still waits ends it with 128+signal, COMMAND not run. If shmlock itself is\n",
-    "killed (SIGKILL), COMMAND is killed with it (PR_SET_PDEATHSIG), and the key is free for\n",
-    "the next run. If the lease cannot be renewed (the lock was broken, a Redis server\n",
-    "restarted empty, or no renewal got through for most of a lease), or COMMAND outlives\n",
-    "--max-time, COMMAND is sent SIGTERM (SIGKILL 5 s later) and run exits 2.\n",
+    "SIGQUIT sent to shmlock are passed on to COMMAND (once it has exited, to the processes\n",
+    "it left), and the lock is released only once they have exited (their traps and cleanup\n",
+    "run under the lock); one that arrives while shmlock still waits ends it with\n",
+    "128+signal, COMMAND not run. If shmlock itself is killed (SIGKILL), COMMAND is killed\n",
+    "with it (PR_SET_PDEATHSIG), and the key is free for the next run. If the lease cannot be\n",
+    "renewed (the lock was broken, a Redis server restarted empty, or no renewal got through\n",
+    "for most of a lease), or COMMAND outlives --max-time, COMMAND and what it left running\n",
+    "are sent SIGTERM (SIGKILL 5 s later) and run exits 2.\n",
     "\n",
     "Exit status (flock(1)'s, <sysexits.h> for errors):\n",
     "  COMMAND's own status, or 128+N if it was killed by signal N\n",
@@ -128,14 +141,28 @@ pub struct RunArgs {
     /// The lock name
     pub key: String,
     /// Give up after this many seconds of waiting [default: wait forever]
-    #[arg(short = 'w', long = "timeout", value_name = "SECS")]
+    #[arg(
+        short = 'w',
+        long = "timeout",
+        visible_alias = "wait",
+        value_name = "SECS"
+    )]
     pub timeout: Option<f64>,
     /// Lease length in seconds; renewed every third of it while COMMAND runs
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     pub exptime: f64,
     /// Do not wait: exit at once if the lock is held (same as -w 0)
-    #[arg(short = 'n', long)]
+    #[arg(short = 'n', long, visible_aliases = ["nonblocking", "nb"])]
     pub nonblock: bool,
+    /// An exclusive lock: the only kind, accepted as flock(1)'s -x/-e
+    #[arg(short = 'x', short_alias = 'e', long)]
+    pub exclusive: bool,
+    /// Release the lock when COMMAND exits, even if processes it started still run
+    #[arg(short = 'o', long)]
+    pub close: bool,
+    /// Refused, with the reason: a hold cannot outlive an exec of shmlock's own process
+    #[arg(short = 'F', long, hide = true)]
+    pub no_fork: bool,
     /// Exit code when the lock could not be taken
     #[arg(short = 'E', long, value_name = "N", default_value_t = 1)]
     pub conflict_exit_code: u8,
@@ -150,7 +177,11 @@ pub struct RunArgs {
     #[arg(short = 'c', long = "command", value_name = "STRING")]
     pub shell_command: Option<String>,
     /// The command and its arguments
-    #[arg(last = true, value_name = "COMMAND")]
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
     pub args: Vec<String>,
 }
 

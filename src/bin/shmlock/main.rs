@@ -40,7 +40,7 @@ fn main() -> ExitCode {
     };
     if let Cmd::Run(a) = &cli.command {
         // Before anything could start a thread.
-        if let Err(Fail(msg, code)) = Signals::start(a.verbose) {
+        if let Err(Fail(msg, code)) = Signals::start(a.verbose, !a.close) {
             eprintln!("shmlock: {msg}");
             return ExitCode::from(code);
         }

@@ -1,5 +1,6 @@
 //! `run`: waits for the lock (with the status line and the signals that may end the wait),
-//! runs the command, renews the lease while it runs, and exits with its status.
+//! runs the command, renews the lease while it and the processes it left running run, and
+//! exits with its status.
 
 use std::io;
 use std::ops::ControlFlow;
@@ -17,7 +18,7 @@ use shmlock::{Backend, Error, Lock, LockOptions};
 use crate::args::{secs, RunArgs};
 use crate::exit::{spawn_error_code, Fail, EX_OSERR, EX_SOFTWARE, EX_TERMINATED, EX_USAGE};
 use crate::show::{human, printable};
-use crate::signals::{Phase, Signals, SIGNALS};
+use crate::signals::{children, Phase, Signals, SIGNALS};
 use crate::status::{HolderInfo, StatusLine, WhoHolds};
 
 /// How long one wait for the lock lasts before `run` looks at signals and its status line.
@@ -30,6 +31,16 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     let signals = SIGNALS
         .get()
         .ok_or_else(|| Fail("signal handling was not set up".into(), EX_SOFTWARE))?;
+    if a.no_fork {
+        return Err(Fail(
+            "-F/--no-fork cannot be had: a hold lives as long as a process that keeps the \
+             table mapped, and exec unmaps it, so the key would be free while COMMAND runs \
+             in shmlock's place. Without -F, COMMAND runs as shmlock's child, gets the \
+             signals sent to shmlock, and shmlock exits with its status"
+                .into(),
+            EX_USAGE,
+        ));
+    }
     let exptime = secs(a.exptime, "--exptime")?;
     if exptime.is_zero() {
         return Err(Fail(
@@ -66,6 +77,18 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     // margin `supervise` keeps).
     let locked_at = Instant::now();
     let mut cmd = command(program, args, a.shell_command.is_some(), signals.set);
+    cmd.env("SHMLOCK_KEY", &a.key);
+    match lock.token() {
+        Some(token) => cmd.env("SHMLOCK_TOKEN", token.to_string()),
+        None => cmd.env_remove("SHMLOCK_TOKEN"),
+    };
+    // The processes the command leaves running are reparented here, and hold the lock
+    // until they exit, as they would hold an inherited flock(1) descriptor.
+    let inherit = !a.close;
+    if inherit {
+        nix::sys::prctl::set_child_subreaper(true)
+            .map_err(|e| Fail(format!("becoming a child subreaper: {e}"), EX_OSERR))?;
+    }
     // Under the phase lock, so that a signal is either seen here or passed on to the child.
     let mut phase = signals.phase();
     if let Phase::Waiting(Some(sig)) = *phase {
@@ -80,13 +103,13 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     *phase = Phase::Running(pid);
     drop(phase);
 
-    let exited = reap_on_thread(child, pid, signals);
+    let exited = reap_on_thread(child, pid, inherit, signals);
     let lease = Lease {
         exptime,
         locked_at,
         max_time,
     };
-    let status = supervise(&mut lock, &a.key, lease, &exited, signals)?;
+    let status = supervise(&mut lock, &a.key, lease, &exited, a.verbose, signals)?;
     match lock.unlock() {
         Ok(()) => {}
         Err(e) => eprintln!("shmlock: releasing {:?}: {e}", a.key),
@@ -207,14 +230,24 @@ fn command(program: &str, args: &[String], shell: bool, blocked: SigSet) -> Comm
     cmd
 }
 
-/// Waits for the child on a helper thread, whose channel gets its exit status; the
-/// calling thread (the child's parent thread, which PR_SET_PDEATHSIG watches) is left
-/// free to renew the lease meanwhile.
+/// What the reaping thread tells `supervise`.
+enum Reaped {
+    /// The command exited, with this status.
+    Command(io::Result<ExitStatus>),
+    /// The last of the processes it left running exited (with `inherit` only).
+    Leftovers,
+}
+
+/// Waits for the child on a helper thread, whose channel gets its exit status, then
+/// (`inherit`) for every process it left running that was reparented here; the calling
+/// thread (the child's parent thread, which PR_SET_PDEATHSIG watches) is left free to
+/// renew the lease meanwhile.
 fn reap_on_thread(
     mut child: Child,
     pid: Pid,
+    inherit: bool,
     signals: &'static Signals,
-) -> Receiver<io::Result<ExitStatus>> {
+) -> Receiver<Reaped> {
     let (done, exited) = mpsc::channel();
     std::thread::spawn(move || {
         // Waits without reaping first, so that the pid stays the child's until the signal
@@ -222,8 +255,32 @@ fn reap_on_thread(
         while let Err(nix::errno::Errno::EINTR) =
             waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT)
         {}
+        *signals.phase() = if inherit {
+            Phase::Leftovers
+        } else {
+            Phase::Exited
+        };
+        let _ = done.send(Reaped::Command(child.wait()));
+        if !inherit {
+            return;
+        }
+        loop {
+            match waitid(Id::All, WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                Ok(status) => {
+                    // Reaped under the phase lock: the signal thread never signals a pid
+                    // that is no longer a child's.
+                    let _phase = signals.phase();
+                    if let Some(pid) = status.pid() {
+                        let _ = nix::sys::wait::waitpid(pid, None);
+                    }
+                }
+                // ECHILD: none left
+                Err(_) => break,
+            }
+        }
         *signals.phase() = Phase::Exited;
-        let _ = done.send(child.wait());
+        let _ = done.send(Reaped::Leftovers);
     });
     exited
 }
@@ -238,13 +295,14 @@ struct Lease {
 }
 
 /// Renews the lease on `key` every third of it until the command exits (its status
-/// comes on `exited`). Stops the command and fails when the lease is lost, cannot be
-/// renewed in time, or --max-time passes.
+/// comes on `exited`), and the processes it left running (if `run` waits for them). Stops
+/// them and fails when the lease is lost, cannot be renewed in time, or --max-time passes.
 fn supervise<B: Backend>(
     lock: &mut Lock<'_, B>,
     key: &str,
     lease: Lease,
-    exited: &Receiver<io::Result<ExitStatus>>,
+    exited: &Receiver<Reaped>,
+    verbose: bool,
     signals: &Signals,
 ) -> Result<ExitStatus, Fail> {
     let Lease {
@@ -259,13 +317,33 @@ fn supervise<B: Backend>(
     let mut lease_end = locked_at + exptime - margin;
     let mut next_renewal = locked_at + every;
     let stop_at = max_time.map(|m| locked_at + m);
+    let mut command_status = None;
     let terminate = |lock: &mut Lock<'_, B>, why: String| terminate(lock, why, exited, signals);
     loop {
         let wake = stop_at.map_or(next_renewal.min(lease_end), |s| {
             s.min(next_renewal).min(lease_end)
         });
         match exited.recv_timeout(wake.saturating_duration_since(Instant::now())) {
-            Ok(status) => return status.map_err(|e| Fail(format!("wait: {e}"), EX_OSERR)),
+            Ok(Reaped::Command(status)) => {
+                let status = status.map_err(|e| Fail(format!("wait: {e}"), EX_OSERR))?;
+                if !matches!(*signals.phase(), Phase::Leftovers) {
+                    return Ok(status);
+                }
+                if verbose {
+                    let left = children().len();
+                    if left > 0 {
+                        eprintln!(
+                            "shmlock: the command exited; {key:?} stays held until the {left} \
+                             process(es) it left running exit"
+                        );
+                    }
+                }
+                command_status = Some(status);
+            }
+            Ok(Reaped::Leftovers) => {
+                return command_status
+                    .ok_or_else(|| Fail("lost track of the command".into(), EX_SOFTWARE))
+            }
             Err(RecvTimeoutError::Timeout) => {
                 let now = Instant::now();
                 if stop_at.is_some_and(|s| now >= s) {
@@ -306,18 +384,34 @@ fn supervise<B: Backend>(
     }
 }
 
-/// Stops the command (SIGTERM, SIGKILL if it is still there 5 s later), releases what is
-/// left of the lock, and fails with `why`.
+/// Stops the command and what it left running (SIGTERM, SIGKILL to what is still there
+/// 5 s later), releases what is left of the lock, and fails with `why`.
 fn terminate<B: Backend>(
     lock: &mut Lock<'_, B>,
     why: String,
-    exited: &Receiver<io::Result<ExitStatus>>,
+    exited: &Receiver<Reaped>,
     signals: &Signals,
 ) -> Fail {
     signals.signal_command(Signal::SIGTERM);
-    if exited.recv_timeout(Duration::from_secs(5)).is_err() {
-        signals.signal_command(Signal::SIGKILL);
-        let _ = exited.recv();
+    let kill_at = Instant::now() + Duration::from_secs(5);
+    let mut killed = false;
+    loop {
+        let wait = if killed {
+            Duration::MAX
+        } else {
+            kill_at.saturating_duration_since(Instant::now())
+        };
+        match exited.recv_timeout(wait) {
+            // Without leftovers to wait for, the command's end is the end.
+            Ok(Reaped::Command(_)) if !matches!(*signals.phase(), Phase::Leftovers) => break,
+            Ok(Reaped::Command(_)) => {}
+            Ok(Reaped::Leftovers) => break,
+            Err(RecvTimeoutError::Timeout) => {
+                signals.signal_command(Signal::SIGKILL);
+                killed = true;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
     }
     let _ = lock.unlock();
     Fail(format!("{why}; command terminated"), EX_TERMINATED)

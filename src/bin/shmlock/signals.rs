@@ -1,10 +1,12 @@
 //! `run`'s signal forwarding: SIGINT, SIGTERM, SIGHUP and SIGQUIT are blocked in every
 //! thread and taken by one thread of their own, which remembers the first while `run`
-//! waits for the lock and passes each on to the command once it runs.
+//! waits for the lock and passes each on to the command once it runs (and once it has
+//! exited, to the processes it left running, which `run` adopted).
 
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::{getpgid, getpgrp, Pid};
 
 use crate::exit::{Fail, EX_OSERR};
@@ -23,6 +25,10 @@ pub enum Phase {
     Waiting(Option<Signal>),
     /// The command runs as this child, not yet reaped (so the pid is still its).
     Running(Pid),
+    /// The command has exited; the processes it left running (now `run`'s children) hold
+    /// the lock until they exit. A child is reaped only under the phase lock, so a pid
+    /// listed under it is still that child's.
+    Leftovers,
     /// The command has exited and may be reaped at any moment: its pid is no longer ours.
     Exited,
 }
@@ -33,6 +39,8 @@ pub struct Signals {
     pub set: SigSet,
     phase: Mutex<Phase>,
     verbose: bool,
+    /// `run` holds the lock for what the command leaves running too (no `-o`).
+    inherit: bool,
 }
 
 /// Set once, by `main`, before any other thread starts.
@@ -42,7 +50,7 @@ impl Signals {
     /// Blocks FORWARDED in this thread, and so in every thread started after (the mask is
     /// inherited), then starts the thread that takes them. Must run before any other
     /// thread exists: a thread with them unblocked would die of them instead.
-    pub fn start(verbose: bool) -> Result<&'static Signals, Fail> {
+    pub fn start(verbose: bool, inherit: bool) -> Result<&'static Signals, Fail> {
         let mut set = SigSet::empty();
         for sig in FORWARDED {
             set.add(sig);
@@ -53,6 +61,7 @@ impl Signals {
             set,
             phase: Mutex::new(Phase::Waiting(None)),
             verbose,
+            inherit,
         });
         std::thread::Builder::new()
             .name("signals".into())
@@ -76,6 +85,13 @@ impl Signals {
                 Phase::Waiting(got) => {
                     got.get_or_insert(sig);
                 }
+                // The command has exited, and `run` is about to wait for what it left:
+                // the signal is theirs.
+                Phase::Running(pid) if self.inherit && has_exited(*pid) => {
+                    for pid in children() {
+                        let _ = kill(pid, sig);
+                    }
+                }
                 Phase::Running(pid) => {
                     // A terminal sends the signals of its INTR and QUIT characters to its
                     // whole foreground process group: a command still in ours has it
@@ -90,17 +106,59 @@ impl Signals {
                         let _ = kill(*pid, sig);
                     }
                 }
+                Phase::Leftovers => {
+                    for pid in children() {
+                        if self.verbose {
+                            eprintln!("shmlock: passing {sig} on to pid {pid}");
+                        }
+                        let _ = kill(pid, sig);
+                    }
+                }
                 Phase::Exited => {}
             }
         }
     }
 
-    /// Sends `sig` to the command if it has not exited.
+    /// Sends `sig` to the command if it has not exited, and to every process of it that
+    /// `run` adopted.
     pub fn signal_command(&self, sig: Signal) {
-        if let Phase::Running(pid) = *self.phase() {
+        let phase = self.phase();
+        if let Phase::Running(pid) = *phase {
             let _ = kill(pid, sig);
         }
+        if matches!(*phase, Phase::Running(_) | Phase::Leftovers) {
+            for pid in children() {
+                let _ = kill(pid, sig);
+            }
+        }
     }
+}
+
+/// Whether the child `pid`, not yet reaped, has exited.
+fn has_exited(pid: Pid) -> bool {
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    !matches!(waitid(Id::Pid(pid), flags), Ok(WaitStatus::StillAlive))
+}
+
+/// This process's children: the command, and the processes it left running that were
+/// reparented here (`run` is their child subreaper). Empty without `/proc`.
+pub fn children() -> Vec<Pid> {
+    let mut pids = Vec::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return pids;
+    };
+    for task in tasks.flatten() {
+        if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+            pids.extend(
+                list.split_ascii_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .map(Pid::from_raw),
+            );
+        }
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids
 }
 
 /// The next of `set`'s signals, and whether the kernel sent it (a terminal's INTR or QUIT

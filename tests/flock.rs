@@ -1,0 +1,299 @@
+//! `shmlock run` against util-linux's own flock(1) cases (`tests/ts/flock`), named after
+//! them where they have a meaning here (`shared`, `fd`, `fcntl-*`, `unlock` and
+//! `range-lock` have none yet or none at all: docs/cli.md says why), with flock's
+//! spellings; and flock's inheritance: what the command leaves running keeps the lock
+//! (with `-o` it does not), gets the signals and is stopped with the lease.
+
+mod common;
+
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use common::command::{code, eventually, holding, is_held, output, shmlock};
+use common::TempPath;
+
+/// Upstream's general lock (there a shared one, which shmlock has not yet): holds
+/// `lockfile` for as long as the test needs it, then is killed with its command.
+fn general_lock(file: &TempPath) -> Child {
+    holding(file, "lockfile", "exec sleep 60", &[])
+}
+
+fn end(mut holder: Child) {
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}
+
+/// `shmlock run OPTS lockfile echo MESSAGE` (flock's form, without `--`): its exit code
+/// and what it printed.
+fn do_lock(file: &TempPath, opts: &[&str], mesg: &str) -> (i32, String) {
+    let out = output(
+        shmlock(file)
+            .arg("run")
+            .args(opts)
+            .args(["lockfile", "echo", mesg]),
+    );
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// upstream `non-block`: `--nonblock --conflict-exit-code 123` exits 123, command not run.
+#[test]
+fn non_block() {
+    let file = TempPath::new("flock-non-block");
+    let holder = general_lock(&file);
+    let got = do_lock(
+        &file,
+        &["--nonblock", "--conflict-exit-code", "123"],
+        "You will never see this!",
+    );
+    assert_eq!(got, (123, String::new()));
+    end(holder);
+}
+
+/// upstream `no-fork`: flock execs the command in its own place. shmlock cannot (exec
+/// unmaps the table the hold lives by): it refuses with the reason and EX_USAGE, and
+/// never runs the command unlocked.
+#[test]
+fn no_fork() {
+    let file = TempPath::new("flock-no-fork");
+    let holder = general_lock(&file);
+    let out = output(shmlock(&file).args([
+        "run",
+        "--no-fork",
+        "--nonblock",
+        "--conflict-exit-code",
+        "123",
+        "lockfile",
+        "echo",
+        "You will never see this!",
+    ]));
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(out.stdout.is_empty());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("exec unmaps"),
+        "{out:?}"
+    );
+    assert_eq!(code(shmlock(&file).args(["run", "-F", "k", "true"])), 64);
+    end(holder);
+}
+
+/// upstream `exclusive`: `--exclusive` (the default, said explicitly) with `--nonblock`
+/// exits with the conflict code; flock's other spellings of the same (`-x`, `-e`, `-xn`,
+/// `--nb`, `--nonblocking`) too.
+#[test]
+fn exclusive() {
+    let file = TempPath::new("flock-exclusive");
+    let holder = general_lock(&file);
+    let got = do_lock(
+        &file,
+        &["--nonblock", "--exclusive", "--conflict-exit-code", "123"],
+        "You will never see this!",
+    );
+    assert_eq!(got, (123, String::new()));
+    for opts in [
+        &["-xn"][..],
+        &["-en"],
+        &["-x", "--nb"],
+        &["-e", "--nonblocking"],
+        &["--wait", "0"],
+        &["-w", "0.01"],
+    ] {
+        assert_eq!(
+            do_lock(&file, opts, "never"),
+            (1, String::new()),
+            "{opts:?}"
+        );
+    }
+    end(holder);
+    // and with the key free, each of them runs its command
+    assert_eq!(do_lock(&file, &["-xn"], "ran"), (0, "ran\n".into()));
+}
+
+/// upstream `timeout` and `time-check`: `--timeout 5 --conflict-exit-code 5` waits for the
+/// general lock's end and runs; what the holder wrote on its way out comes before.
+#[test]
+fn timeout_and_time_check() {
+    let file = TempPath::new("flock-timeout");
+    let log = TempPath::new("flock-timeout-log");
+    let log_path = log.0.display();
+    let mut holder = holding(
+        &file,
+        "lockfile",
+        &format!("echo Locking >> '{log_path}'; sleep 1; echo Unlocking >> '{log_path}'"),
+        &[],
+    );
+    let waiter = format!("echo 'After timeout.' >> '{log_path}'");
+    let rc = code(shmlock(&file).args([
+        "run",
+        "--timeout",
+        "5",
+        "--conflict-exit-code",
+        "5",
+        "lockfile",
+        "sh",
+        "-c",
+        &waiter,
+    ]));
+    assert_eq!(rc, 0);
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "Locking\nUnlocking\nAfter timeout.\n"
+    );
+    assert!(holder.wait().unwrap().success());
+}
+
+/// The command's arguments are its own from COMMAND on, options included (flock's `+`
+/// getopt): `run k echo -n -w 1 -- x` runs `echo -n -w 1 -- x`.
+#[test]
+fn options_after_the_command_are_the_commands() {
+    let file = TempPath::new("flock-argv");
+    let out = output(shmlock(&file).args(["run", "k", "echo", "-n", "-w", "1", "--", "x"]));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "-w 1 -- x");
+    assert_eq!(
+        code(shmlock(&file).args(["run", "-n", "k", "sh", "-c", "exit 4"])),
+        4
+    );
+}
+
+/// `$SHMLOCK_KEY` and `$SHMLOCK_TOKEN`: the key, and the token the table shows for this
+/// hold, greater at every run.
+#[test]
+fn the_command_finds_its_key_and_fencing_token() {
+    let file = TempPath::new("flock-token");
+    let bin = env!("CARGO_BIN_EXE_shmlock");
+    let script = format!(
+        "echo \"$SHMLOCK_KEY\"; echo \"$SHMLOCK_TOKEN\"; \
+         '{bin}' --file '{}' inspect --json",
+        file.0.display()
+    );
+    let mut last = 0u64;
+    for _ in 0..3 {
+        let out = output(shmlock(&file).args(["run", "job:7", "sh", "-c", &script]));
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut lines = text.lines();
+        assert_eq!(lines.next(), Some("job:7"));
+        let token: u64 = lines.next().unwrap().parse().unwrap();
+        let table: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+        assert_eq!(table["holders"][0]["token"], token, "{table}");
+        assert!(token > last, "{token} after {last}");
+        last = token;
+    }
+}
+
+/// Starts `run [EXTRA] k -- sh -c 'LEFTOVER & echo $! > PIDFILE; exit CODE'` and returns it
+/// with the pid of the process its command left running (once the command has exited).
+fn leaving(file: &TempPath, leftover: &str, exit: i32, extra: &[&str]) -> (Child, i32) {
+    let pidfile = TempPath::new("flock-leftover-pid");
+    let script = format!(
+        "{leftover} </dev/null >/dev/null 2>&1 & echo $! > '{}'; exit {exit}",
+        pidfile.0.display()
+    );
+    let runner = shmlock(file)
+        .arg("run")
+        .args(extra)
+        .args(["k", "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut pid = 0;
+    eventually("the command left a process running", || {
+        pid = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        pid > 0
+    });
+    (runner, pid)
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|p| p.trim().parse().ok())
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+/// flock's inheritance: a process the command left running keeps the lock. `run` adopts
+/// it, holds the key while it lives (other runs get the conflict code), then releases and
+/// exits with the command's status.
+#[test]
+fn a_process_the_command_left_running_keeps_the_lock() {
+    let file = TempPath::new("flock-inherit");
+    let (mut runner, leftover) = leaving(&file, "sleep 60", 3, &[]);
+    eventually("the runner adopted it", || {
+        parent_of(leftover) == Some(runner.id() as i32)
+    });
+    for _ in 0..3 {
+        assert_eq!(code(shmlock(&file).args(["run", "-n", "k", "true"])), 1);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(runner.try_wait().unwrap().is_none(), "run exited early");
+    assert!(is_held(&file, "k"));
+    // SAFETY: plain kill(2) of the process the test started.
+    unsafe { libc::kill(leftover, libc::SIGKILL) };
+    assert_eq!(runner.wait().unwrap().code(), Some(3));
+    assert!(!is_held(&file, "k"));
+    assert_eq!(code(shmlock(&file).args(["run", "-n", "k", "true"])), 0);
+}
+
+/// upstream `close` (flock `-o`): the lock is released when the command exits; what it
+/// left running does not keep it.
+#[test]
+fn close() {
+    let file = TempPath::new("flock-close");
+    let (mut runner, leftover) = leaving(&file, "sleep 60", 0, &["-o"]);
+    assert_eq!(runner.wait().unwrap().code(), Some(0));
+    assert!(alive(leftover), "the leftover still runs");
+    assert_eq!(code(shmlock(&file).args(["run", "-n", "k", "true"])), 0);
+    // SAFETY: plain kill(2) of the process the test started.
+    unsafe { libc::kill(leftover, libc::SIGKILL) };
+}
+
+/// A signal sent to `run` after its command exited goes to what the command left
+/// running, whose cleanup runs under the lock; then `run` exits with the command's status.
+#[test]
+fn signals_reach_what_the_command_left_running() {
+    let file = TempPath::new("flock-leftover-signal");
+    let done = TempPath::new("flock-leftover-done");
+    let ready = TempPath::new("flock-leftover-ready");
+    let leftover = format!(
+        "sh -c 'trap \"echo cleaned > {}; exit 0\" TERM; : > {}; \
+         while :; do sleep 0.05; done'",
+        done.0.display(),
+        ready.0.display()
+    );
+    let (mut runner, pid) = leaving(&file, &leftover, 5, &[]);
+    eventually("the runner adopted it", || {
+        parent_of(pid) == Some(runner.id() as i32)
+    });
+    eventually("its trap is set", || ready.0.exists());
+    // SAFETY: plain kill(2) of the runner the test started.
+    unsafe { libc::kill(runner.id() as i32, libc::SIGTERM) };
+    assert_eq!(runner.wait().unwrap().code(), Some(5));
+    assert_eq!(std::fs::read_to_string(&done).unwrap(), "cleaned\n");
+    assert!(!is_held(&file, "k"));
+}
+
+/// A lease lost while only what the command left runs (the hold broken by force): `run`
+/// stops it (SIGTERM) and exits 2.
+#[test]
+fn a_lost_lease_stops_what_the_command_left_running() {
+    let file = TempPath::new("flock-leftover-lost");
+    let (mut runner, pid) = leaving(&file, "sleep 60", 0, &["--exptime", "0.6"]);
+    eventually("the runner adopted it", || {
+        parent_of(pid) == Some(runner.id() as i32)
+    });
+    assert_eq!(code(shmlock(&file).args(["unlock", "--force", "k"])), 0);
+    assert_eq!(runner.wait().unwrap().code(), Some(2));
+    assert!(!alive(pid), "the leftover was stopped");
+}
