@@ -170,6 +170,16 @@ fn incr_with_and_without_init_keeps_the_ttl() {
         i64::MIN,
         "wraps"
     );
+    // an init_ttl without an init is refused, as ngx does (even on a live number), and
+    // changes nothing
+    for key in ["n", "absent"] {
+        assert!(matches!(
+            d.incr(key, 1, None, Duration::from_secs(5)),
+            Err(Error::InvalidOptions(_))
+        ));
+    }
+    assert_eq!(d.get("n").unwrap().unwrap().value, Value::Int(-5));
+    assert!(d.get("absent").unwrap().is_none());
     // a number set directly is a number to incr
     d.set("direct", 7i64, NEVER).unwrap();
     assert_eq!(d.incr("direct", 1, None, NEVER).unwrap(), 8);

@@ -707,7 +707,9 @@ impl SharedDict {
     /// Adds `by` to the number under `key` and returns the sum, keeping the value's time to
     /// live. With no live value: [`Error::NotFound`] if `init` is `None`, else stores
     /// `init + by` for `init_ttl` (zero: never expires), evicting if need be.
-    /// [`Error::NotANumber`] if the value is bytes. Wraps on overflow.
+    /// [`Error::NotANumber`] if the value is bytes. Wraps on overflow. An `init_ttl` without
+    /// an `init` is [`Error::InvalidOptions`], as ngx refuses it: it would apply to
+    /// nothing.
     pub fn incr(
         &self,
         key: impl AsRef<[u8]>,
@@ -717,6 +719,11 @@ impl SharedDict {
     ) -> Result<i64, Error> {
         let key = key.as_ref();
         let k = self.pack(key)?;
+        if init.is_none() && !init_ttl.is_zero() {
+            return Err(Error::InvalidOptions(
+                "incr: an init_ttl needs an init (the value it would apply to)",
+            ));
+        }
         if self.max_value_len() < 8 {
             return Err(Error::ValueTooLong {
                 len: 8,
