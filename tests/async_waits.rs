@@ -152,7 +152,11 @@ const WAIT: LockOptions = LockOptions {
 /// The crowd on `lock`: on one runtime thread the order of asking is the order of taking a
 /// place in the queue, and the key goes round in that order; on two, no task times out
 /// either (the order of asking is then only roughly the order of the places: a thread can
-/// be descheduled between the two).
+/// be descheduled between the two). "In that order" allows for the hand-over of a turn
+/// whose task was not polled within STUCK (20 ms), which a loaded machine (the suite's
+/// other tests beside this one) makes happen now and then: at most 1 % of the tasks more
+/// than 2 turns late, none more than 50. Any other order (a herd, last come first, the
+/// order of the timers) makes most tasks late by tens or hundreds.
 fn crowds<'a, B, F, Fut>(lock: F)
 where
     B: Backend + Sync + 'a,
@@ -162,9 +166,16 @@ where
 {
     let (timeouts, ranks) = crowd(1000, true, lock.clone());
     let overtaken = most_overtaken(&ranks);
-    println!("one thread: {timeouts} timeouts; a task got the key at most {overtaken} turns after its place");
+    let late = ranks.iter().filter(|&&(a, g)| g > a + 2).count();
+    println!(
+        "one thread: {timeouts} timeouts; a task got the key at most {overtaken} turns after \
+         its place, {late} more than 2 turns"
+    );
     assert_eq!((timeouts, ranks.len()), (0, 1000));
-    assert!(overtaken <= 2, "a task was overtaken by {overtaken}");
+    assert!(
+        late <= 10 && overtaken <= 50,
+        "{late} tasks more than 2 turns late, one by {overtaken}"
+    );
     let (timeouts, ranks) = crowd(1000, false, lock);
     println!(
         "two threads: {timeouts} timeouts, most overtaken {}",
