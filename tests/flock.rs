@@ -297,3 +297,121 @@ fn a_lost_lease_stops_what_the_command_left_running() {
     assert_eq!(runner.wait().unwrap().code(), Some(2));
     assert!(!alive(pid), "the leftover was stopped");
 }
+
+/// `run` started with SIGCHLD ignored (an inheritance some supervisors pass on, which has
+/// the kernel reap children by itself): it still waits for its command and what it left,
+/// keeps the key meanwhile, and exits with the command's status.
+#[test]
+fn an_inherited_ignored_sigchld_changes_nothing() {
+    use std::os::unix::process::CommandExt;
+    let file = TempPath::new("flock-sigchld");
+    let pidfile = TempPath::new("flock-sigchld-pid");
+    let script = format!(
+        "sleep 60 </dev/null >/dev/null 2>&1 & echo $! > '{}'; exit 3",
+        pidfile.0.display()
+    );
+    let mut cmd = shmlock(&file);
+    cmd.args(["run", "k", "--", "sh", "-c", &script])
+        .stdin(Stdio::null());
+    // SAFETY: signal(2) with SIG_IGN in the forked child before exec: async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut runner = cmd.spawn().unwrap();
+    let mut leftover = 0;
+    eventually("the command left a process running", || {
+        leftover = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        leftover > 0
+    });
+    eventually("the runner adopted it", || {
+        parent_of(leftover) == Some(runner.id() as i32)
+    });
+    assert!(runner.try_wait().unwrap().is_none(), "run exited early");
+    assert_eq!(code(shmlock(&file).args(["run", "-n", "k", "true"])), 1);
+    // SAFETY: plain kill(2) of the process the test started.
+    unsafe { libc::kill(leftover, libc::SIGKILL) };
+    assert_eq!(runner.wait().unwrap().code(), Some(3));
+}
+
+/// The state letter of a process (`Z`: a zombie), if it exists.
+fn state_of(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// What the command leaves and then ends is reaped at once, while the command still runs:
+/// no zombies pile up under a long command that keeps starting helpers.
+#[test]
+fn leftovers_that_end_while_the_command_runs_are_reaped() {
+    let file = TempPath::new("flock-zombies");
+    let script = "for i in 1 2 3 4 5 6 7 8 9 10; do (true &); done; exec sleep 60";
+    let mut runner = holding(&file, "k", script, &[]);
+    let me = runner.id();
+    let zombies = || {
+        std::fs::read_to_string(format!("/proc/{me}/task/{me}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .filter(|&p| state_of(p) == Some('Z'))
+            .count()
+    };
+    // the ten subshells' children were adopted and ended: none is left a zombie
+    std::thread::sleep(Duration::from_millis(300));
+    eventually("no zombie under run", || zombies() == 0);
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+}
+
+/// --max-time: the command gets SIGTERM once; a process adopted after the command was
+/// killed (its parent ignored SIGTERM and was SIGKILLed 5 s later) is stopped too, and the
+/// key stays held until all of them are gone, however short the lease.
+#[test]
+fn max_time_stops_everything_once_and_keeps_the_key_until_then() {
+    let file = TempPath::new("flock-maxtime");
+    let terms = TempPath::new("flock-maxtime-terms");
+    let grandchild = TempPath::new("flock-maxtime-grandchild");
+    let script = format!(
+        "trap 'echo TERM >> {t}' TERM; \
+         sh -c 'trap \"\" TERM; sleep 60 & echo $! > {g}; wait' </dev/null >/dev/null 2>&1 & \
+         while :; do sleep 0.05; done",
+        t = terms.0.display(),
+        g = grandchild.0.display()
+    );
+    let mut runner = shmlock(&file)
+        .args(["run", "--exptime", "0.6", "--max-time", "0.5", "k", "--"])
+        .args(["sh", "-c", &script])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut sleeper = 0;
+    eventually("the grandchild runs", || {
+        sleeper = std::fs::read_to_string(&grandchild)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        sleeper > 0
+    });
+    // while run terminates them (5 s until SIGKILL), the key stays held
+    let mut looked = 0;
+    while runner.try_wait().unwrap().is_none() {
+        if alive(sleeper) && state_of(sleeper) != Some('Z') {
+            assert_eq!(
+                code(shmlock(&file).args(["run", "-n", "k", "true"])),
+                1,
+                "the key was free while a process of the command ran"
+            );
+            looked += 1;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(runner.wait().unwrap().code(), Some(2));
+    assert!(looked > 5, "looked {looked} times");
+    assert!(!alive(sleeper), "the adopted grandchild was stopped");
+    assert_eq!(std::fs::read_to_string(&terms).unwrap(), "TERM\n");
+}

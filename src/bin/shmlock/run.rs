@@ -243,36 +243,40 @@ enum Reaped {
 /// thread (the child's parent thread, which PR_SET_PDEATHSIG watches) is left free to
 /// renew the lease meanwhile.
 fn reap_on_thread(
-    mut child: Child,
+    child: Child,
     pid: Pid,
     inherit: bool,
     signals: &'static Signals,
 ) -> Receiver<Reaped> {
     let (done, exited) = mpsc::channel();
     std::thread::spawn(move || {
-        // Waits without reaping first, so that the pid stays the child's until the signal
-        // thread knows not to use it any more.
-        while let Err(nix::errno::Errno::EINTR) =
-            waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT)
-        {}
-        *signals.phase() = if inherit {
-            Phase::Leftovers
-        } else {
-            Phase::Exited
-        };
-        let _ = done.send(Reaped::Command(child.wait()));
-        if !inherit {
-            return;
-        }
+        let mut command = Some(child);
         loop {
+            // Waits without reaping first, then reaps under the phase lock: the signal
+            // thread never signals a pid that is no longer a child's. Every child is
+            // reaped as it exits, the command's leftovers too while it runs.
             match waitid(Id::All, WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
-                Err(nix::errno::Errno::EINTR) => continue,
+                Err(nix::errno::Errno::EINTR) => {}
                 Ok(status) => {
-                    // Reaped under the phase lock: the signal thread never signals a pid
-                    // that is no longer a child's.
-                    let _phase = signals.phase();
-                    if let Some(pid) = status.pid() {
-                        let _ = nix::sys::wait::waitpid(pid, None);
+                    let Some(exited) = status.pid() else { continue };
+                    let mut phase = signals.phase();
+                    match command.take_if(|_| exited == pid) {
+                        Some(mut child) => {
+                            *phase = if inherit {
+                                Phase::Leftovers
+                            } else {
+                                Phase::Exited
+                            };
+                            let status = child.wait();
+                            drop(phase);
+                            let _ = done.send(Reaped::Command(status));
+                            if !inherit {
+                                return;
+                            }
+                        }
+                        None => {
+                            let _ = nix::sys::wait::waitpid(exited, None);
+                        }
                     }
                 }
                 // ECHILD: none left
@@ -280,6 +284,10 @@ fn reap_on_thread(
             }
         }
         *signals.phase() = Phase::Exited;
+        if let Some(mut child) = command {
+            // (not met: SIGCHLD is at its default, so the command is ours to reap)
+            let _ = done.send(Reaped::Command(child.wait()));
+        }
         let _ = done.send(Reaped::Leftovers);
     });
     exited
@@ -318,7 +326,8 @@ fn supervise<B: Backend>(
     let mut next_renewal = locked_at + every;
     let stop_at = max_time.map(|m| locked_at + m);
     let mut command_status = None;
-    let terminate = |lock: &mut Lock<'_, B>, why: String| terminate(lock, why, exited, signals);
+    let terminate =
+        |lock: &mut Lock<'_, B>, why: String| terminate(lock, why, exited, exptime, signals);
     loop {
         let wake = stop_at.map_or(next_renewal.min(lease_end), |s| {
             s.min(next_renewal).min(lease_end)
@@ -384,33 +393,38 @@ fn supervise<B: Backend>(
     }
 }
 
-/// Stops the command and what it left running (SIGTERM, SIGKILL to what is still there
-/// 5 s later), releases what is left of the lock, and fails with `why`.
+/// Stops the command and what it left running (SIGTERM, once to each, then SIGKILL to
+/// whatever is still there 5 s later, until nothing is), renewing the lease meanwhile if
+/// it is still ours (so that the key is not free while they end), then releases the lock
+/// and fails with `why`.
 fn terminate<B: Backend>(
     lock: &mut Lock<'_, B>,
     why: String,
     exited: &Receiver<Reaped>,
+    exptime: Duration,
     signals: &Signals,
 ) -> Fail {
-    signals.signal_command(Signal::SIGTERM);
+    let mut termed = signals.signal_all(Signal::SIGTERM, &[]);
     let kill_at = Instant::now() + Duration::from_secs(5);
-    let mut killed = false;
+    let mut next_renewal = Instant::now() + exptime / 3;
     loop {
-        let wait = if killed {
-            Duration::MAX
-        } else {
-            kill_at.saturating_duration_since(Instant::now())
-        };
-        match exited.recv_timeout(wait) {
+        match exited.recv_timeout(Duration::from_millis(100)) {
             // Without leftovers to wait for, the command's end is the end.
             Ok(Reaped::Command(_)) if !matches!(*signals.phase(), Phase::Leftovers) => break,
-            Ok(Reaped::Command(_)) => {}
-            Ok(Reaped::Leftovers) => break,
-            Err(RecvTimeoutError::Timeout) => {
-                signals.signal_command(Signal::SIGKILL);
-                killed = true;
-            }
-            Err(RecvTimeoutError::Disconnected) => break,
+            Ok(Reaped::Leftovers) | Err(RecvTimeoutError::Disconnected) => break,
+            Ok(Reaped::Command(_)) | Err(RecvTimeoutError::Timeout) => {}
+        }
+        let now = Instant::now();
+        if now >= kill_at {
+            signals.signal_all(Signal::SIGKILL, &[]);
+        } else {
+            // processes adopted since (their parent ended) get it too
+            let more = signals.signal_all(Signal::SIGTERM, &termed);
+            termed.extend(more);
+        }
+        if now >= next_renewal {
+            let _ = lock.expire(None);
+            next_renewal = now + exptime / 3;
         }
     }
     let _ = lock.unlock();

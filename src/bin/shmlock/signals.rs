@@ -5,7 +5,7 @@
 
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
-use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::signal::{kill, signal, SigHandler, SigSet, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::{getpgid, getpgrp, Pid};
 
@@ -57,6 +57,11 @@ impl Signals {
         }
         set.thread_block()
             .map_err(|e| Fail(format!("blocking signals: {e}"), EX_OSERR))?;
+        // An ignored SIGCHLD, inherited from whoever started us, would have the kernel
+        // reap the command and what it leaves, and `run` could not wait for them.
+        // SAFETY: SIG_DFL installs no handler; no other thread exists yet.
+        unsafe { signal(Signal::SIGCHLD, SigHandler::SigDfl) }
+            .map_err(|e| Fail(format!("resetting SIGCHLD: {e}"), EX_OSERR))?;
         let signals = SIGNALS.get_or_init(|| Signals {
             set,
             phase: Mutex::new(Phase::Waiting(None)),
@@ -81,6 +86,22 @@ impl Signals {
                 continue;
             };
             let mut phase = self.phase();
+            // A terminal sends the signals of its INTR and QUIT characters to its whole
+            // foreground process group: a process still in ours has it already, and a
+            // second one could cut its cleanup short.
+            let has_it = |pid: Pid| {
+                by_kernel
+                    && matches!(sig, Signal::SIGINT | Signal::SIGQUIT)
+                    && getpgid(Some(pid)).is_ok_and(|g| g == getpgrp())
+            };
+            let pass_on = |pid: Pid| {
+                if !has_it(pid) {
+                    if self.verbose {
+                        eprintln!("shmlock: passing {sig} on to pid {pid}");
+                    }
+                    let _ = kill(pid, sig);
+                }
+            };
             match &mut *phase {
                 Phase::Waiting(got) => {
                     got.get_or_insert(sig);
@@ -88,49 +109,35 @@ impl Signals {
                 // The command has exited, and `run` is about to wait for what it left:
                 // the signal is theirs.
                 Phase::Running(pid) if self.inherit && has_exited(*pid) => {
-                    for pid in children() {
-                        let _ = kill(pid, sig);
-                    }
+                    children().into_iter().for_each(pass_on);
                 }
-                Phase::Running(pid) => {
-                    // A terminal sends the signals of its INTR and QUIT characters to its
-                    // whole foreground process group: a command still in ours has it
-                    // already, and a second one could cut its cleanup short.
-                    let has_it = by_kernel
-                        && matches!(sig, Signal::SIGINT | Signal::SIGQUIT)
-                        && getpgid(Some(*pid)).is_ok_and(|g| g == getpgrp());
-                    if !has_it {
-                        if self.verbose {
-                            eprintln!("shmlock: passing {sig} on to pid {pid}");
-                        }
-                        let _ = kill(*pid, sig);
-                    }
-                }
-                Phase::Leftovers => {
-                    for pid in children() {
-                        if self.verbose {
-                            eprintln!("shmlock: passing {sig} on to pid {pid}");
-                        }
-                        let _ = kill(pid, sig);
-                    }
-                }
+                Phase::Running(pid) => pass_on(*pid),
+                Phase::Leftovers => children().into_iter().for_each(pass_on),
                 Phase::Exited => {}
             }
         }
     }
 
-    /// Sends `sig` to the command if it has not exited, and to every process of it that
-    /// `run` adopted.
-    pub fn signal_command(&self, sig: Signal) {
+    /// Sends `sig` to the command if it has not exited and to every process of it that
+    /// `run` adopted, each once, but those in `skip`; returns whom it sent it to.
+    pub fn signal_all(&self, sig: Signal, skip: &[Pid]) -> Vec<Pid> {
         let phase = self.phase();
-        if let Phase::Running(pid) = *phase {
+        let mut to = match *phase {
+            Phase::Running(pid) => {
+                let mut all = children();
+                if !all.contains(&pid) {
+                    all.push(pid);
+                }
+                all
+            }
+            Phase::Leftovers => children(),
+            Phase::Waiting(_) | Phase::Exited => Vec::new(),
+        };
+        to.retain(|pid| !skip.contains(pid));
+        for &pid in &to {
             let _ = kill(pid, sig);
         }
-        if matches!(*phase, Phase::Running(_) | Phase::Leftovers) {
-            for pid in children() {
-                let _ = kill(pid, sig);
-            }
-        }
+        to
     }
 }
 
