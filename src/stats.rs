@@ -30,7 +30,7 @@ impl Histogram {
             .map(|(i, &n)| (bound(i), n))
             .collect();
         Histogram {
-            count: buckets.iter().map(|b| b.1).sum(),
+            count: buckets.iter().fold(0u64, |c, b| c.saturating_add(b.1)),
             buckets,
             sum: Duration::from_nanos(sum_ns),
         }

@@ -495,13 +495,14 @@ fn entries_left_mid_write_in_a_damaged_file_read_as_absent_not_a_panic() {
     // lock: no live protocol leaves that, a damaged or hostile file can. Offsets are the
     // documented format: 4 KiB header, the owner registry (1024 entries of 32 bytes by
     // default), a 4 KiB control page, entries of the layout's size, each starting with its
-    // sequence word.
+    // sequence word, then the counters.
     let (path, d) = dict("odd-seq", 8, 8);
     d.set("k", "v", NEVER).unwrap();
     let entry_size = 64 + 256 + 64; // max_key_len 250 and max_value_len 8, rounded to 64
     let entries = 4096 + 1024 * 32 + 4096;
+    let counters = 16 * 512 + 256 * 64; // process and thread cells, at the end
     let mut file = std::fs::read(&path).unwrap();
-    assert_eq!(file.len(), entries + 8 * entry_size);
+    assert_eq!(file.len(), entries + 8 * entry_size + counters);
     for i in 0..8 {
         file[entries + i * entry_size] |= 1;
     }

@@ -1,9 +1,11 @@
 //! The counters, as other processes see them: what forked and unrelated processes did to a
 //! table or a dict is in its file (`stats()`, `shmlock stats`), each kind of event counted
-//! once and only when it happens; a process that exits normally leaves every count it
-//! kept in its threads; a Redis handle counts what it did; `shmlock stats --prometheus`
-//! parses with the Prometheus client's own parser, `--json` with a JSON parser, and
-//! `--watch` prints rates.
+//! once and only when it happens; every count is in the file as it is made (threads that
+//! idle, a process that exits with threads still running, a handle dropped while another
+//! thread counted, more threads than the file has cells), a forked child never counts
+//! its parent's again, garbage in the counters is no panic; a Redis handle counts what it
+//! did; `shmlock stats --prometheus` passes `promtool check metrics` and the Prometheus
+//! client's parser, `--json` a JSON parser, and `--watch` prints rates.
 //!
 //! Guards `src/shm/counters.rs`, `src/stats.rs`, the counting in `src/shm/lock_table.rs`,
 //! `src/dict/api.rs`, `src/redis_store/ops.rs` and the command's `stats`. Its own harness
@@ -32,6 +34,26 @@ const TESTS: &[Test] = &[
         a_process_that_exits_normally_leaves_every_count,
     ),
     Test::new(
+        "a_forked_child_never_counts_its_parents_counts_again",
+        a_forked_child_never_counts_its_parents_counts_again,
+    ),
+    Test::new(
+        "counts_of_idle_threads_and_of_threads_running_at_exit_are_in_the_file",
+        counts_of_idle_threads_and_of_threads_running_at_exit_are_in_the_file,
+    ),
+    Test::new(
+        "a_handle_dropped_while_another_thread_counted_loses_nothing",
+        a_handle_dropped_while_another_thread_counted_loses_nothing,
+    ),
+    Test::new(
+        "more_threads_than_cells_are_all_counted",
+        more_threads_than_cells_are_all_counted,
+    ),
+    Test::new(
+        "garbage_in_the_counters_is_read_without_a_panic",
+        garbage_in_the_counters_is_read_without_a_panic,
+    ),
+    Test::new(
         "each_kind_of_event_is_counted_once_when_it_happens",
         each_kind_of_event_is_counted_once_when_it_happens,
     ),
@@ -54,8 +76,7 @@ fn main() {
 }
 
 /// `--role take PATH N`: takes N keys of its own one after the other on the table at
-/// PATH, then returns from `main` (the counts its thread kept go to the file on the way
-/// out).
+/// PATH, then returns from `main` without dropping its handle.
 fn roles(args: &[String]) -> i32 {
     match args.first().map(String::as_str) {
         Some("take") => {
@@ -68,8 +89,39 @@ fn roles(args: &[String]) -> i32 {
                     .unlock()
                     .unwrap();
             }
-            // (the table is leaked: nothing but the thread's end adds the counts)
+            // (the table is leaked: no handle's drop touches the counts)
             std::mem::forget(table);
+            0
+        }
+        // `--role threads PATH`: a thread takes 3 keys and parks; the main thread takes 2,
+        // says "ready", waits for stdin to close, and returns from `main` (the parked
+        // thread still there).
+        Some("threads") => {
+            let table = LockTable::open(&args[1], 64).unwrap();
+            let t = table.clone();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for i in 0..3 {
+                    drop(
+                        t.lock(format!("thread:{i}"), LockOptions::default())
+                            .unwrap(),
+                    );
+                }
+                tx.send(()).unwrap();
+                loop {
+                    std::thread::park();
+                }
+            });
+            rx.recv().unwrap();
+            for i in 0..2 {
+                drop(
+                    table
+                        .lock(format!("main:{i}"), LockOptions::default())
+                        .unwrap(),
+                );
+            }
+            println!("ready");
+            let _ = std::io::Read::read(&mut std::io::stdin(), &mut [0u8; 1]);
             0
         }
         _ => common::harness::no_roles(args),
@@ -101,6 +153,159 @@ fn acquisitions_of_many_processes_are_all_counted() {
     let s = LockTable::open(&path, 256).unwrap().stats();
     assert_eq!(s.acquisitions, 20_000, "{s:?}");
     assert_eq!((s.contended, s.timeouts, s.wait.count), (0, 0, 0), "{s:?}");
+}
+
+/// A process counts 5 acquisitions and 5 dict misses, then forks: a child that exits
+/// (through `exit`, running its thread-local destructors) leaves the counts at 5, one
+/// that takes a key more makes them 6 (before, the child's copy of its parent's pending
+/// counts went to the file again: 10 and 11).
+fn a_forked_child_never_counts_its_parents_counts_again() {
+    let path = TempPath::new("stats-fork");
+    let dict_path = TempPath::new("stats-fork-dict");
+    let table = LockTable::open(&path, 64).unwrap();
+    let dict = SharedDict::open(&dict_path, 16, 8).unwrap();
+    for i in 0..5 {
+        drop(table.lock(format!("k{i}"), LockOptions::default()).unwrap());
+        assert!(dict.get(format!("k{i}")).unwrap().is_none());
+    }
+    let quiet = fork(|| std::process::exit(0));
+    assert_eq!(quiet.wait(Duration::from_secs(10)), 0);
+    assert_eq!(table.stats().acquisitions, 5);
+    assert_eq!(dict.stats().misses, 5);
+    let busy = fork(|| {
+        drop(table.lock("child", LockOptions::default()).unwrap());
+        let _ = dict.get("child").unwrap();
+        std::process::exit(0)
+    });
+    assert_eq!(busy.wait(Duration::from_secs(10)), 0);
+    assert_eq!(table.stats().acquisitions, 6);
+    assert_eq!(dict.stats().misses, 6);
+}
+
+/// An unrelated process whose one thread took 3 keys and idles, and whose main thread
+/// took 2: all 5 are in the file while it idles, and stay when it returns from `main`
+/// with the idle thread still there (before: 0 while idle, 2 after).
+fn counts_of_idle_threads_and_of_threads_running_at_exit_are_in_the_file() {
+    let path = TempPath::new("stats-threads");
+    drop(LockTable::open(&path, 64).unwrap());
+    let mut role = Command::new(std::env::current_exe().unwrap())
+        .args(["--role", "threads"])
+        .arg(&path.0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(role.stdout.take().unwrap()),
+        &mut ready,
+    )
+    .unwrap();
+    assert_eq!(ready, "ready\n");
+    let table = LockTable::open(&path, 64).unwrap();
+    assert_eq!(table.stats().acquisitions, 5, "while its threads idle");
+    drop(role.stdin.take());
+    assert!(role.wait().unwrap().success());
+    assert_eq!(table.stats().acquisitions, 5, "after it exited");
+}
+
+/// A thread counts on a table and idles; the handle is dropped and the table opened again:
+/// its counts are there (before: gone for good with the mapping).
+fn a_handle_dropped_while_another_thread_counted_loses_nothing() {
+    let path = TempPath::new("stats-reopen");
+    let child = fork(|| {
+        let table = LockTable::open(&path, 64).unwrap();
+        let t = table.clone();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let worker = std::thread::spawn(move || {
+            for i in 0..3 {
+                drop(t.lock(format!("w{i}"), LockOptions::default()).unwrap());
+            }
+            drop(t);
+            done_tx.send(()).unwrap();
+            let _ = rx.recv(); // idles until told
+        });
+        done_rx.recv().unwrap();
+        drop(table);
+        let n = LockTable::open(&path, 64).unwrap().stats().acquisitions;
+        drop(tx);
+        worker.join().unwrap();
+        if n == 3 {
+            0
+        } else {
+            eprintln!("acquisitions {n}, want 3");
+            1
+        }
+    });
+    assert_eq!(child.wait(Duration::from_secs(20)), 0);
+}
+
+/// 300 threads take a key each and stay: more than the file's 256 thread cells; those
+/// without a cell count in their process's cell, and every one is counted.
+fn more_threads_than_cells_are_all_counted() {
+    let path = TempPath::new("stats-cells");
+    let child = fork(|| {
+        let table = LockTable::open(&path, 512).unwrap();
+        let (stay_tx, stay_rx) = std::sync::mpsc::channel::<()>();
+        let stay = std::sync::Arc::new(std::sync::Mutex::new(stay_rx));
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let threads: Vec<_> = (0..300)
+            .map(|i| {
+                let (t, stay, done) = (table.clone(), stay.clone(), done_tx.clone());
+                std::thread::spawn(move || {
+                    drop(t.lock(format!("t{i}"), LockOptions::default()).unwrap());
+                    done.send(()).unwrap();
+                    let _ = stay.lock().unwrap().recv(); // all stay until told
+                })
+            })
+            .collect();
+        for _ in 0..300 {
+            done_rx.recv().unwrap();
+        }
+        let n = table.stats().acquisitions;
+        drop(stay_tx);
+        for t in threads {
+            t.join().unwrap();
+        }
+        let after = table.stats().acquisitions;
+        if (n, after) == (300, 300) {
+            0
+        } else {
+            eprintln!("acquisitions {n}, then {after}; want 300");
+            1
+        }
+    });
+    assert_eq!(child.wait(Duration::from_secs(60)), 0);
+}
+
+/// A file whose counters are all ones (garbage, or a counter at its end): `stats()` and
+/// `shmlock stats` in each format answer (they sum with wrapping and saturating adds; in
+/// this debug build, an overflowing add would panic), and the table still works.
+fn garbage_in_the_counters_is_read_without_a_panic() {
+    let path = TempPath::new("stats-garbage");
+    drop(LockTable::open(&path, 16).unwrap());
+    let len = std::fs::metadata(&path).unwrap().len();
+    let stats_len = 16 * 512 + 256 * 64;
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.seek(SeekFrom::Start(len - stats_len)).unwrap();
+        f.write_all(&vec![0xff; stats_len as usize]).unwrap();
+    }
+    let table = LockTable::open(&path, 16).unwrap();
+    let _ = table.stats();
+    drop(table.lock("k", LockOptions::default()).unwrap());
+    for format in [&[][..], &["--json"], &["--prometheus"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_shmlock"))
+            .arg("--file")
+            .arg(&path.0)
+            .arg("stats")
+            .args(format)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{format:?}: {out:?}");
+    }
 }
 
 /// An unrelated process takes 777 keys and returns from `main` without dropping its

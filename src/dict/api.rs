@@ -444,9 +444,7 @@ impl SharedDict {
 
     /// What every process did with this dict since its file was made (reads that hit and
     /// missed, stores, evictions), and what it holds now (see
-    /// [`DictStats`](crate::stats::DictStats)). Looks at every entry for the bytes in use. Another
-    /// process's reads of its last 100 ms may not be counted yet (a thread counts its reads
-    /// itself, and adds them to the file every 100 ms it goes on, and when it ends).
+    /// [`DictStats`](crate::stats::DictStats)). Looks at every entry for the bytes in use.
     ///
     /// ```
     /// # let path = std::env::temp_dir().join(format!("shmlock-doc-dstats-{}", std::process::id()));
@@ -463,8 +461,6 @@ impl SharedDict {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn stats(&self) -> crate::stats::DictStats {
-        let att = &self.inner.att;
-        counters::flush(att.map_id());
         let t = self.counters().totals();
         let evictions = self.evictions();
         let g = &self.inner.geometry;
@@ -488,10 +484,10 @@ impl SharedDict {
 
     /// Counts a read, in the thread first (reads are the fast path: see `counters`).
     #[inline]
-    fn count_read(&self, hit: bool, now: u64) {
+    fn count_read(&self, hit: bool) {
         let att = &self.inner.att;
         let event = if hit { Fast::Hit } else { Fast::Miss };
-        counters::count(att.map_id(), &att.map, event, now);
+        counters::count(att.map_id(), &att.map, event);
     }
 
     /// How many times a writer took the writer lock over from a writer that died or
@@ -539,7 +535,7 @@ impl SharedDict {
             }
             _ => None,
         };
-        self.count_read(found.is_some(), now);
+        self.count_read(found.is_some());
         Ok(found)
     }
 
@@ -553,7 +549,7 @@ impl SharedDict {
             let stale = c.deadline <= now;
             (item(c), stale)
         });
-        self.count_read(found.is_some(), now);
+        self.count_read(found.is_some());
         Ok(found)
     }
 

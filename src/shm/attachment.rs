@@ -322,8 +322,8 @@ impl Attachment {
 
 impl Drop for Attachment {
     fn drop(&mut self) {
-        // this thread's counts not yet in the file go there before the mapping does
-        crate::shm::counters::flush(self.map_id);
+        // this thread's counting cell in the file is free for another thread
+        crate::shm::counters::leave(self.map_id);
         let reg = self.reg.get_mut().unwrap_or_else(|p| p.into_inner()).take();
         if let Some((owner, anchor, epoch)) = reg {
             if epoch == fork_epoch() {

@@ -1,25 +1,31 @@
 //! The counters kept in a table or dict file, which any process can read (`shmlock stats`).
 //!
-//! The file ends with [`STATS_CELLS`] cells of 64 words; a process adds to the cell of its
-//! pid, with `fetch_add`, and a reader sums the cells. Events of the slow paths (a wait, a
-//! timeout, a takeover, a full table, a dict write) are added as they happen. The events of
-//! the fast paths are too frequent for a locked add each (one costs 5 ns here, a sixth of an
-//! uncontended lock+unlock): an acquisition, a dict hit or miss is counted in the thread's
-//! own memory and added to the file at its first event once [`FLUSH_AFTER`] of the table
-//! clock has passed since the last time, when it turns to another table, when this process
-//! reads the counters or drops its handle, and when the thread exits; so the file trails a
-//! running thread by less than that. A hold's length needs a clock read at its release
-//! (11 ns here), so one hold in [`HOLD_SAMPLE`] is timed: the hold histogram is a sample.
+//! The file ends with [`STATS_CELLS`] process cells of 64 words, then [`THREAD_CELLS`]
+//! thread cells of one cache line each. Events of the slow paths (a wait, a timeout, a
+//! takeover, a full table, a dict write) are added to the cell of the process's pid, with
+//! `fetch_add`, as they happen. The events of the fast paths are too frequent for a locked
+//! add each (one costs 5 ns here, a sixth of an uncontended lock+unlock): an acquisition, a
+//! dict hit or miss is counted in a thread cell that the thread claimed for itself (a CAS
+//! of its owner word, once per thread and file), with a plain load and store, since no one
+//! else writes it. A reader sums every cell; the counts are in the file the moment they
+//! are made, whatever the thread does next (idles, exits, is killed with its process).
 //!
-//! A Redis handle keeps one such cell in its own memory (`RedisLocks::stats`: what this
+//! A thread gives its cell back when it ends, turns to another file, or drops the handle
+//! it counted through; the next owner goes on from the counts there, so nothing is ever
+//! moved or lost. A cell whose thread died without giving it back (its process killed)
+//! keeps its counts and stays claimed; when no cell is free, a thread counts with
+//! `fetch_add` in its process cell. A forked child never writes its parent's cell: the
+//! fork handler forgets the cell in the child, and a cell is given back only by the
+//! process (pid) that claimed it.
+//!
+//! A Redis handle keeps one process cell in its own memory (`RedisLocks::stats`: what this
 //! process's handle did).
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
-use crate::shm::format::STATS_CELLS;
+use crate::shm::format::{STATS_CELLS, THREAD_CELLS};
 use crate::shm::mapping::Mapping;
 
 /// Words of a cell.
@@ -48,12 +54,6 @@ pub(crate) const WAIT_BUCKETS: usize = 16;
 pub(crate) const HOLD_BUCKETS: usize = WAIT_BUCKETS + BUCKETS;
 const _: () = assert!(HOLD_BUCKETS + BUCKETS <= CELL_WORDS);
 
-/// A thread adds its fast-path counts to the file once this much of the table clock has
-/// passed since it last did.
-pub(crate) const FLUSH_AFTER: Duration = Duration::from_millis(100);
-/// One hold in this many is timed.
-pub(crate) const HOLD_SAMPLE: u32 = 16;
-
 /// The bucket of a duration.
 pub(crate) fn bucket(d_ns: u64) -> usize {
     let us = d_ns / 1000;
@@ -67,14 +67,14 @@ pub(crate) fn bucket(d_ns: u64) -> usize {
 pub(crate) struct Cells<'a>(pub &'a [AtomicU64]);
 
 impl<'a> Cells<'a> {
-    /// The counters of a mapped file.
+    /// The counters of a mapped file (its process cells and thread cells).
     pub(crate) fn of(map: &'a Mapping) -> Cells<'a> {
         Cells(map.stats())
     }
 
     /// The cell this process adds to.
     fn mine(self) -> &'a [AtomicU64] {
-        let cells = self.0.len() / CELL_WORDS;
+        let cells = (self.0.len() / CELL_WORDS).min(STATS_CELLS);
         let i = if cells > 1 {
             crate::shm::process::current_pid() as usize % cells
         } else {
@@ -96,21 +96,30 @@ impl<'a> Cells<'a> {
         cell[sum].fetch_add(d_ns, Ordering::Relaxed);
     }
 
-    /// Every cell summed.
+    /// Every cell summed (a file's thread cells too).
     pub(crate) fn totals(self) -> [u64; CELL_WORDS] {
         let mut t = [0u64; CELL_WORDS];
-        for cell in self.0.chunks_exact(CELL_WORDS) {
+        let (process, thread) = self.0.split_at(self.0.len().min(STATS_CELLS * CELL_WORDS));
+        for cell in process.chunks_exact(CELL_WORDS) {
             for (sum, w) in t.iter_mut().zip(cell) {
                 *sum = sum.wrapping_add(w.load(Ordering::Relaxed));
+            }
+        }
+        for cell in thread.chunks_exact(THREAD_CELL_WORDS) {
+            for (i, &word) in FAST_WORDS.iter().enumerate() {
+                t[word] = t[word].wrapping_add(cell[1 + i].load(Ordering::Relaxed));
             }
         }
         t
     }
 }
 
-const _: () = assert!(STATS_CELLS * CELL_WORDS * 8 == crate::shm::format::STATS_SIZE as usize);
+const _: () = assert!(
+    (STATS_CELLS * CELL_WORDS + THREAD_CELLS * THREAD_CELL_WORDS) * 8
+        == crate::shm::format::STATS_SIZE as usize
+);
 
-/// Fast-path events counted in the thread first.
+/// Fast-path events, counted in the thread's own cell.
 #[derive(Clone, Copy)]
 pub(crate) enum Fast {
     Acquired = 0,
@@ -119,92 +128,145 @@ pub(crate) enum Fast {
 }
 
 const FAST_WORDS: [usize; 3] = [ACQUISITIONS, HITS, MISSES];
+/// Words of a thread cell: its owner (0: free; else pid << 32 | the thread's id), then one
+/// counter per [`Fast`] event.
+pub(crate) const THREAD_CELL_WORDS: usize = 8;
 
-/// A thread's counts not yet in the file, for one mapping at a time. No destructor, so that
-/// reaching it is a plain thread-local access (see [`Exit`] for the thread's end).
-struct Pending {
-    /// The mapping they are for (its `id`; 0: none).
+/// The thread cells of a file's counters (after the process cells).
+fn thread_cells(map: &Mapping) -> &[AtomicU64] {
+    &map.stats()[STATS_CELLS * CELL_WORDS..]
+}
+
+/// The cell this thread counts in, for one file at a time.
+struct Mine {
+    /// The mapping it is in (its `id`; 0: none).
     id: Cell<u64>,
-    counts: [Cell<u32>; 3],
-    /// The table clock (ns) by which they go to the file.
-    due: Cell<u64>,
+    /// Its first word in that mapping; null: no cell was free (count in the process cell).
+    cell: Cell<*const AtomicU64>,
 }
 
 thread_local! {
-    static PENDING: Pending = const {
-        Pending {
+    // No destructor, so that reaching it is a plain thread-local access (see `Exit`).
+    static MINE: Mine = const {
+        Mine {
             id: Cell::new(0),
-            counts: [Cell::new(0), Cell::new(0), Cell::new(0)],
-            due: Cell::new(0),
+            cell: Cell::new(std::ptr::null()),
         }
     };
-    /// The mapping the pending counts are for, kept weakly: they are dropped with it.
+    /// The mapping the cell is in, kept weakly: it is given back only while mapped.
     static MAP: RefCell<Weak<Mapping>> = const { RefCell::new(Weak::new()) };
-    /// Adds the pending counts to the file when the thread ends (or the process, from its
-    /// main thread): set up by the thread's first count.
+    /// Gives the cell back when the thread ends: set up by the thread's first count.
     static EXIT: Exit = const { Exit };
+    /// This thread's number in the owner word.
+    static THREAD: Cell<u32> = const { Cell::new(0) };
 }
 
 struct Exit;
 
 impl Drop for Exit {
     fn drop(&mut self) {
-        let _ = PENDING.try_with(flush_pending);
+        let _ = MINE.try_with(give_back);
     }
 }
 
-/// Adds the pending counts to their mapping's file (if it is still mapped) and clears them.
-fn flush_pending(p: &Pending) {
-    let map = MAP.try_with(|m| m.borrow().upgrade()).ok().flatten();
-    for (c, &word) in p.counts.iter().zip(&FAST_WORDS) {
-        let n = c.replace(0);
-        if let Some(m) = &map {
-            Cells::of(m).add(word, u64::from(n));
-        }
+/// What this thread writes in the owner word of a cell it claims.
+fn owner() -> u64 {
+    static THREADS: AtomicU64 = AtomicU64::new(1);
+    let thread = THREAD
+        .try_with(|t| {
+            if t.get() == 0 {
+                t.set(THREADS.fetch_add(1, Ordering::Relaxed) as u32 | 1);
+            }
+            t.get()
+        })
+        .unwrap_or(1);
+    u64::from(crate::shm::process::current_pid()) << 32 | u64::from(thread)
+}
+
+/// Gives this thread's cell back (if its mapping is still mapped and the cell is still
+/// this process's: a forked child's copy of its parent's is not), and forgets it.
+fn give_back(m: &Mine) {
+    let cell = m.cell.replace(std::ptr::null());
+    m.id.set(0);
+    if cell.is_null() {
+        return;
+    }
+    let Some(map) = MAP.try_with(|w| w.borrow().upgrade()).ok().flatten() else {
+        return;
+    };
+    let cells = thread_cells(&map);
+    let me = owner();
+    // SAFETY: none needed; `cell` is compared as an address only, against the cells of
+    // the mapping it was taken from (kept mapped by `map`).
+    if let Some(word) = cells
+        .chunks_exact(THREAD_CELL_WORDS)
+        .map(|c| &c[0])
+        .find(|w| std::ptr::eq(*w, cell))
+    {
+        // Release: the next owner sees every count made in it.
+        let _ = word.compare_exchange(me, 0, Ordering::Release, Ordering::Relaxed);
     }
 }
 
-/// Counts a fast-path event of the mapping `map` (numbered `id`) at table clock `now`.
-/// Returns whether this is an acquisition whose hold is to be timed (one in
-/// [`HOLD_SAMPLE`]).
+/// Counts a fast-path event of the mapping `map` (numbered `id`).
 #[inline(always)]
-pub(crate) fn count(id: u64, map: &Arc<Mapping>, event: Fast, now: u64) -> bool {
-    PENDING.with(|p| {
-        if p.id.get() != id {
-            switch(p, id, map, now);
+pub(crate) fn count(id: u64, map: &Arc<Mapping>, event: Fast) {
+    let counted = MINE.try_with(|m| {
+        if m.id.get() != id {
+            switch(m, id, map);
         }
-        let c = &p.counts[event as usize];
-        let n = c.get().wrapping_add(1);
-        c.set(n);
-        if now >= p.due.get() {
-            flush_due(p, now);
+        let cell = m.cell.get();
+        if cell.is_null() {
+            return false;
         }
-        n % HOLD_SAMPLE == 0
-    })
+        // SAFETY: `cell` is the first word of a thread cell of the mapping numbered `id`
+        // (ids are never reused), which the caller's `map` keeps mapped; the cell has
+        // THREAD_CELL_WORDS words, and this thread owns it: no one else writes them.
+        let w = unsafe { &*cell.add(1 + event as usize) };
+        w.store(w.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        true
+    });
+    if counted != Ok(true) {
+        Cells::of(map).add(FAST_WORDS[event as usize], 1);
+    }
 }
 
+/// Turns this thread to the file of `map`: gives back its cell of the last one, claims
+/// one in this one.
 #[cold]
-fn switch(p: &Pending, id: u64, map: &Arc<Mapping>, now: u64) {
-    flush_pending(p);
-    p.id.set(id);
-    let _ = MAP.try_with(|m| *m.borrow_mut() = Arc::downgrade(map));
-    let _ = EXIT.try_with(|_| {}); // its destructor flushes at the thread's end
-    p.due.set(now.saturating_add(FLUSH_AFTER.as_nanos() as u64));
+fn switch(m: &Mine, id: u64, map: &Arc<Mapping>) {
+    give_back(m);
+    let me = owner();
+    let claimed = thread_cells(map)
+        .chunks_exact(THREAD_CELL_WORDS)
+        .map(|c| &c[0])
+        .find(|w| {
+            w.load(Ordering::Relaxed) == 0
+                && w.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+        });
+    m.cell
+        .set(claimed.map_or(std::ptr::null(), |w| w as *const AtomicU64));
+    m.id.set(id);
+    let _ = MAP.try_with(|w| *w.borrow_mut() = Arc::downgrade(map));
+    let _ = EXIT.try_with(|_| {}); // its destructor gives the cell back at the thread's end
 }
 
-#[cold]
-fn flush_due(p: &Pending, now: u64) {
-    flush_pending(p);
-    p.due.set(now.saturating_add(FLUSH_AFTER.as_nanos() as u64));
-}
-
-/// Adds this thread's pending counts of the mapping `id` to its file now (before this
-/// process reads the counters, or lets go of the mapping).
-pub(crate) fn flush(id: u64) {
-    let _ = PENDING.try_with(|p| {
-        if p.id.get() == id {
-            flush_pending(p);
+/// Gives back this thread's cell of the mapping `id` (its handle is being dropped).
+pub(crate) fn leave(id: u64) {
+    let _ = MINE.try_with(|m| {
+        if m.id.get() == id {
+            give_back(m);
         }
+    });
+}
+
+/// In a forked child (the fork handler, in the thread that forked): the cell is the
+/// parent's; this thread claims its own at its next count. Only `Cell` stores.
+pub(crate) fn forget_in_child() {
+    let _ = MINE.try_with(|m| {
+        m.id.set(0);
+        m.cell.set(std::ptr::null());
     });
 }
 

@@ -60,10 +60,14 @@ pub(crate) const DICT_SLOT_HEAD: usize = 64;
 /// Upper bound on a dict's value length (1 MiB) and on its whole body (64 GiB).
 pub(crate) const MAX_VALUE_LEN: u32 = 1 << 20;
 pub(crate) const MAX_DICT_BODY: u64 = 1 << 36;
-/// Bytes of the counters at the end of the file: [`STATS_CELLS`] cells of 512 bytes.
-pub(crate) const STATS_SIZE: u64 = STATS_CELLS as u64 * 512;
+/// Bytes of the counters at the end of the file: [`STATS_CELLS`] process cells of 512
+/// bytes, then [`THREAD_CELLS`] thread cells of 64 (see `counters.rs`).
+pub(crate) const STATS_SIZE: u64 = STATS_CELLS as u64 * 512 + THREAD_CELLS as u64 * 64;
 /// Cells of counters: each process adds to one, a reader sums them.
 pub(crate) const STATS_CELLS: usize = 16;
+/// Thread cells in the counters: threads counting in one file at once with a cell each
+/// (those beyond add to their process cell).
+pub(crate) const THREAD_CELLS: usize = 256;
 /// Bytes of one owner-registry entry.
 pub(crate) const REGISTRY_ENTRY: u64 = 32;
 /// The most registry entries a file can have: entry numbers are 16 bits, and the last

@@ -408,13 +408,10 @@ impl LockTable {
 
     /// What every process did with this table's keys since its file was made: keys taken
     /// and contended, timeouts, takeovers, how long contended waits took and how long the
-    /// holds that made others wait were held (see [`LockStats`](crate::stats::LockStats)). Read
-    /// from the file: another process's counts of its last 100 ms may not be in it yet
-    /// (a thread counts its uncontended acquisitions itself, and adds them to the file
-    /// every 100 ms it goes on, and when it ends).
+    /// holds that made others wait were held (see [`LockStats`](crate::stats::LockStats)), read
+    /// from the file, where every process counts as it goes.
     pub fn stats(&self) -> crate::stats::LockStats {
         let att = self.att();
-        counters::flush(att.map_id());
         crate::stats::LockStats::from_totals(&Cells::of(&att.map).totals())
     }
 
@@ -583,7 +580,7 @@ impl LockTable {
     ) -> Result<Result<ShmHold, ShmBusy>, Error> {
         match a {
             Ok(Attempt::Acquired(held)) => {
-                self.count_acquired(&held);
+                self.count_acquired();
                 Ok(Ok(ShmHold {
                     held,
                     token: Cell::new(0),
@@ -602,9 +599,9 @@ impl LockTable {
 
     /// Counts an acquisition (in the thread, then in the file: see `counters`).
     #[inline(always)]
-    fn count_acquired(&self, held: &Held) {
+    fn count_acquired(&self) {
         let att = self.att();
-        counters::count(att.map_id(), &att.map, Fast::Acquired, held.acquired_at);
+        counters::count(att.map_id(), &att.map, Fast::Acquired);
     }
 
     /// A hold found lost (at a release or renewal): counted, and [`Error::Expired`].
@@ -698,7 +695,7 @@ impl Backend for LockTable {
         let req = self.request(key, exptime_ns)?;
         match self.inner.table.try_acquire_fast(&req) {
             Some(held) => {
-                self.count_acquired(&held);
+                self.count_acquired();
                 Ok(Ok(ShmHold {
                     held,
                     token: Cell::new(0),

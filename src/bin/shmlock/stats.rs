@@ -95,9 +95,9 @@ fn quantile(h: &Histogram, q: f64) -> String {
         return "-".into();
     }
     let want = (h.count as f64 * q).ceil().max(1.0) as u64;
-    let mut seen = 0;
+    let mut seen: u64 = 0;
     for &(bound, n) in &h.buckets {
-        seen += n;
+        seen = seen.saturating_add(n);
         if seen >= want {
             return match bound {
                 Some(b) => format!("<{b:?}"),
@@ -278,9 +278,9 @@ fn metric(out: &mut String, name: &str, kind: &str, help: &str, file: &str, valu
 fn histogram(out: &mut String, name: &str, help: &str, file: &str, h: &Histogram) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} histogram");
-    let mut cumulative = 0;
+    let mut cumulative: u64 = 0;
     for &(bound, n) in &h.buckets {
-        cumulative += n;
+        cumulative = cumulative.saturating_add(n);
         let le = match bound {
             Some(b) => format!("{}", b.as_secs_f64()),
             None => "+Inf".into(),
