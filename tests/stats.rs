@@ -50,6 +50,10 @@ const TESTS: &[Test] = &[
         more_threads_than_cells_are_all_counted,
     ),
     Test::new(
+        "threads_that_end_give_their_cells_back",
+        threads_that_end_give_their_cells_back,
+    ),
+    Test::new(
         "garbage_in_the_counters_is_read_without_a_panic",
         garbage_in_the_counters_is_read_without_a_panic,
     ),
@@ -277,6 +281,50 @@ fn more_threads_than_cells_are_all_counted() {
         }
     });
     assert_eq!(child.wait(Duration::from_secs(60)), 0);
+}
+
+/// The thread cells claimed in a table file (owner words not zero), read from the file.
+fn cells_claimed(path: &TempPath) -> usize {
+    let file = std::fs::read(path).unwrap();
+    let thread_cells = &file[file.len() - 256 * 64..];
+    thread_cells
+        .chunks_exact(64)
+        .filter(|c| c[..8] != [0; 8])
+        .count()
+}
+
+/// 600 threads, one after the other, each take a key and end: all counted, and each gave
+/// its cell back (none is left claimed, so threads never run out of them).
+fn threads_that_end_give_their_cells_back() {
+    let path = TempPath::new("stats-give-back");
+    let child = fork(|| {
+        let table = LockTable::open(&path, 64).unwrap();
+        for i in 0..600 {
+            let t = table.clone();
+            std::thread::spawn(move || {
+                drop(
+                    t.lock(format!("t{}", i % 8), LockOptions::default())
+                        .unwrap(),
+                );
+            })
+            .join()
+            .unwrap();
+        }
+        let (n, claimed) = (table.stats().acquisitions, cells_claimed(&path));
+        if (n, claimed) == (600, 0) {
+            0
+        } else {
+            eprintln!("acquisitions {n}, cells claimed {claimed}; want 600, 0");
+            1
+        }
+    });
+    assert_eq!(child.wait(Duration::from_secs(60)), 0);
+    // a thread still counting holds its cell; dropping its handle gives it back
+    let table = LockTable::open(&path, 64).unwrap();
+    drop(table.lock("main", LockOptions::default()).unwrap());
+    assert_eq!(cells_claimed(&path), 1);
+    drop(table);
+    assert_eq!(cells_claimed(&path), 0);
 }
 
 /// A file whose counters are all ones (garbage, or a counter at its end): `stats()` and

@@ -153,19 +153,22 @@ thread_local! {
             cell: Cell::new(std::ptr::null()),
         }
     };
-    /// The mapping the cell is in, kept weakly: it is given back only while mapped.
-    static MAP: RefCell<Weak<Mapping>> = const { RefCell::new(Weak::new()) };
-    /// Gives the cell back when the thread ends: set up by the thread's first count.
-    static EXIT: Exit = const { Exit };
+    /// The mapping the cell is in, kept weakly (it is given back only while mapped), in
+    /// the one thread-local whose destructor gives the cell back when the thread ends
+    /// (so that the mapping is known then, whatever order the destructors run in).
+    static EXIT: Exit = const { Exit { map: RefCell::new(Weak::new()) } };
     /// This thread's number in the owner word.
     static THREAD: Cell<u32> = const { Cell::new(0) };
 }
 
-struct Exit;
+struct Exit {
+    map: RefCell<Weak<Mapping>>,
+}
 
 impl Drop for Exit {
     fn drop(&mut self) {
-        let _ = MINE.try_with(give_back);
+        let map = self.map.borrow().upgrade();
+        let _ = MINE.try_with(|m| give_back_in(m, map.as_deref()));
     }
 }
 
@@ -186,15 +189,18 @@ fn owner() -> u64 {
 /// Gives this thread's cell back (if its mapping is still mapped and the cell is still
 /// this process's: a forked child's copy of its parent's is not), and forgets it.
 fn give_back(m: &Mine) {
+    let map = EXIT.try_with(|e| e.map.borrow().upgrade()).ok().flatten();
+    give_back_in(m, map.as_deref());
+}
+
+/// [`give_back`], the mapping looked up (`None`: no longer mapped).
+fn give_back_in(m: &Mine, map: Option<&Mapping>) {
     let cell = m.cell.replace(std::ptr::null());
     m.id.set(0);
-    if cell.is_null() {
-        return;
-    }
-    let Some(map) = MAP.try_with(|w| w.borrow().upgrade()).ok().flatten() else {
+    let (false, Some(map)) = (cell.is_null(), map) else {
         return;
     };
-    let cells = thread_cells(&map);
+    let cells = thread_cells(map);
     let me = owner();
     // SAFETY: none needed; `cell` is compared as an address only, against the cells of
     // the mapping it was taken from (kept mapped by `map`).
@@ -248,8 +254,8 @@ fn switch(m: &Mine, id: u64, map: &Arc<Mapping>) {
     m.cell
         .set(claimed.map_or(std::ptr::null(), |w| w as *const AtomicU64));
     m.id.set(id);
-    let _ = MAP.try_with(|w| *w.borrow_mut() = Arc::downgrade(map));
-    let _ = EXIT.try_with(|_| {}); // its destructor gives the cell back at the thread's end
+    // (its destructor gives the cell back at the thread's end)
+    let _ = EXIT.try_with(|e| *e.map.borrow_mut() = Arc::downgrade(map));
 }
 
 /// Gives back this thread's cell of the mapping `id` (its handle is being dropped).
