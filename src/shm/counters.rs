@@ -241,6 +241,7 @@ pub(crate) fn count(id: u64, map: &Arc<Mapping>, event: Fast) {
 /// one in this one.
 #[cold]
 fn switch(m: &Mine, id: u64, map: &Arc<Mapping>) {
+    forget_in_children();
     give_back(m);
     let me = owner();
     let claimed = thread_cells(map)
@@ -267,12 +268,24 @@ pub(crate) fn leave(id: u64) {
     });
 }
 
-/// In a forked child (the fork handler, in the thread that forked): the cell is the
-/// parent's; this thread claims its own at its next count. Only `Cell` stores.
-pub(crate) fn forget_in_child() {
+/// In a forked child (a fork handler, in the thread that forked, the child's only one):
+/// the cell is the parent's; this thread claims its own at its next count. Only `Cell`
+/// stores.
+extern "C" fn forget_in_child() {
     let _ = MINE.try_with(|m| {
         m.id.set(0);
         m.cell.set(std::ptr::null());
+    });
+}
+
+/// Installs [`forget_in_child`] as a fork handler, once per process (before its first
+/// cell is claimed).
+fn forget_in_children() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: the handler only stores to this thread's thread-locals.
+        let rc = unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) };
+        debug_assert_eq!(rc, 0, "pthread_atfork failed");
     });
 }
 

@@ -65,9 +65,6 @@ extern "C" fn in_forked_child() {
     cell().token.store(0, Ordering::Relaxed);
     cell().pid.store(0, Ordering::Relaxed);
     cell().setting_up.store(0, Ordering::Relaxed);
-    // The counting cell this thread had in a file is its parent's.
-    #[cfg(not(loom))]
-    crate::shm::counters::forget_in_child();
 }
 
 /// One `fork` under way, in the upper half of `setting_up` (anchors being set up count in
