@@ -58,6 +58,9 @@ pub enum Error {
     },
     /// [`SharedDict::incr`](crate::SharedDict::incr) on a value that is not a number.
     NotANumber,
+    /// [`SharedDict::incr`](crate::SharedDict::incr) with an `i64` on a float value (add
+    /// an `f64`).
+    NotAnInteger,
     /// A `safe_` store found no free slot for the key and evicts nothing.
     NoMemory,
     /// This [`Lock`](crate::Lock) already holds a key.
@@ -384,6 +387,9 @@ impl fmt::Display for Error {
             Error::Exists { key } => write!(f, "key {key} exists: it has a live value"),
             Error::NotFound { key } => write!(f, "key {key} not found: it has no live value"),
             Error::NotANumber => f.write_str("not a number"),
+            Error::NotAnInteger => {
+                f.write_str("not an integer: the value is a float (add an f64 to it)")
+            }
             Error::NoMemory => f.write_str("no memory: no free slot for the key"),
             Error::Locked => f.write_str("locked: this lock already holds a key"),
             Error::Timeout {

@@ -70,7 +70,9 @@ mod shm;
 mod stats;
 
 #[cfg(not(loom))]
-pub use dict::{DictOptions, Fetched, Item, Put, SharedDict, Source, Stored, Value, ValueRef};
+pub use dict::{
+    DictOptions, Fetched, Item, Number, Put, SharedDict, Source, Stored, Value, ValueRef,
+};
 pub use error::{Error, FormatError, HolderSeen, KeyPreview};
 pub use limits::{MAX_CAPACITY, MAX_KEY_LEN};
 #[cfg(all(feature = "tokio", not(loom)))]

@@ -519,3 +519,70 @@ fn entries_left_mid_write_in_a_damaged_file_read_as_absent_not_a_panic() {
     assert_eq!(bytes(&d, "k"), Some(b"again".to_vec()));
     assert_eq!(d.len(), 1);
 }
+
+#[test]
+fn floats_and_booleans_are_values_and_floats_add_up() {
+    let (_p, d) = dict("float-bool", 64, 16);
+    d.set("x", 1.625, NEVER).unwrap();
+    d.set("yes", true, NEVER).unwrap();
+    d.set("no", false, NEVER).unwrap();
+    assert_eq!(d.get("x").unwrap().unwrap().value, Value::Float(1.625));
+    assert_eq!(d.get("yes").unwrap().unwrap().value, Value::Bool(true));
+    assert_eq!(d.get("no").unwrap().unwrap().value.as_bool(), Some(false));
+    // flags and get_stale as for any value
+    d.put(Put::Set, "flagged", -0.0, NEVER, 7).unwrap();
+    let item = d.get_stale("flagged").unwrap().unwrap().0;
+    assert_eq!((item.value, item.flags), (Value::Float(-0.0), 7));
+    assert_ne!(
+        Value::Float(-0.0),
+        Value::Float(0.0),
+        "floats compare by their bits"
+    );
+    assert_eq!(Value::Float(f64::NAN), Value::Float(f64::NAN));
+    d.set("nan", f64::NAN, NEVER).unwrap();
+    assert!(d
+        .get("nan")
+        .unwrap()
+        .unwrap()
+        .value
+        .as_f64()
+        .unwrap()
+        .is_nan());
+    // incr: an f64 makes a float, from an integer too; an i64 on a float changes nothing
+    assert_eq!(d.incr("n", 10, Some(0), NEVER).unwrap(), 10);
+    assert_eq!(d.incr("n", 0.5, None, NEVER).unwrap(), 10.5);
+    assert_eq!(d.get("n").unwrap().unwrap().value, Value::Float(10.5));
+    assert!(matches!(
+        d.incr("n", 1, None, NEVER),
+        Err(Error::NotAnInteger)
+    ));
+    assert_eq!(d.get("n").unwrap().unwrap().value, Value::Float(10.5));
+    assert_eq!(d.incr("n", -0.25, None, NEVER).unwrap(), 10.25);
+    assert_eq!(d.incr("f", 1.5, Some(0.25), NEVER).unwrap(), 1.75);
+    assert_eq!(d.incr("x", 0.0, None, NEVER).unwrap(), 1.625);
+    // booleans and bytes are not numbers
+    assert!(matches!(
+        d.incr("yes", 1.0, None, NEVER),
+        Err(Error::NotANumber)
+    ));
+    d.set("s", "1", NEVER).unwrap();
+    assert!(matches!(
+        d.incr("s", 1.0, Some(0.0), NEVER),
+        Err(Error::NotANumber)
+    ));
+    // add, replace, safe_set take them as any value
+    assert!(matches!(
+        d.add("yes", false, NEVER),
+        Err(Error::Exists { .. })
+    ));
+    d.replace("yes", 2.5, NEVER).unwrap();
+    assert_eq!(d.get("yes").unwrap().unwrap().value.as_f64(), Some(2.5));
+    // a float needs 8 bytes of value, a boolean one
+    let (_p2, tiny) = dict("float-bool-tiny", 8, 4);
+    assert!(matches!(
+        tiny.set("f", 1.0, NEVER),
+        Err(Error::ValueTooLong { len: 8, max: 4, .. })
+    ));
+    tiny.set("b", true, NEVER).unwrap();
+    assert_eq!(tiny.get("b").unwrap().unwrap().value, Value::Bool(true));
+}

@@ -1,7 +1,9 @@
 //! lua-nginx-module's `t/043-shdict.t` (ngx.shared.DICT), ported to `SharedDict`: one
 //! test per upstream case that has a meaning for our API, named `t043_NNN_...` after the
 //! upstream "=== TEST NNN". Each asserts what upstream's `--- response_body` expects,
-//! translated: a Lua number value is `Value::Int`, ngx's "exists" / "not found" /
+//! translated: a Lua number value stored as an integer is `Value::Int` and one with a
+//! fraction `Value::Float` (what an `f64` increment makes of an integer too), a Lua boolean
+//! is `Value::Bool`, ngx's "exists" / "not found" /
 //! "not a number" / "no memory" errors are `Error::Exists` / `NotFound` / `NotANumber` /
 //! `NoMemory`, `forcible` is `Stored { forcible }`, a missing flags value is 0, and an
 //! exptime in seconds is a short `Duration` with a sleep well past it.
@@ -14,14 +16,10 @@
 //! `max_value_len`).
 //!
 //! Stand-ins: a Lua number key is its decimal string (Lua converts it so: cases 4, 71,
-//! 82); where a boolean value or a float increment is incidental to what a case checks, a
-//! byte value or an integer increment stands in (41: "not a number"; 77: flags through
-//! `get_stale`).
+//! 82).
 //!
 //! Upstream cases not ported, by reason:
 //!
-//! * Float values or increments (no floats): 2, 39, 40.
-//! * Boolean values (no booleans): 3, 75, 76.
 //! * A nil value (`set(k, nil)` deletes, `add(k, nil)` is refused; a `ValueRef` is never
 //!   nil, and deleting is `delete`, ported in 17 and 18): 19, 20, 84.
 //! * A nil key (ruled out by the key's type): 61, 65, 69, 78.
@@ -76,6 +74,10 @@ fn int(n: i64) -> Option<Value> {
     Some(Value::Int(n))
 }
 
+fn float(x: f64) -> Option<Value> {
+    Some(Value::Float(x))
+}
+
 /// Upstream's values of cases 9, 10, 58 and 59: `string.rep(" hello", 10) .. i`.
 fn hello(i: usize) -> String {
     format!("{}{i}", " hello".repeat(10))
@@ -88,6 +90,26 @@ fn t043_001_string_key_int_value() {
     dogs.set("bah", 10502i64, NEVER).unwrap();
     assert_eq!(value(&dogs, "foo"), int(32));
     assert_eq!(value(&dogs, "bah"), int(10502));
+}
+
+#[test]
+#[allow(clippy::approx_constant)] // upstream's literal 3.14159, not an approximation of π
+fn t043_002_string_key_floating_point_value() {
+    let (_p, cats) = dict("t043-002", 64, 32);
+    cats.set("foo", 3.14159, NEVER).unwrap();
+    cats.set("baz", 1.28, NEVER).unwrap();
+    cats.set("baz", 3.96, NEVER).unwrap();
+    assert_eq!(value(&cats, "foo"), float(3.14159));
+    assert_eq!(value(&cats, "baz"), float(3.96));
+}
+
+#[test]
+fn t043_003_string_key_boolean_value() {
+    let (_p, cats) = dict("t043-003", 64, 32);
+    cats.set("foo", true, NEVER).unwrap();
+    cats.set("bar", false, NEVER).unwrap();
+    assert_eq!(value(&cats, "foo"), Some(Value::Bool(true)));
+    assert_eq!(value(&cats, "bar"), Some(Value::Bool(false)));
 }
 
 #[test]
@@ -403,16 +425,31 @@ fn t043_038_incr_key_incr_by_0() {
 }
 
 #[test]
+fn t043_039_incr_key_incr_by_floating_point_number() {
+    let (_p, dogs) = dict("t043-039", 64, 32);
+    dogs.set("foo", 32i64, NEVER).unwrap();
+    // 32 + 0.14 in doubles is the double 32.14, printed so by Lua.
+    assert_eq!(dogs.incr("foo", 0.14, None, NEVER).unwrap(), 32.14);
+    assert_eq!(value(&dogs, "foo"), float(32.14));
+}
+
+#[test]
+fn t043_040_incr_key_incr_by_negative_numbers() {
+    let (_p, dogs) = dict("t043-040", 64, 32);
+    dogs.set("foo", 32i64, NEVER).unwrap();
+    assert_eq!(dogs.incr("foo", -0.14, None, NEVER).unwrap(), 31.86);
+    assert_eq!(value(&dogs, "foo"), float(31.86));
+}
+
+#[test]
 fn t043_041_incr_key_original_value_is_not_number() {
-    // Upstream's value is `true` and its increment -0.14: a byte value and an integer
-    // stand in (the error comes before any arithmetic).
     let (_p, dogs) = dict("t043-041", 64, 32);
-    dogs.set("foo", "true", NEVER).unwrap();
+    dogs.set("foo", true, NEVER).unwrap();
     assert!(matches!(
-        dogs.incr("foo", -1, None, NEVER),
+        dogs.incr("foo", -0.14, None, NEVER),
         Err(Error::NotANumber)
     ));
-    assert_eq!(value(&dogs, "foo"), b("true"));
+    assert_eq!(value(&dogs, "foo"), Some(Value::Bool(true)));
 }
 
 #[test]
@@ -701,14 +738,29 @@ fn t043_074_set_and_get_stale_large_values() {
 }
 
 #[test]
+fn t043_075_set_and_get_stale_boolean_values_true() {
+    let (_p, dogs) = dict("t043-075", 64, 32);
+    assert_eq!(dogs.set("foo", true, NEVER).unwrap(), NOT_FORCIBLE);
+    let (item, stale) = dogs.get_stale("foo").unwrap().unwrap();
+    assert_eq!((item.value, stale), (Value::Bool(true), false));
+}
+
+#[test]
+fn t043_076_set_and_get_stale_boolean_values_false() {
+    let (_p, dogs) = dict("t043-076", 64, 32);
+    assert_eq!(dogs.set("foo", false, NEVER).unwrap(), NOT_FORCIBLE);
+    let (item, stale) = dogs.get_stale("foo").unwrap().unwrap();
+    assert_eq!((item.value, stale), (Value::Bool(false), false));
+}
+
+#[test]
 fn t043_077_set_and_get_stale_with_a_flag() {
-    // Upstream's value is `false`: a byte value stands in.
     let (_p, dogs) = dict("t043-077", 64, 32);
-    dogs.put(Put::Set, "foo", "false", NEVER, 325).unwrap();
+    dogs.put(Put::Set, "foo", false, NEVER, 325).unwrap();
     let (item, stale) = dogs.get_stale("foo").unwrap().unwrap();
     assert_eq!(
-        (Some(item.value), item.flags, stale),
-        (b("false"), 325, false)
+        (item.value, item.flags, stale),
+        (Value::Bool(false), 325, false)
     );
 }
 

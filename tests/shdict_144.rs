@@ -2,13 +2,14 @@
 //! value), ported to `SharedDict`: one test per upstream case that has a meaning for our
 //! API, named `t144_NNN_...` after the upstream "=== TEST NNN". Each asserts what
 //! upstream's `--- response_body` expects, translated: a Lua number value is `Value::Int`,
-//! "not a number" is `Error::NotANumber`, an exptime in seconds is a short `Duration` with
-//! a sleep well past it. `incr` returns the sum alone: ngx's third return value,
-//! `forcible` (a live entry was evicted), is read as a change of `evictions()`.
+//! a Lua boolean `Value::Bool`, "not a number" is `Error::NotANumber`, an exptime in
+//! seconds is a short `Duration` with a sleep well past it. `incr` returns the sum alone:
+//! ngx's third return value, `forcible` (a live entry was evicted), is read as a change of
+//! `evictions()`.
 //!
 //! Translations: upstream fills a 1 MiB zone with 1000-byte keys until a store evicts; a
 //! `SharedDict` counts its room in entries, so case 5 uses a dict of 8 entries made for
-//! such keys. In case 7 upstream's non-number value is `true`: a byte value stands in.
+//! such keys.
 //!
 //! Upstream cases not ported, by reason:
 //!
@@ -125,10 +126,10 @@ fn t144_006_incr_key_without_init_no_forcible_returned() {
 #[test]
 fn t144_007_incr_key_original_value_is_not_number() {
     let (_p, dogs) = dict("t144-007", 64, 32);
-    dogs.set("foo", "true", NEVER).unwrap();
+    dogs.set("foo", true, NEVER).unwrap();
     assert!(matches!(
         dogs.incr("foo", 1, Some(0), NEVER),
         Err(Error::NotANumber)
     ));
-    assert_eq!(value(&dogs, "foo"), Some(Value::Bytes(b"true".to_vec())));
+    assert_eq!(value(&dogs, "foo"), Some(Value::Bool(true)));
 }

@@ -1,22 +1,14 @@
 //! lua-resty-core's `t/shdict.t` (openresty/lua-resty-core), ported to `SharedDict`: each
 //! test is named after the upstream case, `resty_core_shdict_NNN_...`, and asserts what the
-//! case's `--- response_body` expects, in our terms (a number reads back as `Value::Int`,
-//! ngx's flags `nil` is our flags `0`, ngx's `forcible` is `Stored { forcible }`, or the
+//! case's `--- response_body` expects, in our terms (an integer stored reads back as
+//! `Value::Int`, a double stored, or made by an `f64` increment, as `Value::Float`, a
+//! boolean as `Value::Bool`; a double's printed form is `lua_number` of it; ngx's flags
+//! `nil` is our flags `0`, ngx's `forcible` is `Stored { forcible }`, or the
 //! `evictions()` counter where the operation (`incr`) returns no `Stored`). Upstream's loops
 //! (run so that LuaJIT compiles them) are kept as loops; the trace checks are not ported.
 //!
 //! Upstream cases not ported, by reason:
 //!
-//! Boolean values (none in `Value`):
-//!   3  get a boolean value (true)
-//!   4  get a boolean value (false)
-//!   13 set a boolean value (true)
-//!   14 set a boolean value (false)
-//! Float values (none in `Value`; incr adds an i64):
-//!   6  get a number value (double)
-//!   11 incr double
-//!   16 set a number value (double)
-//!   18 safe set a number value (what it reads back is the double 3.1415926)
 //! nil or negative arguments, which the Rust types rule out:
 //!   17 set a number value and a nil (set(k, nil) as a delete: no nil value; see 22)
 //!   23 set nil key
@@ -42,8 +34,7 @@
 //! holds 63 of upstream's `keyNNNNN`/`valNNNNN` pairs (case 36 fills it with 63, case 37's
 //! 64th set may be forcible), so `cats()` has 63 entries; at most 64 entries, a key's window
 //! is the whole table, so the 64th set is forcible for certain. Exptimes of 0.01 and 0.02 s
-//! are `SHORT`, waited out with `PAST_SHORT`. Case 22 stores an integer where upstream
-//! stores 3.1415926: only the absence after the delete is read back.
+//! are `SHORT`, waited out with `PAST_SHORT`.
 
 mod common;
 
@@ -96,6 +87,31 @@ fn text(s: &str) -> Value {
     Value::Bytes(s.as_bytes().to_vec())
 }
 
+/// Upstream's double 3.1415926 (its literal, not an approximation of π).
+#[allow(clippy::approx_constant)]
+const UPSTREAM_DOUBLE: f64 = 3.1415926;
+
+/// A number as Lua's `tostring` (and so `ngx.say`) prints it: C's `"%.14g"`.
+fn lua_number(x: f64) -> String {
+    const DIGITS: i32 = 14;
+    let sci = format!("{x:.*e}", (DIGITS - 1) as usize);
+    let (mantissa, exp) = sci.split_once('e').unwrap();
+    let exp: i32 = exp.parse().unwrap();
+    let trim = |s: &str| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    if (-4..DIGITS).contains(&exp) {
+        trim(&format!("{x:.*}", (DIGITS - 1 - exp) as usize))
+    } else {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{}e{sign}{:02}", trim(mantissa), exp.abs())
+    }
+}
+
 /// Upstream's `string.format("key%05d", i)` and `("val%05d", i)`.
 fn pair(i: usize) -> (String, String) {
     (format!("key{i:05}"), format!("val{i:05}"))
@@ -139,6 +155,28 @@ fn resty_core_shdict_002_get_an_nonexistent_key() {
 }
 
 #[test]
+fn resty_core_shdict_003_get_a_boolean_value_true() {
+    let (_p, d) = dogs("rc3");
+    d.put(Put::Set, "foo", true, NEVER, 5678).unwrap();
+    let mut got = None;
+    for _ in 0..100 {
+        got = d.get("foo").unwrap();
+    }
+    assert_eq!(got, Some(item(Value::Bool(true), 5678)));
+}
+
+#[test]
+fn resty_core_shdict_004_get_a_boolean_value_false() {
+    let (_p, d) = dogs("rc4");
+    d.put(Put::Set, "foo", false, NEVER, 777).unwrap();
+    let mut got = None;
+    for _ in 0..100 {
+        got = d.get("foo").unwrap();
+    }
+    assert_eq!(got, Some(item(Value::Bool(false), 777)));
+}
+
+#[test]
 fn resty_core_shdict_005_get_a_number_value_int() {
     let (_p, d) = dogs("rc5");
     d.set("foo", 51203i64, NEVER).unwrap();
@@ -148,6 +186,21 @@ fn resty_core_shdict_005_get_a_number_value_int() {
     }
     // ngx's flags nil: none given
     assert_eq!(got, Some(item(Value::Int(51203), 0)));
+}
+
+#[test]
+fn resty_core_shdict_006_get_a_number_value_double() {
+    let (_p, d) = dogs("rc6");
+    d.put(Put::Set, "foo", UPSTREAM_DOUBLE, NEVER, 78).unwrap();
+    let mut got = None;
+    for _ in 0..100 {
+        got = d.get("foo").unwrap();
+    }
+    assert_eq!(got, Some(item(Value::Float(UPSTREAM_DOUBLE), 78)));
+    assert_eq!(
+        lua_number(got.unwrap().value.as_f64().unwrap()),
+        "3.1415926"
+    );
 }
 
 #[test]
@@ -202,6 +255,19 @@ fn resty_core_shdict_010_incr_int() {
 }
 
 #[test]
+fn resty_core_shdict_011_incr_double() {
+    let (_p, d) = dogs("rc11");
+    d.set("foo", 56i64, NEVER).unwrap();
+    let mut val = 0.0;
+    for _ in 0..100 {
+        val = d.incr("foo", 2.1, None, NEVER).unwrap();
+    }
+    // 56 plus 2.1 a hundred times, in doubles (265.9999999999996), which Lua prints as 266
+    assert_eq!(lua_number(val), "266");
+    assert_eq!(d.get("foo").unwrap().unwrap().value, Value::Float(val));
+}
+
+#[test]
 fn resty_core_shdict_012_set_a_string_value() {
     let (_p, d) = dogs("rc12");
     for _ in 0..100 {
@@ -211,12 +277,54 @@ fn resty_core_shdict_012_set_a_string_value() {
 }
 
 #[test]
+fn resty_core_shdict_013_set_a_boolean_value_true() {
+    let (_p, d) = dogs("rc13");
+    for _ in 0..100 {
+        d.put(Put::Set, "foo", true, NEVER, 5678).unwrap();
+    }
+    assert_eq!(d.get("foo").unwrap(), Some(item(Value::Bool(true), 5678)));
+}
+
+#[test]
+fn resty_core_shdict_014_set_a_boolean_value_false() {
+    let (_p, d) = dogs("rc14");
+    for _ in 0..100 {
+        d.put(Put::Set, "foo", false, NEVER, 777).unwrap();
+    }
+    assert_eq!(d.get("foo").unwrap(), Some(item(Value::Bool(false), 777)));
+}
+
+#[test]
 fn resty_core_shdict_015_set_a_number_value_int() {
     let (_p, d) = dogs("rc15");
     for _ in 0..100 {
         d.set("foo", 51203i64, NEVER).unwrap();
     }
     assert_eq!(d.get("foo").unwrap(), Some(item(Value::Int(51203), 0)));
+}
+
+#[test]
+fn resty_core_shdict_016_set_a_number_value_double() {
+    let (_p, d) = dogs("rc16");
+    for _ in 0..100 {
+        d.put(Put::Set, "foo", UPSTREAM_DOUBLE, NEVER, 78).unwrap();
+    }
+    let got = d.get("foo").unwrap().unwrap();
+    assert_eq!(got, item(Value::Float(UPSTREAM_DOUBLE), 78));
+    assert_eq!(lua_number(got.value.as_f64().unwrap()), "3.1415926");
+}
+
+#[test]
+fn resty_core_shdict_018_safe_set_a_number_value() {
+    let (_p, d) = dogs("rc18");
+    for _ in 0..100 {
+        d.put(Put::SafeSet, "foo", UPSTREAM_DOUBLE, NEVER, 78)
+            .unwrap();
+    }
+    assert_eq!(
+        d.get("foo").unwrap(),
+        Some(item(Value::Float(UPSTREAM_DOUBLE), 78))
+    );
 }
 
 #[test]
@@ -265,7 +373,7 @@ fn resty_core_shdict_021_replace_a_string_value() {
 fn resty_core_shdict_022_set_a_number_value_and_delete() {
     let (_p, d) = dogs("rc22");
     for _ in 0..150 {
-        d.put(Put::Set, "foo", 31415926i64, NEVER, 78).unwrap();
+        d.put(Put::Set, "foo", UPSTREAM_DOUBLE, NEVER, 78).unwrap();
         assert!(d.delete("foo").unwrap());
     }
     assert_eq!(d.get("foo").unwrap(), None);

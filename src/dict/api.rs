@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::entry::{Aborted, Copied, Entry, Geometry, Kind, Look, PackedKey};
+use super::value::{Num, Number, Value, ValueRef};
 use super::writer::{WriterEnv, WriterLock, Writing};
 use crate::error::{Error, KeyPreview};
 use crate::shm::attachment::Attachment;
@@ -83,89 +84,6 @@ impl<T> Outcome<T> {
 impl From<Aborted> for Error {
     fn from(_: Aborted) -> Error {
         Error::Stalled
-    }
-}
-
-/// A value in the dict: bytes, or a number (what [`SharedDict::incr`] makes and adds to).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Value {
-    /// Any bytes.
-    Bytes(Vec<u8>),
-    /// A signed 64-bit number.
-    Int(i64),
-}
-
-impl Value {
-    /// The bytes, if this is a byte value.
-    pub fn as_bytes(&self) -> Option<&[u8]> {
-        match self {
-            Value::Bytes(b) => Some(b),
-            Value::Int(_) => None,
-        }
-    }
-
-    /// The bytes, taken out; a number comes back as the error.
-    pub fn into_bytes(self) -> Result<Vec<u8>, Value> {
-        match self {
-            Value::Bytes(b) => Ok(b),
-            other => Err(other),
-        }
-    }
-
-    /// The number, if this is a number.
-    pub fn as_int(&self) -> Option<i64> {
-        match self {
-            Value::Int(n) => Some(*n),
-            Value::Bytes(_) => None,
-        }
-    }
-}
-
-/// A value to store: bytes (`&[u8]`, `&str`, `&Vec<u8>`, ...) or a number (`i64`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ValueRef<'a> {
-    /// Bytes.
-    Bytes(&'a [u8]),
-    /// A number.
-    Int(i64),
-}
-
-impl<'a> From<&'a [u8]> for ValueRef<'a> {
-    fn from(b: &'a [u8]) -> Self {
-        ValueRef::Bytes(b)
-    }
-}
-impl<'a, const N: usize> From<&'a [u8; N]> for ValueRef<'a> {
-    fn from(b: &'a [u8; N]) -> Self {
-        ValueRef::Bytes(b)
-    }
-}
-impl<'a> From<&'a Vec<u8>> for ValueRef<'a> {
-    fn from(b: &'a Vec<u8>) -> Self {
-        ValueRef::Bytes(b)
-    }
-}
-impl<'a> From<&'a str> for ValueRef<'a> {
-    fn from(s: &'a str) -> Self {
-        ValueRef::Bytes(s.as_bytes())
-    }
-}
-impl<'a> From<&'a String> for ValueRef<'a> {
-    fn from(s: &'a String) -> Self {
-        ValueRef::Bytes(s.as_bytes())
-    }
-}
-impl From<i64> for ValueRef<'_> {
-    fn from(n: i64) -> Self {
-        ValueRef::Int(n)
-    }
-}
-impl<'a> From<&'a Value> for ValueRef<'a> {
-    fn from(v: &'a Value) -> Self {
-        match v {
-            Value::Bytes(b) => ValueRef::Bytes(b),
-            Value::Int(n) => ValueRef::Int(*n),
-        }
     }
 }
 
@@ -703,16 +621,35 @@ impl SharedDict {
     /// Adds `by` to the number under `key` and returns the sum, keeping the value's time to
     /// live. With no live value: [`Error::NotFound`] if `init` is `None`, else stores
     /// `init + by` for `init_ttl` (zero: never expires), evicting if need be.
-    /// [`Error::NotANumber`] if the value is bytes. Wraps on overflow. An `init_ttl` without
-    /// an `init` is [`Error::InvalidOptions`], as ngx refuses it: it would apply to
-    /// nothing.
-    pub fn incr(
+    /// [`Error::NotANumber`] if the value is not a number. An `init_ttl` without an `init`
+    /// is [`Error::InvalidOptions`], as ngx refuses it: it would apply to nothing.
+    ///
+    /// `by` is an `i64` or an `f64` ([`Number`]). Integers add up to an integer, wrapping
+    /// on overflow; an `f64` increment makes the value a float, as in ngx (whose numbers
+    /// are all doubles); an `i64` increment of a float value is [`Error::NotAnInteger`]
+    /// (nothing changes: add an `f64`).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("shmlock-doc-incr-{}", std::process::id()));
+    /// # let _ = std::fs::remove_file(&path);
+    /// use shmlock::{SharedDict, Value};
+    /// use std::time::Duration;
+    ///
+    /// let dict = SharedDict::open(&path, 64, 16)?;
+    /// assert_eq!(dict.incr("hits", 1, Some(0), Duration::ZERO)?, 1);
+    /// assert_eq!(dict.incr("hits", 0.5, None, Duration::ZERO)?, 1.5);
+    /// assert_eq!(dict.get("hits")?.unwrap().value, Value::Float(1.5));
+    /// assert!(dict.incr("hits", 1, None, Duration::ZERO).is_err()); // a float now
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn incr<N: Number>(
         &self,
         key: impl AsRef<[u8]>,
-        by: i64,
-        init: Option<i64>,
+        by: N,
+        init: Option<N>,
         init_ttl: Duration,
-    ) -> Result<i64, Error> {
+    ) -> Result<N, Error> {
         let key = key.as_ref();
         let k = self.pack(key)?;
         if init.is_none() && !init_ttl.is_zero() {
@@ -731,11 +668,10 @@ impl SharedDict {
             let existing = self.lookup_locked(w, &k, true);
             let (i, sum, until, flags) = match existing {
                 Some((i, c)) if c.deadline > now => {
-                    if c.kind != Kind::Int {
-                        return Err(Error::NotANumber);
-                    }
-                    let n = i64::from_le_bytes(c.value[..8].try_into().expect("8-byte number"));
-                    (i, n.wrapping_add(by), c.deadline, c.flags)
+                    let flags = c.flags;
+                    let stored = Num::of(&Value::decode(c.kind, c.value));
+                    let n = stored.ok_or(Error::NotANumber)?;
+                    (i, n.add(by.num()), c.deadline, flags)
                 }
                 existing => {
                     let init = init.ok_or_else(|| Error::NotFound {
@@ -745,18 +681,21 @@ impl SharedDict {
                         Some((i, _)) => i,
                         None => self.place(w, &k, now, true)?.0,
                     };
-                    (i, init.wrapping_add(by), deadline(now, ttl_ns(init_ttl)), 0)
+                    let sum = init.num().add(by.num());
+                    (i, sum, deadline(now, ttl_ns(init_ttl)), 0)
                 }
             };
-            let bytes = sum.to_le_bytes();
+            let result = N::of_sum(sum).ok_or(Error::NotAnInteger)?;
+            let mut buf = [0u8; 8];
+            let (kind, bytes) = sum.value_ref().encode(&mut buf);
             let stored = self
                 .entry(i)
-                .store(&w.0, &k, Kind::Int, &bytes, flags, until, now);
+                .store(&w.0, &k, kind, bytes, flags, until, now);
             let written = self.write(stored)?;
             if matches!(written, Outcome::Done(())) {
                 self.counters().add(counters::SETS, 1);
             }
-            Ok(written.map(|()| sum))
+            Ok(written.map(|()| result))
         })
     }
 
@@ -862,13 +801,7 @@ impl SharedDict {
         value: ValueRef<'v>,
         buf: &'v mut [u8; 8],
     ) -> Result<(Kind, &'v [u8]), Error> {
-        let (kind, bytes): (Kind, &[u8]) = match value {
-            ValueRef::Bytes(b) => (Kind::Bytes, b),
-            ValueRef::Int(n) => {
-                *buf = n.to_le_bytes();
-                (Kind::Int, buf)
-            }
-        };
+        let (kind, bytes) = value.encode(buf);
         if bytes.len() > self.max_value_len() {
             return Err(Error::ValueTooLong {
                 len: bytes.len(),
@@ -1153,15 +1086,8 @@ fn ttl_ns(ttl: Duration) -> u64 {
 }
 
 fn item(c: Copied) -> Item {
-    let value = match c.kind {
-        Kind::Int if c.value.len() >= 8 => Value::Int(i64::from_le_bytes(
-            c.value[..8].try_into().expect("8 bytes"),
-        )),
-        Kind::Int => Value::Int(0),
-        Kind::Bytes => Value::Bytes(c.value),
-    };
     Item {
-        value,
+        value: Value::decode(c.kind, c.value),
         flags: c.flags,
     }
 }

@@ -6,7 +6,8 @@
 //! ```text
 //! word  field
 //!    0  seq       state (2 bits) · count (38 bits) · owner of a write in progress (24 bits)
-//!    1  meta      bit 0 used · bits 1-2 kind · bits 8-23 key length · bits 32-63 value length
+//!    1  meta      bit 0 used · bits 1-2 kind (bytes, i64, f64, bool) · bits 8-23 key length ·
+//!                 bits 32-63 value length
 //!    2  hash      seeded xxh3-64 of the key (a cheap filter; keys are compared in full)
 //!    3  deadline  table clock, ns; u64::MAX never expires
 //!    4  flags     the user's 32 flag bits
@@ -96,8 +97,12 @@ pub(crate) enum Aborted {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
     Bytes = 0,
-    /// An `i64`, little-endian, 8 bytes: what `incr` works on.
+    /// An `i64`, little-endian, 8 bytes.
     Int = 1,
+    /// An `f64`'s bits, little-endian, 8 bytes.
+    Float = 2,
+    /// One byte, 0 or 1.
+    Bool = 3,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,10 +118,11 @@ impl Meta {
         self.0 & 1 == 1
     }
     fn kind(self) -> Kind {
-        if (self.0 >> 1) & 3 == 1 {
-            Kind::Int
-        } else {
-            Kind::Bytes
+        match (self.0 >> 1) & 3 {
+            0 => Kind::Bytes,
+            1 => Kind::Int,
+            2 => Kind::Float,
+            _ => Kind::Bool,
         }
     }
     fn key_len(self) -> usize {

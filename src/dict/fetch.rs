@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use super::api::{SharedDict, Value};
+use super::api::SharedDict;
+use super::value::Value;
 use crate::error::Error;
 use crate::lock;
 use crate::lock::backend::Backend;

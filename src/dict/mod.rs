@@ -14,12 +14,16 @@ pub(crate) mod entry;
 mod fetch;
 #[cfg(all(test, loom))]
 mod loom_tests;
+#[cfg(not(loom))]
+mod value;
 mod writer;
 
 #[cfg(not(loom))]
 pub use api::*;
 #[cfg(not(loom))]
 pub use fetch::{Fetched, Source};
+#[cfg(not(loom))]
+pub use value::{Number, Value, ValueRef};
 
 #[cfg(not(loom))]
 mod api;

@@ -1,0 +1,272 @@
+//! The values a dict stores: bytes, `i64` numbers, `f64` numbers and booleans (ngx's
+//! strings, numbers and booleans), how each is laid out in an entry, and the numbers
+//! `incr` adds.
+
+use super::entry::Kind;
+
+/// A value in the dict: bytes, a number (an `i64`, what an integer [`incr`] makes; an
+/// `f64`, what a float one makes), or a boolean.
+///
+/// Two values are equal when they are the same stored value: floats compare by their
+/// bits (a NaN equals itself; `0.0` and `-0.0` differ), so that `Value` is `Eq`.
+///
+/// [`incr`]: crate::SharedDict::incr
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum Value {
+    /// Any bytes.
+    Bytes(Vec<u8>),
+    /// A signed 64-bit integer.
+    Int(i64),
+    /// A 64-bit float (ngx's numbers are these).
+    Float(f64),
+    /// A boolean.
+    Bool(bool),
+}
+
+impl PartialEq for Value {
+    fn eq(&self, other: &Value) -> bool {
+        ValueRef::from(self) == ValueRef::from(other)
+    }
+}
+
+impl Eq for Value {}
+
+impl Value {
+    /// The bytes, if this is a byte value.
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        match self {
+            Value::Bytes(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// The bytes, taken out; any other value comes back as the error.
+    pub fn into_bytes(self) -> Result<Vec<u8>, Value> {
+        match self {
+            Value::Bytes(b) => Ok(b),
+            other => Err(other),
+        }
+    }
+
+    /// The integer, if this is one.
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            Value::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// The number as an `f64`, if this is a number (an integer converted, as ngx has
+    /// only doubles).
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Value::Int(n) => Some(*n as f64),
+            Value::Float(x) => Some(*x),
+            _ => None,
+        }
+    }
+
+    /// The boolean, if this is one.
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            Value::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+
+    /// The value of an entry's kind and bytes (as [`ValueRef::encode`] laid them out).
+    pub(crate) fn decode(kind: Kind, bytes: Vec<u8>) -> Value {
+        let word = || {
+            let mut w = [0u8; 8];
+            let n = bytes.len().min(8);
+            w[..n].copy_from_slice(&bytes[..n]);
+            w
+        };
+        match kind {
+            Kind::Bytes => Value::Bytes(bytes),
+            Kind::Int => Value::Int(i64::from_le_bytes(word())),
+            Kind::Float => Value::Float(f64::from_bits(u64::from_le_bytes(word()))),
+            Kind::Bool => Value::Bool(bytes.first().is_some_and(|&b| b != 0)),
+        }
+    }
+}
+
+/// A value to store: bytes (`&[u8]`, `&str`, `&Vec<u8>`, ...), a number (`i64`, `f64`)
+/// or a boolean. Equal as [`Value`]s are (floats by their bits).
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub enum ValueRef<'a> {
+    /// Bytes.
+    Bytes(&'a [u8]),
+    /// An integer.
+    Int(i64),
+    /// A float.
+    Float(f64),
+    /// A boolean.
+    Bool(bool),
+}
+
+impl PartialEq for ValueRef<'_> {
+    fn eq(&self, other: &ValueRef<'_>) -> bool {
+        match (self, other) {
+            (ValueRef::Bytes(a), ValueRef::Bytes(b)) => a == b,
+            (ValueRef::Int(a), ValueRef::Int(b)) => a == b,
+            (ValueRef::Float(a), ValueRef::Float(b)) => a.to_bits() == b.to_bits(),
+            (ValueRef::Bool(a), ValueRef::Bool(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for ValueRef<'_> {}
+
+impl<'a> ValueRef<'a> {
+    /// The kind and bytes an entry stores: a number's 8 little-endian bytes, a boolean's
+    /// one (0 or 1), put in `buf`, so nothing allocates.
+    pub(crate) fn encode(self, buf: &'a mut [u8; 8]) -> (Kind, &'a [u8]) {
+        match self {
+            ValueRef::Bytes(b) => (Kind::Bytes, b),
+            ValueRef::Int(n) => {
+                *buf = n.to_le_bytes();
+                (Kind::Int, &buf[..])
+            }
+            ValueRef::Float(x) => {
+                *buf = x.to_bits().to_le_bytes();
+                (Kind::Float, &buf[..])
+            }
+            ValueRef::Bool(b) => {
+                buf[0] = u8::from(b);
+                (Kind::Bool, &buf[..1])
+            }
+        }
+    }
+}
+
+impl<'a> From<&'a [u8]> for ValueRef<'a> {
+    fn from(b: &'a [u8]) -> Self {
+        ValueRef::Bytes(b)
+    }
+}
+impl<'a, const N: usize> From<&'a [u8; N]> for ValueRef<'a> {
+    fn from(b: &'a [u8; N]) -> Self {
+        ValueRef::Bytes(b)
+    }
+}
+impl<'a> From<&'a Vec<u8>> for ValueRef<'a> {
+    fn from(b: &'a Vec<u8>) -> Self {
+        ValueRef::Bytes(b)
+    }
+}
+impl<'a> From<&'a str> for ValueRef<'a> {
+    fn from(s: &'a str) -> Self {
+        ValueRef::Bytes(s.as_bytes())
+    }
+}
+impl<'a> From<&'a String> for ValueRef<'a> {
+    fn from(s: &'a String) -> Self {
+        ValueRef::Bytes(s.as_bytes())
+    }
+}
+impl From<i64> for ValueRef<'_> {
+    fn from(n: i64) -> Self {
+        ValueRef::Int(n)
+    }
+}
+impl From<f64> for ValueRef<'_> {
+    fn from(x: f64) -> Self {
+        ValueRef::Float(x)
+    }
+}
+impl From<bool> for ValueRef<'_> {
+    fn from(b: bool) -> Self {
+        ValueRef::Bool(b)
+    }
+}
+impl<'a> From<&'a Value> for ValueRef<'a> {
+    fn from(v: &'a Value) -> Self {
+        match v {
+            Value::Bytes(b) => ValueRef::Bytes(b),
+            Value::Int(n) => ValueRef::Int(*n),
+            Value::Float(x) => ValueRef::Float(*x),
+            Value::Bool(b) => ValueRef::Bool(*b),
+        }
+    }
+}
+
+/// A number stored by `incr`: an integer or a float.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub enum Num {
+    Int(i64),
+    Float(f64),
+}
+
+impl Num {
+    /// `self + by`: integers wrap; a float on either side makes a float.
+    pub(crate) fn add(self, by: Num) -> Num {
+        match (self, by) {
+            (Num::Int(a), Num::Int(b)) => Num::Int(a.wrapping_add(b)),
+            (Num::Int(a), Num::Float(b)) => Num::Float(a as f64 + b),
+            (Num::Float(a), Num::Int(b)) => Num::Float(a + b as f64),
+            (Num::Float(a), Num::Float(b)) => Num::Float(a + b),
+        }
+    }
+
+    /// The number a value holds, if it is one.
+    pub(crate) fn of(value: &Value) -> Option<Num> {
+        match value {
+            Value::Int(n) => Some(Num::Int(*n)),
+            Value::Float(x) => Some(Num::Float(*x)),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn value_ref(self) -> ValueRef<'static> {
+        match self {
+            Num::Int(n) => ValueRef::Int(n),
+            Num::Float(x) => ValueRef::Float(x),
+        }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for i64 {}
+    impl Sealed for f64 {}
+}
+
+/// What [`SharedDict::incr`](crate::SharedDict::incr) adds: an `i64` (the sum of two
+/// integers is an integer, wrapping on overflow) or an `f64` (ngx's numbers: the sum is a
+/// float, whatever the stored number was). Sealed: these two only.
+pub trait Number: Copy + sealed::Sealed {
+    #[doc(hidden)]
+    fn num(self) -> Num;
+    /// The sum as this type; `None` for an `i64` increment of a float value.
+    #[doc(hidden)]
+    fn of_sum(sum: Num) -> Option<Self>;
+}
+
+impl Number for i64 {
+    fn num(self) -> Num {
+        Num::Int(self)
+    }
+    fn of_sum(sum: Num) -> Option<i64> {
+        match sum {
+            Num::Int(n) => Some(n),
+            Num::Float(_) => None,
+        }
+    }
+}
+
+impl Number for f64 {
+    fn num(self) -> Num {
+        Num::Float(self)
+    }
+    fn of_sum(sum: Num) -> Option<f64> {
+        match sum {
+            Num::Int(n) => Some(n as f64),
+            Num::Float(x) => Some(x),
+        }
+    }
+}
