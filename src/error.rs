@@ -61,6 +61,12 @@ pub enum Error {
     /// [`SharedDict::incr`](crate::SharedDict::incr) with an `i64` on a float value (add
     /// an `f64`).
     NotAnInteger,
+    /// A list operation ([`SharedDict::lpush`](crate::SharedDict::lpush), ...) on a value
+    /// that is not a list.
+    NotAList,
+    /// [`SharedDict::get`](crate::SharedDict::get) (or `get_stale`) of a list: read it
+    /// with the list operations.
+    IsAList,
     /// A `safe_` store found no free slot for the key and evicts nothing.
     NoMemory,
     /// This [`Lock`](crate::Lock) already holds a key.
@@ -387,6 +393,8 @@ impl fmt::Display for Error {
             Error::Exists { key } => write!(f, "key {key} exists: it has a live value"),
             Error::NotFound { key } => write!(f, "key {key} not found: it has no live value"),
             Error::NotANumber => f.write_str("not a number"),
+            Error::NotAList => f.write_str("value not a list"),
+            Error::IsAList => f.write_str("value is a list"),
             Error::NotAnInteger => {
                 f.write_str("not an integer: the value is a float (add an f64 to it)")
             }

@@ -586,3 +586,68 @@ fn floats_and_booleans_are_values_and_floats_add_up() {
     tiny.set("b", true, NEVER).unwrap();
     assert_eq!(tiny.get("b").unwrap().unwrap().value, Value::Bool(true));
 }
+
+#[test]
+fn lists_push_pop_and_keep_to_their_bounds() {
+    let (_p, d) = dict("lists", 64, 64);
+    assert_eq!(d.llen("q").unwrap(), 0);
+    assert_eq!(d.lpop("q").unwrap(), None);
+    assert_eq!(d.rpush("q", "b").unwrap(), 1);
+    assert_eq!(d.lpush("q", 1i64).unwrap(), 2);
+    assert_eq!(d.rpush("q", 2.5).unwrap(), 3);
+    assert_eq!(d.rpush("q", true).unwrap(), 4);
+    assert_eq!(d.llen("q").unwrap(), 4);
+    assert_eq!(d.lpop("q").unwrap(), Some(Value::Int(1)));
+    assert_eq!(d.rpop("q").unwrap(), Some(Value::Bool(true)));
+    assert_eq!(d.rpop("q").unwrap(), Some(Value::Float(2.5)));
+    // a list is not a value to get, and a value is not a list
+    assert!(matches!(d.get("q"), Err(Error::IsAList)));
+    assert!(matches!(d.get_stale("q"), Err(Error::IsAList)));
+    assert!(matches!(
+        d.incr("q", 1, None, NEVER),
+        Err(Error::NotANumber)
+    ));
+    d.set("v", "x", NEVER).unwrap();
+    assert!(matches!(d.lpush("v", "y"), Err(Error::NotAList)));
+    assert!(matches!(d.rpop("v"), Err(Error::NotAList)));
+    assert!(matches!(d.llen("v"), Err(Error::NotAList)));
+    assert_eq!(bytes(&d, "v").unwrap(), b"x");
+    assert!(d.keys(0).unwrap().contains(&b"q".to_vec()));
+    // the last pop deletes the list
+    assert_eq!(d.lpop("q").unwrap(), Some(Value::Bytes(b"b".to_vec())));
+    assert!(d.keys(0).unwrap().iter().all(|k| k != b"q"));
+    assert_eq!(d.len(), 1);
+    // bounded by max_value_len (5 bytes an element besides its value)
+    for n in 1..=6 {
+        assert_eq!(d.rpush("full", "12345").unwrap(), n);
+    }
+    assert!(matches!(d.rpush("full", "12345"), Err(Error::NoMemory)));
+    assert!(matches!(
+        d.rpush("big", vec![0u8; 60].as_slice()),
+        Err(Error::NoMemory)
+    ));
+    assert_eq!(d.llen("full").unwrap(), 6);
+    // expiry: a push onto an expired list starts a new one
+    d.expire("full", SHORT).unwrap();
+    sleep(PAST_SHORT);
+    assert_eq!(d.llen("full").unwrap(), 0);
+    assert_eq!(d.lpush("full", "again").unwrap(), 1);
+    assert_eq!(d.ttl("full").unwrap(), None, "a new list never expires");
+    // set over a list makes it a value
+    d.set("full", "plain", NEVER).unwrap();
+    assert_eq!(bytes(&d, "full").unwrap(), b"plain");
+    // as ngx's, a push never evicts a live value to make room for a new list
+    let (_p8, small) = dict("lists-small", 8, 16);
+    for i in 0..8 {
+        small.set(format!("k{i}"), "v", NEVER).unwrap();
+    }
+    assert!(matches!(small.lpush("new", "x"), Err(Error::NoMemory)));
+    assert_eq!((small.len(), small.evictions()), (8, 0));
+    small.expire("k3", SHORT).unwrap();
+    sleep(PAST_SHORT);
+    assert_eq!(
+        small.lpush("new", "x").unwrap(),
+        1,
+        "an expired entry makes room"
+    );
+}

@@ -30,6 +30,10 @@ const TESTS: &[(&str, TestFn)] = &[
         an_unrelated_process_reads_by_path,
     ),
     (
+        "a_list_is_a_queue_across_processes",
+        a_list_is_a_queue_across_processes,
+    ),
+    (
         "readers_never_see_a_torn_value_while_writers_are_killed",
         readers_never_see_a_torn_value_while_writers_are_killed,
     ),
@@ -53,6 +57,73 @@ fn in_child(f: impl FnOnce()) {
         0
     });
     assert_eq!(child.wait(LIMIT), 0, "the child failed");
+}
+
+/// 3 forked producers push 300 numbers each onto one list while 3 forked consumers pop
+/// from the other end: every number is taken exactly once, and each producer's numbers in
+/// the order it pushed them.
+fn a_list_is_a_queue_across_processes() {
+    let path = TempPath::new("dict-queue");
+    let d = SharedDict::open(&path, 64, 4096).unwrap();
+    let taken = Shared::new(3 * 300 + 3);
+    let producers: Vec<Child> = (0..3i64)
+        .map(|p| {
+            let d = &d;
+            fork(move || {
+                for i in 0..300 {
+                    // a full list says NoMemory: wait for the consumers
+                    while let Err(Error::NoMemory) = d.rpush("q", p * 1000 + i) {
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                }
+                0
+            })
+        })
+        .collect();
+    let consumers: Vec<Child> = (0..3)
+        .map(|c| {
+            let (d, taken) = (&d, &taken);
+            fork(move || {
+                let mut last = [-1i64; 3];
+                let deadline = Instant::now() + LIMIT;
+                while taken.word(900 + c).load(Ordering::SeqCst) == 0 {
+                    match d.lpop("q").unwrap() {
+                        Some(Value::Int(n)) => {
+                            let (p, i) = ((n / 1000) as usize, n % 1000);
+                            assert!(i > last[p], "producer {p}: {i} after {}", last[p]);
+                            last[p] = i;
+                            taken
+                                .word(p * 300 + i as usize)
+                                .fetch_add(1, Ordering::SeqCst);
+                        }
+                        Some(other) => panic!("{other:?}"),
+                        None => {
+                            assert!(Instant::now() < deadline, "hang guard");
+                            std::thread::sleep(Duration::from_micros(100));
+                        }
+                    }
+                }
+                0
+            })
+        })
+        .collect();
+    for p in producers {
+        assert_eq!(p.wait(LIMIT), 0);
+    }
+    let deadline = Instant::now() + LIMIT;
+    while d.llen("q").unwrap() > 0 {
+        assert!(Instant::now() < deadline, "the queue never emptied");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for c in 0..3 {
+        taken.word(900 + c).store(1, Ordering::SeqCst);
+    }
+    for c in consumers {
+        assert_eq!(c.wait(LIMIT), 0);
+    }
+    for i in 0..900 {
+        assert_eq!(taken.word(i).load(Ordering::SeqCst), 1, "number {i}");
+    }
 }
 
 fn bytes(d: &SharedDict, key: &str) -> Option<Vec<u8>> {

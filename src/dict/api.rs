@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use super::entry::{Aborted, Copied, Entry, Geometry, Kind, Look, PackedKey};
 use super::value::{Num, Number, Value, ValueRef};
+
+mod list;
 use super::writer::{WriterEnv, WriterLock, Writing};
 use crate::error::{Error, KeyPreview};
 use crate::shm::attachment::Attachment;
@@ -447,6 +449,7 @@ impl SharedDict {
         let k = self.pack(key.as_ref())?;
         let now = self.now();
         let found = match self.lookup(&k, true) {
+            Some((_, c)) if c.deadline > now && c.kind == Kind::List => return Err(Error::IsAList),
             Some((i, c)) if c.deadline > now => {
                 self.touch(i, now);
                 Some(item(c))
@@ -462,11 +465,14 @@ impl SharedDict {
     pub fn get_stale(&self, key: impl AsRef<[u8]>) -> Result<Option<(Item, bool)>, Error> {
         let k = self.pack(key.as_ref())?;
         let now = self.now();
-        let found = self.lookup(&k, true).map(|(i, c)| {
-            self.touch(i, now);
-            let stale = c.deadline <= now;
-            (item(c), stale)
-        });
+        let found = match self.lookup(&k, true) {
+            Some((_, c)) if c.kind == Kind::List => return Err(Error::IsAList),
+            found => found.map(|(i, c)| {
+                self.touch(i, now);
+                let stale = c.deadline <= now;
+                (item(c), stale)
+            }),
+        };
         self.count_read(found.is_some());
         Ok(found)
     }

@@ -6,7 +6,7 @@
 //! ```text
 //! word  field
 //!    0  seq       state (2 bits) · count (38 bits) · owner of a write in progress (24 bits)
-//!    1  meta      bit 0 used · bits 1-2 kind (bytes, i64, f64, bool) · bits 8-23 key length ·
+//!    1  meta      bit 0 used · bits 1-3 kind (bytes, i64, f64, bool, list) · bits 8-23 key length ·
 //!                 bits 32-63 value length
 //!    2  hash      seeded xxh3-64 of the key (a cheap filter; keys are compared in full)
 //!    3  deadline  table clock, ns; u64::MAX never expires
@@ -103,6 +103,8 @@ pub(crate) enum Kind {
     Float = 2,
     /// One byte, 0 or 1.
     Bool = 3,
+    /// A list: its elements one after the other (see `value.rs`).
+    List = 4,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,11 +120,12 @@ impl Meta {
         self.0 & 1 == 1
     }
     fn kind(self) -> Kind {
-        match (self.0 >> 1) & 3 {
+        match (self.0 >> 1) & 7 {
             0 => Kind::Bytes,
             1 => Kind::Int,
             2 => Kind::Float,
-            _ => Kind::Bool,
+            3 => Kind::Bool,
+            _ => Kind::List,
         }
     }
     fn key_len(self) -> usize {

@@ -1,6 +1,6 @@
 //! The values a dict stores: bytes, `i64` numbers, `f64` numbers and booleans (ngx's
-//! strings, numbers and booleans), how each is laid out in an entry, and the numbers
-//! `incr` adds.
+//! strings, numbers and booleans), how each is laid out in an entry, the numbers `incr`
+//! adds, and how a list lays out its elements.
 
 use super::entry::Kind;
 
@@ -88,6 +88,8 @@ impl Value {
             Kind::Int => Value::Int(i64::from_le_bytes(word())),
             Kind::Float => Value::Float(f64::from_bits(u64::from_le_bytes(word()))),
             Kind::Bool => Value::Bool(bytes.first().is_some_and(|&b| b != 0)),
+            // (never handed out: a list is read through the list operations)
+            Kind::List => Value::Bytes(bytes),
         }
     }
 }
@@ -268,5 +270,70 @@ impl Number for f64 {
             Num::Int(n) => Some(n as f64),
             Num::Float(x) => Some(x),
         }
+    }
+}
+
+/// A list's value: its elements one after the other, each a kind byte, its length (4 bytes,
+/// little-endian) and its bytes as [`ValueRef::encode`] lays them out.
+pub(crate) struct List(pub Vec<u8>);
+
+/// Bytes of an element besides its value.
+pub(crate) const ELEMENT_HEAD: usize = 5;
+
+impl List {
+    /// The elements' places: (start of the element, end of it). Stops at the first that
+    /// does not fit (a damaged file), so a reader never reads past the value.
+    fn places(&self) -> Vec<(usize, usize)> {
+        let mut at = 0;
+        let mut out = Vec::new();
+        while at + ELEMENT_HEAD <= self.0.len() {
+            let len = u32::from_le_bytes(self.0[at + 1..at + 5].try_into().expect("4 bytes"));
+            let end = at + ELEMENT_HEAD + len as usize;
+            if end > self.0.len() {
+                break;
+            }
+            out.push((at, end));
+            at = end;
+        }
+        out
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.places().len()
+    }
+
+    /// Adds an element at the front or the back.
+    pub(crate) fn push(&mut self, value: ValueRef<'_>, front: bool) {
+        let mut buf = [0u8; 8];
+        let (kind, bytes) = value.encode(&mut buf);
+        let mut element = Vec::with_capacity(ELEMENT_HEAD + bytes.len());
+        element.push(kind as u8);
+        element.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        element.extend_from_slice(bytes);
+        // drop what a damaged file left past the last whole element
+        let whole = self.places().last().map_or(0, |&(_, end)| end);
+        self.0.truncate(whole);
+        if front {
+            self.0.splice(0..0, element);
+        } else {
+            self.0.extend_from_slice(&element);
+        }
+    }
+
+    /// Takes the element at the front or the back.
+    pub(crate) fn pop(&mut self, front: bool) -> Option<Value> {
+        let places = self.places();
+        let &(start, end) = if front { places.first() } else { places.last() }?;
+        let kind = match self.0[start] {
+            0 => Kind::Bytes,
+            1 => Kind::Int,
+            2 => Kind::Float,
+            _ => Kind::Bool,
+        };
+        let value = Value::decode(kind, self.0[start + ELEMENT_HEAD..end].to_vec());
+        let whole = places.last().map_or(0, |&(_, end)| end);
+        self.0.truncate(whole);
+        self.0.drain(start..end);
+        Some(value)
     }
 }

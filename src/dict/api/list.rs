@@ -1,0 +1,136 @@
+//! ngx's list operations (`lpush`, `rpush`, `lpop`, `rpop`, `llen`): a list is one entry
+//! whose value holds its elements (see [`List`]), written under the dict's writer lock like
+//! any value, so lists are bounded by the dict's `max_value_len` as ngx's are by its zone,
+//! and expire, evict and delete as any entry.
+
+use super::*;
+use crate::dict::value::{List, ELEMENT_HEAD};
+
+impl SharedDict {
+    /// Adds `value` at the head of the list under `key` and returns its length, as ngx's
+    /// `lpush`. A key with no live value gets a new list (that never expires; `expire`
+    /// sets a time to live, as for any value) in a free or expired entry: like ngx's, a
+    /// push never evicts a live value, it is [`Error::NoMemory`] when there is no room.
+    /// [`Error::NotAList`] if the value is not a list; [`Error::NoMemory`] too if the list
+    /// would be longer than the dict's `max_value_len` (each element takes 5 bytes besides
+    /// its value).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("shmlock-doc-list-{}", std::process::id()));
+    /// # let _ = std::fs::remove_file(&path);
+    /// use shmlock::{SharedDict, Value};
+    ///
+    /// let queue = SharedDict::open(&path, 64, 4096)?;
+    /// assert_eq!(queue.rpush("jobs", "a")?, 1);
+    /// assert_eq!(queue.rpush("jobs", 7i64)?, 2);
+    /// assert_eq!(queue.lpop("jobs")?, Some(Value::Bytes(b"a".to_vec())));
+    /// assert_eq!(queue.llen("jobs")?, 1);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn lpush<'v>(
+        &self,
+        key: impl AsRef<[u8]>,
+        value: impl Into<ValueRef<'v>>,
+    ) -> Result<usize, Error> {
+        self.push(key.as_ref(), value.into(), true)
+    }
+
+    /// Adds `value` at the tail of the list under `key` (see [`lpush`](Self::lpush)).
+    pub fn rpush<'v>(
+        &self,
+        key: impl AsRef<[u8]>,
+        value: impl Into<ValueRef<'v>>,
+    ) -> Result<usize, Error> {
+        self.push(key.as_ref(), value.into(), false)
+    }
+
+    /// Takes the element at the head of the list under `key`: `None` if there is no live
+    /// list (or it is empty). A list whose last element is taken is deleted.
+    /// [`Error::NotAList`] if the value is not a list.
+    pub fn lpop(&self, key: impl AsRef<[u8]>) -> Result<Option<Value>, Error> {
+        self.pop(key.as_ref(), true)
+    }
+
+    /// Takes the element at the tail of the list under `key` (see [`lpop`](Self::lpop)).
+    pub fn rpop(&self, key: impl AsRef<[u8]>) -> Result<Option<Value>, Error> {
+        self.pop(key.as_ref(), false)
+    }
+
+    /// How many elements the list under `key` has: 0 if there is no live value.
+    /// [`Error::NotAList`] if the value is not a list.
+    pub fn llen(&self, key: impl AsRef<[u8]>) -> Result<usize, Error> {
+        let k = self.pack(key.as_ref())?;
+        let now = self.now();
+        match self.lookup(&k, true) {
+            Some((_, c)) if c.deadline > now && c.kind != Kind::List => Err(Error::NotAList),
+            Some((_, c)) if c.deadline > now => Ok(List(c.value).len()),
+            _ => Ok(0),
+        }
+    }
+
+    fn push(&self, key: &[u8], value: ValueRef<'_>, front: bool) -> Result<usize, Error> {
+        let k = self.pack(key)?;
+        let mut buf = [0u8; 8];
+        let size = ELEMENT_HEAD + value.encode(&mut buf).1.len();
+        if size > self.max_value_len() {
+            return Err(Error::NoMemory);
+        }
+        self.writing(|w| {
+            let now = self.now();
+            let (i, list, until, flags) = match self.lookup_locked(w, &k, true) {
+                Some((_, c)) if c.deadline > now && c.kind != Kind::List => {
+                    return Err(Error::NotAList)
+                }
+                Some((i, c)) if c.deadline > now => (i, c.value, c.deadline, c.flags),
+                // an expired value of the key: a new list in its place
+                Some((i, _)) => (i, Vec::new(), u64::MAX, 0),
+                // as ngx: room from a free or expired entry, never by evicting a live one
+                None => (self.place(w, &k, now, false)?.0, Vec::new(), u64::MAX, 0),
+            };
+            let mut list = List(list);
+            if list.0.len() + size > self.max_value_len() {
+                return Err(Error::NoMemory);
+            }
+            list.push(value, front);
+            let len = list.len();
+            let stored = self
+                .entry(i)
+                .store(&w.0, &k, Kind::List, &list.0, flags, until, now);
+            let written = self.write(stored)?;
+            if matches!(written, Outcome::Done(())) {
+                self.counters().add(counters::SETS, 1);
+            }
+            Ok(written.map(|()| len))
+        })
+    }
+
+    fn pop(&self, key: &[u8], front: bool) -> Result<Option<Value>, Error> {
+        let k = self.pack(key)?;
+        self.writing(|w| {
+            let now = self.now();
+            let (i, c) = match self.lookup_locked(w, &k, true) {
+                Some((i, c)) if c.deadline > now => (i, c),
+                _ => return Ok(Outcome::Done(None)),
+            };
+            if c.kind != Kind::List {
+                return Err(Error::NotAList);
+            }
+            let mut list = List(c.value);
+            let Some(value) = list.pop(front) else {
+                return Ok(Outcome::Done(None));
+            };
+            if list.len() == 0 {
+                let freed = self.write(self.entry(i).free(&w.0))?;
+                return Ok(freed.map(|()| {
+                    self.uncount(1);
+                    Some(value)
+                }));
+            }
+            let stored =
+                self.entry(i)
+                    .store(&w.0, &k, Kind::List, &list.0, c.flags, c.deadline, now);
+            Ok(self.write(stored)?.map(|()| Some(value)))
+        })
+    }
+}
