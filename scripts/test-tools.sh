@@ -26,6 +26,8 @@ missing=()
 for tool in gdb strace; do
     command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
+# nm finds the library's functions for gdb by their mangled names (tests/dict_writer.rs)
+command -v nm >/dev/null 2>&1 || missing+=(binutils)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "missing: ${missing[*]}: install them (Debian/Ubuntu: apt-get install ${missing[*]})" >&2
@@ -35,5 +37,6 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >/dev/null
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 for tool in "${missing[@]}"; do
+    [ "$tool" = binutils ] && tool=nm
     command -v "$tool" >/dev/null
 done

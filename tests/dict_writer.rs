@@ -27,6 +27,10 @@ use shmlock::Error;
 
 const TESTS: &[Test] = &[
     Test::new(
+        "a_writer_taken_over_after_its_write_reports_what_it_did",
+        a_writer_taken_over_after_its_write_reports_what_it_did,
+    ),
+    Test::new(
         "a_dict_writer_stopped_inside_place_never_lowers_reach",
         a_dict_writer_stopped_inside_place_never_lowers_reach,
     ),
@@ -151,6 +155,75 @@ fn a_dict_writer_stopped_inside_place_never_lowers_reach() {
         show(&after_delete),
         "absent",
         "a value came back after delete"
+    );
+}
+
+/// The mangled name of this binary's function whose name contains `part` (gdb finds the
+/// library's functions by it: they have no debug names in a test build), read with `nm`.
+fn symbol(part: &str) -> String {
+    let out = std::process::Command::new("nm")
+        .arg(std::env::current_exe().unwrap())
+        .output()
+        .expect("nm (binutils) runs");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .find(|w| w.contains(part))
+        .unwrap_or_else(|| panic!("no symbol with {part}"))
+        .to_string()
+}
+
+/// A writer stopped (gdb) after its pop was written, before it let the writer lock go, is
+/// taken over by a push; when it resumes its pop reports the element it took (before:
+/// `Stalled`, as if nothing happened, while the element was gone: a retry would pop
+/// another, and a retried push stored its element twice).
+fn a_writer_taken_over_after_its_write_reports_what_it_did() {
+    require_gdb();
+    let path = TempPath::new("dict-late-release");
+    let d = shmlock::SharedDict::open(&path, 64, 64).unwrap();
+    d.rpush("q", "a").unwrap();
+    d.rpush("q", "b").unwrap();
+    let shared = Shared::new(2);
+    let mut w = Proc::new(fork(|| {
+        await_word(&shared, 0, Duration::from_secs(60));
+        let said = match d.rpop("q") {
+            Ok(Some(shmlock::Value::Bytes(b))) if b == b"b" => 1,
+            Err(Error::Stalled) => 2,
+            _ => 3,
+        };
+        shared.word(1).store(said, Ordering::SeqCst);
+        0
+    }));
+    let gdb = GdbStop::attach(
+        w.pid(),
+        &[format!("break {}", symbol("6writer7Writing7release"))],
+    );
+    shared.word(0).store(1, Ordering::SeqCst);
+    assert!(
+        gdb.stopped(Duration::from_secs(30)),
+        "W never got to release"
+    );
+    assert_eq!(
+        d.writer_pid(),
+        Some(w.pid() as u32),
+        "W holds the writer lock"
+    );
+    d.rpush("q", "c").unwrap(); // takes the writer lock over after the bound
+    gdb.release();
+    let said = await_word(&shared, 1, Duration::from_secs(10));
+    let _ = w.wait(Duration::from_secs(10));
+    let mut left = Vec::new();
+    while let Some(v) = d.lpop("q").unwrap() {
+        left.push(v);
+    }
+    note!(
+        "[W said {said}; {} takeover(s); left {left:?}] ",
+        d.repairs()
+    );
+    let b = |s: &str| shmlock::Value::Bytes(s.as_bytes().to_vec());
+    assert_eq!(left, vec![b("a"), b("c")], "the pop was made");
+    assert_eq!(
+        said, 1,
+        "the pop was made but W was told 2 (Stalled) or 3 (other)"
     );
 }
 

@@ -864,7 +864,8 @@ impl SharedDict {
 
     /// Runs `op` under the writer lock, starting over (a few times) when a write found its
     /// entry marked by a writer that was taken over. [`Error::Stalled`] if this writer was
-    /// taken over itself: it stalled past the bound while holding the lock.
+    /// taken over itself before its writes were made: it stalled past the bound while
+    /// holding the lock (taken over after them, it has done the operation).
     fn writing<T>(
         &self,
         mut op: impl FnMut(&Locked<'_>) -> Result<Outcome<T>, Error>,
@@ -874,9 +875,10 @@ impl SharedDict {
             let outcome = op(&w);
             let released = w.0.release();
             match outcome? {
-                Outcome::Done(t) => {
-                    return released.map(|()| t).map_err(|_| Error::Stalled);
-                }
+                // Every write of the operation was made, each checked under this writer's
+                // mark: a takeover after them (the release finds the lock taken over)
+                // changes none of them, so the operation happened.
+                Outcome::Done(t) => return Ok(t),
                 Outcome::Retry if released.is_err() => return Err(Error::Stalled),
                 Outcome::Retry => {}
             }

@@ -323,7 +323,7 @@ impl Attachment {
 impl Drop for Attachment {
     fn drop(&mut self) {
         // this thread's counting cell in the file is free for another thread
-        crate::shm::counters::leave(self.map_id);
+        crate::shm::counters::leave(self.map_id, &self.map);
         let reg = self.reg.get_mut().unwrap_or_else(|p| p.into_inner()).take();
         if let Some((owner, anchor, epoch)) = reg {
             if epoch == fork_epoch() {

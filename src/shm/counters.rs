@@ -10,11 +10,11 @@
 //! else writes it. A reader sums every cell; the counts are in the file the moment they
 //! are made, whatever the thread does next (idles, exits, is killed with its process).
 //!
-//! A thread gives its cell back when it ends, turns to another file, or drops the handle
-//! it counted through; the next owner goes on from the counts there, so nothing is ever
-//! moved or lost. A cell whose thread died without giving it back (its process killed)
-//! keeps its counts and stays claimed; when no cell is free, a thread counts with
-//! `fetch_add` in its process cell. A forked child never writes its parent's cell: the
+//! A thread gives its cell back when it ends or turns to another file, and the last drop
+//! of a handle gives back every cell its process's threads hold in that file; the next
+//! owner goes on from the counts there, so nothing is ever moved or lost. A cell whose
+//! process died without giving it back keeps its counts, and is taken again once no cell
+//! is free; failing that, a thread counts with `fetch_add` in its process cell. A forked child never writes its parent's cell: the
 //! fork handler forgets the cell in the child, and a cell is given back only by the
 //! process (pid) that claimed it.
 //!
@@ -178,7 +178,7 @@ fn owner() -> u64 {
     let thread = THREAD
         .try_with(|t| {
             if t.get() == 0 {
-                t.set(THREADS.fetch_add(1, Ordering::Relaxed) as u32 | 1);
+                t.set((THREADS.fetch_add(1, Ordering::Relaxed) as u32).max(1));
             }
             t.get()
         })
@@ -196,22 +196,46 @@ fn give_back(m: &Mine) {
 /// [`give_back`], the mapping looked up (`None`: no longer mapped).
 fn give_back_in(m: &Mine, map: Option<&Mapping>) {
     let cell = m.cell.replace(std::ptr::null());
-    m.id.set(0);
+    let id = m.id.replace(0);
     let (false, Some(map)) = (cell.is_null(), map) else {
         return;
     };
     let cells = thread_cells(map);
     let me = owner();
-    // SAFETY: none needed; `cell` is compared as an address only, against the cells of
-    // the mapping it was taken from (kept mapped by `map`).
-    if let Some(word) = cells
+    // `cell` is compared as an address only, against the cells of the mapping it was
+    // taken from (kept mapped by `map`).
+    if let Some((i, word)) = cells
         .chunks_exact(THREAD_CELL_WORDS)
         .map(|c| &c[0])
-        .find(|w| std::ptr::eq(*w, cell))
+        .enumerate()
+        .find(|(_, w)| std::ptr::eq(*w, cell))
     {
         // Release: the next owner sees every count made in it.
         let _ = word.compare_exchange(me, 0, Ordering::Release, Ordering::Relaxed);
+        claimed().retain(|c| (c.0, c.1) != (id, i));
     }
+}
+
+/// The cells this process's threads hold, by mapping (its number, the cell's, the owner
+/// word): all given back when the mapping's last handle goes, for a thread that lives on
+/// can no longer give its own back then.
+fn claimed() -> std::sync::MutexGuard<'static, Vec<(u64, usize, u64)>> {
+    static CLAIMED: std::sync::Mutex<Vec<(u64, usize, u64)>> = std::sync::Mutex::new(Vec::new());
+    CLAIMED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether the process of an owner word is gone (`kill` finds no such pid). In another
+/// pid namespace a live owner's pid may be unknown here: its cell is then shared, and
+/// some of its counts may be lost (never anything else).
+fn owner_gone(owner: u64) -> bool {
+    let pid = (owner >> 32) as libc::pid_t;
+    pid > 0
+        && pid as u32 != crate::shm::process::current_pid()
+        // SAFETY: signal 0 only asks whether the process exists.
+        && unsafe { libc::kill(pid, 0) } == -1
+        && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
 }
 
 /// Counts a fast-path event of the mapping `map` (numbered `id`).
@@ -244,27 +268,55 @@ fn switch(m: &Mine, id: u64, map: &Arc<Mapping>) {
     forget_in_children();
     give_back(m);
     let me = owner();
-    let claimed = thread_cells(map)
-        .chunks_exact(THREAD_CELL_WORDS)
-        .map(|c| &c[0])
-        .find(|w| {
-            w.load(Ordering::Relaxed) == 0
-                && w.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
+    let words = || {
+        thread_cells(map)
+            .chunks_exact(THREAD_CELL_WORDS)
+            .map(|c| &c[0])
+            .enumerate()
+    };
+    let take = |w: &AtomicU64, from: u64| {
+        w.compare_exchange(from, me, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    };
+    // a free cell; else one whose process is gone (its counts stay: they go on from there)
+    let got = words()
+        .find(|(_, w)| w.load(Ordering::Relaxed) == 0 && take(w, 0))
+        .or_else(|| {
+            words().find(|(_, w)| {
+                let o = w.load(Ordering::Relaxed);
+                o != 0 && owner_gone(o) && take(w, o)
+            })
         });
+    if let Some((i, _)) = got {
+        claimed().push((id, i, me));
+    }
     m.cell
-        .set(claimed.map_or(std::ptr::null(), |w| w as *const AtomicU64));
+        .set(got.map_or(std::ptr::null(), |(_, w)| w as *const AtomicU64));
     m.id.set(id);
     // (its destructor gives the cell back at the thread's end)
     let _ = EXIT.try_with(|e| *e.map.borrow_mut() = Arc::downgrade(map));
 }
 
-/// Gives back this thread's cell of the mapping `id` (its handle is being dropped).
-pub(crate) fn leave(id: u64) {
+/// The last handle of the mapping `map` (numbered `id`) is being dropped: gives back this
+/// thread's cell of it, and those of the process's other threads (which will never count
+/// in it again: its number is never reused).
+pub(crate) fn leave(id: u64, map: &Mapping) {
     let _ = MINE.try_with(|m| {
         if m.id.get() == id {
-            give_back(m);
+            give_back_in(m, Some(map));
         }
+    });
+    let pid = u64::from(crate::shm::process::current_pid());
+    let cells = thread_cells(map);
+    claimed().retain(|&(of, i, owner)| {
+        // (a forked child's copy of the list is its parent's: not its to give back)
+        if of != id || owner >> 32 != pid {
+            return of != id;
+        }
+        if let Some(word) = cells.get(i * THREAD_CELL_WORDS) {
+            let _ = word.compare_exchange(owner, 0, Ordering::Release, Ordering::Relaxed);
+        }
+        false
     });
 }
 
