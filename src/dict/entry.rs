@@ -107,6 +107,19 @@ pub(crate) enum Kind {
     List = 4,
 }
 
+impl Kind {
+    /// The kind a stored number names (what a damaged file has besides: the last).
+    pub(crate) fn of(n: u64) -> Kind {
+        match n {
+            0 => Kind::Bytes,
+            1 => Kind::Int,
+            2 => Kind::Float,
+            3 => Kind::Bool,
+            _ => Kind::List,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Meta(u64);
 
@@ -120,13 +133,7 @@ impl Meta {
         self.0 & 1 == 1
     }
     fn kind(self) -> Kind {
-        match (self.0 >> 1) & 7 {
-            0 => Kind::Bytes,
-            1 => Kind::Int,
-            2 => Kind::Float,
-            3 => Kind::Bool,
-            _ => Kind::List,
-        }
+        Kind::of((self.0 >> 1) & 7)
     }
     fn key_len(self) -> usize {
         ((self.0 >> 8) & 0xffff) as usize

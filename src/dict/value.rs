@@ -324,11 +324,10 @@ impl List {
     pub(crate) fn pop(&mut self, front: bool) -> Option<Value> {
         let places = self.places();
         let &(start, end) = if front { places.first() } else { places.last() }?;
-        let kind = match self.0[start] {
-            0 => Kind::Bytes,
-            1 => Kind::Int,
-            2 => Kind::Float,
-            _ => Kind::Bool,
+        // (an element is never a list: a damaged kind reads as a boolean, as before)
+        let kind = match Kind::of(u64::from(self.0[start])) {
+            Kind::List => Kind::Bool,
+            kind => kind,
         };
         let value = Value::decode(kind, self.0[start + ELEMENT_HEAD..end].to_vec());
         let whole = places.last().map_or(0, |&(_, end)| end);

@@ -445,6 +445,34 @@ pub(crate) trait Place {
 #[cfg(feature = "tokio")]
 pub(crate) const STUCK: Duration = Duration::from_millis(20);
 
+/// An async task's place in a key's queue of waiters (both backends keep such queues).
+#[cfg(feature = "tokio")]
+pub(crate) struct Waiter {
+    pub id: u64,
+    pub waker: Option<std::task::Waker>,
+    /// Told the key may be free (when): it is making its attempt.
+    pub woken: Option<Instant>,
+}
+
+#[cfg(feature = "tokio")]
+impl Waiter {
+    pub fn woken(&self) -> bool {
+        self.woken.is_some()
+    }
+
+    /// Woken so long ago that it is not being polled.
+    pub fn stuck(&self, now: Instant) -> bool {
+        self.woken.is_some_and(|t| now.duration_since(t) >= STUCK)
+    }
+
+    pub fn wake(&mut self, now: Instant) {
+        self.woken = Some(now);
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+}
+
 #[cfg(feature = "tokio")]
 impl<P: Place> Place for Option<P> {
     fn attempted(self) {

@@ -24,14 +24,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use redis::aio::PubSubSink;
 use redis::{Client, RedisResult};
 
 use crate::error::HolderSeen;
-use crate::lock::backend::STUCK;
+use crate::lock::backend::{Waiter, STUCK};
 use crate::redis_store::net::bounded;
 use crate::redis_store::topology::{Shared, Tag, Topology};
 
@@ -84,36 +84,11 @@ struct Conn {
 
 #[derive(Default)]
 struct Queues {
-    waiting: HashMap<Vec<u8>, VecDeque<Entry>>,
+    waiting: HashMap<Vec<u8>, VecDeque<Waiter>>,
     /// The holder the last attempt on a waited-for key saw (for the timeouts of the tasks
     /// behind it, which do not ask the server themselves).
     seen: HashMap<Vec<u8>, (HolderSeen, Instant)>,
     next_id: u64,
-}
-
-struct Entry {
-    id: u64,
-    waker: Option<Waker>,
-    /// Told the key may be free (when): it is making its attempt.
-    woken: Option<Instant>,
-}
-
-impl Entry {
-    fn woken(&self) -> bool {
-        self.woken.is_some()
-    }
-
-    /// Woken so long ago that it is not being polled.
-    fn stuck(&self, now: Instant) -> bool {
-        self.woken.is_some_and(|t| now.duration_since(t) >= STUCK)
-    }
-
-    fn wake(&mut self) {
-        self.woken = Some(Instant::now());
-        if let Some(w) = self.waker.take() {
-            w.wake();
-        }
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -134,7 +109,7 @@ impl Drop for Canary {
         let mut q = lock(&self.queues);
         for entries in q.waiting.values_mut() {
             for e in entries.iter_mut() {
-                e.wake();
+                e.wake(Instant::now());
             }
         }
     }
@@ -154,7 +129,7 @@ impl Listeners {
             q.waiting
                 .entry(channel.to_vec())
                 .or_default()
-                .push_back(Entry {
+                .push_back(Waiter {
                     id,
                     waker: None,
                     woken: None,
@@ -283,9 +258,9 @@ async fn dispatch(stream: redis::aio::PubSubStream, queues: Arc<Mutex<Queues>>, 
 }
 
 /// Wakes the first task of a queue that is not woken yet. Returns it and when.
-fn wake_next(entries: &mut VecDeque<Entry>) -> Option<(u64, Instant)> {
+fn wake_next(entries: &mut VecDeque<Waiter>) -> Option<(u64, Instant)> {
     let e = entries.iter_mut().find(|e| !e.woken())?;
-    e.wake();
+    e.wake(Instant::now());
     Some((e.id, e.woken?))
 }
 

@@ -19,7 +19,7 @@
 //! the watcher looks at the words every millisecond instead.
 //!
 //! **A woken task that is not polled** (a future kept in a `select!` loop busy elsewhere)
-//! keeps its turn for [`STUCK`] only: then the watcher treats the next task as the first,
+//! keeps its turn for [`STUCK`](crate::lock::backend::STUCK) only: then the watcher treats the next task as the first,
 //! so that a key left free is not left to the timeouts of everyone behind it. The late
 //! task still makes its attempt when it is polled.
 
@@ -28,10 +28,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::lock::backend::STUCK;
+use crate::lock::backend::Waiter;
 use crate::shm::clock;
 use crate::shm::futex::{self, WaitAny, Watched, WAIT_ANY_MAX};
 use crate::shm::table::{Busy, KeyHash, Prepared};
@@ -76,37 +76,12 @@ struct Group {
     /// The key's hold as a waiter saw it last (none yet: the first taker of a place has not
     /// tried the key).
     busy: Option<Busy>,
-    entries: VecDeque<Entry>,
-}
-
-struct Entry {
-    id: u64,
-    waker: Option<Waker>,
-    /// Told the key may be free (when): it is making its attempt.
-    woken: Option<Instant>,
-}
-
-impl Entry {
-    fn woken(&self) -> bool {
-        self.woken.is_some()
-    }
-
-    /// Woken so long ago that it is not being polled.
-    fn stuck(&self, now: Instant) -> bool {
-        self.woken.is_some_and(|t| now.duration_since(t) >= STUCK)
-    }
-
-    fn wake(&mut self, now: Instant) {
-        self.woken = Some(now);
-        if let Some(w) = self.waker.take() {
-            w.wake();
-        }
-    }
+    entries: VecDeque<Waiter>,
 }
 
 impl Group {
     /// The task whose turn it is: the first one that is not stuck.
-    fn head(&mut self, now: Instant) -> Option<&mut Entry> {
+    fn head(&mut self, now: Instant) -> Option<&mut Waiter> {
         self.entries.iter_mut().find(|e| !e.stuck(now))
     }
 }
@@ -140,7 +115,7 @@ impl Watcher {
         let mut reg = lock(&self.state.registry);
         let id = reg.next_id;
         reg.next_id += 1;
-        let entry = Entry {
+        let entry = Waiter {
             id,
             waker: None,
             woken: None,
@@ -230,7 +205,7 @@ impl Wake {
     }
 
     /// Whether no task of this process waits for the key before this one (but tasks
-    /// woken and not polled for [`STUCK`]).
+    /// woken and not polled for [`STUCK`](crate::lock::backend::STUCK)).
     pub(crate) fn is_first(&self) -> bool {
         let now = Instant::now();
         let mut reg = lock(&self.state.registry);

@@ -309,12 +309,14 @@ pub(crate) fn leave(id: u64, map: &Mapping) {
     let pid = u64::from(crate::shm::process::current_pid());
     let cells = thread_cells(map);
     claimed().retain(|&(of, i, owner)| {
-        // (a forked child's copy of the list is its parent's: not its to give back)
-        if of != id || owner >> 32 != pid {
-            return of != id;
+        if of != id {
+            return true;
         }
-        if let Some(word) = cells.get(i * THREAD_CELL_WORDS) {
-            let _ = word.compare_exchange(owner, 0, Ordering::Release, Ordering::Relaxed);
+        // (a forked child's copy of the list is its parent's: not its to give back)
+        if owner >> 32 == pid {
+            if let Some(word) = cells.get(i * THREAD_CELL_WORDS) {
+                let _ = word.compare_exchange(owner, 0, Ordering::Release, Ordering::Relaxed);
+            }
         }
         false
     });
