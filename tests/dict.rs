@@ -7,19 +7,13 @@ mod common;
 use std::thread::sleep;
 use std::time::Duration;
 
+use common::dict::{dict, NEVER};
 use common::TempPath;
 use shmlock::{Error, FormatError, LockTable, Put, SharedDict, Source, Value};
 
-const NEVER: Duration = Duration::ZERO;
 const SHORT: Duration = Duration::from_millis(30);
 /// Longer than SHORT plus the coarse clock's tick, with room to spare.
 const PAST_SHORT: Duration = Duration::from_millis(120);
-
-fn dict(name: &str, capacity: usize, max_value: usize) -> (TempPath, SharedDict) {
-    let path = TempPath::new(name);
-    let dict = SharedDict::open(&path, capacity, max_value).unwrap();
-    (path, dict)
-}
 
 fn bytes(dict: &SharedDict, key: &str) -> Option<Vec<u8>> {
     dict.get(key)

@@ -41,38 +41,17 @@ mod common;
 use std::thread::sleep;
 use std::time::Duration;
 
+use common::dict::{b, dict, int, value, NEVER, TICK};
 use common::TempPath;
 use shmlock::{Error, Put, SharedDict, Stored, Value};
 
-const NEVER: Duration = Duration::ZERO;
 /// Upstream's exptimes of 0.001 to 0.01 s.
 const SHORT: Duration = Duration::from_millis(30);
 /// A sleep clearly past SHORT (and the coarse clock's tick).
 const PAST_SHORT: Duration = Duration::from_millis(120);
 /// An exptime that does not run out during a test.
 const LONG: Duration = Duration::from_secs(100);
-/// Longer than a tick of the coarse clock: two stores this far apart have distinct use
-/// times, so the least recently used entry is the one stored first.
-const TICK: Duration = Duration::from_millis(15);
 const NOT_FORCIBLE: Stored = Stored { forcible: false };
-
-fn dict(name: &str, capacity: usize, max_value: usize) -> (TempPath, SharedDict) {
-    let path = TempPath::new(name);
-    let dict = SharedDict::open(&path, capacity, max_value).unwrap();
-    (path, dict)
-}
-
-fn value(d: &SharedDict, key: impl AsRef<[u8]>) -> Option<Value> {
-    d.get(key).unwrap().map(|i| i.value)
-}
-
-fn b(s: &str) -> Option<Value> {
-    Some(Value::Bytes(s.as_bytes().to_vec()))
-}
-
-fn int(n: i64) -> Option<Value> {
-    Some(Value::Int(n))
-}
 
 fn float(x: f64) -> Option<Value> {
     Some(Value::Float(x))

@@ -20,24 +20,14 @@ mod common;
 use std::thread::sleep;
 use std::time::Duration;
 
+use common::dict::{dict, value, NEVER};
 use common::TempPath;
 use shmlock::{Error, SharedDict, Value};
 
-const NEVER: Duration = Duration::ZERO;
 /// Upstream's exptimes of 0.001 s.
 const SHORT: Duration = Duration::from_millis(1);
 /// A sleep clearly past SHORT (and the coarse clock's tick).
 const PAST_SHORT: Duration = Duration::from_millis(120);
-
-fn dict(name: &str, capacity: usize, max_value: usize) -> (TempPath, SharedDict) {
-    let path = TempPath::new(name);
-    let dict = SharedDict::open(&path, capacity, max_value).unwrap();
-    (path, dict)
-}
-
-fn value(d: &SharedDict, key: impl AsRef<[u8]>) -> Option<Value> {
-    d.get(key).unwrap().map(|i| i.value)
-}
 
 #[test]
 fn t144_001_incr_key_with_init_key_exists() {

@@ -31,35 +31,13 @@ mod common;
 use std::thread::sleep;
 use std::time::Duration;
 
-use common::TempPath;
-use shmlock::{Error, SharedDict, Value};
+use common::dict::{b, dict, int, value, NEVER, TICK};
+use shmlock::{Error, SharedDict};
 
-const NEVER: Duration = Duration::ZERO;
 /// Upstream's exptimes of 0.2 s.
 const SHORT: Duration = Duration::from_millis(50);
 /// A sleep clearly past SHORT (and the coarse clock's tick).
 const PAST_SHORT: Duration = Duration::from_millis(250);
-/// Longer than a tick of the coarse clock: two stores this far apart have distinct use
-/// times, so the least recently used entry is the one stored first.
-const TICK: Duration = Duration::from_millis(15);
-
-fn dict(name: &str, capacity: usize, max_value: usize) -> (TempPath, SharedDict) {
-    let path = TempPath::new(name);
-    let dict = SharedDict::open(&path, capacity, max_value).unwrap();
-    (path, dict)
-}
-
-fn value(d: &SharedDict, key: impl AsRef<[u8]>) -> Option<Value> {
-    d.get(key).unwrap().map(|i| i.value)
-}
-
-fn b(s: &str) -> Option<Value> {
-    Some(Value::Bytes(s.as_bytes().to_vec()))
-}
-
-fn int(n: i64) -> Option<Value> {
-    Some(Value::Int(n))
-}
 
 /// Upstream's `string.format("%05d", i)`.
 fn key5(i: usize) -> String {

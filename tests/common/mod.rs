@@ -14,6 +14,7 @@ macro_rules! note {
 
 #[cfg(feature = "cli")]
 pub mod command;
+pub mod dict;
 pub mod fork;
 pub mod forking;
 pub mod harness;
