@@ -113,6 +113,20 @@ pub enum Error {
         /// The table's capacity: how many keys it holds at once.
         capacity: usize,
     },
+    /// The key is held in shared mode with another count than the one asked for: a
+    /// [`Semaphore`](crate::Semaphore) of `held` permits where `asked` were asked for (or
+    /// the other way round). 0 stands for read holds
+    /// ([`LockTable::lock_shared`](crate::LockTable::lock_shared)). The count of a
+    /// semaphore is fixed for as long as any of its permits is held.
+    #[non_exhaustive]
+    PermitsMismatch {
+        /// The key (its first bytes).
+        key: KeyPreview,
+        /// The count its holders use (0: read holds).
+        held: u32,
+        /// The count asked for (0: a read hold).
+        asked: u32,
+    },
     /// The table or dict was opened read-only (for inspection) and cannot be changed.
     ReadOnly,
     /// Every entry of the file's owner registry is held by a live process: this process
@@ -438,6 +452,18 @@ impl fmt::Display for Error {
                 "lock table full: no room for key {key} among live locks (capacity \
                  {capacity}); none was evicted (create the table with a larger capacity)"
             ),
+            Error::PermitsMismatch { key, held, asked } => {
+                let says = |n: &u32| match n {
+                    0 => "read holds".to_string(),
+                    n => format!("a semaphore of {n} permits"),
+                };
+                write!(
+                    f,
+                    "key {key} is held as {} but was asked for as {}",
+                    says(held),
+                    says(asked)
+                )
+            }
             Error::ReadOnly => f.write_str("opened read-only: this handle cannot change it"),
             Error::TooManyProcesses { path, max } => write!(
                 f,

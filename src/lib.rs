@@ -84,6 +84,6 @@ pub use lock::{Backend, KeepAlive, Lock, LockGuard};
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis_store::{RedisHolder, RedisLocks};
 #[cfg(not(loom))]
-pub use shm::{Holder, HolderState, LockTable, OpenOptions};
+pub use shm::{HoldMode, Holder, HolderState, LockTable, OpenOptions, Semaphore, Shared};
 #[cfg(not(loom))]
 pub use stats::{DictStats, Histogram, LockStats};

@@ -70,7 +70,7 @@ fn inspect_shows_the_holder_alive_then_dead_and_unlock_force_frees_it() {
     let mut holder = holding(&file, "job:1", "sleep 30", &[]);
     let json = inspect_json(&file, &[]);
     assert_eq!(json["capacity"], 1024);
-    assert_eq!(json["format_version"], 6);
+    assert_eq!(json["format_version"], 7);
     assert_eq!(json["occupancy"], 1);
     let h = &json["holders"][0];
     assert_eq!(h["key"], "job:1");
@@ -880,4 +880,45 @@ fn run_out_of_descriptors_exits_with_ex_oserr() {
         codes.iter().all(|&c| c == 71 || c == 0),
         "exit codes under descriptor limits: {codes:?}"
     );
+}
+
+#[test]
+fn inspect_lists_every_shared_and_permit_holder_and_unlock_force_breaks_them_all() {
+    let file = TempPath::new("cli-inspect-shared");
+    let r1 = holding(&file, "conf", "sleep 30", &["-s"]);
+    let r2 = holding(&file, "conf", "sleep 30", &["--shared"]);
+    let p1 = holding(&file, "gpu", "sleep 30", &["--permits", "3"]);
+    let table = LockTable::options().create(false).open(&file).unwrap();
+    eventually("every holder holds", || table.holders().len() == 3);
+    let json = inspect_json(&file, &[]);
+    let holders = json["holders"].as_array().unwrap();
+    let mut readers: Vec<u64> = holders
+        .iter()
+        .filter(|h| h["key"] == "conf")
+        .map(|h| {
+            assert_eq!(h["mode"], "shared", "{h}");
+            assert!(h["permits"].is_null());
+            h["pid"].as_u64().unwrap()
+        })
+        .collect();
+    readers.sort_unstable();
+    let mut want = vec![u64::from(r1.id()), u64::from(r2.id())];
+    want.sort_unstable();
+    assert_eq!(readers, want, "{json}");
+    let permit = holders.iter().find(|h| h["key"] == "gpu").unwrap();
+    assert_eq!(permit["mode"], "permit");
+    assert_eq!(permit["permits"], 3);
+    assert_eq!(permit["pid"], p1.id());
+    let text = String::from_utf8(output(shmlock(&file).arg("inspect")).stdout).unwrap();
+    assert!(text.contains("MODE") && text.contains("permit/3"), "{text}");
+    assert_eq!(text.matches(" shared").count(), 2, "{text}");
+
+    let broke = output(shmlock(&file).args(["unlock", "--force", "conf"]));
+    assert!(broke.status.success(), "{broke:?}");
+    assert!(!table.is_locked("conf").unwrap());
+    assert!(table.is_locked("gpu").unwrap());
+    for mut c in [r1, r2, p1] {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
 }

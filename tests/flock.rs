@@ -1,6 +1,6 @@
 //! `shmlock run` against util-linux's own flock(1) cases (`tests/ts/flock`), named after
-//! them where they have a meaning here (`shared`, `fd`, `fcntl-*`, `unlock` and
-//! `range-lock` have none yet or none at all: docs/cli.md says why), with flock's
+//! them where they have a meaning here (`fd`, `fcntl-*`, `unlock` and `range-lock` have
+//! none: docs/cli.md says why), with flock's
 //! spellings; and flock's inheritance: what the command leaves running keeps the lock
 //! (with `-o` it does not), gets the signals and is stopped with the lease.
 
@@ -12,10 +12,10 @@ use std::time::Duration;
 use common::command::{code, eventually, holding, is_held, output, shmlock};
 use common::TempPath;
 
-/// Upstream's general lock (there a shared one, which shmlock has not yet): holds
-/// `lockfile` for as long as the test needs it, then is killed with its command.
+/// Upstream's general lock, a shared one: holds `lockfile` for as long as the test needs
+/// it, then is killed with its command.
 fn general_lock(file: &TempPath) -> Child {
-    holding(file, "lockfile", "exec sleep 60", &[])
+    holding(file, "lockfile", "exec sleep 60", &["--shared"])
 }
 
 fn end(mut holder: Child) {
@@ -50,6 +50,73 @@ fn non_block() {
     );
     assert_eq!(got, (123, String::new()));
     end(holder);
+}
+
+/// upstream `shared`: `--shared --nonblock` runs beside the general (shared) lock; so do
+/// `-s` and `-sn`; an exclusive one does not, and `-s` with `-x` is a usage error.
+#[test]
+fn shared() {
+    let file = TempPath::new("flock-shared");
+    let holder = general_lock(&file);
+    let got = do_lock(
+        &file,
+        &["--shared", "--nonblock", "--conflict-exit-code", "123"],
+        "Have shared lock",
+    );
+    assert_eq!(got, (0, "Have shared lock\n".into()));
+    assert_eq!(do_lock(&file, &["-sn"], "too"), (0, "too\n".into()));
+    assert_eq!(do_lock(&file, &["-xn"], "never"), (1, String::new()));
+    assert_eq!(
+        code(shmlock(&file).args(["run", "-s", "-x", "lockfile", "true"])),
+        64
+    );
+    end(holder);
+}
+
+/// `--permits N`: at most N commands hold the key at once; the N+1st waits or, with -n,
+/// exits with the conflict code; a count other than the running ones' is refused.
+#[test]
+fn permits() {
+    let file = TempPath::new("flock-permits");
+    let a = holding(&file, "gpu", "exec sleep 60", &["--permits", "2"]);
+    let b = holding(&file, "gpu", "exec sleep 60", &["--permits", "2"]);
+    let table = shmlock::LockTable::options()
+        .create(false)
+        .open(&file)
+        .unwrap();
+    let sem = table.semaphore("gpu", 2).unwrap();
+    eventually("both permits are held", || sem.held() == 2);
+    let got = do_lock_on(&file, "gpu", &["--permits", "2", "-n", "-E", "9"], "third");
+    assert_eq!(got, (9, String::new()));
+    let out = output(shmlock(&file).args(["run", "--permits", "3", "-n", "gpu", "true"]));
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("a semaphore of 2 permits"),
+        "{out:?}"
+    );
+    assert_eq!(
+        code(shmlock(&file).args(["run", "--permits", "0", "gpu", "true"])),
+        64
+    );
+    end(a);
+    assert_eq!(
+        do_lock_on(&file, "gpu", &["--permits", "2", "-n"], "in"),
+        (0, "in\n".into())
+    );
+    end(b);
+}
+
+fn do_lock_on(file: &TempPath, key: &str, opts: &[&str], mesg: &str) -> (i32, String) {
+    let out = output(
+        shmlock(file)
+            .arg("run")
+            .args(opts)
+            .args([key, "echo", mesg]),
+    );
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
 }
 
 /// upstream `no-fork`: flock execs the command in its own place. shmlock cannot (exec

@@ -41,6 +41,76 @@ impl RobustMutex {
     }
 }
 
+/// A process-shared `pthread_rwlock_t` in a shared anonymous mapping (glibc's default
+/// kind: readers first). Forked children share it. No holder's death is ever recovered.
+pub struct RwLock {
+    ptr: *mut libc::pthread_rwlock_t,
+}
+
+impl RwLock {
+    pub fn new() -> RwLock {
+        let l = shared_anon(std::mem::size_of::<libc::pthread_rwlock_t>()).cast();
+        // SAFETY: `l` is fresh, writable, large enough and page-aligned; it is initialised
+        // in place with the process-shared attribute before any use.
+        unsafe {
+            let mut attr = std::mem::zeroed::<libc::pthread_rwlockattr_t>();
+            libc::pthread_rwlockattr_init(&mut attr);
+            libc::pthread_rwlockattr_setpshared(&mut attr, libc::PTHREAD_PROCESS_SHARED);
+            assert_eq!(libc::pthread_rwlock_init(l, &attr), 0);
+        }
+        RwLock { ptr: l }
+    }
+
+    pub fn read(&self) {
+        // SAFETY: an initialised lock in a mapping that is never unmapped.
+        assert_eq!(unsafe { libc::pthread_rwlock_rdlock(self.ptr) }, 0);
+    }
+
+    pub fn write(&self) {
+        // SAFETY: as in `read`.
+        assert_eq!(unsafe { libc::pthread_rwlock_wrlock(self.ptr) }, 0);
+    }
+
+    pub fn unlock(&self) {
+        // SAFETY: held by this thread (taken just before).
+        unsafe { libc::pthread_rwlock_unlock(self.ptr) };
+    }
+}
+
+/// A POSIX named semaphore (`sem_open`), unlinked at once: forked children share it. A
+/// holder killed before its `sem_post` takes its unit with it for good.
+pub struct NamedSemaphore {
+    sem: *mut libc::sem_t,
+}
+
+impl NamedSemaphore {
+    pub fn new(value: u32) -> NamedSemaphore {
+        let name = CString::new(format!("/shmlock-bench-{}", std::process::id())).unwrap();
+        // SAFETY: a valid name; the result is checked.
+        let sem =
+            unsafe { libc::sem_open(name.as_ptr(), libc::O_CREAT | libc::O_EXCL, 0o600, value) };
+        assert_ne!(
+            sem,
+            libc::SEM_FAILED,
+            "sem_open: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: the name just created; the mapping stays.
+        unsafe { libc::sem_unlink(name.as_ptr()) };
+        NamedSemaphore { sem }
+    }
+
+    pub fn wait(&self) {
+        // SAFETY: an open semaphore.
+        while unsafe { libc::sem_wait(self.sem) } != 0 {}
+    }
+
+    pub fn post(&self) {
+        // SAFETY: an open semaphore.
+        unsafe { libc::sem_post(self.sem) };
+    }
+}
+
 /// `flock(2)` on a descriptor of its own (open it after `fork`: a shared open file
 /// description would share the lock).
 pub struct Flock {

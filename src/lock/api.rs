@@ -439,6 +439,11 @@ impl<'b, B: Backend> LockGuard<'b, B> {
         }
     }
 
+    /// The backend the hold is on.
+    pub(crate) fn backend(&self) -> &'b B {
+        self.backend
+    }
+
     /// Takes the holding out of a guard that will not be dropped.
     fn into_holding(self) -> (&'b B, Holding<B::Hold>) {
         let mut this = ManuallyDrop::new(self);
@@ -534,6 +539,28 @@ impl<'b, B: Backend> LockGuard<'b, B> {
     pub fn unlock(self) -> Result<(), Error> {
         let (backend, holding) = self.into_holding();
         release(backend, &holding)
+    }
+
+    /// The same hold as a guard of another view of the backend, after `change` made it
+    /// what that view holds (a downgrade). If `change` fails the hold is released.
+    pub(crate) fn rebind<C: Backend<Hold = B::Hold>>(
+        self,
+        to: &'b C,
+        change: impl FnOnce(&B, &mut B::Hold) -> Result<(), Error>,
+    ) -> Result<LockGuard<'b, C>, Error> {
+        let (elapsed, exptime_ns) = (self.elapsed, self.exptime_ns);
+        let (backend, mut holding) = self.into_holding();
+        holding.ours()?;
+        if let Err(e) = change(backend, &mut holding.hold) {
+            backend.release_on_drop(&holding.hold);
+            return Err(e);
+        }
+        Ok(LockGuard {
+            backend: to,
+            holding: ManuallyDrop::new(holding),
+            elapsed,
+            exptime_ns,
+        })
     }
 }
 

@@ -23,7 +23,7 @@ use crate::shm::mapping::Mapping;
 use crate::shm::registry::OwnerId;
 use crate::shm::slot::{Cold, Slot, State, Word};
 use crate::shm::table::{
-    self, Attempt, Busy, Entry, Held, KeyHash, Prepared, Request, Table, TableFull,
+    self, Attempt, Busy, Entry, Held, KeyHash, Mode, Prepared, Request, Table, TableFull,
 };
 
 type Locks = Table<MappedSlots, ShmEnv>;
@@ -166,7 +166,7 @@ impl crate::shm::async_wait::Watchable for Inner {
         self.table.prepare_wait(b)
     }
     fn wait_word(&self, slot: usize) -> &AtomicU64 {
-        self.table.wait_word(slot)
+        self.table.control_word(slot)
     }
 }
 
@@ -427,7 +427,12 @@ impl LockTable {
 
     /// Checks the key and describes one acquisition of it.
     #[inline(always)]
-    fn request<'k>(&self, key: &'k [u8], exptime_ns: u64) -> Result<Request<'k>, Error> {
+    fn request<'k>(
+        &self,
+        key: &'k [u8],
+        exptime_ns: u64,
+        mode: Mode,
+    ) -> Result<Request<'k>, Error> {
         let key = check_key(key)?;
         let (owner, generation) = self.att().registration()?;
         // Deadlines must mean the same instant to everyone: a process that cannot tell its
@@ -441,7 +446,13 @@ impl LockTable {
             // this hold's dead owner from a later process that reused its registry entry.
             lease: u64::from(generation) << 32 | (thread_lease() & 0xffff_ffff),
             exptime: exptime_ns,
+            mode,
         })
+    }
+
+    /// How many shared holds (readers, or permits) `key` has now.
+    pub(crate) fn shared_holds(&self, key: &[u8]) -> usize {
+        self.inner.table.shared_holds(self.hash(key))
     }
 
     /// The token a holder sees: the home's counter above the file's base.
@@ -485,6 +496,34 @@ pub struct Holder {
     pub ttl: Option<Duration>,
     /// The lease ran out; the next claimer of the key (or [`LockTable::reap`]) frees it.
     pub expired: bool,
+    /// How the key is held: alone, by a reader, or as one permit of a semaphore.
+    pub mode: HoldMode,
+}
+
+/// How a [`Holder`] holds its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HoldMode {
+    /// Alone ([`LockTable::lock`]).
+    Exclusive,
+    /// Beside other readers ([`LockTable::lock_shared`]).
+    Shared,
+    /// One of a semaphore's `permits` ([`LockTable::semaphore`]).
+    Permit {
+        /// The semaphore's count.
+        permits: u32,
+    },
+}
+
+impl HoldMode {
+    /// The name `inspect` shows: `exclusive`, `shared` or `permit`.
+    pub fn name(self) -> &'static str {
+        match self {
+            HoldMode::Exclusive => "exclusive",
+            HoldMode::Shared => "shared",
+            HoldMode::Permit { .. } => "permit",
+        }
+    }
 }
 
 /// The state of an occupied slot.
@@ -524,6 +563,11 @@ impl Holder {
             ttl: (e.deadline != u64::MAX)
                 .then(|| Duration::from_nanos(e.deadline.saturating_sub(now))),
             expired: settled && e.deadline <= now,
+            mode: match (e.word.is_shared(), e.limit) {
+                (false, _) => HoldMode::Exclusive,
+                (true, 0) => HoldMode::Shared,
+                (true, permits) => HoldMode::Permit { permits },
+            },
         }
     }
 }
@@ -587,6 +631,11 @@ impl LockTable {
                 }))
             }
             Ok(Attempt::Busy(busy)) => Ok(Err(ShmBusy(busy))),
+            Ok(Attempt::Mismatch { limit }) => Err(Error::PermitsMismatch {
+                key: KeyPreview::new(req.key),
+                held: limit,
+                asked: req.mode.limit(),
+            }),
             Err(TableFull) => {
                 Cells::of(&self.att().map).add(counters::TABLE_FULL, 1);
                 Err(Error::TableFull {
@@ -680,19 +729,16 @@ impl LockTable {
     }
 }
 
-impl Sealed for LockTable {}
-
-impl Backend for LockTable {
-    type Hold = ShmHold;
-    type Busy = ShmBusy;
-
+impl LockTable {
+    /// [`Backend::acquire_fast`] in any mode.
     #[inline(always)]
-    fn acquire_fast(
+    pub(crate) fn acquire_fast_in(
         &self,
         key: &[u8],
         exptime_ns: u64,
+        mode: Mode,
     ) -> Result<Result<ShmHold, Option<ShmBusy>>, Error> {
-        let req = self.request(key, exptime_ns)?;
+        let req = self.request(key, exptime_ns, mode)?;
         match self.inner.table.try_acquire_fast(&req) {
             Some(held) => {
                 self.count_acquired();
@@ -710,16 +756,51 @@ impl Backend for LockTable {
         }
     }
 
+    /// [`Backend::try_acquire`] in any mode.
+    pub(crate) fn try_acquire_in(
+        &self,
+        key: &[u8],
+        exptime_ns: u64,
+        mode: Mode,
+    ) -> Result<Result<ShmHold, ShmBusy>, Error> {
+        // (every wait comes this way after a sleep: a table deleted under it is seen)
+        self.look_at_path()?;
+        let req = self.request(key, exptime_ns, mode)?;
+        self.hold_or_busy(self.inner.table.try_acquire(&req), &req)
+    }
+
+    /// Turns an exclusive hold into a reader's (see [`LockGuard::downgrade`]).
+    pub(crate) fn downgrade_hold(&self, hold: &mut ShmHold) -> Result<(), Error> {
+        hold.token.set(0);
+        self.inner
+            .table
+            .downgrade(&mut hold.held)
+            .map_err(|_| self.lost())
+    }
+}
+
+impl Sealed for LockTable {}
+
+impl Backend for LockTable {
+    type Hold = ShmHold;
+    type Busy = ShmBusy;
+
+    #[inline(always)]
+    fn acquire_fast(
+        &self,
+        key: &[u8],
+        exptime_ns: u64,
+    ) -> Result<Result<ShmHold, Option<ShmBusy>>, Error> {
+        self.acquire_fast_in(key, exptime_ns, Mode::Exclusive)
+    }
+
     fn try_acquire(
         &self,
         key: &[u8],
         exptime_ns: u64,
         _deadline: Option<Instant>,
     ) -> Result<Result<ShmHold, ShmBusy>, Error> {
-        // (every wait comes this way after a sleep: a table deleted under it is seen)
-        self.look_at_path()?;
-        let req = self.request(key, exptime_ns)?;
-        self.hold_or_busy(self.inner.table.try_acquire(&req), &req)
+        self.try_acquire_in(key, exptime_ns, Mode::Exclusive)
     }
 
     // This and release_on_drop forced inline: with the acquisition's counting inlined too, the inliner left the
@@ -835,7 +916,7 @@ impl Backend for LockTable {
                 let start = clock::precise_now();
                 let end = start.saturating_add(nanos(step));
                 let until = clock::on_tick(end, end.saturating_add(nanos(late)));
-                futex::wait_low_until(table.wait_word(busy.0.slot), low, until);
+                futex::wait_low_until(table.wait_word(&busy.0), low, until);
                 let used = Duration::from_nanos(clock::precise_now().saturating_sub(start));
                 // Woken early, or refused the sleep: moved on only if the key may be free
                 // now (a holder that took it straight back still holds, and may be dead

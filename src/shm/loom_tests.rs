@@ -19,7 +19,7 @@ use loom::thread;
 use crate::shm::primitive::{crash, Ordering};
 use crate::shm::registry::{EntryLocks, Identity, OwnerId, Registry, ENTRY_WORDS};
 use crate::shm::slot::{Cold, Slot, State, Word};
-use crate::shm::table::{Attempt, Busy, Env, Held, KeyHash, Prepared, Request, Slots, Table};
+use crate::shm::table::{Attempt, Busy, Env, Held, KeyHash, Mode, Prepared, Request, Slots, Table};
 
 /// Heap slots.
 struct Heap(Vec<Slot>, Vec<Cold>);
@@ -115,7 +115,7 @@ fn key(home: usize, n: usize, id: u64, tag: u8) -> KeyHash {
     let lo = ((home as u128) << 64).div_ceil(n as u128) as u64;
     KeyHash {
         lo,
-        hi: (u64::from(tag) << 57) | id,
+        hi: (u64::from(tag) << 59) | id,
     }
 }
 
@@ -131,12 +131,14 @@ fn req(hash: KeyHash, pid: u32, lease: u64) -> Request<'static> {
         owner: owner(pid),
         lease,
         exptime: LEASE,
+        mode: Mode::Exclusive,
     }
 }
 
 fn acquired(a: Attempt) -> Option<Held> {
     match a {
         Attempt::Acquired(h) => Some(h),
+        Attempt::Mismatch { .. } => None,
         Attempt::Busy(_) => None,
     }
 }
@@ -144,6 +146,7 @@ fn acquired(a: Attempt) -> Option<Held> {
 fn busy(a: Attempt) -> Option<Busy> {
     match a {
         Attempt::Acquired(_) => None,
+        Attempt::Mismatch { .. } => None,
         Attempt::Busy(b) => Some(b),
     }
 }
@@ -345,6 +348,7 @@ fn dead_owner_steal() {
                     let r = req(k, 2 + i, 10 + u64::from(i));
                     match t.try_acquire(&r).unwrap() {
                         Attempt::Acquired(h) => Some(h),
+                        Attempt::Mismatch { .. } => unreachable!("no shared holds here"),
                         Attempt::Busy(b) => {
                             if t.recover(&b) {
                                 acquired(t.try_acquire(&r).unwrap())
@@ -526,6 +530,7 @@ fn death_at_every_step() {
                 let r = req(other, 2, 2);
                 match t.try_acquire(&r).unwrap() {
                     Attempt::Acquired(h) => t.release(&h).unwrap(),
+                    Attempt::Mismatch { .. } => unreachable!("no shared holds here"),
                     Attempt::Busy(b) => assert_eq!(b.word.owner(), owner(1)),
                 }
             });
@@ -537,6 +542,7 @@ fn death_at_every_step() {
                 let r = req(hash, pid, 30 + u64::from(pid));
                 let got = match m.table.try_acquire(&r).unwrap() {
                     Attempt::Acquired(h) => Some(h),
+                    Attempt::Mismatch { .. } => unreachable!("no shared holds here"),
                     Attempt::Busy(b) => {
                         assert!(m.table.recover(&b), "a dead owner's entry stuck");
                         acquired(m.table.try_acquire(&r).unwrap())
@@ -568,8 +574,9 @@ fn no_lost_wakeup() {
             loop {
                 match t.try_acquire(&r).unwrap() {
                     Attempt::Acquired(h) => return h,
+                    Attempt::Mismatch { .. } => unreachable!("no shared holds here"),
                     Attempt::Busy(b) => match t.prepare_wait(&b) {
-                        Prepared::Sleep(low) => env.futex_wait(t.wait_word(b.slot), low),
+                        Prepared::Sleep(low) => env.futex_wait(t.wait_word(&b), low),
                         Prepared::Changed | Prepared::Poll => thread::yield_now(),
                     },
                 }
@@ -606,11 +613,12 @@ fn a_waiter_flags_the_holders_next_hold_of_the_key() {
             let mut b = seen;
             loop {
                 match t.prepare_wait(&b) {
-                    Prepared::Sleep(low) => env.futex_wait(t.wait_word(b.slot), low),
+                    Prepared::Sleep(low) => env.futex_wait(t.wait_word(&b), low),
                     Prepared::Changed | Prepared::Poll => {}
                 }
                 match t.try_acquire(&r).unwrap() {
                     Attempt::Acquired(h) => return h,
+                    Attempt::Mismatch { .. } => unreachable!("no shared holds here"),
                     Attempt::Busy(next) => b = next,
                 }
             }
@@ -699,6 +707,7 @@ fn an_owner_that_cannot_be_judged_is_alive_until_its_lease_ends() {
         let t = m.table.clone();
         let waiter = thread::spawn(move || match t.try_acquire(&req(k, 2, 2)).unwrap() {
             Attempt::Acquired(_) => panic!("took the key of a live holder"),
+            Attempt::Mismatch { .. } => unreachable!("no shared holds here"),
             Attempt::Busy(b) => {
                 assert!(!t.recover(&b), "freed an owner that cannot be judged");
             }
@@ -728,6 +737,7 @@ fn a_stalled_claim_is_broken_and_its_owner_backs_out() {
             let r = req(k, 2, 22);
             match t.try_acquire(&r).unwrap() {
                 Attempt::Acquired(h) => Some(h),
+                Attempt::Mismatch { .. } => unreachable!("no shared holds here"),
                 Attempt::Busy(b) => {
                     if t.recover(&b) {
                         acquired(t.try_acquire(&r).unwrap())
@@ -786,6 +796,7 @@ fn a_stalled_renewal_past_its_deadline_is_broken_and_reports_the_lease_lost() {
             let r = req(k, 2, 22);
             match t.try_acquire(&r).unwrap() {
                 Attempt::Acquired(h) => Some(h),
+                Attempt::Mismatch { .. } => unreachable!("no shared holds here"),
                 Attempt::Busy(b) => {
                     if t.recover(&b) {
                         acquired(t.try_acquire(&r).unwrap())
@@ -951,3 +962,5 @@ fn a_one_cas_claim_racing_a_rival() {
         m.table.release(&w).unwrap();
     });
 }
+
+mod shared;

@@ -2,7 +2,7 @@
 //!
 //! - `lock_table`: [`LockTable`], the backend's public face (open, inspect, the
 //!   [`Backend`](crate::Backend) it implements); `guards`: its calls that hand out guards
-//!   (`lock`, `lock_async`, `try_lock_with_lease`).
+//!   (`lock`, `lock_async`, `try_lock_with_lease`); `shared`: read locks and semaphores.
 //! - `table/`: the slot protocol, a file per part (`claim`, `hold`, `recover`, `wait`,
 //!   `inspect`), model-checked by `loom_tests`.
 //! - `slot`: a slot's 64-byte hot line, its control word, and the cold side array.
@@ -44,6 +44,8 @@ pub(crate) mod primitive;
 #[cfg(not(loom))]
 pub(crate) mod process;
 pub(crate) mod registry;
+#[cfg(not(loom))]
+mod shared;
 pub(crate) mod slot;
 pub(crate) mod table;
 
@@ -51,4 +53,6 @@ pub(crate) mod table;
 mod loom_tests;
 
 #[cfg(not(loom))]
-pub use lock_table::{Holder, HolderState, LockTable, OpenOptions};
+pub use lock_table::{HoldMode, Holder, HolderState, LockTable, OpenOptions};
+#[cfg(not(loom))]
+pub use shared::{Semaphore, Shared};

@@ -39,8 +39,9 @@ pub(crate) struct Slot {
     pub fence: AtomicU64,
     /// Home word: the reach of this home when it does not fit the control word's 5 bits.
     pub reach: AtomicU32,
-    /// Zero (waiters sleep on the control word itself).
-    pub reserved: AtomicU32,
+    /// A shared entry's limit (valid with `hash_*`): 0 for a read hold, N for one of a
+    /// semaphore's N permits. 0 in an exclusive entry.
+    pub limit: AtomicU32,
 }
 
 /// What only inspection reads of a slot.
@@ -69,7 +70,7 @@ const _: () = {
     assert!(align_of::<Slot>() == 64 && align_of::<Cold>() == 64);
     assert!(offset_of!(Slot, control) == 0);
     assert!(offset_of!(Slot, reach) == 56);
-    assert!(offset_of!(Slot, reserved) == 60);
+    assert!(offset_of!(Slot, limit) == 60);
     assert!(offset_of!(Cold, preview) == 32);
 };
 
@@ -142,8 +143,10 @@ pub(crate) enum State {
 /// ```text
 ///  63   61 60        39 38    32 31                 9 8        4    3      2   0
 /// +-------+------------+--------+--------------------+----------+-------+-------+
-/// |gen hi |  owner (22)|tag (7) |    gen low (23)    | reach (5)|waiters| state |
+/// |gen hi |  owner (22)|mark (7)|    gen low (23)    | reach (5)|waiters| state |
 /// +-------+------------+--------+--------------------+----------+-------+-------+
+///
+///  mark: bit 38 writer waits, bit 37 shared, bits 32-36 tag (5)
 /// ```
 ///
 /// * `gen` (26 bits: 23 low, 3 high) grows on every transition of the entry, so a CAS from
@@ -155,8 +158,14 @@ pub(crate) enum State {
 ///   it in the home's control word makes raising it and claiming the home one location,
 ///   so a claim at home and a raise are ordered by the word itself. It survives every
 ///   transition of the entry.
-/// * `tag` is 7 bits of the key hash, so a scanner can skip most foreign entries without
+/// * `tag` is 5 bits of the key hash, so a scanner can skip most foreign entries without
 ///   reading their hash, and recognise a CLAIMING entry whose hash may not be written yet.
+/// * `shared` marks an entry of a shared hold (a reader, or one permit of a semaphore:
+///   [`Slot::limit`] says which) from its claim on; the other entries are exclusive. Two
+///   shared entries of one key may stand side by side; an exclusive one stands alone.
+/// * `writer waits` is set on a shared hold by a writer waiting for it to end: new shared
+///   claims of the key defer to it (writer preference). Like the waiters bit it is not
+///   part of the entry's identity, and it goes with the entry.
 /// * `waiters` is set by a waiter about to sleep on this word: a futex on its low half,
 ///   which holds the state, the waiters bit and the generation's low bits, so that any
 ///   transition of the entry changes it (a waiter late to its sleep is refused it, even
@@ -176,21 +185,26 @@ const GEN_LOW_SHIFT: u32 = 9;
 const GEN_LOW_BITS: u32 = 23;
 const GEN_LOW_MASK: u64 = (1 << GEN_LOW_BITS) - 1;
 const TAG_SHIFT: u32 = 32;
-const TAG_MASK: u64 = 0x7f;
+const TAG_MASK: u64 = 0x1f;
+/// The mark: tag, shared and writer-waits bits, carried together by [`Word::next`].
+const MARK_MASK: u64 = 0x7f;
+pub(crate) const SHARED: u64 = 1 << 37;
+pub(crate) const WRITER_WAITS: u64 = 1 << 38;
 const OWNER_SHIFT: u32 = 39;
 const OWNER_MASK: u64 = (1 << 22) - 1;
 const GEN_HIGH_SHIFT: u32 = 61;
 const GEN_MASK: u64 = (1 << 26) - 1;
 
 impl Word {
-    /// An entry word; `reach` is carried over from the word it replaces.
-    pub(crate) fn new(state: State, tag: u8, owner: OwnerId, gen: u64, reach: Word) -> Word {
+    /// An entry word; `reach` is carried over from the word it replaces. `mark` is the
+    /// tag with the shared and writer-waits bits ([`Word::mark`]).
+    pub(crate) fn new(state: State, mark: u8, owner: OwnerId, gen: u64, reach: Word) -> Word {
         let gen = gen & GEN_MASK;
         Word(
             state as u64
                 | (reach.0 & REACH_MASK)
                 | ((gen & GEN_LOW_MASK) << GEN_LOW_SHIFT)
-                | ((u64::from(tag) & TAG_MASK) << TAG_SHIFT)
+                | ((u64::from(mark) & MARK_MASK) << TAG_SHIFT)
                 | ((u64::from(owner.bits()) & OWNER_MASK) << OWNER_SHIFT)
                 | ((gen >> GEN_LOW_BITS) << GEN_HIGH_SHIFT),
         )
@@ -211,6 +225,23 @@ impl Word {
 
     pub(crate) fn tag(self) -> u8 {
         ((self.0 >> TAG_SHIFT) & TAG_MASK) as u8
+    }
+
+    /// The tag with the shared and writer-waits bits, as [`Word::new`] takes it.
+    pub(crate) fn mark(self) -> u8 {
+        ((self.0 >> TAG_SHIFT) & MARK_MASK) as u8
+    }
+
+    /// The entry is a shared hold (or a claim of one).
+    #[inline]
+    pub(crate) fn is_shared(self) -> bool {
+        self.0 & SHARED != 0
+    }
+
+    /// A writer waits for this shared hold to end.
+    #[inline]
+    pub(crate) fn writer_waits(self) -> bool {
+        self.0 & WRITER_WAITS != 0
     }
 
     /// The reach bits (see [`REACH_OVERFLOW`]).
@@ -235,17 +266,18 @@ impl Word {
         self.0 & WAITERS != 0
     }
 
-    /// The word without the waiters and reach bits: what identifies one state of one
-    /// entry. An owner's transitions are CASes from the word whose ident it owns.
+    /// The word without the waiters, writer-waits and reach bits: what identifies one
+    /// state of one entry. An owner's transitions are CASes from the word whose ident it
+    /// owns.
     pub(crate) fn ident(self) -> u64 {
-        self.0 & !(WAITERS | REACH_MASK)
+        self.0 & !(WAITERS | WRITER_WAITS | REACH_MASK)
     }
 
-    /// The same entry one transition later, in `state`, keeping tag, owner and reach.
+    /// The same entry one transition later, in `state`, keeping mark, owner and reach.
     pub(crate) fn next(self, state: State) -> Word {
         Word::new(
             state,
-            self.tag(),
+            self.mark(),
             self.owner(),
             self.gen().wrapping_add(1),
             self,
@@ -276,6 +308,8 @@ impl std::fmt::Debug for Word {
             .field("state", &self.state())
             .field("waiters", &self.has_waiters())
             .field("tag", &self.tag())
+            .field("shared", &self.is_shared())
+            .field("writer_waits", &self.writer_waits())
             .field("reach", &self.reach())
             .field("owner", &self.owner())
             .field("gen", &self.gen())
@@ -292,9 +326,18 @@ mod tests {
         let owner = OwnerId::new(0xfffe, 0x1ab);
         assert_eq!(owner.entry(), 0xfffe);
         let base = Word(0).with_reach(17);
-        let w = Word::new(State::Held, 0x5b, owner, GEN_MASK, base);
+        let w = Word::new(State::Held, 0x1b, owner, GEN_MASK, base);
         assert_eq!(w.state(), State::Held);
-        assert_eq!(w.tag(), 0x5b);
+        assert_eq!(w.tag(), 0x1b);
+        assert!(!w.is_shared());
+        let s = Word::new(State::Held, 0x1b | 0x20, owner, 5, base);
+        assert!(s.is_shared() && !s.writer_waits());
+        assert_eq!(s.tag(), 0x1b);
+        assert!(s.next(State::Extending).is_shared());
+        let flagged = Word(s.0 | WRITER_WAITS);
+        assert!(flagged.writer_waits());
+        assert_eq!(flagged.ident(), s.ident());
+        assert!(!s.freed().is_shared());
         assert_eq!(w.owner(), owner);
         assert_eq!(w.reach(), 17);
         assert_eq!(w.gen(), GEN_MASK);
@@ -324,11 +367,11 @@ mod tests {
     #[test]
     fn every_transition_changes_the_low_half() {
         let owner = OwnerId::new(3, 1);
-        let mut w = Word::new(State::Held, 0x42, owner, 7, Word(0)).with_reach(2);
+        let mut w = Word::new(State::Held, 0x12, owner, 7, Word(0)).with_reach(2);
         for _ in 0..1000 {
             let flagged = w.0 | WAITERS;
             let freed = w.freed();
-            let again = Word::new(State::Held, 0x42, owner, freed.gen() + 1, freed);
+            let again = Word::new(State::Held, 0x12, owner, freed.gen() + 1, freed);
             assert_ne!(flagged as u32, again.0 as u32 | WAITERS as u32);
             assert_ne!(w.0 as u32, freed.0 as u32);
             w = again;

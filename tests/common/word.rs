@@ -5,10 +5,11 @@
 pub const GEN_MASK: u64 = (1 << 26) - 1;
 const WAITERS: u64 = 1 << 3;
 const REACH_MASK: u64 = 0x1f << 4;
+const WRITER_WAITS: u64 = 1 << 38;
 
-/// The control word without its waiters and reach bits (`Word::ident`).
+/// The control word without its waiters, writer-waits and reach bits (`Word::ident`).
 pub fn ident(w: u64) -> u64 {
-    w & !(WAITERS | REACH_MASK)
+    w & !(WAITERS | WRITER_WAITS | REACH_MASK)
 }
 
 /// The entry's generation: 23 low bits from bit 9, 3 high bits from bit 61.

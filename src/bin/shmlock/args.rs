@@ -100,6 +100,8 @@ pub enum Cmd {
     "  shmlock run -n backup ./backup.sh               # exit 1 at once if it is running\n",
     "  shmlock run -w 10 -E 75 deploy -- make deploy   # wait 10 s at most, then exit 75\n",
     "  shmlock run report -c 'make report | mail ops'  # a command line, through /bin/sh -c\n",
+    "  shmlock run -s config cat /etc/app.conf         # readers together, never beside a writer\n",
+    "  shmlock run --permits 4 gpu ./train.sh          # at most 4 of these at once\n",
     "\n",
     "COMMAND is the first argument after KEY (or after --); the options of run come before\n",
     "it, and everything from it on is COMMAND's. COMMAND finds the key in $SHMLOCK_KEY and\n",
@@ -154,9 +156,17 @@ pub struct RunArgs {
     /// Do not wait: exit at once if the lock is held (same as -w 0)
     #[arg(short = 'n', long, visible_aliases = ["nonblocking", "nb"])]
     pub nonblock: bool,
-    /// An exclusive lock: the only kind, accepted as flock(1)'s -x/-e
-    #[arg(short = 'x', short_alias = 'e', long)]
+    /// An exclusive lock (the default), as flock(1)'s -x/-e
+    #[arg(short = 'x', short_alias = 'e', long, conflicts_with_all = ["shared", "permits"])]
     pub exclusive: bool,
+    /// A shared (read) lock: held beside other shared holders of KEY, never beside an
+    /// exclusive one; a waiting exclusive holder goes first
+    #[arg(short = 's', long, conflicts_with = "permits")]
+    pub shared: bool,
+    /// One of N permits of KEY: at most N such commands run at once machine-wide (a
+    /// jobserver); a dead one's permit comes back at once
+    #[arg(long, value_name = "N")]
+    pub permits: Option<u32>,
     /// Release the lock when COMMAND exits, even if processes it started still run
     #[arg(short = 'o', long)]
     pub close: bool,
@@ -195,10 +205,12 @@ pub struct RunArgs {
     "--json prints one object:\n",
     "  {\"file\", \"format_version\", \"capacity\", \"occupancy\", \"holders\": [{\"key\",\n",
     "   \"key_hex\", \"key_len\", \"truncated\", \"pid\", \"alive\", \"state\", \"age_ms\",\n",
-    "   \"ttl_ms\", \"expired\", \"token\", \"waiters\"}]}\n",
+    "   \"ttl_ms\", \"expired\", \"token\", \"waiters\", \"mode\", \"permits\"}]}\n",
     "\"key\" is the preview (first 32 bytes) as UTF-8 with invalid bytes replaced, \"key_hex\"\n",
     "the same bytes in hex; \"ttl_ms\" (never expires) and \"token\" may be null; \"state\" is\n",
-    "\"held\", \"claiming\" or \"extending\".\n",
+    "\"held\", \"claiming\" or \"extending\"; \"mode\" is \"exclusive\", \"shared\" (a reader) or\n",
+    "\"permit\" (one of a semaphore's \"permits\"; null otherwise). A shared key has a row per\n",
+    "holder.\n",
     "\n",
     "--watch prints the table again every second (--interval SECS) until interrupted: on a\n",
     "terminal the screen is cleared before each print, elsewhere a line \"--- TIME ---\"\n",

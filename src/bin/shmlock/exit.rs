@@ -54,7 +54,8 @@ impl From<Error> for Fail {
             | Error::KeyTooLong(_)
             | Error::InvalidOptions(_)
             | Error::InvalidCapacity(_)
-            | Error::InvalidLayout(_) => EX_USAGE,
+            | Error::InvalidLayout(_)
+            | Error::PermitsMismatch { .. } => EX_USAGE,
             Error::Redis(_) | Error::NotReplicated { .. } => EX_UNAVAILABLE,
             Error::TableFull { .. } | Error::TooManyProcesses { .. } | Error::NoMemory => {
                 EX_TEMPFAIL

@@ -40,6 +40,8 @@ struct TableEntry {
     expired: bool,
     token: Option<u64>,
     waiters: bool,
+    mode: &'static str,
+    permits: Option<u32>,
 }
 
 /// `hs`: the holders to list, sorted.
@@ -69,6 +71,11 @@ pub fn write_table(
                 expired: h.expired,
                 token: h.token,
                 waiters: h.waiters,
+                mode: h.mode.name(),
+                permits: match h.mode {
+                    shmlock::HoldMode::Permit { permits } => Some(permits),
+                    _ => None,
+                },
             })
             .collect(),
     };

@@ -52,7 +52,23 @@ fn main() -> ExitCode {
     let result = match (&cli.redis, cli.command) {
         (None, Cmd::Run(a)) => LockTable::open(&file, DEFAULT_CAPACITY)
             .map_err(Fail::from)
-            .and_then(|t| run::run(&t, a)),
+            .and_then(|t| match (a.shared, a.permits) {
+                (true, _) => run::run(t.shared(), a),
+                (false, Some(n)) => {
+                    let sem = t.semaphore(&a.key, n).map_err(|e| match e {
+                        shmlock::Error::InvalidOptions(_) => Fail(
+                            format!(
+                                "--permits must be between 1 and the table's capacity ({})",
+                                t.capacity()
+                            ),
+                            EX_USAGE,
+                        ),
+                        e => Fail::from(e),
+                    })?;
+                    run::run(&sem, a)
+                }
+                (false, None) => run::run(&t, a),
+            }),
         (None, Cmd::Inspect(a)) => {
             inspect::open_inspected(&file).and_then(|t| inspect::inspect(&t, &a))
         }

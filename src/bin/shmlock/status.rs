@@ -52,6 +52,18 @@ impl WhoHolds for LockTable {
     }
 }
 
+impl WhoHolds for shmlock::Shared {
+    fn who_holds(&self, key: &str) -> Option<HolderInfo> {
+        self.table().who_holds(key)
+    }
+}
+
+impl WhoHolds for shmlock::Semaphore<'_> {
+    fn who_holds(&self, key: &str) -> Option<HolderInfo> {
+        self.table().who_holds(key)
+    }
+}
+
 impl WhoHolds for RedisLocks {
     fn who_holds(&self, key: &str) -> Option<HolderInfo> {
         let h = self

@@ -38,8 +38,8 @@ pub fn write_table(
     }
     writeln!(
         out,
-        "{:<32} {:>8} {:>6} {:>9} {:>10} {:>10} {:>8} {:>7}",
-        "KEY", "PID", "ALIVE", "STATE", "AGE", "TTL", "TOKEN", "WAITERS"
+        "{:<32} {:>8} {:>6} {:>9} {:>10} {:>10} {:>8} {:>7} {:>10}",
+        "KEY", "PID", "ALIVE", "STATE", "AGE", "TTL", "TOKEN", "WAITERS", "MODE"
     )?;
     for h in hs {
         let ttl = match h.ttl {
@@ -49,7 +49,7 @@ pub fn write_table(
         };
         writeln!(
             out,
-            "{:<32} {:>8} {:>6} {:>9} {:>9.3}s {:>10} {:>8} {:>7}",
+            "{:<32} {:>8} {:>6} {:>9} {:>9.3}s {:>10} {:>8} {:>7} {:>10}",
             shown_key(h),
             h.pid,
             if h.owner_alive { "yes" } else { "no" },
@@ -58,6 +58,10 @@ pub fn write_table(
             ttl,
             h.token.map_or("-".to_string(), |t| t.to_string()),
             if h.waiters { "yes" } else { "no" },
+            match h.mode {
+                shmlock::HoldMode::Permit { permits } => format!("permit/{permits}"),
+                m => m.name().to_string(),
+            },
         )?;
     }
     Ok(())

@@ -42,7 +42,8 @@
 //! unwinds a thread at a chosen step and never runs it again).
 
 use super::{
-    busy, Attempt, Busy, Env, Held, KeyHash, Lost, Request, Seen, Slots, Table, TableFull,
+    busy, claims_conflict, Attempt, Busy, Conflict, Env, Held, KeyHash, Lost, Mode, Request, Seen,
+    Slots, Table, TableFull, WaitFor,
 };
 use crate::shm::clock::deadline;
 use crate::shm::primitive::{crash_point, Ordering};
@@ -55,6 +56,8 @@ const MAX_RESTARTS: u32 = 16;
 enum Scan {
     /// The key is held here, or claimed here by a rival still at it (alive, not stalled).
     Busy(Busy),
+    /// The key is held in shared mode with another limit.
+    Mismatch(u32),
     /// The key is not held: the first free slot is at this distance, with this word.
     Free(usize, Word),
     /// The key is not held, and there is no free slot.
@@ -72,6 +75,57 @@ enum Rescan {
     /// and it did; start over (at most [`MAX_RESTARTS`] times, then report the key busy
     /// here).
     Yield(Busy),
+    /// The key is held in shared mode with another limit: our claim was taken back.
+    Mismatch(u32),
+}
+
+/// The permits of a semaphore counted in a scan of its key's range.
+struct Permits {
+    limit: u32,
+    taken: u32,
+    /// The nearest one, which a waiter reports as the holder.
+    first: Option<(usize, Word)>,
+}
+
+impl Permits {
+    fn new(mode: Mode) -> Permits {
+        Permits {
+            limit: mode.limit(),
+            taken: 0,
+            first: None,
+        }
+    }
+
+    fn count(&mut self, i: usize, c: Word) {
+        self.taken += 1;
+        self.first.get_or_insert((i, c));
+    }
+
+    /// All taken: the busy a waiter sleeps on.
+    fn exhausted(&self, home: usize, hash: KeyHash) -> Option<Busy> {
+        if self.limit == 0 || self.taken < self.limit {
+            return None;
+        }
+        let (i, c) = self.first?;
+        Some(Busy {
+            wait: WaitFor::Permits { limit: self.limit },
+            ..busy(i, home, c, hash)
+        })
+    }
+}
+
+/// The busy of a live entry that stands in the way of a claim in `mode`: a writer waits
+/// for readers in its own way.
+fn blocked(i: usize, home: usize, c: Word, hash: KeyHash, mode: Mode) -> Busy {
+    let wait = if mode == Mode::Exclusive && c.is_shared() {
+        WaitFor::Readers
+    } else {
+        WaitFor::Entry
+    };
+    Busy {
+        wait,
+        ..busy(i, home, c, hash)
+    }
 }
 
 impl<S: Slots, E: Env> Table<S, E> {
@@ -111,7 +165,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         if Self::fields_say(slot, req, now, until) {
             let word = Word::new(
                 State::Held,
-                req.hash.tag(),
+                req.mode.mark(req.hash),
                 req.owner,
                 c.gen().wrapping_add(1),
                 c,
@@ -135,7 +189,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         }
         let claiming = Word::new(
             State::Claiming,
-            req.hash.tag(),
+            req.mode.mark(req.hash),
             req.owner,
             c.gen().wrapping_add(1),
             c,
@@ -158,6 +212,7 @@ impl<S: Slots, E: Env> Table<S, E> {
             && slot.lease.load(Ordering::Relaxed) == req.lease
             && slot.deadline.load(Ordering::Relaxed) == until
             && slot.acquired_at.load(Ordering::Relaxed) == now
+            && slot.limit.load(Ordering::Relaxed) == req.mode.limit()
     }
 
     /// CLAIMING → HELD, keeping the reach bits a rival may have raised meanwhile. `Err`:
@@ -238,7 +293,9 @@ impl<S: Slots, E: Env> Table<S, E> {
         let hc = self.word(home, Ordering::Acquire);
         if hc.state() == State::Held && hc.tag() == hash.tag() {
             if let Seen::Key = self.examine(&slots[home], hc, hash, now) {
-                return Ok(Attempt::Busy(busy(home, home, hc, hash)));
+                if self.conflict(&slots[home], hc, req.mode) == Conflict::Busy {
+                    return Ok(Attempt::Busy(blocked(home, home, hc, hash, req.mode)));
+                }
             }
         }
         let mut restarts = 0;
@@ -248,9 +305,10 @@ impl<S: Slots, E: Env> Table<S, E> {
             // so pass 1 sees it (see "Why two live entries of one key cannot exist").
             let claims = slots[home].fence.load(Ordering::SeqCst);
             let reach = self.reach(home, Ordering::Acquire);
-            let (fd, fc) = match self.scan(home, reach, hash, now) {
+            let (fd, fc) = match self.scan(home, reach, hash, req.mode, now) {
                 Scan::Free(d, c) => (d, c),
                 Scan::Busy(b) => return Ok(Attempt::Busy(b)),
+                Scan::Mismatch(limit) => return Ok(Attempt::Mismatch { limit }),
                 Scan::Full => {
                     if self.reap_any(now) {
                         continue 'restart;
@@ -271,7 +329,8 @@ impl<S: Slots, E: Env> Table<S, E> {
             let until = deadline(now, req.exptime);
             let direct = Self::fields_say(slot, req, now, until);
             let state = if direct { State::Held } else { State::Claiming };
-            let claiming = Word::new(state, hash.tag(), req.owner, fc.gen().wrapping_add(1), fc);
+            let mark = req.mode.mark(hash);
+            let claiming = Word::new(state, mark, req.owner, fc.gen().wrapping_add(1), fc);
             if slot
                 .control
                 .compare_exchange(fc.0, claiming.0, Ordering::SeqCst, Ordering::Relaxed)
@@ -294,9 +353,10 @@ impl<S: Slots, E: Env> Table<S, E> {
 
             // Pass 2 (decisive when a rival was in flight): look at the whole range again.
             if rivals {
-                match self.rescan(home, fd, slot, claiming, hash, now) {
+                match self.rescan(home, fd, slot, claiming, hash, req.mode, now) {
                     Rescan::Clear => {}
                     Rescan::Busy(b) => return Ok(Attempt::Busy(b)),
+                    Rescan::Mismatch(limit) => return Ok(Attempt::Mismatch { limit }),
                     Rescan::Yield(b) => {
                         restarts += 1;
                         if restarts > MAX_RESTARTS {
@@ -356,10 +416,11 @@ impl<S: Slots, E: Env> Table<S, E> {
 
     /// Pass 1: is the key held anywhere in its range, and where is the first free slot?
     #[inline(always)]
-    fn scan(&self, home: usize, reach: usize, hash: KeyHash, now: u64) -> Scan {
+    fn scan(&self, home: usize, reach: usize, hash: KeyHash, mode: Mode, now: u64) -> Scan {
         let slots = self.slots();
         let n = slots.len();
         let mut free = None;
+        let mut permits = Permits::new(mode);
         // A free home is the nearest place there is.
         let hc = self.word(home, Ordering::SeqCst);
         if hc.state() == State::Free && !cfg!(shmlock_broken) {
@@ -388,11 +449,18 @@ impl<S: Slots, E: Env> Table<S, E> {
                 // claim count, and pass 2 sees it.
                 _ if d > reach => {}
                 Seen::Other => {}
+                Seen::Claiming if !claims_conflict(c, mode) => {}
                 Seen::Claiming => match self.settle(i, c) {
                     Some(_) => continue,
                     None => return Scan::Busy(busy(i, home, c, hash)),
                 },
-                Seen::Key => return Scan::Busy(busy(i, home, c, hash)),
+                Seen::Key => match self.conflict(&slots[i], c, mode) {
+                    Conflict::Busy => return Scan::Busy(blocked(i, home, c, hash, mode)),
+                    Conflict::Mismatch(l) => return Scan::Mismatch(l),
+                    Conflict::Changed => continue,
+                    Conflict::Permit => permits.count(i, c),
+                    Conflict::Beside => {}
+                },
                 Seen::Expired => {
                     self.steal(i, c);
                     continue;
@@ -404,6 +472,9 @@ impl<S: Slots, E: Env> Table<S, E> {
             }
             d += 1;
         }
+        if let Some(b) = permits.exhausted(home, hash) {
+            return Scan::Busy(b);
+        }
         match free {
             Some((d, c)) => Scan::Free(d, c),
             None => Scan::Full,
@@ -413,6 +484,7 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// Pass 2, made when a rival was in flight: the whole range again but for our claim
     /// (`claiming`, at distance `fd`), and what it finds decides.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn rescan(
         &self,
         home: usize,
@@ -420,9 +492,11 @@ impl<S: Slots, E: Env> Table<S, E> {
         slot: &Slot,
         claiming: Word,
         hash: KeyHash,
+        mode: Mode,
         now: u64,
     ) -> Rescan {
         let slots = self.slots();
+        let mut permits = Permits::new(mode);
         let range = self.reach(home, Ordering::SeqCst).max(fd);
         // The broken variant trusts pass 1 and skips the rescan.
         #[cfg(shmlock_broken)]
@@ -449,10 +523,20 @@ impl<S: Slots, E: Env> Table<S, E> {
                     self.resolve_steal(i, c);
                     continue;
                 }
-                Seen::Key => {
-                    self.withdraw(slot, claiming);
-                    return Rescan::Busy(busy(i, home, c, hash));
-                }
+                Seen::Key => match self.conflict(&slots[i], c, mode) {
+                    Conflict::Busy => {
+                        self.withdraw(slot, claiming);
+                        return Rescan::Busy(blocked(i, home, c, hash, mode));
+                    }
+                    Conflict::Mismatch(l) => {
+                        self.withdraw(slot, claiming);
+                        return Rescan::Mismatch(l);
+                    }
+                    Conflict::Changed => continue,
+                    Conflict::Permit => permits.count(i, c),
+                    Conflict::Beside => {}
+                },
+                Seen::Claiming if !claims_conflict(c, mode) => {}
                 Seen::Claiming if d < fd => {
                     // A rival nearer home has priority: step aside, let it finish.
                     self.withdraw(slot, claiming);
@@ -472,6 +556,10 @@ impl<S: Slots, E: Env> Table<S, E> {
                 },
             }
             d += 1;
+        }
+        if let Some(b) = permits.exhausted(home, hash) {
+            self.withdraw(slot, claiming);
+            return Rescan::Busy(b);
         }
         Rescan::Clear
     }
@@ -493,6 +581,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         slot.deadline
             .store(deadline(now, req.exptime), Ordering::Relaxed);
         slot.acquired_at.store(now, Ordering::Relaxed);
+        slot.limit.store(req.mode.limit(), Ordering::Relaxed);
         crash_point();
     }
 

@@ -7,7 +7,7 @@ use super::{Env, Held, Lost, Slots, Table};
 use crate::shm::clock::{deadline, TICK_NS};
 use crate::shm::primitive::{crash_point, Ordering};
 use crate::shm::registry::OwnerId;
-use crate::shm::slot::{Slot, State, Word, WAITERS};
+use crate::shm::slot::{Slot, State, Word, SHARED, WAITERS};
 
 impl<S: Slots, E: Env> Table<S, E> {
     /// The slot word as the holder of `held` may act on it: a check of this very hold in
@@ -47,7 +47,7 @@ impl<S: Slots, E: Env> Table<S, E> {
             {
                 crash_point();
                 if c.has_waiters() {
-                    self.wake(held.slot);
+                    self.wake_left(held.slot, c, Some(held.home));
                     self.env.released_to_waiters(held.acquired_at);
                 }
                 return Ok(());
@@ -142,7 +142,7 @@ impl<S: Slots, E: Env> Table<S, E> {
             }
             let nobody = Word::new(
                 State::Held,
-                c.tag(),
+                c.mark(),
                 OwnerId::UNKNOWN,
                 c.gen().wrapping_add(1),
                 c,
@@ -163,12 +163,18 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// key. Taken from the home's counter, then checked against the hold, so a holder that
     /// lost its lease before asking gets `None`, never a token that outranks its successor.
     /// The caller adds the file's token base.
+    ///
+    /// A shared hold gets no token of its own: it reads the counter, which is at least the
+    /// token of every exclusive hold before it and less than that of any after it (no
+    /// exclusive hold stands beside it), so a reader can tell which write it read.
     pub(crate) fn token(&self, held: &Held) -> Option<u64> {
         let slots = self.slots();
-        let t = slots[held.home]
-            .fence
-            .fetch_add(1, Ordering::SeqCst)
-            .wrapping_add(1);
+        let counter = &slots[held.home].fence;
+        let t = if held.word.is_shared() {
+            counter.load(Ordering::SeqCst)
+        } else {
+            counter.fetch_add(1, Ordering::SeqCst).wrapping_add(1)
+        };
         crash_point();
         let slot = &slots[held.slot];
         let c = self.holder_word(slot, held);
@@ -183,6 +189,36 @@ impl<S: Slots, E: Env> Table<S, E> {
             Ordering::Release,
         );
         Some(t)
+    }
+
+    /// Turns an exclusive hold into a shared one (a reader's) in one CAS: no other holder
+    /// can come between, and the readers waiting for it are woken. `Err(Lost)` if the hold
+    /// was taken from us.
+    pub(crate) fn downgrade(&self, held: &mut Held) -> Result<(), Lost> {
+        let slot = &self.slots()[held.slot];
+        loop {
+            let c = self.holder_word(slot, held);
+            if !self.owns(slot, c, held) {
+                return Err(Lost);
+            }
+            if c.is_shared() {
+                return Ok(());
+            }
+            // The limit of an exclusive entry is 0 already: a reader's.
+            let shared = Word(c.next(State::Held).0 | SHARED);
+            if slot
+                .control
+                .compare_exchange(c.0, shared.0, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+            {
+                crash_point();
+                held.word = shared;
+                if c.has_waiters() {
+                    self.wake(held.slot);
+                }
+                return Ok(());
+            }
+        }
     }
 
     /// Whether `held` is still this holder's and its lease has not run out. A check of this

@@ -28,6 +28,19 @@ impl<S: Slots, E: Env> Table<S, E> {
         None
     }
 
+    /// How many live shared holds the key has (a snapshot).
+    pub(crate) fn shared_holds(&self, hash: KeyHash) -> usize {
+        let b = busy(
+            0,
+            hash.home(self.slots().len()),
+            crate::shm::slot::Word(0),
+            hash,
+        );
+        let mut n = 0;
+        self.for_shared_holds(&b, |_, _, expired| n += usize::from(!expired));
+        n
+    }
+
     /// A snapshot of the live entry of a key, if any (what a wait that gave up saw of the
     /// holder).
     pub(crate) fn entry_of(&self, hash: KeyHash) -> Option<Entry> {
@@ -68,6 +81,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         let deadline = slot.deadline.load(Ordering::Relaxed);
         let acquired_at = slot.acquired_at.load(Ordering::Relaxed);
         let lease = slot.lease.load(Ordering::Relaxed);
+        let limit = slot.limit.load(Ordering::Relaxed);
         let token_of = cold.token_of.load(Ordering::Acquire);
         let token = cold.token.load(Ordering::Relaxed);
         let (key_len, preview) = cold.read_preview();
@@ -89,6 +103,7 @@ impl<S: Slots, E: Env> Table<S, E> {
             },
             key_len,
             preview,
+            limit,
         })
     }
 }

@@ -56,7 +56,7 @@
 
 use crate::shm::primitive::{fence, AtomicU64, Ordering};
 use crate::shm::registry::OwnerId;
-use crate::shm::slot::{Cold, Slot, State, Word, REACH_OVERFLOW};
+use crate::shm::slot::{Cold, Slot, State, Word, REACH_OVERFLOW, SHARED};
 
 mod claim;
 mod hold;
@@ -82,9 +82,9 @@ impl KeyHash {
         }
     }
 
-    /// 7 bits of the hash, as control words carry them.
+    /// 5 bits of the hash, as control words carry them.
     pub(crate) fn tag(self) -> u8 {
-        (self.hi >> 57) as u8
+        (self.hi >> 59) as u8
     }
 
     /// The home slot, by multiply-shift range reduction (any table length works).
@@ -137,6 +137,36 @@ pub(crate) trait Env {
     }
 }
 
+/// How a claim holds its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Alone: no other entry of the key stands beside it.
+    Exclusive,
+    /// Beside other shared holds of the key: a reader (`limit` 0), or one of a semaphore's
+    /// `limit` permits (at most `limit` such holds at once).
+    Shared { limit: u32 },
+}
+
+impl Mode {
+    /// The mark a claim in this mode puts in its control word (see [`Word::mark`]).
+    #[inline(always)]
+    pub(crate) fn mark(self, hash: KeyHash) -> u8 {
+        match self {
+            Mode::Exclusive => hash.tag(),
+            Mode::Shared { .. } => hash.tag() | (SHARED >> 32) as u8,
+        }
+    }
+
+    /// What the claim writes in [`Slot::limit`].
+    #[inline(always)]
+    pub(crate) fn limit(self) -> u32 {
+        match self {
+            Mode::Exclusive => 0,
+            Mode::Shared { limit } => limit,
+        }
+    }
+}
+
 /// One acquisition attempt.
 pub(crate) struct Request<'k> {
     pub key: &'k [u8],
@@ -146,6 +176,7 @@ pub(crate) struct Request<'k> {
     pub lease: u64,
     /// Lease length in ns; 0 = never expires.
     pub exptime: u64,
+    pub mode: Mode,
 }
 
 /// A hold won by [`Table::try_acquire`].
@@ -169,12 +200,32 @@ pub(crate) struct Busy {
     pub word: Word,
     /// The key that was busy.
     pub hash: KeyHash,
+    /// What a waiter waits for.
+    pub wait: WaitFor,
+}
+
+/// What a waiter for a busy key waits for, and so where it sleeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WaitFor {
+    /// The entry at `slot` to leave the key: sleeps on its word.
+    Entry,
+    /// A writer, for the shared holds of the key: it marks them all as waited for by a
+    /// writer (so that no new reader joins them) and sleeps on the one at `slot`.
+    Readers,
+    /// One of a semaphore's `limit` permits, all taken: sleeps on the home's claim count,
+    /// which the release of any of them moves.
+    Permits { limit: u32 },
 }
 
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Attempt {
     Acquired(Held),
     Busy(Busy),
+    /// The key is held in shared mode with another limit (a semaphore of `limit` permits,
+    /// or readers for 0) than the claim's.
+    Mismatch {
+        limit: u32,
+    },
 }
 
 /// No free slot, even after reaping expired and dead entries.
@@ -198,6 +249,8 @@ pub(crate) struct Entry {
     pub lease: u64,
     /// 0 unless the holder took a token (and the cold line still shows it).
     pub token: u64,
+    /// The shared entry's limit (see [`Slot::limit`]).
+    pub limit: u32,
     pub key_len: u64,
     pub preview: Vec<u8>,
 }
@@ -327,11 +380,88 @@ impl<S: Slots, E: Env> Table<S, E> {
         }
     }
 
+    /// The limit of the shared entry `c` of `slot`, checked against the word like
+    /// [`hash_of`](Self::hash_of).
+    #[inline]
+    fn limit_of(&self, slot: &Slot, c: Word) -> Option<u32> {
+        let limit = slot.limit.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        (Word(slot.control.load(Ordering::Relaxed)).ident() == c.ident()).then_some(limit)
+    }
+
+    /// What the live entry `c` of our key (a [`Seen::Key`]) means to a claim in `mode`.
+    #[inline]
+    fn conflict(&self, slot: &Slot, c: Word, mode: Mode) -> Conflict {
+        let Mode::Shared { limit } = mode else {
+            return Conflict::Busy;
+        };
+        if !c.is_shared() {
+            return Conflict::Busy;
+        }
+        match self.limit_of(slot, c) {
+            None => Conflict::Changed,
+            Some(l) if l != limit => Conflict::Mismatch(l),
+            // a writer waits for this hold: new shared holds defer to it
+            Some(_) if c.writer_waits() => Conflict::Busy,
+            Some(0) => Conflict::Beside,
+            Some(_) => Conflict::Permit,
+        }
+    }
+
     /// Wakes the processes asleep on slot `i`'s control word (they flagged the entry that
     /// just left it).
     fn wake(&self, i: usize) {
         self.env.wake_all(&self.slots()[i].control);
     }
+
+    /// Wakes whoever waits for the flagged entry `c` of slot `i`, which just left it: the
+    /// sleepers on its word and, for a shared entry, a semaphore's waiters asleep on the
+    /// claim count of `home` (moved first, so that none of them sleeps past it).
+    fn wake_left(&self, i: usize, c: Word, home: Option<usize>) {
+        self.wake(i);
+        if let (true, Some(home)) = (c.is_shared(), home) {
+            let count = &self.slots()[home].fence;
+            count.fetch_add(1, Ordering::SeqCst);
+            self.env.wake_all(count);
+        }
+    }
+
+    /// The home of the key an occupied slot holds (read before it is freed).
+    fn home_of(&self, i: usize) -> usize {
+        let slot = &self.slots()[i];
+        KeyHash {
+            lo: slot.hash_lo.load(Ordering::Relaxed),
+            hi: 0,
+        }
+        .home(self.slots().len())
+    }
+}
+
+/// What a live entry of a key means to a claim of it.
+#[derive(Debug, PartialEq, Eq)]
+enum Conflict {
+    /// It stands in the way.
+    Busy,
+    /// A shared hold the claim may stand beside.
+    Beside,
+    /// One of the semaphore's permits: the claim may stand beside it if one is left.
+    Permit,
+    /// A shared hold of another limit.
+    Mismatch(u32),
+    /// The word moved while it was read: look again.
+    Changed,
+}
+
+/// Whether a CLAIMING entry whose tag is our key's must be settled (waited for or yielded
+/// to) before a claim in `mode` goes on: always, but between two reader claims, which
+/// never stand in each other's way.
+#[inline]
+fn claims_conflict(c: Word, mode: Mode) -> bool {
+    // The broken variant lets shared claims pass every claim in progress, a writer's too.
+    if cfg!(shmlock_broken_shared) && mode != Mode::Exclusive {
+        return false;
+    }
+    !(mode == Mode::Shared { limit: 0 } && c.is_shared())
 }
 
 fn busy(slot: usize, home: usize, word: Word, hash: KeyHash) -> Busy {
@@ -340,5 +470,6 @@ fn busy(slot: usize, home: usize, word: Word, hash: KeyHash) -> Busy {
         home,
         word,
         hash,
+        wait: WaitFor::Entry,
     }
 }

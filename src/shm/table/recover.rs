@@ -26,7 +26,7 @@
 //! between its second look and its final CAS, while the word comes round and *another*
 //! steal of the same word is in progress at the moment it resumes.
 
-use super::{Busy, Entry, Env, KeyHash, Seen, Slots, Table};
+use super::{Busy, Entry, Env, KeyHash, Seen, Slots, Table, WaitFor};
 use crate::shm::primitive::{crash_point, fence, spin, Ordering, SETTLE_ROUNDS};
 use crate::shm::slot::{Slot, State, Word};
 
@@ -66,6 +66,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         if Word(slot.control.load(Ordering::SeqCst)).ident() != frozen.ident() {
             return false; // ended by someone else
         }
+        let home = frozen.is_shared().then(|| self.home_of(i));
         let expired = deadline <= self.now();
         let doomed = expired
             || (self.env.reaps_dead_holders() && self.env.is_holder_dead(frozen.owner(), lease));
@@ -85,7 +86,7 @@ impl<S: Slots, E: Env> Table<S, E> {
                     if doomed {
                         self.env.took_over(expired);
                         if cur.has_waiters() {
-                            self.wake(i);
+                            self.wake_left(i, cur, home);
                         }
                     }
                     return doomed;
@@ -100,6 +101,19 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// dead, breaks it if it stalled. `true` when the entry is gone or changed, so
     /// retrying is worthwhile now.
     pub(crate) fn recover(&self, b: &Busy) -> bool {
+        if b.wait != WaitFor::Entry {
+            // Any of the shared holds may be the one that died or ran out.
+            let mut freed = false;
+            self.for_shared_holds(b, |i, c, expired| {
+                let slot = &self.slots()[i];
+                if expired || (self.env.reaps_dead_holders() && self.holder_dead(slot, c)) {
+                    freed |= self.steal(i, c);
+                }
+            });
+            if freed {
+                return true;
+            }
+        }
         let c = self.word(b.slot, Ordering::Acquire);
         if c.ident() != b.word.ident() {
             return true;
@@ -180,6 +194,7 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// but waiters are woken and cleared). `false` if the entry moved on meanwhile.
     fn replace(&self, i: usize, c: Word, to: Word) -> bool {
         let slot = &self.slots()[i];
+        let home = c.is_shared().then(|| self.home_of(i));
         let mut cur = c;
         loop {
             let new = to.with_reach(cur.reach());
@@ -190,7 +205,7 @@ impl<S: Slots, E: Env> Table<S, E> {
                 Ok(_) => {
                     crash_point();
                     if cur.has_waiters() {
-                        self.wake(i);
+                        self.wake_left(i, cur, home);
                     }
                     return true;
                 }

@@ -54,6 +54,7 @@ fn request(hash: KeyHash, owner: OwnerId, lease: u64) -> Request<'static> {
         owner,
         lease,
         exptime: 60_000,
+        mode: Mode::Exclusive,
     }
 }
 

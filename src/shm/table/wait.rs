@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use super::{Busy, Env, Prepared, Slots, Table};
+use super::{Busy, Env, Prepared, Seen, Slots, Table, WaitFor};
 use crate::shm::primitive::{crash_point, AtomicU64, Ordering};
-use crate::shm::slot::{State, Word, WAITERS};
+use crate::shm::slot::{State, Word, WAITERS, WRITER_WAITS};
 
 impl<S: Slots, E: Env> Table<S, E> {
     /// Before sleeping on a busy key: flags the busy slot's word as waited on, and says
@@ -19,7 +19,39 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// lost wake-up. A bit left on a word that is not a hold (free, claimed, being
     /// checked) is harmless: claims, promotions and frees drop it, and it costs at most a
     /// wake-up nobody waits for.
+    ///
+    /// A writer waiting for readers first marks every shared hold of the key as waited
+    /// for by a writer, so that no new reader joins them, then sleeps on one of them as
+    /// above (and again on the next, until none is left). A waiter for a semaphore's
+    /// permits flags every permit's hold and sleeps on the home's claim count, read
+    /// before: the release of any flagged permit moves the count, then wakes.
     pub(crate) fn prepare_wait(&self, b: &Busy) -> Prepared {
+        match b.wait {
+            WaitFor::Entry => {}
+            WaitFor::Readers => {
+                self.for_shared_holds(b, |i, _, _| {
+                    self.slots()[i]
+                        .control
+                        .fetch_or(WRITER_WAITS, Ordering::SeqCst);
+                });
+                crash_point();
+            }
+            WaitFor::Permits { limit } => {
+                let count = self.slots()[b.home].fence.load(Ordering::SeqCst);
+                let mut taken = 0;
+                self.for_shared_holds(b, |i, _, expired| {
+                    let c = self.slots()[i].control.fetch_or(WAITERS, Ordering::SeqCst);
+                    // a permit that moved meanwhile is not counted: then the waiter tries again
+                    taken += u32::from(!expired && Word(c).state() == State::Held);
+                });
+                crash_point();
+                return if taken >= limit {
+                    Prepared::Sleep(count as u32)
+                } else {
+                    Prepared::Changed
+                };
+            }
+        }
         let slot = &self.slots()[b.slot];
         slot.control.fetch_or(WAITERS, Ordering::SeqCst);
         crash_point();
@@ -47,6 +79,9 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// read, no write). A holder that released and took the key again counts as holding.
     #[inline]
     pub(crate) fn moved_on(&self, b: &Busy) -> bool {
+        if let WaitFor::Permits { .. } = b.wait {
+            return true; // any permit may have been given back: only an attempt tells
+        }
         let w = self.word(b.slot, Ordering::Relaxed);
         w.state() != State::Held || w.tag() != b.word.tag()
     }
@@ -54,12 +89,48 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// How long the busy entry's lease has left on the table clock (`None`: it never
     /// expires): a sleeper need not sleep past it, as nobody wakes anyone at expiry.
     pub(crate) fn lease_left(&self, b: &Busy) -> Option<Duration> {
-        let deadline = self.slots()[b.slot].deadline.load(Ordering::Relaxed);
+        let mut deadline = self.slots()[b.slot].deadline.load(Ordering::Relaxed);
+        if let WaitFor::Permits { .. } = b.wait {
+            // the first permit whose lease runs out frees one
+            self.for_shared_holds(b, |i, _, _| {
+                deadline = deadline.min(self.slots()[i].deadline.load(Ordering::Relaxed));
+            });
+        }
         (deadline != u64::MAX).then(|| Duration::from_nanos(deadline.saturating_sub(self.now())))
     }
 
-    /// The control word a waiter on slot `i` sleeps on (see [`Prepared::Sleep`]).
-    pub(crate) fn wait_word(&self, i: usize) -> &AtomicU64 {
+    /// The word a waiter for `b` sleeps on (see [`Prepared::Sleep`]): the busy slot's
+    /// control word, or for a semaphore's permits the home's claim count.
+    pub(crate) fn wait_word(&self, b: &Busy) -> &AtomicU64 {
+        match b.wait {
+            WaitFor::Permits { .. } => &self.slots()[b.home].fence,
+            _ => &self.slots()[b.slot].control,
+        }
+    }
+
+    /// Slot `i`'s control word (what async waiters of exclusive holds sleep on).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn control_word(&self, i: usize) -> &AtomicU64 {
         &self.slots()[i].control
+    }
+
+    /// Calls `f` with each shared hold of `b`'s key in its range (slot, word, and whether
+    /// its lease ran out), as found in one pass.
+    pub(super) fn for_shared_holds(&self, b: &Busy, mut f: impl FnMut(usize, Word, bool)) {
+        let slots = self.slots();
+        let now = self.now();
+        let reach = self.reach(b.home, Ordering::Acquire);
+        let mut d = 0;
+        while d <= reach {
+            let i = self.at(b.home, d);
+            let c = self.word(i, Ordering::SeqCst);
+            match self.examine(&slots[i], c, b.hash, now) {
+                Seen::Changed => continue,
+                Seen::Key if c.is_shared() => f(i, c, false),
+                Seen::Expired if c.is_shared() => f(i, c, true),
+                _ => {}
+            }
+            d += 1;
+        }
     }
 }

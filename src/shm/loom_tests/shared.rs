@@ -1,0 +1,200 @@
+//! Loom models of shared holds: readers beside readers and never beside a writer, a
+//! semaphore's count, a writer's mark that keeps new readers out, a dead reader's share
+//! taken back, and a permit's release that wakes its waiter. The keys share their home
+//! with another key so that claims take the general path (the fast path needs a free home
+//! of reach 0, where no other entry of the key can be).
+
+use super::*;
+
+fn shared_req(hash: KeyHash, pid: u32, lease: u64, limit: u32) -> Request<'static> {
+    Request {
+        mode: Mode::Shared { limit },
+        ..req(hash, pid, lease)
+    }
+}
+
+fn take_shared(table: &T, k: KeyHash, pid: u32, lease: u64, limit: u32) -> Option<Held> {
+    acquired(
+        table
+            .try_acquire(&shared_req(k, pid, lease, limit))
+            .unwrap(),
+    )
+}
+
+/// Live entries of `hash` by mode: (exclusive, shared).
+fn modes_of(table: &T, hash: KeyHash) -> (usize, usize) {
+    let live: Vec<_> = table
+        .entries()
+        .into_iter()
+        .filter(|e| e.hash == hash && matches!(e.word.state(), State::Held | State::Extending))
+        .collect();
+    let shared = live.iter().filter(|e| e.word.is_shared()).count();
+    (live.len() - shared, shared)
+}
+
+/// Model S1 — a reader and a writer claim one key at once: never both win.
+#[test]
+fn a_reader_and_a_writer_never_both_win() {
+    loom::model(|| {
+        let m = model(3);
+        let k = key(0, 3, 1, 7);
+        let o = take(&m.table, key(0, 3, 2, 7), 9, 1).unwrap();
+        let t = m.table.clone();
+        let reader = thread::spawn(move || take_shared(&t, k, 1, 10, 0));
+        let t = m.table.clone();
+        let writer = thread::spawn(move || take(&t, k, 2, 11));
+        let r = reader.join().unwrap();
+        let w = writer.join().unwrap();
+        assert!(!(r.is_some() && w.is_some()), "a writer beside a reader");
+        let (x, s) = modes_of(&m.table, k);
+        assert!(x == 0 || s == 0);
+        for h in r.iter().chain(w.iter()) {
+            m.table.release(h).unwrap();
+        }
+        m.table.release(&o).unwrap();
+        assert!(take(&m.table, k, 3, 20).is_some());
+    });
+}
+
+/// Model S2 — two readers claim beside a reader that leaves, while a writer claims: the
+/// readers never lose to each other, and the writer never stands beside any of them.
+#[test]
+fn readers_share_while_a_writer_claims() {
+    loom::model(|| {
+        let m = model(4);
+        let k = key(0, 4, 1, 7);
+        let first = take_shared(&m.table, k, 9, 1, 0).unwrap();
+        let t = m.table.clone();
+        let reader = thread::spawn(move || take_shared(&t, k, 1, 10, 0));
+        let t = m.table.clone();
+        let writer = thread::spawn(move || {
+            t.release(&first).unwrap();
+            take(&t, k, 2, 11)
+        });
+        let r = reader.join().unwrap();
+        let w = writer.join().unwrap();
+        assert!(!(r.is_some() && w.is_some()), "a writer beside a reader");
+        let (x, s) = modes_of(&m.table, k);
+        assert!(x == 0 || s == 0);
+        assert!(x <= 1);
+    });
+}
+
+/// Model S3 — a semaphore of 2 with one permit held, two claimers at once: at most one
+/// more gets in.
+#[test]
+fn a_semaphore_never_lets_in_more_than_its_count() {
+    loom::model(|| {
+        let m = model(4);
+        let k = key(0, 4, 1, 7);
+        let held = take_shared(&m.table, k, 9, 1, 2).unwrap();
+        let ts: Vec<_> = (0..2)
+            .map(|i| {
+                let t = m.table.clone();
+                thread::spawn(move || take_shared(&t, k, 1 + i, 10 + u64::from(i), 2))
+            })
+            .collect();
+        let won = ts.into_iter().filter_map(|t| t.join().unwrap()).count();
+        assert!(won <= 1, "three holders of a semaphore of two");
+        assert!(modes_of(&m.table, k).1 <= 2);
+        m.table.release(&held).unwrap();
+    });
+}
+
+/// Model S4 — a writer waiting for a reader marks it; a reader that comes after the mark
+/// is kept out, one that came before it got in, and the writer gets the key once the
+/// readers are gone.
+#[test]
+fn a_waiting_writer_keeps_new_readers_out() {
+    loom::model(|| {
+        let m = model(4);
+        let k = key(0, 4, 1, 7);
+        let first = take_shared(&m.table, k, 9, 1, 0).unwrap();
+        let t = m.table.clone();
+        let writer = thread::spawn(move || {
+            let b = busy(t.try_acquire(&req(k, 2, 11)).unwrap()).unwrap();
+            assert_eq!(b.wait, crate::shm::table::WaitFor::Readers);
+            t.prepare_wait(&b);
+        });
+        let t = m.table.clone();
+        let reader = thread::spawn(move || take_shared(&t, k, 1, 10, 0));
+        writer.join().unwrap();
+        let late = take_shared(&m.table, k, 3, 12, 0);
+        assert!(late.is_none(), "a reader joined after a writer's mark");
+        m.table.release(&first).unwrap();
+        if let Some(r) = reader.join().unwrap() {
+            m.table.release(&r).unwrap();
+        }
+        assert!(take(&m.table, k, 2, 13).is_some());
+    });
+}
+
+/// Model S5 — a dead reader's share is taken back by the writer that waits for it, while
+/// a live reader's is not.
+#[test]
+fn a_dead_readers_share_is_taken_back() {
+    loom::model(|| {
+        let m = model(4);
+        let k = key(0, 4, 1, 7);
+        let _dead = take_shared(&m.table, k, 1, 1, 0).unwrap();
+        let live = take_shared(&m.table, k, 2, 2, 0).unwrap();
+        let env = m.env.clone();
+        let killer = thread::spawn(move || env.kill(1));
+        let t = m.table.clone();
+        let writer = thread::spawn(move || {
+            let r = req(k, 3, 3);
+            match t.try_acquire(&r).unwrap() {
+                Attempt::Busy(b) => {
+                    t.recover(&b);
+                }
+                a => panic!("a writer beside readers: {a:?}"),
+            }
+        });
+        killer.join().unwrap();
+        writer.join().unwrap();
+        // whatever the order, the live reader still holds and the writer waits for it
+        assert!(take(&m.table, k, 3, 4).is_none());
+        m.table.release(&live).unwrap();
+        match m.table.try_acquire(&req(k, 3, 5)).unwrap() {
+            Attempt::Acquired(_) => {} // the writer had taken the dead reader's share back
+            Attempt::Busy(b) => {
+                // the dead reader, if the writer looked before it died
+                assert!(m.table.recover(&b), "a dead reader's share stuck");
+                assert!(take(&m.table, k, 3, 6).is_some());
+            }
+            a => panic!("{a:?}"),
+        }
+    });
+}
+
+/// Model S6 — a permit's waiter that sleeps on the home's claim count is always woken by
+/// the release of the permit it waits for.
+#[test]
+fn a_permits_release_wakes_its_waiter() {
+    loom::model(|| {
+        let m = model(3);
+        let k = key(0, 3, 1, 7);
+        let o = take(&m.table, key(0, 3, 2, 7), 9, 1).unwrap();
+        let h = take_shared(&m.table, k, 1, 1, 1).unwrap();
+        let t = m.table.clone();
+        let holder = thread::spawn(move || t.release(&h).unwrap());
+        let (t, env) = (m.table.clone(), m.env.clone());
+        let waiter = thread::spawn(move || {
+            let r = shared_req(k, 2, 2, 1);
+            loop {
+                match t.try_acquire(&r).unwrap() {
+                    Attempt::Acquired(h) => return h,
+                    Attempt::Busy(b) => match t.prepare_wait(&b) {
+                        Prepared::Sleep(low) => env.futex_wait(t.wait_word(&b), low),
+                        Prepared::Changed | Prepared::Poll => thread::yield_now(),
+                    },
+                    a => panic!("{a:?}"),
+                }
+            }
+        });
+        holder.join().unwrap();
+        let h = waiter.join().unwrap();
+        m.table.release(&h).unwrap();
+        m.table.release(&o).unwrap();
+    });
+}

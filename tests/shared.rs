@@ -1,0 +1,230 @@
+//! Read locks and semaphores on the lock table, within one process: who may stand beside
+//! whom, counts that do not match, downgrades, tokens, and what inspection shows. Across
+//! processes (forks, kills, stops): `shared_procs.rs`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{opts, TempPath};
+use shmlock::{Error, HoldMode, Lock, LockTable};
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn table(name: &str) -> (TempPath, LockTable) {
+    let path = TempPath::new(name);
+    let t = LockTable::open(&path, 64).unwrap();
+    (path, t)
+}
+
+#[test]
+fn readers_stand_together_and_a_writer_alone() {
+    let (_p, t) = table("readers-writer");
+    let readers: Vec<_> = (0..20)
+        .map(|_| {
+            t.try_lock_shared("k", LONG)
+                .unwrap()
+                .expect("readers share")
+        })
+        .collect();
+    assert!(t.try_lock_with_lease("k", LONG).unwrap().is_none());
+    assert!(t.is_locked("k").unwrap());
+    assert_eq!(
+        t.holders()
+            .iter()
+            .filter(|h| h.mode == HoldMode::Shared)
+            .count(),
+        20
+    );
+    drop(readers);
+    let w = t
+        .try_lock_with_lease("k", LONG)
+        .unwrap()
+        .expect("free again");
+    assert!(t.try_lock_shared("k", LONG).unwrap().is_none());
+    let err = t.lock_shared("k", opts(1000, 30)).unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
+    drop(w);
+    assert!(!t.is_locked("k").unwrap());
+}
+
+#[test]
+fn a_semaphore_lets_in_its_count_and_no_more() {
+    let (_p, t) = table("sem-count");
+    let s = t.semaphore("gpu", 3).unwrap();
+    assert_eq!(s.permits(), 3);
+    let held: Vec<_> = (0..3)
+        .map(|_| s.try_acquire(LONG).unwrap().expect("a permit is free"))
+        .collect();
+    assert_eq!(s.held(), 3);
+    assert!(s.try_acquire(LONG).unwrap().is_none());
+    assert!(matches!(
+        s.acquire(opts(1000, 20)).unwrap_err(),
+        Error::Timeout { .. }
+    ));
+    // a writer of the same key waits for all of them
+    assert!(t.try_lock_with_lease("gpu", LONG).unwrap().is_none());
+    let mut held = held;
+    held.pop();
+    assert_eq!(s.held(), 2);
+    let again = s.try_acquire(LONG).unwrap().expect("one came back");
+    assert!(s.try_acquire(LONG).unwrap().is_none());
+    drop((held, again));
+    assert_eq!(s.held(), 0);
+    assert!(t
+        .holders()
+        .iter()
+        .all(|h| h.mode != HoldMode::Permit { permits: 3 }));
+}
+
+#[test]
+fn a_count_that_does_not_match_is_an_error_naming_both() {
+    let (_p, t) = table("sem-mismatch");
+    let two = t.semaphore("k", 2).unwrap();
+    let _p1 = two.try_acquire(LONG).unwrap().unwrap();
+    let three = t.semaphore("k", 3).unwrap();
+    match three.try_acquire(LONG) {
+        Err(Error::PermitsMismatch { held, asked, .. }) => assert_eq!((held, asked), (2, 3)),
+        other => panic!("{other:?}"),
+    }
+    let err = t.lock_shared("k", opts(1000, 1000)).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::PermitsMismatch {
+            held: 2,
+            asked: 0,
+            ..
+        }
+    ));
+    assert!(
+        err.to_string().contains("a semaphore of 2 permits"),
+        "{err}"
+    );
+    // the other way round: readers first
+    let _r = t.try_lock_shared("r", LONG).unwrap().unwrap();
+    match t.semaphore("r", 4).unwrap().try_acquire(LONG) {
+        Err(Error::PermitsMismatch { held, asked, .. }) => assert_eq!((held, asked), (0, 4)),
+        other => panic!("{other:?}"),
+    }
+    // once nobody holds it, a key takes any count
+    drop(_p1);
+    assert!(three.try_acquire(LONG).unwrap().is_some());
+}
+
+#[test]
+fn bad_semaphores_are_refused() {
+    let (_p, t) = table("sem-bad");
+    assert!(matches!(t.semaphore("k", 0), Err(Error::InvalidOptions(_))));
+    assert!(matches!(
+        t.semaphore("k", 65),
+        Err(Error::InvalidOptions(_))
+    ));
+    assert!(matches!(t.semaphore("", 1), Err(Error::EmptyKey)));
+    assert!(t.semaphore("k", 64).is_ok());
+    assert!(matches!(
+        t.lock_shared("", opts(10, 10)),
+        Err(Error::EmptyKey)
+    ));
+}
+
+#[test]
+fn downgrade_lets_readers_in_and_keeps_writers_out() {
+    let (_p, t) = table("downgrade");
+    let w = t.lock("k", opts(60_000, 0)).unwrap();
+    let token = w.token().unwrap();
+    assert!(t.try_lock_shared("k", LONG).unwrap().is_none());
+    let r = w.downgrade().unwrap();
+    let other = t
+        .try_lock_shared("k", LONG)
+        .unwrap()
+        .expect("a reader joins");
+    assert!(t.try_lock_with_lease("k", LONG).unwrap().is_none());
+    // the reader's token tells which write it reads: at least the writer's, below the next
+    let seen = r.token().unwrap();
+    assert!(seen >= token, "{seen} < {token}");
+    assert_eq!(other.token().unwrap(), seen);
+    drop((r, other));
+    let next = t.lock("k", opts(60_000, 0)).unwrap();
+    assert!(next.token().unwrap() > seen);
+    // a lost hold cannot be downgraded
+    t.force_unlock("k").unwrap();
+    assert!(matches!(next.downgrade(), Err(Error::Expired)));
+}
+
+#[test]
+fn a_shared_hold_has_a_lease_renewals_and_owner_checked_release() {
+    let (_p, t) = table("shared-lease");
+    let mut r = t.lock_shared("k", opts(50, 0)).unwrap();
+    r.expire(Some(LONG)).unwrap();
+    r.check().unwrap();
+    let short = t.lock_shared("k", opts(20, 0)).unwrap();
+    std::thread::sleep(Duration::from_millis(60));
+    assert!(matches!(short.check(), Err(Error::Expired)));
+    // the expired reader no longer keeps a writer out once the live one goes
+    drop(r);
+    let w = t.lock("k", opts(1000, 0)).unwrap();
+    assert!(matches!(short.unlock(), Err(Error::Expired)));
+    w.unlock().unwrap();
+}
+
+#[test]
+fn a_resty_lock_object_reads_over_the_shared_view() {
+    let (_p, t) = table("shared-lock-object");
+    let mut a = Lock::new(t.shared(), opts(1000, 0)).unwrap();
+    let mut b = Lock::new(t.shared(), opts(1000, 0)).unwrap();
+    assert_eq!(a.lock("k").unwrap(), Duration::ZERO);
+    assert_eq!(b.lock("k").unwrap(), Duration::ZERO);
+    let mut w = Lock::new(&t, opts(1000, 0)).unwrap();
+    assert!(matches!(w.lock("k"), Err(Error::Timeout { .. })));
+    a.unlock().unwrap();
+    b.unlock().unwrap();
+    w.lock("k").unwrap();
+}
+
+#[test]
+fn force_unlock_breaks_every_holder_of_a_key() {
+    let (_p, t) = table("shared-force");
+    let s = t.semaphore("k", 5).unwrap();
+    let held: Vec<_> = (0..4)
+        .map(|_| s.try_acquire(LONG).unwrap().unwrap())
+        .collect();
+    let was = t.force_unlock("k").unwrap().expect("held");
+    assert_eq!(was.mode, HoldMode::Permit { permits: 5 });
+    assert_eq!(s.held(), 0);
+    for h in held {
+        assert!(matches!(h.unlock(), Err(Error::Expired)));
+    }
+}
+
+#[test]
+fn many_keys_of_readers_and_permits_share_one_table() {
+    let (_p, t) = table("shared-many");
+    let mut guards = Vec::new();
+    for k in 0..20 {
+        guards.push(t.try_lock_shared(format!("r{k}"), LONG).unwrap().unwrap());
+        guards.push(t.try_lock_shared(format!("r{k}"), LONG).unwrap().unwrap());
+    }
+    let sems: Vec<_> = (0..10)
+        .map(|k| t.semaphore(format!("s{k}"), 2).unwrap())
+        .collect();
+    let permits: Vec<_> = sems
+        .iter()
+        .flat_map(|s| {
+            [
+                s.try_acquire(LONG).unwrap().unwrap(),
+                s.try_acquire(LONG).unwrap().unwrap(),
+            ]
+        })
+        .collect();
+    for s in &sems {
+        assert!(s.try_acquire(LONG).unwrap().is_none());
+    }
+    for k in 0..20 {
+        assert!(t
+            .try_lock_with_lease(format!("r{k}"), LONG)
+            .unwrap()
+            .is_none());
+    }
+    drop((guards, permits));
+    assert_eq!(t.holders().len(), 0);
+}

@@ -1,0 +1,441 @@
+//! Read locks and semaphores across real processes: readers in many processes share a key
+//! and a writer waits for the last of them; a killed reader or permit holder gives its
+//! share back at once; a writer gets in under a stream of readers and a reader under a
+//! stream of writers; and chaos, with readers, writers and permit holders SIGSTOPped and
+//! SIGKILLed at random: never a writer beside anyone, never more permits than the count,
+//! nothing wedged, nothing leaked.
+//!
+//! Exercises `src/shm/shared.rs` and the shared side of the slot protocol
+//! (`src/shm/table/claim.rs`, `wait.rs`, `recover.rs`).
+//!
+//! `shared_procs FILTER` runs the tests whose name contains FILTER.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::fork::{fork, xorshift, Child, Gate, Shared};
+use common::harness::Test;
+use common::probe::cont;
+use common::{opts, TempPath};
+use shmlock::{Error, HoldMode, LockTable};
+
+const TESTS: &[Test] = &[
+    Test::new(
+        "readers_in_many_processes_share_and_a_writer_waits_for_the_last",
+        readers_share,
+    ),
+    Test::new(
+        "a_killed_reader_gives_its_share_back_at_once",
+        killed_reader,
+    ),
+    Test::new(
+        "a_killed_permit_holder_gives_its_permit_back_at_once",
+        killed_permit_holder,
+    ),
+    Test::new(
+        "a_writer_gets_in_under_a_stream_of_readers",
+        writer_under_readers,
+    ),
+    Test::new(
+        "a_reader_gets_in_under_a_stream_of_writers",
+        reader_under_writers,
+    ),
+    Test::new(
+        "chaos_readers_writers_and_permits_with_stop_and_kill",
+        chaos,
+    ),
+];
+
+fn main() {
+    common::harness::run("shared_procs", TESTS, common::harness::no_roles);
+}
+
+const HANG: Duration = Duration::from_secs(60);
+
+fn readers_share() {
+    let path = TempPath::new("shared-procs-share");
+    let table = LockTable::open(&path, 64).unwrap();
+    let mut held = Gate::new();
+    let mut done = Gate::new();
+    let readers: Vec<Child> = (0..8)
+        .map(|_| {
+            let (table, held, done) = (&table, &mut held, &mut done);
+            fork(move || {
+                let r = table.lock_shared("K", opts(60_000, 5_000)).unwrap();
+                held.signal();
+                done.wait();
+                r.unlock().unwrap();
+                0
+            })
+        })
+        .collect();
+    held.await_signals(8);
+    let holders = table.holders();
+    let mut pids: Vec<u32> = holders
+        .iter()
+        .filter(|h| h.mode == HoldMode::Shared)
+        .map(|h| h.pid)
+        .collect();
+    pids.sort_unstable();
+    let mut want: Vec<u32> = readers.iter().map(|c| c.0 as u32).collect();
+    want.sort_unstable();
+    assert_eq!(pids, want, "inspection lists every reader with its pid");
+    assert!(table.try_lock_with_lease("K", HANG).unwrap().is_none());
+
+    let shared = Shared::new(1);
+    let writer = {
+        let (table, shared, done) = (&table, &shared, &mut done);
+        fork(move || {
+            done.open(); // the readers' gate opens when the parent's end closes
+            let w = table.lock("K", opts(60_000, 30_000)).unwrap();
+            shared.word(0).store(1, Ordering::SeqCst);
+            w.unlock().unwrap();
+            0
+        })
+    };
+    // once the writer waits, no new reader gets in (writer preference)
+    let t = Instant::now();
+    while !table.holders().iter().any(|h| h.waiters) {
+        assert!(t.elapsed() < HANG, "the writer never waited");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(table.try_lock_shared("K", HANG).unwrap().is_none());
+    assert_eq!(
+        shared.word(0).load(Ordering::SeqCst),
+        0,
+        "a writer beside readers"
+    );
+    done.open();
+    for r in &readers {
+        assert_eq!(r.wait(HANG), 0);
+    }
+    assert_eq!(writer.wait(HANG), 0);
+    assert_eq!(shared.word(0).load(Ordering::SeqCst), 1);
+    assert!(table.holders().is_empty());
+}
+
+/// Holders that never let go, to be killed.
+fn stuck_holders(table: &LockTable, n: usize, take: impl Fn(&LockTable) + Copy) -> Vec<Child> {
+    let mut held = Gate::new();
+    let children = (0..n)
+        .map(|_| {
+            let held = &mut held;
+            fork(move || {
+                take(table);
+                held.signal();
+                loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            })
+        })
+        .collect();
+    held.await_signals(n);
+    children
+}
+
+fn killed_reader() {
+    let path = TempPath::new("shared-procs-kill-reader");
+    let table = LockTable::open(&path, 64).unwrap();
+    let readers = stuck_holders(&table, 3, |t| {
+        std::mem::forget(t.lock_shared("K", opts(600_000, 1_000)).unwrap());
+    });
+    let writer = fork(|| {
+        let t = Instant::now();
+        match table.lock("K", opts(600_000, 30_000)) {
+            Ok(_) if t.elapsed() < Duration::from_secs(30) => 0,
+            Ok(_) => 2,
+            Err(e) => {
+                eprintln!("writer: {e}");
+                1
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    for r in &readers {
+        r.kill();
+    }
+    // the writer got in long before the readers' leases (10 minutes) ran out
+    assert_eq!(writer.wait(HANG), 0);
+}
+
+fn killed_permit_holder() {
+    let path = TempPath::new("shared-procs-kill-permit");
+    let table = LockTable::open(&path, 64).unwrap();
+    let holders = stuck_holders(&table, 2, |t| {
+        let s = t.semaphore("gpu", 2).unwrap();
+        std::mem::forget(s.acquire(opts(600_000, 1_000)).unwrap());
+    });
+    let s = table.semaphore("gpu", 2).unwrap();
+    assert!(s.try_acquire(HANG).unwrap().is_none());
+    let waiter = fork(|| match s.acquire(opts(600_000, 30_000)) {
+        Ok(p) => {
+            std::mem::forget(p);
+            0
+        }
+        Err(e) => {
+            eprintln!("waiter: {e}");
+            1
+        }
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    holders[0].kill();
+    assert_eq!(waiter.wait(HANG), 0);
+    // the waiter exited holding its permit: its death gives it back too
+    let again = s.acquire(opts(600_000, 30_000)).unwrap();
+    assert!(
+        s.try_acquire(HANG).unwrap().is_none(),
+        "three permits of two"
+    );
+    holders[1].kill();
+    drop(again);
+}
+
+/// Holders that keep the key held, one after another, until told to stop: readers whose
+/// holds overlap (without writer preference a writer would wait for a moment with no
+/// reader in, which never comes), or writers that take the key again at once.
+fn stream(table: &LockTable, stop: &Shared, n: usize, write: bool) -> Vec<Child> {
+    (0..n)
+        .map(|i| {
+            fork(move || {
+                let mut x = 0x5eed + i as u64;
+                while stop.word(0).load(Ordering::SeqCst) == 0 {
+                    let r = if write {
+                        table.lock("K", opts(60_000, 30_000)).map(|g| {
+                            std::thread::sleep(Duration::from_micros(
+                                1_000 + xorshift(&mut x) % 2_000,
+                            ));
+                            drop(g);
+                        })
+                    } else {
+                        table.lock_shared("K", opts(60_000, 30_000)).map(|g| {
+                            std::thread::sleep(Duration::from_micros(
+                                2_000 + xorshift(&mut x) % 8_000,
+                            ));
+                            drop(g);
+                        })
+                    };
+                    if let Err(e) = r {
+                        eprintln!("stream: {e}");
+                        return 1;
+                    }
+                }
+                0
+            })
+        })
+        .collect()
+}
+
+fn writer_under_readers() {
+    let path = TempPath::new("shared-procs-writer-starve");
+    let table = LockTable::open(&path, 64).unwrap();
+    let stop = Shared::new(1);
+    let readers = stream(&table, &stop, 4, false);
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    let got = table.lock("K", opts(60_000, 20_000));
+    let waited = t.elapsed();
+    stop.word(0).store(1, Ordering::SeqCst);
+    drop(got.unwrap_or_else(|e| panic!("the writer starved: {e}")));
+    note!("[writer waited {:.1} ms] ", waited.as_secs_f64() * 1e3);
+    for r in &readers {
+        assert_eq!(r.wait(HANG), 0);
+    }
+}
+
+fn reader_under_writers() {
+    let path = TempPath::new("shared-procs-reader-starve");
+    let table = LockTable::open(&path, 64).unwrap();
+    let stop = Shared::new(1);
+    let writers = stream(&table, &stop, 2, true);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut waits = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let r = table
+            .lock_shared("K", opts(60_000, 20_000))
+            .unwrap_or_else(|e| panic!("the reader starved: {e}"));
+        waits.push(t.elapsed());
+        drop(r);
+    }
+    stop.word(0).store(1, Ordering::SeqCst);
+    waits.sort();
+    note!(
+        "[reader waits: median {:.2} ms, max {:.2} ms] ",
+        waits[10].as_secs_f64() * 1e3,
+        waits[19].as_secs_f64() * 1e3
+    );
+    for w in &writers {
+        assert_eq!(w.wait(HANG), 0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Chaos
+
+const OUT: u64 = 0;
+const READER: u64 = 1;
+const WRITER: u64 = 2;
+const PERMIT: u64 = 3;
+const PERMITS: u32 = 2;
+const SLOTS: usize = 256;
+/// Words: [0] stop, [1] violations, [2] timeouts, [3..3+SLOTS] each worker's state, then
+/// each worker's "doomed" mark (set by the parent before it kills it), then ops by kind.
+const STATE: usize = 3;
+const DOOMED: usize = STATE + SLOTS;
+const OPS: usize = DOOMED + SLOTS;
+
+fn chaos_worker(table: &LockTable, w: &Shared, me: usize) -> i32 {
+    let sem = table.semaphore("S", PERMITS).unwrap();
+    let mut x = 0x9e37_79b9 ^ (me as u64 * 0x1_0000_0001);
+    let in_use = |i: usize| i != me && w.word(DOOMED + i).load(Ordering::SeqCst) == 0;
+    while w.word(0).load(Ordering::SeqCst) == 0 {
+        let r = xorshift(&mut x);
+        let kind = match r % 10 {
+            0..=4 => READER,
+            5..=6 => WRITER,
+            _ => PERMIT,
+        };
+        let o = opts(30_000, 3_000);
+        let guard = match kind {
+            READER => table.lock_shared("K", o).map(Guard::Read),
+            WRITER => table.lock("K", o).map(Guard::Write),
+            _ => sem.acquire(o).map(Guard::Permit),
+        };
+        let guard = match guard {
+            Ok(g) => g,
+            Err(Error::Timeout { .. }) => {
+                w.word(2).fetch_add(1, Ordering::SeqCst);
+                continue;
+            }
+            Err(e) => {
+                eprintln!("worker {me}: {e}");
+                return 1;
+            }
+        };
+        w.word(STATE + me).store(kind, Ordering::SeqCst);
+        let mut permits = 1;
+        for i in 0..SLOTS {
+            let other = w.word(STATE + i).load(Ordering::SeqCst);
+            if other == OUT || !in_use(i) {
+                continue;
+            }
+            let clash = match kind {
+                READER => other == WRITER,
+                WRITER => other == READER || other == WRITER,
+                _ => {
+                    permits += u32::from(other == PERMIT);
+                    false
+                }
+            };
+            if clash || permits > PERMITS {
+                w.word(1).fetch_add(1, Ordering::SeqCst);
+                eprintln!("worker {me} ({kind}) beside worker {i} ({other})");
+            }
+        }
+        if r.is_multiple_of(4) {
+            std::thread::sleep(Duration::from_micros(r >> 50));
+        }
+        w.word(STATE + me).store(OUT, Ordering::SeqCst);
+        drop(guard);
+        w.word(OPS + kind as usize).fetch_add(1, Ordering::SeqCst);
+    }
+    0
+}
+
+/// The three kinds of hold in one variable.
+#[allow(dead_code)]
+enum Guard<'a, 't> {
+    Read(shmlock::LockGuard<'a, shmlock::Shared>),
+    Write(shmlock::LockGuard<'a>),
+    Permit(shmlock::LockGuard<'a, shmlock::Semaphore<'t>>),
+}
+
+fn chaos() {
+    let secs: u64 = std::env::var("SHMLOCK_CHAOS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(8);
+    let path = TempPath::new("shared-procs-chaos");
+    let table = LockTable::open(&path, 64).unwrap();
+    let w = Shared::new(OPS + 4);
+    let n = 8;
+    let mut next = 0;
+    let spawn = |me: usize| {
+        let (table, w) = (&table, &w);
+        fork(move || chaos_worker(table, w, me))
+    };
+    let mut workers: Vec<(usize, Child)> = (0..n)
+        .map(|_| {
+            next += 1;
+            (next - 1, spawn(next - 1))
+        })
+        .collect();
+    let mut stopped: Vec<Option<Instant>> = vec![None; n];
+    let (mut kills, mut stops) = (0, 0);
+    let mut x = 0xc4a05_u64;
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        std::thread::sleep(Duration::from_micros(5_000 + xorshift(&mut x) % 30_000));
+        for (i, s) in stopped.iter_mut().enumerate() {
+            if s.is_some_and(|until| Instant::now() >= until) {
+                cont(workers[i].1 .0);
+                *s = None;
+            }
+        }
+        let v = (xorshift(&mut x) % n as u64) as usize;
+        if stopped[v].is_some() {
+            continue;
+        }
+        if xorshift(&mut x).is_multiple_of(3) && next < SLOTS {
+            w.word(DOOMED + workers[v].0).store(1, Ordering::SeqCst);
+            workers[v].1.kill();
+            kills += 1;
+            next += 1;
+            workers[v] = (next - 1, spawn(next - 1));
+        } else {
+            // SAFETY: our child.
+            unsafe { libc::kill(workers[v].1 .0, libc::SIGSTOP) };
+            stops += 1;
+            let pause = 50 + xorshift(&mut x) % 400;
+            stopped[v] = Some(Instant::now() + Duration::from_millis(pause));
+        }
+    }
+    for (i, s) in stopped.iter().enumerate() {
+        if s.is_some() {
+            cont(workers[i].1 .0);
+        }
+    }
+    w.word(0).store(1, Ordering::SeqCst);
+    for (_, c) in &workers {
+        assert_eq!(c.wait(HANG), 0, "a worker failed");
+    }
+    let ops: Vec<u64> = (1..=3)
+        .map(|k| w.word(OPS + k).load(Ordering::SeqCst))
+        .collect();
+    let violations = w.word(1).load(Ordering::SeqCst);
+    note!(
+        "[{secs} s: {} reads, {} writes, {} permits, {} timeouts, {kills} kills, {stops} stops, \
+         {violations} violations] ",
+        ops[0],
+        ops[1],
+        ops[2],
+        w.word(2).load(Ordering::SeqCst)
+    );
+    assert_eq!(violations, 0);
+    assert!(
+        ops.iter().all(|&o| o > 0),
+        "a kind never got through: {ops:?}"
+    );
+    // nothing leaked: the killed workers' holds are taken back, nothing else is left
+    table.reap();
+    let left = table.holders();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let sem = table.semaphore("S", PERMITS).unwrap();
+    let a = sem.try_acquire(HANG).unwrap().expect("a permit");
+    let b = sem.try_acquire(HANG).unwrap().expect("both permits");
+    drop((a, b));
+    assert!(table.try_lock_with_lease("K", HANG).unwrap().is_some());
+}
