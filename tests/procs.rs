@@ -1027,15 +1027,20 @@ const KILL: u32 = 3;
 const FAIL: u32 = 4;
 
 /// One record of the chaos log, appended with a single `write` (atomic with O_APPEND).
+/// A log record's size.
+const REC: usize = 32;
+
 fn log(fd: libc::c_int, kind: u32, pid: u32, key: u32, token: u64) {
-    let mut rec = [0u8; 24];
+    // 32 bytes, a divisor of the page: an appended record never straddles two pages, so a
+    // SIGKILL in the write cannot leave part of it (a write is cut only between pages).
+    let mut rec = [0u8; REC];
     rec[0..4].copy_from_slice(&kind.to_le_bytes());
     rec[4..8].copy_from_slice(&pid.to_le_bytes());
     rec[8..12].copy_from_slice(&key.to_le_bytes());
     rec[16..24].copy_from_slice(&token.to_le_bytes());
-    // SAFETY: writing 24 bytes from a valid buffer to an open descriptor.
+    // SAFETY: writing REC bytes from a valid buffer to an open descriptor.
     let n = unsafe { libc::write(fd, rec.as_ptr().cast(), rec.len()) };
-    assert_eq!(n, 24);
+    assert_eq!(n, REC as isize);
 }
 
 const CHAOS_HOT: u32 = 4;
@@ -1134,12 +1139,12 @@ fn chaos_sigkill_workers_at_random_moments() {
     // Replay the log: a second ENTER while a live (not killed) holder is inside is an
     // overlap; fencing tokens must grow per key; EXIT must match the holder.
     let bytes = std::fs::read(&log_path).unwrap();
-    assert_eq!(bytes.len() % 24, 0);
+    assert_eq!(bytes.len() % REC, 0);
     let mut holder: std::collections::HashMap<u32, (u32, u64)> = Default::default();
     let mut last_token: std::collections::HashMap<u32, u64> = Default::default();
     let mut killed = std::collections::HashSet::new();
     let (mut enters, mut overlaps, mut bad_tokens, mut bad_exits) = (0u64, 0u64, 0u64, 0u64);
-    for rec in bytes.chunks(24) {
+    for rec in bytes.chunks(REC) {
         let u32_at = |o: usize| u32::from_le_bytes(rec[o..o + 4].try_into().unwrap());
         let (kind, pid, key) = (u32_at(0), u32_at(4), u32_at(8));
         let token = u64::from_le_bytes(rec[16..24].try_into().unwrap());

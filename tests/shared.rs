@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use common::{opts, TempPath};
 use shmlock::{Error, HoldMode, Lock, LockTable};
+#[cfg(feature = "tokio")]
+use std::time::Instant;
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -227,4 +229,117 @@ fn many_keys_of_readers_and_permits_share_one_table() {
     }
     drop((guards, permits));
     assert_eq!(t.holders().len(), 0);
+}
+
+#[cfg(feature = "tokio")]
+mod asynchronous {
+    use super::*;
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn async_readers_share_and_a_waiting_writer_is_woken_by_the_last() {
+        let (_p, t) = table("async-readers");
+        runtime().block_on(async {
+            let a = t.lock_shared_async("k", opts(60_000, 0)).await.unwrap();
+            let b = t.lock_shared_async("k", opts(60_000, 0)).await.unwrap();
+            let writer = async {
+                let w = t.lock("k", opts(60_000, 0));
+                assert!(w.is_err(), "a writer beside readers");
+                let started = Instant::now();
+                let w = t.lock_async("k", opts(60_000, 10_000)).await.unwrap();
+                (w, started.elapsed())
+            };
+            let readers = async {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                // the writer waits: a new reader stays out
+                assert!(t.try_lock_shared("k", LONG).unwrap().is_none());
+                drop(a);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                drop(b);
+            };
+            let ((w, waited), ()) = tokio::join!(writer, readers);
+            assert!(waited >= Duration::from_millis(35), "{waited:?}");
+            assert!(w.elapsed() > Duration::ZERO);
+        });
+    }
+
+    #[test]
+    fn async_permits_never_exceed_the_count_and_all_get_through() {
+        let (_p, t) = table("async-permits");
+        let sem = t.semaphore("gpu", 3).unwrap();
+        let inside = Rc::new(Cell::new(0));
+        let most = Rc::new(Cell::new(0));
+        runtime().block_on(async {
+            let tasks = (0..12).map(|i| {
+                let (inside, most, sem) = (inside.clone(), most.clone(), &sem);
+                async move {
+                    let p = sem.acquire_async(opts(60_000, 10_000)).await.unwrap();
+                    inside.set(inside.get() + 1);
+                    most.set(most.get().max(inside.get()));
+                    tokio::time::sleep(Duration::from_millis(2 + i % 3)).await;
+                    inside.set(inside.get() - 1);
+                    drop(p);
+                }
+            });
+            futures_join_all(tasks).await;
+        });
+        assert_eq!(most.get(), 3);
+        assert_eq!(sem.held(), 0);
+    }
+
+    /// A `lock_shared_async` or `acquire_async` future dropped at any await point leaves no
+    /// hold behind.
+    #[test]
+    fn dropped_async_waits_leave_nothing() {
+        let (_p, t) = table("async-cancel");
+        let sem = t.semaphore("s", 1).unwrap();
+        let rt = runtime();
+        for polls in 1..12u32 {
+            let w = t.lock("k", opts(60_000, 0)).unwrap();
+            let p = sem.try_acquire(LONG).unwrap().unwrap();
+            rt.block_on(async {
+                let reader = std::pin::pin!(t.lock_shared_async("k", opts(60_000, 5_000)));
+                let permit = std::pin::pin!(sem.acquire_async(opts(60_000, 5_000)));
+                let (mut reader, mut permit) = (reader, permit);
+                for _ in 0..polls {
+                    tokio::select! {
+                        biased;
+                        r = &mut reader => panic!("a reader beside a writer: {r:?}"),
+                        r = &mut permit => panic!("two permits of one: {r:?}"),
+                        () = tokio::time::sleep(Duration::from_micros(300)) => {}
+                    }
+                }
+            });
+            drop((w, p));
+            assert!(t.holders().is_empty(), "left behind after {polls} polls");
+        }
+    }
+
+    /// Runs the futures concurrently on this task until all are done.
+    async fn futures_join_all<F: std::future::Future<Output = ()>>(fs: impl Iterator<Item = F>) {
+        let mut fs: Vec<Option<std::pin::Pin<Box<F>>>> = fs.map(|f| Some(Box::pin(f))).collect();
+        std::future::poll_fn(|cx| {
+            for slot in fs.iter_mut() {
+                if let Some(f) = slot {
+                    if f.as_mut().poll(cx).is_ready() {
+                        *slot = None;
+                    }
+                }
+            }
+            if fs.iter().all(Option::is_none) {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await
+    }
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::fork::{fork, xorshift, Child, Gate, Shared};
 use common::harness::Test;
-use common::probe::cont;
+use common::probe::{cont, Proc};
 use common::{opts, TempPath};
 use shmlock::{Error, HoldMode, LockTable};
 
@@ -33,6 +33,10 @@ const TESTS: &[Test] = &[
     Test::new(
         "a_killed_permit_holder_gives_its_permit_back_at_once",
         killed_permit_holder,
+    ),
+    Test::new(
+        "a_permit_given_back_by_another_process_wakes_a_sleeping_waiter",
+        permit_wakes_waiter,
     ),
     Test::new(
         "a_writer_gets_in_under_a_stream_of_readers",
@@ -117,19 +121,19 @@ fn readers_share() {
     assert!(table.holders().is_empty());
 }
 
-/// Holders that never let go, to be killed.
-fn stuck_holders(table: &LockTable, n: usize, take: impl Fn(&LockTable) + Copy) -> Vec<Child> {
+/// Holders that never let go, to be killed (and killed on drop, should the test fail).
+fn stuck_holders(table: &LockTable, n: usize, take: impl Fn(&LockTable) + Copy) -> Vec<Proc> {
     let mut held = Gate::new();
     let children = (0..n)
         .map(|_| {
             let held = &mut held;
-            fork(move || {
+            Proc::new(fork(move || {
                 take(table);
                 held.signal();
                 loop {
                     std::thread::sleep(Duration::from_secs(1));
                 }
-            })
+            }))
         })
         .collect();
     held.await_signals(n);
@@ -154,7 +158,7 @@ fn killed_reader() {
         }
     });
     std::thread::sleep(Duration::from_millis(100));
-    for r in &readers {
+    for mut r in readers {
         r.kill();
     }
     // the writer got in long before the readers' leases (10 minutes) ran out
@@ -181,6 +185,7 @@ fn killed_permit_holder() {
         }
     });
     std::thread::sleep(Duration::from_millis(100));
+    let mut holders = holders;
     holders[0].kill();
     assert_eq!(waiter.wait(HANG), 0);
     // the waiter exited holding its permit: its death gives it back too
@@ -191,6 +196,94 @@ fn killed_permit_holder() {
     );
     holders[1].kill();
     drop(again);
+}
+
+/// Waiters whose first sleep is 30 s (so that only a wake-up, not their schedule, lets
+/// them in before it ends), a thread's and an async task's, for a semaphore of 2 whose
+/// permits two other processes hold; one of them lets go after 200 ms.
+fn permit_wakes_waiter() {
+    let path = TempPath::new("shared-procs-permit-wake");
+    let table = LockTable::open(&path, 64).unwrap();
+    let slow = shmlock::LockOptions {
+        exptime: Duration::from_secs(600),
+        timeout: Duration::from_secs(60),
+        step: Duration::from_secs(30),
+        max_step: Duration::from_secs(30),
+        ..shmlock::LockOptions::default()
+    };
+    for asynchronous in [false, true] {
+        if asynchronous && !cfg!(feature = "tokio") {
+            continue;
+        }
+        let mut go = Gate::new();
+        let holders = stuck_holders(&table, 1, |t| {
+            let s = t.semaphore("gpu", 2).unwrap();
+            std::mem::forget(s.acquire(opts(600_000, 1_000)).unwrap());
+        });
+        let leaver = {
+            let (table, go) = (&table, &mut go);
+            fork(move || {
+                let s = table.semaphore("gpu", 2).unwrap();
+                let p = s.acquire(opts(600_000, 1_000)).unwrap();
+                go.signal();
+                std::thread::sleep(Duration::from_millis(200));
+                drop(p);
+                0
+            })
+        };
+        go.await_signals(1);
+        let sem = table.semaphore("gpu", 2).unwrap();
+        assert!(sem.try_acquire(HANG).unwrap().is_none());
+        // the waiter is a process of its own: a runtime's threads stay out of this one,
+        // which forks
+        let took = Shared::new(1);
+        let waiter = fork(|| {
+            let t = Instant::now();
+            let permit = if asynchronous {
+                acquire_async(&sem, slow)
+            } else {
+                sem.acquire(slow).unwrap()
+            };
+            took.word(0)
+                .store(t.elapsed().as_micros() as u64, Ordering::SeqCst);
+            drop(permit);
+            0
+        });
+        assert_eq!(waiter.wait(HANG), 0);
+        let waited = Duration::from_micros(took.word(0).load(Ordering::SeqCst));
+        assert!(
+            waited < Duration::from_secs(20),
+            "not woken by the release: {waited:?} (async: {asynchronous})"
+        );
+        note!(
+            "[{}: {:.1} ms] ",
+            if asynchronous { "task" } else { "thread" },
+            waited.as_secs_f64() * 1e3
+        );
+        assert_eq!(leaver.wait(HANG), 0);
+        drop(holders);
+    }
+}
+
+#[cfg(feature = "tokio")]
+fn acquire_async<'a, 't>(
+    sem: &'a shmlock::Semaphore<'t>,
+    o: shmlock::LockOptions,
+) -> shmlock::LockGuard<'a, shmlock::Semaphore<'t>> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(sem.acquire_async(o))
+        .unwrap()
+}
+
+#[cfg(not(feature = "tokio"))]
+fn acquire_async<'a, 't>(
+    _: &'a shmlock::Semaphore<'t>,
+    _: shmlock::LockOptions,
+) -> shmlock::LockGuard<'a, shmlock::Semaphore<'t>> {
+    unreachable!("only with tokio")
 }
 
 /// Holders that keep the key held, one after another, until told to stop: readers whose

@@ -40,7 +40,7 @@ use crate::shm::table::{Busy, KeyHash, Prepared};
 /// word to sleep on.
 pub(crate) trait Watchable: Send + Sync + 'static {
     fn prepare_wait(&self, b: &Busy) -> Prepared;
-    fn wait_word(&self, slot: usize) -> &AtomicU64;
+    fn wait_word(&self, b: &Busy) -> &AtomicU64;
 }
 
 /// How long the watcher sleeps with nothing to look at.
@@ -262,7 +262,7 @@ fn watch(state: &State, table: &Weak<dyn Watchable>) {
         };
         // the doorbell as it reads before looking: a ring after this wakes the sleep below
         let ring = state.doorbell.load(Ordering::Acquire);
-        let mut armed: Vec<(usize, u32)> = Vec::new();
+        let mut armed: Vec<(Busy, u32)> = Vec::new();
         let mut soon = false;
         let now = Instant::now();
         let idle = {
@@ -280,7 +280,7 @@ fn watch(state: &State, table: &Weak<dyn Watchable>) {
                     continue; // its first taker is trying the key
                 };
                 match table.prepare_wait(&busy) {
-                    Prepared::Sleep(low) => armed.push((busy.slot, low)),
+                    Prepared::Sleep(low) => armed.push((busy, low)),
                     Prepared::Changed => {
                         first.wake(now);
                         soon = true;
@@ -313,7 +313,7 @@ fn watch(state: &State, table: &Weak<dyn Watchable>) {
                 armed
                     .iter()
                     .take(WAIT_ANY_MAX - 1)
-                    .map(|&(slot, low)| Watched::Low(table.wait_word(slot), low)),
+                    .map(|(busy, low)| Watched::Low(table.wait_word(busy), *low)),
             );
             if futex::wait_any(&words, until) == WaitAny::Unsupported {
                 waitv = false;

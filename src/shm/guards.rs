@@ -13,7 +13,9 @@ use crate::lock::options::LockOptions;
 use crate::lock::{self, LockGuard};
 use crate::shm::lock_table::LockTable;
 #[cfg(feature = "tokio")]
-use crate::shm::lock_table::ShmBusy;
+use crate::shm::lock_table::{ShmBusy, ShmHold};
+#[cfg(feature = "tokio")]
+use crate::shm::table::Mode;
 
 impl LockTable {
     /// Takes `key`, waiting as `opts` says; released when the guard drops.
@@ -57,15 +59,29 @@ impl LockTable {
         opts: impl Borrow<LockOptions>,
     ) -> Result<LockGuard<'_>, Error> {
         let opts = opts.borrow();
+        let (hold, elapsed, exptime) = self
+            .acquire_async_in(key.as_ref(), opts, Mode::Exclusive)
+            .await?;
+        Ok(LockGuard::new(self, hold, elapsed, exptime))
+    }
+
+    /// The async wait of [`lock_async`](Self::lock_async), in any mode: the hold, the
+    /// elapsed time and the lease length.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn acquire_async_in(
+        &self,
+        key: &[u8],
+        opts: &LockOptions,
+        mode: Mode,
+    ) -> Result<(ShmHold, std::time::Duration, u64), Error> {
         let resolved = opts.resolve()?;
-        let key = key.as_ref();
         let started = std::time::Instant::now();
         let r = acquire_async(
             key,
             &resolved,
             opts.timeout,
             || self.ticket_async(key),
-            |_| std::future::ready(Backend::try_acquire(self, key, resolved.exptime_ns, None)),
+            |_| std::future::ready(self.try_acquire_in(key, resolved.exptime_ns, mode)),
             |busy: &ShmBusy| Backend::reap(self, busy),
             |busy: &ShmBusy, step, place| self.sleep_async(busy, step, place),
             |busy, key, waited| Backend::gave_up(self, busy, key, waited),
@@ -73,7 +89,7 @@ impl LockTable {
         .await;
         crate::lock::backend::note_wait(self, &r, started);
         let (hold, elapsed) = r?;
-        Ok(LockGuard::new(self, hold, elapsed, resolved.exptime_ns))
+        Ok((hold, elapsed, resolved.exptime_ns))
     }
 
     /// Takes `key` if nobody holds it, without waiting, for a lease of `lease` (zero:

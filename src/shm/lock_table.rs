@@ -165,8 +165,8 @@ impl crate::shm::async_wait::Watchable for Inner {
     fn prepare_wait(&self, b: &Busy) -> Prepared {
         self.table.prepare_wait(b)
     }
-    fn wait_word(&self, slot: usize) -> &AtomicU64 {
-        self.table.control_word(slot)
+    fn wait_word(&self, b: &Busy) -> &AtomicU64 {
+        self.table.wait_word(b)
     }
 }
 

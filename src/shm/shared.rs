@@ -124,7 +124,52 @@ impl LockTable {
     }
 }
 
+impl LockTable {
+    /// [`lock_shared`](Self::lock_shared) for async code (tokio), waiting as
+    /// [`lock_async`](Self::lock_async) does: the runtime thread is never blocked, and a
+    /// waiting task is woken by the release that lets it in.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("shmlock-doc-shared-async-{}", std::process::id()));
+    /// # let _ = std::fs::remove_file(&path);
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// use shmlock::{LockOptions, LockTable};
+    ///
+    /// let table = LockTable::open(&path, 64)?;
+    /// let a = table.lock_shared_async("config", &LockOptions::default()).await?;
+    /// let b = table.lock_shared_async("config", &LockOptions::default()).await?;
+    /// drop((a, b));
+    /// # std::fs::remove_file(&path).unwrap();
+    /// # Ok::<(), shmlock::Error>(())
+    /// # }).unwrap();
+    /// ```
+    #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+    pub async fn lock_shared_async(
+        &self,
+        key: impl AsRef<[u8]>,
+        opts: impl Borrow<LockOptions>,
+    ) -> Result<LockGuard<'_, Shared>, Error> {
+        self.shared().lock_async(key, opts).await
+    }
+}
+
 impl Shared {
+    /// Takes `key` for reading, for async code (see [`LockTable::lock_shared_async`]).
+    #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+    pub async fn lock_async(
+        &self,
+        key: impl AsRef<[u8]>,
+        opts: impl Borrow<LockOptions>,
+    ) -> Result<LockGuard<'_, Shared>, Error> {
+        let (hold, elapsed, exptime) = self
+            .0
+            .acquire_async_in(key.as_ref(), opts.borrow(), Mode::Shared { limit: 0 })
+            .await?;
+        Ok(LockGuard::new(self, hold, elapsed, exptime))
+    }
+
     /// The table these read locks live in.
     pub fn table(&self) -> &LockTable {
         &self.0
@@ -192,6 +237,21 @@ impl<'t> Semaphore<'t> {
     pub fn acquire(&self, opts: impl Borrow<LockOptions>) -> Result<LockGuard<'_, Self>, Error> {
         let opts = opts.borrow();
         lock::guard(self, &self.key, opts, Some(opts.timeout))
+    }
+
+    /// Takes a permit, for async code (tokio): the runtime thread is never blocked, and a
+    /// waiting task is woken by the release of any permit.
+    #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+    pub async fn acquire_async(
+        &self,
+        opts: impl Borrow<LockOptions>,
+    ) -> Result<LockGuard<'_, Self>, Error> {
+        let (hold, elapsed, exptime) = self
+            .table
+            .acquire_async_in(&self.key, opts.borrow(), self.mode())
+            .await?;
+        Ok(LockGuard::new(self, hold, elapsed, exptime))
     }
 
     /// Takes a permit if one is free, without waiting, for a lease of `lease` (zero: never

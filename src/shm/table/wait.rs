@@ -108,12 +108,6 @@ impl<S: Slots, E: Env> Table<S, E> {
         }
     }
 
-    /// Slot `i`'s control word (what async waiters of exclusive holds sleep on).
-    #[cfg(feature = "tokio")]
-    pub(crate) fn control_word(&self, i: usize) -> &AtomicU64 {
-        &self.slots()[i].control
-    }
-
     /// Calls `f` with each shared hold of `b`'s key in its range (slot, word, and whether
     /// its lease ran out), as found in one pass.
     pub(super) fn for_shared_holds(&self, b: &Busy, mut f: impl FnMut(usize, Word, bool)) {
