@@ -913,8 +913,26 @@ fn inspect_lists_every_shared_and_permit_holder_and_unlock_force_breaks_them_all
     assert!(text.contains("MODE") && text.contains("permit/3"), "{text}");
     assert_eq!(text.matches(" shared").count(), 2, "{text}");
 
+    // one reader, by pid
+    let one =
+        output(shmlock(&file).args(["unlock", "--force", "--pid", &r1.id().to_string(), "conf"]));
+    assert!(one.status.success(), "{one:?}");
+    let said = String::from_utf8_lossy(&one.stdout);
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert!(
+        said.contains(&format!("held shared by pid {}", r1.id())),
+        "{said}"
+    );
+    assert!(
+        table.is_locked("conf").unwrap(),
+        "the other reader still holds"
+    );
+    let none = output(shmlock(&file).args(["unlock", "--force", "--pid", "1", "conf"]));
+    assert_eq!(none.status.code(), Some(1), "{none:?}");
+    // then every holder
     let broke = output(shmlock(&file).args(["unlock", "--force", "conf"]));
     assert!(broke.status.success(), "{broke:?}");
+    assert!(String::from_utf8_lossy(&broke.stdout).contains(&format!("pid {}", r2.id())));
     assert!(!table.is_locked("conf").unwrap());
     assert!(table.is_locked("gpu").unwrap());
     for mut c in [r1, r2, p1] {

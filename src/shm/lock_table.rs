@@ -380,6 +380,27 @@ impl LockTable {
             .map(|(e, dead)| self.holder(&e, now, !dead)))
     }
 
+    /// Breaks the holds of `key` whose owner is process `pid` (every holder's with
+    /// `None`: a shared key has many), and returns them; claims of the key in progress
+    /// are broken too. Each holder finds out at its next unlock or renewal
+    /// ([`Error::Expired`]); waiters are woken.
+    pub fn force_unlock_holders(
+        &self,
+        key: impl AsRef<[u8]>,
+        pid: Option<u32>,
+    ) -> Result<Vec<Holder>, Error> {
+        let key = check_key(key.as_ref())?;
+        self.writable()?;
+        let table = &self.inner.table;
+        let now = table.now();
+        let picked = |e: &Entry| pid.is_none_or(|p| self.holder(e, now, true).pid == p);
+        Ok(table
+            .break_holds(self.hash(key), picked)
+            .into_iter()
+            .map(|(e, dead)| self.holder(&e, now, !dead))
+            .collect())
+    }
+
     /// The format version of the file (see `src/shm/format.rs`).
     pub fn format_version(&self) -> u32 {
         crate::shm::format::VERSION

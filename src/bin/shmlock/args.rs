@@ -271,13 +271,21 @@ pub struct StatsArgs {
 
 /// Break a lock, whoever holds it (prints who did)
 #[derive(Args)]
-#[command(after_help = "Example:\n  shmlock unlock --force user:42")]
+#[command(after_help = concat!(
+    "Examples:\n",
+    "  shmlock unlock --force user:42\n",
+    "  shmlock unlock --force --pid 4242 config   # only that reader of a shared key",
+))]
 pub struct UnlockArgs {
     /// The lock name
     pub key: String,
     /// Required: breaking a lock its holder still relies on is your decision
     #[arg(long)]
     pub force: bool,
+    /// Break only the holds of this process (a shared key has a holder per reader or
+    /// permit) [default: every holder of KEY]
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<u32>,
 }
 
 /// Create a table file with a chosen capacity and mode

@@ -26,24 +26,44 @@ fn refuse_without_force(a: &UnlockArgs) -> Result<(), Fail> {
 pub fn unlock(file: &Path, a: UnlockArgs) -> Result<u8, Fail> {
     refuse_without_force(&a)?;
     let table = LockTable::options().create(false).open(file)?;
-    match table.force_unlock(&a.key)? {
-        Some(h) => {
-            println!(
-                "broke {:?}: held by pid {} ({}), for {:.3}s",
-                a.key,
-                h.pid,
-                if h.owner_alive { "alive" } else { "dead" },
-                h.age.as_secs_f64()
-            );
-            Ok(0)
-        }
-        None => Err(Fail(format!("{:?} is not locked", a.key), 1)),
+    let broken = table.force_unlock_holders(&a.key, a.pid)?;
+    if broken.is_empty() {
+        return Err(Fail(
+            match a.pid {
+                Some(pid) => format!("{:?} is not held by pid {pid}", a.key),
+                None => format!("{:?} is not locked", a.key),
+            },
+            1,
+        ));
     }
+    for h in broken {
+        println!(
+            "broke {:?}: held{} by pid {} ({}), for {:.3}s",
+            a.key,
+            match h.mode {
+                shmlock::HoldMode::Shared => " shared".into(),
+                shmlock::HoldMode::Permit { permits } => format!(" as one of {permits} permits"),
+                _ => String::new(),
+            },
+            h.pid,
+            if h.owner_alive { "alive" } else { "dead" },
+            h.age.as_secs_f64()
+        );
+    }
+    Ok(0)
 }
 
 /// Breaks `a.key` in Redis.
 pub fn unlock_redis(redis: &RedisLocks, a: UnlockArgs) -> Result<u8, Fail> {
     refuse_without_force(&a)?;
+    if a.pid.is_some() {
+        return Err(Fail(
+            "--pid picks one of a shared key's holders in a lock table; a Redis lock has \
+             one holder"
+                .into(),
+            EX_USAGE,
+        ));
+    }
     if redis.force_unlock(&a.key)? {
         println!("broke {:?}", a.key);
         Ok(0)

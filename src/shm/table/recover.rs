@@ -240,16 +240,27 @@ impl<S: Slots, E: Env> Table<S, E> {
         crash_point();
     }
 
-    /// Breaks whatever keeps a key busy, whoever owns it: its live entry (its holder's
+    /// Breaks whatever keeps a key busy, whoever owns it: its live entries (each holder's
     /// next unlock or renewal gets `Lost`), and any claim of it in progress. An entry its
     /// owner may still be writing (CLAIMING, EXTENDING) becomes BROKEN unless the owner is
     /// dead. Returns the live entry as it was and whether its owner was dead, or `None` if
-    /// the key was not held.
+    /// the key was not held (a shared key's first holder: see [`break_holds`](Self::break_holds)).
     pub(crate) fn break_hold(&self, hash: KeyHash) -> Option<(Entry, bool)> {
+        self.break_holds(hash, |_| true).into_iter().next()
+    }
+
+    /// [`break_hold`](Self::break_hold) of the live entries `which` picks (every claim in
+    /// progress is broken whatever it says: a claim's fields are not yet its own); each
+    /// one broken, as it was, and whether its owner was dead.
+    pub(crate) fn break_holds(
+        &self,
+        hash: KeyHash,
+        which: impl Fn(&Entry) -> bool,
+    ) -> Vec<(Entry, bool)> {
         let slots = self.slots();
         let home = hash.home(slots.len());
         let now = self.now();
-        let mut found = None;
+        let mut found = Vec::new();
         let mut d = 0;
         while d <= self.reach(home, Ordering::Acquire) {
             let i = self.at(home, d);
@@ -269,6 +280,10 @@ impl<S: Slots, E: Env> Table<S, E> {
                 }
             };
             let snapshot = self.entry(i);
+            if live && !snapshot.as_ref().is_some_and(&which) {
+                d += 1;
+                continue;
+            }
             let dead = match c.state() {
                 State::Held | State::Extending | State::Stealing => self.holder_dead(&slots[i], c),
                 _ => self.env.is_dead(c.owner()),
@@ -281,8 +296,8 @@ impl<S: Slots, E: Env> Table<S, E> {
             if !self.replace(i, c, to) {
                 continue; // moved meanwhile: look again
             }
-            if live && found.is_none() {
-                found = snapshot.map(|e| (e, dead));
+            if let (true, Some(e)) = (live, snapshot) {
+                found.push((e, dead));
             }
             d += 1;
         }
