@@ -349,7 +349,36 @@ impl Drop for Attachment {
 /// (Two entries whose hashes agree could cut a wait short; breaking a claim early costs
 /// its owner only a retry.)
 pub(crate) fn stalled(seen: &AtomicU64, ident: u64) -> bool {
-    let hash = xxhash_rust::xxh3::xxh3_64(&ident.to_le_bytes()) >> 32 | 1;
+    stood(seen, mark_hash(ident))
+}
+
+/// The hash a writer's mark on the hold `ident` is kept under: another than the stall
+/// mark's of the same entry, so that neither passes for the other.
+fn writer_hash(ident: u64) -> u64 {
+    mark_hash(ident ^ 0x5752_4954_4552_2121) // "WRITER!!"
+}
+
+/// A writer waiting for the shared hold `ident` says so in its slot's mark (see
+/// [`writer_gone`]).
+pub(crate) fn writer_waits_still(seen: &AtomicU64, ident: u64) {
+    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
+    seen.store(writer_hash(ident) << 32 | now, Ordering::Relaxed);
+}
+
+/// Whether the writer's mark on the shared hold `ident` has gone unrefreshed for the stall
+/// bound (its writer gave up or died: a waiting writer refreshes it every
+/// `WRITER_REFRESH`). A mark not seen before starts being watched now.
+pub(crate) fn writer_gone(seen: &AtomicU64, ident: u64) -> bool {
+    stood(seen, writer_hash(ident))
+}
+
+fn mark_hash(ident: u64) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(&ident.to_le_bytes()) >> 32 | 1
+}
+
+/// Whether the mark `hash` has stood in `seen` for the stall bound; starts it if another
+/// mark (or none) is there.
+fn stood(seen: &AtomicU64, hash: u64) -> bool {
     let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
     let c = seen.load(Ordering::Relaxed);
     if c >> 32 == hash {

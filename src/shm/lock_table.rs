@@ -103,6 +103,13 @@ impl table::Env for ShmEnv {
     fn stalled(&self, seen: &AtomicU64, word: Word) -> bool {
         crate::shm::attachment::stalled(seen, word.ident())
     }
+    fn writer_waits_still(&self, seen: &AtomicU64, word: Word) {
+        crate::shm::attachment::writer_waits_still(seen, word.ident());
+    }
+    fn writer_gone(&self, seen: &AtomicU64, word: Word) -> bool {
+        // only a published hold's mark: a renewal's stall is watched in the same place
+        word.state() == State::Held && crate::shm::attachment::writer_gone(seen, word.ident())
+    }
     #[cold]
     #[inline(never)]
     fn released_to_waiters(&self, acquired_at: u64) {
@@ -919,6 +926,11 @@ impl Backend for LockTable {
         slack: &mut TimerSlack,
     ) -> (Duration, bool) {
         let table = &self.inner.table;
+        // a writer waiting for readers looks again often enough to keep its mark fresh
+        let step = match busy.0.wait {
+            table::WaitFor::Readers => step.min(table::WRITER_REFRESH),
+            _ => step,
+        };
         match table.prepare_wait(&busy.0) {
             Prepared::Sleep(low) => {
                 // Sleep no later than the lease's end (and one tick of the coarse clock

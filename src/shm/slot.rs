@@ -146,7 +146,7 @@ pub(crate) enum State {
 /// |gen hi |  owner (22)|mark (7)|    gen low (23)    | reach (5)|waiters| state |
 /// +-------+------------+--------+--------------------+----------+-------+-------+
 ///
-///  mark: bit 38 writer waits, bit 37 shared, bits 32-36 tag (5)
+///  mark: bit 38 writer waits, bit 37 shared, bit 36 permit, bits 32-35 tag (4)
 /// ```
 ///
 /// * `gen` (26 bits: 23 low, 3 high) grows on every transition of the entry, so a CAS from
@@ -158,11 +158,12 @@ pub(crate) enum State {
 ///   it in the home's control word makes raising it and claiming the home one location,
 ///   so a claim at home and a raise are ordered by the word itself. It survives every
 ///   transition of the entry.
-/// * `tag` is 5 bits of the key hash, so a scanner can skip most foreign entries without
+/// * `tag` is 4 bits of the key hash, so a scanner can skip most foreign entries without
 ///   reading their hash, and recognise a CLAIMING entry whose hash may not be written yet.
-/// * `shared` marks an entry of a shared hold (a reader, or one permit of a semaphore:
-///   [`Slot::limit`] says which) from its claim on; the other entries are exclusive. Two
-///   shared entries of one key may stand side by side; an exclusive one stands alone.
+/// * `shared` marks an entry of a shared hold (a reader, or one permit of a semaphore)
+///   from its claim on; the other entries are exclusive. Two shared entries of one key may
+///   stand side by side; an exclusive one stands alone. `permit` tells a semaphore's
+///   permit (whose count is in [`Slot::limit`]) from a reader, also while it is claimed.
 /// * `writer waits` is set on a shared hold by a writer waiting for it to end: new shared
 ///   claims of the key defer to it (writer preference). Like the waiters bit it is not
 ///   part of the entry's identity, and it goes with the entry.
@@ -185,9 +186,10 @@ const GEN_LOW_SHIFT: u32 = 9;
 const GEN_LOW_BITS: u32 = 23;
 const GEN_LOW_MASK: u64 = (1 << GEN_LOW_BITS) - 1;
 const TAG_SHIFT: u32 = 32;
-const TAG_MASK: u64 = 0x1f;
+const TAG_MASK: u64 = 0xf;
 /// The mark: tag, shared and writer-waits bits, carried together by [`Word::next`].
 const MARK_MASK: u64 = 0x7f;
+pub(crate) const PERMIT: u64 = 1 << 36;
 pub(crate) const SHARED: u64 = 1 << 37;
 pub(crate) const WRITER_WAITS: u64 = 1 << 38;
 const OWNER_SHIFT: u32 = 39;
@@ -236,6 +238,12 @@ impl Word {
     #[inline]
     pub(crate) fn is_shared(self) -> bool {
         self.0 & SHARED != 0
+    }
+
+    /// The entry is one of a semaphore's permits (or a claim of one).
+    #[inline]
+    pub(crate) fn is_permit(self) -> bool {
+        self.0 & PERMIT != 0
     }
 
     /// A writer waits for this shared hold to end.
@@ -326,13 +334,14 @@ mod tests {
         let owner = OwnerId::new(0xfffe, 0x1ab);
         assert_eq!(owner.entry(), 0xfffe);
         let base = Word(0).with_reach(17);
-        let w = Word::new(State::Held, 0x1b, owner, GEN_MASK, base);
+        let w = Word::new(State::Held, 0xb, owner, GEN_MASK, base);
         assert_eq!(w.state(), State::Held);
-        assert_eq!(w.tag(), 0x1b);
+        assert_eq!(w.tag(), 0xb);
         assert!(!w.is_shared());
-        let s = Word::new(State::Held, 0x1b | 0x20, owner, 5, base);
-        assert!(s.is_shared() && !s.writer_waits());
-        assert_eq!(s.tag(), 0x1b);
+        let s = Word::new(State::Held, 0xb | 0x20, owner, 5, base);
+        assert!(s.is_shared() && !s.writer_waits() && !s.is_permit());
+        assert_eq!(s.tag(), 0xb);
+        assert!(Word::new(State::Claiming, 0xb | 0x30, owner, 5, base).is_permit());
         assert!(s.next(State::Extending).is_shared());
         let flagged = Word(s.0 | WRITER_WAITS);
         assert!(flagged.writer_waits());

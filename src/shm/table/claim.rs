@@ -47,7 +47,7 @@ use super::{
 };
 use crate::shm::clock::deadline;
 use crate::shm::primitive::{crash_point, Ordering};
-use crate::shm::slot::{Slot, State, Word, REACH_OVERFLOW};
+use crate::shm::slot::{Slot, State, Word, REACH_OVERFLOW, WRITER_WAITS};
 
 /// How many times a claim restarts after yielding to a rival before it reports the key busy.
 const MAX_RESTARTS: u32 = 16;
@@ -221,7 +221,8 @@ impl<S: Slots, E: Env> Table<S, E> {
     pub(super) fn promote(&self, slot: &Slot, claiming: Word) -> Result<Word, Lost> {
         let mut cur = claiming;
         loop {
-            let held = cur.next(State::Held);
+            // (a writer's mark belongs to a hold it saw; none is this new one's)
+            let held = Word(cur.next(State::Held).0 & !WRITER_WAITS);
             match slot
                 .control
                 .compare_exchange(cur.0, held.0, Ordering::SeqCst, Ordering::Relaxed)
@@ -255,7 +256,8 @@ impl<S: Slots, E: Env> Table<S, E> {
                     crash_point();
                     if cur.has_waiters() {
                         let i = self.index_of(slot);
-                        self.wake(i);
+                        let home = cur.is_shared().then(|| self.home_of(i));
+                        self.wake_left(i, cur, home);
                     }
                     return;
                 }
@@ -293,7 +295,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         let hc = self.word(home, Ordering::Acquire);
         if hc.state() == State::Held && hc.tag() == hash.tag() {
             if let Seen::Key = self.examine(&slots[home], hc, hash, now) {
-                if self.conflict(&slots[home], hc, req.mode) == Conflict::Busy {
+                if self.conflict(home, hc, req.mode) == Conflict::Busy {
                     return Ok(Attempt::Busy(blocked(home, home, hc, hash, req.mode)));
                 }
             }
@@ -454,8 +456,10 @@ impl<S: Slots, E: Env> Table<S, E> {
                     Some(_) => continue,
                     None => return Scan::Busy(busy(i, home, c, hash)),
                 },
-                Seen::Key => match self.conflict(&slots[i], c, mode) {
+                Seen::Key => match self.conflict(i, c, mode) {
                     Conflict::Busy => return Scan::Busy(blocked(i, home, c, hash, mode)),
+                    // a dead holder's count is nobody's: take its hold back first
+                    Conflict::Mismatch(_) if self.reap_dead_shared(i, c) => continue,
                     Conflict::Mismatch(l) => return Scan::Mismatch(l),
                     Conflict::Changed => continue,
                     Conflict::Permit => permits.count(i, c),
@@ -523,11 +527,12 @@ impl<S: Slots, E: Env> Table<S, E> {
                     self.resolve_steal(i, c);
                     continue;
                 }
-                Seen::Key => match self.conflict(&slots[i], c, mode) {
+                Seen::Key => match self.conflict(i, c, mode) {
                     Conflict::Busy => {
                         self.withdraw(slot, claiming);
                         return Rescan::Busy(blocked(i, home, c, hash, mode));
                     }
+                    Conflict::Mismatch(_) if self.reap_dead_shared(i, c) => continue,
                     Conflict::Mismatch(l) => {
                         self.withdraw(slot, claiming);
                         return Rescan::Mismatch(l);

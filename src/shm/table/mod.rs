@@ -56,7 +56,7 @@
 
 use crate::shm::primitive::{fence, AtomicU64, Ordering};
 use crate::shm::registry::OwnerId;
-use crate::shm::slot::{Cold, Slot, State, Word, REACH_OVERFLOW, SHARED};
+use crate::shm::slot::{Cold, Slot, State, Word, PERMIT, REACH_OVERFLOW, SHARED};
 
 mod claim;
 mod hold;
@@ -82,9 +82,9 @@ impl KeyHash {
         }
     }
 
-    /// 5 bits of the hash, as control words carry them.
+    /// 4 bits of the hash, as control words carry them.
     pub(crate) fn tag(self) -> u8 {
-        (self.hi >> 59) as u8
+        (self.hi >> 60) as u8
     }
 
     /// The home slot, by multiply-shift range reduction (any table length works).
@@ -135,7 +135,22 @@ pub(crate) trait Env {
     fn took_over(&self, expired: bool) {
         let _ = expired;
     }
+    /// A writer waiting for the shared hold `word` notes in `seen` (the slot's mark) that
+    /// it still waits; it does so at every look, at least every [`WRITER_REFRESH`].
+    fn writer_waits_still(&self, seen: &AtomicU64, word: Word) {
+        let _ = (seen, word);
+    }
+    /// Whether the writer's mark on the shared hold `word` has gone unrefreshed for long
+    /// enough that its writer gave up or died (its waits refresh it far more often).
+    fn writer_gone(&self, seen: &AtomicU64, word: Word) -> bool {
+        let _ = (seen, word);
+        false
+    }
 }
+
+/// How often, at least, a writer waiting for readers refreshes its mark on their holds
+/// (its sleeps are cut to this); a mark unrefreshed for the stall bound has lapsed.
+pub(crate) const WRITER_REFRESH: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How a claim holds its key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,7 +168,8 @@ impl Mode {
     pub(crate) fn mark(self, hash: KeyHash) -> u8 {
         match self {
             Mode::Exclusive => hash.tag(),
-            Mode::Shared { .. } => hash.tag() | (SHARED >> 32) as u8,
+            Mode::Shared { limit: 0 } => hash.tag() | (SHARED >> 32) as u8,
+            Mode::Shared { .. } => hash.tag() | ((SHARED | PERMIT) >> 32) as u8,
         }
     }
 
@@ -389,23 +405,39 @@ impl<S: Slots, E: Env> Table<S, E> {
         (Word(slot.control.load(Ordering::Relaxed)).ident() == c.ident()).then_some(limit)
     }
 
-    /// What the live entry `c` of our key (a [`Seen::Key`]) means to a claim in `mode`.
+    /// What the live entry `c` of slot `i`, of our key (a [`Seen::Key`]), means to a claim
+    /// in `mode`.
     #[inline]
-    fn conflict(&self, slot: &Slot, c: Word, mode: Mode) -> Conflict {
+    fn conflict(&self, i: usize, c: Word, mode: Mode) -> Conflict {
         let Mode::Shared { limit } = mode else {
             return Conflict::Busy;
         };
         if !c.is_shared() {
             return Conflict::Busy;
         }
-        match self.limit_of(slot, c) {
+        match self.limit_of(&self.slots()[i], c) {
             None => Conflict::Changed,
             Some(l) if l != limit => Conflict::Mismatch(l),
-            // a writer waits for this hold: new shared holds defer to it
-            Some(_) if c.writer_waits() => Conflict::Busy,
+            // a writer waits for this hold: new shared holds defer to it, while its mark is
+            // kept fresh (a writer that gave up or died leaves a mark that lapses)
+            Some(_) if c.writer_waits() && !self.env.writer_gone(&self.cold(i).seen, c) => {
+                Conflict::Busy
+            }
             Some(0) => Conflict::Beside,
             Some(_) => Conflict::Permit,
         }
+    }
+
+    /// Frees the shared hold `c` of slot `i` if its owner is dead (a count that does not
+    /// match is no one's then). `true` if it is gone.
+    fn reap_dead_shared(&self, i: usize, c: Word) -> bool {
+        c.state() == State::Held
+            && self.env.reaps_dead_holders()
+            && self.holder_dead(&self.slots()[i], c)
+            && {
+                self.steal(i, c);
+                true
+            }
     }
 
     /// Wakes the processes asleep on slot `i`'s control word (they flagged the entry that
@@ -454,14 +486,15 @@ enum Conflict {
 
 /// Whether a CLAIMING entry whose tag is our key's must be settled (waited for or yielded
 /// to) before a claim in `mode` goes on: always, but between two reader claims, which
-/// never stand in each other's way.
+/// never stand in each other's way (a permit's claim is settled: a reader beside it is a
+/// mismatch to report).
 #[inline]
 fn claims_conflict(c: Word, mode: Mode) -> bool {
     // The broken variant lets shared claims pass every claim in progress, a writer's too.
     if cfg!(shmlock_broken_shared) && mode != Mode::Exclusive {
         return false;
     }
-    !(mode == Mode::Shared { limit: 0 } && c.is_shared())
+    !(mode == Mode::Shared { limit: 0 } && c.is_shared() && !c.is_permit())
 }
 
 fn busy(slot: usize, home: usize, word: Word, hash: KeyHash) -> Busy {

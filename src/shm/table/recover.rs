@@ -106,9 +106,16 @@ impl<S: Slots, E: Env> Table<S, E> {
             let mut freed = false;
             self.for_shared_holds(b, |i, c, expired| {
                 let slot = &self.slots()[i];
-                if expired || (self.env.reaps_dead_holders() && self.holder_dead(slot, c)) {
-                    freed |= self.steal(i, c);
-                }
+                freed |= match c.state() {
+                    // a renewal that stalled past its deadline, or whose owner died
+                    State::Extending => self.unstick(i, c),
+                    _ if expired
+                        || (self.env.reaps_dead_holders() && self.holder_dead(slot, c)) =>
+                    {
+                        self.steal(i, c)
+                    }
+                    _ => false,
+                };
             });
             if freed {
                 return true;
@@ -183,7 +190,7 @@ impl<S: Slots, E: Env> Table<S, E> {
 
     /// Whether the owner of the HELD or EXTENDING entry `c` of `slot` is dead, judged with
     /// the hold's lease. `false` if the entry moved on meanwhile (nothing to free then).
-    fn holder_dead(&self, slot: &Slot, c: Word) -> bool {
+    pub(super) fn holder_dead(&self, slot: &Slot, c: Word) -> bool {
         let lease = slot.lease.load(Ordering::Relaxed);
         fence(Ordering::Acquire);
         Word(slot.control.load(Ordering::Relaxed)).ident() == c.ident()

@@ -29,26 +29,31 @@ impl<S: Slots, E: Env> Table<S, E> {
         match b.wait {
             WaitFor::Entry => {}
             WaitFor::Readers => {
-                self.for_shared_holds(b, |i, _, _| {
-                    self.slots()[i]
-                        .control
-                        .fetch_or(WRITER_WAITS, Ordering::SeqCst);
+                self.for_shared_holds(b, |i, c, _| {
+                    self.flag(i, c, WRITER_WAITS);
+                    if c.state() == State::Held {
+                        self.env.writer_waits_still(&self.cold(i).seen, c);
+                    }
                 });
                 crash_point();
             }
             WaitFor::Permits { limit } => {
                 let count = self.slots()[b.home].fence.load(Ordering::SeqCst);
-                let mut taken = 0;
-                self.for_shared_holds(b, |i, _, expired| {
-                    let c = self.slots()[i].control.fetch_or(WAITERS, Ordering::SeqCst);
-                    // a permit that moved meanwhile is not counted: then the waiter tries again
-                    taken += u32::from(!expired && Word(c).state() == State::Held);
+                let (mut taken, mut moving) = (0, false);
+                self.for_shared_holds(b, |i, c, expired| {
+                    // only permits, and only the very holds seen: a slot taken by another
+                    // key meanwhile is not counted (nor flagged)
+                    if c.is_permit() && !expired && self.flag(i, c, WAITERS) {
+                        taken += 1;
+                        moving |= c.state() != State::Held;
+                    }
                 });
                 crash_point();
-                return if taken >= limit {
-                    Prepared::Sleep(count as u32)
-                } else {
-                    Prepared::Changed
+                return match (taken >= limit, moving) {
+                    (false, _) => Prepared::Changed,
+                    // a renewal in progress wakes nobody when it ends: look again soon
+                    (true, true) => Prepared::Poll,
+                    (true, false) => Prepared::Sleep(count as u32),
                 };
             }
         }
@@ -108,8 +113,30 @@ impl<S: Slots, E: Env> Table<S, E> {
         }
     }
 
+    /// Sets `bit` (waiters, writer waits) on the entry `c` of slot `i` if it is still that
+    /// entry, with a CAS from the word as it is (the bits may change under it, the entry
+    /// may not): a slot that moved on to another hold, maybe of another key, is left alone.
+    /// `true` if the entry is still `c`'s, flagged.
+    fn flag(&self, i: usize, c: Word, bit: u64) -> bool {
+        let word = &self.slots()[i].control;
+        let mut cur = Word(word.load(Ordering::SeqCst));
+        loop {
+            if cur.ident() != c.ident() {
+                return false;
+            }
+            if cur.0 & bit != 0 {
+                return true;
+            }
+            match word.compare_exchange(cur.0, cur.0 | bit, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return true,
+                Err(now) => cur = Word(now),
+            }
+        }
+    }
+
     /// Calls `f` with each shared hold of `b`'s key in its range (slot, word, and whether
-    /// its lease ran out), as found in one pass.
+    /// its lease ran out), as found in one pass; a check of a hold in progress is ended
+    /// first, as anyone may.
     pub(super) fn for_shared_holds(&self, b: &Busy, mut f: impl FnMut(usize, Word, bool)) {
         let slots = self.slots();
         let now = self.now();
@@ -120,6 +147,10 @@ impl<S: Slots, E: Env> Table<S, E> {
             let c = self.word(i, Ordering::SeqCst);
             match self.examine(&slots[i], c, b.hash, now) {
                 Seen::Changed => continue,
+                Seen::Stealing if c.is_shared() => {
+                    self.resolve_steal(i, c);
+                    continue;
+                }
                 Seen::Key if c.is_shared() => f(i, c, false),
                 Seen::Expired if c.is_shared() => f(i, c, true),
                 _ => {}
