@@ -629,6 +629,17 @@ fn thread_lease() -> u64 {
     .unwrap_or_else(|_| THREADS.fetch_add(1, Ordering::Relaxed))
 }
 
+/// The error of a shared claim that met holds of another count (out of the claim's way).
+#[cold]
+#[inline(never)]
+fn mismatch(req: &Request<'_>, held: u32) -> Error {
+    Error::PermitsMismatch {
+        key: KeyPreview::new(req.key),
+        held,
+        asked: req.mode.limit(),
+    }
+}
+
 /// A hold on the table: the slot's word and lease, and its fencing token once asked for
 /// (0 means "not yet").
 #[derive(Debug)]
@@ -659,11 +670,7 @@ impl LockTable {
                 }))
             }
             Ok(Attempt::Busy(busy)) => Ok(Err(ShmBusy(busy))),
-            Ok(Attempt::Mismatch { limit }) => Err(Error::PermitsMismatch {
-                key: KeyPreview::new(req.key),
-                held: limit,
-                asked: req.mode.limit(),
-            }),
+            Ok(Attempt::Mismatch { limit }) => Err(mismatch(req, limit)),
             Err(TableFull) => {
                 Cells::of(&self.att().map).add(counters::TABLE_FULL, 1);
                 Err(Error::TableFull {

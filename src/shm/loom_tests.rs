@@ -115,7 +115,7 @@ fn key(home: usize, n: usize, id: u64, tag: u8) -> KeyHash {
     let lo = ((home as u128) << 64).div_ceil(n as u128) as u64;
     KeyHash {
         lo,
-        hi: (u64::from(tag) << 60) | id,
+        hi: (u64::from(tag) << 59) | id,
     }
 }
 

@@ -37,10 +37,10 @@ pub(crate) struct Slot {
     /// Home word: the claim count of the keys whose home is this slot, counted by every
     /// claim that scans (see `table/claim.rs`), and their fencing counter.
     pub fence: AtomicU64,
-    /// Home word: the reach of this home when it does not fit the control word's 5 bits.
+    /// Home word: the reach of this home when it does not fit the control word's 4 bits.
     pub reach: AtomicU32,
     /// A shared entry's limit (valid with `hash_*`): 0 for a read hold, N for one of a
-    /// semaphore's N permits. 0 in an exclusive entry.
+    /// semaphore's N permits. Meaningless in an exclusive entry (left as it was).
     pub limit: AtomicU32,
 }
 
@@ -141,12 +141,12 @@ pub(crate) enum State {
 /// The control word of a slot:
 ///
 /// ```text
-///  63   61 60        39 38    32 31                 9 8        4    3      2   0
-/// +-------+------------+--------+--------------------+----------+-------+-------+
-/// |gen hi |  owner (22)|mark (7)|    gen low (23)    | reach (5)|waiters| state |
-/// +-------+------------+--------+--------------------+----------+-------+-------+
+///  63   61 60        39 38    32 31                 9   8    7     4    3      2   0
+/// +-------+------------+--------+--------------------+----+----------+-------+-------+
+/// |gen hi |  owner (22)|mark (7)|    gen low (23)    | ww | reach (4)|waiters| state |
+/// +-------+------------+--------+--------------------+----+----------+-------+-------+
 ///
-///  mark: bit 38 writer waits, bit 37 shared, bit 36 permit, bits 32-35 tag (4)
+///  mark: bit 38 shared, bit 37 permit, bits 32-36 tag (5); ww: writer waits
 /// ```
 ///
 /// * `gen` (26 bits: 23 low, 3 high) grows on every transition of the entry, so a CAS from
@@ -154,19 +154,21 @@ pub(crate) enum State {
 /// * `owner` is the [`OwnerId`] (registry entry and generation) of the process that owns a
 ///   CLAIMING, HELD, EXTENDING or BROKEN entry.
 /// * `reach` belongs to the slot as a *home*, not to its entry: the greatest distance from
-///   here at which a key of this home was ever placed (31: see [`Slot::reach`]). Keeping
+///   here at which a key of this home was ever placed (15: see [`Slot::reach`]). Keeping
 ///   it in the home's control word makes raising it and claiming the home one location,
 ///   so a claim at home and a raise are ordered by the word itself. It survives every
 ///   transition of the entry.
-/// * `tag` is 4 bits of the key hash, so a scanner can skip most foreign entries without
+/// * `tag` is 5 bits of the key hash, so a scanner can skip most foreign entries without
 ///   reading their hash, and recognise a CLAIMING entry whose hash may not be written yet.
 /// * `shared` marks an entry of a shared hold (a reader, or one permit of a semaphore)
 ///   from its claim on; the other entries are exclusive. Two shared entries of one key may
 ///   stand side by side; an exclusive one stands alone. `permit` tells a semaphore's
 ///   permit (whose count is in [`Slot::limit`]) from a reader, also while it is claimed.
-/// * `writer waits` is set on a shared hold by a writer waiting for it to end: new shared
-///   claims of the key defer to it (writer preference). Like the waiters bit it is not
-///   part of the entry's identity, and it goes with the entry.
+/// * `ww` (writer waits) is set on a shared hold by a writer waiting for it to end: new
+///   shared claims of the key defer to it (writer preference). Like the waiters bit it is
+///   not part of the entry's identity (which is then masked by one sign-extended 32-bit
+///   immediate, as it was before shared holds), a renewal keeps it and a new hold never
+///   starts with it.
 /// * `waiters` is set by a waiter about to sleep on this word: a futex on its low half,
 ///   which holds the state, the waiters bit and the generation's low bits, so that any
 ///   transition of the entry changes it (a waiter late to its sleep is refused it, even
@@ -179,19 +181,19 @@ pub(crate) struct Word(pub u64);
 const STATE_MASK: u64 = 0b111;
 pub(crate) const WAITERS: u64 = 1 << 3;
 const REACH_SHIFT: u32 = 4;
-const REACH_MASK: u64 = 0x1f << REACH_SHIFT;
+const REACH_MASK: u64 = 0xf << REACH_SHIFT;
 /// A reach this large or more is kept in [`Slot::reach`].
-pub(crate) const REACH_OVERFLOW: u32 = 31;
+pub(crate) const REACH_OVERFLOW: u32 = 15;
+pub(crate) const WRITER_WAITS: u64 = 1 << 8;
 const GEN_LOW_SHIFT: u32 = 9;
 const GEN_LOW_BITS: u32 = 23;
 const GEN_LOW_MASK: u64 = (1 << GEN_LOW_BITS) - 1;
 const TAG_SHIFT: u32 = 32;
-const TAG_MASK: u64 = 0xf;
-/// The mark: tag, shared and writer-waits bits, carried together by [`Word::next`].
+const TAG_MASK: u64 = 0x1f;
+/// The mark: tag, permit and shared bits, carried together by [`Word::next`].
 const MARK_MASK: u64 = 0x7f;
-pub(crate) const PERMIT: u64 = 1 << 36;
-pub(crate) const SHARED: u64 = 1 << 37;
-pub(crate) const WRITER_WAITS: u64 = 1 << 38;
+pub(crate) const PERMIT: u64 = 1 << 37;
+pub(crate) const SHARED: u64 = 1 << 38;
 const OWNER_SHIFT: u32 = 39;
 const OWNER_MASK: u64 = (1 << 22) - 1;
 const GEN_HIGH_SHIFT: u32 = 61;
@@ -199,7 +201,7 @@ const GEN_MASK: u64 = (1 << 26) - 1;
 
 impl Word {
     /// An entry word; `reach` is carried over from the word it replaces. `mark` is the
-    /// tag with the shared and writer-waits bits ([`Word::mark`]).
+    /// tag with the permit and shared bits ([`Word::mark`]).
     pub(crate) fn new(state: State, mark: u8, owner: OwnerId, gen: u64, reach: Word) -> Word {
         let gen = gen & GEN_MASK;
         Word(
@@ -229,7 +231,7 @@ impl Word {
         ((self.0 >> TAG_SHIFT) & TAG_MASK) as u8
     }
 
-    /// The tag with the shared and writer-waits bits, as [`Word::new`] takes it.
+    /// The tag with the permit and shared bits, as [`Word::new`] takes it.
     pub(crate) fn mark(self) -> u8 {
         ((self.0 >> TAG_SHIFT) & MARK_MASK) as u8
     }
@@ -333,22 +335,22 @@ mod tests {
     fn word_fields_round_trip() {
         let owner = OwnerId::new(0xfffe, 0x1ab);
         assert_eq!(owner.entry(), 0xfffe);
-        let base = Word(0).with_reach(17);
-        let w = Word::new(State::Held, 0xb, owner, GEN_MASK, base);
+        let base = Word(0).with_reach(13);
+        let w = Word::new(State::Held, 0x1b, owner, GEN_MASK, base);
         assert_eq!(w.state(), State::Held);
-        assert_eq!(w.tag(), 0xb);
+        assert_eq!(w.tag(), 0x1b);
         assert!(!w.is_shared());
-        let s = Word::new(State::Held, 0xb | 0x20, owner, 5, base);
+        let s = Word::new(State::Held, 0x1b | 0x40, owner, 5, base);
         assert!(s.is_shared() && !s.writer_waits() && !s.is_permit());
-        assert_eq!(s.tag(), 0xb);
-        assert!(Word::new(State::Claiming, 0xb | 0x30, owner, 5, base).is_permit());
+        assert_eq!(s.tag(), 0x1b);
+        assert!(Word::new(State::Claiming, 0x1b | 0x60, owner, 5, base).is_permit());
         assert!(s.next(State::Extending).is_shared());
         let flagged = Word(s.0 | WRITER_WAITS);
         assert!(flagged.writer_waits());
         assert_eq!(flagged.ident(), s.ident());
         assert!(!s.freed().is_shared());
         assert_eq!(w.owner(), owner);
-        assert_eq!(w.reach(), 17);
+        assert_eq!(w.reach(), 13);
         assert_eq!(w.gen(), GEN_MASK);
         assert!(!w.has_waiters());
         let flagged = Word(w.0 | WAITERS);
@@ -359,8 +361,8 @@ mod tests {
         let n = w.next(State::Free);
         assert_eq!(n.gen(), 0);
         assert_eq!(n.state(), State::Free);
-        assert_eq!(n.reach(), 17);
-        assert_eq!(w.freed().reach(), 17);
+        assert_eq!(n.reach(), 13);
+        assert_eq!(w.freed().reach(), 13);
         assert_eq!(w.freed().owner(), OwnerId::from_bits(0));
         assert_eq!(Word(0).with_reach(1000).reach(), REACH_OVERFLOW);
         // states no version writes are out of use, not free

@@ -36,7 +36,7 @@ pub fn place(seed: u64, n: u64, key: &str) -> (u64, u8) {
     let hi = (h >> 64) as u64;
     (
         ((u128::from(lo) * u128::from(n)) >> 64) as u64,
-        (hi >> 60) as u8,
+        (hi >> 59) as u8,
     )
 }
 

@@ -4,8 +4,8 @@
 
 pub const GEN_MASK: u64 = (1 << 26) - 1;
 const WAITERS: u64 = 1 << 3;
-const REACH_MASK: u64 = 0x1f << 4;
-const WRITER_WAITS: u64 = 1 << 38;
+const REACH_MASK: u64 = 0xf << 4;
+const WRITER_WAITS: u64 = 1 << 8;
 
 /// The control word without its waiters, writer-waits and reach bits (`Word::ident`).
 pub fn ident(w: u64) -> u64 {

@@ -212,7 +212,9 @@ impl<S: Slots, E: Env> Table<S, E> {
             && slot.lease.load(Ordering::Relaxed) == req.lease
             && slot.deadline.load(Ordering::Relaxed) == until
             && slot.acquired_at.load(Ordering::Relaxed) == now
-            && slot.limit.load(Ordering::Relaxed) == req.mode.limit()
+            // (an exclusive entry's limit means nothing: not looked at)
+            && (req.mode == Mode::Exclusive
+                || slot.limit.load(Ordering::Relaxed) == req.mode.limit())
     }
 
     /// CLAIMING → HELD, keeping the reach bits a rival may have raised meanwhile. `Err`:
@@ -586,7 +588,9 @@ impl<S: Slots, E: Env> Table<S, E> {
         slot.deadline
             .store(deadline(now, req.exptime), Ordering::Relaxed);
         slot.acquired_at.store(now, Ordering::Relaxed);
-        slot.limit.store(req.mode.limit(), Ordering::Relaxed);
+        if let Mode::Shared { limit } = req.mode {
+            slot.limit.store(limit, Ordering::Relaxed);
+        }
         crash_point();
     }
 

@@ -7,7 +7,10 @@ use super::{Env, Held, Lost, Slots, Table};
 use crate::shm::clock::{deadline, TICK_NS};
 use crate::shm::primitive::{crash_point, Ordering};
 use crate::shm::registry::OwnerId;
-use crate::shm::slot::{Slot, State, Word, SHARED, WAITERS};
+use crate::shm::slot::{Slot, State, Word, SHARED, WAITERS, WRITER_WAITS};
+
+/// The bits a waiter sets on a hold, which its holder's own moves keep.
+const FLAGS: u64 = WAITERS | WRITER_WAITS;
 
 impl<S: Slots, E: Env> Table<S, E> {
     /// The slot word as the holder of `held` may act on it: a check of this very hold in
@@ -47,13 +50,21 @@ impl<S: Slots, E: Env> Table<S, E> {
             {
                 crash_point();
                 if c.has_waiters() {
-                    self.wake_left(held.slot, c, Some(held.home));
-                    self.env.released_to_waiters(held.acquired_at);
+                    self.released_to_waiters(held, c);
                 }
                 return Ok(());
             }
             // Only the waiters and reach bits can change under a live hold: retry.
         }
+    }
+
+    /// After the release of `held` (its word `c` flagged): wakes its waiters and times the
+    /// hold. Out of line, so that the uncontended release keeps nothing for it.
+    #[cold]
+    #[inline(never)]
+    fn released_to_waiters(&self, held: &Held, c: Word) {
+        self.wake_left(held.slot, c, Some(held.home));
+        self.env.released_to_waiters(held.acquired_at);
     }
 
     /// Moves the deadline of a hold to `now + exptime` (0 = never). A lease already past
@@ -72,7 +83,7 @@ impl<S: Slots, E: Env> Table<S, E> {
                 }
                 continue;
             }
-            let extending = Word(c.next(State::Extending).0 | (c.0 & WAITERS));
+            let extending = Word(c.next(State::Extending).0 | (c.0 & FLAGS));
             if slot
                 .control
                 .compare_exchange(c.0, extending.0, Ordering::SeqCst, Ordering::Relaxed)
@@ -106,7 +117,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         // Nobody flags an EXTENDING word; only the reach may change meanwhile.
         let mut cur = extending;
         loop {
-            let back = Word(cur.next(State::Held).0 | (cur.0 & WAITERS));
+            let back = Word(cur.next(State::Held).0 | (cur.0 & FLAGS));
             match slot
                 .control
                 .compare_exchange(cur.0, back.0, Ordering::SeqCst, Ordering::Relaxed)
@@ -147,7 +158,7 @@ impl<S: Slots, E: Env> Table<S, E> {
                 c.gen().wrapping_add(1),
                 c,
             );
-            let nobody = Word(nobody.0 | (c.0 & WAITERS));
+            let nobody = Word(nobody.0 | (c.0 & FLAGS));
             if slot
                 .control
                 .compare_exchange(c.0, nobody.0, Ordering::SeqCst, Ordering::Relaxed)
@@ -204,7 +215,12 @@ impl<S: Slots, E: Env> Table<S, E> {
             if c.is_shared() {
                 return Ok(());
             }
-            // The limit of an exclusive entry is 0 already: a reader's.
+            // An exclusive entry's limit is whatever the slot last held: a reader's is 0.
+            // (Written before the CAS that makes the entry shared, so that whoever reads the
+            // shared word reads this limit; readers of the exclusive word ignore it.)
+            if slot.limit.load(Ordering::Relaxed) != 0 {
+                slot.limit.store(0, Ordering::Relaxed);
+            }
             let shared = Word(c.next(State::Held).0 | SHARED);
             if slot
                 .control

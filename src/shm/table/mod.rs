@@ -82,9 +82,9 @@ impl KeyHash {
         }
     }
 
-    /// 4 bits of the hash, as control words carry them.
+    /// 5 bits of the hash, as control words carry them.
     pub(crate) fn tag(self) -> u8 {
-        (self.hi >> 60) as u8
+        (self.hi >> 59) as u8
     }
 
     /// The home slot, by multiply-shift range reduction (any table length works).
@@ -448,7 +448,10 @@ impl<S: Slots, E: Env> Table<S, E> {
 
     /// Wakes whoever waits for the flagged entry `c` of slot `i`, which just left it: the
     /// sleepers on its word and, for a shared entry, a semaphore's waiters asleep on the
-    /// claim count of `home` (moved first, so that none of them sleeps past it).
+    /// claim count of `home` (moved first, so that none of them sleeps past it). Out of
+    /// line: only a release someone waits for comes here (a system call anyway).
+    #[cold]
+    #[inline(never)]
     fn wake_left(&self, i: usize, c: Word, home: Option<usize>) {
         self.wake(i);
         if let (true, Some(home)) = (c.is_shared(), home) {
