@@ -358,18 +358,27 @@ fn writer_hash(ident: u64) -> u64 {
     mark_hash(ident ^ 0x5752_4954_4552_2121) // "WRITER!!"
 }
 
-/// A writer waiting for the shared hold `ident` says so in its slot's mark (see
-/// [`writer_gone`]).
-pub(crate) fn writer_waits_still(seen: &AtomicU64, ident: u64) {
+/// How long a writer's mark on a shared hold counts without being refreshed (a waiting
+/// writer refreshes it every `WRITER_REFRESH` while it sleeps, and at every look while it
+/// polls, whose steps are at most half a second by default).
+const WRITER_LAPSE_MS: u64 = 1_000;
+
+/// A writer waiting for the shared hold `hold` (its acquisition time and owner: what a
+/// renewal keeps) says so in its slot's mark (see [`writer_gone`]).
+pub(crate) fn writer_waits_still(seen: &AtomicU64, hold: u64) {
     let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
-    seen.store(writer_hash(ident) << 32 | now, Ordering::Relaxed);
+    seen.store(writer_hash(hold) << 32 | now, Ordering::Relaxed);
 }
 
-/// Whether the writer's mark on the shared hold `ident` has gone unrefreshed for the stall
-/// bound (its writer gave up or died: a waiting writer refreshes it every
-/// `WRITER_REFRESH`). A mark not seen before starts being watched now.
-pub(crate) fn writer_gone(seen: &AtomicU64, ident: u64) -> bool {
-    stood(seen, writer_hash(ident))
+/// Whether no writer has said, within [`WRITER_LAPSE_MS`], that it waits for the shared
+/// hold `hold`: its writer gave up or died (or the mark was overwritten meanwhile by the
+/// watch of a renewal, which costs a writer's preference until its next refresh, never
+/// more).
+pub(crate) fn writer_gone(seen: &AtomicU64, hold: u64) -> bool {
+    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
+    let c = seen.load(Ordering::Relaxed);
+    !(c >> 32 == writer_hash(hold)
+        && now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff < WRITER_LAPSE_MS)
 }
 
 fn mark_hash(ident: u64) -> u64 {

@@ -103,12 +103,11 @@ impl table::Env for ShmEnv {
     fn stalled(&self, seen: &AtomicU64, word: Word) -> bool {
         crate::shm::attachment::stalled(seen, word.ident())
     }
-    fn writer_waits_still(&self, seen: &AtomicU64, word: Word) {
-        crate::shm::attachment::writer_waits_still(seen, word.ident());
+    fn writer_waits_still(&self, seen: &AtomicU64, hold: u64) {
+        crate::shm::attachment::writer_waits_still(seen, hold);
     }
-    fn writer_gone(&self, seen: &AtomicU64, word: Word) -> bool {
-        // only a published hold's mark: a renewal's stall is watched in the same place
-        word.state() == State::Held && crate::shm::attachment::writer_gone(seen, word.ident())
+    fn writer_gone(&self, seen: &AtomicU64, hold: u64) -> bool {
+        crate::shm::attachment::writer_gone(seen, hold)
     }
     #[cold]
     #[inline(never)]

@@ -56,7 +56,7 @@
 
 use crate::shm::primitive::{fence, AtomicU64, Ordering};
 use crate::shm::registry::OwnerId;
-use crate::shm::slot::{Cold, Slot, State, Word, PERMIT, REACH_OVERFLOW, SHARED};
+use crate::shm::slot::{Cold, Slot, State, Word, PERMIT, REACH_OVERFLOW, SHARED, WRITER_WAITS};
 
 mod claim;
 mod hold;
@@ -135,15 +135,16 @@ pub(crate) trait Env {
     fn took_over(&self, expired: bool) {
         let _ = expired;
     }
-    /// A writer waiting for the shared hold `word` notes in `seen` (the slot's mark) that
-    /// it still waits; it does so at every look, at least every [`WRITER_REFRESH`].
-    fn writer_waits_still(&self, seen: &AtomicU64, word: Word) {
-        let _ = (seen, word);
+    /// A writer waiting for the shared hold `hold` (see [`Table::hold_id`]) notes in `seen`
+    /// (the slot's mark) that it still waits; it does so at every look, at least every
+    /// [`WRITER_REFRESH`] while it sleeps.
+    fn writer_waits_still(&self, seen: &AtomicU64, hold: u64) {
+        let _ = (seen, hold);
     }
-    /// Whether the writer's mark on the shared hold `word` has gone unrefreshed for long
-    /// enough that its writer gave up or died (its waits refresh it far more often).
-    fn writer_gone(&self, seen: &AtomicU64, word: Word) -> bool {
-        let _ = (seen, word);
+    /// Whether no writer has said lately that it waits for the shared hold `hold`: its
+    /// writer gave up or died (a waiting one says so far more often).
+    fn writer_gone(&self, seen: &AtomicU64, hold: u64) -> bool {
+        let _ = (seen, hold);
         false
     }
 }
@@ -420,11 +421,30 @@ impl<S: Slots, E: Env> Table<S, E> {
             Some(l) if l != limit => Conflict::Mismatch(l),
             // a writer waits for this hold: new shared holds defer to it, while its mark is
             // kept fresh (a writer that gave up or died leaves a mark that lapses)
-            Some(_) if c.writer_waits() && !self.env.writer_gone(&self.cold(i).seen, c) => {
-                Conflict::Busy
-            }
+            Some(_) if c.writer_waits() && !self.writer_gone(i, c) => Conflict::Busy,
             Some(0) => Conflict::Beside,
             Some(_) => Conflict::Permit,
+        }
+    }
+
+    /// What tells one hold from another across its renewals (which move its word): when
+    /// it was taken, and by whom. A writer's mark on a hold is kept under it.
+    pub(super) fn hold_id(&self, i: usize, c: Word) -> u64 {
+        self.slots()[i].acquired_at.load(Ordering::Relaxed) ^ u64::from(c.owner().bits()) << 40
+    }
+
+    /// Whether the writer's mark on the shared hold `c` of slot `i` has lapsed. A renewal
+    /// in progress keeps it (the renewal's own watch may have overwritten the mark).
+    fn writer_gone(&self, i: usize, c: Word) -> bool {
+        c.state() == State::Held && self.env.writer_gone(&self.cold(i).seen, self.hold_id(i, c))
+    }
+
+    /// A writer waiting for the shared hold `c` of slot `i`: marks it (if it is still
+    /// that hold) and says it still waits.
+    pub(super) fn mark_for_writer(&self, i: usize, c: Word) {
+        if self.flag(i, c, WRITER_WAITS) && c.state() == State::Held {
+            self.env
+                .writer_waits_still(&self.cold(i).seen, self.hold_id(i, c));
         }
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{Busy, Env, Prepared, Seen, Slots, Table, WaitFor};
 use crate::shm::primitive::{crash_point, AtomicU64, Ordering};
-use crate::shm::slot::{State, Word, WAITERS, WRITER_WAITS};
+use crate::shm::slot::{State, Word, WAITERS};
 
 impl<S: Slots, E: Env> Table<S, E> {
     /// Before sleeping on a busy key: flags the busy slot's word as waited on, and says
@@ -29,12 +29,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         match b.wait {
             WaitFor::Entry => {}
             WaitFor::Readers => {
-                self.for_shared_holds(b, |i, c, _| {
-                    self.flag(i, c, WRITER_WAITS);
-                    if c.state() == State::Held {
-                        self.env.writer_waits_still(&self.cold(i).seen, c);
-                    }
-                });
+                self.for_shared_holds(b, |i, c, _| self.mark_for_writer(i, c));
                 crash_point();
             }
             WaitFor::Permits { limit } => {
@@ -117,7 +112,7 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// entry, with a CAS from the word as it is (the bits may change under it, the entry
     /// may not): a slot that moved on to another hold, maybe of another key, is left alone.
     /// `true` if the entry is still `c`'s, flagged.
-    fn flag(&self, i: usize, c: Word, bit: u64) -> bool {
+    pub(super) fn flag(&self, i: usize, c: Word, bit: u64) -> bool {
         let word = &self.slots()[i].control;
         let mut cur = Word(word.load(Ordering::SeqCst));
         loop {
