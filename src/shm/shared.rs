@@ -155,6 +155,10 @@ impl LockTable {
 }
 
 impl Shared {
+    fn mode(&self) -> Mode {
+        Mode::Shared { limit: 0 }
+    }
+
     /// Takes `key` for reading, for async code (see [`LockTable::lock_shared_async`]).
     #[cfg(feature = "tokio")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
@@ -165,7 +169,7 @@ impl Shared {
     ) -> Result<LockGuard<'_, Shared>, Error> {
         let (hold, elapsed, exptime) = self
             .0
-            .acquire_async_in(key.as_ref(), opts.borrow(), Mode::Shared { limit: 0 })
+            .acquire_async_in(key.as_ref(), opts.borrow(), self.mode())
             .await?;
         Ok(LockGuard::new(self, hold, elapsed, exptime))
     }
@@ -272,9 +276,28 @@ impl<'t> Semaphore<'t> {
     }
 }
 
-/// The [`Backend`] methods that do not depend on the mode: those of the table.
+/// The [`Backend`] of a view of the table: its attempts in the view's mode (`mode()`),
+/// everything else as the table's.
 macro_rules! as_the_table {
     ($table:ident) => {
+        #[inline(always)]
+        fn acquire_fast(
+            &self,
+            key: &[u8],
+            exptime_ns: u64,
+        ) -> Result<Result<ShmHold, Option<ShmBusy>>, Error> {
+            self.$table().acquire_fast_in(key, exptime_ns, self.mode())
+        }
+
+        fn try_acquire(
+            &self,
+            key: &[u8],
+            exptime_ns: u64,
+            _deadline: Option<Instant>,
+        ) -> Result<Result<ShmHold, ShmBusy>, Error> {
+            self.$table().try_acquire_in(key, exptime_ns, self.mode())
+        }
+
         #[inline(always)]
         fn release(&self, hold: &ShmHold) -> Result<(), Error> {
             Backend::release(self.$table(), hold)
@@ -343,26 +366,6 @@ impl Backend for Shared {
     type Hold = ShmHold;
     type Busy = ShmBusy;
 
-    #[inline(always)]
-    fn acquire_fast(
-        &self,
-        key: &[u8],
-        exptime_ns: u64,
-    ) -> Result<Result<ShmHold, Option<ShmBusy>>, Error> {
-        self.0
-            .acquire_fast_in(key, exptime_ns, Mode::Shared { limit: 0 })
-    }
-
-    fn try_acquire(
-        &self,
-        key: &[u8],
-        exptime_ns: u64,
-        _deadline: Option<Instant>,
-    ) -> Result<Result<ShmHold, ShmBusy>, Error> {
-        self.0
-            .try_acquire_in(key, exptime_ns, Mode::Shared { limit: 0 })
-    }
-
     as_the_table!(table);
 }
 
@@ -371,24 +374,6 @@ impl Sealed for Semaphore<'_> {}
 impl Backend for Semaphore<'_> {
     type Hold = ShmHold;
     type Busy = ShmBusy;
-
-    #[inline(always)]
-    fn acquire_fast(
-        &self,
-        key: &[u8],
-        exptime_ns: u64,
-    ) -> Result<Result<ShmHold, Option<ShmBusy>>, Error> {
-        self.table.acquire_fast_in(key, exptime_ns, self.mode())
-    }
-
-    fn try_acquire(
-        &self,
-        key: &[u8],
-        exptime_ns: u64,
-        _deadline: Option<Instant>,
-    ) -> Result<Result<ShmHold, ShmBusy>, Error> {
-        self.table.try_acquire_in(key, exptime_ns, self.mode())
-    }
 
     as_the_table!(table);
 }

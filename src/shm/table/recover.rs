@@ -104,7 +104,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         if b.wait != WaitFor::Entry {
             // Any of the shared holds may be the one that died or ran out.
             let mut freed = false;
-            self.for_shared_holds(b, |i, c, expired| {
+            self.for_shared_holds(b.hash, |i, c, expired| {
                 let slot = &self.slots()[i];
                 freed |= match c.state() {
                     // a renewal that stalled past its deadline, or whose owner died

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Busy, Env, Prepared, Seen, Slots, Table, WaitFor};
+use super::{Busy, Env, KeyHash, Prepared, Seen, Slots, Table, WaitFor};
 use crate::shm::primitive::{crash_point, AtomicU64, Ordering};
 use crate::shm::slot::{State, Word, WAITERS};
 
@@ -29,13 +29,13 @@ impl<S: Slots, E: Env> Table<S, E> {
         match b.wait {
             WaitFor::Entry => {}
             WaitFor::Readers => {
-                self.for_shared_holds(b, |i, c, _| self.mark_for_writer(i, c));
+                self.for_shared_holds(b.hash, |i, c, _| self.mark_for_writer(i, c));
                 crash_point();
             }
             WaitFor::Permits { limit } => {
                 let count = self.slots()[b.home].fence.load(Ordering::SeqCst);
                 let (mut taken, mut moving) = (0, false);
-                self.for_shared_holds(b, |i, c, expired| {
+                self.for_shared_holds(b.hash, |i, c, expired| {
                     // only permits, and only the very holds seen: a slot taken by another
                     // key meanwhile is not counted (nor flagged)
                     if c.is_permit() && !expired && self.flag(i, c, WAITERS) {
@@ -92,7 +92,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         let mut deadline = self.slots()[b.slot].deadline.load(Ordering::Relaxed);
         if let WaitFor::Permits { .. } = b.wait {
             // the first permit whose lease runs out frees one
-            self.for_shared_holds(b, |i, _, _| {
+            self.for_shared_holds(b.hash, |i, _, _| {
                 deadline = deadline.min(self.slots()[i].deadline.load(Ordering::Relaxed));
             });
         }
@@ -132,15 +132,16 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// Calls `f` with each shared hold of `b`'s key in its range (slot, word, and whether
     /// its lease ran out), as found in one pass; a check of a hold in progress is ended
     /// first, as anyone may.
-    pub(super) fn for_shared_holds(&self, b: &Busy, mut f: impl FnMut(usize, Word, bool)) {
+    pub(super) fn for_shared_holds(&self, hash: KeyHash, mut f: impl FnMut(usize, Word, bool)) {
         let slots = self.slots();
         let now = self.now();
-        let reach = self.reach(b.home, Ordering::Acquire);
+        let home = hash.home(slots.len());
+        let reach = self.reach(home, Ordering::Acquire);
         let mut d = 0;
         while d <= reach {
-            let i = self.at(b.home, d);
+            let i = self.at(home, d);
             let c = self.word(i, Ordering::SeqCst);
-            match self.examine(&slots[i], c, b.hash, now) {
+            match self.examine(&slots[i], c, hash, now) {
                 Seen::Changed => continue,
                 Seen::Stealing if c.is_shared() => {
                     self.resolve_steal(i, c);
