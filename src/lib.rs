@@ -82,7 +82,7 @@ pub use lock::LockOptions;
 pub use lock::{Backend, KeepAlive, Lock, LockGuard};
 #[cfg(all(feature = "redis", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use redis_store::{RedisHolder, RedisLocks};
+pub use redis_store::{RedisHolder, RedisLocks, RedisSemaphore, RedisShared};
 #[cfg(not(loom))]
 pub use shm::{HoldMode, Holder, HolderState, LockTable, OpenOptions, Semaphore, Shared};
 #[cfg(not(loom))]

@@ -71,7 +71,10 @@ fn inspect_shows_holders_escapes_keys_redacts_the_password_and_survives_garbage(
     };
     let ours = format!(":{}", std::process::id());
     assert!(line("job ").contains(&ours), "{stdout}");
-    assert!(line("job ").ends_with(&format!(" {token}")), "{stdout}");
+    assert!(
+        line("job ").ends_with(&format!(" {token}  exclusive")),
+        "{stdout}"
+    );
     assert!(line("garbled").contains(&ours), "{stdout}");
     assert!(line("foreign").contains(" ? "), "{stdout}");
 
@@ -207,4 +210,104 @@ fn run_max_time_stops_a_command_that_runs_too_long() {
         .unwrap()
         .is_locked("job")
         .unwrap());
+}
+
+#[test]
+fn run_shared_and_permits_on_redis_and_inspect_shows_their_mode() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let redis = RedisLocks::open(&url).unwrap();
+    // two readers at once, each a `run -s` holding the key
+    let readers: Vec<Child> = (0..2)
+        .map(|_| {
+            shmlock(&url)
+                .args(["run", "-s", "cfg", "--", "sleep", "30"])
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    eventually("two readers in", Duration::from_secs(10), || {
+        redis
+            .holders()
+            .unwrap()
+            .iter()
+            .filter(|h| h.key == b"cfg" && h.mode == shmlock::HoldMode::Shared)
+            .count()
+            == 2
+    });
+    // a writer cannot get in; a third reader can
+    let w = output(shmlock(&url).args(["run", "-n", "cfg", "--", "true"]));
+    assert_eq!(w.status.code(), Some(1), "{w:?}");
+    let r = output(shmlock(&url).args(["run", "-s", "-n", "cfg", "--", "true"]));
+    assert_eq!(r.status.code(), Some(0), "{r:?}");
+    // a jobserver of 1: a second `--permits 1` waits its turn, another count is refused
+    let job = shmlock(&url)
+        .args(["run", "--permits", "1", "gpu", "--", "sleep", "30"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("the permit held", Duration::from_secs(10), || {
+        redis.is_locked("gpu").unwrap()
+    });
+    let busy = output(shmlock(&url).args(["run", "--permits", "1", "-n", "gpu", "--", "true"]));
+    assert_eq!(busy.status.code(), Some(1), "{busy:?}");
+    let other = output(shmlock(&url).args(["run", "--permits", "2", "-n", "gpu", "--", "true"]));
+    assert_eq!(other.status.code(), Some(64), "{other:?}");
+    assert!(
+        String::from_utf8_lossy(&other.stderr).contains("permits"),
+        "{other:?}"
+    );
+    let zero = output(shmlock(&url).args(["run", "--permits", "0", "gpu", "--", "true"]));
+    assert_eq!(zero.status.code(), Some(64), "{zero:?}");
+    // inspect lists every holder with its mode
+    let text = output(shmlock(&url).arg("inspect"));
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(text.contains("MODE"), "{text}");
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("cfg ")).count(),
+        2,
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("gpu ") && l.ends_with("permit/1")),
+        "{text}"
+    );
+    let json = output(shmlock(&url).args(["inspect", "--json"]));
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let modes: Vec<(String, String, Option<u64>)> = v["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h["key"].as_str().unwrap().to_string(),
+                h["mode"].as_str().unwrap().to_string(),
+                h["permits"].as_u64(),
+            )
+        })
+        .collect();
+    assert!(
+        modes.contains(&("gpu".into(), "permit".into(), Some(1))),
+        "{modes:?}"
+    );
+    assert_eq!(
+        modes
+            .iter()
+            .filter(|m| m.0 == "cfg" && m.1 == "shared")
+            .count(),
+        2,
+        "{modes:?}"
+    );
+    // unlock --force breaks both readers: their runs stop their commands
+    let broken = output(shmlock(&url).args(["unlock", "--force", "cfg"]));
+    assert_eq!(broken.status.code(), Some(0), "{broken:?}");
+    for r in readers {
+        let (code, stderr, _) = finish(r, Instant::now());
+        assert_eq!(code, Some(2), "{stderr}");
+    }
+    let mut job = job;
+    job.kill().unwrap();
+    job.wait().unwrap();
 }

@@ -22,8 +22,11 @@ use crate::redis_store::aio::Aio;
 use crate::redis_store::async_wait::Turn;
 use crate::redis_store::net::bounded;
 use crate::redis_store::net::{is_unanswered, Failed};
-use crate::redis_store::ops::{answer, replicated, Answer, Names, RedisBusy, RedisHold};
+use crate::redis_store::ops::{
+    answer, mismatch, mode_arg, replicated, writer_step, Answer, Names, RedisBusy, RedisHold,
+};
 use crate::redis_store::{identity, RedisLocks};
+use crate::shm::table::Mode;
 
 /// An attempt whose outcome is not settled yet: cancelled by its token if dropped armed.
 struct Pending<'a> {
@@ -60,26 +63,43 @@ impl RedisLocks {
         key: impl AsRef<[u8]>,
         opts: impl Borrow<LockOptions>,
     ) -> Result<LockGuard<'_, RedisLocks>, Error> {
-        let opts = opts.borrow();
+        let (hold, elapsed, exptime) = self
+            .acquire_async_in(key.as_ref(), opts.borrow(), Mode::Exclusive)
+            .await?;
+        Ok(LockGuard::new(self, hold, elapsed, exptime))
+    }
+
+    /// The async wait of [`lock_async`](Self::lock_async) in `mode`: the hold, the time
+    /// waited, the lease.
+    pub(crate) async fn acquire_async_in(
+        &self,
+        key: &[u8],
+        opts: &LockOptions,
+        mode: Mode,
+    ) -> Result<(RedisHold, Duration, u64), Error> {
         let resolved = opts.resolve()?;
-        let names = Arc::new(self.names_of(key.as_ref())?);
+        let names = Arc::new(self.names_of(key)?);
         let exptime = resolved.exptime_ns;
+        let passes_on = mode != Mode::Exclusive;
         let started = Instant::now();
         let r = crate::lock::backend::acquire_async(
-            key.as_ref(),
+            key,
             &resolved,
             opts.timeout,
             || {
                 // a place at once, in the order of asking (the first attempt is a round
                 // trip, which later askers would overtake)
-                let turn = self.0.pool.turn(&names.channel);
-                let ahead = (!turn.is_first()).then(|| RedisBusy::held(names.clone()));
+                let turn = self.0.pool.turn(&names.channel, passes_on);
+                let ahead =
+                    (!turn.is_first()).then(|| RedisBusy::held(names.clone()).in_mode(mode));
                 (ahead, Some(Some(turn)))
             },
             |deadline| {
                 let names = names.clone();
                 async move {
-                    let r = self.attempt_async(names.clone(), exptime, deadline).await;
+                    let r = self
+                        .attempt_async(key, names.clone(), exptime, deadline, mode)
+                        .await;
                     match &r {
                         Ok(Ok(_)) => self.counters().add(crate::shm::counters::ACQUISITIONS, 1),
                         Ok(Err(RedisBusy { seen: Some(s), .. })) => {
@@ -92,8 +112,12 @@ impl RedisLocks {
             },
             |_: &RedisBusy| false,
             |busy: &RedisBusy, step, place| {
-                let (names, failed) = (busy.names.clone(), busy.failed.is_some());
-                async move { self.sleep_async(&names, failed, step, place).await }
+                let look = RedisBusy {
+                    by_shared: busy.by_shared,
+                    ..RedisBusy::held(busy.names.clone()).in_mode(busy.mode)
+                };
+                let failed = busy.failed.is_some();
+                async move { self.sleep_async(look, failed, step, place).await }
             },
             |mut busy: RedisBusy, key, waited| {
                 // a task behind others in the queue did not ask: what the first one saw
@@ -106,14 +130,16 @@ impl RedisLocks {
         .await;
         crate::lock::backend::note_wait(self, &r, started);
         let (hold, elapsed) = r?;
-        Ok(LockGuard::new(self, hold, elapsed, exptime))
+        Ok((hold, elapsed, exptime))
     }
 
     async fn attempt_async(
         &self,
+        key: &[u8],
         names: Arc<Names>,
         exptime_ns: u64,
         deadline: Option<Instant>,
+        mode: Mode,
     ) -> Result<Result<RedisHold, RedisBusy>, Error> {
         let pool = &self.0.pool;
         let ttl = self.lease_ms(exptime_ns, Duration::ZERO).unwrap_or(1);
@@ -147,9 +173,13 @@ impl RedisLocks {
                 .call()
                 .key(&names.lock)
                 .key(names.cancel_marker(&pending.token))
+                .key(&names.shared)
+                .key(&names.leases)
+                .key(&names.writer)
                 .arg(&value)
                 .arg(ttl)
-                .arg(not_after);
+                .arg(not_after)
+                .arg(mode_arg(mode));
             let reply = bounded(limit, call.invoke_async(&mut aio.conn)).await;
             let reply = match reply {
                 Ok(reply) => reply,
@@ -173,12 +203,22 @@ impl RedisLocks {
                 Answer::Busy(seen) => {
                     pending.armed = false;
                     self.give_back(exclusive, aio);
-                    return Ok(Err(RedisBusy::held_by(names, seen)));
+                    return Ok(Err(RedisBusy::held_by(names, seen).in_mode(mode)));
+                }
+                Answer::Kept(seen) => {
+                    pending.armed = false;
+                    self.give_back(exclusive, aio);
+                    return Ok(Err(RedisBusy::kept_by(names, seen).in_mode(mode)));
+                }
+                Answer::Mismatch(held) => {
+                    pending.armed = false;
+                    self.give_back(exclusive, aio);
+                    return Err(mismatch(key, held, mode));
                 }
                 _ => {
                     pending.armed = false;
                     self.give_back(exclusive, aio);
-                    return Ok(Err(RedisBusy::held(names)));
+                    return Ok(Err(RedisBusy::held(names).in_mode(mode)));
                 }
             }
             if let Some((n, timeout)) = self.0.replicas {
@@ -199,7 +239,7 @@ impl RedisLocks {
             if !self.vouch_async(&aio, sent, limit).await? {
                 // granted by a master that was replaced meanwhile: not a hold (the guard
                 // cancels it)
-                return Ok(Err(RedisBusy::held(names)));
+                return Ok(Err(RedisBusy::held(names).in_mode(mode)));
             }
             pending.armed = false;
             let token = std::mem::take(&mut pending.token);
@@ -219,11 +259,13 @@ impl RedisLocks {
     /// and its place.
     async fn sleep_async(
         &self,
-        names: &Names,
+        busy: RedisBusy,
         failed: bool,
         step: Duration,
         place: Option<Option<Turn>>,
     ) -> Slept<Option<Turn>> {
+        let names = &busy.names;
+        let step = writer_step(&busy, step);
         let started = Instant::now();
         let end = started + step;
         let pool = &self.0.pool;
@@ -233,7 +275,7 @@ impl RedisLocks {
                 turn.again();
                 turn
             }
-            None => pool.turn(&names.channel),
+            None => pool.turn(&names.channel, busy.mode != Mode::Exclusive),
         };
         let listening = !failed
             && pool
@@ -257,11 +299,8 @@ impl RedisLocks {
             let aio = pool.aio(end).await;
             if let Ok(aio) = aio {
                 let mut conn = aio.conn.clone();
-                let held: RedisResult<u64> = bounded(
-                    end,
-                    redis::cmd("EXISTS").arg(&names.lock).query_async(&mut conn),
-                )
-                .await;
+                let held: RedisResult<u64> =
+                    bounded(end, self.blocked(&busy).invoke_async(&mut conn)).await;
                 if matches!(held, Ok(0)) {
                     return Slept {
                         used: started.elapsed(),
@@ -299,6 +338,8 @@ impl RedisLocks {
             .key(&hold.names.lock)
             .key(&hold.names.channel)
             .key(&mark)
+            .key(&hold.names.shared)
+            .key(&hold.names.leases)
             .arg(&hold.token)
             .arg(self.mark_ms());
         match bounded(limit, call.invoke_async::<i64>(&mut conn)).await {

@@ -119,8 +119,10 @@ impl Drop for Canary {
 const IDLE_CHANNELS: usize = 64;
 
 impl Listeners {
-    /// Joins the back of `channel`'s queue.
-    pub(crate) fn turn(&self, channel: &[u8]) -> Turn {
+    /// Joins the back of `channel`'s queue. A waiter that `passes_on` (a shared one:
+    /// those behind it may get in beside it) hands a wake-up it got on to the next waiter
+    /// when it takes the key too.
+    pub(crate) fn turn(&self, channel: &[u8], passes_on: bool) -> Turn {
         let queues = &self.queues;
         let id = {
             let mut q = lock(queues);
@@ -141,6 +143,7 @@ impl Listeners {
             channel: channel.to_vec(),
             id,
             attempted: false,
+            passes_on,
         }
     }
 
@@ -293,11 +296,12 @@ pub(crate) struct Turn {
     channel: Vec<u8>,
     id: u64,
     attempted: bool,
+    passes_on: bool,
 }
 
 impl Turn {
     pub(crate) fn attempted(mut self) {
-        self.attempted = true;
+        self.attempted = !self.passes_on;
     }
 
     /// Waits again in the same place.

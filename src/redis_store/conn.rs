@@ -298,9 +298,10 @@ impl Pool {
         self.local().aio.failed(a, e);
     }
 
-    /// A place at the back of the queue of async waiters on `channel`.
-    pub(crate) fn turn(&self, channel: &[u8]) -> Turn {
-        self.local().aio.listeners.turn(channel)
+    /// A place at the back of the queue of async waiters on `channel` (see
+    /// `Listeners::turn`).
+    pub(crate) fn turn(&self, channel: &[u8], passes_on: bool) -> Turn {
+        self.local().aio.listeners.turn(channel, passes_on)
     }
 
     /// Notes the holder an attempt on `channel`'s key saw (see `async_wait`).

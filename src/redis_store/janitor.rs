@@ -21,9 +21,9 @@ use crate::shm::process;
 
 /// A release or a cancel, by the hold's token.
 pub(crate) struct Job {
-    /// The lock key, its release channel, and the key the script marks (the release's
-    /// mark, or the cancel marker).
-    pub(crate) keys: [Vec<u8>; 3],
+    /// The lock key, its release channel, the key the script marks (the release's mark,
+    /// or the cancel marker), and the key's shared holds (hash and leases).
+    pub(crate) keys: [Vec<u8>; 5],
     pub(crate) token: String,
     pub(crate) kind: JobKind,
 }
@@ -144,9 +144,7 @@ fn work(shared: &Shared, timeout: Duration, jobs: &Receiver<Job>, pending: &Atom
             JobKind::Release { .. } => release.call(),
             JobKind::Cancel { .. } => cancel.call(),
         }
-        .key(&job.keys[0])
-        .key(&job.keys[1])
-        .key(&job.keys[2])
+        .key(&job.keys[..])
         .arg(&job.token);
         let call = match job.kind {
             JobKind::Release { mark_ms, .. } => call.arg(mark_ms),

@@ -32,6 +32,9 @@ mod ops;
 
 mod scripts;
 mod sentinel;
+mod shared;
+
+pub use shared::{RedisSemaphore, RedisShared};
 mod server_clock;
 mod topology;
 
@@ -45,6 +48,7 @@ use redis::{Client, IntoConnectionInfo, Value};
 use crate::error::Error;
 use crate::lock::options::LockOptions;
 use crate::lock::{self, LockGuard};
+use crate::shm::HoldMode;
 
 use conn::Pool;
 
@@ -111,6 +115,9 @@ struct Scripts {
     token: Lua,
     check: Lua,
     force: Lua,
+    blocked: Lua,
+    held: Lua,
+    downgrade: Lua,
 }
 
 /// A lock held in Redis, as [`RedisLocks::holders`] reports it. The identity fields are
@@ -137,7 +144,17 @@ pub struct RedisHolder {
     pub since: Option<SystemTime>,
     /// The address of the master that holds the key (a Cluster); empty otherwise.
     pub node: String,
+    /// How it holds the key: exclusively, as a reader, or as one of a semaphore's permits.
+    pub mode: HoldMode,
 }
+
+/// A key's shared holds as `holders` reads them: the leases (token, end), the hash of
+/// values, and the fence counter.
+type SharedKeys = (
+    Vec<(Vec<u8>, String)>,
+    Vec<(Vec<u8>, Vec<u8>)>,
+    Option<Vec<u8>>,
+);
 
 /// `*`, `?`, `[`, `]` and `\` are glob syntax in SCAN MATCH: escape them in the prefix.
 fn escape_glob(s: &[u8]) -> Vec<u8> {
@@ -257,6 +274,9 @@ impl RedisLocks {
             token: Lua::new(scripts::TOKEN),
             check: Lua::new(scripts::CHECK),
             force: Lua::new(scripts::FORCE),
+            blocked: Lua::new(scripts::BLOCKED),
+            held: Lua::new(scripts::HELD),
+            downgrade: Lua::new(scripts::DOWNGRADE),
         });
         Ok(RedisLocks(Arc::new(Inner {
             pool,
@@ -384,14 +404,14 @@ impl RedisLocks {
         self.try_lock_with_lease(key, exptime)
     }
 
-    /// Whether someone holds `key` right now (a snapshot).
+    /// Whether someone holds `key` right now, exclusively or shared (a snapshot).
     pub fn is_locked(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
         let names = self.names_of(key.as_ref())?;
         let n: u64 = self
             .0
             .pool
             .run(self.0.pool.limit(None), |r| {
-                r.query(redis::cmd("EXISTS").arg(&names.lock))
+                r.query(redis::cmd("EXISTS").arg(&names.lock).arg(&names.leases))
             })?
             .value;
         Ok(n == 1)
@@ -410,8 +430,10 @@ impl RedisLocks {
     }
 
     /// The locks held under this prefix, on every master (SCAN: a snapshot, fine for
-    /// inspection). A key or fence counter holding something else than this crate writes
-    /// gives a holder with the unknown fields `None`, not an error.
+    /// inspection): each exclusive holder, reader and permit holder. A key or fence counter
+    /// holding something else than this crate writes gives a holder with the unknown
+    /// fields `None`, not an error. Readers and permit holders have no token of their own
+    /// (`token` is `None`).
     pub fn holders(&self) -> Result<Vec<RedisHolder>, Error> {
         let mut pattern = escape_glob(&self.0.prefix);
         pattern.extend_from_slice(b"{*}");
@@ -464,14 +486,90 @@ impl RedisLocks {
                     pid: id.pid,
                     since: id.since,
                     node: node.clone(),
+                    mode: HoldMode::Exclusive,
                 });
             }
+            self.shared_holders(&node, &mut conn, &mut out)?;
         }
         Ok(out)
     }
 
-    /// Breaks the lock on `key`, whoever holds it; `true` if it was held. Its holder finds
-    /// out at its next unlock or renewal ([`Error::Expired`]).
+    /// The readers and permit holders on one master (see [`holders`](Self::holders)).
+    fn shared_holders(
+        &self,
+        node: &str,
+        conn: &mut redis::Connection,
+        out: &mut Vec<RedisHolder>,
+    ) -> Result<(), Error> {
+        let mut pattern = escape_glob(&self.0.prefix);
+        pattern.extend_from_slice(b"{*}:leases");
+        let keys: Vec<Vec<u8>> = redis::cmd("SCAN")
+            .cursor_arg(0)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .clone()
+            .iter(&mut *conn)?
+            .collect::<redis::RedisResult<Vec<Vec<u8>>>>()?;
+        let (s, us): (String, String) = redis::cmd("TIME").query(&mut *conn)?;
+        let now = server_clock::server_us(&s, &us).unwrap_or(0) as f64;
+        for leases in keys {
+            // PREFIX{KEY}:leases
+            let lock_key = &leases[..leases.len() - b":leases".len()];
+            let name = lock_key[self.0.prefix.len() + 1..lock_key.len() - 1].to_vec();
+            let names = self.names(&name);
+            let (holds, values, fence): SharedKeys = redis::pipe()
+                .cmd("ZRANGE")
+                .arg(&leases)
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .cmd("HGETALL")
+                .arg(&names.shared)
+                .cmd("GET")
+                .arg(&names.fence)
+                .query(&mut *conn)?;
+            let field = |f: &[u8]| values.iter().find(|(k, _)| k == f).map(|(_, v)| v);
+            let limit = field(b"limit")
+                .and_then(|l| std::str::from_utf8(l).ok()?.parse::<u32>().ok())
+                .unwrap_or(0);
+            let mode = match limit {
+                0 => HoldMode::Shared,
+                permits => HoldMode::Permit { permits },
+            };
+            for (token, end) in holds {
+                let ttl = match end.as_str() {
+                    "inf" => None,
+                    end => match end.parse::<f64>() {
+                        Ok(end) if end > now => Some(Duration::from_micros((end - now) as u64)),
+                        _ => continue, // lapsed, not yet dropped
+                    },
+                };
+                let id = field(&token)
+                    .map(|v| identity::parse(v))
+                    .unwrap_or_default();
+                out.push(RedisHolder {
+                    key: name.clone(),
+                    ttl,
+                    last_token: fence
+                        .as_deref()
+                        .and_then(|f| std::str::from_utf8(f).ok()?.parse().ok()),
+                    token: None,
+                    host: id.host,
+                    pid: id.pid,
+                    since: id.since,
+                    node: node.to_string(),
+                    mode,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Breaks the lock on `key`, whoever holds it (every reader or permit holder of it
+    /// too); `true` if it was held. Its holders find out at their next unlock or renewal
+    /// ([`Error::Expired`]).
     pub fn force_unlock(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
         let names = self.names_of(key.as_ref())?;
         let n: u64 = self
@@ -485,10 +583,13 @@ impl RedisLocks {
                         .force
                         .call()
                         .key(&names.lock)
-                        .key(&names.channel),
+                        .key(&names.channel)
+                        .key(&names.shared)
+                        .key(&names.leases)
+                        .key(&names.writer),
                 )
             })?
             .value;
-        Ok(n == 1)
+        Ok(n > 0)
     }
 }

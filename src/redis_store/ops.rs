@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use redis::RedisResult;
 
-use crate::error::{Error, HolderSeen};
+use crate::error::{Error, HolderSeen, KeyPreview};
 use crate::lock::backend::{Backend, Sealed};
 use crate::lock::slack::TimerSlack;
 use crate::redis_store::janitor::{Job, JobKind};
@@ -16,18 +16,37 @@ use crate::redis_store::server_clock::server_us;
 use crate::redis_store::topology::Req;
 use crate::redis_store::{identity, RedisLocks};
 use crate::shm::counters;
+use crate::shm::table::Mode;
 
 /// How long a release handed to a runtime's task may take before the janitor thread makes
 /// it instead.
 #[cfg(feature = "tokio")]
 const RELEASE_FALLBACK: Duration = Duration::from_millis(50);
 
+/// How long a sleeping writer's mark keeps new readers out unless renewed: a writer that
+/// timed out, was cancelled or died stops holding them up within this.
+const WRITER_LAPSE: Duration = Duration::from_secs(1);
+
+/// The longest a writer kept out by readers sleeps between looks (each renews its mark).
+const WRITER_REFRESH: Duration = Duration::from_millis(400);
+
+/// The step of a sleep: a writer kept out by readers looks (and renews its mark) at least
+/// every [`WRITER_REFRESH`].
+pub(crate) fn writer_step(busy: &RedisBusy, step: Duration) -> Duration {
+    if busy.mode == Mode::Exclusive && busy.by_shared {
+        step.min(WRITER_REFRESH)
+    } else {
+        step
+    }
+}
+
 /// The shortest time an attempt of a wait is given, even at the wait's very end (a reply
 /// takes a round trip).
 const ATTEMPT_FLOOR: Duration = Duration::from_millis(100);
 
 /// The names of one lock's keys: `PREFIX{KEY}`, its fence counter `PREFIX{KEY}:fence`,
-/// and its release channel `PREFIX{KEY}:free`. The braces make one cluster hash tag, so
+/// its release channel `PREFIX{KEY}:free`, its shared holds `PREFIX{KEY}:shared` and
+/// `PREFIX{KEY}:leases` (see `scripts`), and a waiting writer's mark `PREFIX{KEY}:writer`. The braces make one cluster hash tag, so
 /// all of them (and the marks named after a hold's token) land in one slot whatever the
 /// key holds: the tag ends at the first `}` after the first `{`, which lies in the part
 /// they all share.
@@ -36,6 +55,9 @@ pub(crate) struct Names {
     pub(crate) lock: Vec<u8>,
     pub(crate) fence: Vec<u8>,
     pub(crate) channel: Vec<u8>,
+    pub(crate) shared: Vec<u8>,
+    pub(crate) leases: Vec<u8>,
+    pub(crate) writer: Vec<u8>,
 }
 
 impl Names {
@@ -75,6 +97,10 @@ pub struct RedisBusy {
     pub(crate) failed: Option<Error>,
     /// Who held the key, as the attempt's reply showed, and when it arrived.
     pub(crate) seen: Option<(HolderSeen, Instant)>,
+    /// The mode the waiter asks for.
+    pub(crate) mode: Mode,
+    /// Kept out by shared holds (or, for a reader, by a writer's mark), not by a writer.
+    pub(crate) by_shared: bool,
 }
 
 impl RedisBusy {
@@ -83,6 +109,21 @@ impl RedisBusy {
             names,
             failed: None,
             seen: None,
+            mode: Mode::Exclusive,
+            by_shared: false,
+        }
+    }
+
+    /// The same, for a waiter in `mode`.
+    pub(crate) fn in_mode(self, mode: Mode) -> RedisBusy {
+        RedisBusy { mode, ..self }
+    }
+
+    /// Kept out by shared holds (one of them, as the attempt's reply showed).
+    pub(crate) fn kept_by(names: Arc<Names>, seen: Option<HolderSeen>) -> RedisBusy {
+        RedisBusy {
+            by_shared: true,
+            ..RedisBusy::held_by(names, seen)
         }
     }
 
@@ -127,6 +168,10 @@ pub(crate) enum Answer {
     Taken,
     /// Held, by whom the holder's value says.
     Busy(Option<HolderSeen>),
+    /// Kept out by shared holds (one of them, as its value says), or a writer's mark.
+    Kept(Option<HolderSeen>),
+    /// The key's shared holds are of this other count.
+    Mismatch(u32),
     /// The server ran it after its deadline: the bound on the server's clock was behind
     /// (corrected by this reply's clock).
     TooLate,
@@ -139,6 +184,13 @@ pub(crate) fn answer(reply: (i64, String, String, Vec<u8>)) -> (Answer, Option<i
     let verdict = match reply.0 {
         1 => Answer::Taken,
         0 => Answer::Busy(seen(&reply.3, clock)),
+        -1 => Answer::Kept(seen(&reply.3, clock)),
+        -4 => Answer::Mismatch(
+            std::str::from_utf8(&reply.3)
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(u32::MAX),
+        ),
         -2 => Answer::TooLate,
         _ => Answer::Cancelled,
     };
@@ -161,6 +213,23 @@ fn seen(after_token: &[u8], clock: Option<i64>) -> Option<HolderSeen> {
         host: id.host,
         held_for,
     })
+}
+
+/// The acquire script's mode argument: -1 exclusive, else the count (0: a reader).
+pub(crate) fn mode_arg(mode: Mode) -> i64 {
+    match mode {
+        Mode::Exclusive => -1,
+        Mode::Shared { limit } => i64::from(limit),
+    }
+}
+
+/// The error of a shared attempt on a key whose shared holds are of another count.
+pub(crate) fn mismatch(key: &[u8], held: u32, mode: Mode) -> Error {
+    Error::PermitsMismatch {
+        key: KeyPreview::new(key),
+        held,
+        asked: mode_arg(mode).max(0) as u32,
+    }
 }
 
 pub(crate) fn replicated(acked: u64, wanted: u32) -> Result<(), Error> {
@@ -221,14 +290,19 @@ impl RedisLocks {
         lock.push(b'{');
         lock.extend_from_slice(key);
         lock.push(b'}');
-        let mut fence = lock.clone();
-        fence.extend_from_slice(b":fence");
-        let mut channel = lock.clone();
-        channel.extend_from_slice(b":free");
+        let named = |what: &[u8]| {
+            let mut n = Vec::with_capacity(lock.len() + what.len());
+            n.extend_from_slice(&lock);
+            n.extend_from_slice(what);
+            n
+        };
         Names {
+            fence: named(b":fence"),
+            channel: named(b":free"),
+            shared: named(b":shared"),
+            leases: named(b":leases"),
+            writer: named(b":writer"),
             lock,
-            fence,
-            channel,
         }
     }
 
@@ -275,6 +349,8 @@ impl RedisLocks {
                 names.lock.clone(),
                 names.channel.clone(),
                 names.cancel_marker(token),
+                names.shared.clone(),
+                names.leases.clone(),
             ],
             token: token.to_string(),
             kind: JobKind::Cancel {
@@ -301,6 +377,8 @@ impl RedisLocks {
                         .key(&names.lock)
                         .key(&names.channel)
                         .key(&marker)
+                        .key(&names.shared)
+                        .key(&names.leases)
                         .arg(token)
                         .arg(not_after)
                         .arg(self.marker_cap_ms()),
@@ -325,7 +403,7 @@ impl RedisLocks {
 
     /// Runs a granting `f` and accepts its reply only from the master now; once more on
     /// the new master if the old one was replaced meanwhile.
-    fn granted<T>(
+    pub(crate) fn granted<T>(
         &self,
         f: impl Fn(&mut Req<'_>) -> RedisResult<T>,
         retry_broken: bool,
@@ -348,9 +426,11 @@ impl RedisLocks {
     /// One attempt to take the key, answered by `limit`.
     fn attempt(
         &self,
+        key: &[u8],
         names: &Arc<Names>,
         exptime_ns: u64,
         deadline: Option<Instant>,
+        mode: Mode,
     ) -> Result<Result<RedisHold, RedisBusy>, Error> {
         let pool = &self.0.pool;
         let ttl = self.lease_ms(exptime_ns, Duration::ZERO).unwrap_or(1);
@@ -369,9 +449,13 @@ impl RedisLocks {
                         .call()
                         .key(&names.lock)
                         .key(names.cancel_marker(&token))
+                        .key(&names.shared)
+                        .key(&names.leases)
+                        .key(&names.writer)
                         .arg(&value)
                         .arg(ttl)
-                        .arg(not_after),
+                        .arg(not_after)
+                        .arg(mode_arg(mode)),
                 )?;
                 let arrived = Instant::now();
                 let (verdict, clock) = answer(reply);
@@ -422,6 +506,8 @@ impl RedisLocks {
                 }
                 Answer::TooLate if !corrected => corrected = true,
                 Answer::Busy(seen) => return Ok(Err(RedisBusy::held_by(names.clone(), seen))),
+                Answer::Kept(seen) => return Ok(Err(RedisBusy::kept_by(names.clone(), seen))),
+                Answer::Mismatch(held) => return Err(mismatch(key, held, mode)),
                 _ => return busy(),
             }
         }
@@ -443,6 +529,8 @@ impl RedisLocks {
                         .key(&hold.names.lock)
                         .key(&hold.names.channel)
                         .key(&mark)
+                        .key(&hold.names.shared)
+                        .key(&hold.names.leases)
                         .arg(&hold.token)
                         .arg(mark_ms),
                 )
@@ -461,7 +549,7 @@ impl RedisLocks {
         let grace = millis(self.0.fence_grace);
         let (t, enough) = self.granted(
             |r| {
-                let t: u64 = r.call(
+                let t: i64 = r.call(
                     &self
                         .0
                         .scripts
@@ -469,25 +557,48 @@ impl RedisLocks {
                         .call()
                         .key(&hold.names.lock)
                         .key(&hold.names.fence)
+                        .key(&hold.names.shared)
+                        .key(&hold.names.leases)
                         .arg(&hold.token)
                         .arg(grace),
                 )?;
-                if t == 0 {
-                    return Ok((0, Ok(())));
+                if t < 0 {
+                    return Ok((t, Ok(())));
                 }
                 Ok((t, self.wait_replicas(r)?))
             },
             false,
         )?;
-        if t == 0 {
+        let Ok(t) = u64::try_from(t) else {
             return Err(Error::Expired);
-        }
+        };
         enough?;
         Ok(t)
     }
 
+    /// The call that tells whether `busy`'s waiter is still kept out (see
+    /// `scripts::BLOCKED`): a writer kept out by readers marks the key as it looks.
+    pub(crate) fn blocked<'s>(
+        &'s self,
+        busy: &'s RedisBusy,
+    ) -> crate::redis_store::scripts::Call<'s> {
+        let marks = busy.mode == Mode::Exclusive && busy.by_shared;
+        self.0
+            .scripts
+            .blocked
+            .call()
+            .key(&busy.names.lock)
+            .key(&busy.names.shared)
+            .key(&busy.names.leases)
+            .key(&busy.names.writer)
+            .arg(mode_arg(busy.mode))
+            .arg(u8::from(marks))
+            .arg(millis(WRITER_LAPSE))
+    }
+
     /// Waits on the key's release channel for at most `step`.
     fn wait_for_release(&self, busy: &RedisBusy, step: Duration) -> (Duration, bool) {
+        let step = writer_step(busy, step);
         let started = Instant::now();
         let end = started + step;
         let poll = |started: Instant| {
@@ -530,7 +641,7 @@ impl RedisLocks {
         let held: u64 = self
             .0
             .pool
-            .run(end, |r| r.query(redis::cmd("EXISTS").arg(&busy.names.lock)))
+            .run(end, |r| r.call(&self.blocked(busy)))
             .map_or(1, |r| r.value);
         let mut outcome = Ok(());
         if held != 0 {
@@ -565,6 +676,26 @@ impl RedisLocks {
 }
 
 impl RedisLocks {
+    /// One attempt to take `key` in `mode` (see [`Backend::try_acquire`]).
+    pub(crate) fn try_acquire_in(
+        &self,
+        key: &[u8],
+        exptime_ns: u64,
+        deadline: Option<Instant>,
+        mode: Mode,
+    ) -> Result<Result<RedisHold, RedisBusy>, Error> {
+        let names = Arc::new(self.names_of(key)?);
+        let r = self.attempt(key, &names, exptime_ns, deadline, mode);
+        match r {
+            Ok(Ok(hold)) => {
+                self.counters().add(counters::ACQUISITIONS, 1);
+                Ok(Ok(hold))
+            }
+            Ok(Err(busy)) => Ok(Err(busy.in_mode(mode))),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Times a hold, from its grant to its release.
     pub(crate) fn time_hold(&self, hold: &RedisHold) {
         let cells = self.counters();
@@ -594,12 +725,7 @@ impl Backend for RedisLocks {
         exptime_ns: u64,
         deadline: Option<Instant>,
     ) -> Result<Result<RedisHold, RedisBusy>, Error> {
-        let names = Arc::new(self.names_of(key)?);
-        let r = self.attempt(&names, exptime_ns, deadline);
-        if let Ok(Ok(_)) = &r {
-            self.counters().add(counters::ACQUISITIONS, 1);
-        }
-        r
+        self.try_acquire_in(key, exptime_ns, deadline, Mode::Exclusive)
     }
 
     fn release(&self, hold: &RedisHold) -> Result<(), Error> {
@@ -633,6 +759,8 @@ impl Backend for RedisLocks {
                     hold.names.lock.clone(),
                     hold.names.channel.clone(),
                     hold.names.release_mark(&hold.token),
+                    hold.names.shared.clone(),
+                    hold.names.leases.clone(),
                 ],
                 token: hold.token.clone(),
                 kind: JobKind::Release {
@@ -664,6 +792,8 @@ impl Backend for RedisLocks {
                         .extend
                         .call()
                         .key(&hold.names.lock)
+                        .key(&hold.names.shared)
+                        .key(&hold.names.leases)
                         .arg(&hold.token)
                         .arg(ttl),
                 )?;
@@ -700,6 +830,8 @@ impl Backend for RedisLocks {
                         .check
                         .call()
                         .key(&hold.names.lock)
+                        .key(&hold.names.shared)
+                        .key(&hold.names.leases)
                         .arg(&hold.token),
                 )
             },

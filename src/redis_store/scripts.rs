@@ -9,56 +9,190 @@
 //! are replicated by their effects (the only way since Redis 7, the default since 5; older
 //! servers are asked for it).
 
-/// Takes the key for a new hold, unless the attempt came too late: `{1, s, us, ''}` taken,
-/// `{0, s, us, who}` held by someone (`who`: the holder's value past its token, for the
-/// error of a wait that gives up; the token itself stays on the server), `{-2, s, us, ''}` refused because the server runs it after the
-/// attempt's deadline (`ARGV[3]`, server µs; `0`: none), `{-3, s, us}` refused because the
-/// attempt was cancelled before it arrived (its marker, `KEYS[2]`, exists). `s`, `us`: the
-/// server's clock when it ran. An attempt that finds the key already holding its own token
-/// (the same request delivered twice: redis-rs's cluster connection sends a request again
-/// after a timeout) is told it took the key, so the hold is never left without its asker.
-pub(crate) const ACQUIRE: &str = r"
+/// The Lua shared by the scripts that touch shared holds (readers and permits). A key's
+/// shared holds are two keys beside its lock key: `PREFIX{KEY}:shared`, a hash of each
+/// hold's token to its value (as an exclusive holder's) with the field `limit` (the count
+/// of a semaphore, `0` for readers), and `PREFIX{KEY}:leases`, a sorted set of the same
+/// tokens scored by the end of each one's lease (server µs; `inf`: none). The sorted set is
+/// the truth: a hold is ours while its score is ahead of the server's clock. Both keys
+/// expire with the last lease, and every script that counts holds first drops the lapsed
+/// ones (`prune`). Numbers go to Redis through `string.format('%.0f')`: Lua's own
+/// conversion keeps 14 digits, fewer than a time in µs has.
+macro_rules! shared_lua {
+    () => {
+        r"
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2]), t
+end
+local function prune(shared, leases, now)
+  local at = string.format('%.0f', now)
+  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', at, 'LIMIT', 0, 500)
+  while #gone > 0 do
+    redis.call('HDEL', shared, unpack(gone))
+    redis.call('ZREM', leases, unpack(gone))
+    gone = redis.call('ZRANGEBYSCORE', leases, '-inf', at, 'LIMIT', 0, 500)
+  end
+  local n = redis.call('ZCARD', leases)
+  if n == 0 then redis.call('DEL', shared) end
+  return n
+end
+local function keep(shared, leases)
+  local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')
+  if #last == 0 then redis.call('DEL', shared) return end
+  if last[2] == 'inf' then
+    redis.call('PERSIST', leases)
+    redis.call('PERSIST', shared)
+  else
+    local at = string.format('%.0f', math.floor(tonumber(last[2]) / 1000) + 1)
+    redis.call('PEXPIREAT', leases, at)
+    redis.call('PEXPIREAT', shared, at)
+  end
+end
+local function live(leases, token, now)
+  local at = redis.call('ZSCORE', leases, token)
+  return at ~= false and at ~= nil and (at == 'inf' or tonumber(at) > now)
+end
+local function drop_shared(shared, leases, token)
+  redis.call('HDEL', shared, token)
+  redis.call('ZREM', leases, token)
+  if redis.call('ZCARD', leases) == 0 then redis.call('DEL', shared) end
+end
+local function first_shared(shared, leases)
+  local f = redis.call('ZRANGE', leases, 0, 0)
+  local w = f[1] and redis.call('HGET', shared, f[1])
+  if w then return string.sub(w, 34) end
+  return ''
+end
+"
+    };
+}
+
+/// Takes the key for a new hold in the mode `ARGV[4]` asks (`-1` exclusive, `0` a reader,
+/// `N` one of a semaphore's N permits), unless the attempt came too late: `{1, s, us, ''}`
+/// taken; `{0, s, us, who}` held by an exclusive holder, `{-1, s, us, who}` kept out by
+/// shared holds (or, for a reader, by a writer's mark) (`who`: a holder's value past its
+/// token, for the error of a wait that gives up; the token itself stays on the server);
+/// `{-4, s, us, count}` the key's shared holds are of another count; `{-2, s, us, ''}`
+/// refused because the server runs it after the attempt's deadline (`ARGV[3]`, server µs;
+/// `0`: none); `{-3, s, us, ''}` refused because the attempt was cancelled before it
+/// arrived (its marker, `KEYS[2]`, exists). `s`, `us`: the server's clock when it ran. An
+/// attempt that finds its own token already holding the key (the same request delivered
+/// twice: redis-rs's cluster connection sends a request again after a timeout) is told it
+/// took the key, so the hold is never left without its asker.
+///
+/// KEYS: the lock key, the cancel marker, the shared holds' hash and leases, the writer's
+/// mark (`PREFIX{KEY}:writer`: a writer sleeping on readers keeps new readers out while it
+/// lives, see `BLOCKED`). A writer that takes the key removes the mark.
+pub(crate) const ACQUIRE: &str = concat!(
+    shared_lua!(),
+    r"
 if redis.replicate_commands then redis.replicate_commands() end
-local t = redis.call('TIME')
+local now, t = clock()
+local tok = string.sub(ARGV[1], 1, 32)
 local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 32) == string.sub(ARGV[1], 1, 32) then return {1, t[1], t[2], ''} end
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if v and string.sub(v, 1, 32) == tok then return {1, t[1], t[2], ''} end
+if live(KEYS[4], tok, now) then return {1, t[1], t[2], ''} end
 if ARGV[3] ~= '0' and now > tonumber(ARGV[3]) then return {-2, t[1], t[2], ''} end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {-3, t[1], t[2], ''} end
 if v then return {0, t[1], t[2], string.sub(v, 34)} end
-if ARGV[2] == '0' then redis.call('SET', KEYS[1], ARGV[1])
-else redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
+local want = tonumber(ARGV[4])
+local n = prune(KEYS[3], KEYS[4], now)
+if want < 0 then
+  if n > 0 then return {-1, t[1], t[2], first_shared(KEYS[3], KEYS[4])} end
+  redis.call('DEL', KEYS[5])
+  if ARGV[2] == '0' then redis.call('SET', KEYS[1], ARGV[1])
+  else redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
+  return {1, t[1], t[2], ''}
+end
+if n > 0 then
+  local held = redis.call('HGET', KEYS[3], 'limit') or '0'
+  if tonumber(held) ~= want then return {-4, t[1], t[2], held} end
+  if want > 0 and n >= want then return {-1, t[1], t[2], first_shared(KEYS[3], KEYS[4])} end
+end
+if want == 0 and redis.call('EXISTS', KEYS[5]) == 1 then return {-1, t[1], t[2], ''} end
+local at = 'inf'
+if ARGV[2] ~= '0' then at = string.format('%.0f', now + tonumber(ARGV[2]) * 1000) end
+redis.call('ZADD', KEYS[4], at, tok)
+redis.call('HSET', KEYS[3], tok, ARGV[1], 'limit', ARGV[4])
+keep(KEYS[3], KEYS[4])
 return {1, t[1], t[2], ''}
-";
+"
+);
+
+/// Whether a waiter subscribed to the release channel is still kept out (1) or may try
+/// (0), in the mode `ARGV[1]` (as `ACQUIRE`'s); a writer kept out by readers that sleeps
+/// (`ARGV[2]` = `1`) marks the key for `ARGV[3]` ms, so that new readers wait behind it.
+/// Run after subscribing: a release just before would otherwise be missed. KEYS: the lock
+/// key, the shared holds' hash and leases, the writer's mark.
+pub(crate) const BLOCKED: &str = concat!(
+    shared_lua!(),
+    r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 1 end
+if redis.replicate_commands then redis.replicate_commands() end
+local now = clock()
+local n = prune(KEYS[2], KEYS[3], now)
+local want = tonumber(ARGV[1])
+if want < 0 then
+  if n == 0 then return 0 end
+  if ARGV[2] == '1' then redis.call('SET', KEYS[4], '1', 'PX', ARGV[3]) end
+  return 1
+end
+if n > 0 and tonumber(redis.call('HGET', KEYS[2], 'limit') or '0') ~= want then return 0 end
+if want == 0 then return redis.call('EXISTS', KEYS[4]) end
+if n >= want then return 1 end
+return 0
+"
+);
+
+/// How many shared holds of the key stand now. KEYS: the shared holds' hash and leases.
+pub(crate) const HELD: &str = concat!(
+    shared_lua!(),
+    r"
+if redis.replicate_commands then redis.replicate_commands() end
+return prune(KEYS[1], KEYS[2], clock())
+"
+);
 
 /// Cancels an attempt whose outcome its maker never learned (a dropped future, a reply
-/// that timed out): if the attempt took the key, releases it (1) and wakes the waiters;
-/// otherwise (0) leaves a marker (`KEYS[3]`) that refuses the attempt should it still
-/// arrive, until the attempt's deadline (`ARGV[2]`, server µs) has passed, for at most
-/// `ARGV[3]` ms. Whichever of the two the server runs first, no hold is left behind.
-pub(crate) const CANCEL: &str = r"
+/// that timed out): if the attempt took the key (or a shared hold of it), releases it (1)
+/// and wakes the waiters; otherwise (0) leaves a marker (`KEYS[3]`) that refuses the
+/// attempt should it still arrive, until the attempt's deadline (`ARGV[2]`, server µs) has
+/// passed, for at most `ARGV[3]` ms. Whichever of the two the server runs first, no hold
+/// is left behind. KEYS 4 and 5: the shared holds' hash and leases.
+pub(crate) const CANCEL: &str = concat!(
+    shared_lua!(),
+    r"
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 32) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', KEYS[2], '1')
   return 1
 end
+if redis.call('HEXISTS', KEYS[4], ARGV[1]) == 1 then
+  drop_shared(KEYS[4], KEYS[5], ARGV[1])
+  redis.call('PUBLISH', KEYS[2], '1')
+  return 1
+end
 if redis.replicate_commands then redis.replicate_commands() end
 local keep = tonumber(ARGV[3])
 if ARGV[2] ~= '0' then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local now = clock()
   keep = math.min(keep, math.floor((tonumber(ARGV[2]) - now) / 1000) + 1)
 end
 if keep > 0 then redis.call('SET', KEYS[3], '1', 'PX', keep) end
 return 0
-";
+"
+);
 
 /// Compare-and-delete, waking the waiters: 1 deleted, 2 already deleted by an earlier try
 /// of this release (its reply was lost: `KEYS[3]`, the release's mark, lives `ARGV[2]` ms),
 /// -1 not ours (the lease ran out, or the hold was broken or wiped, whoever holds the key
-/// now).
-pub(crate) const RELEASE: &str = r"
+/// now). A shared hold (KEYS 4 and 5) is released the same way; one found with its lease
+/// run out is removed and is not ours.
+pub(crate) const RELEASE: &str = concat!(
+    shared_lua!(),
+    r"
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 32) == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -66,19 +200,38 @@ if v and string.sub(v, 1, 32) == ARGV[1] then
   redis.call('PUBLISH', KEYS[2], '1')
   return 1
 end
+if redis.call('HEXISTS', KEYS[4], ARGV[1]) == 1 then
+  if redis.replicate_commands then redis.replicate_commands() end
+  local now = clock()
+  local ours = live(KEYS[5], ARGV[1], now)
+  drop_shared(KEYS[4], KEYS[5], ARGV[1])
+  redis.call('PUBLISH', KEYS[2], '1')
+  if not ours then return -1 end
+  redis.call('SET', KEYS[3], '1', 'PX', ARGV[2])
+  return 1
+end
 if redis.call('EXISTS', KEYS[3]) == 1 then return 2 end
 return -1
-";
+"
+);
 
-/// The fencing token of the current holder (0 for anyone else): the token already written
+/// The fencing token of the current holder, -1 for anyone else: the token already written
 /// into its value, or a new one, greater than the counter (`KEYS[2]`) and than the server's
 /// clock in µs, so that a counter lost (an empty restart, a failover to a replica that
 /// missed it, its expiry) never makes a token repeat or go back. The counter lives for the
 /// hold's lease plus `ARGV[2]` ms. The token is written into the holder's value (after its
-/// own token), for inspection and for the next ask.
-pub(crate) const TOKEN: &str = r"
+/// own token), for inspection and for the next ask. A shared holder (KEYS 3 and 4) takes
+/// none: it reads the counter (0 if it has none), the token of the last exclusive hold
+/// that took one, since no exclusive hold stands beside it.
+pub(crate) const TOKEN: &str = concat!(
+    shared_lua!(),
+    r"
 local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, 32) ~= ARGV[1] then return 0 end
+if not v or string.sub(v, 1, 32) ~= ARGV[1] then
+  local now = clock()
+  if not live(KEYS[4], ARGV[1], now) then return -1 end
+  return tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+end
 local rest = string.sub(v, 34)
 local sp = string.find(rest, ' ', 1, true)
 if sp then
@@ -86,8 +239,7 @@ if sp then
   if have and have > 0 then return have end
 end
 if redis.replicate_commands then redis.replicate_commands() end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = clock()
 local prev = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 local n = math.max(prev + 1, now)
 local keep = tonumber(ARGV[2])
@@ -99,28 +251,75 @@ if sp then
   redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. s .. string.sub(rest, sp), 'KEEPTTL')
 end
 return n
-";
+"
+);
 
-/// Compare-and-renew: 1 renewed, 0 no longer ours.
-pub(crate) const EXTEND: &str = r"
+/// Compare-and-renew: 1 renewed, 0 no longer ours. A shared hold (KEYS 2 and 3) gets its
+/// lease's end moved, if it has not passed.
+pub(crate) const EXTEND: &str = concat!(
+    shared_lua!(),
+    r"
 local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, 32) ~= ARGV[1] then return 0 end
-if ARGV[2] == '0' then redis.call('PERSIST', KEYS[1])
-else redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if v and string.sub(v, 1, 32) == ARGV[1] then
+  if ARGV[2] == '0' then redis.call('PERSIST', KEYS[1])
+  else redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+  return 1
+end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return 0 end
+if redis.replicate_commands then redis.replicate_commands() end
+local now = clock()
+if not live(KEYS[3], ARGV[1], now) then
+  prune(KEYS[2], KEYS[3], now)
+  return 0
+end
+local at = 'inf'
+if ARGV[2] ~= '0' then at = string.format('%.0f', now + tonumber(ARGV[2]) * 1000) end
+redis.call('ZADD', KEYS[3], 'XX', at, ARGV[1])
+keep(KEYS[2], KEYS[3])
 return 1
-";
+"
+);
 
-/// Whether the hold is still ours: 1 if the key holds our token (so its lease has not run
-/// out), 0 otherwise.
-pub(crate) const CHECK: &str = r"
+/// Whether the hold is still ours: 1 if the key (or a live shared hold, KEYS 2 and 3)
+/// holds our token, 0 otherwise.
+pub(crate) const CHECK: &str = concat!(
+    shared_lua!(),
+    r"
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 32) == ARGV[1] then return 1 end
+if live(KEYS[3], ARGV[1], clock()) then return 1 end
 return 0
-";
+"
+);
 
-/// Breaks a lock, whoever holds it, and wakes its waiters: 1 if it was held.
+/// Turns an exclusive hold into a reader's, in one step: the lock key goes, and a shared
+/// hold of the same token, value and lease takes its place; waiting readers are woken.
+/// 1 done, 0 not ours. KEYS: the lock key, its channel, the shared holds' hash and leases.
+pub(crate) const DOWNGRADE: &str = concat!(
+    shared_lua!(),
+    r"
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, 32) ~= ARGV[1] then return 0 end
+if redis.replicate_commands then redis.replicate_commands() end
+local now = clock()
+local pttl = redis.call('PTTL', KEYS[1])
+redis.call('DEL', KEYS[1])
+prune(KEYS[3], KEYS[4], now)
+local at = 'inf'
+if pttl > 0 then at = string.format('%.0f', now + pttl * 1000) end
+redis.call('ZADD', KEYS[4], at, ARGV[1])
+redis.call('HSET', KEYS[3], ARGV[1], v, 'limit', '0')
+keep(KEYS[3], KEYS[4])
+redis.call('PUBLISH', KEYS[2], '1')
+return 1
+"
+);
+
+/// Breaks a lock, whoever holds it (every shared holder too, KEYS 3 and 4, and a writer's
+/// mark, KEYS 5), and wakes its waiters: how many holds there were.
 pub(crate) const FORCE: &str = r"
-local n = redis.call('DEL', KEYS[1])
+local n = redis.call('DEL', KEYS[1]) + redis.call('ZCARD', KEYS[4])
+redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
 redis.call('PUBLISH', KEYS[2], '1')
 return n
 ";

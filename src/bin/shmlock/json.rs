@@ -153,6 +153,8 @@ struct RedisEntry {
     pid: Option<u32>,
     age_ms: Option<u64>,
     node: String,
+    mode: &'static str,
+    permits: Option<u32>,
 }
 
 /// `url`: the --redis URLs as printed (passwords redacted).
@@ -171,6 +173,11 @@ pub fn write_redis(out: &mut impl Write, url: &str, held: &[RedisHolder]) -> std
                 pid: h.pid,
                 age_ms: held_for(h).map(|d| d.as_millis() as u64),
                 node: h.node.clone(),
+                mode: h.mode.name(),
+                permits: match h.mode {
+                    shmlock::HoldMode::Permit { permits } => Some(permits),
+                    _ => None,
+                },
             })
             .collect(),
     };

@@ -64,13 +64,19 @@ pub fn dispatch(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -
     }
     .with_prefix(prefix);
     match command {
-        Cmd::Run(a) if a.shared || a.permits.is_some() => Err(Fail(
-            "run -s/--shared and --permits are not yet on Redis: shared holds and \
-             semaphores live in the lock table only for now"
-                .into(),
-            EX_USAGE,
-        )),
-        Cmd::Run(a) => run(&redis, a),
+        Cmd::Run(a) => match (a.shared, a.permits) {
+            (true, _) => run(redis.shared(), a),
+            (false, Some(n)) => {
+                let sem = redis.semaphore(&a.key, n).map_err(|e| match e {
+                    shmlock::Error::InvalidOptions(_) => {
+                        Fail("--permits must be at least 1".into(), EX_USAGE)
+                    }
+                    e => Fail::from(e),
+                })?;
+                run(&sem, a)
+            }
+            (false, None) => run(&redis, a),
+        },
         Cmd::Inspect(a) => {
             let shown: Vec<String> = url.split(',').map(redact_url).collect();
             inspect(&Inspected::Redis(redis, shown.join(",")), &a)

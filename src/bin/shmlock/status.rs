@@ -83,6 +83,18 @@ impl WhoHolds for RedisLocks {
     }
 }
 
+impl WhoHolds for shmlock::RedisShared {
+    fn who_holds(&self, key: &str) -> Option<HolderInfo> {
+        self.locks().who_holds(key)
+    }
+}
+
+impl WhoHolds for shmlock::RedisSemaphore<'_> {
+    fn who_holds(&self, key: &str) -> Option<HolderInfo> {
+        self.locks().who_holds(key)
+    }
+}
+
 /// The live line on stderr while `run` waits, if stderr is a terminal: rewritten in place
 /// (carriage return, ANSI erase-line), erased when done.
 pub struct StatusLine {

@@ -58,10 +58,7 @@ pub fn write_table(
             ttl,
             h.token.map_or("-".to_string(), |t| t.to_string()),
             if h.waiters { "yes" } else { "no" },
-            match h.mode {
-                shmlock::HoldMode::Permit { permits } => format!("permit/{permits}"),
-                m => m.name().to_string(),
-            },
+            mode_name(h.mode),
         )?;
     }
     Ok(())
@@ -113,8 +110,8 @@ pub fn write_redis(out: &mut impl Write, url: &str, held: &[RedisHolder]) -> std
     let cluster = held.iter().any(|h| !h.node.is_empty());
     write!(
         out,
-        "{:<32} {:>24} {:>10} {:>10} {:>8}",
-        "KEY", "HOLDER", "AGE", "TTL", "TOKEN"
+        "{:<32} {:>24} {:>10} {:>10} {:>8} {:>10}",
+        "KEY", "HOLDER", "AGE", "TTL", "TOKEN", "MODE"
     )?;
     writeln!(out, "{}", if cluster { "  NODE" } else { "" })?;
     for h in held {
@@ -127,7 +124,7 @@ pub fn write_redis(out: &mut impl Write, url: &str, held: &[RedisHolder]) -> std
         };
         write!(
             out,
-            "{:<32} {:>24} {:>10} {:>10} {:>8}",
+            "{:<32} {:>24} {:>10} {:>10} {:>8} {:>10}",
             printable(&h.key),
             holder,
             secs(held_for(h), "?"),
@@ -135,6 +132,7 @@ pub fn write_redis(out: &mut impl Write, url: &str, held: &[RedisHolder]) -> std
             h.token
                 .or(h.last_token)
                 .map_or("-".to_string(), |t| t.to_string()),
+            mode_name(h.mode),
         )?;
         writeln!(
             out,
@@ -147,4 +145,12 @@ pub fn write_redis(out: &mut impl Write, url: &str, held: &[RedisHolder]) -> std
         )?;
     }
     Ok(())
+}
+
+/// A hold's mode as the MODE column shows it.
+fn mode_name(mode: shmlock::HoldMode) -> String {
+    match mode {
+        shmlock::HoldMode::Permit { permits } => format!("permit/{permits}"),
+        m => m.name().to_string(),
+    }
 }
