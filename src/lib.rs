@@ -37,7 +37,7 @@
 //!   `file`), clock, futex and process identity.
 //! - `dict/`: [`SharedDict`], ngx.shared.DICT on the same file machinery.
 //! - `redis_store/` (feature `redis`): the [`RedisLocks`] backend: one server, Sentinel
-//!   or Cluster.
+//!   or Cluster; its read locks and semaphores (`shared`, their Lua in `scripts`).
 //! - `key`: what a key may be; `limits`: [`MAX_KEY_LEN`] and [`MAX_CAPACITY`]; `error`:
 //!   [`Error`].
 
@@ -82,7 +82,10 @@ pub use lock::LockOptions;
 pub use lock::{Backend, KeepAlive, Lock, LockGuard};
 #[cfg(all(feature = "redis", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use redis_store::{RedisHolder, RedisLocks, RedisSemaphore, RedisShared};
+pub use redis_store::shared::{RedisSemaphore, RedisShared};
+#[cfg(all(feature = "redis", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis_store::{RedisHolder, RedisLocks};
 #[cfg(not(loom))]
 pub use shm::{HoldMode, Holder, HolderState, LockTable, OpenOptions, Semaphore, Shared};
 #[cfg(not(loom))]

@@ -221,7 +221,7 @@ fn run_shared_and_permits_on_redis_and_inspect_shows_their_mode() {
     let readers: Vec<Child> = (0..2)
         .map(|_| {
             shmlock(&url)
-                .args(["run", "-s", "cfg", "--", "sleep", "30"])
+                .args(["run", "-s", "--exptime", "3", "cfg", "--", "sleep", "30"])
                 .stderr(Stdio::piped())
                 .spawn()
                 .unwrap()
@@ -300,7 +300,31 @@ fn run_shared_and_permits_on_redis_and_inspect_shows_their_mode() {
         2,
         "{modes:?}"
     );
-    // unlock --force breaks both readers: their runs stop their commands
+    // unlock --force --pid breaks one reader (named by the pid of its `shmlock run`), then
+    // unlock --force the other: each run stops its command
+    let mut readers = readers;
+    let first = readers.remove(0);
+    let pid = first.id().to_string();
+    let other_host = output(shmlock(&url).args([
+        "unlock",
+        "--force",
+        "--pid",
+        &pid,
+        "--host",
+        "elsewhere",
+        "cfg",
+    ]));
+    assert_eq!(other_host.status.code(), Some(1), "{other_host:?}");
+    let one = output(shmlock(&url).args(["unlock", "--force", "--pid", &pid, "cfg"]));
+    assert_eq!(one.status.code(), Some(0), "{one:?}");
+    let (code, stderr, _) = finish(first, Instant::now());
+    assert_eq!(code, Some(2), "{stderr}");
+    let left = redis.holders().unwrap();
+    assert_eq!(
+        left.iter().filter(|h| h.key == b"cfg").count(),
+        1,
+        "{left:?}"
+    );
     let broken = output(shmlock(&url).args(["unlock", "--force", "cfg"]));
     assert_eq!(broken.status.code(), Some(0), "{broken:?}");
     for r in readers {

@@ -23,7 +23,8 @@ use crate::redis_store::async_wait::Turn;
 use crate::redis_store::net::bounded;
 use crate::redis_store::net::{is_unanswered, Failed};
 use crate::redis_store::ops::{
-    answer, mismatch, mode_arg, replicated, writer_step, Answer, Names, RedisBusy, RedisHold,
+    answer, lapse_by, mark_step, mismatch, mode_arg, replicated, Answer, Names, RedisBusy,
+    RedisHold,
 };
 use crate::redis_store::{identity, RedisLocks};
 use crate::shm::table::Mode;
@@ -176,6 +177,7 @@ impl RedisLocks {
                 .key(&names.shared)
                 .key(&names.leases)
                 .key(&names.writer)
+                .key(&names.readers)
                 .arg(&value)
                 .arg(ttl)
                 .arg(not_after)
@@ -265,7 +267,7 @@ impl RedisLocks {
         place: Option<Option<Turn>>,
     ) -> Slept<Option<Turn>> {
         let names = &busy.names;
-        let step = writer_step(&busy, step);
+        let step = mark_step(&busy, step);
         let started = Instant::now();
         let end = started + step;
         let pool = &self.0.pool;
@@ -295,27 +297,34 @@ impl RedisLocks {
         // a release between the attempt that found the key held and the subscription sent
         // its message to nobody: the first of the queue looks once (the others wait for
         // their turn)
+        // (and sleeps no longer than what keeps it out takes to lapse by itself)
+        let mut until = end;
         if turn.is_first() {
             let aio = pool.aio(end).await;
             if let Ok(aio) = aio {
                 let mut conn = aio.conn.clone();
-                let held: RedisResult<u64> =
+                let held: RedisResult<i64> =
                     bounded(end, self.blocked(&busy).invoke_async(&mut conn)).await;
-                if matches!(held, Ok(0)) {
-                    return Slept {
-                        used: started.elapsed(),
-                        moved: true,
-                        attempt: true,
-                        place: Some(turn),
-                    };
+                match held {
+                    Ok(0) => {
+                        return Slept {
+                            used: started.elapsed(),
+                            moved: true,
+                            attempt: true,
+                            place: Some(turn),
+                        }
+                    }
+                    Ok(held) => until = lapse_by(held, end),
+                    Err(_) => {}
                 }
             }
         }
         let woken =
-            crate::lock::backend::first_of(&mut turn, tokio::time::sleep_until(end.into())).await;
+            crate::lock::backend::first_of(&mut turn, tokio::time::sleep_until(until.into())).await;
+        let lapsed = !woken && until < end;
         Slept {
             used: started.elapsed(),
-            moved: woken,
+            moved: woken || lapsed,
             // a step that ran out: only the first of the queue tries (a lease that lapses
             // sends no message), the others keep their turn
             attempt: woken || turn.is_first(),

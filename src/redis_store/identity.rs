@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub(crate) const TOKEN_LEN: usize = 32;
 
 /// This host's name, read once per process (`?` if it cannot be read).
-fn host_name() -> &'static str {
+pub(crate) fn host_name() -> &'static str {
     static HOST: OnceLock<String> = OnceLock::new();
     HOST.get_or_init(|| {
         let name = nix::unistd::gethostname()

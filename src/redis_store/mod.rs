@@ -32,10 +32,8 @@ mod ops;
 
 mod scripts;
 mod sentinel;
-mod shared;
-
-pub use shared::{RedisSemaphore, RedisShared};
 mod server_clock;
+pub(crate) mod shared;
 mod topology;
 
 use std::borrow::Borrow;
@@ -118,6 +116,7 @@ struct Scripts {
     blocked: Lua,
     held: Lua,
     downgrade: Lua,
+    force_process: Lua,
 }
 
 /// A lock held in Redis, as [`RedisLocks::holders`] reports it. The identity fields are
@@ -277,6 +276,7 @@ impl RedisLocks {
             blocked: Lua::new(scripts::BLOCKED),
             held: Lua::new(scripts::HELD),
             downgrade: Lua::new(scripts::DOWNGRADE),
+            force_process: Lua::new(scripts::FORCE_PROCESS),
         });
         Ok(RedisLocks(Arc::new(Inner {
             pool,
@@ -586,10 +586,45 @@ impl RedisLocks {
                         .key(&names.channel)
                         .key(&names.shared)
                         .key(&names.leases)
-                        .key(&names.writer),
+                        .key(&names.writer)
+                        .key(&names.readers),
                 )
             })?
             .value;
         Ok(n > 0)
+    }
+
+    /// Breaks the holds of `key` that process `pid` on `host` (`None`: this host, named as
+    /// this crate names it in the values it writes) took: its exclusive hold, or its read
+    /// holds and permits, leaving every other holder of the key alone. How many were
+    /// broken. Their holder finds out at its next unlock or renewal.
+    pub fn force_unlock_process(
+        &self,
+        key: impl AsRef<[u8]>,
+        host: Option<&str>,
+        pid: u32,
+    ) -> Result<usize, Error> {
+        let names = self.names_of(key.as_ref())?;
+        let host = host.unwrap_or_else(|| identity::host_name());
+        let n: u64 = self
+            .0
+            .pool
+            .retrying(|r| {
+                r.call(
+                    &self
+                        .0
+                        .scripts
+                        .force_process
+                        .call()
+                        .key(&names.lock)
+                        .key(&names.channel)
+                        .key(&names.shared)
+                        .key(&names.leases)
+                        .arg(pid)
+                        .arg(host),
+                )
+            })?
+            .value;
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 }

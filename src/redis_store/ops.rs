@@ -23,20 +23,34 @@ use crate::shm::table::Mode;
 #[cfg(feature = "tokio")]
 const RELEASE_FALLBACK: Duration = Duration::from_millis(50);
 
-/// How long a sleeping writer's mark keeps new readers out unless renewed: a writer that
-/// timed out, was cancelled or died stops holding them up within this.
-const WRITER_LAPSE: Duration = Duration::from_secs(1);
+/// How long a sleeping waiter's mark (see `scripts::BLOCKED`) lives unless renewed: a
+/// waiter that timed out, was cancelled or died stops holding others up within this.
+const MARK_LAPSE: Duration = Duration::from_secs(1);
 
-/// The longest a writer kept out by readers sleeps between looks (each renews its mark).
-const WRITER_REFRESH: Duration = Duration::from_millis(400);
+/// The longest a marking waiter sleeps between looks (each renews its mark).
+const MARK_REFRESH: Duration = Duration::from_millis(400);
 
-/// The step of a sleep: a writer kept out by readers looks (and renews its mark) at least
-/// every [`WRITER_REFRESH`].
-pub(crate) fn writer_step(busy: &RedisBusy, step: Duration) -> Duration {
-    if busy.mode == Mode::Exclusive && busy.by_shared {
-        step.min(WRITER_REFRESH)
+/// The step of a sleep: a waiter that marks the key (a writer kept out by readers, a
+/// reader kept out by a writer) looks, and renews its mark, at least every
+/// [`MARK_REFRESH`].
+pub(crate) fn mark_step(busy: &RedisBusy, step: Duration) -> Duration {
+    let marks = match busy.mode {
+        Mode::Exclusive => busy.by_shared,
+        Mode::Shared { limit } => limit == 0 && !busy.by_shared,
+    };
+    if marks {
+        step.min(MARK_REFRESH)
     } else {
         step
+    }
+}
+
+/// When a sleep that ends at `end` should end instead, given what `scripts::BLOCKED`
+/// answered: a little after what keeps the waiter out lapses by itself, if sooner.
+pub(crate) fn lapse_by(blocked: i64, end: Instant) -> Instant {
+    match u64::try_from(blocked) {
+        Ok(ms) if ms > 0 => end.min(Instant::now() + Duration::from_millis(ms + 1)),
+        _ => end,
     }
 }
 
@@ -46,7 +60,8 @@ const ATTEMPT_FLOOR: Duration = Duration::from_millis(100);
 
 /// The names of one lock's keys: `PREFIX{KEY}`, its fence counter `PREFIX{KEY}:fence`,
 /// its release channel `PREFIX{KEY}:free`, its shared holds `PREFIX{KEY}:shared` and
-/// `PREFIX{KEY}:leases` (see `scripts`), and a waiting writer's mark `PREFIX{KEY}:writer`. The braces make one cluster hash tag, so
+/// `PREFIX{KEY}:leases` (see `scripts`), and the marks of waiters `PREFIX{KEY}:writer` and
+/// `PREFIX{KEY}:readers`. The braces make one cluster hash tag, so
 /// all of them (and the marks named after a hold's token) land in one slot whatever the
 /// key holds: the tag ends at the first `}` after the first `{`, which lies in the part
 /// they all share.
@@ -58,6 +73,7 @@ pub(crate) struct Names {
     pub(crate) shared: Vec<u8>,
     pub(crate) leases: Vec<u8>,
     pub(crate) writer: Vec<u8>,
+    pub(crate) readers: Vec<u8>,
 }
 
 impl Names {
@@ -302,6 +318,7 @@ impl RedisLocks {
             shared: named(b":shared"),
             leases: named(b":leases"),
             writer: named(b":writer"),
+            readers: named(b":readers"),
             lock,
         }
     }
@@ -452,6 +469,7 @@ impl RedisLocks {
                         .key(&names.shared)
                         .key(&names.leases)
                         .key(&names.writer)
+                        .key(&names.readers)
                         .arg(&value)
                         .arg(ttl)
                         .arg(not_after)
@@ -577,12 +595,11 @@ impl RedisLocks {
     }
 
     /// The call that tells whether `busy`'s waiter is still kept out (see
-    /// `scripts::BLOCKED`): a writer kept out by readers marks the key as it looks.
+    /// `scripts::BLOCKED`), made by a waiter that sleeps: it marks the key as it looks.
     pub(crate) fn blocked<'s>(
         &'s self,
         busy: &'s RedisBusy,
     ) -> crate::redis_store::scripts::Call<'s> {
-        let marks = busy.mode == Mode::Exclusive && busy.by_shared;
         self.0
             .scripts
             .blocked
@@ -591,14 +608,15 @@ impl RedisLocks {
             .key(&busy.names.shared)
             .key(&busy.names.leases)
             .key(&busy.names.writer)
+            .key(&busy.names.readers)
             .arg(mode_arg(busy.mode))
-            .arg(u8::from(marks))
-            .arg(millis(WRITER_LAPSE))
+            .arg(1)
+            .arg(millis(MARK_LAPSE))
     }
 
     /// Waits on the key's release channel for at most `step`.
     fn wait_for_release(&self, busy: &RedisBusy, step: Duration) -> (Duration, bool) {
-        let step = writer_step(busy, step);
+        let step = mark_step(busy, step);
         let started = Instant::now();
         let end = started + step;
         let poll = |started: Instant| {
@@ -638,11 +656,12 @@ impl RedisLocks {
         let mut pubsub = con.as_pubsub();
         pubsub.subscribe(&busy.names.channel)?;
         // (cannot tell: count it as held and wait the step out)
-        let held: u64 = self
+        let held: i64 = self
             .0
             .pool
             .run(end, |r| r.call(&self.blocked(busy)))
-            .map_or(1, |r| r.value);
+            .map_or(-1, |r| r.value);
+        let end = lapse_by(held, end);
         let mut outcome = Ok(());
         if held != 0 {
             while let Some(left) = crate::redis_store::net::left(end) {

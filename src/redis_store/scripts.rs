@@ -83,7 +83,9 @@ end
 ///
 /// KEYS: the lock key, the cancel marker, the shared holds' hash and leases, the writer's
 /// mark (`PREFIX{KEY}:writer`: a writer sleeping on readers keeps new readers out while it
-/// lives, see `BLOCKED`). A writer that takes the key removes the mark.
+/// lives, see `BLOCKED`) and the readers' mark (`PREFIX{KEY}:readers`: a reader sleeping on
+/// a writer keeps the next writer out, so that readers and writers take turns). A writer
+/// that takes the key removes the writer's mark, a reader the readers'.
 pub(crate) const ACQUIRE: &str = concat!(
     shared_lua!(),
     r"
@@ -100,6 +102,7 @@ local want = tonumber(ARGV[4])
 local n = prune(KEYS[3], KEYS[4], now)
 if want < 0 then
   if n > 0 then return {-1, t[1], t[2], first_shared(KEYS[3], KEYS[4])} end
+  if redis.call('EXISTS', KEYS[6]) == 1 then return {-1, t[1], t[2], ''} end
   redis.call('DEL', KEYS[5])
   if ARGV[2] == '0' then redis.call('SET', KEYS[1], ARGV[1])
   else redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
@@ -110,7 +113,10 @@ if n > 0 then
   if tonumber(held) ~= want then return {-4, t[1], t[2], held} end
   if want > 0 and n >= want then return {-1, t[1], t[2], first_shared(KEYS[3], KEYS[4])} end
 end
-if want == 0 and redis.call('EXISTS', KEYS[5]) == 1 then return {-1, t[1], t[2], ''} end
+if want == 0 then
+  if redis.call('EXISTS', KEYS[5]) == 1 then return {-1, t[1], t[2], ''} end
+  redis.call('DEL', KEYS[6])
+end
 local at = 'inf'
 if ARGV[2] ~= '0' then at = string.format('%.0f', now + tonumber(ARGV[2]) * 1000) end
 redis.call('ZADD', KEYS[4], at, tok)
@@ -120,27 +126,53 @@ return {1, t[1], t[2], ''}
 "
 );
 
-/// Whether a waiter subscribed to the release channel is still kept out (1) or may try
-/// (0), in the mode `ARGV[1]` (as `ACQUIRE`'s); a writer kept out by readers that sleeps
-/// (`ARGV[2]` = `1`) marks the key for `ARGV[3]` ms, so that new readers wait behind it.
-/// Run after subscribing: a release just before would otherwise be missed. KEYS: the lock
-/// key, the shared holds' hash and leases, the writer's mark.
+/// Whether a waiter subscribed to the release channel is still kept out, in the mode
+/// `ARGV[1]` (as `ACQUIRE`'s): 0 it may try now; else how long (ms, at least 1) until
+/// what keeps it out could lapse by itself (a lease, a mark), so that the waiter sleeps no
+/// longer than that (a lapse sends no message), or -1 if nothing lapses by itself. A
+/// waiter that sleeps (`ARGV[2]` = `1`) marks the key for `ARGV[3]` ms: a writer kept out
+/// by readers with the writer's mark (new readers wait behind it), a reader kept out by a
+/// writer with the readers' mark (the next writer waits until a reader got in). Run after
+/// subscribing: a release just before would otherwise be missed. KEYS: the lock key, the
+/// shared holds' hash and leases, the writer's mark, the readers' mark.
 pub(crate) const BLOCKED: &str = concat!(
     shared_lua!(),
     r"
-if redis.call('EXISTS', KEYS[1]) == 1 then return 1 end
+local function until_(ms)
+  if ms == -1 then return -1 end
+  return math.max(1, ms)
+end
+local function lease_left(at, now)
+  if at == 'inf' then return -1 end
+  return until_(math.ceil((tonumber(at) - now) / 1000))
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if ARGV[1] == '0' and ARGV[2] == '1' then
+    if redis.replicate_commands then redis.replicate_commands() end
+    redis.call('SET', KEYS[5], '1', 'PX', ARGV[3])
+  end
+  return until_(redis.call('PTTL', KEYS[1]))
+end
 if redis.replicate_commands then redis.replicate_commands() end
 local now = clock()
 local n = prune(KEYS[2], KEYS[3], now)
 local want = tonumber(ARGV[1])
 if want < 0 then
-  if n == 0 then return 0 end
+  if n == 0 then
+    if redis.call('EXISTS', KEYS[5]) == 0 then return 0 end
+    return until_(redis.call('PTTL', KEYS[5]))
+  end
   if ARGV[2] == '1' then redis.call('SET', KEYS[4], '1', 'PX', ARGV[3]) end
-  return 1
+  return lease_left(redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2], now)
 end
 if n > 0 and tonumber(redis.call('HGET', KEYS[2], 'limit') or '0') ~= want then return 0 end
-if want == 0 then return redis.call('EXISTS', KEYS[4]) end
-if n >= want then return 1 end
+if want == 0 then
+  if redis.call('EXISTS', KEYS[4]) == 0 then return 0 end
+  return until_(redis.call('PTTL', KEYS[4]))
+end
+if n >= want then
+  return lease_left(redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')[2], now)
+end
 return 0
 "
 );
@@ -315,14 +347,42 @@ return 1
 "
 );
 
-/// Breaks a lock, whoever holds it (every shared holder too, KEYS 3 and 4, and a writer's
-/// mark, KEYS 5), and wakes its waiters: how many holds there were.
+/// Breaks a lock, whoever holds it (every shared holder too, KEYS 3 and 4, and the marks,
+/// KEYS 5 and 6), and wakes its waiters: how many holds there were.
 pub(crate) const FORCE: &str = r"
 local n = redis.call('DEL', KEYS[1]) + redis.call('ZCARD', KEYS[4])
-redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
+redis.call('DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 redis.call('PUBLISH', KEYS[2], '1')
 return n
 ";
+
+/// Breaks the holds of one process (`ARGV[1]`, its pid, on the host `ARGV[2]`, as their
+/// values name them): the exclusive one and every shared one, waking the waiters. How
+/// many it broke. KEYS: the lock key, its channel, the shared holds' hash and leases.
+pub(crate) const FORCE_PROCESS: &str = concat!(
+    shared_lua!(),
+    r"
+local function ours(v)
+  local _, _, pid, host = string.find(v, '^%S+ %S+ (%S+) %S+ (.*)$')
+  return pid == ARGV[1] and host == ARGV[2]
+end
+local n = 0
+local v = redis.call('GET', KEYS[1])
+if v and ours(v) then
+  redis.call('DEL', KEYS[1])
+  n = n + 1
+end
+local all = redis.call('HGETALL', KEYS[3])
+for i = 1, #all, 2 do
+  if all[i] ~= 'limit' and ours(all[i + 1]) then
+    drop_shared(KEYS[3], KEYS[4], all[i])
+    n = n + 1
+  end
+end
+if n > 0 then redis.call('PUBLISH', KEYS[2], '1') end
+return n
+"
+);
 
 /// A script, sent as `EVALSHA` by its hash, or whole (`EVAL`) when the server has not got it
 /// cached (`NOSCRIPT`: a restarted or promoted server). Not `SCRIPT LOAD` and then `EVALSHA`,

@@ -286,6 +286,9 @@ pub struct UnlockArgs {
     /// permit) [default: every holder of KEY]
     #[arg(long, value_name = "PID")]
     pub pid: Option<u32>,
+    /// With --redis and --pid: the host of that process [default: this host]
+    #[arg(long, value_name = "HOST", requires = "pid")]
+    pub host: Option<String>,
 }
 
 /// Create a table file with a chosen capacity and mode

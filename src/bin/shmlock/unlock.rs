@@ -25,6 +25,14 @@ fn refuse_without_force(a: &UnlockArgs) -> Result<(), Fail> {
 /// Breaks `a.key` in the table `file` (which must exist).
 pub fn unlock(file: &Path, a: UnlockArgs) -> Result<u8, Fail> {
     refuse_without_force(&a)?;
+    if a.host.is_some() {
+        return Err(Fail(
+            "--host names the host of a Redis holder; a lock table's holders are all on \
+             this host"
+                .into(),
+            EX_USAGE,
+        ));
+    }
     let table = LockTable::options().create(false).open(file)?;
     let broken = table.force_unlock_holders(&a.key, a.pid)?;
     if broken.is_empty() {
@@ -56,13 +64,18 @@ pub fn unlock(file: &Path, a: UnlockArgs) -> Result<u8, Fail> {
 /// Breaks `a.key` in Redis.
 pub fn unlock_redis(redis: &RedisLocks, a: UnlockArgs) -> Result<u8, Fail> {
     refuse_without_force(&a)?;
-    if a.pid.is_some() {
-        return Err(Fail(
-            "--pid picks one of a shared key's holders in a lock table; a Redis lock has \
-             one holder"
-                .into(),
-            EX_USAGE,
-        ));
+    if let Some(pid) = a.pid {
+        let host = a.host.as_deref();
+        let n = redis.force_unlock_process(&a.key, host, pid)?;
+        let whose = match host {
+            Some(h) => format!("pid {pid} on {}", crate::show::printable(h.as_bytes())),
+            None => format!("pid {pid} on this host"),
+        };
+        if n == 0 {
+            return Err(Fail(format!("{whose} holds nothing of {:?}", a.key), 1));
+        }
+        println!("broke {n} hold(s) of {:?} by {whose}", a.key);
+        return Ok(0);
     }
     if redis.force_unlock(&a.key)? {
         println!("broke {:?}", a.key);
