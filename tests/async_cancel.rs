@@ -140,6 +140,35 @@ fn dropping_a_redis_lock_async_anywhere_leaves_no_hold() {
     assert!(probe.holders().unwrap().is_empty());
 }
 
+/// The same for read holds and a semaphore's permits on Redis: a shared attempt dropped
+/// anywhere is cancelled by its token as an exclusive one is.
+#[test]
+fn dropping_a_redis_shared_or_permit_wait_anywhere_leaves_no_hold() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    let probe = RedisLocks::open(&server.url()).unwrap();
+    let (cut, left, longest) = cancel_at_random(
+        1500,
+        8,
+        None,
+        || redis.lock_shared_async("r", LockOptions::default()),
+        || probe.is_locked("r").unwrap(),
+    );
+    println!("1500 read rounds: {cut} cut short, {left} of them had taken the key; free again within {longest:?} at most");
+    assert!(cut > 75, "too few cut short ({cut})");
+    let sem = redis.semaphore("s", 2).unwrap();
+    let (cut, left, longest) = cancel_at_random(
+        1500,
+        8,
+        None,
+        || sem.acquire_async(LockOptions::default()),
+        || probe.is_locked("s").unwrap(),
+    );
+    println!("1500 permit rounds: {cut} cut short, {left} of them had taken a permit; free again within {longest:?} at most");
+    assert!(cut > 75, "too few cut short ({cut})");
+    assert!(probe.holders().unwrap().is_empty());
+}
+
 #[test]
 fn dropping_a_table_lock_async_anywhere_leaves_no_hold() {
     let path = common::TempPath::new("async-cancel");

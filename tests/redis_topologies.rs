@@ -407,3 +407,135 @@ fn tls_with_a_self_signed_certificate_authority() {
     );
     assert!(matches!(wrong, Err(Error::Redis(_))));
 }
+
+/// Read locks and semaphores on a Cluster (their keys share the lock's hash tag, so each
+/// script runs on one master) and across a Sentinel failover with replicas required (the
+/// promoted replica has every reader and permit holder, each still keeping a writer, or a
+/// permit over the count, out).
+#[test]
+fn shared_holds_on_a_cluster_and_across_a_sentinel_failover() {
+    // a Cluster: keys on every master
+    let cluster = ClusterSetup::start();
+    let urls = cluster.urls();
+    let redis = RedisLocks::open_cluster(&urls).unwrap();
+    let other = RedisLocks::open_cluster(&urls[1..]).unwrap();
+    let keys: Vec<String> = (0..12).map(|i| format!("doc:{i}")).collect();
+    let mut readers = Vec::new();
+    for k in &keys {
+        readers.push(
+            redis
+                .lock_shared(k, lease(Duration::from_secs(30)))
+                .unwrap(),
+        );
+        readers.push(
+            other
+                .try_lock_shared(k, Duration::from_secs(30))
+                .unwrap()
+                .unwrap(),
+        );
+        assert!(other
+            .try_lock_with_lease(k, Duration::from_secs(30))
+            .unwrap()
+            .is_none());
+    }
+    let owners: Vec<usize> = keys
+        .iter()
+        .map(|k| cluster.node_of(&format!("shmlock:{{{k}}}")))
+        .collect();
+    for n in 0..3 {
+        assert!(owners.contains(&n), "no key on node {n}: {owners:?}");
+    }
+    let holders = other.holders().unwrap();
+    assert_eq!(holders.len(), 2 * keys.len());
+    for h in &holders {
+        let i = keys.iter().position(|k| k.as_bytes() == h.key).unwrap();
+        assert_eq!(h.mode, shmlock::HoldMode::Shared);
+        assert_eq!(
+            h.node,
+            format!("127.0.0.1:{}", cluster.nodes[owners[i]].port)
+        );
+    }
+    let sem = other.semaphore("gpu", 2).unwrap();
+    let permits: Vec<_> = (0..2)
+        .map(|_| sem.try_acquire(Duration::from_secs(30)).unwrap().unwrap())
+        .collect();
+    assert!(redis
+        .semaphore("gpu", 2)
+        .unwrap()
+        .try_acquire(Duration::from_secs(30))
+        .unwrap()
+        .is_none());
+    assert!(matches!(
+        redis
+            .semaphore("gpu", 3)
+            .unwrap()
+            .try_acquire(Duration::from_secs(30)),
+        Err(Error::PermitsMismatch {
+            held: 2,
+            asked: 3,
+            ..
+        })
+    ));
+    drop(permits);
+    assert!(other.force_unlock(&keys[0]).unwrap());
+    assert!(redis
+        .try_lock_with_lease(&keys[0], Duration::from_secs(30))
+        .unwrap()
+        .is_some());
+    drop(readers);
+    drop(cluster);
+
+    // Sentinel, replicas required
+    let setup = SentinelSetup::start();
+    let urls = setup.sentinel_urls();
+    let redis = RedisLocks::open_sentinel(MASTER_NAME, &urls)
+        .unwrap()
+        .with_replicas(2, Duration::from_millis(500));
+    let exptime = Duration::from_secs(8);
+    let r1 = redis.lock_shared("k", lease(exptime)).unwrap();
+    let r2 = redis.lock_shared("k", lease(exptime)).unwrap();
+    let sem = redis.semaphore("s", 1).unwrap();
+    let p = sem.acquire(lease(exptime)).unwrap();
+    let taken = Instant::now();
+    let old = setup.master.port;
+    let mut master = setup.master;
+    master.stop(); // SIGKILL
+    let new = await_failover(&setup.sentinels, old);
+    assert_ne!(new, old);
+    let other = RedisLocks::open_sentinel(MASTER_NAME, &urls).unwrap();
+    let mut modes: Vec<_> = other
+        .holders()
+        .unwrap()
+        .iter()
+        .map(|h| (h.key.clone(), h.mode))
+        .collect();
+    modes.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        modes,
+        vec![
+            (b"k".to_vec(), shmlock::HoldMode::Shared),
+            (b"k".to_vec(), shmlock::HoldMode::Shared),
+            (b"s".to_vec(), shmlock::HoldMode::Permit { permits: 1 }),
+        ]
+    );
+    let mut checks = 0;
+    while taken.elapsed() + Duration::from_millis(700) < exptime {
+        assert!(
+            other.try_lock_with_lease("k", exptime).unwrap().is_none(),
+            "a writer beside readers after the failover"
+        );
+        assert!(
+            other
+                .semaphore("s", 1)
+                .unwrap()
+                .try_acquire(exptime)
+                .unwrap()
+                .is_none(),
+            "a second permit of one"
+        );
+        checks += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(checks > 0, "the failover took the whole lease");
+    drop((r1, r2, p));
+}
