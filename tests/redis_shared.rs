@@ -409,3 +409,161 @@ async fn futures_poll_once<F: std::future::Future + Unpin>(f: F) -> Option<F::Ou
     })
     .await
 }
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    server.cli(&["EXISTS", key]).trim() == "1"
+}
+
+/// A reader with no lease beside one whose lease lapses (left to expire, as if killed):
+/// once the first releases, the keys expire with the lapsed lease instead of staying with
+/// the no-lease one's "never".
+#[test]
+fn the_keys_expire_with_the_last_lease_left_after_a_release() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    let forever = redis
+        .try_lock_shared("inf", Duration::ZERO)
+        .unwrap()
+        .unwrap();
+    let dies = redis
+        .try_lock_shared("inf", Duration::from_millis(300))
+        .unwrap()
+        .unwrap();
+    dies.leave_to_expire();
+    forever.unlock().unwrap();
+    eventually("the keys gone with the lapsed lease", LONG, || {
+        !exists(&server, "shmlock:{inf}:shared") && !exists(&server, "shmlock:{inf}:leases")
+    });
+    assert!(!redis.is_locked("inf").unwrap());
+}
+
+/// A downgrade whose reply is lost (the connection cut after the request reached the
+/// server) is tried again, and the retry sees that it was done: the caller gets its read
+/// hold, and a writer stays out.
+#[test]
+fn a_downgrade_whose_reply_was_lost_keeps_the_read_hold() {
+    let server = RedisServer::start();
+    let proxy = common::proxy::Proxy::start(server.port);
+    let redis = RedisLocks::open(&proxy.url())
+        .unwrap()
+        .with_timeout(Duration::from_millis(500));
+    let w = redis.lock("dg", opts(LONG)).unwrap();
+    // the first run goes as EVAL with the script's code (the server lacks it): cut there
+    proxy.cut_after(b"redis.call('HSET', KEYS[3], ARGV[1], v, 'limit', '0')");
+    let r = w.downgrade();
+    assert_eq!(proxy.cuts(), 1, "the proxy did not cut the downgrade");
+    let r = r.expect("the downgrade was done");
+    r.check().unwrap();
+    assert!(redis.try_lock_with_lease("dg", LONG).unwrap().is_none());
+    r.unlock().unwrap();
+    assert!(!redis.is_locked("dg").unwrap());
+}
+
+/// A reader's token once the fence counter has lapsed is not 0: it is at least the last
+/// writer's, and the next writer's is greater.
+#[test]
+fn a_readers_token_never_goes_back_when_the_counter_lapsed() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url())
+        .unwrap()
+        .with_fence_grace(Duration::from_millis(1));
+    let w = redis
+        .try_lock_with_lease("f", Duration::from_millis(200))
+        .unwrap()
+        .unwrap();
+    let wt = w.try_token().unwrap();
+    w.unlock().unwrap();
+    eventually("the counter lapses", LONG, || {
+        !exists(&server, "shmlock:{f}:fence")
+    });
+    let r = redis.try_lock_shared("f", LONG).unwrap().unwrap();
+    let rt = r.try_token().unwrap();
+    assert!(rt >= wt, "the writer's token {wt}, the next reader's {rt}");
+    assert_eq!(r.try_token().unwrap(), rt, "a reader's token stays");
+    drop(r);
+    let w2 = redis.try_lock_with_lease("f", LONG).unwrap().unwrap();
+    assert!(w2.try_token().unwrap() > rt);
+}
+
+/// A writer on a semaphore's key gets in under permits that overlap (its mark keeps new
+/// permits out, as new readers).
+#[test]
+fn a_writer_gets_in_under_overlapping_permits() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (url, stop) = (url.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let redis = RedisLocks::open(&url).unwrap();
+                let sem = redis.semaphore("sem", 2).unwrap();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Ok(p) = sem.acquire(opts(Duration::from_secs(5))) {
+                        std::thread::sleep(Duration::from_millis(60));
+                        drop(p);
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let redis = RedisLocks::open(&url).unwrap();
+    let r = redis.lock("sem", opts(Duration::from_secs(20)));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert!(r.is_ok(), "the writer starved: {:?}", r.err());
+}
+
+/// Keys named like the keys beside a lock (`}`, `:leases`, `:shared`, glob characters)
+/// are locks of their own, and leave nothing behind.
+#[test]
+fn awkward_key_names_are_separate_locks() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    let names = [
+        "a",
+        "a}",
+        "a}:leases",
+        "a}:shared",
+        "a:leases",
+        "*",
+        "a*",
+        "[a]",
+        "a?",
+        "{a}",
+        "}a",
+        "a\\",
+        "a}:writer",
+        "a}:fence",
+    ];
+    let mut guards = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        if i % 2 == 0 {
+            guards.push(redis.try_lock_shared(n, LONG).unwrap().expect(n));
+        } else {
+            let sem = redis.semaphore(n, 1).unwrap();
+            sem.try_acquire(LONG).unwrap().expect(n).unlock().unwrap();
+        }
+    }
+    for (i, n) in names.iter().enumerate() {
+        let w = redis.try_lock_with_lease(n, LONG).unwrap();
+        assert_eq!(w.is_some(), i % 2 == 1, "{n}");
+    }
+    let shared = redis
+        .holders()
+        .unwrap()
+        .iter()
+        .filter(|h| h.mode == HoldMode::Shared)
+        .count();
+    assert_eq!(shared, names.len().div_ceil(2));
+    drop(guards);
+    let keys = server.cli(&["KEYS", "*"]);
+    let left: Vec<&str> = keys
+        .lines()
+        .filter(|l| !l.is_empty() && !l.contains(":released:") && !l.ends_with(":fence"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

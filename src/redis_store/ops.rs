@@ -30,13 +30,13 @@ const MARK_LAPSE: Duration = Duration::from_secs(1);
 /// The longest a marking waiter sleeps between looks (each renews its mark).
 const MARK_REFRESH: Duration = Duration::from_millis(400);
 
-/// The step of a sleep: a waiter that marks the key (a writer kept out by readers, a
-/// reader kept out by a writer) looks, and renews its mark, at least every
+/// The step of a sleep: a waiter that marks the key (a writer kept out by shared holds, a
+/// reader or permit waiter kept out by a writer) looks, and renews its mark, at least every
 /// [`MARK_REFRESH`].
 pub(crate) fn mark_step(busy: &RedisBusy, step: Duration) -> Duration {
     let marks = match busy.mode {
         Mode::Exclusive => busy.by_shared,
-        Mode::Shared { limit } => limit == 0 && !busy.by_shared,
+        Mode::Shared { .. } => !busy.by_shared,
     };
     if marks {
         step.min(MARK_REFRESH)

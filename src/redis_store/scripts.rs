@@ -25,18 +25,6 @@ local function clock()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2]), t
 end
-local function prune(shared, leases, now)
-  local at = string.format('%.0f', now)
-  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', at, 'LIMIT', 0, 500)
-  while #gone > 0 do
-    redis.call('HDEL', shared, unpack(gone))
-    redis.call('ZREM', leases, unpack(gone))
-    gone = redis.call('ZRANGEBYSCORE', leases, '-inf', at, 'LIMIT', 0, 500)
-  end
-  local n = redis.call('ZCARD', leases)
-  if n == 0 then redis.call('DEL', shared) end
-  return n
-end
 local function keep(shared, leases)
   local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')
   if #last == 0 then redis.call('DEL', shared) return end
@@ -49,6 +37,20 @@ local function keep(shared, leases)
     redis.call('PEXPIREAT', shared, at)
   end
 end
+local function prune(shared, leases, now)
+  local at = string.format('%.0f', now)
+  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', at, 'LIMIT', 0, 500)
+  local dropped = #gone > 0
+  while #gone > 0 do
+    redis.call('HDEL', shared, unpack(gone))
+    redis.call('ZREM', leases, unpack(gone))
+    gone = redis.call('ZRANGEBYSCORE', leases, '-inf', at, 'LIMIT', 0, 500)
+  end
+  if dropped then keep(shared, leases) end
+  local n = redis.call('ZCARD', leases)
+  if n == 0 then redis.call('DEL', shared) end
+  return n
+end
 local function live(leases, token, now)
   local at = redis.call('ZSCORE', leases, token)
   return at ~= false and at ~= nil and (at == 'inf' or tonumber(at) > now)
@@ -56,7 +58,7 @@ end
 local function drop_shared(shared, leases, token)
   redis.call('HDEL', shared, token)
   redis.call('ZREM', leases, token)
-  if redis.call('ZCARD', leases) == 0 then redis.call('DEL', shared) end
+  keep(shared, leases)
 end
 local function first_shared(shared, leases)
   local f = redis.call('ZRANGE', leases, 0, 0)
@@ -82,10 +84,11 @@ end
 /// took the key, so the hold is never left without its asker.
 ///
 /// KEYS: the lock key, the cancel marker, the shared holds' hash and leases, the writer's
-/// mark (`PREFIX{KEY}:writer`: a writer sleeping on readers keeps new readers out while it
-/// lives, see `BLOCKED`) and the readers' mark (`PREFIX{KEY}:readers`: a reader sleeping on
-/// a writer keeps the next writer out, so that readers and writers take turns). A writer
-/// that takes the key removes the writer's mark, a reader the readers'.
+/// mark (`PREFIX{KEY}:writer`: a writer sleeping on shared holds keeps new ones, readers
+/// and permits, out while it lives, see `BLOCKED`) and the readers' mark
+/// (`PREFIX{KEY}:readers`: a reader or permit waiter sleeping on a writer keeps the next
+/// writer out, so that they take turns). A writer that takes the key removes the writer's
+/// mark, a shared hold the readers'.
 pub(crate) const ACQUIRE: &str = concat!(
     shared_lua!(),
     r"
@@ -113,10 +116,8 @@ if n > 0 then
   if tonumber(held) ~= want then return {-4, t[1], t[2], held} end
   if want > 0 and n >= want then return {-1, t[1], t[2], first_shared(KEYS[3], KEYS[4])} end
 end
-if want == 0 then
-  if redis.call('EXISTS', KEYS[5]) == 1 then return {-1, t[1], t[2], ''} end
-  redis.call('DEL', KEYS[6])
-end
+if redis.call('EXISTS', KEYS[5]) == 1 then return {-1, t[1], t[2], ''} end
+redis.call('DEL', KEYS[6])
 local at = 'inf'
 if ARGV[2] ~= '0' then at = string.format('%.0f', now + tonumber(ARGV[2]) * 1000) end
 redis.call('ZADD', KEYS[4], at, tok)
@@ -131,8 +132,9 @@ return {1, t[1], t[2], ''}
 /// what keeps it out could lapse by itself (a lease, a mark), so that the waiter sleeps no
 /// longer than that (a lapse sends no message), or -1 if nothing lapses by itself. A
 /// waiter that sleeps (`ARGV[2]` = `1`) marks the key for `ARGV[3]` ms: a writer kept out
-/// by readers with the writer's mark (new readers wait behind it), a reader kept out by a
-/// writer with the readers' mark (the next writer waits until a reader got in). Run after
+/// by shared holds with the writer's mark (new shared holds wait behind it), a reader or
+/// permit waiter kept out by a writer with the readers' mark (the next writer waits until
+/// a shared hold got in). Run after
 /// subscribing: a release just before would otherwise be missed. KEYS: the lock key, the
 /// shared holds' hash and leases, the writer's mark, the readers' mark.
 pub(crate) const BLOCKED: &str = concat!(
@@ -147,7 +149,7 @@ local function lease_left(at, now)
   return until_(math.ceil((tonumber(at) - now) / 1000))
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  if ARGV[1] == '0' and ARGV[2] == '1' then
+  if tonumber(ARGV[1]) >= 0 and ARGV[2] == '1' then
     if redis.replicate_commands then redis.replicate_commands() end
     redis.call('SET', KEYS[5], '1', 'PX', ARGV[3])
   end
@@ -166,11 +168,8 @@ if want < 0 then
   return lease_left(redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2], now)
 end
 if n > 0 and tonumber(redis.call('HGET', KEYS[2], 'limit') or '0') ~= want then return 0 end
-if want == 0 then
-  if redis.call('EXISTS', KEYS[4]) == 0 then return 0 end
-  return until_(redis.call('PTTL', KEYS[4]))
-end
-if n >= want then
+if redis.call('EXISTS', KEYS[4]) == 1 then return until_(redis.call('PTTL', KEYS[4])) end
+if want > 0 and n >= want then
   return lease_left(redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')[2], now)
 end
 return 0
@@ -253,8 +252,9 @@ return -1
 /// missed it, its expiry) never makes a token repeat or go back. The counter lives for the
 /// hold's lease plus `ARGV[2]` ms. The token is written into the holder's value (after its
 /// own token), for inspection and for the next ask. A shared holder (KEYS 3 and 4) takes
-/// none: it reads the counter (0 if it has none), the token of the last exclusive hold
-/// that took one, since no exclusive hold stands beside it.
+/// none: it reads the counter, the token of the last exclusive hold that took one, since
+/// no exclusive hold stands beside it; a counter that lapsed is set to the server's clock
+/// in µs first (above every earlier token, below every later one).
 pub(crate) const TOKEN: &str = concat!(
     shared_lua!(),
     r"
@@ -262,7 +262,14 @@ local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, 32) ~= ARGV[1] then
   local now = clock()
   if not live(KEYS[4], ARGV[1], now) then return -1 end
-  return tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+  local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+  if last > 0 then return last end
+  -- the counter lapsed: the clock is above every earlier token, and set as the counter it
+  -- keeps the next one above this
+  if redis.replicate_commands then redis.replicate_commands() end
+  local s = string.format('%.0f', now)
+  redis.call('SET', KEYS[2], s, 'PX', ARGV[2])
+  return now
 end
 local rest = string.sub(v, 34)
 local sp = string.find(rest, ' ', 1, true)
@@ -326,12 +333,18 @@ return 0
 
 /// Turns an exclusive hold into a reader's, in one step: the lock key goes, and a shared
 /// hold of the same token, value and lease takes its place; waiting readers are woken.
-/// 1 done, 0 not ours. KEYS: the lock key, its channel, the shared holds' hash and leases.
+/// 1 done (or done already by an earlier try whose reply was lost), 0 not ours. KEYS: the lock key, its channel, the shared holds' hash and leases.
 pub(crate) const DOWNGRADE: &str = concat!(
     shared_lua!(),
     r"
 local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, 32) ~= ARGV[1] then return 0 end
+if not v or string.sub(v, 1, 32) ~= ARGV[1] then
+  -- done already by an earlier try whose reply was lost: the token reads now
+  if redis.call('HGET', KEYS[3], 'limit') == '0' and live(KEYS[4], ARGV[1], clock()) then
+    return 1
+  end
+  return 0
+end
 if redis.replicate_commands then redis.replicate_commands() end
 local now = clock()
 local pttl = redis.call('PTTL', KEYS[1])
