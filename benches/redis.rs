@@ -1,5 +1,6 @@
 //! The Redis backend's acquire+release pair against the same two round trips written by hand
-//! with the same client: `SET key token NX PX ttl`, then a compare-and-delete `EVAL`.
+//! with the same client: `SET key token NX PX ttl`, then a compare-and-delete `EVAL`; and
+//! beside them, a read lock's pair and a semaphore's (each holder in the key's sorted set).
 //!
 //! Then the thread scaling of one handle: lock+unlock pairs per second of 8 threads sharing
 //! one `RedisLocks` against 8 threads with a handle each (distinct keys), and of 1 thread.
@@ -103,6 +104,8 @@ fn main() {
     };
     let mut lock = Lock::new(&redis, opts).unwrap();
     let mut fenced = Lock::new(&redis, opts).unwrap();
+    let mut reader = Lock::new(redis.shared(), opts).unwrap();
+    let sem = redis.semaphore("bench-permits", 4).unwrap();
 
     let client = redis::Client::open(server.url()).unwrap();
     let mut con = client.get_connection().unwrap();
@@ -139,15 +142,25 @@ fn main() {
                 fenced.unlock().unwrap();
             },
             &mut raw_pair,
+            &mut |_| {
+                reader.lock("bench-read").unwrap();
+                reader.unlock().unwrap();
+            },
+            &mut |_| {
+                sem.acquire(opts).unwrap().unlock().unwrap();
+            },
         ],
     );
     let (ours, with_token, raw) = (medians[0], medians[1], medians[2]);
+    let (read, permit) = (medians[3], medians[4]);
 
     println!("| Redis on loopback, acquire+release pair | median |\n|---|---|");
     println!("| shmlock RedisLocks (SET NX PX, release script) | {ours:.1} µs |");
     println!("| shmlock RedisLocks, also asking for the fencing token | {with_token:.1} µs |");
     println!("| raw SET NX PX + compare-and-delete EVAL, same client | {raw:.1} µs |");
     println!("| ratio | {:.2}x |", ours / raw);
+    println!("| shmlock read lock (lock_shared + unlock) | {read:.1} µs |");
+    println!("| shmlock semaphore of 4 (acquire + release) | {permit:.1} µs |");
     println!(
         "\ngoal: <= 1.1x the raw pair ({:.2}x): {}",
         ours / raw,

@@ -567,3 +567,139 @@ fn awkward_key_names_are_separate_locks() {
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// Both marks left with no hold (a reader that gave up while a writer held the key, a
+/// writer that waits): the free key goes to the writer (writers first), and the readers'
+/// mark then makes the next writer wait for a reader.
+#[test]
+fn two_marks_never_keep_a_free_key_from_everyone() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    server.cli(&["SET", "shmlock:{k}:readers", "1", "PX", "5000"]);
+    server.cli(&["SET", "shmlock:{k}:writer", "1", "PX", "5000"]);
+    assert!(
+        redis.try_lock_shared("k", LONG).unwrap().is_none(),
+        "a writer waits"
+    );
+    let w = redis.try_lock_with_lease("k", LONG).unwrap();
+    assert!(
+        w.is_some(),
+        "a free key refused to a writer with both marks"
+    );
+    drop(w);
+    assert!(!exists(&server, "shmlock:{k}:writer"));
+    // the readers' turn now
+    assert!(redis.try_lock_with_lease("k", LONG).unwrap().is_none());
+    let r = redis.try_lock_shared("k", LONG).unwrap().unwrap();
+    assert!(
+        !exists(&server, "shmlock:{k}:readers"),
+        "a reader's take ends its mark"
+    );
+    drop(r);
+    assert!(redis.try_lock_with_lease("k", LONG).unwrap().is_some());
+}
+
+/// A downgrade is a reader's take: it ends the readers' mark (left by a reader that gave
+/// up while the key was held), so a writer that then waits on the downgraded hold gets
+/// in when it goes.
+#[test]
+fn a_downgrade_ends_the_readers_mark() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let redis = RedisLocks::open(&url).unwrap();
+    let x = redis.lock("k", opts(LONG)).unwrap();
+    let reader = RedisLocks::open(&url).unwrap();
+    let gave_up = reader.lock_shared("k", opts(Duration::from_millis(300)));
+    assert!(matches!(gave_up, Err(Error::Timeout { .. })), "{gave_up:?}");
+    assert!(exists(&server, "shmlock:{k}:readers"));
+    let down = x.downgrade().unwrap();
+    assert!(!exists(&server, "shmlock:{k}:readers"));
+    drop(down);
+    assert!(redis.try_lock_with_lease("k", LONG).unwrap().is_some());
+}
+
+/// Tasks of one process waiting to read (or for permits) behind holds that lapse (their
+/// holders died): the first follows the lapse and passes the turn on, so none sleeps out
+/// its (5 s) step.
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_shared_waiters_behind_lapsing_holds_all_follow_the_lapse() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let holder = RedisLocks::open(&url).unwrap();
+    let lease = Duration::from_millis(700);
+    let w = holder.try_lock_with_lease("k", lease).unwrap().unwrap();
+    w.leave_to_expire();
+    let sem = holder.semaphore("p", 3).unwrap();
+    for _ in 0..3 {
+        sem.try_acquire(lease).unwrap().unwrap().leave_to_expire();
+    }
+    let lapse = Instant::now() + lease;
+    let redis = RedisLocks::open(&url).unwrap();
+    let long_steps = LockOptions {
+        timeout: LONG,
+        step: Duration::from_secs(5),
+        max_step: Duration::from_secs(5),
+        ..LockOptions::default()
+    };
+    let readers = (0..5).map(|_| async {
+        let g = redis.lock_shared_async("k", &long_steps).await.unwrap();
+        let at = Instant::now();
+        // held far longer than the bound below: a waiter behind it is not let in by
+        // its release
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        drop(g);
+        at
+    });
+    let permits = (0..3).map(|_| async {
+        let s = redis.semaphore("p", 3).unwrap();
+        let g = s.acquire_async(&long_steps).await.unwrap();
+        let at = Instant::now();
+        // held far longer than the bound below: a waiter behind it is not let in by
+        // its release
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        drop(g);
+        at
+    });
+    let (r, p) = tokio::join!(
+        futures_join_all(readers.collect()),
+        futures_join_all(permits.collect())
+    );
+    let late: Vec<Duration> = r
+        .iter()
+        .chain(&p)
+        .map(|at| at.saturating_duration_since(lapse))
+        .collect();
+    assert!(
+        late.iter().all(|l| *l < Duration::from_secs(2)),
+        "a waiter slept out its step: {late:?} after the lapse"
+    );
+}
+
+/// Awaits every future (in this task), in order of the list.
+#[cfg(feature = "tokio")]
+async fn futures_join_all<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
+    let mut futs: Vec<_> = futs.into_iter().map(Box::pin).map(Some).collect();
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
+            if let Some(fut) = f {
+                match fut.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        *o = Some(v);
+                        *f = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().map(|o| o.expect("ready")).collect()
+}

@@ -300,6 +300,8 @@ pub(crate) struct Turn {
 }
 
 impl Turn {
+    /// Leaves the queue at the end of the wait. A waiter that passes on wakes the next
+    /// one as it goes, whether a message woke it or a lapse did (no message comes then).
     pub(crate) fn attempted(mut self) {
         self.attempted = !self.passes_on;
     }
@@ -361,7 +363,7 @@ impl Drop for Turn {
         if entries.is_empty() {
             q.waiting.remove(&self.channel);
             q.seen.remove(&self.channel);
-        } else if was_woken && !self.attempted {
+        } else if (was_woken || self.passes_on) && !self.attempted {
             drop(q);
             wake_next_watched(&self.queues, &self.channel);
         }

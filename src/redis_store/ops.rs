@@ -25,10 +25,10 @@ const RELEASE_FALLBACK: Duration = Duration::from_millis(50);
 
 /// How long a sleeping waiter's mark (see `scripts::BLOCKED`) lives unless renewed: a
 /// waiter that timed out, was cancelled or died stops holding others up within this.
-const MARK_LAPSE: Duration = Duration::from_secs(1);
+const MARK_LAPSE: Duration = Duration::from_millis(500);
 
 /// The longest a marking waiter sleeps between looks (each renews its mark).
-const MARK_REFRESH: Duration = Duration::from_millis(400);
+const MARK_REFRESH: Duration = Duration::from_millis(150);
 
 /// The step of a sleep: a waiter that marks the key (a writer kept out by shared holds, a
 /// reader or permit waiter kept out by a writer) looks, and renews its mark, at least every

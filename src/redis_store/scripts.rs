@@ -105,7 +105,11 @@ local want = tonumber(ARGV[4])
 local n = prune(KEYS[3], KEYS[4], now)
 if want < 0 then
   if n > 0 then return {-1, t[1], t[2], first_shared(KEYS[3], KEYS[4])} end
-  if redis.call('EXISTS', KEYS[6]) == 1 then return {-1, t[1], t[2], ''} end
+  -- readers' turn, unless a writer waits too (both marks, no hold: writers first, and
+  -- the readers' mark left makes the next writer wait for a reader)
+  if redis.call('EXISTS', KEYS[6]) == 1 and redis.call('EXISTS', KEYS[5]) == 0 then
+    return {-1, t[1], t[2], ''}
+  end
   redis.call('DEL', KEYS[5])
   if ARGV[2] == '0' then redis.call('SET', KEYS[1], ARGV[1])
   else redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
@@ -161,7 +165,9 @@ local n = prune(KEYS[2], KEYS[3], now)
 local want = tonumber(ARGV[1])
 if want < 0 then
   if n == 0 then
-    if redis.call('EXISTS', KEYS[5]) == 0 then return 0 end
+    if redis.call('EXISTS', KEYS[5]) == 0 or redis.call('EXISTS', KEYS[4]) == 1 then
+      return 0
+    end
     return until_(redis.call('PTTL', KEYS[5]))
   end
   if ARGV[2] == '1' then redis.call('SET', KEYS[4], '1', 'PX', ARGV[3]) end
@@ -333,7 +339,9 @@ return 0
 
 /// Turns an exclusive hold into a reader's, in one step: the lock key goes, and a shared
 /// hold of the same token, value and lease takes its place; waiting readers are woken.
-/// 1 done (or done already by an earlier try whose reply was lost), 0 not ours. KEYS: the lock key, its channel, the shared holds' hash and leases.
+/// 1 done (or done already by an earlier try whose reply was lost), 0 not ours. Like any
+/// shared take, it removes the readers' mark. KEYS: the lock key, its channel, the shared
+/// holds' hash and leases, the readers' mark.
 pub(crate) const DOWNGRADE: &str = concat!(
     shared_lua!(),
     r"
@@ -355,6 +363,7 @@ if pttl > 0 then at = string.format('%.0f', now + pttl * 1000) end
 redis.call('ZADD', KEYS[4], at, ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], v, 'limit', '0')
 keep(KEYS[3], KEYS[4])
+redis.call('DEL', KEYS[5])
 redis.call('PUBLISH', KEYS[2], '1')
 return 1
 "

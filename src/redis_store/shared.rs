@@ -150,6 +150,7 @@ impl RedisLocks {
                         .key(&hold.names.channel)
                         .key(&hold.names.shared)
                         .key(&hold.names.leases)
+                        .key(&hold.names.readers)
                         .arg(&hold.token),
                 )
             },
