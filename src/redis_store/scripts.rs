@@ -97,20 +97,26 @@ local now, t = clock()
 local tok = string.sub(ARGV[1], 1, 32)
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 32) == tok then return {1, t[1], t[2], ''} end
-if live(KEYS[4], tok, now) then return {1, t[1], t[2], ''} end
+-- (a key with no shared hold and no mark costs one EXISTS here)
+local marked = redis.call('EXISTS', KEYS[4], KEYS[5], KEYS[6]) > 0
+local shared = marked and redis.call('EXISTS', KEYS[4]) == 1
+if shared and live(KEYS[4], tok, now) then return {1, t[1], t[2], ''} end
 if ARGV[3] ~= '0' and now > tonumber(ARGV[3]) then return {-2, t[1], t[2], ''} end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {-3, t[1], t[2], ''} end
 if v then return {0, t[1], t[2], string.sub(v, 34)} end
 local want = tonumber(ARGV[4])
-local n = prune(KEYS[3], KEYS[4], now)
+local n = 0
+if shared then n = prune(KEYS[3], KEYS[4], now) end
 if want < 0 then
   if n > 0 then return {-1, t[1], t[2], first_shared(KEYS[3], KEYS[4])} end
   -- readers' turn, unless a writer waits too (both marks, no hold: writers first, and
   -- the readers' mark left makes the next writer wait for a reader)
-  if redis.call('EXISTS', KEYS[6]) == 1 and redis.call('EXISTS', KEYS[5]) == 0 then
-    return {-1, t[1], t[2], ''}
+  if marked then
+    if redis.call('EXISTS', KEYS[6]) == 1 and redis.call('EXISTS', KEYS[5]) == 0 then
+      return {-1, t[1], t[2], ''}
+    end
+    redis.call('DEL', KEYS[5])
   end
-  redis.call('DEL', KEYS[5])
   if ARGV[2] == '0' then redis.call('SET', KEYS[1], ARGV[1])
   else redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
   return {1, t[1], t[2], ''}
@@ -161,7 +167,8 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 if redis.replicate_commands then redis.replicate_commands() end
 local now = clock()
-local n = prune(KEYS[2], KEYS[3], now)
+local n = 0
+if redis.call('EXISTS', KEYS[3]) == 1 then n = prune(KEYS[2], KEYS[3], now) end
 local want = tonumber(ARGV[1])
 if want < 0 then
   if n == 0 then
