@@ -22,6 +22,17 @@ fn opts(timeout: Duration) -> LockOptions {
     }
 }
 
+/// A wait whose steps (5 s) are far longer than a test allows: only a wake-up (a release's
+/// message, or the end of what kept it out) gets it in in time.
+fn long_steps() -> LockOptions {
+    LockOptions {
+        timeout: LONG,
+        step: Duration::from_secs(5),
+        max_step: Duration::from_secs(5),
+        ..LockOptions::default()
+    }
+}
+
 #[test]
 fn readers_share_a_key_and_never_stand_beside_a_writer() {
     let server = RedisServer::start();
@@ -62,13 +73,7 @@ fn a_sleeping_writer_keeps_new_readers_out_and_is_woken_by_the_last_reader() {
     let first = redis.lock_shared("doc", opts(LONG)).unwrap();
     let writer = std::thread::spawn(move || {
         let redis = RedisLocks::open(&url).unwrap();
-        // a step far longer than the test: only a release's message wakes it in time
-        let o = LockOptions {
-            timeout: LONG,
-            step: Duration::from_secs(5),
-            max_step: Duration::from_secs(5),
-            ..LockOptions::default()
-        };
+        let o = long_steps();
         let started = Instant::now();
         let g = redis.lock("doc", o).unwrap();
         let took = started.elapsed();
@@ -178,12 +183,7 @@ fn a_permit_waiter_is_woken_by_a_release() {
     let held = sem.acquire(opts(LONG)).unwrap();
     let waiter = std::thread::spawn(move || {
         let redis = RedisLocks::open(&url).unwrap();
-        let o = LockOptions {
-            timeout: LONG,
-            step: Duration::from_secs(5),
-            max_step: Duration::from_secs(5),
-            ..LockOptions::default()
-        };
+        let o = long_steps();
         let sem = redis.semaphore("jobs", 1).unwrap();
         let g = sem.acquire(o).unwrap();
         let at = Instant::now();
@@ -372,12 +372,7 @@ async fn async_readers_and_permits_and_their_cancellation_leave_nothing() {
         .map(|_| {
             let redis = redis.clone();
             tokio::spawn(async move {
-                let o = LockOptions {
-                    timeout: LONG,
-                    step: Duration::from_secs(5),
-                    max_step: Duration::from_secs(5),
-                    ..LockOptions::default()
-                };
+                let o = long_steps();
                 let g = redis.lock_shared_async("k", &o).await.unwrap();
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 drop(g);
@@ -636,14 +631,9 @@ async fn async_shared_waiters_behind_lapsing_holds_all_follow_the_lapse() {
     }
     let lapse = Instant::now() + lease;
     let redis = RedisLocks::open(&url).unwrap();
-    let long_steps = LockOptions {
-        timeout: LONG,
-        step: Duration::from_secs(5),
-        max_step: Duration::from_secs(5),
-        ..LockOptions::default()
-    };
+    let o = long_steps();
     let readers = (0..5).map(|_| async {
-        let g = redis.lock_shared_async("k", &long_steps).await.unwrap();
+        let g = redis.lock_shared_async("k", &o).await.unwrap();
         let at = Instant::now();
         // held far longer than the bound below: a waiter behind it is not let in by
         // its release
@@ -653,7 +643,7 @@ async fn async_shared_waiters_behind_lapsing_holds_all_follow_the_lapse() {
     });
     let permits = (0..3).map(|_| async {
         let s = redis.semaphore("p", 3).unwrap();
-        let g = s.acquire_async(&long_steps).await.unwrap();
+        let g = s.acquire_async(&o).await.unwrap();
         let at = Instant::now();
         // held far longer than the bound below: a waiter behind it is not let in by
         // its release

@@ -159,6 +159,80 @@ pub trait Backend: Sealed {
     ) -> (Duration, bool);
 }
 
+/// The [`Backend`] methods of a view of another backend (its read locks, a semaphore):
+/// everything but the attempts (`acquire_fast`, `try_acquire`), which the view makes in its
+/// own mode, is the backend's own. `self.$to()` is the backend.
+#[cfg_attr(loom, allow(unused_macros))]
+macro_rules! delegate_backend {
+    ($to:ident, $hold:ty, $busy:ty) => {
+        #[inline(always)]
+        fn release(&self, hold: &$hold) -> Result<(), Error> {
+            Backend::release(self.$to(), hold)
+        }
+
+        #[inline(always)]
+        fn release_on_drop(&self, hold: &$hold) {
+            Backend::release_on_drop(self.$to(), hold)
+        }
+
+        fn extend(&self, hold: &mut $hold, exptime_ns: u64) -> Result<(), Error> {
+            Backend::extend(self.$to(), hold, exptime_ns)
+        }
+
+        fn token(&self, hold: &$hold) -> Option<u64> {
+            Backend::token(self.$to(), hold)
+        }
+
+        fn try_token(&self, hold: &$hold) -> Result<u64, Error> {
+            Backend::try_token(self.$to(), hold)
+        }
+
+        fn check(&self, hold: &$hold) -> Result<(), Error> {
+            Backend::check(self.$to(), hold)
+        }
+
+        fn leave(&self, hold: &$hold) {
+            Backend::leave(self.$to(), hold)
+        }
+
+        fn spins(&self) -> bool {
+            Backend::spins(self.$to())
+        }
+
+        fn moved_on(&self, busy: &$busy) -> bool {
+            Backend::moved_on(self.$to(), busy)
+        }
+
+        fn can_notify(&self) -> bool {
+            Backend::can_notify(self.$to())
+        }
+
+        fn reap(&self, busy: &$busy) -> bool {
+            Backend::reap(self.$to(), busy)
+        }
+
+        fn waited(&self, took: bool, waited: Duration) {
+            Backend::waited(self.$to(), took, waited)
+        }
+
+        fn gave_up(&self, busy: $busy, key: &[u8], waited: Duration) -> Error {
+            Backend::gave_up(self.$to(), busy, key, waited)
+        }
+
+        fn sleep(
+            &self,
+            busy: &$busy,
+            step: Duration,
+            late: Duration,
+            slack: &mut crate::lock::slack::TimerSlack,
+        ) -> (Duration, bool) {
+            Backend::sleep(self.$to(), busy, step, late, slack)
+        }
+    };
+}
+#[cfg_attr(loom, allow(unused_imports))]
+pub(crate) use delegate_backend;
+
 /// Tells `backend` how an acquisition that went past the fast path ended (a wait that took
 /// the key, or ran out), for its counters.
 #[inline]

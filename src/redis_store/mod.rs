@@ -435,21 +435,10 @@ impl RedisLocks {
     /// fields `None`, not an error. Readers and permit holders have no token of their own
     /// (`token` is `None`).
     pub fn holders(&self) -> Result<Vec<RedisHolder>, Error> {
-        let mut pattern = escape_glob(&self.0.prefix);
-        pattern.extend_from_slice(b"{*}");
         let mut out = Vec::new();
         for (node, mut conn) in self.0.pool.masters()? {
-            let keys: Vec<Vec<u8>> = redis::cmd("SCAN")
-                .cursor_arg(0)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .clone()
-                .iter(&mut conn)?
-                .collect::<redis::RedisResult<Vec<Vec<u8>>>>()?;
-            for lock_key in keys {
-                let name = lock_key[self.0.prefix.len() + 1..lock_key.len() - 1].to_vec();
+            for lock_key in self.scan(&mut conn, b"")? {
+                let name = self.key_of(&lock_key);
                 let names = self.names(&name);
                 let replies: Vec<Value> = redis::pipe()
                     .ignore_errors()
@@ -494,6 +483,28 @@ impl RedisLocks {
         Ok(out)
     }
 
+    /// The names on `conn`'s master of this prefix's lock keys followed by `suffix`
+    /// (`PREFIX{KEY}SUFFIX`; SCAN: a snapshot).
+    fn scan(&self, conn: &mut redis::Connection, suffix: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
+        let mut pattern = escape_glob(&self.0.prefix);
+        pattern.extend_from_slice(b"{*}");
+        pattern.extend_from_slice(suffix);
+        Ok(redis::cmd("SCAN")
+            .cursor_arg(0)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .clone()
+            .iter(conn)?
+            .collect::<redis::RedisResult<Vec<Vec<u8>>>>()?)
+    }
+
+    /// The key of a lock key `PREFIX{KEY}`.
+    fn key_of(&self, lock_key: &[u8]) -> Vec<u8> {
+        lock_key[self.0.prefix.len() + 1..lock_key.len() - 1].to_vec()
+    }
+
     /// The readers and permit holders on one master (see [`holders`](Self::holders)).
     fn shared_holders(
         &self,
@@ -501,23 +512,12 @@ impl RedisLocks {
         conn: &mut redis::Connection,
         out: &mut Vec<RedisHolder>,
     ) -> Result<(), Error> {
-        let mut pattern = escape_glob(&self.0.prefix);
-        pattern.extend_from_slice(b"{*}:leases");
-        let keys: Vec<Vec<u8>> = redis::cmd("SCAN")
-            .cursor_arg(0)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .clone()
-            .iter(&mut *conn)?
-            .collect::<redis::RedisResult<Vec<Vec<u8>>>>()?;
+        const LEASES: &[u8] = b":leases";
+        let keys = self.scan(conn, LEASES)?;
         let (s, us): (String, String) = redis::cmd("TIME").query(&mut *conn)?;
         let now = server_clock::server_us(&s, &us).unwrap_or(0) as f64;
         for leases in keys {
-            // PREFIX{KEY}:leases
-            let lock_key = &leases[..leases.len() - b":leases".len()];
-            let name = lock_key[self.0.prefix.len() + 1..lock_key.len() - 1].to_vec();
+            let name = self.key_of(&leases[..leases.len() - LEASES.len()]);
             let names = self.names(&name);
             let (holds, values, fence): SharedKeys = redis::pipe()
                 .cmd("ZRANGE")
@@ -572,25 +572,19 @@ impl RedisLocks {
     /// ([`Error::Expired`]).
     pub fn force_unlock(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
         let names = self.names_of(key.as_ref())?;
-        let n: u64 = self
-            .0
-            .pool
-            .retrying(|r| {
-                r.call(
-                    &self
-                        .0
-                        .scripts
-                        .force
-                        .call()
-                        .key(&names.lock)
-                        .key(&names.channel)
-                        .key(&names.shared)
-                        .key(&names.leases)
-                        .key(&names.writer)
-                        .key(&names.readers),
-                )
-            })?
-            .value;
+        let n: u64 = self.run_script(
+            &self
+                .0
+                .scripts
+                .force
+                .call()
+                .key(&names.lock)
+                .key(&names.channel)
+                .key(&names.shared)
+                .key(&names.leases)
+                .key(&names.writer)
+                .key(&names.readers),
+        )?;
         Ok(n > 0)
     }
 
@@ -606,25 +600,28 @@ impl RedisLocks {
     ) -> Result<usize, Error> {
         let names = self.names_of(key.as_ref())?;
         let host = host.unwrap_or_else(|| identity::host_name());
-        let n: u64 = self
-            .0
-            .pool
-            .retrying(|r| {
-                r.call(
-                    &self
-                        .0
-                        .scripts
-                        .force_process
-                        .call()
-                        .key(&names.lock)
-                        .key(&names.channel)
-                        .key(&names.shared)
-                        .key(&names.leases)
-                        .arg(pid)
-                        .arg(host),
-                )
-            })?
-            .value;
+        let n: u64 = self.run_script(
+            &self
+                .0
+                .scripts
+                .force_process
+                .call()
+                .key(&names.lock)
+                .key(&names.channel)
+                .key(&names.shared)
+                .key(&names.leases)
+                .arg(pid)
+                .arg(host),
+        )?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
+    /// Runs a script that grants nothing, once more on a fresh connection if the first
+    /// one broke.
+    pub(crate) fn run_script<T: redis::FromRedisValue>(
+        &self,
+        call: &scripts::Call<'_>,
+    ) -> Result<T, Error> {
+        Ok(self.0.pool.retrying(|r| r.call(call))?.value)
     }
 }

@@ -12,6 +12,7 @@ use crate::lock::backend::{Backend, Sealed};
 use crate::lock::slack::TimerSlack;
 use crate::redis_store::janitor::{Job, JobKind};
 use crate::redis_store::net::{is_broken, Failed};
+use crate::redis_store::scripts::Call;
 use crate::redis_store::server_clock::server_us;
 use crate::redis_store::topology::Req;
 use crate::redis_store::{identity, RedisLocks};
@@ -440,6 +441,17 @@ impl RedisLocks {
         Err(unsettled())
     }
 
+    /// Runs a script that answers 1 if the hold is (still) ours, as [`granted`](Self::granted)
+    /// does: `Ok`, or [`Error::Expired`].
+    pub(crate) fn granted_ours(&self, call: &Call<'_>) -> Result<(), Error> {
+        let ours: i64 = self.granted(|r| r.call(call), true)?;
+        if ours == 1 {
+            Ok(())
+        } else {
+            Err(Error::Expired)
+        }
+    }
+
     /// One attempt to take the key, answered by `limit`.
     fn attempt(
         &self,
@@ -596,10 +608,7 @@ impl RedisLocks {
 
     /// The call that tells whether `busy`'s waiter is still kept out (see
     /// `scripts::BLOCKED`), made by a waiter that sleeps: it marks the key as it looks.
-    pub(crate) fn blocked<'s>(
-        &'s self,
-        busy: &'s RedisBusy,
-    ) -> crate::redis_store::scripts::Call<'s> {
+    pub(crate) fn blocked<'s>(&'s self, busy: &'s RedisBusy) -> Call<'s> {
         self.0
             .scripts
             .blocked
@@ -610,7 +619,6 @@ impl RedisLocks {
             .key(&busy.names.writer)
             .key(&busy.names.readers)
             .arg(mode_arg(busy.mode))
-            .arg(1)
             .arg(millis(MARK_LAPSE))
     }
 
@@ -840,27 +848,17 @@ impl Backend for RedisLocks {
     }
 
     fn check(&self, hold: &RedisHold) -> Result<(), Error> {
-        let ours: i64 = self.granted(
-            |r| {
-                r.call(
-                    &self
-                        .0
-                        .scripts
-                        .check
-                        .call()
-                        .key(&hold.names.lock)
-                        .key(&hold.names.shared)
-                        .key(&hold.names.leases)
-                        .arg(&hold.token),
-                )
-            },
-            true,
-        )?;
-        if ours == 1 {
-            Ok(())
-        } else {
-            Err(Error::Expired)
-        }
+        self.granted_ours(
+            &self
+                .0
+                .scripts
+                .check
+                .call()
+                .key(&hold.names.lock)
+                .key(&hold.names.shared)
+                .key(&hold.names.leases)
+                .arg(&hold.token),
+        )
     }
 
     fn spins(&self) -> bool {

@@ -140,13 +140,13 @@ return {1, t[1], t[2], ''}
 /// Whether a waiter subscribed to the release channel is still kept out, in the mode
 /// `ARGV[1]` (as `ACQUIRE`'s): 0 it may try now; else how long (ms, at least 1) until
 /// what keeps it out could lapse by itself (a lease, a mark), so that the waiter sleeps no
-/// longer than that (a lapse sends no message), or -1 if nothing lapses by itself. A
-/// waiter that sleeps (`ARGV[2]` = `1`) marks the key for `ARGV[3]` ms: a writer kept out
-/// by shared holds with the writer's mark (new shared holds wait behind it), a reader or
-/// permit waiter kept out by a writer with the readers' mark (the next writer waits until
-/// a shared hold got in). Run after
-/// subscribing: a release just before would otherwise be missed. KEYS: the lock key, the
-/// shared holds' hash and leases, the writer's mark, the readers' mark.
+/// longer than that (a lapse sends no message), or -1 if nothing lapses by itself. The
+/// waiter (one that sleeps: nobody else asks) marks the key for `ARGV[2]` ms: a writer
+/// kept out by shared holds with the writer's mark (new shared holds wait behind it), a
+/// reader or permit waiter kept out by a writer with the readers' mark (the next writer
+/// waits until a shared hold got in). Run after subscribing: a release just before would
+/// otherwise be missed. KEYS: the lock key, the shared holds' hash and leases, the
+/// writer's mark, the readers' mark.
 pub(crate) const BLOCKED: &str = concat!(
     shared_lua!(),
     r"
@@ -159,9 +159,9 @@ local function lease_left(at, now)
   return until_(math.ceil((tonumber(at) - now) / 1000))
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  if tonumber(ARGV[1]) >= 0 and ARGV[2] == '1' then
+  if tonumber(ARGV[1]) >= 0 then
     if redis.replicate_commands then redis.replicate_commands() end
-    redis.call('SET', KEYS[5], '1', 'PX', ARGV[3])
+    redis.call('SET', KEYS[5], '1', 'PX', ARGV[2])
   end
   return until_(redis.call('PTTL', KEYS[1]))
 end
@@ -177,7 +177,7 @@ if want < 0 then
     end
     return until_(redis.call('PTTL', KEYS[5]))
   end
-  if ARGV[2] == '1' then redis.call('SET', KEYS[4], '1', 'PX', ARGV[3]) end
+  redis.call('SET', KEYS[4], '1', 'PX', ARGV[2])
   return lease_left(redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2], now)
 end
 if n > 0 and tonumber(redis.call('HGET', KEYS[2], 'limit') or '0') ~= want then return 0 end

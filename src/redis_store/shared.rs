@@ -11,9 +11,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::key::check_key;
-use crate::lock::backend::{Backend, Sealed};
+use crate::lock::backend::{delegate_backend, Backend, Sealed};
 use crate::lock::options::LockOptions;
-use crate::lock::slack::TimerSlack;
 use crate::lock::{self, LockGuard};
 use crate::redis_store::ops::{RedisBusy, RedisHold};
 use crate::redis_store::RedisLocks;
@@ -118,49 +117,33 @@ impl RedisLocks {
     /// How many shared holds of `key` stand now (a snapshot).
     fn shared_holds(&self, key: &[u8]) -> Result<usize, Error> {
         let names = self.names_of(key)?;
-        let n: u64 = self
-            .0
-            .pool
-            .retrying(|r| {
-                r.call(
-                    &self
-                        .0
-                        .scripts
-                        .held
-                        .call()
-                        .key(&names.shared)
-                        .key(&names.leases),
-                )
-            })?
-            .value;
+        let n: u64 = self.run_script(
+            &self
+                .0
+                .scripts
+                .held
+                .call()
+                .key(&names.shared)
+                .key(&names.leases),
+        )?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
     /// Turns the exclusive `hold` into a reader's (see `scripts::DOWNGRADE`).
     fn downgrade_hold(&self, hold: &mut RedisHold) -> Result<(), Error> {
-        let done: i64 = self.granted(
-            |r| {
-                r.call(
-                    &self
-                        .0
-                        .scripts
-                        .downgrade
-                        .call()
-                        .key(&hold.names.lock)
-                        .key(&hold.names.channel)
-                        .key(&hold.names.shared)
-                        .key(&hold.names.leases)
-                        .key(&hold.names.readers)
-                        .arg(&hold.token),
-                )
-            },
-            true,
-        )?;
-        if done == 1 {
-            Ok(())
-        } else {
-            Err(Error::Expired)
-        }
+        self.granted_ours(
+            &self
+                .0
+                .scripts
+                .downgrade
+                .call()
+                .key(&hold.names.lock)
+                .key(&hold.names.channel)
+                .key(&hold.names.shared)
+                .key(&hold.names.leases)
+                .key(&hold.names.readers)
+                .arg(&hold.token),
+        )
     }
 }
 
@@ -295,10 +278,6 @@ impl<'r> RedisSemaphore<'r> {
             limit: self.permits,
         }
     }
-
-    fn locks_ref(&self) -> &RedisLocks {
-        self.locks
-    }
 }
 
 /// The [`Backend`] of a view of the handle: its attempts in the view's mode, everything
@@ -323,67 +302,7 @@ macro_rules! as_the_handle {
                 .try_acquire_in(key, exptime_ns, deadline, self.mode())
         }
 
-        fn release(&self, hold: &RedisHold) -> Result<(), Error> {
-            Backend::release(self.$locks(), hold)
-        }
-
-        fn release_on_drop(&self, hold: &RedisHold) {
-            Backend::release_on_drop(self.$locks(), hold)
-        }
-
-        fn extend(&self, hold: &mut RedisHold, exptime_ns: u64) -> Result<(), Error> {
-            Backend::extend(self.$locks(), hold, exptime_ns)
-        }
-
-        fn token(&self, hold: &RedisHold) -> Option<u64> {
-            Backend::token(self.$locks(), hold)
-        }
-
-        fn try_token(&self, hold: &RedisHold) -> Result<u64, Error> {
-            Backend::try_token(self.$locks(), hold)
-        }
-
-        fn check(&self, hold: &RedisHold) -> Result<(), Error> {
-            Backend::check(self.$locks(), hold)
-        }
-
-        fn leave(&self, hold: &RedisHold) {
-            Backend::leave(self.$locks(), hold)
-        }
-
-        fn spins(&self) -> bool {
-            Backend::spins(self.$locks())
-        }
-
-        fn moved_on(&self, busy: &RedisBusy) -> bool {
-            Backend::moved_on(self.$locks(), busy)
-        }
-
-        fn can_notify(&self) -> bool {
-            Backend::can_notify(self.$locks())
-        }
-
-        fn reap(&self, busy: &RedisBusy) -> bool {
-            Backend::reap(self.$locks(), busy)
-        }
-
-        fn waited(&self, took: bool, waited: Duration) {
-            Backend::waited(self.$locks(), took, waited)
-        }
-
-        fn gave_up(&self, busy: RedisBusy, key: &[u8], waited: Duration) -> Error {
-            Backend::gave_up(self.$locks(), busy, key, waited)
-        }
-
-        fn sleep(
-            &self,
-            busy: &RedisBusy,
-            step: Duration,
-            late: Duration,
-            slack: &mut TimerSlack,
-        ) -> (Duration, bool) {
-            Backend::sleep(self.$locks(), busy, step, late, slack)
-        }
+        delegate_backend!($locks, RedisHold, RedisBusy);
     };
 }
 
@@ -402,7 +321,7 @@ impl Backend for RedisSemaphore<'_> {
     type Hold = RedisHold;
     type Busy = RedisBusy;
 
-    as_the_handle!(locks_ref);
+    as_the_handle!(locks);
 }
 
 #[cfg(feature = "tokio")]

@@ -10,9 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::key::check_key;
-use crate::lock::backend::{Backend, Sealed};
+use crate::lock::backend::{delegate_backend, Backend, Sealed};
 use crate::lock::options::LockOptions;
-use crate::lock::slack::TimerSlack;
 use crate::lock::{self, LockGuard};
 use crate::shm::lock_table::{LockTable, ShmBusy, ShmHold};
 use crate::shm::table::Mode;
@@ -298,65 +297,7 @@ macro_rules! as_the_table {
             self.$table().try_acquire_in(key, exptime_ns, self.mode())
         }
 
-        #[inline(always)]
-        fn release(&self, hold: &ShmHold) -> Result<(), Error> {
-            Backend::release(self.$table(), hold)
-        }
-
-        #[inline(always)]
-        fn release_on_drop(&self, hold: &ShmHold) {
-            Backend::release_on_drop(self.$table(), hold)
-        }
-
-        fn extend(&self, hold: &mut ShmHold, exptime_ns: u64) -> Result<(), Error> {
-            Backend::extend(self.$table(), hold, exptime_ns)
-        }
-
-        fn token(&self, hold: &ShmHold) -> Option<u64> {
-            Backend::token(self.$table(), hold)
-        }
-
-        fn check(&self, hold: &ShmHold) -> Result<(), Error> {
-            Backend::check(self.$table(), hold)
-        }
-
-        fn leave(&self, hold: &ShmHold) {
-            Backend::leave(self.$table(), hold)
-        }
-
-        fn spins(&self) -> bool {
-            Backend::spins(self.$table())
-        }
-
-        fn moved_on(&self, busy: &ShmBusy) -> bool {
-            Backend::moved_on(self.$table(), busy)
-        }
-
-        fn can_notify(&self) -> bool {
-            Backend::can_notify(self.$table())
-        }
-
-        fn reap(&self, busy: &ShmBusy) -> bool {
-            Backend::reap(self.$table(), busy)
-        }
-
-        fn waited(&self, took: bool, waited: Duration) {
-            Backend::waited(self.$table(), took, waited)
-        }
-
-        fn gave_up(&self, busy: ShmBusy, key: &[u8], waited: Duration) -> Error {
-            Backend::gave_up(self.$table(), busy, key, waited)
-        }
-
-        fn sleep(
-            &self,
-            busy: &ShmBusy,
-            step: Duration,
-            late: Duration,
-            slack: &mut TimerSlack,
-        ) -> (Duration, bool) {
-            Backend::sleep(self.$table(), busy, step, late, slack)
-        }
+        delegate_backend!($table, ShmHold, ShmBusy);
     };
 }
 
