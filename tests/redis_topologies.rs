@@ -53,7 +53,8 @@ fn sentinel_failover_with_replicas_required_keeps_the_lock_and_its_token() {
     );
     assert!(!redis.is_locked("k").unwrap());
 
-    let exptime = Duration::from_secs(8);
+    // longer than a failover takes (8.4 s measured here)
+    let exptime = Duration::from_secs(15);
     let mut lock = Lock::new(&redis, lease(exptime)).unwrap();
     lock.lock("k").unwrap();
     let taken = Instant::now();
@@ -491,7 +492,9 @@ fn shared_holds_on_a_cluster_and_across_a_sentinel_failover() {
     let redis = RedisLocks::open_sentinel(MASTER_NAME, &urls)
         .unwrap()
         .with_replicas(2, Duration::from_millis(500));
-    let exptime = Duration::from_secs(8);
+    // a lease well past a failover (one took 8.4 s here, so an 8 s lease once left no
+    // holder on the promoted master to list)
+    let exptime = Duration::from_secs(30);
     let r1 = redis.lock_shared("k", lease(exptime)).unwrap();
     let r2 = redis.lock_shared("k", lease(exptime)).unwrap();
     let sem = redis.semaphore("s", 1).unwrap();
@@ -502,6 +505,12 @@ fn shared_holds_on_a_cluster_and_across_a_sentinel_failover() {
     master.stop(); // SIGKILL
     let new = await_failover(&setup.sentinels, old);
     assert_ne!(new, old);
+    let failover = taken.elapsed();
+    println!("failover after {failover:?}");
+    assert!(
+        failover + Duration::from_secs(5) < exptime,
+        "the failover took {failover:?} of the {exptime:?} lease"
+    );
     let other = RedisLocks::open_sentinel(MASTER_NAME, &urls).unwrap();
     let mut modes: Vec<_> = other
         .holders()
@@ -518,8 +527,10 @@ fn shared_holds_on_a_cluster_and_across_a_sentinel_failover() {
             (b"s".to_vec(), shmlock::HoldMode::Permit { permits: 1 }),
         ]
     );
+    // for two seconds of the leases left, nobody else gets in
     let mut checks = 0;
-    while taken.elapsed() + Duration::from_millis(700) < exptime {
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
         assert!(
             other.try_lock_with_lease("k", exptime).unwrap().is_none(),
             "a writer beside readers after the failover"
@@ -536,6 +547,6 @@ fn shared_holds_on_a_cluster_and_across_a_sentinel_failover() {
         checks += 1;
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert!(checks > 0, "the failover took the whole lease");
+    assert!(checks > 0);
     drop((r1, r2, p));
 }
