@@ -489,20 +489,33 @@ fn entries_left_mid_write_in_a_damaged_file_read_as_absent_not_a_panic() {
     // lock: no live protocol leaves that, a damaged or hostile file can. Offsets are the
     // documented format: 4 KiB header, the owner registry (1024 entries of 32 bytes by
     // default), a 4 KiB control page, entries of the layout's size, each starting with its
-    // sequence word, then the counters.
+    // sequence word, two more entries' room (the undo copies), then the counters. The first
+    // undo copy's words in the control page (5 and 6) say it covers a write of an unused
+    // entry, and its copy claims lengths past the entry's: nothing may trust them.
     let (path, d) = dict("odd-seq", 8, 8);
     d.set("k", "v", NEVER).unwrap();
     let entry_size = 64 + 256 + 64; // max_key_len 250 and max_value_len 8, rounded to 64
-    let entries = 4096 + 1024 * 32 + 4096;
+    let control = 4096 + 1024 * 32;
+    let entries = control + 4096;
     let counters = 16 * 512 + 256 * 64; // process and thread cells, at the end
     let mut file = std::fs::read(&path).unwrap();
-    assert_eq!(file.len(), entries + 8 * entry_size + counters);
+    assert_eq!(file.len(), entries + 10 * entry_size + counters);
     for i in 0..8 {
         file[entries + i * entry_size] |= 1;
     }
+    // READY (2), tag 0, owner 0: the word of an unused entry's damaged seq (state 1,
+    // count 0, owner 0) once the 1 is read as WRITING
+    let unused = (0..8)
+        .find(|i| file[entries + i * entry_size..][..8] == [1, 0, 0, 0, 0, 0, 0, 0])
+        .unwrap();
+    file[control + 40..control + 48].copy_from_slice(&2u64.to_le_bytes());
+    file[control + 48..control + 56].copy_from_slice(&(unused as u64).to_le_bytes());
+    let copy = entries + 8 * entry_size;
+    file[copy + 8..copy + 16].copy_from_slice(&u64::MAX.to_le_bytes()); // meta
     std::fs::write(&path, &file).unwrap();
     // The file was rewritten in place (same inode): this handle sees the damage.
     assert_eq!(d.get("k").unwrap(), None);
+    // the copy names no key it could be (its key length is past the longest key)
     assert!(d.keys(0).unwrap().is_empty());
     assert!(matches!(d.ttl("k"), Err(Error::NotFound { .. })));
     assert!(matches!(
@@ -644,4 +657,32 @@ fn lists_push_pop_and_keep_to_their_bounds() {
         1,
         "an expired entry makes room"
     );
+}
+
+#[test]
+fn a_read_only_handle_reads_and_changes_nothing() {
+    let (path, d) = dict("read-only", 64, 32);
+    d.set("dog", "bark", NEVER).unwrap();
+    d.rpush("q", 1i64).unwrap();
+    let ro = SharedDict::options()
+        .read_only(true)
+        .create(false)
+        .open(&path)
+        .unwrap();
+    // reads (they count nothing: the mapping cannot be written; they used to fault here)
+    assert_eq!(bytes(&ro, "dog"), Some(b"bark".to_vec()));
+    assert_eq!(ro.get("cat").unwrap(), None);
+    assert!(ro.get_stale("dog").unwrap().is_some());
+    assert_eq!(ro.ttl("dog").unwrap(), None);
+    assert_eq!(ro.llen("q").unwrap(), 1);
+    assert_eq!(ro.keys(0).unwrap().len(), 2);
+    // changes are refused
+    assert!(matches!(ro.set("dog", "woof", NEVER), Err(Error::ReadOnly)));
+    assert!(matches!(ro.delete("dog"), Err(Error::ReadOnly)));
+    assert!(matches!(
+        ro.incr("n", 1, Some(0), NEVER),
+        Err(Error::ReadOnly)
+    ));
+    assert!(matches!(ro.lpop("q"), Err(Error::ReadOnly)));
+    assert_eq!(bytes(&d, "dog"), Some(b"bark".to_vec()));
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::entry::{Aborted, Copied, Entry, Geometry, Kind, Look, PackedKey};
+use super::journal::{Journal, Journals, Keep, Settled, State as JournalState, JOURNALS};
 use super::value::{Num, Number, Value, ValueRef};
 
 mod list;
@@ -30,6 +31,9 @@ const WAIT: usize = 1;
 const LEN: usize = 2;
 const EVICTIONS: usize = 3;
 const REPAIRS: usize = 4;
+/// The undo copies' words, each followed by the index of the entry its copy is of (see
+/// `journal.rs`).
+const JOURNAL: usize = 5;
 const CONTROL_WORDS: usize = crate::shm::format::DICT_CONTROL_SIZE / 8;
 
 /// How long a waiting writer sleeps before it looks at the holder again.
@@ -230,7 +234,8 @@ impl DictOptions {
 ///
 /// Reads are lock-free and never see a half-written value, even while a writer in another
 /// process rewrites it. Writes are serialized by one writer lock per dict; a writer killed
-/// in the middle of one leaves that entry absent (and the lock free), never garbled.
+/// (or stopped for long) in the middle of rewriting a key leaves the key's previous value
+/// (and the lock free), never a garbled one: it copied the entry aside first.
 ///
 /// A cheap `Clone` handle; `Send + Sync`.
 ///
@@ -406,6 +411,9 @@ impl SharedDict {
     #[inline]
     fn count_read(&self, hit: bool) {
         let att = &self.inner.att;
+        if att.read_only() {
+            return; // its mapping cannot be written: a count there would fault
+        }
         let event = if hit { Fast::Hit } else { Fast::Miss };
         counters::count(att.map_id(), &att.map, event);
     }
@@ -613,10 +621,16 @@ impl SharedDict {
                 Some((i, _)) => (i, Stored { forcible: false }),
                 None => self.place(w, &k, now, matches!(how, Put::Set | Put::Add))?,
             };
-            let written = self.write(
-                self.entry(i)
-                    .store(&w.0, &k, kind, bytes, flags, until, now),
-            )?;
+            let written = self.write(self.entry(i).store(
+                &w.writing,
+                Some(&self.keep(i)),
+                &k,
+                kind,
+                bytes,
+                flags,
+                until,
+                now,
+            ))?;
             if matches!(written, Outcome::Done(())) {
                 self.counters().add(counters::SETS, 1);
             }
@@ -694,9 +708,16 @@ impl SharedDict {
             let result = N::of_sum(sum).ok_or(Error::NotAnInteger)?;
             let mut buf = [0u8; 8];
             let (kind, bytes) = sum.value_ref().encode(&mut buf);
-            let stored = self
-                .entry(i)
-                .store(&w.0, &k, kind, bytes, flags, until, now);
+            let stored = self.entry(i).store(
+                &w.writing,
+                Some(&self.keep(i)),
+                &k,
+                kind,
+                bytes,
+                flags,
+                until,
+                now,
+            );
             let written = self.write(stored)?;
             if matches!(written, Outcome::Done(())) {
                 self.counters().add(counters::SETS, 1);
@@ -714,7 +735,10 @@ impl SharedDict {
             let now = self.now();
             match self.find_locked(w, &k) {
                 Some((i, d)) if d > now => {
-                    let done = self.entry(i).set_deadline(&w.0, deadline(now, ttl_ns(ttl)));
+                    let until = deadline(now, ttl_ns(ttl));
+                    let done = self
+                        .entry(i)
+                        .set_deadline(&w.writing, Some(&self.keep(i)), until);
                     self.write(done)
                 }
                 _ => Err(Error::NotFound {
@@ -730,10 +754,12 @@ impl SharedDict {
         self.writing(|w| {
             let now = self.now();
             match self.find_locked(w, &k) {
-                Some((i, d)) => Ok(self.write(self.entry(i).free(&w.0))?.map(|()| {
-                    self.uncount(1);
-                    d > now
-                })),
+                Some((i, d)) => Ok(self
+                    .write(self.entry(i).free(&w.writing, Some(&self.keep(i))))?
+                    .map(|()| {
+                        self.uncount(1);
+                        d > now
+                    })),
                 None => Ok(Outcome::Done(false)),
             }
         })
@@ -747,7 +773,9 @@ impl SharedDict {
             for i in 0..self.capacity() {
                 let e = self.entry(i);
                 if e.is_stable() && e.is_used() && e.deadline() != 0 {
-                    if let Outcome::Retry = self.write(e.set_deadline(&w.0, 0))? {
+                    if let Outcome::Retry =
+                        self.write(e.set_deadline(&w.writing, Some(&self.keep(i)), 0))?
+                    {
                         return Ok(Outcome::Retry);
                     }
                 }
@@ -767,7 +795,7 @@ impl SharedDict {
                 }
                 let e = self.entry(i);
                 if e.is_stable() && e.is_used() && e.deadline() <= now {
-                    match e.free(&w.0) {
+                    match e.free(&w.writing, None) {
                         Ok(()) => removed += 1,
                         Err(Aborted::NotStable) => {}
                         Err(Aborted::TakenOver) => break,
@@ -855,11 +883,104 @@ impl SharedDict {
             seen: std::cell::Cell::new((0, std::time::Instant::now())),
         };
         let (writing, took_over) = self.writer_lock().lock(&env);
-        let w = Locked(writing);
+        let w = Locked {
+            writing,
+            restoring: std::cell::Cell::new(false),
+        };
+        // The undo copy first: the entry it covers must get its value back before any
+        // write looks for room or for the key.
+        self.settle_journal(&w);
         if took_over {
             self.recover(&w);
         }
         Ok(w)
+    }
+
+    /// The undo copies (see `journal.rs`): two control words each, and the slots after
+    /// the last entry.
+    fn journals(&self) -> Journals<'_> {
+        let words = self.inner.geometry.entry_words;
+        let at = CONTROL_WORDS + self.capacity() * words;
+        Journals {
+            control: &self.words()[JOURNAL..JOURNAL + 2 * JOURNALS],
+            copies: &self.words()[at..at + JOURNALS * words],
+            geometry: self.inner.geometry,
+        }
+    }
+
+    /// Where entry `i`'s value goes before it is rewritten.
+    fn keep(&self, i: usize) -> Keep<'_> {
+        Keep {
+            journals: self.journals(),
+            at: i,
+        }
+    }
+
+    /// Deals with an undo copy a writer left (it died, or was taken over): writes it back
+    /// where its write was interrupted, or stores it elsewhere if that entry is out of use,
+    /// or drops it if its write was made or never began; quarantines one that a writer
+    /// taken over may still be filling. Caller holds the lock, before any write.
+    fn settle_journal(&self, w: &Locked<'_>) {
+        let journals = self.journals();
+        if journals.any_busy() {
+            for n in 0..JOURNALS {
+                self.settle(w, journals.get(n));
+            }
+        }
+    }
+
+    fn settle(&self, w: &Locked<'_>, j: Journal<'_>) {
+        for _ in 0..RETRIES {
+            let entry = |at| (at < self.capacity()).then(|| self.entry(at));
+            match j.settle(entry, |o| self.inner.att.is_dead(o)) {
+                Settled::Idle | Settled::InUse => return,
+                Settled::Covers { at, word } => {
+                    self.clean(w, at); // writes it back, or stores it elsewhere
+                    if j.load() == word {
+                        return; // could not (taken over, or no room): the next tries
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stores the undo copy's key and value in an entry of their own, for a key whose
+    /// entry is out of use (its writer taken over in the middle of rewriting it), unless
+    /// the key has an entry already (a store of this that ended before the copy was
+    /// dropped) or the value has expired; then drops the copy.
+    #[cold]
+    fn restore_elsewhere(&self, w: &Locked<'_>, j: Journal<'_>) {
+        let word = j.load();
+        let JournalState::Kept { .. } = j.state(word) else {
+            return;
+        };
+        let Ok(Some((key, _))) = j.copy.read_key() else {
+            j.release(word); // not a key: a damaged file
+            return;
+        };
+        let k = PackedKey::new(&key, j.copy.hash());
+        let Look::Found(c) = j.copy.peek(&k, true) else {
+            j.release(word);
+            return;
+        };
+        w.restoring.set(true);
+        let now = self.now();
+        let mut done = true;
+        if c.deadline > now && self.lookup_locked(w, &k, false).is_none() {
+            done = match self.place(w, &k, now, true) {
+                Ok((f, _)) => self
+                    .entry(f)
+                    .store(
+                        &w.writing, None, &k, c.kind, &c.value, c.flags, c.deadline, now,
+                    )
+                    .is_ok(),
+                Err(_) => true, // every entry near its home is out of use: lost
+            };
+        }
+        w.restoring.set(false);
+        if done {
+            j.release(word);
+        }
     }
 
     /// Runs `op` under the writer lock, starting over (a few times) when a write found its
@@ -873,7 +994,7 @@ impl SharedDict {
         for _ in 0..RETRIES {
             let w = self.write_lock()?;
             let outcome = op(&w);
-            let released = w.0.release();
+            let released = w.writing.release();
             match outcome? {
                 // Every write of the operation was made, each checked under this writer's
                 // mark: a takeover after them (the release finds the lock taken over)
@@ -936,7 +1057,7 @@ impl SharedDict {
             }
         }
         match self.write_lock() {
-            Ok(w) => self.read_locked(&w, &e, read),
+            Ok(w) => self.read_locked(&w, i, read),
             Err(_) => absent,
         }
     }
@@ -947,13 +1068,14 @@ impl SharedDict {
     fn read_locked<T>(
         &self,
         w: &Locked<'_>,
-        e: &Entry<'_>,
+        i: usize,
         read: impl Fn(&Entry<'_>) -> Result<T, Look>,
     ) -> T {
+        let e = self.entry(i);
         let mut round = 0;
         loop {
-            self.clean(w, e);
-            match read(e) {
+            self.clean(w, i);
+            match read(&e) {
                 Ok(t) => return t,
                 // Only a process writing outside the protocol gets here.
                 Err(_) => spin(round.min(SETTLE_ROUNDS)),
@@ -962,11 +1084,32 @@ impl SharedDict {
         }
     }
 
-    /// Cleans an entry under the writer lock (see [`Entry::clean`]); whether it is usable.
-    fn clean(&self, w: &Locked<'_>, e: &Entry<'_>) -> bool {
-        let (usable, emptied) = e.clean(&w.0, |o| self.inner.att.is_dead(o));
-        self.uncount(emptied);
-        usable
+    /// Cleans entry `i` under the writer lock (see [`Entry::clean`]); whether it is
+    /// usable. An entry out of use whose key's value is in the undo copy gets that value
+    /// stored elsewhere first.
+    fn clean(&self, w: &Locked<'_>, i: usize) -> bool {
+        let e = self.entry(i);
+        if e.is_stable() {
+            return true; // nearly always: before the copies are looked at
+        }
+        self.clean_unstable(w, i, &e)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn clean_unstable(&self, w: &Locked<'_>, i: usize, e: &Entry<'_>) -> bool {
+        let is_dead = |o| self.inner.att.is_dead(o);
+        let keep = self.keep(i);
+        let mut c = e.clean(&w.writing, is_dead, Some(&keep));
+        if c.orphan && !w.restoring.get() {
+            if let Some((j, _)) = keep.covering(e.seq()) {
+                self.restore_elsewhere(w, j);
+                self.uncount(c.emptied);
+                c = e.clean(&w.writing, is_dead, Some(&keep));
+            }
+        }
+        self.uncount(c.emptied);
+        c.usable
     }
 
     /// Takes `n` from the entry count, which the file may have damaged: never below zero.
@@ -981,21 +1124,80 @@ impl SharedDict {
             });
     }
 
-    /// The key's entry, expired or not: lock-free.
+    /// The key's entry, expired or not: lock-free. A look that met an entry out of use
+    /// whose key's value the undo copy no longer holds looks once more: the value was
+    /// stored elsewhere before the copy was dropped, maybe behind the look.
     fn lookup(&self, k: &PackedKey, want_value: bool) -> Option<(usize, Copied)> {
         let home = self.home(k);
-        for d in 0..=self.reach(home) {
-            let i = self.at(home, d);
-            let found = self.read_stable(i, None, |e| match e.read(k, want_value) {
-                Look::Found(c) => Ok(Some(c)),
-                Look::Free | Look::Other => Ok(None),
-                busy => Err(busy),
-            });
-            if let Some(c) = found {
-                return Some((i, c));
+        let mut parked = false;
+        for _ in 0..2 {
+            for d in 0..=self.reach(home) {
+                let i = self.at(home, d);
+                match self.read_entry(i, k, want_value) {
+                    Read::Found(c) => return Some((i, c)),
+                    Read::Miss => {}
+                    Read::Parked => parked = true,
+                    // A read-only handle cannot settle it: that entry reads as absent.
+                    Read::Stuck if self.inner.att.read_only() => {}
+                    Read::Stuck => return self.lookup_under_lock(k, want_value),
+                }
+            }
+            if !parked {
+                return None;
             }
         }
         None
+    }
+
+    /// Entry `i` for `k`, lock-free. A write in progress is waited for a little, then the
+    /// undo copy is read if it covers that write (the value before it); an entry out of
+    /// use is read from the copy at once.
+    #[inline(always)]
+    fn read_entry(&self, i: usize, k: &PackedKey, want_value: bool) -> Read {
+        match self.entry(i).read(k, want_value) {
+            Look::Found(c) => Read::Found(c),
+            Look::Free | Look::Other => Read::Miss,
+            _ => self.read_unsettled(i, k, want_value),
+        }
+    }
+
+    /// [`read_entry`](Self::read_entry) of an entry being written or out of use.
+    #[cold]
+    #[inline(never)]
+    fn read_unsettled(&self, i: usize, k: &PackedKey, want_value: bool) -> Read {
+        let e = self.entry(i);
+        let from_copy = |or: Read| {
+            let seq = e.seq();
+            match self.journals().read(i, seq, k, want_value) {
+                Some(Look::Found(c)) => Read::Found(c),
+                Some(_) => Read::Miss,
+                None => or,
+            }
+        };
+        let mut round = 0;
+        loop {
+            match e.read(k, want_value) {
+                Look::Found(c) => return Read::Found(c),
+                Look::Free | Look::Other => return Read::Miss,
+                Look::Parked => return from_copy(Read::Parked),
+                Look::Busy | Look::Changed if round >= SETTLE_ROUNDS => {
+                    return from_copy(Read::Stuck)
+                }
+                Look::Busy | Look::Changed => {
+                    spin(round);
+                    round += 1;
+                }
+            }
+        }
+    }
+
+    /// A lookup under the writer lock, for a reader that found an entry mid-write for too
+    /// long with no undo copy of it: taking the lock over from a dead or stalled writer
+    /// settles the entry.
+    #[cold]
+    fn lookup_under_lock(&self, k: &PackedKey, want_value: bool) -> Option<(usize, Copied)> {
+        let w = self.write_lock().ok()?;
+        self.lookup_locked(&w, k, want_value)
     }
 
     /// [`lookup`](Self::lookup) for a writer: nothing but stale writers can change under it.
@@ -1008,9 +1210,10 @@ impl SharedDict {
         let home = self.home(k);
         (0..=self.reach(home)).find_map(|d| {
             let i = self.at(home, d);
-            self.read_locked(w, &self.entry(i), |e| match e.read(k, want_value) {
+            self.read_locked(w, i, |e| match e.read(k, want_value) {
                 Look::Found(c) => Ok(Some((i, c))),
-                Look::Free | Look::Other => Ok(None),
+                // out of use: its key's value was stored elsewhere, when there was one
+                Look::Free | Look::Other | Look::Parked => Ok(None),
                 busy => Err(busy),
             })
         })
@@ -1035,8 +1238,9 @@ impl SharedDict {
         let home = self.home(k);
         let mut chosen = None;
         for d in 0..self.window() {
-            let e = self.entry(self.at(home, d));
-            if !self.clean(w, &e) {
+            let i = self.at(home, d);
+            let e = self.entry(i);
+            if !self.clean(w, i) {
                 continue;
             }
             if !e.is_used() {
@@ -1074,11 +1278,11 @@ impl SharedDict {
         let mut used = 0;
         for i in 0..self.capacity() {
             // A big dict takes a while: show the writers waiting that we are not stalled.
-            if i % 4096 == 4095 && !w.0.heartbeat() {
+            if i % 4096 == 4095 && !w.writing.heartbeat() {
                 return; // taken over: the new holder recovers
             }
+            self.clean(w, i);
             let e = self.entry(i);
-            self.clean(w, &e);
             used += u64::from(e.is_stable() && e.is_used());
         }
         self.control(LEN).store(used, Ordering::Relaxed);
@@ -1086,8 +1290,23 @@ impl SharedDict {
     }
 }
 
+/// What a lock-free look at one entry found.
+enum Read {
+    Found(Copied),
+    Miss,
+    /// Out of use, and not covered by the undo copy.
+    Parked,
+    /// Mid-write past the spin, and not covered by the undo copy.
+    Stuck,
+}
+
 /// The writer lock, held: what the functions that need it take as proof.
-struct Locked<'a>(Writing<'a>);
+struct Locked<'a> {
+    writing: Writing<'a>,
+    /// An undo copy is being stored elsewhere ([`SharedDict::restore_elsewhere`]): the
+    /// entries it meets are not to start another.
+    restoring: std::cell::Cell<bool>,
+}
 
 fn ttl_ns(ttl: Duration) -> u64 {
     ttl.as_nanos().min(u128::from(u64::MAX - 1)) as u64

@@ -30,8 +30,11 @@
 //! WRITING one whose writer is dead is emptied; one whose writer is alive (stopped, and
 //! may yet resume and write) is quarantined with a CAS, so its late writes land only
 //! there, and its own final CAS fails; it then marks the entry DONE, and the next writer
-//! empties it. An interrupted write therefore reads as absent, never as a mix of two
-//! values, and never lands in an entry someone else is using.
+//! empties it. An interrupted write therefore never reads as a mix of two values, and
+//! never lands in an entry someone else is using. A write over a key's value is covered
+//! by an undo copy ([`journal`](super::journal)): the dead writer's entry gets the copy
+//! back instead of being emptied, and a quarantined one's key is read from the copy until
+//! it is stored elsewhere, so the key keeps its previous value.
 //!
 //! Every word is an atomic: other processes write the same memory.
 
@@ -49,13 +52,19 @@ const REACH: usize = 6;
 /// Words before the key bytes.
 pub(crate) const HEAD_WORDS: usize = 8;
 
-const STABLE: u64 = 0;
+pub(crate) const STABLE: u64 = 0;
 const WRITING: u64 = 1;
 const QUARANTINED: u64 = 2;
 const DONE: u64 = 3;
 const COUNT_SHIFT: u32 = 2;
 const COUNT_MASK: u64 = (1 << 38) - 1;
 const OWNER_SHIFT: u32 = 40;
+
+/// A `seq` word's state, count and owner.
+pub(crate) fn seq_parts(word: u64) -> (u64, u64, OwnerId) {
+    let s = Seq(word);
+    (s.state(), s.count(), s.owner())
+}
 
 /// The `seq` word: state, count, owner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -199,6 +208,9 @@ pub(crate) enum Look {
     Other,
     /// A writer is in the middle of this entry.
     Busy,
+    /// The entry is out of use: its writer was taken over in the middle of a write (the
+    /// [`journal`](super::journal) may hold the key's value).
+    Parked,
     /// The entry changed while it was read: look again.
     Changed,
     /// The key's entry (`value` empty when the value was not asked for).
@@ -267,9 +279,9 @@ impl<'a> Entry<'a> {
         match Seq(s1).state() {
             STABLE => {}
             WRITING => return Look::Busy,
-            _ => return Look::Free, // quarantined: absent
+            _ => return Look::Parked,
         }
-        let look = self.copy(key, want_value);
+        let look = self.peek(key, want_value);
         if self.validate(s1) {
             look
         } else {
@@ -277,9 +289,9 @@ impl<'a> Entry<'a> {
         }
     }
 
-    /// The reads between the two loads of `seq`. Their results mean nothing until
-    /// validated: they may mix two writes.
-    fn copy(&self, key: &PackedKey, want_value: bool) -> Look {
+    /// The reads between the two loads of `seq` (or of the journal's word, for the undo
+    /// copy). Their results mean nothing until validated: they may mix two writes.
+    pub(crate) fn peek(&self, key: &PackedKey, want_value: bool) -> Look {
         let meta = Meta(self.w[META].load(Ordering::Relaxed));
         if !meta.is_used() {
             return Look::Free;
@@ -361,6 +373,11 @@ impl<'a> Entry<'a> {
         }
     }
 
+    /// The hash of the key held (meaningful with a used entry).
+    pub(crate) fn hash(&self) -> u64 {
+        self.w[HASH].load(Ordering::Relaxed)
+    }
+
     /// Whether the entry holds a key. Exact for a caller that holds the writer lock.
     pub(crate) fn is_used(&self) -> bool {
         Meta(self.w[META].load(Ordering::Relaxed)).is_used()
@@ -377,31 +394,120 @@ impl<'a> Entry<'a> {
         Seq(self.w[SEQ].load(Ordering::Acquire)).state() == STABLE
     }
 
+    /// The `seq` word now.
+    pub(crate) fn seq(&self) -> u64 {
+        self.w[SEQ].load(Ordering::Acquire)
+    }
+
+    /// The `seq` word, for a validation after an acquire fence.
+    pub(crate) fn seq_relaxed(&self) -> u64 {
+        self.w[SEQ].load(Ordering::Relaxed)
+    }
+
+    /// Marks the entry, whose `seq` word is `seq` (a dead writer's), as being written by
+    /// `w`: the start of a write-back. The marked word, or `None` if it moved.
+    pub(crate) fn mark_write_back(&self, w: &Writing<'_>, seq: u64) -> Option<u64> {
+        let mine = Seq::new(WRITING, Seq(seq).count() + 1, w.owner());
+        self.w[SEQ]
+            .compare_exchange(seq, mine.0, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()?;
+        // Orders the mark before the copy's stores (see `validate`).
+        fence(Ordering::Release);
+        crash_point();
+        Some(mine.0)
+    }
+
+    /// Ends a write-back begun with [`mark_write_back`](Self::mark_write_back): `true` if
+    /// the entry is stable again (not quarantined meanwhile).
+    pub(crate) fn end_write_back(&self, mine: u64) -> bool {
+        self.finish(Seq(mine))
+    }
+
+    /// Whether `seq` is a stable word of count `count` (modulo the count's width).
+    pub(crate) fn seq_count_is(&self, seq: u64, count: u64) -> bool {
+        let s = Seq(seq);
+        s.state() == STABLE && s.count() == count & COUNT_MASK
+    }
+
+    /// Moves a stable entry's `seq` word on by two counts, its contents untouched, if it
+    /// still reads `stable`: a write that was to begin from `stable` (its undo copy made,
+    /// its writer taken over before it marked the entry) now never can. Caller holds the
+    /// writer lock.
+    pub(crate) fn skip_write(&self, stable: u64) -> bool {
+        let s = Seq(stable);
+        let next = Seq::new(STABLE, s.count() + 2, OwnerId::from_bits(0));
+        let done = s.state() == STABLE
+            && self.w[SEQ]
+                .compare_exchange(s.0, next.0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok();
+        crash_point();
+        done
+    }
+
+    /// Copies what the entry holds (kind, lengths, hash, deadline, flags, key and value)
+    /// into `dst`, an entry of the same geometry: the undo copy and its write-back. The
+    /// home words (`reach`) and the LRU hint stay where they are. Caller holds the writer
+    /// lock and has marked `dst` (or holds the journal's FILLING word).
+    pub(crate) fn copy_to(&self, dst: &Entry<'_>) {
+        let meta = Meta(self.w[META].load(Ordering::Relaxed));
+        for word in [META, HASH, DEADLINE, FLAGS] {
+            dst.w[word].store(self.w[word].load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        let key = HEAD_WORDS..HEAD_WORDS + words_for(meta.key_len().min(self.g.max_key));
+        let at = self.g.value_at();
+        let value = at..at + words_for(meta.value_len().min(self.g.max_value));
+        for i in key.chain(value) {
+            dst.w[i].store(self.w[i].load(Ordering::Relaxed), Ordering::Relaxed);
+            crash_point();
+        }
+    }
+
     /// Runs one write: `seq` STABLE → WRITING (with our owner id), a check that the lock
-    /// is still ours, the writes, WRITING → STABLE. Caller holds the writer lock.
-    fn write(&self, w: &Writing<'_>, body: impl FnOnce(&[AtomicU64])) -> Result<(), Aborted> {
+    /// is still ours, the writes, WRITING → STABLE. With `keep`, an entry that holds a
+    /// value is first copied into the journal, and the copy dropped once the entry is
+    /// stable again. Caller holds the writer lock.
+    fn write(
+        &self,
+        w: &Writing<'_>,
+        keep: Option<&dyn Undo>,
+        body: impl FnOnce(&[AtomicU64]),
+    ) -> Result<(), Aborted> {
         let s = Seq(self.w[SEQ].load(Ordering::Relaxed));
         if s.state() != STABLE {
             return Err(Aborted::NotStable);
         }
         let writing = Seq::new(WRITING, s.count() + 1, w.owner());
+        let kept = match keep {
+            Some(undo) => undo.keep(w, self, s.0, writing.0)?,
+            None => None,
+        };
+        let drop_kept = |kept: Option<Kept>| {
+            if let (Some(undo), Some(kept)) = (keep, kept) {
+                undo.drop_kept(kept);
+            }
+        };
         if self.w[SEQ]
             .compare_exchange(s.0, writing.0, Ordering::Relaxed, Ordering::Relaxed)
             .is_err()
         {
+            drop_kept(kept);
             return Err(Aborted::NotStable);
         }
         // Orders the marked `seq` before every write that follows (see `validate`).
         fence(Ordering::Release);
         crash_point();
         if !w.still_mine() {
-            // Taken over before we wrote anything: the entry is as it was.
-            self.finish(writing);
+            // Taken over before we wrote anything: the entry is as it was (or quarantined,
+            // and then the copy is the taker's to deal with).
+            if self.finish(writing) {
+                drop_kept(kept);
+            }
             return Err(Aborted::TakenOver);
         }
         crash_point();
         body(self.w);
         if self.finish(writing) {
+            drop_kept(kept);
             Ok(())
         } else {
             Err(Aborted::TakenOver)
@@ -436,6 +542,7 @@ impl<'a> Entry<'a> {
     pub(crate) fn store(
         &self,
         w: &Writing<'_>,
+        keep: Option<&dyn Undo>,
         key: &PackedKey,
         kind: Kind,
         value: &[u8],
@@ -445,7 +552,14 @@ impl<'a> Entry<'a> {
     ) -> Result<(), Aborted> {
         debug_assert!(key.len <= self.g.max_key && value.len() <= self.g.max_value);
         let at = self.g.value_at();
-        self.write(w, |w| {
+        // Only the key's own value is worth keeping: an entry given to another key (an
+        // eviction, an expired entry reused) is gone either way.
+        let meta = Meta(self.w[META].load(Ordering::Relaxed));
+        let same_key = meta.is_used()
+            && meta.key_len() == key.len
+            && self.w[HASH].load(Ordering::Relaxed) == key.hash;
+        let keep = keep.filter(|_| same_key);
+        self.write(w, keep, |w| {
             w[META].store(Meta::used(kind, key.len, value.len()).0, Ordering::Relaxed);
             crash_point();
             w[HASH].store(key.hash, Ordering::Relaxed);
@@ -464,29 +578,49 @@ impl<'a> Entry<'a> {
     }
 
     /// Moves the deadline of the entry. Caller holds the writer lock.
-    pub(crate) fn set_deadline(&self, w: &Writing<'_>, deadline: u64) -> Result<(), Aborted> {
-        self.write(w, |e| e[DEADLINE].store(deadline, Ordering::Relaxed))
+    pub(crate) fn set_deadline(
+        &self,
+        w: &Writing<'_>,
+        keep: Option<&dyn Undo>,
+        deadline: u64,
+    ) -> Result<(), Aborted> {
+        let keep = keep.filter(|_| self.is_used());
+        self.write(w, keep, |e| e[DEADLINE].store(deadline, Ordering::Relaxed))
     }
 
-    /// Empties the entry. Caller holds the writer lock.
-    pub(crate) fn free(&self, w: &Writing<'_>) -> Result<(), Aborted> {
-        self.write(w, |e| e[META].store(Meta::FREE.0, Ordering::Relaxed))
+    /// Empties the entry. Caller holds the writer lock. With `keep`, the value is copied
+    /// first, so that a deleter taken over (which reports `Stalled`: not done) leaves it.
+    pub(crate) fn free(&self, w: &Writing<'_>, keep: Option<&dyn Undo>) -> Result<(), Aborted> {
+        let keep = keep.filter(|_| self.is_used());
+        self.write(w, keep, |e| e[META].store(Meta::FREE.0, Ordering::Relaxed))
     }
 
     /// Deals with a write this holder of the lock did not start (its writer was taken
-    /// over): empties the entry if that writer is dead or done, quarantines it if it may
-    /// still write. Returns whether the entry is stable now (usable), and how many used
-    /// entries it emptied (0 or 1). Caller holds the writer lock `w`.
+    /// over): quarantines the entry if that writer may still write; if the writer is dead
+    /// or done, writes the undo copy back when it covers that write (`keep`), else empties
+    /// the entry. Caller holds the writer lock `w`.
     ///
-    /// Emptying is itself a write under our own mark (a CAS to WRITING by us first), so a
-    /// cleaner that is taken over in the middle empties only the entry it marked, never one
-    /// its successor has filled since.
-    pub(crate) fn clean(&self, w: &Writing<'_>, is_dead: impl Fn(OwnerId) -> bool) -> (bool, u64) {
+    /// Writing back and emptying are themselves writes under our own mark (a CAS to
+    /// WRITING by us first), so a cleaner that is taken over in the middle touches only
+    /// the entry it marked, never one its successor has filled since.
+    pub(crate) fn clean(
+        &self,
+        w: &Writing<'_>,
+        is_dead: impl Fn(OwnerId) -> bool,
+        keep: Option<&dyn Undo>,
+    ) -> Cleaned {
         let mut emptied = 0;
         loop {
             let s = Seq(self.w[SEQ].load(Ordering::Acquire));
+            let covered = keep.is_some_and(|undo| undo.covers(s.0));
             match s.state() {
-                STABLE => return (true, emptied),
+                STABLE => {
+                    return Cleaned {
+                        usable: true,
+                        emptied,
+                        orphan: false,
+                    }
+                }
                 WRITING if !is_dead(s.owner()) => {
                     let _ = self.w[SEQ].compare_exchange(
                         s.0,
@@ -496,7 +630,29 @@ impl<'a> Entry<'a> {
                     );
                     crash_point();
                 }
-                QUARANTINED if !is_dead(s.owner()) => return (false, emptied),
+                QUARANTINED if !is_dead(s.owner()) => {
+                    return Cleaned {
+                        usable: false,
+                        emptied,
+                        orphan: covered,
+                    }
+                }
+                // A dead writer's, with the value it was rewriting in the copy: back.
+                WRITING if covered => {
+                    if let Some(undo) = keep {
+                        undo.write_back(w, self, s.0);
+                    }
+                }
+                // Out of use, its writer dead or done, its key's value in the copy: the
+                // caller stores that elsewhere first (the key may have been given another
+                // entry since the quarantine).
+                _ if covered => {
+                    return Cleaned {
+                        usable: false,
+                        emptied,
+                        orphan: true,
+                    }
+                }
                 // A dead writer's, or one that is done: nobody writes here any more.
                 _ => {
                     let mine = Seq::new(WRITING, s.count() + 1, w.owner());
@@ -518,6 +674,47 @@ impl<'a> Entry<'a> {
             }
         }
     }
+}
+
+/// Where an entry's value is copied before it is rewritten, and from where it comes back
+/// (the dict's undo copies: `journal.rs`).
+pub(crate) trait Undo {
+    /// Copies `entry` (stable at `seq` word `stable`) before `w` rewrites it with the `seq`
+    /// word `writing`: `Ok(None)` when no copy is free (the write goes without one).
+    /// Caller holds the writer lock.
+    fn keep(
+        &self,
+        w: &Writing<'_>,
+        entry: &Entry<'_>,
+        stable: u64,
+        writing: u64,
+    ) -> Result<Option<Kept>, Aborted>;
+    /// Drops a copy whose write is over (made, or not begun).
+    fn drop_kept(&self, kept: Kept);
+    /// Whether a copy is the entry's value before the write whose `seq` word it holds.
+    fn covers(&self, seq: u64) -> bool;
+    /// Writes the copy that covers the entry's write `seq` (its writer dead) back into it,
+    /// as a write of `w`'s own.
+    fn write_back(&self, w: &Writing<'_>, entry: &Entry<'_>, seq: u64);
+}
+
+/// A copy made for one write: which copy, and its word.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Kept {
+    pub copy: usize,
+    pub word: u64,
+}
+
+/// What [`Entry::clean`] came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Cleaned {
+    /// The entry is stable: usable.
+    pub usable: bool,
+    /// Used entries it emptied (0 or 1).
+    pub emptied: u64,
+    /// The entry is out of use and the undo copy holds its key's value: store the copy
+    /// elsewhere (then clean again).
+    pub orphan: bool,
 }
 
 #[cfg(all(test, not(loom)))]
@@ -562,6 +759,14 @@ mod tests {
 
     const ME: OwnerId = OwnerId::UNKNOWN;
 
+    fn cleaned(usable: bool, emptied: u64) -> Cleaned {
+        Cleaned {
+            usable,
+            emptied,
+            orphan: false,
+        }
+    }
+
     #[test]
     fn stores_reads_and_frees() {
         let g = Geometry::new(16, 12, 20);
@@ -570,7 +775,7 @@ mod tests {
         let k = PackedKey::new(b"user:42 long", 7);
         assert_eq!(e.read(&k, true), Look::Free);
         locked(ME, |w| {
-            e.store(w, &k, Kind::Bytes, b"twenty bytes of data", 5, 99, 1)
+            e.store(w, None, &k, Kind::Bytes, b"twenty bytes of data", 5, 99, 1)
         })
         .unwrap();
         let Look::Found(c) = e.read(&k, true) else {
@@ -591,7 +796,7 @@ mod tests {
             e.read(&PackedKey::new(b"user:42 lonG", 7), true),
             Look::Other
         );
-        locked(ME, |w| e.free(w)).unwrap();
+        locked(ME, |w| e.free(w, None)).unwrap();
         assert_eq!(e.read(&k, true), Look::Free);
         assert_eq!(
             Seq(words[SEQ].load(Ordering::Relaxed)),
@@ -606,7 +811,7 @@ mod tests {
         let e = Entry::new(&words, g);
         let k = PackedKey::new(b"k", 1);
         locked(ME, |w| {
-            e.store(w, &k, Kind::Int, &5i64.to_le_bytes(), 0, u64::MAX, 1)
+            e.store(w, None, &k, Kind::Int, &5i64.to_le_bytes(), 0, u64::MAX, 1)
         })
         .unwrap();
         let stale = OwnerId::new(3, 1);
@@ -615,22 +820,31 @@ mod tests {
         words[SEQ].store(writing.0, Ordering::Relaxed);
         assert_eq!(e.read(&k, true), Look::Busy);
         // alive: quarantined, absent, out of use
-        assert_eq!(locked(ME, |w| e.clean(w, |_| false)), (false, 0));
-        assert_eq!(e.read(&k, true), Look::Free);
+        assert_eq!(
+            locked(ME, |w| e.clean(w, |_| false, None)),
+            cleaned(false, 0)
+        );
+        assert_eq!(e.read(&k, true), Look::Parked);
         assert!(!e.is_stable());
         // it resumes and ends its write: the CAS fails, it says it is done
         assert!(!e.finish(writing));
-        assert_eq!(locked(ME, |w| e.clean(w, |_| false)), (true, 1));
+        assert_eq!(
+            locked(ME, |w| e.clean(w, |_| false, None)),
+            cleaned(true, 1)
+        );
         assert_eq!(e.read(&k, true), Look::Free);
         assert!(e.is_stable() && !e.is_used());
         // a dead writer's entry is emptied at once
         locked(ME, |w| {
-            e.store(w, &k, Kind::Int, &5i64.to_le_bytes(), 0, u64::MAX, 1)
+            e.store(w, None, &k, Kind::Int, &5i64.to_le_bytes(), 0, u64::MAX, 1)
         })
         .unwrap();
         let s = Seq(words[SEQ].load(Ordering::Relaxed));
         words[SEQ].store(Seq::new(WRITING, s.count() + 1, stale).0, Ordering::Relaxed);
-        assert_eq!(locked(ME, |w| e.clean(w, |o| o == stale)), (true, 1));
+        assert_eq!(
+            locked(ME, |w| e.clean(w, |o| o == stale, None)),
+            cleaned(true, 1)
+        );
         assert_eq!(e.read(&k, true), Look::Free);
     }
 
@@ -646,12 +860,12 @@ mod tests {
             wait: &wait,
         };
         let (w, _) = lock.lock(&Env { me: ME });
-        e.store(&w, &k, Kind::Int, &5i64.to_le_bytes(), 0, u64::MAX, 1)
+        e.store(&w, None, &k, Kind::Int, &5i64.to_le_bytes(), 0, u64::MAX, 1)
             .unwrap();
         // someone takes the lock over (the word changes under us)
         word.fetch_add(1 << 26, Ordering::SeqCst);
         assert_eq!(
-            e.store(&w, &k, Kind::Int, &6i64.to_le_bytes(), 0, u64::MAX, 1),
+            e.store(&w, None, &k, Kind::Int, &6i64.to_le_bytes(), 0, u64::MAX, 1),
             Err(Aborted::TakenOver)
         );
         let Look::Found(c) = e.read(&k, true) else {

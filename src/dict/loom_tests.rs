@@ -1,5 +1,6 @@
-//! Loom models of the dict: the entry's seqlock and the writer lock's takeover, the
-//! production source of `entry.rs` and `writer.rs` on heap words with loom's atomics.
+//! Loom models of the dict: the entry's seqlock, the writer lock's takeover and the undo
+//! copy, the production source of `entry.rs`, `writer.rs` and `journal.rs` on heap words
+//! with loom's atomics.
 //! Threads stand in for processes; a model declares owners dead or stalled.
 //!
 //! Run with the lock table's models (see `src/shm/loom_tests.rs`): the `loom` filter picks
@@ -12,6 +13,7 @@ use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use loom::thread;
 
 use super::entry::{Aborted, Entry, Geometry, Kind, Look, PackedKey};
+use super::journal::{Journals, Keep, JOURNALS};
 use super::writer::{WriterEnv, WriterLock};
 use crate::shm::primitive::{crash, Ordering};
 use crate::shm::registry::OwnerId;
@@ -21,10 +23,14 @@ fn geometry() -> Geometry {
     Geometry::new(11, 8, 16)
 }
 
-/// One entry, its dict's writer lock, who is dead and whether stalls are declared.
+/// One entry, its dict's writer lock and undo copy, who is dead and whether stalls are
+/// declared.
 #[derive(Clone)]
 struct Dict {
     words: Arc<Vec<AtomicU64>>,
+    /// The undo copies: each one's word and index word, and their entries' words.
+    jcontrol: Arc<Vec<AtomicU64>>,
+    jcopies: Arc<Vec<AtomicU64>>,
     lock: Arc<AtomicU64>,
     wait: Arc<AtomicU32>,
     dead: Arc<AtomicU64>,
@@ -60,6 +66,12 @@ impl Dict {
                     .map(|_| AtomicU64::new(0))
                     .collect(),
             ),
+            jcontrol: Arc::new((0..2 * JOURNALS).map(|_| AtomicU64::new(0)).collect()),
+            jcopies: Arc::new(
+                (0..JOURNALS * geometry().entry_words)
+                    .map(|_| AtomicU64::new(0))
+                    .collect(),
+            ),
             lock: Arc::new(AtomicU64::new(0)),
             wait: Arc::new(AtomicU32::new(0)),
             dead: Arc::new(AtomicU64::new(0)),
@@ -69,6 +81,31 @@ impl Dict {
 
     fn entry(&self) -> Entry<'_> {
         Entry::new(&self.words, geometry())
+    }
+
+    fn keep(&self) -> Keep<'_> {
+        Keep {
+            journals: Journals {
+                control: &self.jcontrol,
+                copies: &self.jcopies,
+                geometry: geometry(),
+            },
+            at: 0,
+        }
+    }
+
+    /// What the next holder of the lock does after a takeover, as `SharedDict::write_lock`
+    /// does: settles the undo copies, then cleans the entry (writes a copy back if its
+    /// writer is dead; a quarantined entry's copy stays, there being no other entry here).
+    fn clean(&self, w: &super::writer::Writing<'_>) {
+        let keep = self.keep();
+        for n in 0..JOURNALS {
+            let _ = keep
+                .journals
+                .get(n)
+                .settle(|at| (at == 0).then(|| self.entry()), |o| self.is_dead(o));
+        }
+        self.entry().clean(w, |o| self.is_dead(o), Some(&keep));
     }
 
     fn is_dead(&self, owner: OwnerId) -> bool {
@@ -91,23 +128,81 @@ impl Dict {
         let (w, took_over) = lock.lock(&env);
         let w = ManuallyDrop::new(w);
         if took_over {
-            self.entry().clean(&w, |o| self.is_dead(o));
+            self.clean(&w);
         }
-        let r = self
-            .entry()
-            .store(&w, &key(k), Kind::Bytes, &[n; 16], u32::from(n), 1_000, 1);
+        let r = self.entry().store(
+            &w,
+            Some(&self.keep()),
+            &key(k),
+            Kind::Bytes,
+            &[n; 16],
+            u32::from(n),
+            1_000,
+            1,
+        );
         let released = ManuallyDrop::into_inner(w).release();
         r.and(released.map_err(|_| Aborted::TakenOver))
     }
 
+    /// A lock-free read, as `SharedDict::read_entry` makes it: the entry, or the undo copy
+    /// when the entry is mid-write or out of use and the copy covers that write; looks
+    /// again when neither could be read (the write ended between the two).
     fn read(&self, k: &[u8]) -> Look {
+        self.read_tries(k, 4)
+    }
+
+    /// [`read`](Self::read) with at most `tries` looks.
+    fn read_tries(&self, k: &[u8], tries: usize) -> Look {
+        let journals = self.keep().journals;
+        let mut look = Look::Changed;
+        for _ in 0..tries {
+            look = self.entry().read(&key(k), true);
+            if matches!(look, Look::Busy | Look::Parked) {
+                let seq = self.entry().seq();
+                if let Some(copy) = journals.read(0, seq, &key(k), true) {
+                    return copy;
+                }
+            }
+            if !matches!(look, Look::Busy | Look::Parked | Look::Changed) {
+                return look;
+            }
+            thread::yield_now();
+        }
+        look
+    }
+
+    /// The entry alone, without the undo copy.
+    fn read_entry(&self, k: &[u8]) -> Look {
         self.entry().read(&key(k), true)
     }
+}
+
+/// A model explored with at most `preemptions` preemptions (the undo copy's steps make the
+/// writes long: the models with a reader racing two writes stay within CI's time at 2).
+fn model_with(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(preemptions);
+    b.check(f);
 }
 
 fn key(name: &[u8]) -> PackedKey<'_> {
     // One hash for both keys, so only the key bytes tell them apart.
     PackedKey::new(name, 0x5eed)
+}
+
+/// A reader of `k` in a thread of its own. Readers race writers from a spawned thread,
+/// writers from the model's own: loom's DPOR remembers one last access per atomic, and a
+/// writer that loads an entry's words before it stores them (the undo copy does) would hide
+/// the reads of a reader that ran first from it, so that loom would never try the reader
+/// in the middle of the writes (the models then pass a reader that trusts a torn copy).
+fn reader_thread(d: &Dict, k: &'static [u8]) -> thread::JoinHandle<Look> {
+    reader_thread_tries(d, k, 4)
+}
+
+/// [`reader_thread`] with at most `tries` looks.
+fn reader_thread_tries(d: &Dict, k: &'static [u8], tries: usize) -> thread::JoinHandle<Look> {
+    let d = d.clone();
+    thread::spawn(move || d.read_tries(k, tries))
 }
 
 /// A read of `k` that is accepted must be one whole value: all 16 bytes and the flags from
@@ -128,19 +223,17 @@ fn check(look: &Look) -> Option<u8> {
 /// mix of two values.
 #[test]
 fn dict_reader_never_accepts_a_torn_value() {
-    loom::model(|| {
+    model_with(2, || {
         let d = Dict::new();
         d.store(1, b"k", 1).unwrap();
-        let writer = {
-            let d = d.clone();
-            thread::spawn(move || {
-                d.store(1, b"k", 2).unwrap();
-                d.store(1, b"k", 3).unwrap();
-            })
-        };
-        let got = check(&d.read(b"k"));
+        // The reader is the spawned thread: loom's first run then has the writer's stores
+        // before the reader's loads (see `reader_thread`).
+        // one look: a second multiplies the states past what CI affords
+        let reader = reader_thread_tries(&d, b"k", 1);
+        d.store(1, b"k", 2).unwrap();
+        d.store(1, b"k", 3).unwrap();
+        let got = check(&reader.join().unwrap());
         assert!(got.is_none_or(|n| (1..=3).contains(&n)));
-        writer.join().unwrap();
         assert_eq!(check(&d.read(b"k")), Some(3));
     });
 }
@@ -152,39 +245,33 @@ fn dict_eviction_never_gives_a_key_another_keys_value() {
     loom::model(|| {
         let d = Dict::new();
         d.store(1, b"first", 1).unwrap();
-        let writer = {
-            let d = d.clone();
-            thread::spawn(move || d.store(1, b"second", 2).unwrap())
-        };
-        if let Some(n) = check(&d.read(b"first")) {
+        let reader = reader_thread(&d, b"first");
+        d.store(1, b"second", 2).unwrap();
+        if let Some(n) = check(&reader.join().unwrap()) {
             assert_eq!(n, 1, "the first key read the second key's value");
         }
-        writer.join().unwrap();
         assert_eq!(d.read(b"first"), Look::Other);
         assert_eq!(check(&d.read(b"second")), Some(2));
     });
 }
 
-/// Model D3 — a writer dies at every step of an update, holding the lock. Readers meanwhile
-/// accept only whole values; the next writer takes the lock over from the dead and
-/// recovers; the entry then reads as the old value (died before writing), the new one
-/// (died after), or absent (died in between), never as garbage, and takes new stores.
+/// Model D3 — a writer dies at every step of an update, holding the lock (the undo copy's
+/// steps included). Readers meanwhile accept only whole values; the next writer takes the
+/// lock over from the dead and recovers; the entry then reads as the old value (died
+/// before its write ended: the copy is written back) or the new one (died after), never
+/// absent, never garbage, and takes new stores.
 #[test]
-fn dict_writer_death_leaves_the_entry_whole_or_absent() {
-    for step in 0..8 {
+fn dict_writer_death_leaves_the_old_value_or_the_new() {
+    for step in 0..16 {
         loom::model(move || {
             let d = Dict::new();
             d.store(1, b"k", 1).unwrap();
-            let victim = {
-                let d = d.clone();
-                thread::spawn(move || {
-                    crash::arm(step);
-                    let _ = std::panic::catch_unwind(|| d.store(1, b"k", 2));
-                })
-            };
-            let during = check(&d.read(b"k"));
+            let reader = reader_thread(&d, b"k");
+            crash::arm(step);
+            let _ = std::panic::catch_unwind(|| d.store(1, b"k", 2));
+            crash::disarm();
+            let during = check(&reader.join().unwrap());
             assert!(during.is_none_or(|n| n == 1 || n == 2));
-            victim.join().unwrap();
             d.kill(1);
             // The next writer: takes over from the dead, recovers, writes.
             let env = Proc { d: &d, pid: 2 };
@@ -194,17 +281,24 @@ fn dict_writer_death_leaves_the_entry_whole_or_absent() {
             };
             let (w, took_over) = lock.lock(&env);
             if took_over {
-                d.entry().clean(&w, |o| d.is_dead(o));
+                d.clean(&w);
             }
-            match d.read(b"k") {
-                Look::Free => {}
-                look => assert!(
-                    matches!(check(&look), Some(1 | 2)),
-                    "after step {step}: {look:?}"
-                ),
-            }
+            let look = d.read_entry(b"k");
+            assert!(
+                matches!(check(&look), Some(1 | 2)),
+                "after step {step}: {look:?}"
+            );
             d.entry()
-                .store(&w, &key(b"k"), Kind::Bytes, &[3; 16], 3, 1_000, 1)
+                .store(
+                    &w,
+                    Some(&d.keep()),
+                    &key(b"k"),
+                    Kind::Bytes,
+                    &[3; 16],
+                    3,
+                    1_000,
+                    1,
+                )
                 .unwrap();
             w.release().unwrap();
             assert_eq!(check(&d.read(b"k")), Some(3));
@@ -215,7 +309,8 @@ fn dict_writer_death_leaves_the_entry_whole_or_absent() {
 /// Model D4 — two writers, each seen stalled by the other: whichever holds the lock may be
 /// taken over at any step and then resumes and goes on. A taken-over writer's late writes
 /// never land over its successor's: the successor's value stands when it succeeded, what is
-/// left is one whole value or absent, and no entry is left mid-write.
+/// left is one whole value (from the entry, or from the undo copy of a quarantined one),
+/// and no entry is left mid-write.
 #[test]
 fn dict_stalled_writer_taken_over_never_overwrites_its_successor() {
     loom::model(|| {
@@ -234,9 +329,22 @@ fn dict_stalled_writer_taken_over_never_overwrites_its_successor() {
         // the state space past what CI can afford)
         let a = slow.join().unwrap();
         let b = next.join().unwrap();
+        assert_ne!(
+            d.read_entry(b"k"),
+            Look::Busy,
+            "an entry was left mid-write"
+        );
         let last = d.read(b"k");
-        assert_ne!(last, Look::Busy, "an entry was left mid-write");
         let last = check(&last);
+        assert!(
+            last.is_some(),
+            "the key lost its value: {a:?} {b:?} seq {:#x} journals {:?}",
+            d.entry().seq(),
+            d.jcontrol
+                .iter()
+                .map(|w| w.load(Ordering::SeqCst))
+                .collect::<Vec<_>>()
+        );
         // One writer took the lock over from the other only if that one reports it: the
         // taker's successful write must stand, whatever the other did after.
         if a == Err(Aborted::TakenOver) && b.is_ok() {
@@ -247,6 +355,81 @@ fn dict_stalled_writer_taken_over_never_overwrites_its_successor() {
         }
         if a.is_ok() && b.is_ok() {
             assert!(matches!(last, Some(2 | 3)), "{last:?}");
+        }
+    });
+}
+
+/// Model D5 — the writer dies mid-write, then the one writing its undo copy back dies at
+/// every step of that: the third holder of the lock finishes the write-back, and the
+/// entry reads as the old value or the new one, never absent.
+#[test]
+fn dict_a_write_back_interrupted_at_any_step_is_finished_by_the_next() {
+    for wstep in 0..12 {
+        for rstep in 0..8 {
+            loom::model(move || {
+                let d = Dict::new();
+                d.store(1, b"k", 1).unwrap();
+                let lock = WriterLock {
+                    word: &d.lock,
+                    wait: &d.wait,
+                };
+                crash::arm(wstep);
+                let _ = std::panic::catch_unwind(|| d.store(1, b"k", 2));
+                crash::disarm();
+                d.kill(1);
+                crash::arm(rstep);
+                let _ = std::panic::catch_unwind(|| {
+                    let (w, _) = lock.lock(&Proc { d: &d, pid: 2 });
+                    let w = ManuallyDrop::new(w);
+                    d.clean(&w);
+                    ManuallyDrop::into_inner(w).release()
+                });
+                crash::disarm();
+                d.kill(2);
+                let (w, _) = lock.lock(&Proc { d: &d, pid: 3 });
+                d.clean(&w);
+                let look = d.read_entry(b"k");
+                assert!(
+                    matches!(check(&look), Some(1 | 2)),
+                    "writer died at {wstep}, restorer at {rstep}: {look:?}"
+                );
+                w.release().unwrap();
+            });
+        }
+    }
+}
+
+/// Model D6 — a writer stalls at any step of an update and the lock is taken over (or it
+/// takes the lock over from the other, which is declared stalled too): the key reads as
+/// one whole value, the old or the new, at every moment, from the entry or from the undo
+/// copy of the entry that was quarantined; never absent. A write that reports success
+/// stands.
+#[test]
+fn dict_a_stalled_writer_leaves_the_old_value_readable() {
+    loom::model(|| {
+        let d = Dict::new();
+        d.store(1, b"k", 1).unwrap();
+        d.stalled.store(true, Ordering::SeqCst);
+        let slow = {
+            let d = d.clone();
+            thread::spawn(move || d.store(1, b"k", 2))
+        };
+        let reader = reader_thread(&d, b"k");
+        let lock = WriterLock {
+            word: &d.lock,
+            wait: &d.wait,
+        };
+        let (w, _) = lock.lock(&Proc { d: &d, pid: 2 });
+        d.clean(&w);
+        let _ = w.release();
+        let during = reader.join().unwrap();
+        assert!(matches!(check(&during), Some(1 | 2)), "{during:?}");
+        let written = slow.join().unwrap();
+        let after = d.read(b"k");
+        match check(&after) {
+            Some(2) => {}
+            Some(1) => assert!(written.is_err(), "a write that reported success was lost"),
+            _ => panic!("the key's value was lost: {after:?}"),
         }
     });
 }

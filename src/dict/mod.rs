@@ -3,7 +3,9 @@
 //! The same machinery as the lock table (a fixed-slot table in a file that forked workers
 //! inherit and other processes attach to by path), with entries that carry a value. Reads
 //! are lock-free (a per-entry seqlock, see [`entry`]); writes take the dict's writer lock
-//! (see [`writer`]), one per dict as in ngx, held for one entry's copy.
+//! (see [`writer`]), one per dict as in ngx, held for one entry's copy. A writer copies an
+//! entry aside before it rewrites it (see [`journal`]), so that one killed or stalled in
+//! the middle leaves the key's previous value.
 //!
 //! Entries never move: a key lives within [`WINDOW`] slots of its home, and each home
 //! records the farthest distance at which one of its keys was placed (`reach`), so a
@@ -12,6 +14,7 @@
 pub(crate) mod entry;
 #[cfg(not(loom))]
 mod fetch;
+mod journal;
 #[cfg(all(test, loom))]
 mod loom_tests;
 #[cfg(not(loom))]

@@ -3,7 +3,7 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic  "SHMLOCK\0" (lock table) or "SHMDICT\0" (shared dict)
-//!      8     4  format version (8, `VERSION`)
+//!      8     4  format version (9, `VERSION`)
 //!     12     4  header size (4096)
 //!     16     8  slot count
 //!     24     4  slot size (lock table: 64)
@@ -26,7 +26,8 @@
 //! After the header come the owner registry ([`REGISTRY_ENTRY`] bytes an entry, rounded up
 //! to whole pages; see `registry.rs`), then the body: for a lock table the hot slots
 //! (64 bytes each, see `slot.rs`) followed by as many cold slots (what only inspection
-//! reads); for a shared dict a 4 KiB control page and its entries. Last come the counters
+//! reads); for a shared dict a 4 KiB control page, its entries and two more entries' room
+//! for the undo copies (`dict/journal.rs`). Last come the counters
 //! ([`STATS_SIZE`] bytes: cells of 64 words that the processes add to, see `counters.rs`).
 //!
 //! The header is written once, before the file becomes visible under its path, and
@@ -40,7 +41,7 @@ use crate::limits;
 
 pub(crate) const MAGIC: [u8; 8] = *b"SHMLOCK\0";
 pub(crate) const DICT_MAGIC: [u8; 8] = *b"SHMDICT\0";
-pub(crate) const VERSION: u32 = 8;
+pub(crate) const VERSION: u32 = 9;
 pub(crate) const HEADER_SIZE: usize = 4096;
 const PAGE: u64 = 4096;
 /// Bytes of a lock table's hot slot, and of its cold one.
@@ -129,7 +130,10 @@ impl Layout {
     pub(crate) fn body_len(self, slot_count: u64) -> u64 {
         match self {
             Layout::Locks => slot_count * (SLOT_SIZE + COLD_SIZE) as u64,
-            Layout::Dict { .. } => DICT_CONTROL_SIZE as u64 + slot_count * self.slot_size() as u64,
+            // Two slots more than the entries: the undo copies.
+            Layout::Dict { .. } => {
+                DICT_CONTROL_SIZE as u64 + (slot_count + 2) * self.slot_size() as u64
+            }
         }
     }
 
@@ -154,7 +158,7 @@ impl Layout {
                     "the longest value must be at most 1 MiB",
                 ));
             }
-            if capacity * self.slot_size() as u64 > MAX_DICT_BODY {
+            if (capacity + 2) * self.slot_size() as u64 > MAX_DICT_BODY {
                 return Err(Error::InvalidLayout("the dict would be larger than 64 GiB"));
             }
         }

@@ -94,9 +94,16 @@ impl SharedDict {
             }
             list.push(value, front);
             let len = list.len();
-            let stored = self
-                .entry(i)
-                .store(&w.0, &k, Kind::List, &list.0, flags, until, now);
+            let stored = self.entry(i).store(
+                &w.writing,
+                Some(&self.keep(i)),
+                &k,
+                Kind::List,
+                &list.0,
+                flags,
+                until,
+                now,
+            );
             let written = self.write(stored)?;
             if matches!(written, Outcome::Done(())) {
                 self.counters().add(counters::SETS, 1);
@@ -121,15 +128,23 @@ impl SharedDict {
                 return Ok(Outcome::Done(None));
             };
             if list.len() == 0 {
-                let freed = self.write(self.entry(i).free(&w.0))?;
+                let freed = self.write(self.entry(i).free(&w.writing, Some(&self.keep(i))))?;
                 return Ok(freed.map(|()| {
                     self.uncount(1);
                     Some(value)
                 }));
             }
-            let stored =
-                self.entry(i)
-                    .store(&w.0, &k, Kind::List, &list.0, c.flags, c.deadline, now);
+            let keep = self.keep(i);
+            let stored = self.entry(i).store(
+                &w.writing,
+                Some(&keep),
+                &k,
+                Kind::List,
+                &list.0,
+                c.flags,
+                c.deadline,
+                now,
+            );
             Ok(self.write(stored)?.map(|()| Some(value)))
         })
     }
