@@ -621,16 +621,7 @@ impl SharedDict {
                 Some((i, _)) => (i, Stored { forcible: false }),
                 None => self.place(w, &k, now, matches!(how, Put::Set | Put::Add))?,
             };
-            let written = self.write(self.entry(i).store(
-                &w.writing,
-                Some(&self.keep(i)),
-                &k,
-                kind,
-                bytes,
-                flags,
-                until,
-                now,
-            ))?;
+            let written = self.write(self.store_at(w, i, &k, (kind, bytes), flags, until, now))?;
             if matches!(written, Outcome::Done(())) {
                 self.counters().add(counters::SETS, 1);
             }
@@ -708,16 +699,7 @@ impl SharedDict {
             let result = N::of_sum(sum).ok_or(Error::NotAnInteger)?;
             let mut buf = [0u8; 8];
             let (kind, bytes) = sum.value_ref().encode(&mut buf);
-            let stored = self.entry(i).store(
-                &w.writing,
-                Some(&self.keep(i)),
-                &k,
-                kind,
-                bytes,
-                flags,
-                until,
-                now,
-            );
+            let stored = self.store_at(w, i, &k, (kind, bytes), flags, until, now);
             let written = self.write(stored)?;
             if matches!(written, Outcome::Done(())) {
                 self.counters().add(counters::SETS, 1);
@@ -906,6 +888,23 @@ impl SharedDict {
             copies: &self.words()[at..at + JOURNALS * words],
             geometry: self.inner.geometry,
         }
+    }
+
+    /// Stores `key`'s value in entry `i` (copied aside first if it holds the key's value).
+    #[allow(clippy::too_many_arguments)]
+    fn store_at(
+        &self,
+        w: &Locked<'_>,
+        i: usize,
+        key: &PackedKey<'_>,
+        (kind, value): (Kind, &[u8]),
+        flags: u32,
+        until: u64,
+        now: u64,
+    ) -> Result<(), Aborted> {
+        let keep = self.keep(i);
+        self.entry(i)
+            .store(&w.writing, Some(&keep), key, kind, value, flags, until, now)
     }
 
     /// Where entry `i`'s value goes before it is rewritten.

@@ -94,16 +94,7 @@ impl SharedDict {
             }
             list.push(value, front);
             let len = list.len();
-            let stored = self.entry(i).store(
-                &w.writing,
-                Some(&self.keep(i)),
-                &k,
-                Kind::List,
-                &list.0,
-                flags,
-                until,
-                now,
-            );
+            let stored = self.store_at(w, i, &k, (Kind::List, &list.0), flags, until, now);
             let written = self.write(stored)?;
             if matches!(written, Outcome::Done(())) {
                 self.counters().add(counters::SETS, 1);
@@ -134,17 +125,7 @@ impl SharedDict {
                     Some(value)
                 }));
             }
-            let keep = self.keep(i);
-            let stored = self.entry(i).store(
-                &w.writing,
-                Some(&keep),
-                &k,
-                Kind::List,
-                &list.0,
-                c.flags,
-                c.deadline,
-                now,
-            );
+            let stored = self.store_at(w, i, &k, (Kind::List, &list.0), c.flags, c.deadline, now);
             Ok(self.write(stored)?.map(|()| Some(value)))
         })
     }
