@@ -141,8 +141,8 @@ pub enum Error {
     },
     /// This writer stalled past the bound (stopped, or descheduled for that long) while it
     /// held a [`SharedDict`](crate::SharedDict)'s writer lock, and another writer took the
-    /// lock over before its write was made: the write was not made (the entry it was
-    /// writing reads as absent). A writer taken over once its write was made reports the
+    /// lock over before its write was made: the write was not made (the key keeps the
+    /// value it had before). A writer taken over once its write was made reports the
     /// write's own result.
     Stalled,
     /// The file at `path` is not a usable lock table.
