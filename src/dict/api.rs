@@ -934,6 +934,9 @@ impl SharedDict {
             match j.settle(entry, |o| self.inner.att.is_dead(o)) {
                 Settled::Idle | Settled::InUse => return,
                 Settled::Covers { at, word } => {
+                    if !w.writing.still_mine() {
+                        return; // taken over: the copy may be the new holder's own
+                    }
                     self.clean(w, at); // writes it back, or stores it elsewhere
                     if j.load() == word {
                         return; // could not (taken over, or no room): the next tries
@@ -949,6 +952,9 @@ impl SharedDict {
     /// dropped) or the value has expired; then drops the copy.
     #[cold]
     fn restore_elsewhere(&self, w: &Locked<'_>, j: Journal<'_>) {
+        if !w.writing.still_mine() {
+            return; // taken over: the holder now does it
+        }
         let word = j.load();
         let JournalState::Kept { .. } = j.state(word) else {
             return;

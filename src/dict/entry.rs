@@ -472,7 +472,8 @@ impl<'a> Entry<'a> {
         keep: Option<&dyn Undo>,
         body: impl FnOnce(&[AtomicU64]),
     ) -> Result<(), Aborted> {
-        let s = Seq(self.w[SEQ].load(Ordering::Relaxed));
+        // Acquire: an undo copy made from here on sees the write that left `s`.
+        let s = Seq(self.w[SEQ].load(Ordering::Acquire));
         if s.state() != STABLE {
             return Err(Aborted::NotStable);
         }
@@ -622,6 +623,15 @@ impl<'a> Entry<'a> {
                     }
                 }
                 WRITING if !is_dead(s.owner()) => {
+                    // A cleaner that lost the lock (it stalled, and resumed) must not
+                    // quarantine the write of the one that holds it now.
+                    if !w.still_mine() {
+                        return Cleaned {
+                            usable: false,
+                            emptied,
+                            orphan: false,
+                        };
+                    }
                     let _ = self.w[SEQ].compare_exchange(
                         s.0,
                         s.with_state(QUARANTINED).0,
