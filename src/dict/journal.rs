@@ -387,7 +387,7 @@ impl<'a> Journals<'a> {
 
     /// Whether any copy is in some other state than IDLE (a cheap look: one load each).
     pub(crate) fn any_busy(&self) -> bool {
-        (0..JOURNALS).any(|n| self.control[2 * n].load(Ordering::Relaxed) & 7 != IDLE)
+        (0..JOURNALS).any(|n| JWord(self.control[2 * n].load(Ordering::Relaxed)).state() != IDLE)
     }
 
     /// The copy that covers the write in entry `at` whose `seq` word is `seq`, with its
