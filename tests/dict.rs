@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::dict::{dict, NEVER};
 use common::TempPath;
-use shmlock::{Error, FormatError, LockTable, Put, SharedDict, Source, Value};
+use shmlock::{Error, FormatError, ItemRef, LockTable, Put, SharedDict, Source, Value, ValueRef};
 
 const SHORT: Duration = Duration::from_millis(30);
 /// Longer than SHORT plus the coarse clock's tick, with room to spare.
@@ -50,6 +50,78 @@ fn get_set_and_flags() {
     );
     assert_eq!(d.get(b"\x00\xff").unwrap(), None);
     assert_eq!(d.len(), 5);
+}
+
+/// `get_with`'s view of an item, owned, to compare with `get`'s.
+fn owned(item: ItemRef<'_>) -> (Value, u32) {
+    let value = match item.value {
+        ValueRef::Bytes(b) => Value::Bytes(b.to_vec()),
+        ValueRef::Int(n) => Value::Int(n),
+        ValueRef::Float(x) => Value::Float(x),
+        ValueRef::Bool(b) => Value::Bool(b),
+        other => panic!("a value kind this test does not know: {other:?}"),
+    };
+    (value, item.flags)
+}
+
+#[test]
+fn get_with_hands_over_what_get_returns_without_an_owned_copy() {
+    let (_p, d) = dict("get-with", 64, 100_000);
+    let mut stored: Vec<(String, Value, u32)> = Vec::new();
+    // every length around the word boundaries, and one past the kept buffer's size, then
+    // shorter ones again: a reused buffer must leave no bytes of a longer value behind
+    for (n, len) in [0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 99_999, 3, 70_000, 5]
+        .into_iter()
+        .enumerate()
+    {
+        let key = format!("b{n}");
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + n) as u8).collect();
+        d.put(Put::Set, &key, &bytes, NEVER, n as u32).unwrap();
+        stored.push((key, Value::Bytes(bytes), n as u32));
+    }
+    d.set("int", -42i64, NEVER).unwrap();
+    d.set("float", 2.5f64, NEVER).unwrap();
+    d.put(Put::Set, "bool", true, NEVER, 9).unwrap();
+    stored.push(("int".into(), Value::Int(-42), 0));
+    stored.push(("float".into(), Value::Float(2.5), 0));
+    stored.push(("bool".into(), Value::Bool(true), 9));
+    for _ in 0..2 {
+        for (key, value, flags) in &stored {
+            let item = d.get(key).unwrap().unwrap();
+            assert_eq!((&item.value, item.flags), (value, *flags), "get {key}");
+            assert_eq!(
+                d.get_with(key, owned).unwrap(),
+                Some((value.clone(), *flags)),
+                "get_with {key}"
+            );
+        }
+    }
+    // absent and expired: None, and `f` is not called
+    assert_eq!(d.get_with("absent", |_| panic!("called")).unwrap(), None);
+    d.set("short", "v", SHORT).unwrap();
+    sleep(PAST_SHORT);
+    assert_eq!(d.get_with("short", |_| panic!("called")).unwrap(), None);
+    // a list is read through the list operations, as with get
+    d.rpush("list", "x").unwrap();
+    assert!(matches!(d.get_with("list", owned), Err(Error::IsAList)));
+    // bad keys are the errors get gives
+    assert!(matches!(d.get_with("", owned), Err(Error::EmptyKey)));
+    // a read inside `f` gets a buffer of its own: the outer bytes stay as they were
+    let (outer, inner) = d
+        .get_with("b9", |a| {
+            let inner = d.get_with("b1", owned).unwrap().unwrap().0;
+            (owned(a).0, inner)
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        Some(outer),
+        stored.iter().find(|s| s.0 == "b9").map(|s| s.1.clone())
+    );
+    assert_eq!(
+        Some(inner),
+        stored.iter().find(|s| s.0 == "b1").map(|s| s.1.clone())
+    );
 }
 
 #[test]

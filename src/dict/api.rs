@@ -1,11 +1,12 @@
 //! The [`SharedDict`] handle and its ngx.shared.DICT operations.
 
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::entry::{Aborted, Copied, Entry, Geometry, Kind, Look, PackedKey};
+use super::entry::{Aborted, Copied, Entry, Geometry, Kind, Look, Out, PackedKey};
 use super::journal::{Journal, Journals, Keep, Settled, State as JournalState, JOURNALS};
 use super::value::{Num, Number, Value, ValueRef};
 
@@ -101,6 +102,23 @@ pub struct Item {
     /// The user flags given to [`SharedDict::put`] (0 otherwise).
     pub flags: u32,
 }
+
+/// A value read by [`SharedDict::get_with`], borrowed for the call, with its flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ItemRef<'a> {
+    /// The value.
+    pub value: ValueRef<'a>,
+    /// The user flags given to [`SharedDict::put`] (0 otherwise).
+    pub flags: u32,
+}
+
+thread_local! {
+    /// The buffer [`SharedDict::get_with`] reads into, reused by every read of the thread.
+    static READ_BUF: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// The largest read buffer a thread keeps between reads.
+const KEPT_READ_BUF: usize = 64 * 1024;
 
 /// How a store went: like ngx's third return value, `forcible` says a live entry of
 /// another key was evicted to make room.
@@ -455,12 +473,70 @@ impl SharedDict {
     /// The live value of `key`, or `None` if it has none (absent or expired).
     pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Item>, Error> {
         let k = self.pack(key.as_ref())?;
+        let mut value = Vec::new();
+        Ok(self.read_live(&k, &mut value)?.map(|c| Item {
+            value: Value::decode(c.kind, value),
+            flags: c.flags,
+        }))
+    }
+
+    /// Like [`get`](Self::get), but hands the value to `f` instead of returning an owned
+    /// copy: the bytes are copied out of the shared memory into a buffer this thread reuses
+    /// (a lock-free read must copy before it can tell that no writer changed them), so a
+    /// read allocates nothing once the buffer has grown to the values read. `f` runs after
+    /// the read, outside every lock; what it returns is returned.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("shmlock-doc-getwith-{}", std::process::id()));
+    /// # let _ = std::fs::remove_file(&path);
+    /// use shmlock::{SharedDict, ValueRef};
+    /// use std::time::Duration;
+    ///
+    /// let dict = SharedDict::open(&path, 64, 64)?;
+    /// dict.set("page", "<html>…</html>", Duration::ZERO)?;
+    /// let len = dict.get_with("page", |item| match item.value {
+    ///     ValueRef::Bytes(b) => b.len(),
+    ///     _ => 0,
+    /// })?;
+    /// assert_eq!(len, Some("<html>…</html>".len()));
+    /// assert_eq!(dict.get_with("other", |_| ())?, None);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn get_with<R>(
+        &self,
+        key: impl AsRef<[u8]>,
+        f: impl FnOnce(ItemRef<'_>) -> R,
+    ) -> Result<Option<R>, Error> {
+        let k = self.pack(key.as_ref())?;
+        let read = |buf: &mut Vec<u8>| -> Result<Option<R>, Error> {
+            Ok(self.read_live(&k, buf)?.map(|c| {
+                f(ItemRef {
+                    value: ValueRef::decode(c.kind, buf),
+                    flags: c.flags,
+                })
+            }))
+        };
+        // (taken out while in use: a read inside `f` finds it empty and uses its own)
+        let mut buf = READ_BUF.try_with(Cell::take).unwrap_or_default();
+        let found = read(&mut buf);
+        if buf.capacity() <= KEPT_READ_BUF {
+            let _ = READ_BUF.try_with(|b| b.set(buf)); // (fails only as the thread exits)
+        }
+        found
+    }
+
+    /// The live value of `k` into `value`, with its kind and flags: marks the entry used
+    /// and counts the read.
+    #[inline(always)]
+    fn read_live(&self, k: &PackedKey, value: &mut Vec<u8>) -> Result<Option<Copied>, Error> {
         let now = self.now();
-        let found = match self.lookup(&k, true) {
-            Some((_, c)) if c.deadline > now && c.kind == Kind::List => return Err(Error::IsAList),
-            Some((i, c)) if c.deadline > now => {
+        let mut c = Copied::NONE;
+        let found = match self.lookup(k, Some(value), &mut c) {
+            Some(_) if c.deadline > now && c.kind == Kind::List => return Err(Error::IsAList),
+            Some(i) if c.deadline > now => {
                 self.touch(i, now);
-                Some(item(c))
+                Some(c)
             }
             _ => None,
         };
@@ -473,12 +549,18 @@ impl SharedDict {
     pub fn get_stale(&self, key: impl AsRef<[u8]>) -> Result<Option<(Item, bool)>, Error> {
         let k = self.pack(key.as_ref())?;
         let now = self.now();
-        let found = match self.lookup(&k, true) {
-            Some((_, c)) if c.kind == Kind::List => return Err(Error::IsAList),
-            found => found.map(|(i, c)| {
+        let mut value = Vec::new();
+        let mut c = Copied::NONE;
+        let found = match self.lookup(&k, Some(&mut value), &mut c) {
+            Some(_) if c.kind == Kind::List => return Err(Error::IsAList),
+            found => found.map(|i| {
                 self.touch(i, now);
                 let stale = c.deadline <= now;
-                (item(c), stale)
+                let item = Item {
+                    value: Value::decode(c.kind, value),
+                    flags: c.flags,
+                };
+                (item, stale)
             }),
         };
         self.count_read(found.is_some());
@@ -491,9 +573,10 @@ impl SharedDict {
         let key = key.as_ref();
         let k = self.pack(key)?;
         let now = self.now();
-        match self.lookup(&k, false) {
-            Some((_, c)) if c.deadline == u64::MAX => Ok(None),
-            Some((_, c)) if c.deadline > now => Ok(Some(Duration::from_nanos(c.deadline - now))),
+        let mut c = Copied::NONE;
+        match self.lookup(&k, None, &mut c) {
+            Some(_) if c.deadline == u64::MAX => Ok(None),
+            Some(_) if c.deadline > now => Ok(Some(Duration::from_nanos(c.deadline - now))),
             _ => Err(Error::NotFound {
                 key: KeyPreview::new(key),
             }),
@@ -676,11 +759,12 @@ impl SharedDict {
         }
         self.writing(|w| {
             let now = self.now();
-            let existing = self.lookup_locked(w, &k, true);
+            let mut value = Vec::new();
+            let existing = self.lookup_locked(w, &k, Some(&mut value));
             let (i, sum, until, flags) = match existing {
                 Some((i, c)) if c.deadline > now => {
                     let flags = c.flags;
-                    let stored = Num::of(&Value::decode(c.kind, c.value));
+                    let stored = Num::of(&Value::decode(c.kind, value));
                     let n = stored.ok_or(Error::NotANumber)?;
                     (i, n.add(by.num()), c.deadline, flags)
                 }
@@ -799,6 +883,7 @@ impl SharedDict {
         Monotonic.now()
     }
 
+    #[inline(always)]
     fn pack<'k>(&self, key: &'k [u8]) -> Result<PackedKey<'k>, Error> {
         crate::shm::process::check_clock()?;
         if key.is_empty() {
@@ -964,19 +1049,20 @@ impl SharedDict {
             return;
         };
         let k = PackedKey::new(&key, j.copy.hash());
-        let Look::Found(c) = j.copy.peek(&k, true) else {
+        let mut value = Vec::new();
+        let Look::Found(c) = j.copy.peek(&k, Some(&mut value)) else {
             j.release(word);
             return;
         };
         w.restoring.set(true);
         let now = self.now();
         let mut done = true;
-        if c.deadline > now && self.lookup_locked(w, &k, false).is_none() {
+        if c.deadline > now && self.lookup_locked(w, &k, None).is_none() {
             done = match self.place(w, &k, now, true) {
                 Ok((f, _)) => self
                     .entry(f)
                     .store(
-                        &w.writing, None, &k, c.kind, &c.value, c.flags, c.deadline, now,
+                        &w.writing, None, &k, c.kind, &value, c.flags, c.deadline, now,
                     )
                     .is_ok(),
                 Err(_) => true, // every entry near its home is out of use: lost
@@ -1036,8 +1122,16 @@ impl SharedDict {
         WINDOW.min(self.capacity())
     }
 
+    /// Entry `d` places after `home` (`d` < the capacity), wrapping around: a compare, not
+    /// a division, on the read path.
+    #[inline]
     fn at(&self, home: usize, d: usize) -> usize {
-        (home + d) % self.capacity()
+        let i = home + d;
+        if i >= self.capacity() {
+            i - self.capacity()
+        } else {
+            i
+        }
     }
 
     fn reach(&self, home: usize) -> usize {
@@ -1052,7 +1146,7 @@ impl SharedDict {
         &self,
         i: usize,
         absent: T,
-        read: impl Fn(&Entry<'_>) -> Result<T, Look>,
+        mut read: impl FnMut(&Entry<'_>) -> Result<T, Look>,
     ) -> T {
         let e = self.entry(i);
         for round in 0..SETTLE_ROUNDS {
@@ -1074,7 +1168,7 @@ impl SharedDict {
         &self,
         w: &Locked<'_>,
         i: usize,
-        read: impl Fn(&Entry<'_>) -> Result<T, Look>,
+        mut read: impl FnMut(&Entry<'_>) -> Result<T, Look>,
     ) -> T {
         let e = self.entry(i);
         let mut round = 0;
@@ -1132,19 +1226,26 @@ impl SharedDict {
     /// The key's entry, expired or not: lock-free. A look that met an entry out of use
     /// whose key's value the undo copy no longer holds looks once more: the value was
     /// stored elsewhere before the copy was dropped, maybe behind the look.
-    fn lookup(&self, k: &PackedKey, want_value: bool) -> Option<(usize, Copied)> {
+    ///
+    /// What it found goes to `found`, not up the frames in the result: a `Copied` built on
+    /// the stack field by field and then moved whole stalls on store forwarding.
+    fn lookup(&self, k: &PackedKey, mut value: Out<'_>, found: &mut Copied) -> Option<usize> {
         let home = self.home(k);
         let mut parked = false;
         for _ in 0..2 {
             for d in 0..=self.reach(home) {
                 let i = self.at(home, d);
-                match self.read_entry(i, k, want_value) {
-                    Read::Found(c) => return Some((i, c)),
+                match self.read_entry(i, k, value.as_deref_mut(), found) {
+                    Read::Found => return Some(i),
                     Read::Miss => {}
                     Read::Parked => parked = true,
                     // A read-only handle cannot settle it: that entry reads as absent.
                     Read::Stuck if self.inner.att.read_only() => {}
-                    Read::Stuck => return self.lookup_under_lock(k, want_value),
+                    Read::Stuck => {
+                        let (i, c) = self.lookup_under_lock(k, value)?;
+                        *found = c;
+                        return Some(i);
+                    }
                 }
             }
             if !parked {
@@ -1158,35 +1259,50 @@ impl SharedDict {
     /// undo copy is read if it covers that write (the value before it); an entry out of
     /// use is read from the copy at once.
     #[inline(always)]
-    fn read_entry(&self, i: usize, k: &PackedKey, want_value: bool) -> Read {
-        match self.entry(i).read(k, want_value) {
-            Look::Found(c) => Read::Found(c),
+    fn read_entry(&self, i: usize, k: &PackedKey, mut value: Out<'_>, found: &mut Copied) -> Read {
+        match self.entry(i).read(k, value.as_deref_mut()) {
+            Look::Found(c) => {
+                *found = c;
+                Read::Found
+            }
             Look::Free | Look::Other => Read::Miss,
-            _ => self.read_unsettled(i, k, want_value),
+            _ => self.read_unsettled(i, k, value, found),
         }
     }
 
     /// [`read_entry`](Self::read_entry) of an entry being written or out of use.
     #[cold]
     #[inline(never)]
-    fn read_unsettled(&self, i: usize, k: &PackedKey, want_value: bool) -> Read {
+    fn read_unsettled(
+        &self,
+        i: usize,
+        k: &PackedKey,
+        mut value: Out<'_>,
+        found: &mut Copied,
+    ) -> Read {
         let e = self.entry(i);
-        let from_copy = |or: Read| {
+        let from_copy = |or: Read, value: Out<'_>, found: &mut Copied| {
             let seq = e.seq();
-            match self.journals().read(i, seq, k, want_value) {
-                Some(Look::Found(c)) => Read::Found(c),
+            match self.journals().read(i, seq, k, value) {
+                Some(Look::Found(c)) => {
+                    *found = c;
+                    Read::Found
+                }
                 Some(_) => Read::Miss,
                 None => or,
             }
         };
         let mut round = 0;
         loop {
-            match e.read(k, want_value) {
-                Look::Found(c) => return Read::Found(c),
+            match e.read(k, value.as_deref_mut()) {
+                Look::Found(c) => {
+                    *found = c;
+                    return Read::Found;
+                }
                 Look::Free | Look::Other => return Read::Miss,
-                Look::Parked => return from_copy(Read::Parked),
+                Look::Parked => return from_copy(Read::Parked, value, found),
                 Look::Busy | Look::Changed if round >= SETTLE_ROUNDS => {
-                    return from_copy(Read::Stuck)
+                    return from_copy(Read::Stuck, value, found)
                 }
                 Look::Busy | Look::Changed => {
                     spin(round);
@@ -1200,9 +1316,9 @@ impl SharedDict {
     /// long with no undo copy of it: taking the lock over from a dead or stalled writer
     /// settles the entry.
     #[cold]
-    fn lookup_under_lock(&self, k: &PackedKey, want_value: bool) -> Option<(usize, Copied)> {
+    fn lookup_under_lock(&self, k: &PackedKey, value: Out<'_>) -> Option<(usize, Copied)> {
         let w = self.write_lock().ok()?;
-        self.lookup_locked(&w, k, want_value)
+        self.lookup_locked(&w, k, value)
     }
 
     /// [`lookup`](Self::lookup) for a writer: nothing but stale writers can change under it.
@@ -1210,12 +1326,13 @@ impl SharedDict {
         &self,
         w: &Locked<'_>,
         k: &PackedKey<'_>,
-        want_value: bool,
+        value: Out<'_>,
     ) -> Option<(usize, Copied)> {
         let home = self.home(k);
+        let mut value = value;
         (0..=self.reach(home)).find_map(|d| {
             let i = self.at(home, d);
-            self.read_locked(w, i, |e| match e.read(k, want_value) {
+            self.read_locked(w, i, |e| match e.read(k, value.as_deref_mut()) {
                 Look::Found(c) => Ok(Some((i, c))),
                 // out of use: its key's value was stored elsewhere, when there was one
                 Look::Free | Look::Other | Look::Parked => Ok(None),
@@ -1226,8 +1343,7 @@ impl SharedDict {
 
     /// The key's entry and its deadline, for a writer.
     fn find_locked(&self, w: &Locked<'_>, k: &PackedKey) -> Option<(usize, u64)> {
-        self.lookup_locked(w, k, false)
-            .map(|(i, c)| (i, c.deadline))
+        self.lookup_locked(w, k, None).map(|(i, c)| (i, c.deadline))
     }
 
     /// Finds a slot for a key that has no entry: the nearest free or expired slot of its
@@ -1297,7 +1413,8 @@ impl SharedDict {
 
 /// What a lock-free look at one entry found.
 enum Read {
-    Found(Copied),
+    /// Found: what it found is in the caller's `Copied`.
+    Found,
     Miss,
     /// Out of use, and not covered by the undo copy.
     Parked,
@@ -1315,11 +1432,4 @@ struct Locked<'a> {
 
 fn ttl_ns(ttl: Duration) -> u64 {
     ttl.as_nanos().min(u128::from(u64::MAX - 1)) as u64
-}
-
-fn item(c: Copied) -> Item {
-    Item {
-        value: Value::decode(c.kind, c.value),
-        flags: c.flags,
-    }
 }

@@ -178,11 +178,9 @@ impl<'k> PackedKey<'k> {
 fn packed(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
     bytes.chunks(8).map(|c| match <[u8; 8]>::try_from(c) {
         Ok(whole) => u64::from_le_bytes(whole),
-        Err(_) => {
-            let mut b = [0u8; 8];
-            b[..c.len()].copy_from_slice(c);
-            u64::from_le_bytes(b)
-        }
+        // Shifted in, not copied into a zeroed array: that array's 8-byte load after a
+        // byte-wise copy stalls on store forwarding, a third of a short key's lookup.
+        Err(_) => c.iter().rev().fold(0, |w, &b| w << 8 | u64::from(b)),
     })
 }
 
@@ -190,14 +188,26 @@ fn words_for(len: usize) -> usize {
     len.div_ceil(8)
 }
 
-/// A value copied out of an entry.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What a read found besides the value's bytes (those go to the caller's buffer, so that a
+/// read moves no more than these few words up the lookup's frames).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Copied {
     pub kind: Kind,
     pub flags: u32,
     pub deadline: u64,
-    pub value: Vec<u8>,
 }
+
+impl Copied {
+    /// Before a read: nothing found.
+    pub(crate) const NONE: Copied = Copied {
+        kind: Kind::Bytes,
+        flags: 0,
+        deadline: 0,
+    };
+}
+
+/// Where a read puts the value's bytes: `None` when the value is not wanted.
+pub(crate) type Out<'b> = Option<&'b mut Vec<u8>>;
 
 /// What a reader found in an entry.
 #[derive(Debug, PartialEq, Eq)]
@@ -213,7 +223,7 @@ pub(crate) enum Look {
     Parked,
     /// The entry changed while it was read: look again.
     Changed,
-    /// The key's entry (`value` empty when the value was not asked for).
+    /// The key's entry (its value in the caller's buffer, when it was asked for).
     Found(Copied),
 }
 
@@ -274,14 +284,15 @@ impl<'a> Entry<'a> {
 
     /// Reads the entry if it holds `key`: lock-free, safe against any concurrent writer.
     /// The lengths come from the file, so they are clamped before use.
-    pub(crate) fn read(&self, key: &PackedKey, want_value: bool) -> Look {
+    #[inline(always)]
+    pub(crate) fn read(&self, key: &PackedKey, value: Out<'_>) -> Look {
         let s1 = self.w[SEQ].load(Ordering::Acquire);
         match Seq(s1).state() {
             STABLE => {}
             WRITING => return Look::Busy,
             _ => return Look::Parked,
         }
-        let look = self.peek(key, want_value);
+        let look = self.peek(key, value);
         if self.validate(s1) {
             look
         } else {
@@ -291,7 +302,9 @@ impl<'a> Entry<'a> {
 
     /// The reads between the two loads of `seq` (or of the journal's word, for the undo
     /// copy). Their results mean nothing until validated: they may mix two writes.
-    pub(crate) fn peek(&self, key: &PackedKey, want_value: bool) -> Look {
+    /// The value's bytes go to `value` (replacing what it held), when it is given.
+    #[inline(always)]
+    pub(crate) fn peek(&self, key: &PackedKey, value: Out<'_>) -> Look {
         let meta = Meta(self.w[META].load(Ordering::Relaxed));
         if !meta.is_used() {
             return Look::Free;
@@ -306,21 +319,29 @@ impl<'a> Entry<'a> {
         }
         let deadline = self.w[DEADLINE].load(Ordering::Relaxed);
         let flags = self.w[FLAGS].load(Ordering::Relaxed) as u32;
-        let len = meta.value_len().min(self.g.max_value);
-        let mut value = Vec::new();
-        if want_value {
-            value.reserve_exact(words_for(len) * 8);
+        if let Some(out) = value {
+            let len = meta.value_len().min(self.g.max_value);
             let at = self.g.value_at();
-            for word in &self.w[at..at + words_for(len)] {
-                value.extend_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+            let n = words_for(len) * 8;
+            out.clear();
+            if out.capacity() < n {
+                *out = Vec::with_capacity(n); // (straight to the allocator: no growth policy)
             }
-            value.truncate(len);
+            let spare = &mut out.spare_capacity_mut()[..n];
+            for (bytes, word) in spare.chunks_exact_mut(8).zip(&self.w[at..at + n / 8]) {
+                let word = word.load(Ordering::Relaxed).to_le_bytes();
+                for (b, w) in bytes.iter_mut().zip(word) {
+                    b.write(w);
+                }
+            }
+            // SAFETY: the loop wrote all `n` bytes of `spare` (whole words, one per word of
+            // the equally long slice it zips with), the first `n` of the capacity; `len` <= `n`.
+            unsafe { out.set_len(len) };
         }
         Look::Found(Copied {
             kind: meta.kind(),
             flags,
             deadline,
-            value,
         })
     }
 
@@ -783,12 +804,13 @@ mod tests {
         let words = entry_words(g);
         let e = Entry::new(&words, g);
         let k = PackedKey::new(b"user:42 long", 7);
-        assert_eq!(e.read(&k, true), Look::Free);
+        assert_eq!(e.read(&k, None), Look::Free);
         locked(ME, |w| {
             e.store(w, None, &k, Kind::Bytes, b"twenty bytes of data", 5, 99, 1)
         })
         .unwrap();
-        let Look::Found(c) = e.read(&k, true) else {
+        let mut value = vec![1, 2, 3];
+        let Look::Found(c) = e.read(&k, Some(&mut value)) else {
             panic!("not found")
         };
         assert_eq!(
@@ -797,17 +819,17 @@ mod tests {
                 kind: Kind::Bytes,
                 flags: 5,
                 deadline: 99,
-                value: b"twenty bytes of data".to_vec()
             }
         );
+        assert_eq!(value, b"twenty bytes of data");
         assert_eq!(e.read_key(), Ok(Some((b"user:42 long".to_vec(), 99))));
         // same hash and length, other bytes: another key
         assert_eq!(
-            e.read(&PackedKey::new(b"user:42 lonG", 7), true),
+            e.read(&PackedKey::new(b"user:42 lonG", 7), None),
             Look::Other
         );
         locked(ME, |w| e.free(w, None)).unwrap();
-        assert_eq!(e.read(&k, true), Look::Free);
+        assert_eq!(e.read(&k, None), Look::Free);
         assert_eq!(
             Seq(words[SEQ].load(Ordering::Relaxed)),
             Seq::new(STABLE, 4, OwnerId::from_bits(0))
@@ -828,13 +850,13 @@ mod tests {
         // a writer (owner 3) was here when it was taken over
         let writing = Seq::new(WRITING, 3, stale);
         words[SEQ].store(writing.0, Ordering::Relaxed);
-        assert_eq!(e.read(&k, true), Look::Busy);
+        assert_eq!(e.read(&k, None), Look::Busy);
         // alive: quarantined, absent, out of use
         assert_eq!(
             locked(ME, |w| e.clean(w, |_| false, None)),
             cleaned(false, 0)
         );
-        assert_eq!(e.read(&k, true), Look::Parked);
+        assert_eq!(e.read(&k, None), Look::Parked);
         assert!(!e.is_stable());
         // it resumes and ends its write: the CAS fails, it says it is done
         assert!(!e.finish(writing));
@@ -842,7 +864,7 @@ mod tests {
             locked(ME, |w| e.clean(w, |_| false, None)),
             cleaned(true, 1)
         );
-        assert_eq!(e.read(&k, true), Look::Free);
+        assert_eq!(e.read(&k, None), Look::Free);
         assert!(e.is_stable() && !e.is_used());
         // a dead writer's entry is emptied at once
         locked(ME, |w| {
@@ -855,7 +877,7 @@ mod tests {
             locked(ME, |w| e.clean(w, |o| o == stale, None)),
             cleaned(true, 1)
         );
-        assert_eq!(e.read(&k, true), Look::Free);
+        assert_eq!(e.read(&k, None), Look::Free);
     }
 
     #[test]
@@ -878,10 +900,9 @@ mod tests {
             e.store(&w, None, &k, Kind::Int, &6i64.to_le_bytes(), 0, u64::MAX, 1),
             Err(Aborted::TakenOver)
         );
-        let Look::Found(c) = e.read(&k, true) else {
-            panic!("not found")
-        };
-        assert_eq!(c.value, 5i64.to_le_bytes());
+        let mut value = Vec::new();
+        assert!(matches!(e.read(&k, Some(&mut value)), Look::Found(_)));
+        assert_eq!(value, 5i64.to_le_bytes());
         assert!(w.release().is_err());
     }
 
@@ -898,9 +919,9 @@ mod tests {
         );
         words[HASH].store(3, Ordering::Relaxed);
         words[HEAD_WORDS].store(u64::from(b'k'), Ordering::Relaxed);
-        let Look::Found(c) = e.read(&PackedKey::new(b"k", 3), true) else {
-            panic!("not found")
-        };
-        assert_eq!(c.value.len(), 8);
+        let mut value = Vec::new();
+        let look = e.read(&PackedKey::new(b"k", 3), Some(&mut value));
+        assert!(matches!(look, Look::Found(_)));
+        assert_eq!(value.len(), 8);
     }
 }

@@ -45,7 +45,7 @@
 //! not ended.
 
 use super::entry::{
-    seq_parts, Aborted, Entry, Geometry, Kept, Look, PackedKey, Undo, STABLE as SEQ_STABLE,
+    seq_parts, Aborted, Entry, Geometry, Kept, Look, Out, PackedKey, Undo, STABLE as SEQ_STABLE,
 };
 use super::writer::Writing;
 use crate::shm::primitive::{crash_point, fence, AtomicU64, Ordering};
@@ -341,13 +341,13 @@ impl<'a> Journal<'a> {
         at: usize,
         seq: u64,
         key: &PackedKey<'_>,
-        want_value: bool,
+        value: Out<'_>,
     ) -> Option<Look> {
         let j = self.load();
         if !self.covers(j, at, seq) {
             return None;
         }
-        let look = self.copy.peek(key, want_value);
+        let look = self.copy.peek(key, value);
         self.still(j).then_some(look)
     }
 }
@@ -406,9 +406,9 @@ impl<'a> Journals<'a> {
         at: usize,
         seq: u64,
         key: &PackedKey<'_>,
-        want_value: bool,
+        mut value: Out<'_>,
     ) -> Option<Look> {
-        (0..JOURNALS).find_map(|n| self.get(n).read(at, seq, key, want_value))
+        (0..JOURNALS).find_map(|n| self.get(n).read(at, seq, key, value.as_deref_mut()))
     }
 }
 

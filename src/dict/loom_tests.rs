@@ -147,34 +147,44 @@ impl Dict {
     /// A lock-free read, as `SharedDict::read_entry` makes it: the entry, or the undo copy
     /// when the entry is mid-write or out of use and the copy covers that write; looks
     /// again when neither could be read (the write ended between the two).
-    fn read(&self, k: &[u8]) -> Look {
+    fn read(&self, k: &[u8]) -> Got {
         self.read_tries(k, 4)
     }
 
     /// [`read`](Self::read) with at most `tries` looks.
-    fn read_tries(&self, k: &[u8], tries: usize) -> Look {
+    fn read_tries(&self, k: &[u8], tries: usize) -> Got {
         let journals = self.keep().journals;
+        let mut value = Vec::new();
         let mut look = Look::Changed;
         for _ in 0..tries {
-            look = self.entry().read(&key(k), true);
+            look = self.entry().read(&key(k), Some(&mut value));
             if matches!(look, Look::Busy | Look::Parked) {
                 let seq = self.entry().seq();
-                if let Some(copy) = journals.read(0, seq, &key(k), true) {
-                    return copy;
+                if let Some(look) = journals.read(0, seq, &key(k), Some(&mut value)) {
+                    return Got { look, value };
                 }
             }
             if !matches!(look, Look::Busy | Look::Parked | Look::Changed) {
-                return look;
+                break;
             }
             thread::yield_now();
         }
-        look
+        Got { look, value }
     }
 
     /// The entry alone, without the undo copy.
-    fn read_entry(&self, k: &[u8]) -> Look {
-        self.entry().read(&key(k), true)
+    fn read_entry(&self, k: &[u8]) -> Got {
+        let mut value = Vec::new();
+        let look = self.entry().read(&key(k), Some(&mut value));
+        Got { look, value }
     }
+}
+
+/// What a read found, and the value's bytes it copied.
+#[derive(Debug)]
+struct Got {
+    look: Look,
+    value: Vec<u8>,
 }
 
 /// A model explored with at most `preemptions` preemptions (the undo copy's steps make the
@@ -195,23 +205,23 @@ fn key(name: &[u8]) -> PackedKey<'_> {
 /// writer that loads an entry's words before it stores them (the undo copy does) would hide
 /// the reads of a reader that ran first from it, so that loom would never try the reader
 /// in the middle of the writes (the models then pass a reader that trusts a torn copy).
-fn reader_thread(d: &Dict, k: &'static [u8]) -> thread::JoinHandle<Look> {
+fn reader_thread(d: &Dict, k: &'static [u8]) -> thread::JoinHandle<Got> {
     reader_thread_tries(d, k, 4)
 }
 
 /// [`reader_thread`] with at most `tries` looks.
-fn reader_thread_tries(d: &Dict, k: &'static [u8], tries: usize) -> thread::JoinHandle<Look> {
+fn reader_thread_tries(d: &Dict, k: &'static [u8], tries: usize) -> thread::JoinHandle<Got> {
     let d = d.clone();
     thread::spawn(move || d.read_tries(k, tries))
 }
 
 /// A read of `k` that is accepted must be one whole value: all 16 bytes and the flags from
 /// the same store.
-fn check(look: &Look) -> Option<u8> {
-    match look {
+fn check(got: &Got) -> Option<u8> {
+    match &got.look {
         Look::Found(c) => {
-            let n = c.value[0];
-            assert_eq!(c.value, vec![n; 16], "torn value");
+            let n = got.value[0];
+            assert_eq!(got.value, vec![n; 16], "torn value");
             assert_eq!(c.flags, u32::from(n), "value and flags of different stores");
             Some(n)
         }
@@ -250,7 +260,7 @@ fn dict_eviction_never_gives_a_key_another_keys_value() {
         if let Some(n) = check(&reader.join().unwrap()) {
             assert_eq!(n, 1, "the first key read the second key's value");
         }
-        assert_eq!(d.read(b"first"), Look::Other);
+        assert_eq!(d.read(b"first").look, Look::Other);
         assert_eq!(check(&d.read(b"second")), Some(2));
     });
 }
@@ -330,7 +340,7 @@ fn dict_stalled_writer_taken_over_never_overwrites_its_successor() {
         let a = slow.join().unwrap();
         let b = next.join().unwrap();
         assert_ne!(
-            d.read_entry(b"k"),
+            d.read_entry(b"k").look,
             Look::Busy,
             "an entry was left mid-write"
         );

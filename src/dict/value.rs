@@ -76,20 +76,13 @@ impl Value {
     }
 
     /// The value of an entry's kind and bytes (as [`ValueRef::encode`] laid them out).
+    #[inline]
     pub(crate) fn decode(kind: Kind, bytes: Vec<u8>) -> Value {
-        let word = || {
-            let mut w = [0u8; 8];
-            let n = bytes.len().min(8);
-            w[..n].copy_from_slice(&bytes[..n]);
-            w
-        };
-        match kind {
-            Kind::Bytes => Value::Bytes(bytes),
-            Kind::Int => Value::Int(i64::from_le_bytes(word())),
-            Kind::Float => Value::Float(f64::from_bits(u64::from_le_bytes(word()))),
-            Kind::Bool => Value::Bool(bytes.first().is_some_and(|&b| b != 0)),
-            // (never handed out: a list is read through the list operations)
-            Kind::List => Value::Bytes(bytes),
+        match ValueRef::decode(kind, &bytes) {
+            ValueRef::Int(n) => Value::Int(n),
+            ValueRef::Float(x) => Value::Float(x),
+            ValueRef::Bool(b) => Value::Bool(b),
+            ValueRef::Bytes(_) => Value::Bytes(bytes),
         }
     }
 }
@@ -124,6 +117,26 @@ impl PartialEq for ValueRef<'_> {
 impl Eq for ValueRef<'_> {}
 
 impl<'a> ValueRef<'a> {
+    /// The value of an entry's kind and bytes (as [`encode`](Self::encode) laid them out);
+    /// a damaged number's missing bytes read as zeros.
+    #[inline]
+    pub(crate) fn decode(kind: Kind, bytes: &'a [u8]) -> ValueRef<'a> {
+        let word = || {
+            let mut w = [0u8; 8];
+            let n = bytes.len().min(8);
+            w[..n].copy_from_slice(&bytes[..n]);
+            w
+        };
+        match kind {
+            Kind::Bytes => ValueRef::Bytes(bytes),
+            Kind::Int => ValueRef::Int(i64::from_le_bytes(word())),
+            Kind::Float => ValueRef::Float(f64::from_bits(u64::from_le_bytes(word()))),
+            Kind::Bool => ValueRef::Bool(bytes.first().is_some_and(|&b| b != 0)),
+            // (never handed out: a list is read through the list operations)
+            Kind::List => ValueRef::Bytes(bytes),
+        }
+    }
+
     /// The kind and bytes an entry stores: a number's 8 little-endian bytes, a boolean's
     /// one (0 or 1), put in `buf`, so nothing allocates.
     pub(crate) fn encode(self, buf: &'a mut [u8; 8]) -> (Kind, &'a [u8]) {

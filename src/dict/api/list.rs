@@ -62,9 +62,11 @@ impl SharedDict {
     pub fn llen(&self, key: impl AsRef<[u8]>) -> Result<usize, Error> {
         let k = self.pack(key.as_ref())?;
         let now = self.now();
-        match self.lookup(&k, true) {
-            Some((_, c)) if c.deadline > now && c.kind != Kind::List => Err(Error::NotAList),
-            Some((_, c)) if c.deadline > now => Ok(List(c.value).len()),
+        let mut value = Vec::new();
+        let mut c = Copied::NONE;
+        match self.lookup(&k, Some(&mut value), &mut c) {
+            Some(_) if c.deadline > now && c.kind != Kind::List => Err(Error::NotAList),
+            Some(_) if c.deadline > now => Ok(List(value).len()),
             _ => Ok(0),
         }
     }
@@ -78,11 +80,12 @@ impl SharedDict {
         }
         self.writing(|w| {
             let now = self.now();
-            let (i, list, until, flags) = match self.lookup_locked(w, &k, true) {
+            let mut bytes = Vec::new();
+            let (i, list, until, flags) = match self.lookup_locked(w, &k, Some(&mut bytes)) {
                 Some((_, c)) if c.deadline > now && c.kind != Kind::List => {
                     return Err(Error::NotAList)
                 }
-                Some((i, c)) if c.deadline > now => (i, c.value, c.deadline, c.flags),
+                Some((i, c)) if c.deadline > now => (i, bytes, c.deadline, c.flags),
                 // an expired value of the key: a new list in its place
                 Some((i, _)) => (i, Vec::new(), u64::MAX, 0),
                 // as ngx: room from a free or expired entry, never by evicting a live one
@@ -107,14 +110,15 @@ impl SharedDict {
         let k = self.pack(key)?;
         self.writing(|w| {
             let now = self.now();
-            let (i, c) = match self.lookup_locked(w, &k, true) {
+            let mut value = Vec::new();
+            let (i, c) = match self.lookup_locked(w, &k, Some(&mut value)) {
                 Some((i, c)) if c.deadline > now => (i, c),
                 _ => return Ok(Outcome::Done(None)),
             };
             if c.kind != Kind::List {
                 return Err(Error::NotAList);
             }
-            let mut list = List(c.value);
+            let mut list = List(value);
             let Some(value) = list.pop(front) else {
                 return Ok(Outcome::Done(None));
             };
