@@ -324,6 +324,62 @@ fn a_full_dict_evicts_the_least_recently_used_and_safe_variants_refuse() {
     assert!(!d.safe_set("newer", "v", NEVER).unwrap().forcible);
     assert_eq!(d.evictions(), 1);
     assert_eq!(d.len(), 8);
+    // full again: an evicting set reuses an expired entry of the sample, too
+    d.expire("k4", Duration::from_millis(1)).unwrap();
+    sleep(PAST_SHORT);
+    assert!(!d.set("newest", "v", NEVER).unwrap().forcible);
+    assert_eq!(d.evictions(), 1);
+    assert_eq!(d.get("k4").unwrap(), None);
+    assert_eq!(d.len(), 8);
+}
+
+#[test]
+fn a_full_big_dict_evicts_from_the_sample_and_safe_sets_find_expired_entries_anywhere() {
+    // 256 slots, windows of 64, samples of 8: an evicting set on a full dict looks only at
+    // its sample; a safe set (which must not evict) at the whole window.
+    let (_p, d) = dict("evict-big", 256, 8);
+    let fill = |prefix: &str| {
+        for n in 0..100_000 {
+            if d.len() == d.capacity() {
+                return;
+            }
+            d.set(format!("{prefix}{n}"), "v", NEVER).unwrap();
+        }
+        panic!("the dict did not fill: {} of {}", d.len(), d.capacity());
+    };
+    fill("k");
+    // every entry expires: each set finds an expired entry in its sample, evicting none
+    for key in d.keys(0).unwrap() {
+        d.expire(&key, Duration::from_millis(1)).unwrap();
+    }
+    sleep(PAST_SHORT);
+    let evicted = d.evictions();
+    for i in 0..64 {
+        assert!(!d.set(format!("a{i}"), "v", NEVER).unwrap().forcible);
+    }
+    assert_eq!(d.evictions(), evicted);
+    // full again, then one expired entry somewhere: safe sets find it, whatever their home
+    // is in its window
+    d.flush_expired(0);
+    fill("b");
+    let last = d.keys(1).unwrap().pop().unwrap();
+    d.expire(&last, Duration::from_millis(1)).unwrap();
+    sleep(PAST_SHORT);
+    let evicted = d.evictions();
+    let mut placed = 0;
+    for i in 0..256 {
+        match d.safe_set(format!("c{i}"), "v", NEVER) {
+            Ok(stored) => {
+                assert!(!stored.forcible);
+                placed += 1;
+            }
+            Err(Error::NoMemory) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(placed, 1, "the one expired entry was reused once");
+    assert_eq!(d.evictions(), evicted);
+    assert_eq!(d.get(&last).unwrap(), None);
 }
 
 #[test]
