@@ -383,6 +383,58 @@ fn a_full_big_dict_evicts_from_the_sample_and_safe_sets_find_expired_entries_any
 }
 
 #[test]
+fn deletes_and_stores_never_hide_a_stored_key_nor_show_a_deleted_one() {
+    // A small dict and more keys than it holds: homes share entries, filters fill up and
+    // are rebuilt after deletes. Every read agrees with a model of what was stored.
+    let (_p, d) = dict("churn", 256, 8);
+    let mut model = std::collections::HashMap::new();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for step in 0..40_000u64 {
+        let r = next();
+        let key = format!("key:{}", r % 400);
+        match (r >> 32) % 4 {
+            0 => {
+                let deleted = d.delete(&key).unwrap();
+                assert_eq!(
+                    deleted,
+                    model.remove(&key).is_some(),
+                    "step {step}: delete {key}"
+                );
+            }
+            1 | 2 => match d.safe_set(&key, step as i64, NEVER) {
+                Ok(_) => {
+                    model.insert(key.clone(), step as i64);
+                }
+                Err(Error::NoMemory) => assert!(!model.contains_key(&key)),
+                Err(e) => panic!("step {step}: {e}"),
+            },
+            _ => {}
+        }
+        let probe = format!("key:{}", next() % 400);
+        assert_eq!(
+            d.get(&probe).unwrap().map(|i| i.value),
+            model.get(&probe).map(|&n| Value::Int(n)),
+            "step {step}: get {probe}"
+        );
+    }
+    for n in 0..400 {
+        let key = format!("key:{n}");
+        assert_eq!(
+            d.get(&key).unwrap().map(|i| i.value),
+            model.get(&key).map(|&n| Value::Int(n)),
+            "at the end: {key}"
+        );
+    }
+    assert_eq!(d.len(), model.len());
+}
+
+#[test]
 fn limits_are_typed_errors() {
     let (_p, d) = dict("limits", 8, 16);
     assert!(matches!(d.get(""), Err(Error::EmptyKey)));

@@ -75,16 +75,15 @@ fn a_dict_writer_stopped_inside_place_never_lowers_reach() {
     let slot_size = header_u64(&path.0, 24) & 0xffff_ffff;
     let registry = header_u64(&path.0, 72) & 0xffff_ffff;
     let registry_len = (registry * 32).div_ceil(4096) * 4096;
-    let home = |k: &str| {
-        let h = xxhash_rust::xxh3::xxh3_64_with_seed(k.as_bytes(), seed);
-        ((u128::from(h) * 64) >> 64) as u64
-    };
-    // four keys of one home
-    let mut by_home: std::collections::HashMap<u64, Vec<String>> = Default::default();
+    let hash = |k: &str| xxhash_rust::xxh3::xxh3_64_with_seed(k.as_bytes(), seed);
+    let home = |k: &str| ((u128::from(hash(k)) * 64) >> 64) as u64;
+    // four keys of one home, and of one bit of its filter (so that each store reads the
+    // reach in its lookup before it raises it, as the breakpoint below counts)
+    let mut by_home: std::collections::HashMap<(u64, u64), Vec<String>> = Default::default();
     let keys = (0..)
         .find_map(|n| {
             let k = format!("key{n}");
-            let v = by_home.entry(home(&k)).or_default();
+            let v = by_home.entry((home(&k), hash(&k) & 31)).or_default();
             v.push(k);
             (v.len() == 4).then(|| v.clone())
         })

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::entry::{Aborted, Copied, Entry, Geometry, Kind, Look, Out, PackedKey};
+use super::filter::{self, Filter};
 use super::journal::{Journal, Journals, Keep, Settled, State as JournalState, JOURNALS};
 use super::value::{Num, Number, Value, ValueRef};
 
@@ -49,7 +50,8 @@ const RETRIES: usize = 8;
 struct DictEnv<'a> {
     att: &'a Attachment,
     owner: OwnerId,
-    seen: std::cell::Cell<(u64, std::time::Instant)>,
+    /// (`None` until a holder is watched: an uncontended lock reads no clock)
+    seen: std::cell::Cell<Option<(u64, std::time::Instant)>>,
 }
 
 impl WriterEnv for DictEnv<'_> {
@@ -60,12 +62,13 @@ impl WriterEnv for DictEnv<'_> {
         self.att.is_dead(owner)
     }
     fn stalled(&self, word: u64) -> bool {
-        let (w, since) = self.seen.get();
-        if w == word {
-            return since.elapsed() >= crate::shm::attachment::STALL_BOUND;
+        match self.seen.get() {
+            Some((w, since)) if w == word => since.elapsed() >= crate::shm::attachment::STALL_BOUND,
+            _ => {
+                self.seen.set(Some((word, std::time::Instant::now())));
+                false
+            }
         }
-        self.seen.set((word, std::time::Instant::now()));
-        false
     }
     fn sleep(&self, wait: &AtomicU32, seen: u32) {
         crate::shm::futex::wait(wait, seen, RECHECK);
@@ -530,11 +533,14 @@ impl SharedDict {
     /// and counts the read.
     #[inline(always)]
     fn read_live(&self, k: &PackedKey, value: &mut Vec<u8>) -> Result<Option<Copied>, Error> {
-        let now = self.now();
         let mut c = Copied::NONE;
-        let found = match self.lookup(k, Some(value), &mut c) {
-            Some(_) if c.deadline > now && c.kind == Kind::List => return Err(Error::IsAList),
-            Some(i) if c.deadline > now => {
+        let at = self.lookup(k, Some(value), &mut c);
+        // (the clock after the lookup: a miss, which the filter makes short, needs none)
+        let found = match at.map(|i| (i, self.now())) {
+            Some((_, now)) if c.deadline > now && c.kind == Kind::List => {
+                return Err(Error::IsAList)
+            }
+            Some((i, now)) if c.deadline > now => {
                 self.touch(i, now);
                 Some(c)
             }
@@ -824,6 +830,7 @@ impl SharedDict {
                     .write(self.entry(i).free(&w.writing, Some(&self.keep(i))))?
                     .map(|()| {
                         self.uncount(1);
+                        self.going(w, self.home(&k));
                         d > now
                     })),
                 None => Ok(Outcome::Done(false)),
@@ -861,8 +868,12 @@ impl SharedDict {
                 }
                 let e = self.entry(i);
                 if e.is_stable() && e.is_used() && e.deadline() <= now {
+                    let home = self.home_of(e.hash());
                     match e.free(&w.writing, None) {
-                        Ok(()) => removed += 1,
+                        Ok(()) => {
+                            removed += 1;
+                            self.going(w, home);
+                        }
                         Err(Aborted::NotStable) => {}
                         Err(Aborted::TakenOver) => break,
                     }
@@ -947,12 +958,13 @@ impl SharedDict {
         let env = DictEnv {
             att: &self.inner.att,
             owner: self.inner.att.owner()?,
-            seen: std::cell::Cell::new((0, std::time::Instant::now())),
+            seen: std::cell::Cell::new(None),
         };
         let (writing, took_over) = self.writer_lock().lock(&env);
         let w = Locked {
             writing,
             restoring: std::cell::Cell::new(false),
+            going: std::cell::Cell::new(None),
         };
         // The undo copy first: the entry it covers must get its value back before any
         // write looks for room or for the key.
@@ -1085,6 +1097,9 @@ impl SharedDict {
         for _ in 0..RETRIES {
             let w = self.write_lock()?;
             let outcome = op(&w);
+            if let (Ok(Outcome::Done(_)), Some(home)) = (&outcome, w.going.take()) {
+                self.refilter(&w, home);
+            }
             let released = w.writing.release();
             match outcome? {
                 // Every write of the operation was made, each checked under this writer's
@@ -1115,7 +1130,47 @@ impl SharedDict {
     }
 
     fn home(&self, k: &PackedKey) -> usize {
-        ((u128::from(k.hash) * self.capacity() as u128) >> 64) as usize
+        self.home_of(k.hash)
+    }
+
+    /// The home of a key of this hash: from its high bits (the filter bit is from its low
+    /// ones).
+    #[inline]
+    fn home_of(&self, hash: u64) -> usize {
+        ((u128::from(hash) * self.capacity() as u128) >> 64) as usize
+    }
+
+    fn filter(&self, home: usize) -> Filter<'_> {
+        Filter(self.entry(home).filter())
+    }
+
+    /// Rebuilds the filter of `home` after one of its keys went (see [`Filter::rebuild`]),
+    /// from the entries within its reach.
+    fn refilter(&self, w: &Locked<'_>, home: usize) {
+        self.filter(home).rebuild(&w.writing, || {
+            if self.journals().any_busy() {
+                return None; // a copy may hold a key of this home
+            }
+            let mut bits = 0;
+            for d in 0..=self.reach(home) {
+                match self.entry(self.at(home, d)).stable_hash()? {
+                    Some(hash) if self.home_of(hash) == home => bits |= filter::bit(hash),
+                    _ => {}
+                }
+            }
+            Some(bits)
+        });
+    }
+
+    /// Notes that a key of `home` goes in this operation: its filter is rebuilt once the
+    /// operation's writes are made (one pending home at a time: an earlier one is rebuilt
+    /// now, between writes).
+    fn going(&self, w: &Locked<'_>, home: usize) {
+        if let Some(earlier) = w.going.replace(Some(home)) {
+            if earlier != home {
+                self.refilter(w, earlier);
+            }
+        }
     }
 
     fn window(&self) -> usize {
@@ -1231,6 +1286,9 @@ impl SharedDict {
     /// the stack field by field and then moved whole stalls on store forwarding.
     fn lookup(&self, k: &PackedKey, mut value: Out<'_>, found: &mut Copied) -> Option<usize> {
         let home = self.home(k);
+        if !self.filter(home).may_hold(k.hash) {
+            return None;
+        }
         let mut parked = false;
         for _ in 0..2 {
             for d in 0..=self.reach(home) {
@@ -1329,6 +1387,11 @@ impl SharedDict {
         value: Out<'_>,
     ) -> Option<(usize, Copied)> {
         let home = self.home(k);
+        // The filter's rule holds for a writer too: a clear bit means no entry and no undo
+        // copy holds the key (stale writers' entries included), so a new key costs no scan.
+        if !self.filter(home).may_hold(k.hash) {
+            return None;
+        }
         let mut value = value;
         (0..=self.reach(home)).find_map(|d| {
             let i = self.at(home, d);
@@ -1393,12 +1456,18 @@ impl SharedDict {
             }
         }
         let (d, forcible) = chosen.ok_or(Error::NoMemory)?;
+        let at = self.at(home, d);
+        if let Some(Some(hash)) = self.entry(at).stable_hash() {
+            self.going(w, self.home_of(hash)); // an expired or evicted entry's key
+        }
         // Only ever raised, and by an RMW: a writer taken over in the middle of this (that
-        // resumes later) must not lower a reach its successor raised.
+        // resumes later) must not lower a reach its successor raised. The filter's bit is
+        // set, like the reach raised, before the key is stored.
         self.entry(home)
             .reach()
             .fetch_max(d as u64, Ordering::Release);
-        Ok((self.at(home, d), Stored { forcible }))
+        self.filter(home).add(k.hash);
+        Ok((at, Stored { forcible }))
     }
 
     /// After taking the writer lock over: cleans every entry (empties the dead writer's,
@@ -1437,6 +1506,8 @@ struct Locked<'a> {
     /// An undo copy is being stored elsewhere ([`SharedDict::restore_elsewhere`]): the
     /// entries it meets are not to start another.
     restoring: std::cell::Cell<bool>,
+    /// A key of this home goes in the operation: its filter is to be rebuilt.
+    going: std::cell::Cell<Option<usize>>,
 }
 
 fn ttl_ns(ttl: Duration) -> u64 {

@@ -13,6 +13,7 @@ use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use loom::thread;
 
 use super::entry::{Aborted, Entry, Geometry, Kind, Look, PackedKey};
+use super::filter::{self, Filter};
 use super::journal::{Journals, Keep, JOURNALS};
 use super::writer::{WriterEnv, WriterLock};
 use crate::shm::primitive::{crash, Ordering};
@@ -441,5 +442,77 @@ fn dict_a_stalled_writer_leaves_the_old_value_readable() {
             Some(1) => assert!(written.is_err(), "a write that reported success was lost"),
             _ => panic!("the key's value was lost: {after:?}"),
         }
+    });
+}
+
+/// Model D7 — a writer rebuilding a home's filter (after a key of the home went) is taken
+/// over in the middle, and its successor places a key of the home whose bit was already
+/// set (by a key that went) and stores it: the rebuild, computed from entries that did not
+/// hold the new key yet, never clears the new key's bit (readers would then miss a stored
+/// key). The successor's add moves the filter's generation on, so the late CAS fails.
+#[test]
+fn dict_a_taken_over_filter_rebuild_never_clears_a_placed_key() {
+    const HASH_A: u64 = 0x5ee0 | 1;
+    const HASH_K: u64 = 0x5ee0 | 7;
+    loom::model(|| {
+        let d = Dict::new();
+        let a = PackedKey::new(b"a", HASH_A);
+        let k = PackedKey::new(b"k", HASH_K);
+        let filter = Arc::new(AtomicU64::new(0));
+        let lock = WriterLock {
+            word: &d.lock,
+            wait: &d.wait,
+        };
+        // "a" is stored; the filter also has the bits of three keys that went, "k"'s among them
+        {
+            let (w, _) = lock.lock(&Proc { d: &d, pid: 3 });
+            for hash in [HASH_A, HASH_K, 0x5ee0 | 9, 0x5ee0 | 11] {
+                Filter(&filter).add(hash);
+            }
+            d.entry()
+                .store(&w, None, &a, Kind::Bytes, &[1; 16], 1, 1_000, 1)
+                .unwrap();
+            w.release().unwrap();
+        }
+        let held = Arc::new(AtomicBool::new(false));
+        let stale = {
+            let (d, filter, held) = (d.clone(), filter.clone(), held.clone());
+            thread::spawn(move || {
+                let lock = WriterLock {
+                    word: &d.lock,
+                    wait: &d.wait,
+                };
+                let (w, _) = lock.lock(&Proc { d: &d, pid: 1 });
+                held.store(true, Ordering::SeqCst);
+                // Lets the successor run first in loom's first schedule: its add's load
+                // would otherwise hide this thread's load of the filter from loom's DPOR
+                // (one last access per atomic), which would never try the load after it.
+                thread::yield_now();
+                Filter(&filter).rebuild(&w, || {
+                    d.entry().stable_hash().map(|h| h.map_or(0, filter::bit))
+                });
+                let _ = ManuallyDrop::new(w); // taken over: its release would fail
+            })
+        };
+        while !held.load(Ordering::SeqCst) {
+            thread::yield_now();
+        }
+        // The holder is declared stalled: the successor takes the lock over, places "k"
+        // where "a" was, and stores it.
+        d.stalled.store(true, Ordering::SeqCst);
+        let (w, took_over) = lock.lock(&Proc { d: &d, pid: 2 });
+        assert!(took_over);
+        Filter(&filter).add(HASH_K);
+        d.entry()
+            .store(&w, None, &k, Kind::Bytes, &[2; 16], 2, 1_000, 1)
+            .unwrap();
+        stale.join().unwrap();
+        assert_eq!(d.entry().stable_hash(), Some(Some(HASH_K)));
+        assert!(
+            Filter(&filter).may_hold(HASH_K),
+            "a stored key's filter bit was cleared: {:#x}",
+            filter.load(Ordering::SeqCst)
+        );
+        let _ = ManuallyDrop::new(w);
     });
 }

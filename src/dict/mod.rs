@@ -9,11 +9,14 @@
 //!
 //! Entries never move: a key lives within [`WINDOW`] slots of its home, and each home
 //! records the farthest distance at which one of its keys was placed (`reach`), so a
-//! lookup reads at most `reach + 1` entries and never stops at a gap.
+//! lookup reads at most `reach + 1` entries and never stops at a gap. Each home also has a
+//! [`filter`] of the keys it may hold, so that a lookup of an absent key usually reads only
+//! the home.
 
 pub(crate) mod entry;
 #[cfg(not(loom))]
 mod fetch;
+mod filter;
 mod journal;
 #[cfg(all(test, loom))]
 mod loom_tests;

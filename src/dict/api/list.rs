@@ -126,6 +126,7 @@ impl SharedDict {
                 let freed = self.write(self.entry(i).free(&w.writing, Some(&self.keep(i))))?;
                 return Ok(freed.map(|()| {
                     self.uncount(1);
+                    self.going(w, self.home(&k));
                     Some(value)
                 }));
             }
