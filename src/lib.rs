@@ -71,7 +71,8 @@ mod stats;
 
 #[cfg(not(loom))]
 pub use dict::{
-    DictOptions, Fetched, Item, ItemRef, Number, Put, SharedDict, Source, Stored, Value, ValueRef,
+    DictOptions, Fetched, Item, ItemRef, Number, Put, SharedDict, Source, Stored, Value, ValueInfo,
+    ValueKind, ValueRef,
 };
 pub use error::{Error, FormatError, HolderSeen, KeyPreview};
 pub use limits::{MAX_CAPACITY, MAX_KEY_LEN};

@@ -541,9 +541,67 @@ fn inspect_shows_a_shared_dicts_counters_and_live_keys() {
     assert_eq!(json["writer_pid"], serde_json::Value::Null);
     assert_eq!(
         json["keys"][0],
-        serde_json::json!({"key": "item:1", "key_hex": "6974656d3a31", "ttl_ms": null})
+        serde_json::json!({"key": "item:1", "key_hex": "6974656d3a31", "value_kind": "bytes",
+            "len": 1, "ttl_ms": null})
     );
     assert!(json["keys"][1]["ttl_ms"].is_u64(), "{json}");
+}
+
+#[test]
+fn inspect_shows_each_dict_values_kind_and_length() {
+    let file = TempPath::new("cli-dict-kinds");
+    let dict = SharedDict::open(&file, 16, 64).unwrap();
+    dict.set("a:bytes", "twelve bytes", Duration::ZERO).unwrap();
+    dict.set("b:int", 7i64, Duration::ZERO).unwrap();
+    dict.set("c:float", 0.5f64, Duration::ZERO).unwrap();
+    dict.set("d:bool", true, Duration::ZERO).unwrap();
+    for element in ["x", "y", "z"] {
+        dict.rpush("e:queue", element).unwrap();
+    }
+    let text = String::from_utf8(output(shmlock(&file).arg("inspect")).stdout).unwrap();
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip(2)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ["a:bytes", "bytes", "12", "never"],
+            ["b:int", "int", "8", "never"],
+            ["c:float", "float", "8", "never"],
+            ["d:bool", "bool", "1", "never"],
+            ["e:queue", "list", "3", "never"],
+        ],
+        "{text}"
+    );
+    assert!(text.lines().nth(1).unwrap().contains("KIND"), "{text}");
+    let json = inspect_json(&file, &[]);
+    let kinds: Vec<(String, u64)> = json["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| {
+            (
+                k["value_kind"].as_str().unwrap().to_string(),
+                k["len"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("bytes".to_string(), 12),
+            ("int".to_string(), 8),
+            ("float".to_string(), 8),
+            ("bool".to_string(), 1),
+            ("list".to_string(), 3),
+        ]
+    );
+    // a popped list is shorter
+    dict.lpop("e:queue").unwrap();
+    let json = inspect_json(&file, &[]);
+    assert_eq!(json["keys"][4]["len"], 2, "{json}");
 }
 
 /// Starts `shmlock run KEY -- cat` (which holds KEY until its stdin is closed) and waits

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use common::dict::{dict, NEVER};
 use common::TempPath;
-use shmlock::{Error, FormatError, ItemRef, LockTable, Put, SharedDict, Source, Value, ValueRef};
+use shmlock::{
+    Error, FormatError, ItemRef, LockTable, Put, SharedDict, Source, Value, ValueKind, ValueRef,
+};
 
 const SHORT: Duration = Duration::from_millis(30);
 /// Longer than SHORT plus the coarse clock's tick, with room to spare.
@@ -122,6 +124,42 @@ fn get_with_hands_over_what_get_returns_without_an_owned_copy() {
         Some(inner),
         stored.iter().find(|s| s.0 == "b1").map(|s| s.1.clone())
     );
+}
+
+#[test]
+fn describe_tells_kind_length_flags_and_ttl_of_live_values_only() {
+    let (_p, d) = dict("describe", 64, 64);
+    d.put(Put::Set, "b", "seven b", Duration::from_secs(60), 3)
+        .unwrap();
+    d.set("n", 1i64, NEVER).unwrap();
+    d.set("x", 1.5f64, NEVER).unwrap();
+    d.set("t", false, NEVER).unwrap();
+    d.lpush("l", "a").unwrap();
+    d.lpush("l", 2i64).unwrap();
+    let b = d.describe("b").unwrap().unwrap();
+    assert_eq!((b.kind, b.len, b.flags), (ValueKind::Bytes, 7, 3));
+    assert!(b.ttl.unwrap() > Duration::from_secs(50) && b.ttl.unwrap() <= Duration::from_secs(60));
+    let kinds: Vec<_> = ["n", "x", "t", "l"]
+        .iter()
+        .map(|k| {
+            let i = d.describe(k).unwrap().unwrap();
+            (i.kind, i.len, i.ttl)
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (ValueKind::Int, 8, None),
+            (ValueKind::Float, 8, None),
+            (ValueKind::Bool, 1, None),
+            (ValueKind::List, 2, None),
+        ]
+    );
+    assert_eq!(d.describe("absent").unwrap(), None);
+    d.set("short", "v", SHORT).unwrap();
+    sleep(PAST_SHORT);
+    assert_eq!(d.describe("short").unwrap(), None, "expired");
+    assert!(matches!(d.describe(""), Err(Error::EmptyKey)));
 }
 
 #[test]

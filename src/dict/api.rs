@@ -106,6 +106,50 @@ pub struct Item {
     pub flags: u32,
 }
 
+/// The kind of a stored value (see [`SharedDict::describe`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ValueKind {
+    /// Bytes ([`Value::Bytes`]).
+    Bytes,
+    /// An integer ([`Value::Int`]).
+    Int,
+    /// A float ([`Value::Float`]).
+    Float,
+    /// A boolean ([`Value::Bool`]).
+    Bool,
+    /// A list ([`SharedDict::lpush`] and the rest).
+    List,
+}
+
+impl ValueKind {
+    /// The kind's name as `shmlock inspect` prints it: `bytes`, `int`, `float`, `bool`,
+    /// `list`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ValueKind::Bytes => "bytes",
+            ValueKind::Int => "int",
+            ValueKind::Float => "float",
+            ValueKind::Bool => "bool",
+            ValueKind::List => "list",
+        }
+    }
+}
+
+/// What [`SharedDict::describe`] tells of a live value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ValueInfo {
+    /// Its kind.
+    pub kind: ValueKind,
+    /// Bytes of a byte value, elements of a list; 8 for a number, 1 for a boolean.
+    pub len: usize,
+    /// The user flags it was stored with.
+    pub flags: u32,
+    /// Time left to live; `None`: never expires.
+    pub ttl: Option<Duration>,
+}
+
 /// A value read by [`SharedDict::get_with`], borrowed for the call, with its flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ItemRef<'a> {
@@ -587,6 +631,49 @@ impl SharedDict {
                 key: KeyPreview::new(key),
             }),
         }
+    }
+
+    /// What `key`'s live value is, without handing it out: its kind, its length (bytes of
+    /// a byte value, elements of a list; 8 for a number, 1 for a boolean), its flags and
+    /// its time to live. `None` if it has no live value. For inspection (`shmlock inspect`
+    /// lists this for every key).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("shmlock-doc-describe-{}", std::process::id()));
+    /// # let _ = std::fs::remove_file(&path);
+    /// use shmlock::{SharedDict, ValueKind};
+    /// use std::time::Duration;
+    ///
+    /// let dict = SharedDict::open(&path, 64, 64)?;
+    /// dict.rpush("jobs", "a")?;
+    /// dict.rpush("jobs", "b")?;
+    /// let info = dict.describe("jobs")?.unwrap();
+    /// assert_eq!((info.kind, info.len, info.ttl), (ValueKind::List, 2, None));
+    /// assert_eq!(dict.describe("absent")?, None);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn describe(&self, key: impl AsRef<[u8]>) -> Result<Option<ValueInfo>, Error> {
+        let k = self.pack(key.as_ref())?;
+        let mut value = Vec::new();
+        let mut c = Copied::NONE;
+        let now = self.now();
+        if self.lookup(&k, Some(&mut value), &mut c).is_none() || c.deadline <= now {
+            return Ok(None);
+        }
+        let (kind, len) = match c.kind {
+            Kind::Bytes => (ValueKind::Bytes, value.len()),
+            Kind::Int => (ValueKind::Int, value.len()),
+            Kind::Float => (ValueKind::Float, value.len()),
+            Kind::Bool => (ValueKind::Bool, value.len()),
+            Kind::List => (ValueKind::List, super::value::List(value).len()),
+        };
+        Ok(Some(ValueInfo {
+            kind,
+            len,
+            flags: c.flags,
+            ttl: (c.deadline != u64::MAX).then(|| Duration::from_nanos(c.deadline - now)),
+        }))
     }
 
     /// Up to `max` keys with live values (0: all), in table order. Like ngx, this reads

@@ -3,9 +3,9 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use shmlock::{Error, FormatError, Holder, LockTable, RedisLocks, SharedDict};
+use shmlock::{Error, FormatError, Holder, LockTable, RedisLocks, SharedDict, ValueInfo};
 
 use crate::args::{secs, InspectArgs};
 use crate::exit::{Fail, EX_IOERR, EX_NOINPUT, EX_USAGE};
@@ -129,13 +129,14 @@ fn snapshot(out: &mut Vec<u8>, what: &Inspected, a: &InspectArgs) -> Result<(), 
             }
         }
         Inspected::Dict(dict, file) => {
-            let mut keys: Vec<(Vec<u8>, Option<Duration>)> = dict
-                .keys(0)?
-                .into_iter()
+            let mut keys: Vec<(Vec<u8>, ValueInfo)> = Vec::new();
+            for k in dict.keys(0)? {
                 // a key may expire or go between the two looks
-                .filter_map(|k| dict.ttl(&k).ok().map(|ttl| (k, ttl)))
-                .collect();
-            keys.sort();
+                if let Some(info) = dict.describe(&k)? {
+                    keys.push((k, info));
+                }
+            }
+            keys.sort_by(|x, y| x.0.cmp(&y.0));
             if a.json {
                 json::write_dict(out, file, dict, &keys)
             } else {

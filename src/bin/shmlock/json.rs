@@ -4,9 +4,8 @@
 use std::borrow::Cow;
 use std::io::Write;
 use std::path::Path;
-use std::time::Duration;
 
-use shmlock::{Holder, LockTable, RedisHolder, SharedDict};
+use shmlock::{Holder, LockTable, RedisHolder, SharedDict, ValueInfo};
 
 use crate::show::{held_for, hex, state_name};
 
@@ -102,6 +101,10 @@ struct DictReport<'a> {
 struct DictKey {
     key: String,
     key_hex: String,
+    /// `bytes`, `int`, `float`, `bool` or `list`.
+    value_kind: &'static str,
+    /// Bytes of a byte value, elements of a list; 8 for a number, 1 for a boolean.
+    len: usize,
     ttl_ms: Option<u64>,
 }
 
@@ -110,7 +113,7 @@ pub fn write_dict(
     out: &mut impl Write,
     file: &Path,
     dict: &SharedDict,
-    keys: &[(Vec<u8>, Option<Duration>)],
+    keys: &[(Vec<u8>, ValueInfo)],
 ) -> std::io::Result<()> {
     let report = DictReport {
         file: file.to_string_lossy(),
@@ -125,10 +128,12 @@ pub fn write_dict(
         writer_pid: dict.writer_pid(),
         keys: keys
             .iter()
-            .map(|(k, ttl)| DictKey {
+            .map(|(k, info)| DictKey {
                 key: String::from_utf8_lossy(k).into_owned(),
                 key_hex: hex(k),
-                ttl_ms: ttl.map(|d| d.as_millis() as u64),
+                value_kind: info.kind.name(),
+                len: info.len,
+                ttl_ms: info.ttl.map(|d| d.as_millis() as u64),
             })
             .collect(),
     };

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
-use shmlock::{Holder, LockTable, RedisHolder, SharedDict};
+use shmlock::{Holder, LockTable, RedisHolder, SharedDict, ValueInfo};
 
 use crate::show::{held_for, printable, state_name};
 
@@ -69,7 +69,7 @@ pub fn write_dict(
     out: &mut impl Write,
     file: &Path,
     dict: &SharedDict,
-    keys: &[(Vec<u8>, Option<Duration>)],
+    keys: &[(Vec<u8>, ValueInfo)],
 ) -> std::io::Result<()> {
     writeln!(
         out,
@@ -87,10 +87,23 @@ pub fn write_dict(
     if keys.is_empty() {
         return writeln!(out, "no live keys");
     }
-    writeln!(out, "{:<48} {:>10}", "KEY", "TTL")?;
-    for (k, ttl) in keys {
-        let ttl = ttl.map_or("never".to_string(), |d| format!("{:.3}s", d.as_secs_f64()));
-        writeln!(out, "{:<48} {:>10}", printable(k), ttl)?;
+    writeln!(
+        out,
+        "{:<48} {:>6} {:>8} {:>10}",
+        "KEY", "KIND", "LEN", "TTL"
+    )?;
+    for (k, info) in keys {
+        let ttl = info
+            .ttl
+            .map_or("never".to_string(), |d| format!("{:.3}s", d.as_secs_f64()));
+        writeln!(
+            out,
+            "{:<48} {:>6} {:>8} {:>10}",
+            printable(k),
+            info.kind.name(),
+            info.len,
+            ttl
+        )?;
     }
     Ok(())
 }
