@@ -472,6 +472,12 @@ impl SharedDict {
         Cells::of(&self.inner.att.map)
     }
 
+    /// Counts a store, in the thread's cell.
+    fn count_set(&self) {
+        let att = &self.inner.att;
+        counters::count(att.map_id(), &att.map, Fast::Set);
+    }
+
     /// Counts a read, in the thread first (reads are the fast path: see `counters`).
     #[inline]
     fn count_read(&self, hit: bool) {
@@ -799,7 +805,7 @@ impl SharedDict {
             };
             let written = self.write(self.store_at(w, i, &k, (kind, bytes), flags, until, now))?;
             if matches!(written, Outcome::Done(())) {
-                self.counters().add(counters::SETS, 1);
+                self.count_set();
             }
             Ok(written.map(|()| stored))
         })
@@ -879,7 +885,7 @@ impl SharedDict {
             let stored = self.store_at(w, i, &k, (kind, bytes), flags, until, now);
             let written = self.write(stored)?;
             if matches!(written, Outcome::Done(())) {
-                self.counters().add(counters::SETS, 1);
+                self.count_set();
             }
             Ok(written.map(|()| result))
         })

@@ -81,7 +81,27 @@ fn next_hold(cur: u64, owner: OwnerId) -> u64 {
 impl<'a> WriterLock<'a> {
     /// Takes the lock. The flag says it was taken over from a dead or stalled owner: the
     /// caller must recover (see `SharedDict::recover`) before writing.
+    #[inline]
     pub(crate) fn lock(self, env: &impl WriterEnv) -> (Writing<'a>, bool) {
+        // The uncontended case inline: a result built in the caller's registers, not
+        // returned through memory (whose reload stalled on store forwarding).
+        let cur = self.word.load(Ordering::Acquire);
+        if cur & LOCKED == 0 {
+            let mine = next_hold(cur, env.owner());
+            if self
+                .word
+                .compare_exchange(cur, mine, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+            {
+                return (self.held(mine, env.owner()), false);
+            }
+        }
+        self.lock_slow(env)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn lock_slow(self, env: &impl WriterEnv) -> (Writing<'a>, bool) {
         let owner = env.owner();
         let mut round = 0;
         loop {

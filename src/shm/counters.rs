@@ -125,9 +125,13 @@ pub(crate) enum Fast {
     Acquired = 0,
     Hit = 1,
     Miss = 2,
+    /// A dict store (counted in the thread's cell: a process cell's word is one more
+    /// read-modify-write, and the cell's index a division, on every `set`).
+    Set = 3,
 }
 
-const FAST_WORDS: [usize; 3] = [ACQUISITIONS, HITS, MISSES];
+const FAST_WORDS: [usize; 4] = [ACQUISITIONS, HITS, MISSES, SETS];
+const _: () = assert!(FAST_WORDS.len() < THREAD_CELL_WORDS); // (word 0 is the owner)
 /// Words of a thread cell: its owner (0: free; else pid << 32 | the thread's id), then one
 /// counter per [`Fast`] event.
 pub(crate) const THREAD_CELL_WORDS: usize = 8;

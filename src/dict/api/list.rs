@@ -100,7 +100,7 @@ impl SharedDict {
             let stored = self.store_at(w, i, &k, (Kind::List, &list.0), flags, until, now);
             let written = self.write(stored)?;
             if matches!(written, Outcome::Done(())) {
-                self.counters().add(counters::SETS, 1);
+                self.count_set();
             }
             Ok(written.map(|()| len))
         })
