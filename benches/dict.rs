@@ -8,7 +8,8 @@
 //! cargo bench --bench dict -- single full        # only the sections named (procs, single, full)
 //! ```
 //!
-//! 1. One process, one thread, 1024 keys, 64-byte values: `get` of a present key and `set`
+//! 1. One process, one thread, 1024 keys, 64-byte values: `get` of a present key (and
+//!    `get_with`, which reads into a buffer the thread reuses) and `set`
 //!    overwriting a present key, for `SharedDict` (capacity 4096, file under /dev/shm), a
 //!    `std::sync::RwLock<HashMap<Vec<u8>, Vec<u8>>>` (a get clones the value out under the
 //!    read lock, as a cache returns an owned copy; a set inserts owned copies of key and
@@ -25,8 +26,8 @@
 //!    share of a core each got and how often each went to sleep; checks that no read saw a
 //!    torn value. Counters come back through a shared file mapping.
 //! 3. A full dict: `set` of never-seen keys (each evicts the least recently used entry of
-//!    its neighbourhood) against `set` overwriting present keys, plus `get` hit and miss on
-//!    the full dict.
+//!    its neighbourhood) against `set` overwriting present keys, plus `get` hit and miss
+//!    (never-seen keys) on the full dict.
 //!
 //! The Redis rows need `redis-server` on the PATH (`bash scripts/redis-server.sh`); without
 //! it they are skipped. Files go to /dev/shm (or the temp dir) and are removed at the end.
@@ -230,6 +231,15 @@ fn single_process(r: &mut Report, s: &Scale) {
         let item = dict.get(k(i)).unwrap();
         assert!(black_box(item).is_some());
     };
+    let mut dict_get_with = |i| {
+        let len = dict
+            .get_with(k(i), |item| match item.value {
+                shmlock::ValueRef::Bytes(b) => black_box(b).len(),
+                _ => 0,
+            })
+            .unwrap();
+        assert_eq!(len, Some(VALUE_LEN));
+    };
     let mut dict_set = |i| {
         let _ = black_box(dict.set(k(i), &value, Duration::ZERO).unwrap());
     };
@@ -279,6 +289,10 @@ fn single_process(r: &mut Report, s: &Scale) {
         },
         Candidate {
             iters: s.iters,
+            f: &mut dict_get_with,
+        },
+        Candidate {
+            iters: s.iters,
             f: &mut map_get,
         },
         Candidate {
@@ -317,26 +331,32 @@ fn single_process(r: &mut Report, s: &Scale) {
     drop(candidates);
     const S: &str = "1. one process";
     r.op(S, "SharedDict get (hit)", &m[0]);
-    r.op(S, "RwLock<HashMap> get (read lock, clone out)", &m[1]);
-    r.op(S, "SharedDict set (overwrite)", &m[2]);
-    r.op(S, "RwLock<HashMap> set (write lock, insert)", &m[3]);
-    if m.len() > 4 {
-        r.op(S, "Redis GET (loopback, sync client)", &m[4]);
-        r.op(S, "Redis SET (loopback, sync client)", &m[5]);
+    r.op(S, "SharedDict get_with (hit, no owned copy)", &m[1]);
+    r.op(S, "RwLock<HashMap> get (read lock, clone out)", &m[2]);
+    r.op(S, "SharedDict set (overwrite)", &m[3]);
+    r.op(S, "RwLock<HashMap> set (write lock, insert)", &m[4]);
+    if m.len() > 5 {
+        r.op(S, "Redis GET (loopback, sync client)", &m[5]);
+        r.op(S, "Redis SET (loopback, sync client)", &m[6]);
     }
     r.ratio(
         S,
         "get: SharedDict / RwLock<HashMap>",
-        m[0].median / m[1].median,
+        m[0].median / m[2].median,
+    );
+    r.ratio(
+        S,
+        "get_with: SharedDict / RwLock<HashMap> get",
+        m[1].median / m[2].median,
     );
     r.ratio(
         S,
         "set: SharedDict / RwLock<HashMap>",
-        m[2].median / m[3].median,
+        m[3].median / m[4].median,
     );
-    if m.len() > 4 {
-        r.ratio(S, "get: Redis / SharedDict", m[4].median / m[0].median);
-        r.ratio(S, "set: Redis / SharedDict", m[5].median / m[2].median);
+    if m.len() > 5 {
+        r.ratio(S, "get: Redis / SharedDict", m[5].median / m[0].median);
+        r.ratio(S, "set: Redis / SharedDict", m[6].median / m[3].median);
     }
 }
 
@@ -740,6 +760,7 @@ fn full_dict(r: &mut Report, s: &Scale) {
         "set: new (evicting) / present",
         m[0].median / m[1].median,
     );
+    r.ratio(S, "get: miss / hit", m[3].median / m[2].median);
     r.row(
         S,
         "new-key sets that evicted a live entry",
