@@ -36,6 +36,10 @@ const TESTS: &[Test] = &[
         a_dict_writer_stopped_inside_place_never_lowers_reach,
     ),
     Test::new(
+        "a_writer_taken_over_before_it_counts_its_entry_leaves_the_count_exact",
+        a_writer_taken_over_before_it_counts_its_entry_leaves_the_count_exact,
+    ),
+    Test::new(
         "a_writer_killed_or_stopped_mid_write_leaves_the_previous_value",
         a_writer_killed_or_stopped_mid_write_leaves_the_previous_value,
     ),
@@ -56,6 +60,125 @@ const TESTS: &[Test] = &[
 
 fn main() {
     common::harness::run("dict_writer", TESTS, common::harness::no_roles);
+}
+
+// ---------------------------------------------------------------------------------------
+// The entry count, which a full dict's eviction rests on
+
+/// A dict's layout as the tests read it from the file.
+struct Layout {
+    seed: u64,
+    slot_size: u64,
+    registry_len: u64,
+    capacity: u64,
+}
+
+impl Layout {
+    fn of(path: &std::path::Path, capacity: u64) -> Layout {
+        let registry = header_u64(path, 72) & 0xffff_ffff;
+        Layout {
+            seed: header_u64(path, 32),
+            slot_size: header_u64(path, 24) & 0xffff_ffff,
+            registry_len: (registry * 32).div_ceil(4096) * 4096,
+            capacity,
+        }
+    }
+    fn home(&self, k: &str) -> u64 {
+        let h = xxhash_rust::xxh3::xxh3_64_with_seed(k.as_bytes(), self.seed);
+        ((u128::from(h) * u128::from(self.capacity)) >> 64) as u64
+    }
+    /// File offset of the control page (after the header and the registry).
+    fn control(&self) -> u64 {
+        4096 + self.registry_len
+    }
+    /// Whether entry `i` holds a key (its meta word's bit 0).
+    fn used(&self, path: &std::path::Path, i: u64) -> bool {
+        use std::os::unix::fs::FileExt;
+        let mut b = [0u8; 8];
+        let at = self.control() + 4096 + i * self.slot_size + 8;
+        std::fs::File::open(path)
+            .unwrap()
+            .read_exact_at(&mut b, at)
+            .unwrap();
+        u64::from_le_bytes(b) & 1 == 1
+    }
+}
+
+/// A writer W setting a new key is stopped (gdb) at its read of the entry count in
+/// `place`, before it counts the free entry it is about to take. P takes the writer lock
+/// over after the bound and recounts. W resumes: it must not add its entry to the count
+/// (its store fails: it was taken over, and the entry stays free). A count one too high
+/// made a full-looking dict evict a live key from a set whose window had a free entry
+/// (the adversarial review of the full-dict eviction found it: 7 of 7 runs).
+fn a_writer_taken_over_before_it_counts_its_entry_leaves_the_count_exact() {
+    require_gdb();
+    let path = TempPath::new("dict-count");
+    let d = shmlock::SharedDict::open(&path, 64, 16).unwrap();
+    let l = Layout::of(&path.0, 64);
+    let never = Duration::ZERO;
+    let mut n = 0;
+    while d.len() < 63 {
+        d.set(format!("f{n}"), "v", never).unwrap();
+        n += 1;
+    }
+    assert_eq!(d.evictions(), 0);
+    let free: Vec<u64> = (0..64).filter(|&i| !l.used(&path.0, i)).collect();
+    assert_eq!(free.len(), 1, "one free entry");
+    let f = free[0];
+    // a new key whose LRU sample (8 entries from its home) misses the free entry
+    let far = |k: &str| (f + 64 - l.home(k)) % 64 >= 12;
+    let b = (0..).map(|i| format!("b{i}")).find(|k| far(k)).unwrap();
+    let before: Vec<Vec<u8>> = d.keys(0).unwrap();
+    let shared = Shared::new(4);
+    let mut w = Proc::new(fork(|| {
+        let base = mapping_base(&path.0) as u64;
+        // (the mapping starts after the header: file offset 4096)
+        let count = base + l.control() - 4096 + 2 * 8;
+        shared.word(1).store(count, Ordering::SeqCst);
+        await_word(&shared, 0, Duration::from_secs(60));
+        let r = d.set("a-new-key", "w", never);
+        shared
+            .word(2)
+            .store(if r.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
+        0
+    }));
+    let addr = await_word(&shared, 1, Duration::from_secs(10));
+    // reads of the count: the hold's tag (1), place's "is the dict full" (2)
+    let gdb = GdbStop::attach_stages(
+        w.pid(),
+        &[Stage::new(&[format!("rwatch *(long*){addr:#x}")]).at_hit(2)],
+    );
+    shared.word(0).store(1, Ordering::SeqCst);
+    assert!(
+        gdb.stopped(Duration::from_secs(30)),
+        "W never read the count twice"
+    );
+    assert_eq!(d.writer_pid(), Some(w.pid() as u32), "W holds the lock");
+    d.set("f0", "v2", never).unwrap(); // takes the lock over (an overwrite: no count change)
+    gdb.release();
+    let said = await_word(&shared, 2, Duration::from_secs(10));
+    w.wait(Duration::from_secs(10));
+    let stored = d.keys(0).unwrap().len();
+    assert_eq!(
+        d.len(),
+        stored,
+        "the count drifted (W said {said}: 2 is Stalled)"
+    );
+    assert!(
+        !l.used(&path.0, f) || said == 1,
+        "W's entry holds its key only if W's set stood"
+    );
+    if said == 2 {
+        // the free entry is free, and the dict knows it: a set whose sample misses it
+        // stores there, evicting nothing
+        assert!(!d.set(b.as_str(), "b", never).unwrap().forcible);
+        assert_eq!(d.evictions(), 0);
+        let after: Vec<Vec<u8>> = d.keys(0).unwrap();
+        assert!(
+            before.iter().all(|k| after.contains(k)),
+            "a live key was evicted"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------

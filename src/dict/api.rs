@@ -414,7 +414,7 @@ impl SharedDict {
     /// Entries stored, counting expired ones not yet removed (as ngx's memory use does);
     /// [`flush_expired`](Self::flush_expired) removes those.
     pub fn len(&self) -> usize {
-        (self.control(LEN).load(Ordering::Relaxed) as usize).min(self.capacity())
+        (count_of(self.control(LEN).load(Ordering::Relaxed)) as usize).min(self.capacity())
     }
 
     /// Whether no entry is stored.
@@ -922,7 +922,7 @@ impl SharedDict {
                 Some((i, d)) => Ok(self
                     .write(self.entry(i).free(&w.writing, Some(&self.keep(i))))?
                     .map(|()| {
-                        self.uncount(1);
+                        self.uncount(w, 1);
                         self.going(w, self.home(&k));
                         d > now
                     })),
@@ -972,7 +972,7 @@ impl SharedDict {
                     }
                 }
             }
-            self.uncount(removed as u64);
+            self.uncount(w, removed as u64);
             Ok(Outcome::Done(removed))
         }) else {
             return 0;
@@ -1055,10 +1055,13 @@ impl SharedDict {
         };
         let (writing, took_over) = self.writer_lock().lock(&env);
         let w = Locked {
+            epoch: writing.epoch(),
             writing,
             restoring: std::cell::Cell::new(false),
             going: std::cell::Cell::new(None),
+            placed: std::cell::Cell::new(0),
         };
+        self.tag_len(&w);
         // The undo copy first: the entry it covers must get its value back before any
         // write looks for room or for the key.
         self.settle_journal(&w);
@@ -1163,6 +1166,9 @@ impl SharedDict {
         let now = self.now();
         let mut done = true;
         if c.deadline > now && self.lookup_locked(w, &k, None).is_none() {
+            // (this may run in the middle of an operation that placed a key already: only
+            // this store's entry is counted here)
+            let pending = w.placed.get();
             done = match self.place(w, &k, now, true) {
                 Ok((f, _)) => self
                     .entry(f)
@@ -1172,6 +1178,10 @@ impl SharedDict {
                     .is_ok(),
                 Err(_) => true, // every entry near its home is out of use: lost
             };
+            let mine = w.placed.replace(pending) - pending;
+            if done {
+                self.update_len(w, |n| n + mine);
+            }
         }
         w.restoring.set(false);
         if done {
@@ -1190,6 +1200,11 @@ impl SharedDict {
         for _ in 0..RETRIES {
             let w = self.write_lock()?;
             let outcome = op(&w);
+            let placed = w.placed.take();
+            if let Ok(Outcome::Done(_)) = &outcome {
+                // (a store that was not made, to be tried again or given up, took no entry)
+                self.update_len(&w, |c| c + placed);
+            }
             if let (Ok(Outcome::Done(_)), Some(home)) = (&outcome, w.going.take()) {
                 self.refilter(&w, home);
             }
@@ -1351,24 +1366,59 @@ impl SharedDict {
         if c.orphan && !w.restoring.get() {
             if let Some((j, _)) = keep.covering(e.seq()) {
                 self.restore_elsewhere(w, j);
-                self.uncount(c.emptied);
+                self.uncount(w, c.emptied);
                 c = e.clean(&w.writing, is_dead, Some(&keep));
             }
         }
-        self.uncount(c.emptied);
+        self.uncount(w, c.emptied);
         c.usable
     }
 
-    /// Takes `n` from the entry count, which the file may have damaged: never below zero.
-    fn uncount(&self, n: u64) {
-        if n == 0 {
-            return;
+    /// Takes `n` from the entry count (never below zero: the file may have damaged it).
+    fn uncount(&self, w: &Locked<'_>, n: u64) {
+        if n != 0 {
+            self.update_len(w, |c| c.saturating_sub(n));
         }
-        let _ = self
-            .control(LEN)
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
-                Some(c.saturating_sub(n))
-            });
+    }
+
+    /// Changes the entry count, if this hold still owns it: the count's word carries the
+    /// epoch of the hold that last wrote it (see [`tag_len`](Self::tag_len)). A writer that
+    /// was taken over changes nothing (its successor recounted, and moved the tag on), so
+    /// the count does not drift with stalled writers' late additions (an `evict` decision
+    /// rests on it).
+    fn update_len(&self, w: &Locked<'_>, f: impl Fn(u64) -> u64) {
+        let word = self.control(LEN);
+        let tag = u64::from(w.epoch) << 32;
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            if cur & !COUNT_BITS != tag {
+                return; // taken over: the count is the successor's
+            }
+            let next = tag | f(count_of(cur)).min(self.capacity() as u64);
+            match word.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// Makes the entry count this hold's, unless a later hold's already is (this one was
+    /// taken over, and does not know yet).
+    fn tag_len(&self, w: &Locked<'_>) {
+        let word = self.control(LEN);
+        let epoch = w.epoch;
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            let tag = (cur >> 32) as u32;
+            if tag == epoch || (tag.wrapping_sub(epoch) as i32) > 0 {
+                return;
+            }
+            let next = u64::from(epoch) << 32 | count_of(cur);
+            match word.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(seen) => cur = seen,
+            }
+        }
     }
 
     /// The key's entry, expired or not: lock-free. A look that met an entry out of use
@@ -1517,7 +1567,8 @@ impl SharedDict {
         // A dict with every entry in use has no free one to find, and expired entries are
         // looked for where the LRU sample is taken, as ngx looks at its LRU tail: an
         // evicting store reads the sample, not the whole window (a third of its time).
-        let full = evict && self.control(LEN).load(Ordering::Relaxed) >= self.capacity() as u64;
+        let full =
+            evict && count_of(self.control(LEN).load(Ordering::Relaxed)) >= self.capacity() as u64;
         let scan = if full {
             EVICTION_SAMPLE.min(self.window())
         } else {
@@ -1530,7 +1581,7 @@ impl SharedDict {
                 continue;
             }
             if !e.is_used() {
-                self.control(LEN).fetch_add(1, Ordering::Relaxed);
+                w.placed.set(w.placed.get() + 1); // counted once it is stored
                 chosen = Some((d, false));
                 break;
             }
@@ -1577,7 +1628,7 @@ impl SharedDict {
             let e = self.entry(i);
             used += u64::from(e.is_stable() && e.is_used());
         }
-        self.control(LEN).store(used, Ordering::Relaxed);
+        self.update_len(w, |_| used);
         self.control(REPAIRS).fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -1601,6 +1652,17 @@ struct Locked<'a> {
     restoring: std::cell::Cell<bool>,
     /// A key of this home goes in the operation: its filter is to be rebuilt.
     going: std::cell::Cell<Option<usize>>,
+    /// The lock epoch this hold took (before any heartbeat): the entry count's tag.
+    epoch: u32,
+    /// Free entries `place` gave out, to count once a store to them is made.
+    placed: std::cell::Cell<u64>,
+}
+
+/// The entry count's bits of its control word (the tag of the hold that wrote it above).
+const COUNT_BITS: u64 = 0xffff_ffff;
+
+fn count_of(word: u64) -> u64 {
+    word & COUNT_BITS
 }
 
 fn ttl_ns(ttl: Duration) -> u64 {

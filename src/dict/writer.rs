@@ -173,6 +173,12 @@ impl<'a> WriterLock<'a> {
 }
 
 impl Writing<'_> {
+    /// The low 32 bits of the lock epoch this hold took: a later hold's (a successor's,
+    /// after a takeover) is greater, wrapping.
+    pub(crate) fn epoch(&self) -> u32 {
+        (self.mine.get() >> EPOCH_SHIFT) as u32
+    }
+
     /// The owner id this hold's entry writes carry.
     pub(crate) fn owner(&self) -> OwnerId {
         self.owner

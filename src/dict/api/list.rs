@@ -125,7 +125,7 @@ impl SharedDict {
             if list.len() == 0 {
                 let freed = self.write(self.entry(i).free(&w.writing, Some(&self.keep(i))))?;
                 return Ok(freed.map(|()| {
-                    self.uncount(1);
+                    self.uncount(w, 1);
                     self.going(w, self.home(&k));
                     Some(value)
                 }));
