@@ -1060,6 +1060,7 @@ impl SharedDict {
             restoring: std::cell::Cell::new(false),
             going: std::cell::Cell::new(None),
             placed: std::cell::Cell::new(0),
+            recovering: std::cell::Cell::new(false),
         };
         self.tag_len(&w);
         // The undo copy first: the entry it covers must get its value back before any
@@ -1363,15 +1364,37 @@ impl SharedDict {
         let is_dead = |o| self.inner.att.is_dead(o);
         let keep = self.keep(i);
         let mut c = e.clean(&w.writing, is_dead, Some(&keep));
+        let mut emptied = c.emptied;
         if c.orphan && !w.restoring.get() {
             if let Some((j, _)) = keep.covering(e.seq()) {
                 self.restore_elsewhere(w, j);
-                self.uncount(w, c.emptied);
                 c = e.clean(&w.writing, is_dead, Some(&keep));
+                emptied += c.emptied;
             }
         }
-        self.uncount(w, c.emptied);
+        // An entry out of use is not in the count (a takeover's recount leaves it out),
+        // and whether its meta says "used" is whatever a stale writer left there: the
+        // count is taken again rather than guessed (rare: after a takeover that found a
+        // writer alive, or a stale writer's late mark).
+        if emptied != 0 && !w.recovering.get() {
+            self.recount(w);
+        }
         c.usable
+    }
+
+    /// Counts the stable entries in use, anew (a big dict's count shows the writers
+    /// waiting that this holder is not stalled, as `recover` does).
+    #[cold]
+    fn recount(&self, w: &Locked<'_>) {
+        let mut used = 0;
+        for i in 0..self.capacity() {
+            if i % 4096 == 4095 && !w.writing.heartbeat() {
+                return; // taken over: the new holder recounts
+            }
+            let e = self.entry(i);
+            used += u64::from(e.is_stable() && e.is_used());
+        }
+        self.update_len(w, |_| used);
     }
 
     /// Takes `n` from the entry count (never below zero: the file may have damaged it).
@@ -1402,15 +1425,16 @@ impl SharedDict {
         }
     }
 
-    /// Makes the entry count this hold's, unless a later hold's already is (this one was
-    /// taken over, and does not know yet).
+    /// Makes the entry count this hold's. Whatever tag is there is an earlier hold's (or
+    /// damage, or a file written before the tag): a later hold's would mean this one was
+    /// taken over, which the lock check says; and a successor that wrote the word after
+    /// that check wrote it after the load the CAS is from, so the CAS fails.
     fn tag_len(&self, w: &Locked<'_>) {
         let word = self.control(LEN);
         let epoch = w.epoch;
         let mut cur = word.load(Ordering::Relaxed);
         loop {
-            let tag = (cur >> 32) as u32;
-            if tag == epoch || (tag.wrapping_sub(epoch) as i32) > 0 {
+            if (cur >> 32) as u32 == epoch || !w.writing.still_mine() {
                 return;
             }
             let next = u64::from(epoch) << 32 | count_of(cur);
@@ -1618,18 +1642,29 @@ impl SharedDict {
     /// quarantines a live one's) and recounts the entries.
     #[cold]
     fn recover(&self, w: &Locked<'_>) {
+        w.recovering.set(true);
+        let used = self.clean_all(w);
+        w.recovering.set(false);
+        if let Some(used) = used {
+            self.update_len(w, |_| used);
+            self.control(REPAIRS).fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `recover`'s pass: cleans every entry, and counts the stable ones in use (`None`:
+    /// taken over meanwhile).
+    fn clean_all(&self, w: &Locked<'_>) -> Option<u64> {
         let mut used = 0;
         for i in 0..self.capacity() {
             // A big dict takes a while: show the writers waiting that we are not stalled.
             if i % 4096 == 4095 && !w.writing.heartbeat() {
-                return; // taken over: the new holder recovers
+                return None; // taken over: the new holder recovers
             }
             self.clean(w, i);
             let e = self.entry(i);
             used += u64::from(e.is_stable() && e.is_used());
         }
-        self.update_len(w, |_| used);
-        self.control(REPAIRS).fetch_add(1, Ordering::Relaxed);
+        Some(used)
     }
 }
 
@@ -1656,6 +1691,8 @@ struct Locked<'a> {
     epoch: u32,
     /// Free entries `place` gave out, to count once a store to them is made.
     placed: std::cell::Cell<u64>,
+    /// `recover` is cleaning every entry, and counts them all at its end.
+    recovering: std::cell::Cell<bool>,
 }
 
 /// The entry count's bits of its control word (the tag of the hold that wrote it above).

@@ -433,6 +433,13 @@ impl<'a> Entry<'a> {
         Seq(self.w[SEQ].load(Ordering::Acquire)).state() == STABLE
     }
 
+    /// Whether the lengths in the meta word fit the dict's limits (or the entry is free):
+    /// not so only in a damaged file.
+    pub(crate) fn lengths_fit(&self) -> bool {
+        let m = Meta(self.w[META].load(Ordering::Relaxed));
+        !m.is_used() || (m.key_len() <= self.g.max_key && m.value_len() <= self.g.max_value)
+    }
+
     /// The `seq` word now.
     pub(crate) fn seq(&self) -> u64 {
         self.w[SEQ].load(Ordering::Acquire)

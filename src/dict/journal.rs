@@ -454,7 +454,9 @@ impl Undo for Keep<'_> {
     }
 
     fn covers(&self, seq: u64) -> bool {
-        self.covering(seq).is_some()
+        // A copy whose lengths do not fit the dict's is damage: nothing to write back.
+        self.covering(seq)
+            .is_some_and(|(j, _)| j.copy.lengths_fit())
     }
 
     fn write_back(&self, w: &Writing<'_>, entry: &Entry<'_>, seq: u64) {
