@@ -1061,6 +1061,8 @@ impl SharedDict {
             going: std::cell::Cell::new(None),
             placed: std::cell::Cell::new(0),
             recovering: std::cell::Cell::new(false),
+            pass_at: std::cell::Cell::new(None),
+            behind: std::cell::Cell::new(0),
         };
         self.tag_len(&w);
         // The undo copy first: the entry it covers must get its value back before any
@@ -1170,18 +1172,27 @@ impl SharedDict {
             // (this may run in the middle of an operation that placed a key already: only
             // this store's entry is counted here)
             let pending = w.placed.get();
+            let mut at = None;
             done = match self.place(w, &k, now, true) {
-                Ok((f, _)) => self
-                    .entry(f)
-                    .store(
-                        &w.writing, None, &k, c.kind, &value, c.flags, c.deadline, now,
-                    )
-                    .is_ok(),
+                Ok((f, _)) => {
+                    at = Some(f);
+                    self.entry(f)
+                        .store(
+                            &w.writing, None, &k, c.kind, &value, c.flags, c.deadline, now,
+                        )
+                        .is_ok()
+                }
                 Err(_) => true, // every entry near its home is out of use: lost
             };
             let mine = w.placed.replace(pending) - pending;
             if done {
                 self.update_len(w, |n| n + mine);
+                // A counting pass (see `clean_all`) has gone past that entry already.
+                if let (Some(f), Some(pass)) = (at, w.pass_at.get()) {
+                    if f < pass {
+                        w.behind.set(w.behind.get() + mine);
+                    }
+                }
             }
         }
         w.restoring.set(false);
@@ -1386,15 +1397,16 @@ impl SharedDict {
     /// waiting that this holder is not stalled, as `recover` does).
     #[cold]
     fn recount(&self, w: &Locked<'_>) {
-        let mut used = 0;
-        for i in 0..self.capacity() {
-            if i % 4096 == 4095 && !w.writing.heartbeat() {
-                return; // taken over: the new holder recounts
-            }
-            let e = self.entry(i);
-            used += u64::from(e.is_stable() && e.is_used());
+        // The pass cleans each entry it counts (see `clean_all`); nested, its cleans do not
+        // count again.
+        let outer = (w.recovering.replace(true), w.pass_at.get(), w.behind.get());
+        let used = self.clean_all(w);
+        w.recovering.set(outer.0);
+        w.pass_at.set(outer.1);
+        w.behind.set(outer.2);
+        if let Some(used) = used {
+            self.update_len(w, |_| used);
         }
-        self.update_len(w, |_| used);
     }
 
     /// Takes `n` from the entry count (never below zero: the file may have damaged it).
@@ -1653,18 +1665,27 @@ impl SharedDict {
 
     /// `recover`'s pass: cleans every entry, and counts the stable ones in use (`None`:
     /// taken over meanwhile).
+    ///
+    /// An entry counts by what its clean saw (stable, so usable), not by a second look at
+    /// its state: a taken-over writer may mark it between the two, and put it back when it
+    /// finds the lock lost. A key that a clean stores elsewhere (from an undo copy) in an
+    /// entry the pass has gone past is added.
     fn clean_all(&self, w: &Locked<'_>) -> Option<u64> {
         let mut used = 0;
+        w.behind.set(0);
+        let mut done = true;
         for i in 0..self.capacity() {
             // A big dict takes a while: show the writers waiting that we are not stalled.
             if i % 4096 == 4095 && !w.writing.heartbeat() {
-                return None; // taken over: the new holder recovers
+                done = false; // taken over: the new holder recovers
+                break;
             }
-            self.clean(w, i);
-            let e = self.entry(i);
-            used += u64::from(e.is_stable() && e.is_used());
+            w.pass_at.set(Some(i));
+            let usable = self.clean(w, i);
+            used += u64::from(usable && self.entry(i).is_used());
         }
-        Some(used)
+        w.pass_at.set(None);
+        done.then(|| used + w.behind.take())
     }
 }
 
@@ -1693,6 +1714,9 @@ struct Locked<'a> {
     placed: std::cell::Cell<u64>,
     /// `recover` is cleaning every entry, and counts them all at its end.
     recovering: std::cell::Cell<bool>,
+    /// Where a counting pass (`clean_all`) is, and the entries a restore took behind it.
+    pass_at: std::cell::Cell<Option<usize>>,
+    behind: std::cell::Cell<u64>,
 }
 
 /// The entry count's bits of its control word (the tag of the hold that wrote it above).
