@@ -456,7 +456,7 @@ fn a_writer_taken_over_after_its_write_reports_what_it_did() {
     }));
     let gdb = GdbStop::attach(
         w.pid(),
-        &[format!("break {}", symbol("6writer7Writing7release"))],
+        &[format!("break {}", symbol("6writer7Writing6unlock"))],
     );
     shared.word(0).store(1, Ordering::SeqCst);
     assert!(

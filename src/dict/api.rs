@@ -1045,12 +1045,26 @@ impl SharedDict {
 
     /// Takes the writer lock, recovering after a writer that died or stalled holding it.
     fn write_lock(&self) -> Result<Locked<'_>, Error> {
+        Ok(self.lock_as(self.writer()?))
+    }
+
+    /// The owner id this process writes as: [`Error::ReadOnly`] for a read-only handle.
+    fn writer(&self) -> Result<OwnerId, Error> {
         if self.inner.att.read_only() {
             return Err(Error::ReadOnly);
         }
+        self.inner.att.owner()
+    }
+
+    /// [`write_lock`](Self::write_lock) for `owner`. Inlined, and not wrapped in a
+    /// `Result`: a `Locked` moved out of a result or a call's return is read back in wider
+    /// loads than the stores that built it, which stalled on store forwarding (a tenth of
+    /// a `set`).
+    #[inline(always)]
+    fn lock_as(&self, owner: OwnerId) -> Locked<'_> {
         let env = DictEnv {
             att: &self.inner.att,
-            owner: self.inner.att.owner()?,
+            owner,
             seen: std::cell::Cell::new(None),
         };
         let (writing, took_over) = self.writer_lock().lock(&env);
@@ -1058,10 +1072,10 @@ impl SharedDict {
             epoch: writing.epoch(),
             writing,
             restoring: std::cell::Cell::new(false),
-            going: std::cell::Cell::new(None),
+            going: Spot::none(),
             placed: std::cell::Cell::new(0),
             recovering: std::cell::Cell::new(false),
-            pass_at: std::cell::Cell::new(None),
+            pass_at: Spot::none(),
             behind: std::cell::Cell::new(0),
         };
         self.tag_len(&w);
@@ -1071,7 +1085,7 @@ impl SharedDict {
         if took_over {
             self.recover(&w);
         }
-        Ok(w)
+        w
     }
 
     /// The undo copies (see `journal.rs`): two control words each, and the slots after
@@ -1209,8 +1223,9 @@ impl SharedDict {
         &self,
         mut op: impl FnMut(&Locked<'_>) -> Result<Outcome<T>, Error>,
     ) -> Result<T, Error> {
+        let owner = self.writer()?;
         for _ in 0..RETRIES {
-            let w = self.write_lock()?;
+            let w = self.lock_as(owner);
             let outcome = op(&w);
             let placed = w.placed.take();
             if let Ok(Outcome::Done(_)) = &outcome {
@@ -1339,6 +1354,7 @@ impl SharedDict {
     /// Reads an entry while holding the writer lock. No write of ours is in progress then,
     /// so one in progress is a stale writer's (taken over, or dead), or damage to the
     /// file: the entry is cleaned first (see [`Entry::clean`]).
+    #[inline(always)]
     fn read_locked<T>(
         &self,
         w: &Locked<'_>,
@@ -1572,15 +1588,21 @@ impl SharedDict {
             return None;
         }
         let mut value = value;
-        (0..=self.reach(home)).find_map(|d| {
+        // (a loop, not `find_map`: its closure, not inlined, returned the find through
+        // memory, and reading it back stalled on store forwarding)
+        for d in 0..=self.reach(home) {
             let i = self.at(home, d);
-            self.read_locked(w, i, |e| match e.read(k, value.as_deref_mut()) {
-                Look::Found(c) => Ok(Some((i, c))),
+            let found = self.read_locked(w, i, |e| match e.read(k, value.as_deref_mut()) {
+                Look::Found(c) => Ok(Some(c)),
                 // out of use: its key's value was stored elsewhere, when there was one
                 Look::Free | Look::Other | Look::Parked => Ok(None),
                 busy => Err(busy),
-            })
-        })
+            });
+            if let Some(c) = found {
+                return Some((i, c));
+            }
+        }
+        None
     }
 
     /// The key's entry and its deadline, for a writer.
@@ -1707,7 +1729,7 @@ struct Locked<'a> {
     /// entries it meets are not to start another.
     restoring: std::cell::Cell<bool>,
     /// A key of this home goes in the operation: its filter is to be rebuilt.
-    going: std::cell::Cell<Option<usize>>,
+    going: Spot,
     /// The lock epoch this hold took (before any heartbeat): the entry count's tag.
     epoch: u32,
     /// Free entries `place` gave out, to count once a store to them is made.
@@ -1715,8 +1737,39 @@ struct Locked<'a> {
     /// `recover` is cleaning every entry, and counts them all at its end.
     recovering: std::cell::Cell<bool>,
     /// Where a counting pass (`clean_all`) is, and the entries a restore took behind it.
-    pass_at: std::cell::Cell<Option<usize>>,
+    pass_at: Spot,
     behind: std::cell::Cell<u64>,
+}
+
+/// An `Option<usize>` in one word (`usize::MAX` for `None`, never an entry's index): a
+/// `Cell<Option<usize>>` is two words, written one at a time and read back in one wider
+/// load, which stalls on store forwarding.
+struct Spot(std::cell::Cell<usize>);
+
+impl Spot {
+    const NONE: usize = usize::MAX;
+
+    fn none() -> Spot {
+        Spot(std::cell::Cell::new(Self::NONE))
+    }
+
+    fn get(&self) -> Option<usize> {
+        Some(self.0.get()).filter(|&i| i != Self::NONE)
+    }
+
+    fn set(&self, at: Option<usize>) {
+        self.0.set(at.unwrap_or(Self::NONE));
+    }
+
+    fn replace(&self, at: Option<usize>) -> Option<usize> {
+        let was = self.get();
+        self.set(at);
+        was
+    }
+
+    fn take(&self) -> Option<usize> {
+        self.replace(None)
+    }
 }
 
 /// The entry count's bits of its control word (the tag of the hold that wrote it above).

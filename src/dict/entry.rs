@@ -172,6 +172,51 @@ impl<'k> PackedKey<'k> {
     fn words(&self) -> impl Iterator<Item = u64> + 'k {
         packed(self.key)
     }
+
+    /// Whether `words` (at least as many as the key fills) hold this key: whole words
+    /// compared as words, the tail shifted in (see [`packed`]).
+    #[inline(always)]
+    fn matches(&self, words: &[AtomicU64]) -> bool {
+        let Some(words) = words.get(..words_for(self.key.len())) else {
+            return false;
+        };
+        let whole = self.key.chunks_exact(8);
+        let tail = whole.remainder();
+        let mut words = words.iter();
+        for (chunk, word) in whole.zip(words.by_ref()) {
+            let want = u64::from_le_bytes(chunk.try_into().expect("8-byte chunk"));
+            if word.load(Ordering::Relaxed) != want {
+                return false;
+            }
+        }
+        tail.is_empty()
+            || words.next().is_some_and(|word| {
+                let want = tail.iter().rev().fold(0, |w, &b| w << 8 | u64::from(b));
+                word.load(Ordering::Relaxed) == want
+            })
+    }
+}
+
+/// Copies the first `len` bytes of `words` (little-endian, `words` holding at least
+/// `len.div_ceil(8)` of them) into `out`, replacing what it held: a word per store.
+#[inline(always)]
+fn copy_words(words: &[AtomicU64], len: usize, out: &mut Vec<u8>) {
+    let words = &words[..words_for(len)];
+    let n = words.len() * 8;
+    out.clear();
+    if out.capacity() < n {
+        *out = Vec::with_capacity(n); // (straight to the allocator: no growth policy)
+    }
+    let dst = out.spare_capacity_mut()[..n].as_mut_ptr().cast::<u8>();
+    for (j, word) in words.iter().enumerate() {
+        let bytes = word.load(Ordering::Relaxed).to_le_bytes();
+        // SAFETY: `dst` points at `n` = 8 * `words.len()` bytes of the buffer's spare
+        // capacity (the slice just taken), so bytes 8j..8j+8 are inside it for every `j`;
+        // an unaligned write of plain bytes needs no alignment nor initialised target.
+        unsafe { dst.add(8 * j).cast::<[u8; 8]>().write_unaligned(bytes) };
+    }
+    // SAFETY: the loop wrote all `n` bytes of the spare capacity's start; `len` <= `n`.
+    unsafe { out.set_len(len) };
 }
 
 /// Bytes as little-endian words, the last one zero-padded (no allocation: the lookup path
@@ -330,31 +375,15 @@ impl<'a> Entry<'a> {
         if meta.key_len() != key.len || self.w[HASH].load(Ordering::Relaxed) != key.hash {
             return Look::Other;
         }
-        for (word, want) in self.w[HEAD_WORDS..].iter().zip(key.words()) {
-            if word.load(Ordering::Relaxed) != want {
-                return Look::Other;
-            }
+        if !key.matches(&self.w[HEAD_WORDS..]) {
+            return Look::Other;
         }
         let deadline = self.w[DEADLINE].load(Ordering::Relaxed);
         let flags = self.w[FLAGS].load(Ordering::Relaxed) as u32;
         if let Some(out) = value {
             let len = meta.value_len().min(self.g.max_value);
             let at = self.g.value_at();
-            let n = words_for(len) * 8;
-            out.clear();
-            if out.capacity() < n {
-                *out = Vec::with_capacity(n); // (straight to the allocator: no growth policy)
-            }
-            let spare = &mut out.spare_capacity_mut()[..n];
-            for (bytes, word) in spare.chunks_exact_mut(8).zip(&self.w[at..at + n / 8]) {
-                let word = word.load(Ordering::Relaxed).to_le_bytes();
-                for (b, w) in bytes.iter_mut().zip(word) {
-                    b.write(w);
-                }
-            }
-            // SAFETY: the loop wrote all `n` bytes of `spare` (whole words, one per word of
-            // the equally long slice it zips with), the first `n` of the capacity; `len` <= `n`.
-            unsafe { out.set_len(len) };
+            copy_words(&self.w[at..at + words_for(len)], len, out);
         }
         Look::Found(Copied {
             kind: meta.kind(),

@@ -61,8 +61,9 @@ pub(crate) struct WriterLock<'a> {
 pub(crate) struct Writing<'a> {
     lock: WriterLock<'a>,
     /// The word this hold took (or moved on to, see `heartbeat`), without the waiters bit.
+    /// It names the owner too: a `Writing` of whole words only, so that moving one (into
+    /// the dict's `Locked`) copies what its stores wrote, without a store-forwarding stall.
     mine: std::cell::Cell<u64>,
-    owner: OwnerId,
 }
 
 /// The hold was taken over: the writer stalled past the bound (or was judged dead).
@@ -93,7 +94,7 @@ impl<'a> WriterLock<'a> {
                 .compare_exchange(cur, mine, Ordering::SeqCst, Ordering::Relaxed)
                 .is_ok()
             {
-                return (self.held(mine, env.owner()), false);
+                return (self.held(mine), false);
             }
         }
         self.lock_slow(env)
@@ -113,7 +114,7 @@ impl<'a> WriterLock<'a> {
                     .compare_exchange(cur, mine, Ordering::SeqCst, Ordering::Relaxed)
                     .is_ok()
                 {
-                    return (self.held(mine, owner), false);
+                    return (self.held(mine), false);
                 }
                 continue;
             }
@@ -136,7 +137,7 @@ impl<'a> WriterLock<'a> {
                         // The old owner's sleepers would otherwise sleep out their step.
                         wake(self.wait);
                     }
-                    return (self.held(mine, owner), true);
+                    return (self.held(mine), true);
                 }
                 continue;
             }
@@ -157,11 +158,10 @@ impl<'a> WriterLock<'a> {
         }
     }
 
-    fn held(self, mine: u64, owner: OwnerId) -> Writing<'a> {
+    fn held(self, mine: u64) -> Writing<'a> {
         Writing {
             lock: self,
             mine: std::cell::Cell::new(mine),
-            owner,
         }
     }
 
@@ -181,7 +181,7 @@ impl Writing<'_> {
 
     /// The owner id this hold's entry writes carry.
     pub(crate) fn owner(&self) -> OwnerId {
-        self.owner
+        owner_of(self.mine.get())
     }
 
     /// Whether the lock is still this hold's. A read-modify-write, not a load: of an entry
@@ -199,7 +199,7 @@ impl Writing<'_> {
         let mine = self.mine.get();
         let mut cur = mine;
         loop {
-            let next = next_hold(mine, self.owner) | (cur & WAITERS);
+            let next = next_hold(mine, owner_of(mine)) | (cur & WAITERS);
             match self
                 .lock
                 .word
@@ -216,11 +216,15 @@ impl Writing<'_> {
     }
 
     /// Releases the lock: a CAS from the word this hold took. `Err` if it was taken over.
+    #[inline(always)]
     pub(crate) fn release(self) -> Result<(), TakenOver> {
         let this = std::mem::ManuallyDrop::new(self);
         this.unlock()
     }
 
+    // (out of line: it takes `&self`, so a call moves nothing; and the tests stop writers
+    // at it with gdb, which needs its symbol)
+    #[inline(never)]
     fn unlock(&self) -> Result<(), TakenOver> {
         let mine = self.mine.get();
         let mut cur = mine;
