@@ -708,7 +708,8 @@ fn entries_left_mid_write_in_a_damaged_file_read_as_absent_not_a_panic() {
     // lock: no live protocol leaves that, a damaged or hostile file can. Offsets are the
     // documented format: 4 KiB header, the owner registry (1024 entries of 32 bytes by
     // default), a 4 KiB control page, entries of the layout's size, each starting with its
-    // sequence word, two more entries' room (the undo copies), then the counters. The first
+    // sequence word, two more entries' room (the undo copies), the home filters (a word per
+    // entry, whole cache lines), then the counters. The first
     // undo copy's words in the control page (5 and 6) say it covers a write of an unused
     // entry, and its copy claims lengths past the entry's: nothing may trust them.
     let (path, d) = dict("odd-seq", 8, 8);
@@ -716,9 +717,10 @@ fn entries_left_mid_write_in_a_damaged_file_read_as_absent_not_a_panic() {
     let entry_size = 64 + 256 + 64; // max_key_len 250 and max_value_len 8, rounded to 64
     let control = 4096 + 1024 * 32;
     let entries = control + 4096;
+    let filters = 64; // 8 words
     let counters = 16 * 512 + 256 * 64; // process and thread cells, at the end
     let mut file = std::fs::read(&path).unwrap();
-    assert_eq!(file.len(), entries + 10 * entry_size + counters);
+    assert_eq!(file.len(), entries + 10 * entry_size + filters + counters);
     for i in 0..8 {
         file[entries + i * entry_size] |= 1;
     }

@@ -13,7 +13,7 @@
 //!    4  flags     the user's 32 flag bits
 //!    5  used_at   when it was last read or written (LRU hint, outside the seqlock)
 //!    6  reach     home word: farthest distance at which a key of this home was placed
-//!    7  filter    home word: which keys of this home may be stored (see `filter.rs`)
+//!    7  (zero)    reserved (the home filters are an array of their own, see `filter.rs`)
 //!    8  key bytes, then value bytes, little-endian packed, each padded to whole words
 //! ```
 //!
@@ -49,7 +49,6 @@ const DEADLINE: usize = 3;
 const FLAGS: usize = 4;
 const USED_AT: usize = 5;
 const REACH: usize = 6;
-const FILTER: usize = 7;
 /// Words before the key bytes.
 pub(crate) const HEAD_WORDS: usize = 8;
 
@@ -313,11 +312,6 @@ impl<'a> Entry<'a> {
     /// The home word of the keys whose home is this entry.
     pub(crate) fn reach(&self) -> &'a AtomicU64 {
         &self.w[REACH]
-    }
-
-    /// The home word of the filter of the keys whose home is this entry.
-    pub(crate) fn filter(&self) -> &'a AtomicU64 {
-        &self.w[FILTER]
     }
 
     /// The hash of the key the entry holds (`Some(None)`: none), read as a reader would:

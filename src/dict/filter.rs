@@ -1,6 +1,8 @@
-//! The home filter: one word in each home entry that says which keys of that home may be
-//! stored, so that a lookup of an absent key reads one cache line (the home's head, where
-//! the reach is) instead of every entry within the reach.
+//! The home filter: one word for each home that says which keys of that home may be
+//! stored, so that a lookup of an absent key reads one word instead of every entry within
+//! the reach. The words are an array of their own after the undo copies, eight homes to a
+//! cache line, so that they stay in cache when the entries do not: a miss on a dict of 4096
+//! entries of 384 bytes reads a 32 KiB array, not a 1.5 MiB one.
 //!
 //! ```text
 //! bits  0-31  one bit per key of the home: bit (hash & 31); set before the key is stored

@@ -3,7 +3,7 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic  "SHMLOCK\0" (lock table) or "SHMDICT\0" (shared dict)
-//!      8     4  format version (11, `VERSION`)
+//!      8     4  format version (12, `VERSION`)
 //!     12     4  header size (4096)
 //!     16     8  slot count
 //!     24     4  slot size (lock table: 64)
@@ -26,8 +26,9 @@
 //! After the header come the owner registry ([`REGISTRY_ENTRY`] bytes an entry, rounded up
 //! to whole pages; see `registry.rs`), then the body: for a lock table the hot slots
 //! (64 bytes each, see `slot.rs`) followed by as many cold slots (what only inspection
-//! reads); for a shared dict a 4 KiB control page, its entries and two more entries' room
-//! for the undo copies (`dict/journal.rs`). Last come the counters
+//! reads); for a shared dict a 4 KiB control page, its entries, two more entries' room
+//! for the undo copies (`dict/journal.rs`) and a word per entry for the home filters
+//! (`dict/filter.rs`), rounded to 64 bytes. Last come the counters
 //! ([`STATS_SIZE`] bytes: cells of 64 words that the processes add to, see `counters.rs`).
 //!
 //! The header is written once, before the file becomes visible under its path, and
@@ -41,7 +42,7 @@ use crate::limits;
 
 pub(crate) const MAGIC: [u8; 8] = *b"SHMLOCK\0";
 pub(crate) const DICT_MAGIC: [u8; 8] = *b"SHMDICT\0";
-pub(crate) const VERSION: u32 = 11;
+pub(crate) const VERSION: u32 = 12;
 pub(crate) const HEADER_SIZE: usize = 4096;
 const PAGE: u64 = 4096;
 /// Bytes of a lock table's hot slot, and of its cold one.
@@ -92,6 +93,11 @@ pub(crate) enum Layout {
     Dict { max_key: u32, max_value: u32 },
 }
 
+/// Bytes of a dict's home filters: a word per entry, whole cache lines.
+pub(crate) fn dict_filters_len(slot_count: u64) -> u64 {
+    (slot_count * 8).div_ceil(64) * 64
+}
+
 impl Layout {
     pub(crate) fn magic(self) -> [u8; 8] {
         match self {
@@ -130,9 +136,11 @@ impl Layout {
     pub(crate) fn body_len(self, slot_count: u64) -> u64 {
         match self {
             Layout::Locks => slot_count * (SLOT_SIZE + COLD_SIZE) as u64,
-            // Two slots more than the entries: the undo copies.
+            // Two slots more than the entries (the undo copies), then the home filters.
             Layout::Dict { .. } => {
-                DICT_CONTROL_SIZE as u64 + (slot_count + 2) * self.slot_size() as u64
+                DICT_CONTROL_SIZE as u64
+                    + (slot_count + 2) * self.slot_size() as u64
+                    + dict_filters_len(slot_count)
             }
         }
     }
