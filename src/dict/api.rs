@@ -584,9 +584,11 @@ impl SharedDict {
     #[inline(always)]
     fn read_live(&self, k: &PackedKey, value: &mut Vec<u8>) -> Result<Option<Copied>, Error> {
         let mut c = Copied::NONE;
+        // (the clock first: its call overlaps the lookup's loads, 3 ns less a hit, where a
+        // miss, which needs no clock, pays 3 ns more)
+        let now = self.now();
         let at = self.lookup(k, Some(value), &mut c);
-        // (the clock after the lookup: a miss, which the filter makes short, needs none)
-        let found = match at.map(|i| (i, self.now())) {
+        let found = match at.map(|i| (i, now)) {
             Some((_, now)) if c.deadline > now && c.kind == Kind::List => {
                 return Err(Error::IsAList)
             }
