@@ -380,10 +380,10 @@ fn writer_flag_on_other_key() {
         .map(|i| format!("J{i}"))
         .find(|k| place(seed, n, k).0 == hk)
         .unwrap();
-    let syms = nm_symbols(&["prepare_wait", "closure"]);
+    let syms = nm_symbols(&["table4wait", "4flag"]);
     assert!(
         !syms.is_empty(),
-        "no prepare_wait closure symbol (inlined?)"
+        "no symbol of the waiter's flag (Table::flag, out of line)"
     );
     // R1 reads K until told to let go (word 2)
     let shared = Shared::new(4);
@@ -926,7 +926,8 @@ fn permit_waiter_counts_foreign() {
         .map(|i| format!("X{i}"))
         .find(|k| place(seed, n, k).0 == hs)
         .unwrap();
-    let syms = nm_symbols(&["prepare_wait", "closure"]);
+    let syms = nm_symbols(&["table4wait", "4flag"]);
+    assert!(!syms.is_empty(), "no symbol of the waiter's flag");
     let sem = table.semaphore("S", 1).unwrap();
     let p = sem.acquire(opts(600_000, 1_000)).unwrap();
     assert_eq!(table.debug_placement("S").unwrap().1, hs as usize);

@@ -237,6 +237,7 @@ impl<'t> Semaphore<'t> {
     }
 
     /// Takes a permit, waiting as `opts` says.
+    #[inline]
     pub fn acquire(&self, opts: impl Borrow<LockOptions>) -> Result<LockGuard<'_, Self>, Error> {
         let opts = opts.borrow();
         lock::guard(self, &self.key, opts, Some(opts.timeout))
@@ -259,6 +260,7 @@ impl<'t> Semaphore<'t> {
 
     /// Takes a permit if one is free, without waiting, for a lease of `lease` (zero: never
     /// expires). `Ok(None)` if all are taken.
+    #[inline]
     pub fn try_acquire(&self, lease: Duration) -> Result<Option<LockGuard<'_, Self>>, Error> {
         lock::try_guard(self, &self.key, lease)
     }

@@ -112,6 +112,10 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// entry, with a CAS from the word as it is (the bits may change under it, the entry
     /// may not): a slot that moved on to another hold, maybe of another key, is left alone.
     /// `true` if the entry is still `c`'s, flagged.
+    ///
+    /// Out of line (only waiters call it): the attack tests stop a waiter here with gdb,
+    /// between its look at the entry and its flag.
+    #[inline(never)]
     pub(super) fn flag(&self, i: usize, c: Word, bit: u64) -> bool {
         let word = &self.slots()[i].control;
         let mut cur = Word(word.load(Ordering::SeqCst));
