@@ -166,7 +166,8 @@ impl Layout {
                     "the longest value must be at most 1 MiB",
                 ));
             }
-            if (capacity + 2) * self.slot_size() as u64 > MAX_DICT_BODY {
+            if (capacity + 2) * self.slot_size() as u64 + dict_filters_len(capacity) > MAX_DICT_BODY
+            {
                 return Err(Error::InvalidLayout("the dict would be larger than 64 GiB"));
             }
         }
