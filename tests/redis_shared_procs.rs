@@ -476,6 +476,79 @@ fn chaos() {
     assert!(redis.try_lock_with_lease("K", HANG).unwrap().is_some());
 }
 
+/// A process stopped and continued (SIGSTOP, SIGCONT: Ctrl-Z and `fg`) while it waits for
+/// a reply: the read fails with EINTR (signal(7): a socket with a timeout), which says
+/// nothing about the server. A reader, a writer and a permit holder trying a free key, each
+/// stopped in the middle of its request (the server is paused meanwhile, so that every
+/// request is), get their hold once the server answers: never `Interrupted system call`.
+/// It was that error, and a wait whose last attempt met it ended with it in place of the
+/// timeout (the chaos test below, 1 run in about 30 under load).
+fn interrupted_requests() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    redis
+        .lock("warm", opts(HANG, HANG))
+        .unwrap()
+        .unlock()
+        .unwrap();
+    // per kind: its outcome (1 granted, 2 an error, its text printed, 3 refused), and 1 to
+    // let it begin
+    let s = Shared::new(6);
+    for kind in 0..3 {
+        let child = {
+            let (redis, s) = (&redis, &s);
+            fork(move || {
+                while s.word(3 + kind).load(Ordering::SeqCst) == 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let key = format!("k{kind}");
+                // tries: a wait would try again after the error anyway (and end with it)
+                let r = match kind {
+                    0 => redis
+                        .try_lock_shared(&key, HANG)
+                        .map(|g| g.map(|g| g.unlock())),
+                    1 => redis
+                        .try_lock_with_lease(&key, HANG)
+                        .map(|g| g.map(|g| g.unlock())),
+                    _ => redis
+                        .semaphore(&key, 2)
+                        .unwrap()
+                        .try_acquire(HANG)
+                        .map(|g| g.map(|g| g.unlock())),
+                };
+                let outcome = match r {
+                    Ok(Some(Ok(()))) => 1,
+                    Ok(None) => 3,
+                    Ok(Some(Err(e))) | Err(e) => {
+                        eprintln!("kind {kind}: {e}");
+                        2
+                    }
+                };
+                s.word(kind).store(outcome, Ordering::SeqCst);
+                0
+            })
+        };
+        server.pause(true);
+        s.word(3 + kind).store(1, Ordering::SeqCst);
+        // the child's request is sent by now, and its reply will not come: it reads
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: our child.
+        unsafe { libc::kill(child.0, libc::SIGSTOP) };
+        std::thread::sleep(Duration::from_millis(100));
+        cont(child.0);
+        std::thread::sleep(Duration::from_millis(200));
+        server.pause(false);
+        assert_eq!(child.wait(HANG), 0);
+    }
+    let outcomes: Vec<u64> = (0..3).map(|k| s.word(k).load(Ordering::SeqCst)).collect();
+    note!("[reader, writer, permit: {outcomes:?} (1: granted)] ");
+    assert_eq!(
+        outcomes,
+        [1, 1, 1],
+        "a stop and continue mid-request ended a wait"
+    );
+}
+
 fn main() {
     common::harness::main(
         "redis_shared_procs",
@@ -495,6 +568,10 @@ fn main() {
             (
                 "a_reader_gets_in_under_a_stream_of_writers_from_many_processes",
                 reader_under_writers,
+            ),
+            (
+                "a_request_interrupted_by_a_stop_and_continue_is_not_an_error",
+                interrupted_requests,
             ),
             (
                 "waits_on_a_stopped_server_end_at_their_deadline",

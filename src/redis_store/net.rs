@@ -89,7 +89,37 @@ pub(crate) fn is_broken(e: &redis::RedisError) -> bool {
         || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
 }
 
+/// Whether `e` is a request interrupted by a signal, not by the server or the network:
+/// a process stopped (SIGSTOP, Ctrl-Z) and continued while it read a reply has that read
+/// fail with EINTR, since the socket has a timeout (signal(7)). The request may have run.
+///
+/// The client keeps the `io::Error` to itself (behind an `Arc<dyn Error>` that no downcast
+/// reaches), so this reads the OS error code that its text ends with, as `io::Error`
+/// writes it ("... (os error 4)"), whatever the language of the description.
+pub(crate) fn is_interrupted(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        && e.to_string()
+            .ends_with(&format!("(os error {})", libc::EINTR))
+}
+
 /// Whether a request that failed with `e` may have run on the server: no reply came.
 pub(crate) fn is_unanswered(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_timeout()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{is_broken, is_interrupted};
+
+    #[test]
+    fn an_interrupted_read_is_told_from_other_io_errors() {
+        let io = |kind| redis::RedisError::from(std::io::Error::from(kind));
+        let eintr = redis::RedisError::from(std::io::Error::from_raw_os_error(libc::EINTR));
+        assert!(is_interrupted(&eintr));
+        assert!(is_broken(&eintr)); // (the connection is dropped all the same)
+        assert!(!is_interrupted(&io(std::io::ErrorKind::TimedOut)));
+        assert!(!is_interrupted(&io(std::io::ErrorKind::ConnectionReset)));
+        let eagain = redis::RedisError::from(std::io::Error::from_raw_os_error(libc::EAGAIN));
+        assert!(!is_interrupted(&eagain));
+    }
 }

@@ -11,7 +11,7 @@ use crate::error::{Error, HolderSeen, KeyPreview};
 use crate::lock::backend::{Backend, Sealed};
 use crate::lock::slack::TimerSlack;
 use crate::redis_store::janitor::{Job, JobKind};
-use crate::redis_store::net::{is_broken, Failed};
+use crate::redis_store::net::{is_broken, is_interrupted, Failed};
 use crate::redis_store::scripts::Call;
 use crate::redis_store::server_clock::server_us;
 use crate::redis_store::topology::Req;
@@ -501,6 +501,13 @@ impl RedisLocks {
                     if unknown {
                         self.cancel(names, &token, not_after);
                     }
+                    // This process was stopped and continued mid-request: the server is
+                    // fine, so try again at once (the request, if it ran, is cancelled).
+                    if matches!(&error, Error::Redis(e) if is_interrupted(e))
+                        && Instant::now() < limit
+                    {
+                        continue;
+                    }
                     return RedisBusy::or_error(names, error, deadline).map(Err);
                 }
             };
@@ -875,8 +882,12 @@ impl Backend for RedisLocks {
 
     /// A wait that ran out while the server could not be asked ends with why.
     fn gave_up(&self, busy: RedisBusy, key: &[u8], waited: Duration) -> Error {
-        busy.failed
-            .unwrap_or_else(|| Error::timeout(key, waited, RedisBusy::holder(busy.seen)))
+        match busy.failed {
+            // (a request cut short by this process's own stop: the wait simply ran out)
+            Some(Error::Redis(e)) if is_interrupted(&e) => Error::timeout(key, waited, None),
+            Some(failed) => failed,
+            None => Error::timeout(key, waited, RedisBusy::holder(busy.seen)),
+        }
     }
 
     /// Waits on the key's release channel, woken by the release script's PUBLISH; the step
