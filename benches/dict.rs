@@ -142,6 +142,12 @@ struct Candidate<'a> {
     f: &'a mut dyn FnMut(u64),
 }
 
+impl<'a> Candidate<'a> {
+    fn new(iters: u64, f: &'a mut dyn FnMut(u64)) -> Candidate<'a> {
+        Candidate { iters, f }
+    }
+}
+
 /// Nanoseconds per call of each candidate, over `samples` rounds in which every candidate
 /// runs one sample in turn: interleaved, so a noisy moment hits all of them alike.
 fn interleaved(samples: usize, candidates: &mut [Candidate<'_>]) -> Vec<Stats> {
@@ -197,6 +203,11 @@ impl Drop for TempDict {
 
 fn key(i: usize) -> Vec<u8> {
     format!("bench:key:{i:05}").into_bytes()
+}
+
+/// Key `i` of `keys`, cycling: made before the clock starts, so a timed read builds none.
+fn nth<K: AsRef<[u8]>>(keys: &[K], i: u64) -> &[u8] {
+    black_box(keys[i as usize % keys.len()].as_ref())
 }
 
 /// A 12-byte binary key: a 4-byte prefix and a counter, built without allocating.
@@ -729,29 +740,16 @@ fn full_dict(r: &mut Report, s: &Scale) {
     let mut get_hit = |i| {
         assert!(black_box(st.get(p(i)).unwrap()).is_some());
     };
-    let mut get_miss = |i: u64| {
-        let key = black_box(absent[i as usize % absent.len()].as_slice());
-        assert!(black_box(st.get(key).unwrap()).is_none());
+    let mut get_miss = |i| {
+        assert!(black_box(st.get(nth(&absent, i)).unwrap()).is_none());
     };
     let m = interleaved(
         s.samples,
         &mut [
-            Candidate {
-                iters: s.iters / 4,
-                f: &mut set_new,
-            },
-            Candidate {
-                iters: s.iters / 4,
-                f: &mut set_present,
-            },
-            Candidate {
-                iters: s.iters / 4,
-                f: &mut get_hit,
-            },
-            Candidate {
-                iters: s.iters / 4,
-                f: &mut get_miss,
-            },
+            Candidate::new(s.iters / 4, &mut set_new),
+            Candidate::new(s.iters / 4, &mut set_present),
+            Candidate::new(s.iters / 4, &mut get_hit),
+            Candidate::new(s.iters / 4, &mut get_miss),
         ],
     );
     const S: &str = "3. full dict";
@@ -801,25 +799,17 @@ fn big_dict(r: &mut Report, s: &Scale) {
     let absent: Vec<[u8; 12]> = (0..4 * KEYS as u64)
         .map(|n| counted_key(b"miss", n))
         .collect();
-    let mut get_hit = |i: u64| {
-        let key = black_box(present[i as usize % present.len()].as_slice());
-        assert!(black_box(dict.get(key).unwrap()).is_some());
+    let mut get_hit = |i| {
+        assert!(black_box(dict.get(nth(&present, i)).unwrap()).is_some());
     };
-    let mut get_miss = |i: u64| {
-        let key = black_box(absent[i as usize % absent.len()].as_slice());
-        assert!(black_box(dict.get(key).unwrap()).is_none());
+    let mut get_miss = |i| {
+        assert!(black_box(dict.get(nth(&absent, i)).unwrap()).is_none());
     };
     let m = interleaved(
         s.samples,
         &mut [
-            Candidate {
-                iters: s.iters / 4,
-                f: &mut get_hit,
-            },
-            Candidate {
-                iters: s.iters / 4,
-                f: &mut get_miss,
-            },
+            Candidate::new(s.iters / 4, &mut get_hit),
+            Candidate::new(s.iters / 4, &mut get_miss),
         ],
     );
     drop(dict);
