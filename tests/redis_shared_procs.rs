@@ -549,6 +549,66 @@ fn interrupted_requests() {
     );
 }
 
+/// The same for a holder's own calls, each stopped and continued mid-request while the
+/// server is paused: its token, a renewal, a check and its release all answer once the
+/// server does (the token the same as before), none with `Interrupted system call`.
+fn interrupted_holder_calls() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    const CALLS: usize = 4;
+    // per call: its outcome (1 as expected, 2 an error, its text printed), 1 to let it begin
+    let s = Shared::new(2 * CALLS);
+    for call in 0..CALLS {
+        let child = {
+            let (redis, s) = (&redis, &s);
+            fork(move || {
+                let mut g = redis.lock(format!("h{call}"), opts(HANG, HANG)).unwrap();
+                let token = g.try_token().unwrap();
+                s.word(CALLS + call).store(1, Ordering::SeqCst); // held: pause the server
+                while s.word(CALLS + call).load(Ordering::SeqCst) != 2 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let r = match call {
+                    0 => g.try_token().map(|t| assert_eq!(t, token, "another token")),
+                    1 => g.expire(None),
+                    2 => g.check(),
+                    _ => g.unlock(),
+                };
+                let outcome = match r {
+                    Ok(()) => 1,
+                    Err(e) => {
+                        eprintln!("call {call}: {e}");
+                        2
+                    }
+                };
+                s.word(call).store(outcome, Ordering::SeqCst);
+                0
+            })
+        };
+        while s.word(CALLS + call).load(Ordering::SeqCst) != 1 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        server.pause(true);
+        s.word(CALLS + call).store(2, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: our child.
+        unsafe { libc::kill(child.0, libc::SIGSTOP) };
+        std::thread::sleep(Duration::from_millis(100));
+        cont(child.0);
+        std::thread::sleep(Duration::from_millis(200));
+        server.pause(false);
+        assert_eq!(child.wait(HANG), 0);
+    }
+    let outcomes: Vec<u64> = (0..CALLS)
+        .map(|k| s.word(k).load(Ordering::SeqCst))
+        .collect();
+    note!("[token, expire, check, unlock: {outcomes:?} (1: as expected)] ");
+    assert_eq!(
+        outcomes, [1; CALLS],
+        "a stop and continue mid-request failed a call"
+    );
+}
+
 fn main() {
     common::harness::main(
         "redis_shared_procs",
@@ -572,6 +632,10 @@ fn main() {
             (
                 "a_request_interrupted_by_a_stop_and_continue_is_not_an_error",
                 interrupted_requests,
+            ),
+            (
+                "a_holders_call_interrupted_by_a_stop_and_continue_is_not_an_error",
+                interrupted_holder_calls,
             ),
             (
                 "waits_on_a_stopped_server_end_at_their_deadline",

@@ -35,12 +35,14 @@ use crate::redis_store::aio::Aio;
 #[cfg(feature = "tokio")]
 use crate::redis_store::async_wait::Turn;
 use crate::redis_store::janitor::{Janitor, Job};
-use crate::redis_store::net::{self, is_broken, is_unanswered, Failed};
+use crate::redis_store::net::{self, is_broken, is_interrupted, is_unanswered, Failed};
 use crate::redis_store::sentinel;
 use crate::redis_store::topology::{self, Req, Shared, SyncConn, Tag, Topology};
 
 /// Idle connections kept per list; more are closed when returned.
 const MAX_IDLE: usize = 64;
+/// How many stops of this process in a row a repeatable command goes through.
+const MAX_INTERRUPTS: u32 = 8;
 
 /// The connections of one handle (and of the handles derived from it with the same
 /// command timeout).
@@ -191,12 +193,34 @@ impl Pool {
         &self,
         f: impl Fn(&mut Req<'_>) -> RedisResult<T>,
     ) -> Result<Ran<T>, Failed> {
-        match self.run(self.limit(None), &f) {
+        match self.run_through_stops(self.limit(None), &f) {
             Err(Failed {
                 error: Error::Redis(e),
                 ..
-            }) if is_broken(&e) => self.run(self.limit(None), &f),
+            }) if is_broken(&e) => self.run_through_stops(self.limit(None), &f),
             other => other,
+        }
+    }
+
+    /// [`run`](Self::run), again (on a fresh connection) each time a stop and continue of
+    /// this process cut it (see [`is_interrupted`]), at most [`MAX_INTERRUPTS`] times: for
+    /// commands that are safe to repeat.
+    pub(crate) fn run_through_stops<T>(
+        &self,
+        limit: Instant,
+        f: impl Fn(&mut Req<'_>) -> RedisResult<T>,
+    ) -> Result<Ran<T>, Failed> {
+        let mut cut = 0;
+        loop {
+            match self.run(limit, &f) {
+                Err(Failed {
+                    error: Error::Redis(e),
+                    ..
+                }) if is_interrupted(&e) && cut < MAX_INTERRUPTS && Instant::now() < limit => {
+                    cut += 1;
+                }
+                other => return other,
+            }
         }
     }
 

@@ -429,10 +429,12 @@ impl RedisLocks {
         let pool = &self.0.pool;
         for _ in 0..2 {
             let limit = pool.limit(None);
+            // (a grant not retried when broken, a token, is retried when only cut by a stop
+            // of this process: the token is kept with its hold, and asked again is the same)
             let ran = if retry_broken {
                 pool.retrying(&f)?
             } else {
-                pool.run(limit, &f)?
+                pool.run_through_stops(limit, &f)?
             };
             if pool.vouch(&ran.tag, ran.sent, limit)? {
                 return Ok(ran.value);
