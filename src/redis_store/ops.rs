@@ -500,14 +500,17 @@ impl RedisLocks {
             let ran = match ran {
                 Ok(ran) => ran,
                 Err(Failed { error, unknown }) => {
-                    if unknown {
+                    // This process was stopped and continued mid-request: the server is
+                    // fine, so try again at once, once the request (if it ran) is undone
+                    // in place, so that the next try does not find it holding the key.
+                    let cut = matches!(&error, Error::Redis(e) if is_interrupted(e))
+                        && Instant::now() < limit;
+                    if unknown && cut {
+                        self.cancel_now(names, &token, not_after, limit);
+                    } else if unknown {
                         self.cancel(names, &token, not_after);
                     }
-                    // This process was stopped and continued mid-request: the server is
-                    // fine, so try again at once (the request, if it ran, is cancelled).
-                    if matches!(&error, Error::Redis(e) if is_interrupted(e))
-                        && Instant::now() < limit
-                    {
+                    if cut {
                         continue;
                     }
                     return RedisBusy::or_error(names, error, deadline).map(Err);
