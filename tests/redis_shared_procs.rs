@@ -476,16 +476,34 @@ fn chaos() {
     assert!(redis.try_lock_with_lease("K", HANG).unwrap().is_some());
 }
 
+/// Stops `child` (SIGSTOP) for `d`, then continues it.
+fn stop_and_continue(child: &Child, d: Duration) {
+    // SAFETY: our child.
+    unsafe { libc::kill(child.0, libc::SIGSTOP) };
+    std::thread::sleep(d);
+    cont(child.0);
+}
+
 /// A process stopped and continued (SIGSTOP, SIGCONT: Ctrl-Z and `fg`) while it waits for
 /// a reply: the read fails with EINTR (signal(7): a socket with a timeout), which says
 /// nothing about the server. A reader, a writer and a permit holder trying a free key, each
 /// stopped in the middle of its request (the server is paused meanwhile, so that every
-/// request is), get their hold once the server answers: never `Interrupted system call`.
+/// request is), get their hold once the server answers: never `Interrupted system call`,
+/// also after a stop longer than the command timeout (that limit is the server's).
 /// It was that error, and a wait whose last attempt met it ended with it in place of the
 /// timeout (the chaos test below, 1 run in about 30 under load).
 fn interrupted_requests() {
     let server = RedisServer::start();
-    let redis = RedisLocks::open(&server.url()).unwrap();
+    // a stop shorter than the command timeout, then one 3x longer
+    for (timeout, stop) in [(5_000, 100), (300, 1_000)] {
+        interrupted_requests_with(&server, timeout, stop);
+    }
+}
+
+fn interrupted_requests_with(server: &RedisServer, timeout_ms: u64, stop_ms: u64) {
+    let redis = RedisLocks::open(&server.url())
+        .unwrap()
+        .with_timeout(Duration::from_millis(timeout_ms));
     redis
         .lock("warm", opts(HANG, HANG))
         .unwrap()
@@ -501,7 +519,7 @@ fn interrupted_requests() {
                 while s.word(3 + kind).load(Ordering::SeqCst) == 0 {
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                let key = format!("k{kind}");
+                let key = format!("k{kind}-{timeout_ms}");
                 // tries: a wait would try again after the error anyway (and end with it)
                 let r = match kind {
                     0 => redis
@@ -531,17 +549,14 @@ fn interrupted_requests() {
         server.pause(true);
         s.word(3 + kind).store(1, Ordering::SeqCst);
         // the child's request is sent by now, and its reply will not come: it reads
-        std::thread::sleep(Duration::from_millis(300));
-        // SAFETY: our child.
-        unsafe { libc::kill(child.0, libc::SIGSTOP) };
+        std::thread::sleep(Duration::from_millis(timeout_ms.min(300) / 2));
+        stop_and_continue(&child, Duration::from_millis(stop_ms));
         std::thread::sleep(Duration::from_millis(100));
-        cont(child.0);
-        std::thread::sleep(Duration::from_millis(200));
         server.pause(false);
         assert_eq!(child.wait(HANG), 0);
     }
     let outcomes: Vec<u64> = (0..3).map(|k| s.word(k).load(Ordering::SeqCst)).collect();
-    note!("[reader, writer, permit: {outcomes:?} (1: granted)] ");
+    note!("[timeout {timeout_ms} ms, stop {stop_ms} ms: reader, writer, permit {outcomes:?}] ");
     assert_eq!(
         outcomes,
         [1, 1, 1],
@@ -553,18 +568,32 @@ fn interrupted_requests() {
 
 /// The same for a holder's own calls, each stopped and continued mid-request while the
 /// server is paused: its token, a renewal, a check and its release all answer once the
-/// server does (the token the same as before), none with `Interrupted system call`.
+/// server does (the token the same as before), none with `Interrupted system call`, also
+/// after a stop longer than the command timeout.
 fn interrupted_holder_calls() {
     let server = RedisServer::start();
-    let redis = RedisLocks::open(&server.url()).unwrap();
-    const CALLS: usize = 4;
+    // a stop shorter than the command timeout, then one 3x longer (and shorter than a
+    // release's mark, two timeouts and a second: see docs/redis.md)
+    for (timeout, stop) in [(5_000, 100), (300, 1_000)] {
+        interrupted_holder_calls_with(&server, timeout, stop);
+    }
+}
+
+const CALLS: usize = 4;
+
+fn interrupted_holder_calls_with(server: &RedisServer, timeout_ms: u64, stop_ms: u64) {
+    let redis = RedisLocks::open(&server.url())
+        .unwrap()
+        .with_timeout(Duration::from_millis(timeout_ms));
     // per call: its outcome (1 as expected, 2 an error, its text printed), 1 to let it begin
     let s = Shared::new(2 * CALLS);
     for call in 0..CALLS {
         let child = {
             let (redis, s) = (&redis, &s);
             fork(move || {
-                let mut g = redis.lock(format!("h{call}"), opts(HANG, HANG)).unwrap();
+                let mut g = redis
+                    .lock(format!("h{call}-{timeout_ms}"), opts(HANG, HANG))
+                    .unwrap();
                 let token = g.try_token().unwrap();
                 s.word(CALLS + call).store(1, Ordering::SeqCst); // held: pause the server
                 while s.word(CALLS + call).load(Ordering::SeqCst) != 2 {
@@ -592,19 +621,18 @@ fn interrupted_holder_calls() {
         }
         server.pause(true);
         s.word(CALLS + call).store(2, Ordering::SeqCst);
-        std::thread::sleep(Duration::from_millis(300));
-        // SAFETY: our child.
-        unsafe { libc::kill(child.0, libc::SIGSTOP) };
+        std::thread::sleep(Duration::from_millis(timeout_ms.min(300) / 2));
+        stop_and_continue(&child, Duration::from_millis(stop_ms));
         std::thread::sleep(Duration::from_millis(100));
-        cont(child.0);
-        std::thread::sleep(Duration::from_millis(200));
         server.pause(false);
         assert_eq!(child.wait(HANG), 0);
     }
     let outcomes: Vec<u64> = (0..CALLS)
         .map(|k| s.word(k).load(Ordering::SeqCst))
         .collect();
-    note!("[token, expire, check, unlock: {outcomes:?} (1: as expected)] ");
+    note!(
+        "[timeout {timeout_ms} ms, stop {stop_ms} ms: token, expire, check, unlock {outcomes:?}] "
+    );
     assert_eq!(
         outcomes, [1; CALLS],
         "a stop and continue mid-request failed a call"

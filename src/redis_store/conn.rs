@@ -193,32 +193,31 @@ impl Pool {
         &self,
         f: impl Fn(&mut Req<'_>) -> RedisResult<T>,
     ) -> Result<Ran<T>, Failed> {
-        match self.run_through_stops(self.limit(None), &f) {
+        match self.run_through_stops(&f) {
             Err(Failed {
                 error: Error::Redis(e),
                 ..
-            }) if is_broken(&e) => self.run_through_stops(self.limit(None), &f),
+            }) if is_broken(&e) => self.run_through_stops(&f),
             other => other,
         }
     }
 
-    /// [`run`](Self::run), again (on a fresh connection) each time a stop and continue of
-    /// this process cut it (see [`is_interrupted`]), at most [`MAX_INTERRUPTS`] times: for
-    /// commands that are safe to repeat.
+    /// [`run`](Self::run) with the command timeout, again (on a fresh connection, with a
+    /// fresh timeout) each time a stop and continue of this process cut it (see
+    /// [`is_interrupted`]), at most [`MAX_INTERRUPTS`] times: for commands that are safe to
+    /// repeat. The timeout bounds the server's answer; a stop of this process, however
+    /// long, is not the server's.
     pub(crate) fn run_through_stops<T>(
         &self,
-        limit: Instant,
         f: impl Fn(&mut Req<'_>) -> RedisResult<T>,
     ) -> Result<Ran<T>, Failed> {
         let mut cut = 0;
         loop {
-            match self.run(limit, &f) {
+            match self.run(self.limit(None), &f) {
                 Err(Failed {
                     error: Error::Redis(e),
                     ..
-                }) if is_interrupted(&e) && cut < MAX_INTERRUPTS && Instant::now() < limit => {
-                    cut += 1;
-                }
+                }) if is_interrupted(&e) && cut < MAX_INTERRUPTS => cut += 1,
                 other => return other,
             }
         }

@@ -410,7 +410,7 @@ impl RedisLocks {
         let n: u64 = self
             .0
             .pool
-            .run(self.0.pool.limit(None), |r| {
+            .run_through_stops(|r| {
                 r.query(redis::cmd("EXISTS").arg(&names.lock).arg(&names.leases))
             })?
             .value;

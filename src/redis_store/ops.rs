@@ -180,6 +180,9 @@ impl RedisBusy {
     }
 }
 
+/// How many stops of this process in a row an attempt goes through (see `attempt`).
+const MAX_CUTS: u32 = 8;
+
 /// What the acquire script answered.
 pub(crate) enum Answer {
     Taken,
@@ -434,7 +437,7 @@ impl RedisLocks {
             let ran = if retry_broken {
                 pool.retrying(&f)?
             } else {
-                pool.run_through_stops(limit, &f)?
+                pool.run_through_stops(&f)?
             };
             if pool.vouch(&ran.tag, ran.sent, limit)? {
                 return Ok(ran.value);
@@ -465,9 +468,10 @@ impl RedisLocks {
     ) -> Result<Result<RedisHold, RedisBusy>, Error> {
         let pool = &self.0.pool;
         let ttl = self.lease_ms(exptime_ns, Duration::ZERO).unwrap_or(1);
-        let limit = self.attempt_limit(deadline);
+        let mut limit = self.attempt_limit(deadline);
         let busy = || Ok(Err(RedisBusy::held(names.clone())));
         let mut corrected = false;
+        let mut cuts = 0;
         loop {
             let (token, value) = identity::new_hold();
             let not_after = pool.shared.clock.at(limit).unwrap_or(0);
@@ -502,16 +506,28 @@ impl RedisLocks {
                 Err(Failed { error, unknown }) => {
                     // This process was stopped and continued mid-request: the server is
                     // fine, so try again at once, once the request (if it ran) is undone
-                    // in place, so that the next try does not find it holding the key.
-                    let cut = matches!(&error, Error::Redis(e) if is_interrupted(e))
-                        && Instant::now() < limit;
-                    if unknown && cut {
-                        self.cancel_now(names, &token, not_after, limit);
+                    // in place, so that the next try does not find it holding the key. A
+                    // try gets a fresh limit (a stop, however long, is not the server's
+                    // slowness); a wait's deadline that passed meanwhile ends the wait.
+                    let cut = matches!(&error, Error::Redis(e) if is_interrupted(e));
+                    let again =
+                        cut && cuts < MAX_CUTS && deadline.is_none_or(|d| Instant::now() < d);
+                    if unknown && again {
+                        self.cancel_now(names, &token, not_after, Instant::now() + ATTEMPT_FLOOR);
                     } else if unknown {
                         self.cancel(names, &token, not_after);
                     }
-                    if cut {
+                    if again {
+                        cuts += 1;
+                        limit = self.attempt_limit(deadline);
                         continue;
+                    }
+                    if cut && deadline.is_some() {
+                        // (the wait ends with `Timeout`, see `gave_up`)
+                        return Ok(Err(RedisBusy {
+                            failed: Some(error),
+                            ..RedisBusy::held(names.clone())
+                        }));
                     }
                     return RedisBusy::or_error(names, error, deadline).map(Err);
                 }
