@@ -189,15 +189,15 @@ impl<'k> PackedKey<'k> {
             }
         }
         tail.is_empty()
-            || words.next().is_some_and(|word| {
-                let want = tail.iter().rev().fold(0, |w, &b| w << 8 | u64::from(b));
-                word.load(Ordering::Relaxed) == want
-            })
+            || words
+                .next()
+                .is_some_and(|w| w.load(Ordering::Relaxed) == tail_word(tail))
     }
 }
 
-/// Copies the first `len` bytes of `words` (little-endian, `words` holding at least
-/// `len.div_ceil(8)` of them) into `out`, replacing what it held: a word per store.
+/// Copies the first `len` bytes of `words` (little-endian; `words` holds at least
+/// `len.div_ceil(8)` of them, else this panics) into `out`, replacing what it held: a word
+/// per store.
 #[inline(always)]
 fn copy_words(words: &[AtomicU64], len: usize, out: &mut Vec<u8>) {
     let words = &words[..words_for(len)];
@@ -223,10 +223,16 @@ fn copy_words(words: &[AtomicU64], len: usize, out: &mut Vec<u8>) {
 fn packed(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
     bytes.chunks(8).map(|c| match <[u8; 8]>::try_from(c) {
         Ok(whole) => u64::from_le_bytes(whole),
-        // Shifted in, not copied into a zeroed array: that array's 8-byte load after a
-        // byte-wise copy stalls on store forwarding, a third of a short key's lookup.
-        Err(_) => c.iter().rev().fold(0, |w, &b| w << 8 | u64::from(b)),
+        Err(_) => tail_word(c),
     })
+}
+
+/// A last partial word (under 8 bytes), zero-padded. Shifted in, not copied into a zeroed
+/// array: that array's 8-byte load after a byte-wise copy stalls on store forwarding, a
+/// third of a short key's lookup.
+#[inline(always)]
+fn tail_word(bytes: &[u8]) -> u64 {
+    bytes.iter().rev().fold(0, |w, &b| w << 8 | u64::from(b))
 }
 
 fn words_for(len: usize) -> usize {
@@ -377,7 +383,7 @@ impl<'a> Entry<'a> {
         if let Some(out) = value {
             let len = meta.value_len().min(self.g.max_value);
             let at = self.g.value_at();
-            copy_words(&self.w[at..at + words_for(len)], len, out);
+            copy_words(&self.w[at..], len, out);
         }
         Look::Found(Copied {
             kind: meta.kind(),

@@ -35,14 +35,14 @@ use crate::redis_store::aio::Aio;
 #[cfg(feature = "tokio")]
 use crate::redis_store::async_wait::Turn;
 use crate::redis_store::janitor::{Janitor, Job};
-use crate::redis_store::net::{self, is_broken, is_interrupted, is_unanswered, Failed};
+use crate::redis_store::net::{
+    self, is_broken, is_interrupted, is_unanswered, Failed, MAX_INTERRUPTS,
+};
 use crate::redis_store::sentinel;
 use crate::redis_store::topology::{self, Req, Shared, SyncConn, Tag, Topology};
 
 /// Idle connections kept per list; more are closed when returned.
 const MAX_IDLE: usize = 64;
-/// How many stops of this process in a row a repeatable command goes through.
-const MAX_INTERRUPTS: u32 = 8;
 
 /// The connections of one handle (and of the handles derived from it with the same
 /// command timeout).

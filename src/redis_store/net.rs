@@ -89,6 +89,10 @@ pub(crate) fn is_broken(e: &redis::RedisError) -> bool {
         || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
 }
 
+/// How many stops of this process in a row a request that may be repeated goes through
+/// (see [`is_interrupted`]).
+pub(crate) const MAX_INTERRUPTS: u32 = 8;
+
 /// Whether `e` is a request interrupted by a signal, not by the server or the network:
 /// a process stopped (SIGSTOP, Ctrl-Z) and continued while it read a reply has that read
 /// fail with EINTR, since the socket has a timeout (signal(7)). The request may have run.

@@ -11,7 +11,7 @@ use crate::error::{Error, HolderSeen, KeyPreview};
 use crate::lock::backend::{Backend, Sealed};
 use crate::lock::slack::TimerSlack;
 use crate::redis_store::janitor::{Job, JobKind};
-use crate::redis_store::net::{is_broken, is_interrupted, Failed};
+use crate::redis_store::net::{is_broken, is_interrupted, Failed, MAX_INTERRUPTS};
 use crate::redis_store::scripts::Call;
 use crate::redis_store::server_clock::server_us;
 use crate::redis_store::topology::Req;
@@ -179,9 +179,6 @@ impl RedisBusy {
         }
     }
 }
-
-/// How many stops of this process in a row an attempt goes through (see `attempt`).
-const MAX_CUTS: u32 = 8;
 
 /// What the acquire script answered.
 pub(crate) enum Answer {
@@ -511,9 +508,9 @@ impl RedisLocks {
                     // slowness); a wait's deadline that passed meanwhile ends the wait.
                     let cut = matches!(&error, Error::Redis(e) if is_interrupted(e));
                     let again =
-                        cut && cuts < MAX_CUTS && deadline.is_none_or(|d| Instant::now() < d);
+                        cut && cuts < MAX_INTERRUPTS && deadline.is_none_or(|d| Instant::now() < d);
                     if unknown && again {
-                        self.cancel_now(names, &token, not_after, Instant::now() + ATTEMPT_FLOOR);
+                        self.cancel_now(names, &token, not_after, limit);
                     } else if unknown {
                         self.cancel(names, &token, not_after);
                     }
