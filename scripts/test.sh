@@ -26,13 +26,20 @@ if MODELS=loom_tests::shared loom --cfg shmlock_broken_shared > target/loom-brok
     exit 1
 fi
 echo "loom: the deliberately broken shared protocol fails $(grep -c '\.\.\. FAILED' target/loom-broken-shared.log) models, as it must"
+# And claims that pass an idle shared entry of their key by have to fail the idle models.
+if MODELS=loom_tests::idle loom --cfg shmlock_broken_idle > target/loom-broken-idle.log 2>&1; then
+    echo "loom: the deliberately broken idle entries passed the models (see target/loom-broken-idle.log)"
+    exit 1
+fi
+echo "loom: the deliberately broken idle entries fail $(grep -c '\.\.\. FAILED' target/loom-broken-idle.log) models, as they must"
 
 started=$SECONDS
 loom
 echo "loom: models passed in $((SECONDS - started)) s (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
 # A CI clone builds each configuration once: free the loom builds' 0.5 GB for the rest.
 if [ -n "${CI:-}" ]; then
-    rm -rf target/loom target/loomcfgshmlock_broken target/loomcfgshmlock_broken_shared
+    rm -rf target/loom target/loomcfgshmlock_broken target/loomcfgshmlock_broken_shared \
+        target/loomcfgshmlock_broken_idle
 fi
 
 # Tests that need root (namespaces, mounts, uid switches) are ignored unless asked for; as

@@ -343,3 +343,50 @@ mod asynchronous {
         .await
     }
 }
+
+/// A read hold or permit given back with nobody waiting stays in the table, idle, for
+/// this process to take again in one step: it is nobody's hold meanwhile, to inspection,
+/// to `is_locked`, to a writer, to the semaphore's count and to a table short of room.
+#[test]
+fn a_released_shared_hold_left_idle_is_nobodys() {
+    let path = TempPath::new("idle-nobodys");
+    let t = LockTable::open(&path, 1).unwrap(); // 4 slots
+    let r = t.lock_shared("k", opts(60_000, 1_000)).unwrap();
+    let (_, slot) = t.debug_placement("k").unwrap();
+    drop(r);
+    assert!(!t.is_locked("k").unwrap());
+    assert!(t.holders().is_empty(), "{:?}", t.holders());
+    // taken again in the same slot
+    let r = t.lock_shared("k", opts(60_000, 1_000)).unwrap();
+    assert_eq!(t.debug_placement("k").unwrap().1, slot);
+    drop(r);
+    // a writer takes the key at once
+    let w = t
+        .try_lock_with_lease("k", LONG)
+        .unwrap()
+        .expect("nobody holds it");
+    assert_eq!(t.holders().len(), 1);
+    drop(w);
+    let s = t.semaphore("gpu", 1).unwrap();
+    drop(s.try_acquire(LONG).unwrap().unwrap());
+    assert_eq!(s.held(), 0);
+    let p = s.try_acquire(LONG).unwrap().expect("the permit came back");
+    drop(p);
+    // idle entries of four keys fill every slot: exclusive holds still find room
+    for k in ["a", "b", "c", "d"] {
+        drop(t.lock_shared(k, opts(60_000, 1_000)).unwrap());
+    }
+    let held: Vec<_> = ["e", "f", "g", "h"]
+        .iter()
+        .map(|k| {
+            t.try_lock_with_lease(k, LONG)
+                .unwrap_or_else(|e| panic!("{k}: {e}"))
+                .expect("free")
+        })
+        .collect();
+    assert_eq!(t.holders().len(), 4);
+    drop(held);
+    for k in ["a", "b", "c", "d"] {
+        drop(t.lock_shared(k, opts(60_000, 1_000)).unwrap());
+    }
+}

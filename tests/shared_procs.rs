@@ -50,6 +50,14 @@ const TESTS: &[Test] = &[
         "chaos_readers_writers_and_permits_with_stop_and_kill",
         chaos,
     ),
+    Test::new(
+        "a_forked_child_never_takes_its_parents_idle_entry",
+        forked_child_idle,
+    ),
+    Test::new(
+        "idle_entries_of_a_live_process_never_fill_the_table",
+        idle_never_fills,
+    ),
 ];
 
 fn main() {
@@ -531,4 +539,111 @@ fn chaos() {
     let b = sem.try_acquire(HANG).unwrap().expect("both permits");
     drop((a, b));
     assert!(table.try_lock_with_lease("K", HANG).unwrap().is_some());
+}
+
+// ---------------------------------------------------------------------------------------
+// Idle entries (a read hold or permit given back with nobody waiting, kept for its process
+// to take again: `src/shm/table/idle.rs`)
+
+/// The pid that inspection shows for the one shared hold of the table.
+fn shared_holder(table: &LockTable) -> u32 {
+    let h = table.holders();
+    assert_eq!(h.len(), 1, "{h:?}");
+    assert_eq!(h[0].mode, HoldMode::Shared);
+    h[0].pid
+}
+
+fn forked_child_idle() {
+    let path = TempPath::new("shared-procs-fork-idle");
+    let table = LockTable::open(&path, 64).unwrap();
+    let me = std::process::id();
+    let r = table.lock_shared("K", opts(60_000, 1_000)).unwrap();
+    assert_eq!(shared_holder(&table), me);
+    drop(r); // idle, and remembered by this handle, which the child inherits
+    assert!(table.holders().is_empty());
+    let mut held = Gate::new();
+    let mut done = Gate::new();
+    let child = {
+        let (table, held, done) = (&table, &mut held, &mut done);
+        fork(move || {
+            let r = table.lock_shared("K", opts(60_000, 1_000));
+            held.signal(); // (failed or not: the parent waits for it)
+            done.wait();
+            let Ok(r) = r else { return 2 };
+            drop(r);
+            // and again: its own idle entry this time
+            let r = table.lock_shared("K", opts(60_000, 1_000)).unwrap();
+            let ok = table.holders().iter().all(|h| h.pid == std::process::id());
+            drop(r);
+            i32::from(!ok)
+        })
+    };
+    held.await_signals(1);
+    assert_eq!(
+        shared_holder(&table),
+        child.0 as u32,
+        "the child's hold is the child's, not its parent's idle entry taken again"
+    );
+    // the parent reads beside it
+    let r = table.lock_shared("K", opts(60_000, 1_000)).unwrap();
+    let mut pids: Vec<u32> = table.holders().iter().map(|h| h.pid).collect();
+    pids.sort_unstable();
+    let mut want = vec![me, child.0 as u32];
+    want.sort_unstable();
+    assert_eq!(pids, want);
+    drop(r);
+    done.open();
+    assert_eq!(child.wait(HANG), 0);
+    // a writer gets the key at once: idle entries are nobody's
+    let w = table
+        .try_lock_with_lease("K", HANG)
+        .unwrap()
+        .expect("the key is free");
+    drop(w);
+    let r = table.lock_shared("K", opts(60_000, 1_000)).unwrap();
+    assert_eq!(shared_holder(&table), me);
+    drop(r);
+}
+
+fn idle_never_fills() {
+    let path = TempPath::new("shared-procs-idle-full");
+    let table = LockTable::open(&path, 4).unwrap(); // 16 slots
+    let mut held = Gate::new();
+    let mut done = Gate::new();
+    let reader = {
+        let (table, held, done) = (&table, &mut held, &mut done);
+        fork(move || {
+            let mut failed = 0;
+            for i in 0..16 {
+                let r = table.lock_shared(format!("r{i}"), opts(60_000, 1_000));
+                let p = table.semaphore(format!("p{i}"), 2).unwrap();
+                let q = p.acquire(opts(60_000, 1_000));
+                for e in [r.err(), q.err()].into_iter().flatten() {
+                    eprintln!("reader: {e}");
+                    failed = 1;
+                }
+            }
+            held.signal(); // (failed or not: the parent waits for it)
+            done.wait(); // alive, its idle entries kept
+            failed
+        })
+    };
+    held.await_signals(1);
+    // every slot, idle or free, goes to the writers of other keys
+    let writers: Vec<_> = (0..16)
+        .map(|i| {
+            table
+                .try_lock_with_lease(format!("w{i}"), HANG)
+                .unwrap_or_else(|e| panic!("w{i}: {e}"))
+                .unwrap_or_else(|| panic!("w{i} busy"))
+        })
+        .collect();
+    assert_eq!(table.holders().len(), 16);
+    assert!(matches!(
+        table.try_lock_with_lease("w16", HANG),
+        Err(Error::TableFull { .. })
+    ));
+    drop(writers);
+    done.open();
+    assert_eq!(reader.wait(HANG), 0);
 }

@@ -175,6 +175,10 @@ macro_rules! delegate_backend {
             Backend::release_on_drop(self.$to(), hold)
         }
 
+        delegate_backend!($to, $hold, $busy, but_release);
+    };
+    // All but the release, which the caller writes.
+    ($to:ident, $hold:ty, $busy:ty, but_release) => {
         fn extend(&self, hold: &mut $hold, exptime_ns: u64) -> Result<(), Error> {
             Backend::extend(self.$to(), hold, exptime_ns)
         }

@@ -3,7 +3,7 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic  "SHMLOCK\0" (lock table) or "SHMDICT\0" (shared dict)
-//!      8     4  format version (12, `VERSION`)
+//!      8     4  format version (13, `VERSION`)
 //!     12     4  header size (4096)
 //!     16     8  slot count
 //!     24     4  slot size (lock table: 64)
@@ -42,7 +42,7 @@ use crate::limits;
 
 pub(crate) const MAGIC: [u8; 8] = *b"SHMLOCK\0";
 pub(crate) const DICT_MAGIC: [u8; 8] = *b"SHMDICT\0";
-pub(crate) const VERSION: u32 = 12;
+pub(crate) const VERSION: u32 = 13;
 pub(crate) const HEADER_SIZE: usize = 4096;
 const PAGE: u64 = 4096;
 /// Bytes of a lock table's hot slot, and of its cold one.

@@ -19,6 +19,7 @@ use crate::shm::counters::{self, Cells, Fast};
 use crate::shm::file::{self, OpenSpec};
 use crate::shm::format::{Header, Layout};
 use crate::shm::futex;
+use crate::shm::idle_cache::IdleCache;
 use crate::shm::mapping::Mapping;
 use crate::shm::registry::OwnerId;
 use crate::shm::slot::{Cold, Slot, State, Word};
@@ -161,6 +162,8 @@ struct Inner {
     header: Header,
     path: PathBuf,
     created: bool,
+    /// This process's idle shared entries (see `table/idle.rs`).
+    idle: IdleCache,
     /// The thread that wakes this process's async waiters (see `async_wait`).
     #[cfg(feature = "tokio")]
     watcher: crate::per_process::PerProcess<crate::shm::async_wait::Watcher>,
@@ -288,6 +291,7 @@ impl LockTable {
                 header,
                 path: path.to_path_buf(),
                 created: opened.created,
+                idle: IdleCache::new(),
                 #[cfg(feature = "tokio")]
                 watcher: crate::per_process::PerProcess::new(),
             }),
@@ -773,7 +777,11 @@ impl LockTable {
         mode: Mode,
     ) -> Result<Result<ShmHold, Option<ShmBusy>>, Error> {
         let req = self.request(key, exptime_ns, mode)?;
-        match self.inner.table.try_acquire_fast(&req) {
+        let fast = match self.reenter(&req, mode) {
+            None => self.inner.table.try_acquire_fast(&req),
+            held => held,
+        };
+        match fast {
             Some(held) => {
                 self.count_acquired();
                 Ok(Ok(ShmHold {
@@ -800,7 +808,48 @@ impl LockTable {
         // (every wait comes this way after a sleep: a table deleted under it is seen)
         self.look_at_path()?;
         let req = self.request(key, exptime_ns, mode)?;
+        if let Some(held) = self.reenter(&req, mode) {
+            self.count_acquired();
+            return Ok(Ok(ShmHold {
+                held,
+                token: Cell::new(0),
+            }));
+        }
         self.hold_or_busy(self.inner.table.try_acquire(&req), &req)
+    }
+
+    /// A shared claim takes this process's idle entry of the key again, if it has one
+    /// (see `table/idle.rs`).
+    #[inline(always)]
+    fn reenter(&self, req: &Request<'_>, mode: Mode) -> Option<Held> {
+        // (`mode` a constant where inlined: the exclusive lock's paths have none of this)
+        if mode == Mode::Exclusive {
+            return None;
+        }
+        let table = &self.inner.table;
+        let home = req.hash.home(table.slots().len());
+        // Most idle entries sit at their home, which is then not looked up (one load
+        // fewer in the way of the CAS); the others are in the cache.
+        table.try_reenter_near(req, home, || self.inner.idle.get(home))
+    }
+
+    /// Releases a shared hold, kept idle for this process if nobody waits (see
+    /// `table/idle.rs`), and remembers where; the idle entry the cache forgets for it is
+    /// let go.
+    #[inline(always)]
+    pub(crate) fn release_shared(&self, hold: &ShmHold) -> Result<(), Error> {
+        let held = &hold.held;
+        match self.inner.table.release(held) {
+            Ok(false) => Ok(()),
+            Ok(true) if held.slot == held.home => Ok(()), // found without the cache
+            Ok(true) => {
+                if let Some(old) = self.inner.idle.put(held.home, held.slot) {
+                    self.inner.table.let_go(old, held.word.owner());
+                }
+                Ok(())
+            }
+            Err(_) => Err(Error::Expired),
+        }
     }
 
     /// Turns an exclusive hold into a reader's (see [`LockGuard::downgrade`]).
@@ -841,9 +890,11 @@ impl Backend for LockTable {
     // guard's drop a call (2 ns more a pair, criterion `pair/guard`).
     #[inline(always)]
     fn release(&self, hold: &ShmHold) -> Result<(), Error> {
+        // (an exclusive hold is never kept idle: shared ones are released by `Shared` and
+        // `Semaphore`, see `release_shared`)
         self.inner
             .table
-            .release(&hold.held)
+            .release_exclusive(&hold.held)
             .map_err(|_| Error::Expired)
     }
 

@@ -214,11 +214,11 @@ fn claim_versus_release() {
         let releaser = thread::spawn(move || t.release(&h));
         let t = m.table.clone();
         let claimer = thread::spawn(move || take(&t, k, 2, 2));
-        assert_eq!(releaser.join().unwrap(), Ok(()));
+        assert_eq!(releaser.join().unwrap(), Ok(false));
         let got = claimer.join().unwrap();
         assert!(entries_of(&m.table, k) <= 1);
         match got {
-            Some(h2) => m.table.release(&h2).unwrap(),
+            Some(h2) => assert!(!m.table.release(&h2).unwrap()),
             None => assert!(take(&m.table, k, 3, 3).is_some()),
         }
     });
@@ -324,7 +324,7 @@ fn expiry_steal() {
         for h in won {
             assert_eq!(
                 m.table.release(&h),
-                Ok(()),
+                Ok(false),
                 "the winner's hold was disturbed"
             );
         }
@@ -402,7 +402,7 @@ fn extend_versus_steal_at_the_deadline() {
         );
         assert!(entries_of(&m.table, k) <= 1);
         if extended.is_ok() {
-            assert_eq!(m.table.release(&h), Ok(()));
+            assert_eq!(m.table.release(&h), Ok(false));
         }
     });
 }
@@ -440,9 +440,9 @@ fn a_steal_from_a_stale_look_leaves_a_live_hold_alone() {
         assert!(!thief.join().unwrap(), "a stale steal freed a live hold");
         let (extended, released) = holder.join().unwrap();
         assert_eq!(extended, Ok(()), "the renewal was disturbed");
-        assert_eq!(released, Ok(()), "the release was disturbed");
+        assert_eq!(released, Ok(false), "the release was disturbed");
         if let Some(g) = rival.join().unwrap() {
-            assert_eq!(m.table.release(&g), Ok(()));
+            assert_eq!(m.table.release(&g), Ok(false));
         }
         assert_eq!(entries_of(&m.table, k), 0);
     });
@@ -487,10 +487,10 @@ fn a_thief_that_dies_halfway_blocks_nobody() {
             );
             assert!(entries_of(&m.table, k) <= 1);
             if let Some(w) = won {
-                assert_eq!(m.table.release(&w), Ok(()));
+                assert_eq!(m.table.release(&w), Ok(false));
             }
             if extended.is_ok() {
-                assert_eq!(m.table.release(&h), Ok(()));
+                assert_eq!(m.table.release(&h), Ok(false));
             }
             // nothing is left frozen
             assert!(m
@@ -529,7 +529,7 @@ fn death_at_every_step() {
                 // never blocked for good: busy only while the victim may be mid-claim
                 let r = req(other, 2, 2);
                 match t.try_acquire(&r).unwrap() {
-                    Attempt::Acquired(h) => t.release(&h).unwrap(),
+                    Attempt::Acquired(h) => assert!(!t.release(&h).unwrap()),
                     Attempt::Mismatch { .. } => unreachable!("no shared holds here"),
                     Attempt::Busy(b) => assert_eq!(b.word.owner(), owner(1)),
                 }
@@ -963,4 +963,5 @@ fn a_one_cas_claim_racing_a_rival() {
     });
 }
 
+mod idle;
 mod shared;

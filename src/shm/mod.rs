@@ -2,9 +2,10 @@
 //!
 //! - `lock_table`: [`LockTable`], the backend's public face (open, inspect, the
 //!   [`Backend`](crate::Backend) it implements); `guards`: its calls that hand out guards
-//!   (`lock`, `lock_async`, `try_lock_with_lease`); `shared`: read locks and semaphores.
-//! - `table/`: the slot protocol, a file per part (`claim`, `hold`, `recover`, `wait`,
-//!   `inspect`), model-checked by `loom_tests`.
+//!   (`lock`, `lock_async`, `try_lock_with_lease`); `shared`: read locks and semaphores;
+//!   `idle_cache`: where this process's idle shared entries are, to take them again.
+//! - `table/`: the slot protocol, a file per part (`claim`, `hold`, `idle`, `recover`,
+//!   `wait`, `inspect`), model-checked by `loom_tests`.
 //! - `slot`: a slot's 64-byte hot line, its control word, and the cold side array.
 //! - `registry`: the owner registry (who is attached, and whether the kernel says they
 //!   are alive); `attachment`: one process's registration, its descriptor and lock.
@@ -36,6 +37,8 @@ pub(crate) mod format;
 pub(crate) mod futex;
 #[cfg(not(loom))]
 mod guards;
+#[cfg(not(loom))]
+mod idle_cache;
 #[cfg(not(loom))]
 mod lock_table;
 #[cfg(not(loom))]

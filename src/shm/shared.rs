@@ -299,7 +299,17 @@ macro_rules! as_the_table {
             self.$table().try_acquire_in(key, exptime_ns, self.mode())
         }
 
-        delegate_backend!($table, ShmHold, ShmBusy);
+        #[inline(always)]
+        fn release(&self, hold: &ShmHold) -> Result<(), Error> {
+            self.$table().release_shared(hold)
+        }
+
+        #[inline(always)]
+        fn release_on_drop(&self, hold: &ShmHold) {
+            let _ = self.release(hold);
+        }
+
+        delegate_backend!($table, ShmHold, ShmBusy, but_release);
     };
 }
 

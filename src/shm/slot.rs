@@ -136,6 +136,11 @@ pub(crate) enum State {
     /// checked again: then FREE, or HELD exactly as it was. The word is the HELD one with
     /// only the state changed, so the holder's own word comes back if the hold stays.
     Stealing = 5,
+    /// A shared hold its owner released with nobody waiting, kept for the owner to take
+    /// again with one CAS (see `table/idle.rs`): no hold, and anyone's to take back. A
+    /// claim of the key that a reader must not stand beside (a writer, a permit) frees it
+    /// first; any other claim may claim it as it would a free slot.
+    Idle = 6,
 }
 
 /// The control word of a slot:
@@ -221,6 +226,7 @@ impl Word {
             2 => State::Held,
             3 => State::Extending,
             5 => State::Stealing,
+            6 => State::Idle,
             // 4, and the values no version writes (a damaged file): nobody's entry, out
             // of use until its owner is seen dead.
             _ => State::Broken,
@@ -367,6 +373,7 @@ mod tests {
         assert_eq!(Word(0).with_reach(1000).reach(), REACH_OVERFLOW);
         // states no version writes are out of use, not free
         assert_eq!(Word(7).state(), State::Broken);
+        assert_eq!(Word(6).state(), State::Idle);
         // the generation carries across its two parts
         let low_end = Word::new(State::Held, 1, owner, GEN_LOW_MASK, base);
         assert_eq!(low_end.next(State::Held).gen(), GEN_LOW_MASK + 1);

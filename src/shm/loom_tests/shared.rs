@@ -6,14 +6,14 @@
 
 use super::*;
 
-fn shared_req(hash: KeyHash, pid: u32, lease: u64, limit: u32) -> Request<'static> {
+pub(super) fn shared_req(hash: KeyHash, pid: u32, lease: u64, limit: u32) -> Request<'static> {
     Request {
         mode: Mode::Shared { limit },
         ..req(hash, pid, lease)
     }
 }
 
-fn take_shared(table: &T, k: KeyHash, pid: u32, lease: u64, limit: u32) -> Option<Held> {
+pub(super) fn take_shared(table: &T, k: KeyHash, pid: u32, lease: u64, limit: u32) -> Option<Held> {
     acquired(
         table
             .try_acquire(&shared_req(k, pid, lease, limit))
@@ -22,7 +22,7 @@ fn take_shared(table: &T, k: KeyHash, pid: u32, lease: u64, limit: u32) -> Optio
 }
 
 /// Live entries of `hash` by mode: (exclusive, shared).
-fn modes_of(table: &T, hash: KeyHash) -> (usize, usize) {
+pub(super) fn modes_of(table: &T, hash: KeyHash) -> (usize, usize) {
     let live: Vec<_> = table
         .entries()
         .into_iter()

@@ -41,6 +41,7 @@
 //! kernel's locks (a fake registry lock table), or processes (threads stand in, a "crash"
 //! unwinds a thread at a chosen step and never runs it again).
 
+use super::idle::takes_back;
 use super::{
     busy, claims_conflict, Attempt, Busy, Conflict, Env, Held, KeyHash, Lost, Mode, Request, Seen,
     Slots, Table, TableFull, WaitFor,
@@ -58,7 +59,8 @@ enum Scan {
     Busy(Busy),
     /// The key is held in shared mode with another limit.
     Mismatch(u32),
-    /// The key is not held: the first free slot is at this distance, with this word.
+    /// The key is not held: the slot to claim is at this distance, with this word (the
+    /// nearest free one, or an idle entry when the range has no free slot).
     Free(usize, Word),
     /// The key is not held, and there is no free slot.
     Full,
@@ -206,7 +208,7 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// thread took this key there within this clock tick), so the hold can be published as
     /// HELD by the claim's CAS itself.
     #[inline(always)]
-    fn fields_say(slot: &Slot, req: &Request<'_>, now: u64, until: u64) -> bool {
+    pub(super) fn fields_say(slot: &Slot, req: &Request<'_>, now: u64, until: u64) -> bool {
         slot.hash_lo.load(Ordering::Relaxed) == req.hash.lo
             && slot.hash_hi.load(Ordering::Relaxed) == req.hash.hi
             && slot.lease.load(Ordering::Relaxed) == req.lease
@@ -245,7 +247,7 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// Takes back a claim that lost to a rival: CLAIMING (or a HELD published directly)
     /// → FREE by its owner, waking anyone who flagged it; backs out if the claim was
     /// broken meanwhile.
-    fn withdraw(&self, slot: &Slot, claim: Word) {
+    pub(super) fn withdraw(&self, slot: &Slot, claim: Word) {
         let mut cur = claim;
         loop {
             match slot.control.compare_exchange(
@@ -430,14 +432,25 @@ impl<S: Slots, E: Env> Table<S, E> {
         if hc.state() == State::Free && !cfg!(shmlock_broken) {
             free = Some((0, hc));
         }
+        let mut idle = None;
         let mut d = 0;
         while d < n {
-            if d > reach && free.is_some() {
+            if d > reach && (free.is_some() || idle.is_some()) {
                 break;
             }
             let i = self.at(home, d);
             let c = self.word(i, Ordering::SeqCst);
             match self.examine(&slots[i], c, hash, now) {
+                // (before the reach test: an idle entry of the key may be re-entered)
+                Seen::Idle { ours: true } if takes_back(c, mode) => {
+                    self.take_back(i, c);
+                    continue;
+                }
+                // nobody's hold: claimed as a free slot is (the claim's CAS takes it back),
+                // if the range has no free slot (its owner would rather take it again)
+                Seen::Idle { .. } => {
+                    idle.get_or_insert((d, c));
+                }
                 Seen::Free => {
                     if free.is_none() {
                         free = Some((d, c));
@@ -481,7 +494,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         if let Some(b) = permits.exhausted(home, hash) {
             return Scan::Busy(b);
         }
-        match free {
+        match free.or(idle) {
             Some((d, c)) => Scan::Free(d, c),
             None => Scan::Full,
         }
@@ -519,7 +532,11 @@ impl<S: Slots, E: Env> Table<S, E> {
             let i = self.at(home, d);
             let c = self.word(i, Ordering::SeqCst);
             match self.examine(&slots[i], c, hash, now) {
-                Seen::Free | Seen::Other => {}
+                Seen::Idle { ours: true } if takes_back(c, mode) => {
+                    self.take_back(i, c);
+                    continue;
+                }
+                Seen::Free | Seen::Other | Seen::Idle { .. } => {}
                 Seen::Changed => continue,
                 Seen::Expired => {
                     self.steal(i, c);
@@ -573,7 +590,7 @@ impl<S: Slots, E: Env> Table<S, E> {
 
     /// Writes the fields of slot `i`, freshly claimed (owner-only, before promotion).
     #[inline]
-    fn fill(&self, i: usize, req: &Request<'_>, now: u64) {
+    pub(super) fn fill(&self, i: usize, req: &Request<'_>, now: u64) {
         let slot = &self.slots()[i];
         // The same key in the same slot again is the common case: skip rewriting its name.
         if slot.hash_lo.load(Ordering::Relaxed) != req.hash.lo

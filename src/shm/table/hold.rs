@@ -35,24 +35,40 @@ impl<S: Slots, E: Env> Table<S, E> {
     }
 
     /// Releases a hold. `Err(Lost)` if it was taken from us; the new owner is untouched.
+    /// `Ok(true)`: a shared hold nobody waited for, kept IDLE for this process to take
+    /// again (see `idle.rs`).
     #[inline]
-    pub(crate) fn release(&self, held: &Held) -> Result<(), Lost> {
+    pub(crate) fn release(&self, held: &Held) -> Result<bool, Lost> {
+        self.release_to(held, true)
+    }
+
+    /// [`release`](Self::release) of a hold known to be exclusive, which is never kept
+    /// idle: the exclusive lock's release, with nothing of the idle entries in its way.
+    #[inline]
+    pub(crate) fn release_exclusive(&self, held: &Held) -> Result<(), Lost> {
+        self.release_to(held, false).map(drop)
+    }
+
+    #[inline(always)]
+    fn release_to(&self, held: &Held, may_idle: bool) -> Result<bool, Lost> {
         let slot = &self.slots()[held.slot];
         loop {
             let c = self.holder_word(slot, held);
             if !self.owns(slot, c, held) {
                 return Err(Lost);
             }
+            let idle = may_idle && c.is_shared() && c.0 & FLAGS == 0;
+            let to = if idle { c.next(State::Idle) } else { c.freed() };
             if slot
                 .control
-                .compare_exchange(c.0, c.freed().0, Ordering::SeqCst, Ordering::Relaxed)
+                .compare_exchange(c.0, to.0, Ordering::SeqCst, Ordering::Relaxed)
                 .is_ok()
             {
                 crash_point();
                 if c.has_waiters() {
                     self.released_to_waiters(held, c);
                 }
-                return Ok(());
+                return Ok(idle);
             }
             // Only the waiters and reach bits can change under a live hold: retry.
         }

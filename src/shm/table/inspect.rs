@@ -65,7 +65,8 @@ impl<S: Slots, E: Env> Table<S, E> {
         let slot = &self.slots()[i];
         let cold = self.cold(i);
         let c = Word(slot.control.load(Ordering::Acquire));
-        if c.state() == State::Free {
+        // (an idle entry is nobody's hold: see `idle.rs`)
+        if matches!(c.state(), State::Free | State::Idle) {
             return None;
         }
         let hash = KeyHash {

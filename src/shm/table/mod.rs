@@ -26,6 +26,11 @@
 //! Freeing someone else's HELD entry takes two steps (STEALING, then FREE or HELD again):
 //! `recover.rs` says why.
 //!
+//! A shared hold released with nobody waiting goes to IDLE instead of FREE (release CAS,
+//! owner), and its owner takes it again from there (re-entry CAS, to HELD or CLAIMING);
+//! anyone frees an IDLE entry (take-back CAS), and a claim may claim it as a free slot:
+//! `idle.rs` says why that is safe.
+//!
 //! Ownership is decided by CAS on the control [`Word`] alone, and every transition an
 //! owner makes is a CAS from the exact entry it owns ([`Word::ident`]: the waiters and
 //! reach bits may change under it), so an owner that was stopped, or broken, finds its
@@ -46,6 +51,8 @@
 //!   general claim (two scans of the key's range), with the argument that two live entries
 //!   of one key cannot exist, and what loom proves of it and what it cannot.
 //! - `hold`: what a holder does with its hold: release, extend, give up to its lease, fence.
+//! - `idle`: a shared entry kept after its release for its process to take again with
+//!   one CAS, and why that needs no scan.
 //! - `recover`: freeing what others left: holds past their deadline or of dead owners
 //!   (stolen in two steps), claims and renewals that stalled (broken), reaping, and
 //!   breaking a key by force.
@@ -60,6 +67,7 @@ use crate::shm::slot::{Cold, Slot, State, Word, PERMIT, REACH_OVERFLOW, SHARED, 
 
 mod claim;
 mod hold;
+mod idle;
 mod inspect;
 mod recover;
 #[cfg(all(test, not(loom)))]
@@ -287,6 +295,10 @@ enum Seen {
     Expired,
     /// A HELD entry of our key being checked again by someone about to free it.
     Stealing,
+    /// An IDLE entry (see `idle.rs`), of our key or not: no hold, free to be taken back.
+    Idle {
+        ours: bool,
+    },
 }
 
 /// What a waiter should do after [`Table::prepare_wait`].
@@ -380,6 +392,11 @@ impl<S: Slots, E: Env> Table<S, E> {
         match c.state() {
             State::Free => Seen::Free,
             State::Broken => Seen::Other,
+            State::Idle if c.tag() != hash.tag() => Seen::Idle { ours: false },
+            State::Idle => match self.hash_of(slot, c) {
+                None => Seen::Changed,
+                Some(h) => Seen::Idle { ours: h == hash },
+            },
             _ if c.tag() != hash.tag() => Seen::Other,
             State::Claiming => Seen::Claiming,
             State::Held | State::Extending | State::Stealing => match self.hash_of(slot, c) {

@@ -138,7 +138,7 @@ impl<S: Slots, E: Env> Table<S, E> {
                 self.resolve_steal(b.slot, c);
                 true
             }
-            State::Free | State::Broken => true,
+            State::Free | State::Broken | State::Idle => true,
         }
     }
 

@@ -29,6 +29,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         match b.wait {
             WaitFor::Entry => {}
             WaitFor::Readers => {
+                self.take_back_idle(b.hash);
                 self.for_shared_holds(b.hash, |i, c, _| self.mark_for_writer(i, c));
                 crash_point();
             }
@@ -60,7 +61,7 @@ impl<S: Slots, E: Env> Table<S, E> {
             State::Held => {}
             // A claim, a renewal or a check in progress: look again soon.
             State::Claiming | State::Extending | State::Stealing => return Prepared::Poll,
-            State::Free | State::Broken => return Prepared::Changed,
+            State::Free | State::Broken | State::Idle => return Prepared::Changed,
         }
         if c.ident() != b.word.ident() {
             // Another hold: wait on it only if it is a hold of this very key (its holder

@@ -1,0 +1,171 @@
+//! Idle shared entries: a reader's (or a permit holder's) entry kept after its release, so
+//! that the same process takes the key again with a CAS on that entry alone.
+//!
+//! A shared hold taken by the general claim reads the home's claim count, scans the key's
+//! range twice and counts itself at the home: every reader of a key writes the home's
+//! line, and two processes reading one key take it from each other at every hold. So a
+//! shared hold released with nobody waiting (no waiters bit, no writer's mark) is not
+//! freed but goes IDLE: the word keeps its owner and mark, the fields their key. The
+//! process remembers the slot (`LockTable`'s idle cache) and its next hold of the key
+//! moves IDLE to HELD (or CLAIMING, then HELD, when the fields need writing): one line,
+//! its own.
+//!
+//! # Why a re-entry needs no scan
+//!
+//! An IDLE entry is nobody's hold, and anyone may take it back with a CAS: a claim that
+//! must not stand beside it once it is a hold again (a writer; a permit beside a reader or
+//! a reader beside a permit; every permit claim, which counts) frees each IDLE entry of
+//! its key that its scans meet, before it goes on, and every other claim may claim it as
+//! a free slot. The owner's re-entry is a CAS from the IDLE word, so of the two CASes on
+//! that word one comes first: a re-entry after the take-back fails (and the owner makes a
+//! general claim), and a claimer that looks after the re-entry sees a claim or a hold of
+//! the key there, as it would any other. An IDLE entry only comes from a hold, which lies
+//! within the key's reach, so every scan of the key covers it; and no IDLE entry of the
+//! key can appear behind a claimer's scan without a hold that the claimer would have seen
+//! or whose claim counted after it (and so looked at its claim). So a re-entry is as good
+//! as a general claim that found the key's range as the last hold left it.
+//!
+//! A writer waiting for readers takes back the IDLE entries of the key when it marks the
+//! holds (see `wait.rs`), so that no reader comes back without seeing its mark. An IDLE
+//! entry whose owner died is freed like any of a dead owner, and a table with no free slot
+//! left takes IDLE entries as free ones: an IDLE entry never makes a claim fail.
+
+use super::{Env, Held, KeyHash, Mode, Request, Seen, Slots, Table};
+use crate::shm::clock::deadline;
+use crate::shm::primitive::{crash_point, Ordering};
+use crate::shm::slot::{State, Word};
+
+/// Whether a claim in `mode` must take back the IDLE entry `c` of its key before it goes
+/// on: all but a reader's claim beside a reader's idle entry.
+#[inline]
+pub(super) fn takes_back(c: Word, mode: Mode) -> bool {
+    // The broken variant lets every claim pass an idle entry of its key.
+    if cfg!(shmlock_broken_idle) {
+        return false;
+    }
+    mode != (Mode::Shared { limit: 0 }) || c.is_permit()
+}
+
+impl<S: Slots, E: Env> Table<S, E> {
+    #[inline(always)]
+    fn idle_for(c: Word, req: &Request<'_>) -> bool {
+        // (a process forked since keeps its parent's slot numbers, not its entries)
+        c.state() == State::Idle && c.owner() == req.owner && c.mark() == req.mode.mark(req.hash)
+    }
+
+    /// [`try_reenter`](Self::try_reenter) at `req.key`'s home if this process's idle entry
+    /// is there (most are, and need no lookup then), else at the slot `elsewhere` names.
+    #[inline(always)]
+    pub(crate) fn try_reenter_near(
+        &self,
+        req: &Request<'_>,
+        home: usize,
+        elsewhere: impl FnOnce() -> Option<usize>,
+    ) -> Option<Held> {
+        let c = self.word(home, Ordering::Acquire);
+        if Self::idle_for(c, req) {
+            return self.reenter_from(req, home, c, home);
+        }
+        self.try_reenter(req, elsewhere()?, home)
+    }
+
+    /// Takes `req.key` (of `home`) again in the IDLE entry that slot `i` held for this
+    /// process, if it still does: one CAS (two when the lease's fields must be written).
+    /// `None`: the entry was taken back or is another's; make a general claim.
+    #[inline(always)]
+    pub(crate) fn try_reenter(&self, req: &Request<'_>, i: usize, home: usize) -> Option<Held> {
+        let slot = self.slots().get(i)?;
+        let c = Word(slot.control.load(Ordering::Acquire));
+        if !Self::idle_for(c, req) {
+            return None;
+        }
+        self.reenter_from(req, i, c, home)
+    }
+
+    /// The re-entry of the idle entry `c` of slot `i`.
+    #[inline(always)]
+    fn reenter_from(&self, req: &Request<'_>, i: usize, c: Word, home: usize) -> Option<Held> {
+        let slot = &self.slots()[i];
+        let now = self.now();
+        let until = deadline(now, req.exptime);
+        let held = |word| Held {
+            slot: i,
+            home,
+            word,
+            lease: req.lease,
+            acquired_at: now,
+        };
+        if Self::fields_say(slot, req, now, until) {
+            let word = c.next(State::Held);
+            slot.control
+                .compare_exchange(c.0, word.0, Ordering::SeqCst, Ordering::Relaxed)
+                .ok()?;
+            crash_point();
+            // The fields were read before the CAS (see `try_acquire_fast`).
+            if !Self::fields_say(slot, req, now, until) {
+                self.withdraw(slot, word);
+                return None;
+            }
+            return Some(held(word));
+        }
+        // The key's fields, as the entry was left (the lease's are rewritten below).
+        if slot.hash_lo.load(Ordering::Relaxed) != req.hash.lo
+            || slot.hash_hi.load(Ordering::Relaxed) != req.hash.hi
+            || slot.limit.load(Ordering::Relaxed) != req.mode.limit()
+        {
+            return None;
+        }
+        let claiming = c.next(State::Claiming);
+        slot.control
+            .compare_exchange(c.0, claiming.0, Ordering::SeqCst, Ordering::Relaxed)
+            .ok()?;
+        crash_point();
+        // The slot is ours: `fill` rewrites the key too if it was not this one after all.
+        self.fill(i, req, now);
+        self.promote(slot, claiming).ok().map(held)
+    }
+
+    /// Takes back the IDLE entry `c` of slot `i` (anyone may). `false` if it moved on.
+    pub(super) fn take_back(&self, i: usize, c: Word) -> bool {
+        self.force_release(i, c)
+    }
+
+    /// Takes back this process's IDLE entry in slot `i`, if it is still one: the idle
+    /// cache let go of it.
+    pub(crate) fn let_go(&self, i: usize, owner: crate::shm::registry::OwnerId) {
+        let Some(slot) = self.slots().get(i) else {
+            return;
+        };
+        let c = Word(slot.control.load(Ordering::Acquire));
+        if c.state() == State::Idle && c.owner() == owner {
+            self.take_back(i, c);
+        }
+    }
+
+    /// Takes back every IDLE entry of `hash` in its range (a writer about to wait for the
+    /// key's readers: none comes back without seeing its mark).
+    pub(super) fn take_back_idle(&self, hash: KeyHash) {
+        // The broken variant leaves them.
+        if cfg!(shmlock_broken_idle) {
+            return;
+        }
+        let slots = self.slots();
+        let now = self.now();
+        let home = hash.home(slots.len());
+        let reach = self.reach(home, Ordering::Acquire);
+        let mut d = 0;
+        while d <= reach {
+            let i = self.at(home, d);
+            let c = self.word(i, Ordering::SeqCst);
+            match self.examine(&slots[i], c, hash, now) {
+                Seen::Changed => continue,
+                Seen::Idle { ours: true } => {
+                    self.take_back(i, c);
+                    continue;
+                }
+                _ => {}
+            }
+            d += 1;
+        }
+    }
+}
