@@ -109,20 +109,54 @@ impl<S: Slots, E: Env> Table<S, E> {
             return Some(held(word));
         }
         // The key's fields, as the entry was left (the lease's are rewritten below).
-        if slot.hash_lo.load(Ordering::Relaxed) != req.hash.lo
-            || slot.hash_hi.load(Ordering::Relaxed) != req.hash.hi
-            || slot.limit.load(Ordering::Relaxed) != req.mode.limit()
-        {
+        if !self.holds_key_of(slot, req) {
             return None;
         }
+        self.claim_idle(req, i, c, home, now)
+    }
+
+    /// IDLE → CLAIMING, the lease's fields, HELD: the re-entry of the idle entry `c` of
+    /// slot `i`, `req.key`'s when it was looked at, at `now`.
+    #[inline(always)]
+    pub(super) fn claim_idle(
+        &self,
+        req: &Request<'_>,
+        i: usize,
+        c: Word,
+        home: usize,
+        now: u64,
+    ) -> Option<Held> {
+        let slot = &self.slots()[i];
         let claiming = c.next(State::Claiming);
         slot.control
             .compare_exchange(c.0, claiming.0, Ordering::SeqCst, Ordering::Relaxed)
             .ok()?;
         crash_point();
-        // The slot is ours: `fill` rewrites the key too if it was not this one after all.
+        // The fields again, which nobody writes under our CLAIMING word: they are those of
+        // the IDLE entry the CAS took. A thread stopped between its look and its CAS while
+        // the slot's generation came round could have taken another key's idle entry of
+        // the same tag (this process's), which no claim of this key had to take back.
+        if !self.holds_key_of(slot, req) {
+            self.withdraw(slot, claiming);
+            return None;
+        }
         self.fill(i, req, now);
-        self.promote(slot, claiming).ok().map(held)
+        let word = self.promote(slot, claiming).ok()?;
+        Some(Held {
+            slot: i,
+            home,
+            word,
+            lease: req.lease,
+            acquired_at: now,
+        })
+    }
+
+    /// Whether the slot's key fields are `req`'s: its key, and its limit.
+    #[inline(always)]
+    fn holds_key_of(&self, slot: &crate::shm::slot::Slot, req: &Request<'_>) -> bool {
+        slot.hash_lo.load(Ordering::Relaxed) == req.hash.lo
+            && slot.hash_hi.load(Ordering::Relaxed) == req.hash.hi
+            && slot.limit.load(Ordering::Relaxed) == req.mode.limit()
     }
 
     /// Takes back the IDLE entry `c` of slot `i` (anyone may). `false` if it moved on.

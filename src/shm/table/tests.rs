@@ -178,3 +178,54 @@ fn reach_survives_transitions_and_overflows_into_the_home_word() {
     assert_eq!(c.freed().reach(), REACH_OVERFLOW);
     assert_eq!(t.reach(5, Ordering::Relaxed), 40);
 }
+
+/// A reader stopped between its look at its idle entry and its CAS, while the slot's
+/// generation came round to the same word with another key of the same tag idle there
+/// (this process's): its re-entry must not take that entry as its own key's, which no
+/// claim of its key had to take back (a writer holds the key elsewhere meanwhile).
+#[test]
+fn a_reentry_from_a_word_come_round_again_checks_the_key() {
+    let t = table(8);
+    let me = OwnerId::new(1, 1);
+    let shared = |hash| Request {
+        mode: Mode::Shared { limit: 0 },
+        ..request(hash, me, 7)
+    };
+    // two keys of one home and one tag, and a third key of that home
+    let k = KeyHash {
+        lo: 0,
+        hi: 3 << 59 | 1,
+    };
+    let k2 = KeyHash {
+        lo: 0,
+        hi: 3 << 59 | 2,
+    };
+    let x = KeyHash { lo: 0, hi: 9 << 59 };
+    let hx = held(t.try_acquire(&request(x, me, 7)));
+    let hk = held(t.try_acquire(&shared(k)));
+    assert_eq!((hx.slot, hk.slot), (0, 1));
+    assert!(t.release(&hk).unwrap(), "kept idle");
+    t.release(&hx).unwrap();
+    // a writer takes the key: the idle entry is taken back, the writer sits at the home
+    let w = held(t.try_acquire(&request(k, OwnerId::new(2, 1), 9)));
+    assert_eq!(w.slot, 0);
+    // k2 idle at slot 1, with the word the stopped reader saw (the generation came round)
+    let h2 = held(t.try_acquire(&shared(k2)));
+    assert_eq!(h2.slot, 1);
+    t.env().now.set(2000); // another tick: the re-entry writes the fields (CLAIMING, then HELD)
+    assert!(t.release(&h2).unwrap());
+    let seen = t.word(1, Ordering::SeqCst);
+    assert_eq!(seen.state(), State::Idle);
+    // (the look found k's fields: the CAS comes after the generation came round)
+    assert!(
+        t.claim_idle(&shared(k), 1, seen, 0, 2000).is_none(),
+        "a reader got in beside the writer"
+    );
+    assert_ne!(t.word(1, Ordering::SeqCst).state(), State::Held);
+    // the writer is alone, and the key's own idle entry is still taken again
+    t.release(&w).unwrap();
+    let r = held(t.try_acquire(&shared(k)));
+    assert!(t.release(&r).unwrap());
+    let again = t.try_reenter(&shared(k), r.slot, 0).expect("re-entered");
+    assert_eq!(again.slot, r.slot);
+}

@@ -29,8 +29,11 @@ impl<S: Slots, E: Env> Table<S, E> {
         match b.wait {
             WaitFor::Entry => {}
             WaitFor::Readers => {
+                // Idle entries taken back before the marks and after them: a reader that
+                // left in between (idle, unmarked) does not come back unmarked.
                 self.take_back_idle(b.hash);
                 self.for_shared_holds(b.hash, |i, c, _| self.mark_for_writer(i, c));
+                self.take_back_idle(b.hash);
                 crash_point();
             }
             WaitFor::Permits { limit } => {
