@@ -34,6 +34,16 @@ impl IdleCache {
         (slot != 0 && v >> 32 == home as u64).then(|| slot as usize - 1)
     }
 
+    /// Forgets that `slot` holds an idle entry of a key of `home` (it did not, or no
+    /// longer: a re-entry there failed), if the way still says so.
+    #[cold]
+    pub(crate) fn forget(&self, home: usize, slot: usize) {
+        let v = (home as u64) << 32 | (slot as u64 + 1);
+        let _ = self
+            .way(home)
+            .compare_exchange(v, 0, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
     /// Records that `slot` holds an idle entry of a key of `home`; returns the slot the
     /// way held before, if another, which the caller lets go.
     #[inline(always)]
@@ -65,5 +75,9 @@ mod tests {
         assert_eq!(c.get(a), None);
         assert_eq!(c.get(b), Some(7));
         assert_eq!(c.put(b, 9), Some(7));
+        c.forget(b, 7); // not what the way says: kept
+        assert_eq!(c.get(b), Some(9));
+        c.forget(b, 9);
+        assert_eq!(c.get(b), None);
     }
 }

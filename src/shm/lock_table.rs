@@ -828,9 +828,18 @@ impl LockTable {
         }
         let table = &self.inner.table;
         let home = req.hash.home(table.slots().len());
-        // Most idle entries sit at their home, which is then not looked up (one load
-        // fewer in the way of the CAS); the others are in the cache.
-        table.try_reenter_near(req, home, || self.inner.idle.get(home))
+        // An entry away from its home is in the cache (one at the home is not put there:
+        // a release reads nothing more for it). The home is looked at only without one:
+        // another process's reader of the key may hold it, and its line would go back and
+        // forth.
+        if let Some(i) = self.inner.idle.get(home) {
+            if let Some(held) = table.try_reenter(req, i, home) {
+                return Some(held);
+            }
+            // taken back, or this process's entry is at the home by now
+            self.inner.idle.forget(home, i);
+        }
+        table.try_reenter(req, home, home)
     }
 
     /// Releases a shared hold, kept idle for this process if nobody waits (see

@@ -59,8 +59,8 @@ enum Scan {
     Busy(Busy),
     /// The key is held in shared mode with another limit.
     Mismatch(u32),
-    /// The key is not held: the slot to claim is at this distance, with this word (the
-    /// nearest free one, or an idle entry when the range has no free slot).
+    /// The key is not held: the slot to claim is at this distance, with this word (this
+    /// process's idle entry of the key, else the nearest free slot, else an idle entry).
     Free(usize, Word),
     /// The key is not held, and there is no free slot.
     Full,
@@ -311,7 +311,7 @@ impl<S: Slots, E: Env> Table<S, E> {
             // so pass 1 sees it (see "Why two live entries of one key cannot exist").
             let claims = slots[home].fence.load(Ordering::SeqCst);
             let reach = self.reach(home, Ordering::Acquire);
-            let (fd, fc) = match self.scan(home, reach, hash, req.mode, now) {
+            let (fd, fc) = match self.scan(home, reach, req, now) {
                 Scan::Free(d, c) => (d, c),
                 Scan::Busy(b) => return Ok(Attempt::Busy(b)),
                 Scan::Mismatch(limit) => return Ok(Attempt::Mismatch { limit }),
@@ -422,7 +422,8 @@ impl<S: Slots, E: Env> Table<S, E> {
 
     /// Pass 1: is the key held anywhere in its range, and where is the first free slot?
     #[inline(always)]
-    fn scan(&self, home: usize, reach: usize, hash: KeyHash, mode: Mode, now: u64) -> Scan {
+    fn scan(&self, home: usize, reach: usize, req: &Request<'_>, now: u64) -> Scan {
+        let (hash, mode) = (req.hash, req.mode);
         let slots = self.slots();
         let n = slots.len();
         let mut free = None;
@@ -432,10 +433,10 @@ impl<S: Slots, E: Env> Table<S, E> {
         if hc.state() == State::Free && !cfg!(shmlock_broken) {
             free = Some((0, hc));
         }
-        let mut idle = None;
+        let (mut own, mut idle) = (None, None);
         let mut d = 0;
         while d < n {
-            if d > reach && (free.is_some() || idle.is_some()) {
+            if d > reach && (free.is_some() || idle.is_some() || own.is_some()) {
                 break;
             }
             let i = self.at(home, d);
@@ -445,6 +446,11 @@ impl<S: Slots, E: Env> Table<S, E> {
                 Seen::Idle { ours: true } if takes_back(c, mode) => {
                     self.take_back(i, c);
                     continue;
+                }
+                // this process's own idle entry of the key (its cache forgot it): as good
+                // as a free slot, and better taken again than left beside a new one
+                Seen::Idle { ours: true } if c.owner() == req.owner => {
+                    own.get_or_insert((d, c));
                 }
                 // nobody's hold: claimed as a free slot is (the claim's CAS takes it back),
                 // if the range has no free slot (its owner would rather take it again)
@@ -494,7 +500,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         if let Some(b) = permits.exhausted(home, hash) {
             return Scan::Busy(b);
         }
-        match free.or(idle) {
+        match own.or(free).or(idle) {
             Some((d, c)) => Scan::Free(d, c),
             None => Scan::Full,
         }

@@ -53,22 +53,6 @@ impl<S: Slots, E: Env> Table<S, E> {
         c.state() == State::Idle && c.owner() == req.owner && c.mark() == req.mode.mark(req.hash)
     }
 
-    /// [`try_reenter`](Self::try_reenter) at `req.key`'s home if this process's idle entry
-    /// is there (most are, and need no lookup then), else at the slot `elsewhere` names.
-    #[inline(always)]
-    pub(crate) fn try_reenter_near(
-        &self,
-        req: &Request<'_>,
-        home: usize,
-        elsewhere: impl FnOnce() -> Option<usize>,
-    ) -> Option<Held> {
-        let c = self.word(home, Ordering::Acquire);
-        if Self::idle_for(c, req) {
-            return self.reenter_from(req, home, c, home);
-        }
-        self.try_reenter(req, elsewhere()?, home)
-    }
-
     /// Takes `req.key` (of `home`) again in the IDLE entry that slot `i` held for this
     /// process, if it still does: one CAS (two when the lease's fields must be written).
     /// `None`: the entry was taken back or is another's; make a general claim.

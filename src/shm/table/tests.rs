@@ -229,3 +229,49 @@ fn a_reentry_from_a_word_come_round_again_checks_the_key() {
     let again = t.try_reenter(&shared(k), r.slot, 0).expect("re-entered");
     assert_eq!(again.slot, r.slot);
 }
+
+/// A general claim of a key takes its own process's idle entry of the key before a free
+/// slot (a process whose cache forgot the entry does not leave it beside a new one);
+/// another process takes the free slot, and a writer takes the idle entry back.
+#[test]
+fn a_claim_takes_its_own_idle_entry_first() {
+    let t = table(8);
+    let me = OwnerId::new(1, 1);
+    let other = OwnerId::new(2, 1);
+    let shared = |hash, owner| Request {
+        mode: Mode::Shared { limit: 0 },
+        ..request(hash, owner, 7)
+    };
+    let k = KeyHash {
+        lo: 0,
+        hi: 3 << 59 | 1,
+    };
+    let x = KeyHash { lo: 0, hi: 9 << 59 };
+    let y = KeyHash {
+        lo: 0,
+        hi: 10 << 59,
+    };
+    let hx = held(t.try_acquire(&request(x, me, 7)));
+    let hy = held(t.try_acquire(&request(y, me, 7)));
+    let hk = held(t.try_acquire(&shared(k, me)));
+    assert_eq!((hx.slot, hy.slot, hk.slot), (0, 1, 2));
+    assert!(t.release(&hk).unwrap());
+    t.release(&hy).unwrap(); // slot 1 free, nearer the home than the idle entry
+    let again = held(t.try_acquire(&shared(k, me)));
+    assert_eq!(again.slot, 2, "its own idle entry, not the free slot");
+    let theirs = held(t.try_acquire(&shared(k, other)));
+    assert_eq!(
+        theirs.slot, 1,
+        "another process's reader takes the free slot"
+    );
+    assert!(t.release(&again).unwrap());
+    t.release(&theirs).unwrap();
+    // a writer takes the idle entries back and stands alone
+    t.release(&hx).unwrap();
+    let w = held(t.try_acquire(&request(k, other, 9)));
+    assert!(t
+        .entries()
+        .iter()
+        .all(|e| e.slot as usize == w.slot || e.hash != k));
+    assert!((0..8).all(|i| t.word(i, Ordering::SeqCst).state() != State::Idle));
+}
