@@ -172,18 +172,7 @@ impl<S: Slots, E: Env> Table<S, E> {
                 c.gen().wrapping_add(1),
                 c,
             );
-            slot.control
-                .compare_exchange(c.0, word.0, Ordering::SeqCst, Ordering::Relaxed)
-                .ok()?;
-            crash_point();
-            // The fields are ours to keep now, but were they still the ones checked when
-            // the CAS succeeded? A claimer stopped between the check and the CAS while the
-            // free word came round to the same value would publish someone else's.
-            if !Self::fields_say(slot, req, now, until) {
-                self.withdraw(slot, word);
-                return None;
-            }
-            return Some(held(word));
+            return self.claim_direct(slot, c, word, req, now, until).map(held);
         }
         if slot.hash_lo.load(Ordering::Relaxed) != req.hash.lo {
             // another key's slot: `fill` will write this key's preview on the cold line
@@ -202,6 +191,33 @@ impl<S: Slots, E: Env> Table<S, E> {
         crash_point();
         self.fill(home, req, now);
         self.promote(slot, claiming).ok().map(held)
+    }
+
+    /// The one-CAS claim: `c` (free, or this process's idle entry) to the HELD `word`,
+    /// when the slot's fields already say what the claim would write. `None` if the word
+    /// moved, or the fields changed before the CAS.
+    #[inline(always)]
+    pub(super) fn claim_direct(
+        &self,
+        slot: &Slot,
+        c: Word,
+        word: Word,
+        req: &Request<'_>,
+        now: u64,
+        until: u64,
+    ) -> Option<Word> {
+        slot.control
+            .compare_exchange(c.0, word.0, Ordering::SeqCst, Ordering::Relaxed)
+            .ok()?;
+        crash_point();
+        // The fields are ours to keep now, but were they still the ones checked when the
+        // CAS succeeded? A claimer stopped between the check and the CAS while the word came
+        // round to the same value would publish someone else's.
+        if !Self::fields_say(slot, req, now, until) {
+            self.withdraw(slot, word);
+            return None;
+        }
+        Some(word)
     }
 
     /// Whether a free slot's fields already say what a claim of `req` would write (this

@@ -81,16 +81,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         };
         if Self::fields_say(slot, req, now, until) {
             let word = c.next(State::Held);
-            slot.control
-                .compare_exchange(c.0, word.0, Ordering::SeqCst, Ordering::Relaxed)
-                .ok()?;
-            crash_point();
-            // The fields were read before the CAS (see `try_acquire_fast`).
-            if !Self::fields_say(slot, req, now, until) {
-                self.withdraw(slot, word);
-                return None;
-            }
-            return Some(held(word));
+            return self.claim_direct(slot, c, word, req, now, until).map(held);
         }
         // The key's fields, as the entry was left (the lease's are rewritten below).
         if !self.holds_key_of(slot, req) {
@@ -167,23 +158,13 @@ impl<S: Slots, E: Env> Table<S, E> {
         if cfg!(shmlock_broken_idle) {
             return;
         }
-        let slots = self.slots();
-        let now = self.now();
-        let home = hash.home(slots.len());
-        let reach = self.reach(home, Ordering::Acquire);
-        let mut d = 0;
-        while d <= reach {
-            let i = self.at(home, d);
-            let c = self.word(i, Ordering::SeqCst);
-            match self.examine(&slots[i], c, hash, now) {
-                Seen::Changed => continue,
-                Seen::Idle { ours: true } => {
-                    self.take_back(i, c);
-                    continue;
-                }
-                _ => {}
+        self.walk_range(hash, |i, c, seen| match seen {
+            // (look again: free now, or moved on)
+            Seen::Idle { ours: true } => {
+                self.take_back(i, c);
+                false
             }
-            d += 1;
-        }
+            _ => true,
+        });
     }
 }

@@ -141,6 +141,27 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// its lease ran out), as found in one pass; a check of a hold in progress is ended
     /// first, as anyone may.
     pub(super) fn for_shared_holds(&self, hash: KeyHash, mut f: impl FnMut(usize, Word, bool)) {
+        self.walk_range(hash, |i, c, seen| match seen {
+            Seen::Stealing if c.is_shared() => {
+                self.resolve_steal(i, c);
+                false
+            }
+            Seen::Key if c.is_shared() => {
+                f(i, c, false);
+                true
+            }
+            Seen::Expired if c.is_shared() => {
+                f(i, c, true);
+                true
+            }
+            _ => true,
+        });
+    }
+
+    /// Looks at each slot of `hash`'s range once, as `examine` finds it; `f` returns
+    /// `false` to look at the same slot again (it changed it). A word that moved while it
+    /// was read is looked at again.
+    pub(super) fn walk_range(&self, hash: KeyHash, mut f: impl FnMut(usize, Word, Seen) -> bool) {
         let slots = self.slots();
         let now = self.now();
         let home = hash.home(slots.len());
@@ -149,17 +170,11 @@ impl<S: Slots, E: Env> Table<S, E> {
         while d <= reach {
             let i = self.at(home, d);
             let c = self.word(i, Ordering::SeqCst);
-            match self.examine(&slots[i], c, hash, now) {
-                Seen::Changed => continue,
-                Seen::Stealing if c.is_shared() => {
-                    self.resolve_steal(i, c);
-                    continue;
-                }
-                Seen::Key if c.is_shared() => f(i, c, false),
-                Seen::Expired if c.is_shared() => f(i, c, true),
-                _ => {}
-            }
-            d += 1;
+            let next = match self.examine(&slots[i], c, hash, now) {
+                Seen::Changed => false,
+                seen => f(i, c, seen),
+            };
+            d += usize::from(next);
         }
     }
 }
