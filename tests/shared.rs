@@ -390,3 +390,46 @@ fn a_released_shared_hold_left_idle_is_nobodys() {
         drop(t.lock_shared(k, opts(60_000, 1_000)).unwrap());
     }
 }
+
+/// Two keys of one home, read in turn by one process: each takes its idle entry again in
+/// one step, neither claims anew (a claim counts at the home, and the home's fencing
+/// counter shows it), and neither knocks the other's entry out of the process's cache.
+#[test]
+fn two_keys_of_one_home_read_in_turn_keep_their_idle_entries() {
+    let path = TempPath::new("idle-one-home");
+    let t = LockTable::open(&path, 1).unwrap(); // 4 slots
+    let o = opts(60_000, 1_000);
+    let k = "k";
+    let home = {
+        let _held = t.lock_shared(k, o).unwrap();
+        t.debug_placement(k).unwrap().0
+    };
+    let c = (0..10_000)
+        .map(|i| format!("c{i}"))
+        .find(|c| {
+            let g = t.lock_shared(c, o).unwrap();
+            let same = t.debug_placement(c).unwrap().0 == home;
+            drop(g);
+            same
+        })
+        .expect("a key of the same home");
+    let token = || {
+        let w = t.lock(k, o).unwrap();
+        let n = w.token().expect("a token");
+        drop(w);
+        n
+    };
+    // both idle: the home key at its home, the other one away from it
+    drop((t.lock_shared(k, o).unwrap(), t.lock_shared(&c, o).unwrap()));
+    let before = token();
+    for _ in 0..200 {
+        drop(t.lock_shared(k, o).unwrap());
+        drop(t.lock_shared(&c, o).unwrap());
+    }
+    let after = token();
+    assert!(
+        after - before < 20,
+        "{} claims counted at the home in 200 rounds",
+        after - before
+    );
+}

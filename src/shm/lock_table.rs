@@ -832,12 +832,12 @@ impl LockTable {
         // a release reads nothing more for it). The home is looked at only without one:
         // another process's reader of the key may hold it, and its line would go back and
         // forth.
-        if let Some(i) = self.inner.idle.get(home) {
+        if let Some(i) = self.inner.idle.get(req.hash) {
             if let Some(held) = table.try_reenter(req, i, home) {
                 return Some(held);
             }
             // taken back, or this process's entry is at the home by now
-            self.inner.idle.forget(home, i);
+            self.inner.idle.forget(req.hash, i);
         }
         table.try_reenter(req, home, home)
     }
@@ -852,7 +852,11 @@ impl LockTable {
             Ok(false) => Ok(()),
             Ok(true) if held.slot == held.home => Ok(()), // found without the cache
             Ok(true) => {
-                if let Some(old) = self.inner.idle.put(held.home, held.slot) {
+                // The key's hash, from the entry we have just left idle (taken back
+                // and reused meanwhile, it is another key's: a hint that fails, no more).
+                let slot = &self.inner.table.slots()[held.slot];
+                let hi = slot.hash_hi.load(Ordering::Relaxed);
+                if let Some(old) = self.inner.idle.put(hi, held.slot) {
                     self.inner.table.let_go(old, held.word.owner());
                 }
                 Ok(())
