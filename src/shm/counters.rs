@@ -216,18 +216,67 @@ fn give_back_in(m: &Mine, map: Option<&Mapping>) {
     {
         // Release: the next owner sees every count made in it.
         let _ = word.compare_exchange(me, 0, Ordering::Release, Ordering::Relaxed);
-        claimed().retain(|c| (c.0, c.1) != (id, i));
+        claimed(|l| l.retain(|c| (c.0, c.1) != (id, i)));
     }
 }
 
 /// The cells this process's threads hold, by mapping (its number, the cell's, the owner
 /// word): all given back when the mapping's last handle goes, for a thread that lives on
 /// can no longer give its own back then.
-fn claimed() -> std::sync::MutexGuard<'static, Vec<(u64, usize, u64)>> {
-    static CLAIMED: std::sync::Mutex<Vec<(u64, usize, u64)>> = std::sync::Mutex::new(Vec::new());
-    CLAIMED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+///
+/// Not a `Mutex`: a process forked by one thread while another held a mutex would find it
+/// held for good (that thread does not exist in the child), and its first count in a new
+/// table would wait forever. The lock word holds the holding process's token instead (see
+/// `process::token`, which no forked child shares): a child that finds it held by another
+/// process's token knows the holder is a thread of its parent, frozen by the fork, takes
+/// the lock over and starts from an empty list (the parent's copy may be half-changed, and
+/// none of its cells are the child's to give back).
+struct Claimed {
+    lock: AtomicU64,
+    list: std::cell::UnsafeCell<Vec<(u64, usize, u64)>>,
+}
+
+// SAFETY: `list` is only reached through `claimed`, under `lock`.
+unsafe impl Sync for Claimed {}
+
+static CLAIMED: Claimed = Claimed {
+    lock: AtomicU64::new(0),
+    list: std::cell::UnsafeCell::new(Vec::new()),
+};
+
+/// Runs `f` on the claimed cells' list, under its lock (see [`Claimed`]).
+fn claimed<R>(f: impl FnOnce(&mut Vec<(u64, usize, u64)>) -> R) -> R {
+    claimed_in(&CLAIMED, crate::shm::process::token(), f)
+}
+
+/// [`claimed`] on `c`, as the process named `me`.
+fn claimed_in<R>(c: &Claimed, me: u64, f: impl FnOnce(&mut Vec<(u64, usize, u64)>) -> R) -> R {
+    loop {
+        match c
+            .lock
+            .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+        {
+            Ok(_) => break,
+            // another thread of this process has it
+            Err(holder) if holder == me => std::thread::yield_now(),
+            // a thread of the process this one was forked from, which is not here
+            Err(holder) => {
+                if c.lock
+                    .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    // SAFETY: the lock is ours; the parent's list is left as it was (its
+                    // memory may be half-changed: never freed or read).
+                    unsafe { std::mem::forget(std::mem::take(&mut *c.list.get())) };
+                    break;
+                }
+            }
+        }
+    }
+    // SAFETY: the lock is ours, so no other thread reaches the list until it is let go.
+    let r = f(unsafe { &mut *c.list.get() });
+    c.lock.store(0, Ordering::Release);
+    r
 }
 
 /// Whether the process of an owner word is gone (`kill` finds no such pid). In another
@@ -292,7 +341,7 @@ fn switch(m: &Mine, id: u64, map: &Arc<Mapping>) {
             })
         });
     if let Some((i, _)) = got {
-        claimed().push((id, i, me));
+        claimed(|l| l.push((id, i, me)));
     }
     m.cell
         .set(got.map_or(std::ptr::null(), |(_, w)| w as *const AtomicU64));
@@ -312,17 +361,19 @@ pub(crate) fn leave(id: u64, map: &Mapping) {
     });
     let pid = u64::from(crate::shm::process::current_pid());
     let cells = thread_cells(map);
-    claimed().retain(|&(of, i, owner)| {
-        if of != id {
-            return true;
-        }
-        // (a forked child's copy of the list is its parent's: not its to give back)
-        if owner >> 32 == pid {
-            if let Some(word) = cells.get(i * THREAD_CELL_WORDS) {
-                let _ = word.compare_exchange(owner, 0, Ordering::Release, Ordering::Relaxed);
+    claimed(|l| {
+        l.retain(|&(of, i, owner)| {
+            if of != id {
+                return true;
             }
-        }
-        false
+            // (a forked child's copy of the list is its parent's: not its to give back)
+            if owner >> 32 == pid {
+                if let Some(word) = cells.get(i * THREAD_CELL_WORDS) {
+                    let _ = word.compare_exchange(owner, 0, Ordering::Release, Ordering::Relaxed);
+                }
+            }
+            false
+        })
     });
 }
 
@@ -350,6 +401,33 @@ fn forget_in_children() {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// The list's lock found held by another process's token (a thread of the parent,
+    /// frozen by the fork) is taken over, with an empty list; held by this process's, it
+    /// is waited for.
+    #[test]
+    fn a_list_lock_held_across_a_fork_is_taken_over() {
+        let c = Claimed {
+            lock: AtomicU64::new(0),
+            list: std::cell::UnsafeCell::new(Vec::new()),
+        };
+        let (parent, child) = (0x11, 0x23);
+        claimed_in(&c, parent, |l| l.push((1, 2, 3)));
+        assert_eq!(claimed_in(&c, parent, |l| l.len()), 1);
+        c.lock.store(parent, Ordering::SeqCst); // held when the child was forked
+        assert_eq!(claimed_in(&c, child, |l| l.len()), 0, "taken over, emptied");
+        assert_eq!(c.lock.load(Ordering::SeqCst), 0);
+        // held by another thread of this process: waited for, then had
+        c.lock.store(child, Ordering::SeqCst);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| claimed_in(&c, child, |l| l.push((4, 5, 6))));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert!(!waiter.is_finished(), "went in beside the holder");
+            c.lock.store(0, Ordering::SeqCst);
+            waiter.join().unwrap();
+        });
+        assert_eq!(claimed_in(&c, child, |l| l.clone()), vec![(4, 5, 6)]);
+    }
 
     #[test]
     fn durations_fall_in_log2_microsecond_buckets() {
