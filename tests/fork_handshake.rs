@@ -1381,7 +1381,15 @@ fn a_child_forked_during_open_never_keeps_the_parents_registration() {
         std::thread::sleep(Duration::from_millis(100));
         let leak = flag.word(2).load(Ordering::SeqCst);
         if leak == 0 {
-            drop(p);
+            // P waits for every worker (20 s each at most, then it fails): a worker that
+            // hangs in the library (one forked while thread A held a process-wide lock)
+            // fails the test instead of living on.
+            let mut p = p;
+            assert_eq!(
+                p.wait(Duration::from_secs(120)),
+                0,
+                "a worker hung or failed"
+            );
             continue;
         }
         hit = true;

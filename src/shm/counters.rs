@@ -389,13 +389,40 @@ extern "C" fn forget_in_child() {
 
 /// Installs [`forget_in_child`] as a fork handler, once per process (before its first
 /// cell is claimed).
+///
+/// Not a `Once`: a process forked while another thread was inside it would find it running
+/// for good and wait. The state word holds the registering process's token (see
+/// [`Claimed`]): a forked child that finds its parent's registers the handler itself (a
+/// second registration of this idempotent handler is harmless; a parent's finished one is
+/// inherited as DONE).
 fn forget_in_children() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: the handler only stores to this thread's thread-locals.
-        let rc = unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) };
-        debug_assert_eq!(rc, 0, "pthread_atfork failed");
-    });
+    const DONE: u64 = u64::MAX;
+    static STATE: AtomicU64 = AtomicU64::new(0);
+    let mut seen = STATE.load(Ordering::Acquire);
+    if seen == DONE {
+        return;
+    }
+    let me = crate::shm::process::token();
+    loop {
+        if seen == me {
+            // another thread of this process registers it: wait for it
+            std::thread::yield_now();
+            seen = STATE.load(Ordering::Acquire);
+        } else if seen == DONE {
+            return;
+        } else if STATE
+            .compare_exchange(seen, me, Ordering::Acquire, Ordering::Acquire)
+            .is_ok()
+        {
+            // SAFETY: the handler only stores to this thread's thread-locals.
+            let rc = unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) };
+            debug_assert_eq!(rc, 0, "pthread_atfork failed");
+            STATE.store(DONE, Ordering::Release);
+            return;
+        } else {
+            seen = STATE.load(Ordering::Acquire);
+        }
+    }
 }
 
 #[cfg(all(test, not(loom)))]
