@@ -47,12 +47,6 @@ pub(super) fn takes_back(c: Word, mode: Mode) -> bool {
 }
 
 impl<S: Slots, E: Env> Table<S, E> {
-    #[inline(always)]
-    fn idle_for(c: Word, req: &Request<'_>) -> bool {
-        // (a process forked since keeps its parent's slot numbers, not its entries)
-        c.state() == State::Idle && c.owner() == req.owner && c.mark() == req.mode.mark(req.hash)
-    }
-
     /// Takes `req.key` (of `home`) again in the IDLE entry that slot `i` held for this
     /// process, if it still does: one CAS (two when the lease's fields must be written).
     /// `None`: the entry was taken back or is another's; make a general claim.
@@ -60,47 +54,41 @@ impl<S: Slots, E: Env> Table<S, E> {
     pub(crate) fn try_reenter(&self, req: &Request<'_>, i: usize, home: usize) -> Option<Held> {
         let slot = self.slots().get(i)?;
         let c = Word(slot.control.load(Ordering::Acquire));
-        if !Self::idle_for(c, req) {
+        // (a process forked since keeps its parent's slot numbers, not its entries)
+        if c.state() != State::Idle || c.owner() != req.owner || c.mark() != req.mode.mark(req.hash)
+        {
             return None;
         }
-        self.reenter_from(req, i, c, home)
-    }
-
-    /// The re-entry of the idle entry `c` of slot `i`.
-    #[inline(always)]
-    fn reenter_from(&self, req: &Request<'_>, i: usize, c: Word, home: usize) -> Option<Held> {
-        let slot = &self.slots()[i];
         let now = self.now();
         let until = deadline(now, req.exptime);
-        let held = |word| Held {
+        let word = if Self::fields_say(slot, req, now, until) {
+            self.claim_direct(slot, c, c.next(State::Held), req, now, until)?
+        } else {
+            // The key's fields, as the entry was left (the lease's are rewritten below).
+            if !self.holds_key_of(slot, req) {
+                return None;
+            }
+            self.claim_idle(req, i, c, now)?
+        };
+        Some(Held {
             slot: i,
             home,
             word,
             lease: req.lease,
             acquired_at: now,
-        };
-        if Self::fields_say(slot, req, now, until) {
-            let word = c.next(State::Held);
-            return self.claim_direct(slot, c, word, req, now, until).map(held);
-        }
-        // The key's fields, as the entry was left (the lease's are rewritten below).
-        if !self.holds_key_of(slot, req) {
-            return None;
-        }
-        self.claim_idle(req, i, c, home, now)
+        })
     }
 
     /// IDLE → CLAIMING, the lease's fields, HELD: the re-entry of the idle entry `c` of
-    /// slot `i`, `req.key`'s when it was looked at, at `now`.
+    /// slot `i`, `req.key`'s when it was looked at, at `now`. Returns the HELD word.
     #[inline(always)]
     pub(super) fn claim_idle(
         &self,
         req: &Request<'_>,
         i: usize,
         c: Word,
-        home: usize,
         now: u64,
-    ) -> Option<Held> {
+    ) -> Option<Word> {
         let slot = &self.slots()[i];
         let claiming = c.next(State::Claiming);
         slot.control
@@ -116,14 +104,7 @@ impl<S: Slots, E: Env> Table<S, E> {
             return None;
         }
         self.fill(i, req, now);
-        let word = self.promote(slot, claiming).ok()?;
-        Some(Held {
-            slot: i,
-            home,
-            word,
-            lease: req.lease,
-            acquired_at: now,
-        })
+        self.promote(slot, claiming).ok()
     }
 
     /// Whether the slot's key fields are `req`'s: its key, and its limit.

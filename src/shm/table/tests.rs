@@ -218,7 +218,7 @@ fn a_reentry_from_a_word_come_round_again_checks_the_key() {
     assert_eq!(seen.state(), State::Idle);
     // (the look found k's fields: the CAS comes after the generation came round)
     assert!(
-        t.claim_idle(&shared(k), 1, seen, 0, 2000).is_none(),
+        t.claim_idle(&shared(k), 1, seen, 2000).is_none(),
         "a reader got in beside the writer"
     );
     assert_ne!(t.word(1, Ordering::SeqCst).state(), State::Held);
