@@ -4,7 +4,8 @@
 //! registration; and it never waits for good: not when two threads fork at once, when a
 //! signal handler forks inside `open` or inside the fork handler itself, when many threads
 //! keep opening tables, when another process is stopped in a reboot reset, when another
-//! library's atfork handler takes its own mutex or forks, or when the fork fails. A child
+//! library's atfork handler takes its own mutex or forks, when the fork fails, or when
+//! another thread is in the middle of the process's very first call into the library. A child
 //! made by a signal handler in the middle of `open` never adopts the parent's
 //! registration, and children made by glibc's `_Fork` or by a handler's fork that returns
 //! can still open tables. Children of `posix_spawn` hold no registration; one that blocks
@@ -116,6 +117,10 @@ const TESTS: &[Test] = &[
         timer_nested,
     ),
     Test::new("a_failed_fork_leaves_open_working", fork_fails),
+    Test::new(
+        "a_child_forked_during_the_processs_first_use_can_open",
+        fork_during_first_use,
+    ),
     // A documented fork caveat: posix_spawn clones without the fork handlers.
     Test::new(
         "a_posix_spawn_child_before_exec_holds_no_registration",
@@ -136,6 +141,7 @@ fn roles(args: &[String]) -> i32 {
         "nested_fork_prepare" => role_nested_fork(&path, false),
         "nested_fork_signal" => role_nested_fork(&path, true),
         "fork_fails" => role_fork_fails(&path),
+        "fork_during_first_use" => role_fork_during_first_use(&path),
         other => {
             eprintln!("unknown role {other}");
             2
@@ -2099,5 +2105,133 @@ fn posix_spawn_fifo() {
     assert_eq!(
         leaks, 0,
         "posix_spawn children inherited an anchor's descriptor"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// A fork while another thread makes the process's very first call into the library (which
+// maps the wipe-on-fork page, installs the fork handlers and names the process): the
+// child has no thread finishing that work, and must not wait for one. gdb holds the first
+// user at `pthread_atfork` (inside that work) and lets only the main thread run, which
+// forks; the child then opens a table and takes a lock.
+
+fn flag_of(path: &Path, name: &str) -> PathBuf {
+    path.with_extension(name)
+}
+
+fn role_fork_during_first_use(path: &Path) -> i32 {
+    let p = path.to_path_buf();
+    // Thread A makes the first call when told; gdb stops it inside.
+    std::thread::spawn(move || {
+        while !flag_of(&p, "go").exists() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(LockTable::open(&p, 64));
+    });
+    fs::write(flag_of(path, "ready"), b"").unwrap();
+    while !flag_of(path, "fork").exists() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: a threaded fork; the child uses the library, which is what is tested, then
+    // leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let rc = match LockTable::open(path, 64) {
+            Ok(t) => match t.try_lock_with_lease("K", Duration::from_secs(5)) {
+                Ok(Some(_)) => 0,
+                Ok(None) => 3,
+                Err(_) => 4,
+            },
+            Err(_) => 5,
+        };
+        // SAFETY: leaving the child without running the parent's exit handlers.
+        unsafe { libc::_exit(rc) };
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut st = 0;
+    loop {
+        // SAFETY: polling our own child; st is a valid out-pointer.
+        if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == pid {
+            println!("child exited {}", libc::WEXITSTATUS(st));
+            break;
+        }
+        if Instant::now() > until {
+            println!("child hung: {}", describe_threads(pid));
+            // SAFETY: a plain signal to our own child, not yet reaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = std::io::stdout().flush();
+    // Thread A is still held by gdb: leave without joining it.
+    // SAFETY: ending the process (every thread) at once.
+    unsafe { libc::_exit(0) }
+}
+
+fn fork_during_first_use() {
+    common::probe::require_gdb();
+    let path = fresh_table("firstuse");
+    let exe = std::env::current_exe().unwrap();
+    let child = std::process::Command::new(exe)
+        .args(["--role", "fork_during_first_use"])
+        .arg(&path.0)
+        .process_group(0)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = common::probe::Spawned(child);
+    let pid = child.0.id() as i32;
+    assert!(
+        common::probe::wait_file(&flag_of(&path.0, "ready"), Duration::from_secs(20)),
+        "the role never started"
+    );
+    let gdb = common::probe::GdbStop::attach_stages(
+        pid,
+        &[
+            common::probe::Stage::new(&["break pthread_atfork".to_string()]),
+            // Only the main thread runs on: it forks, waits for its child and leaves.
+            common::probe::Stage::new(&[
+                "set scheduler-locking on".to_string(),
+                "thread 1".to_string(),
+            ]),
+        ],
+    );
+    fs::write(flag_of(&path.0, "go"), b"").unwrap();
+    assert!(
+        gdb.stopped(Duration::from_secs(20)),
+        "the first use never reached pthread_atfork"
+    );
+    fs::write(flag_of(&path.0, "fork"), b"").unwrap();
+    gdb.resume(0);
+    // gdb's second `continue` ends when the role has left (and reaped or killed its
+    // child); the role can be waited for once gdb lets it go.
+    assert!(
+        gdb.reached(1, Duration::from_secs(60)),
+        "the role never finished"
+    );
+    gdb.release();
+    let until = Instant::now() + Duration::from_secs(20);
+    while child.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < until, "the role was not let go");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut out = String::new();
+    use std::io::Read;
+    child
+        .0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    for f in ["ready", "go", "fork"] {
+        let _ = fs::remove_file(flag_of(&path.0, f));
+    }
+    note!("[{}] ", out.trim());
+    assert_eq!(
+        out.trim(),
+        "child exited 0",
+        "the child forked during the first use"
     );
 }

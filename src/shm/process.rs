@@ -13,6 +13,11 @@
 //! registrations made before belong to the parent; the child registers anew, see
 //! `anchor.rs`) and the clock offset looked up again (see `clock.rs`).
 //!
+//! Nothing here waits on a `std::sync::Once` or a mutex: a child forked while another
+//! thread of its parent was in the middle of the first call would wait for that thread,
+//! which the child does not have. The one wait (for the thread naming the process) is on
+//! the wipe-on-fork page, which a child finds zeroed.
+//!
 //! `fork` waits while an anchor is being set up ([`NoFork`]): its descriptor must not be
 //! inherited.
 //!
@@ -20,8 +25,7 @@
 //! namespaces and `/proc` may hide them. The owner registry does that.
 
 use std::fs;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
-use std::sync::Once;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
@@ -54,11 +58,16 @@ static FALLBACK: Cell = Cell {
     pid: AtomicU32::new(0),
     setting_up: AtomicU32::new(0),
 };
+/// The cell: null until the first look at this process chose the page or `FALLBACK`
+/// (once, with a CAS; a child inherits the choice).
 static CELL: AtomicPtr<Cell> = AtomicPtr::new(std::ptr::null_mut());
 static START: AtomicU64 = AtomicU64::new(0);
 /// Bumped in every forked child, on its first look at itself.
 static FORK_EPOCH: AtomicU64 = AtomicU64::new(1);
-static SETUP: Once = Once::new();
+/// This process image has been named before: a zeroed token then means a forked child.
+static NAMED_BEFORE: AtomicBool = AtomicBool::new(false);
+/// The fork handlers are installed in this process image (a child inherits them).
+static HANDLERS: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn in_forked_child() {
     // Async-signal-safe: atomic stores. The child does the rest on first use.
@@ -173,9 +182,11 @@ fn cell() -> &'static Cell {
     }
 }
 
-/// Maps the wipe-on-fork page and installs the fork handler (once per process image),
-/// and names this process.
-fn setup() {
+/// Chooses the cell, once per process image: a page the kernel zeroes in every forked
+/// child, or `FALLBACK` where `MADV_WIPEONFORK` is unsupported. Threads racing here each
+/// map a page; the first CAS wins and the others unmap theirs. Nothing waits.
+#[cold]
+fn choose_cell() {
     // SAFETY: an anonymous private mapping of one page: no file, no aliasing; checked for
     // failure below.
     let page = unsafe {
@@ -188,14 +199,39 @@ fn setup() {
             0,
         )
     };
+    let mut chosen = std::ptr::addr_of!(FALLBACK).cast_mut();
+    let mut mapped = false;
     if page != libc::MAP_FAILED {
         // SAFETY: `page` is the mapping just made, one page long.
         if unsafe { libc::madvise(page, 4096, libc::MADV_WIPEONFORK) } == 0 {
-            CELL.store(page.cast::<Cell>(), Ordering::Release);
+            chosen = page.cast::<Cell>();
+            mapped = true;
         } else {
             // SAFETY: unmapping the page just mapped, which nothing refers to.
             unsafe { libc::munmap(page, 4096) };
         }
+    }
+    let lost = CELL
+        .compare_exchange(
+            std::ptr::null_mut(),
+            chosen,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_err();
+    if lost && mapped {
+        // SAFETY: our page lost the race: nothing was ever given a pointer into it.
+        unsafe { libc::munmap(page, 4096) };
+    }
+}
+
+/// Installs the fork handlers, unless this image has them. A fork racing this either
+/// copies them (glibc serialises `pthread_atfork` with `fork`) or leaves the child to
+/// install its own; installed twice they do no harm (the counts they keep balance, and
+/// clearing the cell twice is clearing it).
+fn install_handlers() {
+    if HANDLERS.load(Ordering::Acquire) {
+        return;
     }
     // SAFETY: the handlers only use atomics (the one before the fork waits for anchors
     // being set up, which take a few system calls).
@@ -207,7 +243,7 @@ fn setup() {
         )
     };
     assert_eq!(rc, 0, "pthread_atfork failed");
-    name_this_process();
+    HANDLERS.store(true, Ordering::Release);
 }
 
 fn name_this_process() {
@@ -222,7 +258,7 @@ fn new_token() -> u64 {
     if getrandom::fill(&mut b).is_err() {
         b = (std::process::id() as u64 ^ clock::raw_now()).to_le_bytes();
     }
-    // Odd (never 0, "not named"), top bit clear (never NAMING).
+    // Odd (never 0, "not named"), top bit clear (never naming).
     (u64::from_le_bytes(b) >> 1) | 1
 }
 
@@ -232,9 +268,9 @@ fn new_token() -> u64 {
 #[inline]
 pub(crate) fn token() -> u64 {
     let t = cell().token.load(Ordering::Acquire);
-    // NAMING: another thread of a forked child is naming it right now; what it stores
-    // last is the name (and the fork epoch and pid are set before it).
-    if t != 0 && t != NAMING {
+    // NAMING: another thread is naming this process right now; what it stores last is the
+    // name (and the fork epoch and pid are set before it).
+    if t != 0 && t & NAMING == 0 {
         return t;
     }
     refresh();
@@ -250,9 +286,9 @@ pub(crate) fn check_clock() -> Result<(), Error> {
     clock::check_offset()
 }
 
-/// The token while a forked child's first user names it: never a name (tokens are odd
-/// random numbers, and this one is never handed out).
-const NAMING: u64 = u64::MAX;
+/// The token while a thread names the process (its first look, or a forked child's),
+/// with the namer's pid below it: never a name (tokens have this bit clear).
+const NAMING: u64 = 1 << 63;
 
 /// The pid of the calling process, cached (for inspection).
 #[inline]
@@ -271,33 +307,57 @@ pub(crate) fn fork_epoch() -> u64 {
 
 #[cold]
 fn refresh() {
-    if !SETUP.is_completed() {
-        // The first look of this process image (every thread waits for it).
-        SETUP.call_once(setup);
-        return;
+    if CELL.load(Ordering::Acquire).is_null() {
+        choose_cell();
     }
-    // Set up, yet zeroed: this is a forked child (the page or the handler cleared it).
-    // One thread does the child's work: the one that names the process.
-    if cell()
-        .token
-        .compare_exchange(0, NAMING, Ordering::AcqRel, Ordering::Acquire)
-        .is_err()
-    {
-        // Naming reads /proc and closes descriptors: give the namer the CPU (it may
-        // share one with every waiting thread) rather than spin against it.
+    let cell = cell();
+    let on_page = !std::ptr::eq(cell, &FALLBACK);
+    loop {
+        // One thread names the process: on its first look, or a forked child's (the page,
+        // or the fork handler, zeroed the token).
+        let naming = NAMING | u64::from(std::process::id());
+        match cell
+            .token
+            .compare_exchange(0, naming, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => break,
+            Err(t) if t & NAMING == 0 => return,
+            Err(_) => {}
+        }
+        // Naming reads /proc and closes descriptors: give the namer the CPU (it may share
+        // one with every waiting thread) rather than spin against it.
         let mut spins = 0u32;
-        while cell().token.load(Ordering::Acquire) == NAMING {
+        loop {
+            let t = cell.token.load(Ordering::Acquire);
+            if t & NAMING == 0 {
+                return;
+            }
             if spins < 64 {
                 spins += 1;
                 std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
+                continue;
+            }
+            std::thread::yield_now();
+            // Without the page, a child forked while its parent named itself before the
+            // fork handler was installed inherits the parent's naming word: the namer is
+            // then another process, whose pid the word holds (the page needs no such
+            // look, as a child finds it zeroed). A child of a fork into a new pid namespace
+            // whose pid there is its parent's number would wait on: kernels that lack the
+            // page (before 4.14) and such a fork, in the middle of the first look, at once.
+            if !on_page && t & !NAMING != u64::from(std::process::id()) {
+                let _ = cell
+                    .token
+                    .compare_exchange(t, 0, Ordering::AcqRel, Ordering::Acquire);
+                break;
             }
         }
-        return;
     }
-    FORK_EPOCH.fetch_add(1, Ordering::Relaxed);
-    clock::forget_offset();
+    install_handlers();
+    if NAMED_BEFORE.swap(true, Ordering::Relaxed) {
+        // Named before, yet zeroed: this is a forked child.
+        FORK_EPOCH.fetch_add(1, Ordering::Relaxed);
+        clock::forget_offset();
+    }
     name_this_process();
 }
 
@@ -353,8 +413,9 @@ mod tests {
         assert_ne!(pid_namespace(), 0);
         let epoch = fork_epoch();
         assert_eq!(fork_epoch(), epoch);
+        let cell = CELL.load(Ordering::Relaxed);
         assert!(
-            !CELL.load(Ordering::Relaxed).is_null(),
+            !cell.is_null() && !std::ptr::eq(cell, &FALLBACK),
             "no wipe-on-fork page"
         );
         assert_eq!(token(), token());
