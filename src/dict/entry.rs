@@ -191,7 +191,7 @@ impl<'k> PackedKey<'k> {
         tail.is_empty()
             || words
                 .next()
-                .is_some_and(|w| w.load(Ordering::Relaxed) == tail_word(tail))
+                .is_some_and(|w| w.load(Ordering::Relaxed) == tail_word(self.key))
     }
 }
 
@@ -221,18 +221,38 @@ fn copy_words(words: &[AtomicU64], len: usize, out: &mut Vec<u8>) {
 /// Bytes as little-endian words, the last one zero-padded (no allocation: the lookup path
 /// runs this for every key it compares).
 fn packed(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
-    bytes.chunks(8).map(|c| match <[u8; 8]>::try_from(c) {
-        Ok(whole) => u64::from_le_bytes(whole),
-        Err(_) => tail_word(c),
-    })
+    let whole = bytes.chunks_exact(8);
+    let tail = (!whole.remainder().is_empty()).then(|| tail_word(bytes));
+    whole
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunk")))
+        .chain(tail)
 }
 
-/// A last partial word (under 8 bytes), zero-padded. Shifted in, not copied into a zeroed
-/// array: that array's 8-byte load after a byte-wise copy stalls on store forwarding, a
-/// third of a short key's lookup.
+/// The last partial word of `bytes` (its last `len % 8` bytes, which must be some),
+/// zero-padded. Read with loads that end at the last byte and shifted into place, not
+/// copied into a zeroed array (whose 8-byte load after a byte-wise copy stalls on store
+/// forwarding, a third of a short key's lookup), nor shifted in a byte at a time (a chain
+/// of a dependent shift per byte).
 #[inline(always)]
 fn tail_word(bytes: &[u8]) -> u64 {
-    bytes.iter().rev().fold(0, |w, &b| w << 8 | u64::from(b))
+    let len = bytes.len();
+    let rem = len % 8;
+    debug_assert!(rem != 0);
+    let load4 = |at: usize| {
+        u64::from(u32::from_le_bytes(
+            bytes[at..at + 4].try_into().expect("4 bytes"),
+        ))
+    };
+    if len >= 8 {
+        // The last 8 bytes, the whole words' part shifted out.
+        u64::from_le_bytes(bytes[len - 8..].try_into().expect("8 bytes")) >> (8 * (8 - rem))
+    } else if len >= 4 {
+        // Two 4-byte loads that overlap (or meet) in the middle: the bytes they share
+        // land on the same bits with the same values.
+        load4(0) | load4(len - 4) << (8 * (len - 4))
+    } else {
+        bytes.iter().rev().fold(0, |w, &b| w << 8 | u64::from(b))
+    }
 }
 
 fn words_for(len: usize) -> usize {
@@ -810,6 +830,34 @@ mod tests {
 
     fn entry_words(g: Geometry) -> Vec<AtomicU64> {
         (0..g.entry_words).map(|_| AtomicU64::new(0)).collect()
+    }
+
+    #[test]
+    fn packed_words_are_the_bytes_little_endian_zero_padded() {
+        let bytes: Vec<u8> = (0..40u8)
+            .map(|b| b.wrapping_mul(37).wrapping_add(11))
+            .collect();
+        for len in 0..=bytes.len() {
+            let b = &bytes[..len];
+            let want: Vec<u64> = b
+                .chunks(8)
+                .map(|c| {
+                    let mut w = [0u8; 8];
+                    w[..c.len()].copy_from_slice(c);
+                    u64::from_le_bytes(w)
+                })
+                .collect();
+            assert_eq!(packed(b).collect::<Vec<_>>(), want, "{len} bytes");
+            let words: Vec<AtomicU64> = want.iter().map(|&w| AtomicU64::new(w)).collect();
+            assert!(PackedKey::new(b, 0).matches(&words), "{len} bytes");
+            if let Some(last) = words.last() {
+                last.fetch_xor(1 << 7, Ordering::Relaxed);
+                assert!(
+                    !PackedKey::new(b, 0).matches(&words),
+                    "{len} bytes, last changed"
+                );
+            }
+        }
     }
 
     /// One writer, never taken over; `dead` says who is dead.
