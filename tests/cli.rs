@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::command::{code, eventually, holding, output, shmlock};
+use common::command::{code, eventually, holding, is_held, output, shmlock};
 use common::TempPath;
 use shmlock::{LockOptions, LockTable, SharedDict};
 
@@ -114,6 +114,81 @@ fn inspect_shows_the_holder_alive_then_dead_and_unlock_force_frees_it() {
         .is_locked("job:1")
         .unwrap());
     assert_eq!(code(shmlock(&file).args(["unlock", "--force", "job:1"])), 1);
+}
+
+/// `inspect --watch` stops, saying why, when its file is deleted or truncated under it: it
+/// neither shows a table nobody uses any more nor dies of SIGBUS.
+#[test]
+fn watching_a_file_deleted_or_truncated_stops_with_the_reason() {
+    for (how, said) in [("delete", "was deleted"), ("truncate", "was truncated")] {
+        let file = TempPath::new("cli-watch-gone");
+        drop(LockTable::open(&file, 16).unwrap());
+        let mut watch = shmlock(&file)
+            .args(["inspect", "--watch", "--interval", "0.05", "--json"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(watch.stdout.take().unwrap());
+        let mut first = String::new();
+        std::io::BufRead::read_line(&mut lines, &mut first).unwrap();
+        assert!(first.starts_with('{'), "{first}");
+        match how {
+            "delete" => std::fs::remove_file(&file).unwrap(),
+            _ => std::fs::OpenOptions::new()
+                .write(true)
+                .open(&file)
+                .unwrap()
+                .set_len(100)
+                .unwrap(),
+        }
+        // (a watcher that goes on is killed after 20 s, and fails below)
+        let pid = watch.id() as libc::pid_t;
+        let (done, waited) = std::sync::mpsc::channel::<()>();
+        let guard = std::thread::spawn(move || {
+            if waited.recv_timeout(Duration::from_secs(20)).is_err() {
+                // SAFETY: a plain signal (no memory involved) to our child, which 20 s
+                // after the change has not ended: unreaped, unless it ended in the very
+                // moment before this send.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        });
+        let status = watch.wait().unwrap();
+        let _ = done.send(());
+        guard.join().unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut watch.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!(status.code(), Some(66), "{how}: {err}");
+        assert!(err.contains(said), "{how}: {err}");
+    }
+}
+
+/// A lock broken while the command runs, which ends before `run`'s next renewal would
+/// have noticed: `run` still exits 2 and says so, whatever the command's status.
+#[test]
+fn a_lock_broken_before_the_command_ends_is_exit_2() {
+    let file = TempPath::new("cli-broken-late");
+    let done = TempPath::new("cli-broken-late-go");
+    // default exptime 30 s: the first renewal would come 10 s in
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.02; done; exit 0",
+        done.0.display()
+    );
+    let run = shmlock(&file)
+        .args(["run", "bk", "--", "sh", "-c", &script])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("run holds the key", || is_held(&file, "bk"));
+    assert!(output(shmlock(&file).args(["unlock", "--force", "bk"]))
+        .status
+        .success());
+    std::fs::write(&done, b"").unwrap();
+    let out = run.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("lost the lock on \"bk\""), "{err}");
 }
 
 #[test]

@@ -51,11 +51,15 @@ pub fn inspect(what: &Inspected, a: &InspectArgs) -> Result<u8, Fail> {
         return Err(Fail("--interval must be > 0".into(), EX_USAGE));
     }
     let terminal = std::io::stdout().is_terminal();
+    let watched = what.file().map(|f| (f, FileSeen::of(f)));
     let mut first = true;
     loop {
         if !first {
             std::thread::sleep(interval);
             buf.clear();
+            if let Some((file, seen)) = &watched {
+                FileSeen::still_there(seen, file)?;
+            }
             // A snapshot that fails (a Redis outage) is reported, and the next one tried.
             if let Err(Fail(msg, _)) = snapshot(&mut buf, what, a) {
                 let _ = writeln!(buf, "shmlock: {msg}");
@@ -84,6 +88,55 @@ pub fn inspect(what: &Inspected, a: &InspectArgs) -> Result<u8, Fail> {
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(0),
             Err(e) => return Err(stdout_err(e)),
         }
+    }
+}
+
+impl Inspected {
+    /// The file looked at, if it is one.
+    pub fn file(&self) -> Option<&Path> {
+        match self {
+            Inspected::Table(_, f) | Inspected::Dict(_, f) => Some(f),
+            Inspected::Redis(..) => None,
+        }
+    }
+}
+
+/// The file `--watch` opened, as it was: a snapshot of a file that was deleted or replaced
+/// since would show a table nobody uses any more, and one of a truncated file would touch
+/// pages the file no longer has (SIGBUS).
+pub struct FileSeen {
+    dev: u64,
+    ino: u64,
+    len: u64,
+}
+
+impl FileSeen {
+    pub fn of(file: &Path) -> Option<FileSeen> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(file).ok().map(|m| FileSeen {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+        })
+    }
+
+    /// Whether the path still leads to the file watched, whole: else watching ends with
+    /// why. (A file truncated between this look and the snapshot still faults: the look
+    /// only narrows that to the snapshot's few microseconds.)
+    pub fn still_there(seen: &Option<FileSeen>, file: &Path) -> Result<(), Fail> {
+        let (Some(was), now) = (seen, FileSeen::of(file)) else {
+            return Ok(());
+        };
+        let why = match now {
+            None => "was deleted",
+            Some(n) if (n.dev, n.ino) != (was.dev, was.ino) => "was replaced by another file",
+            Some(n) if n.len < was.len => "was truncated",
+            Some(_) => return Ok(()),
+        };
+        Err(Fail(
+            format!("{} {why}: watching stops", file.display()),
+            EX_NOINPUT,
+        ))
     }
 }
 

@@ -112,6 +112,17 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     let status = supervise(&mut lock, &a.key, lease, &exited, a.verbose, signals)?;
     match lock.unlock() {
         Ok(()) => {}
+        // Broken (or lapsed) after the last renewal: the command ran on without the lock
+        // for a while, which its status must not hide.
+        Err(Error::Expired) => {
+            return Err(Fail(
+                format!(
+                    "lost the lock on {:?} before the command ended (broken with unlock --force, or its lease lapsed)",
+                    a.key
+                ),
+                EX_TERMINATED,
+            ))
+        }
         Err(e) => eprintln!("shmlock: releasing {:?}: {e}", a.key),
     }
     Ok(match (status.code(), status.signal()) {

@@ -10,7 +10,7 @@ use shmlock::{DictStats, Histogram, LockStats};
 
 use crate::args::{secs, StatsArgs};
 use crate::exit::{Fail, EX_IOERR, EX_USAGE};
-use crate::inspect::Inspected;
+use crate::inspect::{FileSeen, Inspected};
 
 /// What one read of the counters gave.
 enum Read {
@@ -44,7 +44,11 @@ pub fn stats(what: &Inspected, file: &Path, a: &StatsArgs) -> Result<u8, Fail> {
     }
     let terminal = std::io::stdout().is_terminal();
     let mut before: Option<(Read, Instant)> = None;
+    let watched = what.file().map(|f| (f, FileSeen::of(f)));
     loop {
+        if let (Some((f, seen)), true) = (&watched, before.is_some()) {
+            FileSeen::still_there(seen, f)?;
+        }
         let now = read(what)?;
         let taken = Instant::now();
         let rates = before
