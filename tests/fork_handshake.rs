@@ -2172,6 +2172,11 @@ fn role_fork_during_first_use(path: &Path) -> i32 {
 fn fork_during_first_use() {
     common::probe::require_gdb();
     let path = fresh_table("firstuse");
+    // The flag files go with the test, however it ends.
+    let _flags: Vec<TempPath> = ["ready", "go", "fork"]
+        .iter()
+        .map(|f| TempPath(flag_of(&path.0, f)))
+        .collect();
     let exe = std::env::current_exe().unwrap();
     let child = std::process::Command::new(exe)
         .args(["--role", "fork_during_first_use"])
@@ -2225,9 +2230,6 @@ fn fork_during_first_use() {
         .unwrap()
         .read_to_string(&mut out)
         .unwrap();
-    for f in ["ready", "go", "fork"] {
-        let _ = fs::remove_file(flag_of(&path.0, f));
-    }
     note!("[{}] ", out.trim());
     assert_eq!(
         out.trim(),
