@@ -67,7 +67,8 @@ pub enum Error {
     /// [`SharedDict::get`](crate::SharedDict::get) (or `get_stale`) of a list: read it
     /// with the list operations.
     IsAList,
-    /// A `safe_` store found no free slot for the key and evicts nothing.
+    /// A `safe_` store found no free slot for the key and evicts nothing; or a list push
+    /// found no free slot, or would grow the list past the dict's `max_value_len`.
     NoMemory,
     /// This [`Lock`](crate::Lock) already holds a key.
     Locked,
@@ -414,7 +415,9 @@ impl fmt::Display for Error {
             Error::NotAnInteger => {
                 f.write_str("not an integer: the value is a float (add an f64 to it)")
             }
-            Error::NoMemory => f.write_str("no memory: no free slot for the key"),
+            Error::NoMemory => f.write_str(
+                "no memory: no free slot for the key (without evicting), or a list past the dict's max_value_len",
+            ),
             Error::Locked => f.write_str("locked: this lock already holds a key"),
             Error::Timeout {
                 key,

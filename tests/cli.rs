@@ -116,6 +116,34 @@ fn inspect_shows_the_holder_alive_then_dead_and_unlock_force_frees_it() {
     assert_eq!(code(shmlock(&file).args(["unlock", "--force", "job:1"])), 1);
 }
 
+/// `inspect --json` gives each token as a decimal string too, exactly `$SHMLOCK_TOKEN`:
+/// a table's tokens pass 2^53, where readers that parse numbers as doubles round them.
+#[test]
+fn inspect_json_gives_the_token_exactly_as_text() {
+    let file = TempPath::new("cli-token-text");
+    let seen = TempPath::new("cli-token-text-env");
+    let script = format!("echo $SHMLOCK_TOKEN > {}; exec sleep 30", seen.0.display());
+    let mut run = holding(&file, "tk", &script, &[]);
+    eventually("the command started", || {
+        std::fs::read_to_string(&seen).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let env = std::fs::read_to_string(&seen).unwrap().trim().to_string();
+    let json = inspect_json(&file, &[]);
+    let h = &json["holders"][0];
+    assert_eq!(h["token_text"], env.as_str(), "{json}");
+    assert_eq!(
+        h["token"].as_u64(),
+        Some(env.parse::<u64>().unwrap()),
+        "{json}"
+    );
+    assert!(
+        env.parse::<u64>().unwrap() > 1 << 53,
+        "a table token: {env}"
+    );
+    run.kill().unwrap();
+    run.wait().unwrap();
+}
+
 /// `inspect --watch` stops, saying why, when its file is deleted or truncated under it: it
 /// neither shows a table nobody uses any more nor dies of SIGBUS.
 #[test]

@@ -38,6 +38,9 @@ struct TableEntry {
     ttl_ms: Option<u64>,
     expired: bool,
     token: Option<u64>,
+    /// The token in decimal: tokens pass 2^53, where JSON readers that parse numbers as
+    /// doubles (jq, JavaScript) round them, and two tokens 1 apart would compare equal.
+    token_text: Option<String>,
     waiters: bool,
     mode: &'static str,
     permits: Option<u32>,
@@ -69,6 +72,7 @@ pub fn write_table(
                 ttl_ms: h.ttl.map(|d| d.as_millis() as u64),
                 expired: h.expired,
                 token: h.token,
+                token_text: h.token.map(|t| t.to_string()),
                 waiters: h.waiters,
                 mode: h.mode.name(),
                 permits: match h.mode {
