@@ -116,6 +116,28 @@ fn inspect_shows_the_holder_alive_then_dead_and_unlock_force_frees_it() {
     assert_eq!(code(shmlock(&file).args(["unlock", "--force", "job:1"])), 1);
 }
 
+/// `unlock --force` given the first bytes of a long key, as `inspect` shows them, says that
+/// a longer key starting so is held, instead of only "not locked".
+#[test]
+fn unlocking_a_long_keys_preview_says_the_whole_key_is_needed() {
+    let file = TempPath::new("cli-long-key");
+    let key = format!("job:{}", "x".repeat(76));
+    let mut run = holding(&file, &key, "exec sleep 30", &[]);
+    let json = inspect_json(&file, &[]);
+    let preview = json["holders"][0]["key"].as_str().unwrap().to_string();
+    assert_eq!(json["holders"][0]["truncated"], true, "{json}");
+    let out = output(shmlock(&file).args(["unlock", "--force", &preview]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("a key of 80 bytes that starts so is held"),
+        "{err}"
+    );
+    assert!(is_held(&file, &key));
+    run.kill().unwrap();
+    run.wait().unwrap();
+}
+
 /// `inspect --json` gives each token as a decimal string too, exactly `$SHMLOCK_TOKEN`:
 /// a table's tokens pass 2^53, where readers that parse numbers as doubles round them.
 #[test]

@@ -36,13 +36,28 @@ pub fn unlock(file: &Path, a: UnlockArgs) -> Result<u8, Fail> {
     let table = LockTable::options().create(false).open(file)?;
     let broken = table.force_unlock_holders(&a.key, a.pid)?;
     if broken.is_empty() {
-        return Err(Fail(
-            match a.pid {
-                Some(pid) => format!("{:?} is not held by pid {pid}", a.key),
-                None => format!("{:?} is not locked", a.key),
-            },
-            1,
-        ));
+        let mut why = match a.pid {
+            Some(pid) => format!("{:?} is not held by pid {pid}", a.key),
+            None => format!("{:?} is not locked", a.key),
+        };
+        // `inspect` shows a long key's first bytes only: someone who copied them from
+        // there holds no whole key, and must be told so.
+        let longer = table
+            .holders()
+            .into_iter()
+            .filter(|h| {
+                h.key_len > h.key_preview.len() && h.key_preview.starts_with(a.key.as_bytes())
+            })
+            .max_by_key(|h| h.key_len);
+        if let Some(h) = longer {
+            why.push_str(&format!(
+                "; a key of {} bytes that starts so is held (inspect shows a key's first {} \
+                 bytes only): give the whole key",
+                h.key_len,
+                h.key_preview.len()
+            ));
+        }
+        return Err(Fail(why, 1));
     }
     for h in broken {
         println!(
