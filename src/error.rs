@@ -27,7 +27,9 @@ pub enum Error {
         /// Why.
         reason: &'static str,
     },
-    /// A [`LockOptions`](crate::LockOptions) value is out of range.
+    /// An option is out of range: of [`LockOptions`](crate::LockOptions), of a table's or
+    /// a dict's options (a mode, a count), or an argument that needs another (an `incr`'s
+    /// `init_ttl` without `init`). The text says which.
     InvalidOptions(&'static str),
     /// The capacity asked for is 0 or above [`MAX_CAPACITY`].
     InvalidCapacity(u64),
@@ -399,7 +401,7 @@ impl fmt::Display for Error {
                 MAX_KEY_LEN
             ),
             Error::InvalidKey { key, reason } => write!(f, "key {key} cannot be used: {reason}"),
-            Error::InvalidOptions(why) => write!(f, "invalid lock options: {why}"),
+            Error::InvalidOptions(why) => write!(f, "invalid options: {why}"),
             Error::InvalidCapacity(n) => {
                 write!(f, "capacity {n} is out of range 1..={}", MAX_CAPACITY)
             }
