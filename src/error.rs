@@ -473,7 +473,8 @@ impl fmt::Display for Error {
             Error::TooManyProcesses { path, max } => write!(
                 f,
                 "{}: all {max} owner-registry entries are held by live processes \
-                 (create the file with a larger max_processes)",
+                 (create the file with a larger max_processes: `shmlock create \
+                 --max-processes N`, or the options' `max_processes`)",
                 path.display()
             ),
             Error::Stalled => f.write_str(

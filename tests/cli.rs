@@ -116,6 +116,38 @@ fn inspect_shows_the_holder_alive_then_dead_and_unlock_force_frees_it() {
     assert_eq!(code(shmlock(&file).args(["unlock", "--force", "job:1"])), 1);
 }
 
+/// `create --max-processes` sizes the owner registry, and the error of a full one says how
+/// to make a bigger one.
+#[test]
+fn create_sizes_the_owner_registry() {
+    let file = TempPath::new("cli-registry");
+    let made = output(shmlock(&file).args(["create", "--max-processes", "1"]));
+    assert!(made.status.success(), "{made:?}");
+    // (watched through inspect, which opens the file read-only and takes no entry)
+    let mut run = shmlock(&file)
+        .args(["run", "a", "--", "sleep", "30"])
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("run holds a", || {
+        inspect_json(&file, &[])["holders"]
+            .as_array()
+            .is_some_and(|h| !h.is_empty())
+    });
+    let second = output(shmlock(&file).args(["run", "-n", "b", "true"]));
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(75), "{err}");
+    assert!(
+        err.contains("all 1 owner-registry entries") && err.contains("--max-processes"),
+        "{err}"
+    );
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let refused = TempPath::new("cli-registry-big");
+    let big = output(shmlock(&refused).args(["create", "--max-processes", "70000"]));
+    assert_eq!(big.status.code(), Some(64), "{big:?}");
+}
+
 /// `unlock --force` given the first bytes of a long key, as `inspect` shows them, says that
 /// a longer key starting so is held, instead of only "not locked".
 #[test]

@@ -216,8 +216,8 @@ impl OpenOptions {
 
     /// How many processes may be attached to a table this call creates at once, each
     /// with an entry in its owner registry (default 1024, at most 65535). A process that
-    /// finds no free entry still works, but its keys are reclaimed only by expiry if it
-    /// dies.
+    /// finds every entry held by a live process cannot open the file for writing
+    /// ([`Error::TooManyProcesses`]); a read-only handle takes no entry.
     pub fn max_processes(mut self, n: u32) -> Self {
         self.spec.registry = n;
         self

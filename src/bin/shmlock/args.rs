@@ -312,6 +312,10 @@ pub struct CreateArgs {
     /// Permission bits, octal
     #[arg(long, default_value = "0600", value_parser = parse_mode)]
     pub mode: u32,
+    /// How many processes may use the table at once (its owner registry's entries, at
+    /// most 65535)
+    #[arg(long, default_value_t = 1024)]
+    pub max_processes: u32,
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {

@@ -18,6 +18,7 @@ pub fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
     }
     let table = LockTable::options()
         .capacity(a.capacity)
+        .max_processes(a.max_processes)
         .mode(a.mode)
         .open(file)?;
     if !table.created() {
