@@ -327,6 +327,10 @@ fn parse_mode(s: &str) -> Result<u32, String> {
 
 /// `v` seconds as a Duration; `what` names the option in the error.
 pub fn secs(v: f64, what: &str) -> Result<Duration, Fail> {
-    Duration::try_from_secs_f64(v)
-        .map_err(|_| Fail(format!("{what} must be a number of seconds >= 0"), EX_USAGE))
+    Duration::try_from_secs_f64(v).map_err(|_| {
+        Fail(
+            format!("{what} must be a number of seconds, 0 or more and below 2^64"),
+            EX_USAGE,
+        )
+    })
 }

@@ -47,7 +47,12 @@ fn main() -> ExitCode {
     }
     let file = cli
         .file
-        .or_else(|| std::env::var_os("SHMLOCK_FILE").map(PathBuf::from))
+        // (set but empty, as `SHMLOCK_FILE= cmd` leaves it: unset)
+        .or_else(|| {
+            std::env::var_os("SHMLOCK_FILE")
+                .filter(|f| !f.is_empty())
+                .map(PathBuf::from)
+        })
         .unwrap_or_else(|| PathBuf::from(DEFAULT_FILE));
     let result = match (&cli.redis, cli.command) {
         (None, Cmd::Run(a)) => LockTable::open(&file, DEFAULT_CAPACITY)
