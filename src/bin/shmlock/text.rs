@@ -38,7 +38,7 @@ pub fn write_table(
     }
     writeln!(
         out,
-        "{:<32} {:>8} {:>6} {:>9} {:>10} {:>10} {:>8} {:>7} {:>10}",
+        "{:<32} {:>8} {:>6} {:>9} {:>10} {:>10} {:>19} {:>7} {:>10}",
         "KEY", "PID", "ALIVE", "STATE", "AGE", "TTL", "TOKEN", "WAITERS", "MODE"
     )?;
     for h in hs {
@@ -49,7 +49,8 @@ pub fn write_table(
         };
         writeln!(
             out,
-            "{:<32} {:>8} {:>6} {:>9} {:>9.3}s {:>10} {:>8} {:>7} {:>10}",
+            // (a table's tokens have 19 digits)
+            "{:<32} {:>8} {:>6} {:>9} {:>9.3}s {:>10} {:>19} {:>7} {:>10}",
             shown_key(h),
             h.pid,
             if h.owner_alive { "yes" } else { "no" },
