@@ -329,6 +329,11 @@ fn refresh() {
         let mut spins = 0u32;
         loop {
             let t = cell.token.load(Ordering::Acquire);
+            if t == 0 {
+                // the naming was given up (a namer that panicked, or a child's takeover
+                // under way): try to name it here
+                break;
+            }
             if t & NAMING == 0 {
                 return;
             }
@@ -352,6 +357,20 @@ fn refresh() {
             }
         }
     }
+    // A namer that unwinds (`pthread_atfork` failing panics) gives the naming back, so
+    // that the threads waiting for it do not wait for good.
+    struct GiveBack<'a>(&'a AtomicU64);
+    impl Drop for GiveBack<'_> {
+        fn drop(&mut self) {
+            let t = self.0.load(Ordering::Relaxed);
+            if t & NAMING != 0 {
+                let _ = self
+                    .0
+                    .compare_exchange(t, 0, Ordering::AcqRel, Ordering::Relaxed);
+            }
+        }
+    }
+    let give_back = GiveBack(&cell.token);
     install_handlers();
     if NAMED_BEFORE.swap(true, Ordering::Relaxed) {
         // Named before, yet zeroed: this is a forked child.
@@ -359,6 +378,7 @@ fn refresh() {
         clock::forget_offset();
     }
     name_this_process();
+    drop(give_back);
 }
 
 /// The calling process, as inspection shows it.

@@ -268,6 +268,18 @@ impl GdbStop {
         fs::create_dir_all(&flags.0).unwrap();
         let flag = |name: &str| format!("shell touch {}", flags.0.join(name).display());
         let mut cmd = std::process::Command::new("gdb");
+        // A gdb that crashes leaves no core file in the working tree.
+        // SAFETY: setrlimit is async-signal-safe, and only changes the child's own limit.
+        unsafe {
+            cmd.pre_exec(|| {
+                let none = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                libc::setrlimit(libc::RLIMIT_CORE, &none);
+                Ok(())
+            });
+        }
         cmd.process_group(0)
             .args(["-q", "-nx", "-batch", "-p", &pid.to_string()])
             .args(["-ex", "set pagination off"]);
