@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::command::{code, eventually, holding, is_held, output, shmlock};
+use common::command::{code, eventually, holding, is_held, line_written, output, shmlock};
 use common::TempPath;
 use shmlock::{LockOptions, LockTable, SharedDict};
 
@@ -178,10 +178,7 @@ fn inspect_json_gives_the_token_exactly_as_text() {
     let seen = TempPath::new("cli-token-text-env");
     let script = format!("echo $SHMLOCK_TOKEN > {}; exec sleep 30", seen.0.display());
     let mut run = holding(&file, "tk", &script, &[]);
-    eventually("the command started", || {
-        std::fs::read_to_string(&seen).is_ok_and(|s| s.ends_with('\n'))
-    });
-    let env = std::fs::read_to_string(&seen).unwrap().trim().to_string();
+    let env = line_written(&seen);
     let json = inspect_json(&file, &[]);
     let h = &json["holders"][0];
     assert_eq!(h["token_text"], env.as_str(), "{json}");
@@ -279,14 +276,7 @@ fn killing_run_kills_its_command_and_frees_the_key() {
     let pidfile = TempPath::new("cli-kill-pid");
     let script = format!("echo $$ > {}; exec sleep 30", pidfile.0.display());
     let mut run = holding(&file, "k", &script, &[]);
-    eventually("the command started", || {
-        std::fs::read_to_string(&pidfile).is_ok_and(|s| s.ends_with('\n'))
-    });
-    let cmd: u32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let cmd: u32 = line_written(&pidfile).parse().unwrap();
     run.kill().unwrap(); // SIGKILL
     run.wait().unwrap();
     eventually("the command died with shmlock", || {

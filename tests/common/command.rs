@@ -33,6 +33,14 @@ pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// The line a command writes to `path` (`echo ... > path`), once it is whole, trimmed.
+pub fn line_written(path: &TempPath) -> String {
+    eventually("the command wrote its line", || {
+        std::fs::read_to_string(path).is_ok_and(|s| s.ends_with('\n'))
+    });
+    std::fs::read_to_string(path).unwrap().trim().to_string()
+}
+
 /// Whether `key` is held in the table at `file` (false if there is no table yet).
 pub fn is_held(file: &TempPath, key: &str) -> bool {
     LockTable::options()

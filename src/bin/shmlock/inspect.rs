@@ -51,14 +51,14 @@ pub fn inspect(what: &Inspected, a: &InspectArgs) -> Result<u8, Fail> {
         return Err(Fail("--interval must be > 0".into(), EX_USAGE));
     }
     let terminal = std::io::stdout().is_terminal();
-    let watched = what.file().map(|f| (f, FileSeen::of(f)));
+    let watched = what.watched();
     let mut first = true;
     loop {
         if !first {
             std::thread::sleep(interval);
             buf.clear();
-            if let Some((file, seen)) = &watched {
-                FileSeen::still_there(seen, file)?;
+            if let Some(seen) = &watched {
+                seen.still_there()?;
             }
             // A snapshot that fails (a Redis outage) is reported, and the next one tried.
             if let Err(Fail(msg, _)) = snapshot(&mut buf, what, a) {
@@ -92,10 +92,10 @@ pub fn inspect(what: &Inspected, a: &InspectArgs) -> Result<u8, Fail> {
 }
 
 impl Inspected {
-    /// The file looked at, if it is one.
-    pub fn file(&self) -> Option<&Path> {
+    /// The file looked at as it is now, if it is a file (and can be looked at).
+    pub fn watched(&self) -> Option<FileSeen<'_>> {
         match self {
-            Inspected::Table(_, f) | Inspected::Dict(_, f) => Some(f),
+            Inspected::Table(_, f) | Inspected::Dict(_, f) => FileSeen::of(f),
             Inspected::Redis(..) => None,
         }
     }
@@ -104,16 +104,18 @@ impl Inspected {
 /// The file `--watch` opened, as it was: a snapshot of a file that was deleted or replaced
 /// since would show a table nobody uses any more, and one of a truncated file would touch
 /// pages the file no longer has (SIGBUS).
-pub struct FileSeen {
+pub struct FileSeen<'a> {
+    file: &'a Path,
     dev: u64,
     ino: u64,
     len: u64,
 }
 
-impl FileSeen {
-    pub fn of(file: &Path) -> Option<FileSeen> {
+impl<'a> FileSeen<'a> {
+    fn of(file: &'a Path) -> Option<FileSeen<'a>> {
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(file).ok().map(|m| FileSeen {
+            file,
             dev: m.dev(),
             ino: m.ino(),
             len: m.len(),
@@ -123,18 +125,15 @@ impl FileSeen {
     /// Whether the path still leads to the file watched, whole: else watching ends with
     /// why. (A file truncated between this look and the snapshot still faults: the look
     /// only narrows that to the snapshot's few microseconds.)
-    pub fn still_there(seen: &Option<FileSeen>, file: &Path) -> Result<(), Fail> {
-        let (Some(was), now) = (seen, FileSeen::of(file)) else {
-            return Ok(());
-        };
-        let why = match now {
+    pub fn still_there(&self) -> Result<(), Fail> {
+        let why = match FileSeen::of(self.file) {
             None => "was deleted",
-            Some(n) if (n.dev, n.ino) != (was.dev, was.ino) => "was replaced by another file",
-            Some(n) if n.len < was.len => "was truncated",
+            Some(n) if (n.dev, n.ino) != (self.dev, self.ino) => "was replaced by another file",
+            Some(n) if n.len < self.len => "was truncated",
             Some(_) => return Ok(()),
         };
         Err(Fail(
-            format!("{} {why}: watching stops", file.display()),
+            format!("{} {why}: watching stops", self.file.display()),
             EX_NOINPUT,
         ))
     }

@@ -10,7 +10,7 @@ use shmlock::{DictStats, Histogram, LockStats};
 
 use crate::args::{secs, StatsArgs};
 use crate::exit::{Fail, EX_IOERR, EX_USAGE};
-use crate::inspect::{FileSeen, Inspected};
+use crate::inspect::Inspected;
 
 /// What one read of the counters gave.
 enum Read {
@@ -44,10 +44,10 @@ pub fn stats(what: &Inspected, file: &Path, a: &StatsArgs) -> Result<u8, Fail> {
     }
     let terminal = std::io::stdout().is_terminal();
     let mut before: Option<(Read, Instant)> = None;
-    let watched = what.file().map(|f| (f, FileSeen::of(f)));
+    let watched = what.watched();
     loop {
-        if let (Some((f, seen)), true) = (&watched, before.is_some()) {
-            FileSeen::still_there(seen, f)?;
+        if let Some(seen) = watched.as_ref().filter(|_| before.is_some()) {
+            seen.still_there()?;
         }
         let now = read(what)?;
         let taken = Instant::now();
