@@ -32,6 +32,27 @@ impl<T> PerProcess<T> {
         }
     }
 
+    /// Holding `value` for the calling process already.
+    pub(crate) fn with(value: T) -> PerProcess<T> {
+        let owned = Box::new(Owned {
+            process: process::token(),
+            value,
+        });
+        PerProcess {
+            cur: AtomicPtr::new(Box::into_raw(owned)),
+        }
+    }
+
+    /// This process's value, if it has made one (none in a forked child before its first
+    /// use there).
+    pub(crate) fn get_mut(&mut self) -> Option<&mut T> {
+        let p = *self.cur.get_mut();
+        // SAFETY: `&mut self`: no reference handed out by `get` is alive, and a non-null
+        // `cur` points to a live box (see `get`).
+        let owned = unsafe { p.as_mut() }?;
+        (owned.process == process::token()).then_some(&mut owned.value)
+    }
+
     /// This process's value, made by `make` if there is none yet.
     pub(crate) fn get(&self, make: impl Fn() -> T) -> &T {
         let me = process::token();
@@ -107,5 +128,13 @@ mod tests {
         let before = DROPS.load(Ordering::SeqCst);
         drop(p);
         assert_eq!(DROPS.load(Ordering::SeqCst), before + 1);
+    }
+
+    #[test]
+    fn a_value_given_is_this_processs() {
+        let mut p = PerProcess::with(7);
+        assert_eq!(*p.get(|| 0), 7, "given, so not made again");
+        *p.get_mut().unwrap() += 1;
+        assert_eq!(*p.get(|| 0), 8);
     }
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::fork::{fork, xorshift, Child, Shared};
 use common::harness::Test;
 use common::probe::{
-    await_word, cont, header_u64, mapping_base, require_gdb, stop, GdbStop, Proc, Stage,
+    await_word, cont, header_u64, mapping_base, require_gdb, stop, symbol, GdbStop, Proc, Stage,
 };
 use common::TempPath;
 use shmlock::Error;
@@ -417,20 +417,6 @@ fn a_dict_writer_stopped_inside_place_never_lowers_reach() {
         "absent",
         "a value came back after delete"
     );
-}
-
-/// The mangled name of this binary's function whose name contains `part` (gdb finds the
-/// library's functions by it: they have no debug names in a test build), read with `nm`.
-fn symbol(part: &str) -> String {
-    let out = std::process::Command::new("nm")
-        .arg(std::env::current_exe().unwrap())
-        .output()
-        .expect("nm (binutils) runs");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .find(|w| w.contains(part))
-        .unwrap_or_else(|| panic!("no symbol with {part}"))
-        .to_string()
 }
 
 /// A writer stopped (gdb) after its pop was written, before it let the writer lock go, is

@@ -5,7 +5,8 @@
 //! signal handler forks inside `open` or inside the fork handler itself, when many threads
 //! keep opening tables, when another process is stopped in a reboot reset, when another
 //! library's atfork handler takes its own mutex or forks, when the fork fails, or when
-//! another thread is in the middle of the process's very first call into the library. A child
+//! another thread is in the middle of the process's very first call into the library (or
+//! of a forked process's first use of a handle it inherited). A child
 //! made by a signal handler in the middle of `open` never adopts the parent's
 //! registration, and children made by glibc's `_Fork` or by a handler's fork that returns
 //! can still open tables. Children of `posix_spawn` hold no registration; one that blocks
@@ -121,6 +122,10 @@ const TESTS: &[Test] = &[
         "a_child_forked_during_the_processs_first_use_can_open",
         fork_during_first_use,
     ),
+    Test::new(
+        "a_grandchild_forked_while_its_parent_registers_can_lock",
+        fork_during_reregister,
+    ),
     // A documented fork caveat: posix_spawn clones without the fork handlers.
     Test::new(
         "a_posix_spawn_child_before_exec_holds_no_registration",
@@ -142,6 +147,7 @@ fn roles(args: &[String]) -> i32 {
         "nested_fork_signal" => role_nested_fork(&path, true),
         "fork_fails" => role_fork_fails(&path),
         "fork_during_first_use" => role_fork_during_first_use(&path),
+        "fork_during_reregister" => role_fork_during_reregister(&path),
         other => {
             eprintln!("unknown role {other}");
             2
@@ -2241,5 +2247,162 @@ fn fork_during_first_use() {
         out.trim(),
         "child exited 0",
         "the child forked during the first use"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// A forked child registers anew at its first call (its parent's registration is the
+// parent's), under a lock of the handle's. A grandchild forked by another thread while the
+// child is in the middle of that must not find the lock held by a thread it does not
+// have: gdb holds the child's registering thread inside the registration and lets only
+// its main thread run, which forks; the grandchild then takes a lock with the handle.
+
+/// Waits up to `limit` for child `pid`; its exit status, or `None` (then it is killed).
+fn reap_within(pid: libc::pid_t, limit: Duration) -> Option<i32> {
+    let until = Instant::now() + limit;
+    let mut st = 0;
+    loop {
+        // SAFETY: polling our own child; st is a valid out-pointer.
+        if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == pid {
+            return Some(libc::WEXITSTATUS(st));
+        }
+        if Instant::now() > until {
+            // SAFETY: a plain signal to our own child, not yet reaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // SAFETY: reaping it.
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn role_fork_during_reregister(path: &Path) -> i32 {
+    let table = LockTable::open(path, 64).unwrap();
+    // SAFETY: the role is single-threaded here; the child runs the test's part and leaves
+    // with _exit.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        let t = table.clone();
+        let p = path.to_path_buf();
+        // Thread A makes the child's first call when told; gdb stops it inside.
+        std::thread::spawn(move || {
+            while !flag_of(&p, "go").exists() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            drop(t.try_lock_with_lease("A", Duration::from_secs(5)));
+        });
+        // SAFETY: getpid cannot fail.
+        let me = unsafe { libc::getpid() };
+        fs::write(flag_of(path, "ready"), me.to_string()).unwrap();
+        while !flag_of(path, "fork").exists() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: a threaded fork; the grandchild uses the handle, which is what is
+        // tested, then leaves with _exit.
+        let grandchild = unsafe { libc::fork() };
+        if grandchild == 0 {
+            let rc = match table.try_lock_with_lease(K, Duration::from_secs(5)) {
+                Ok(Some(_)) => 0,
+                Ok(None) => 3,
+                Err(e) => {
+                    eprintln!("grandchild: {e}");
+                    4
+                }
+            };
+            // SAFETY: leaving without running the child's exit handlers.
+            unsafe { libc::_exit(rc) };
+        }
+        match reap_within(grandchild, Duration::from_secs(30)) {
+            Some(rc) => println!("grandchild exited {rc}"),
+            None => println!("grandchild hung"),
+        }
+        let _ = std::io::stdout().flush();
+        // Thread A is still held by gdb: leave without joining it.
+        // SAFETY: ending the child (every thread) at once.
+        unsafe { libc::_exit(0) };
+    }
+    match reap_within(child, Duration::from_secs(120)) {
+        Some(rc) => rc,
+        None => {
+            println!("child hung");
+            1
+        }
+    }
+}
+
+fn fork_during_reregister() {
+    common::probe::require_gdb();
+    let path = fresh_table("reregister");
+    let _flags: Vec<TempPath> = ["ready", "go", "fork"]
+        .iter()
+        .map(|f| TempPath(flag_of(&path.0, f)))
+        .collect();
+    let exe = std::env::current_exe().unwrap();
+    let role = std::process::Command::new(exe)
+        .args(["--role", "fork_during_reregister"])
+        .arg(&path.0)
+        .process_group(0)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut role = common::probe::Spawned(role);
+    let ready = flag_of(&path.0, "ready");
+    let until = Instant::now() + Duration::from_secs(20);
+    let child: i32 = loop {
+        if let Some(pid) = fs::read_to_string(&ready).ok().and_then(|s| s.parse().ok()) {
+            break pid;
+        }
+        assert!(Instant::now() < until, "the role's child never started");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let gdb = common::probe::GdbStop::attach_stages(
+        child,
+        &[
+            // Inside the registration, under the handle's registration lock.
+            common::probe::Stage::new(&[format!(
+                "break {}",
+                common::probe::symbol("10Attachment14register_again")
+            )]),
+            // Only the main thread runs on: it forks, waits for the grandchild and leaves.
+            common::probe::Stage::new(&[
+                "set scheduler-locking on".to_string(),
+                "thread 1".to_string(),
+            ]),
+        ],
+    );
+    fs::write(flag_of(&path.0, "go"), b"").unwrap();
+    assert!(
+        gdb.stopped(Duration::from_secs(20)),
+        "the child's first call never reached its registration"
+    );
+    fs::write(flag_of(&path.0, "fork"), b"").unwrap();
+    gdb.resume(0);
+    let until = Instant::now() + Duration::from_secs(90);
+    while !gdb.reached(1, Duration::from_millis(50)) {
+        if matches!(common::probe::proc_state(child), None | Some(b'Z')) {
+            break;
+        }
+        assert!(Instant::now() < until, "the child never finished");
+    }
+    gdb.release();
+    let until = Instant::now() + Duration::from_secs(150);
+    while role.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < until, "the role never finished");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut out = String::new();
+    use std::io::Read;
+    role.0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    note!("[{}] ", out.trim());
+    assert_eq!(
+        out.trim(),
+        "grandchild exited 0",
+        "the grandchild forked while its parent registered"
     );
 }

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
 use crate::error::Error;
+use crate::per_process::PerProcess;
 use crate::shm::anchor::Anchor;
 use crate::shm::clock::{raw_now, Clock, Monotonic};
 use crate::shm::deleted::Gone;
@@ -44,9 +45,10 @@ pub(crate) struct Attachment {
     /// `false`: leave dead holders' keys to their leases (`OpenOptions::liveness`).
     judge: bool,
     read_only: bool,
-    /// This process's registration, what keeps it, and the fork epoch it was made in (a
-    /// forked child finds its parent's here, and makes its own).
-    reg: Mutex<Option<(OwnerId, Anchor, u64)>>,
+    /// This process's registration, what keeps it, and the fork epoch it was made in. Per
+    /// process: a forked child gets a mutex of its own, never one that a thread of its
+    /// parent held at the fork (that one would stay locked in the child for good).
+    reg: PerProcess<Mutex<Option<(OwnerId, Anchor, u64)>>>,
     /// `fork epoch << 32 | owner bits` of the registration in use; 0 before any.
     cached: AtomicU64,
     /// The full registry generation of that registration (stored before `cached`).
@@ -89,10 +91,10 @@ impl Attachment {
             path,
             judge,
             read_only,
-            reg: Mutex::new(registered.map(|(anchor, owner)| {
+            reg: PerProcess::with(Mutex::new(registered.map(|(anchor, owner)| {
                 let epoch = anchor.epoch();
                 (owner, anchor, epoch)
-            })),
+            }))),
             cached: AtomicU64::new(cached),
             generation: AtomicU64::new(u64::from(generation)),
             map_id,
@@ -178,11 +180,12 @@ impl Attachment {
         if self.gone.load(Ordering::Relaxed) != 0 {
             return Err(self.gone_error());
         }
-        // The mutex may have been held by a thread of the parent that does not exist in
-        // this child: do not wait for it forever.
+        // This process's own mutex, so no thread of a parent holds it. (A child made by a
+        // raw `clone` may share its parent's: do not wait for that one forever.)
+        let reg = self.reg.get(|| Mutex::new(None));
         let mut guard = None;
         for _ in 0..1000 {
-            match self.reg.try_lock() {
+            match reg.try_lock() {
                 Ok(g) => {
                     guard = Some(g);
                     break;
@@ -324,7 +327,11 @@ impl Drop for Attachment {
     fn drop(&mut self) {
         // this thread's counting cell in the file is free for another thread
         crate::shm::counters::leave(self.map_id, &self.map);
-        let reg = self.reg.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        // (a parent's, in a child that never registered, is left alone: see `PerProcess`)
+        let reg = self
+            .reg
+            .get_mut()
+            .and_then(|m| m.get_mut().unwrap_or_else(|p| p.into_inner()).take());
         if let Some((owner, anchor, epoch)) = reg {
             if epoch == fork_epoch() {
                 self.map.registry().unregister(owner);

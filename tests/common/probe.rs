@@ -218,6 +218,20 @@ pub fn require_gdb() {
     }
 }
 
+/// The mangled name of this binary's function whose name contains `part` (gdb finds the
+/// library's functions by it: they have no debug names in a test build), read with `nm`.
+pub fn symbol(part: &str) -> String {
+    let out = std::process::Command::new("nm")
+        .arg(std::env::current_exe().unwrap())
+        .output()
+        .expect("nm (binutils) runs");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .find(|w| w.contains(part))
+        .unwrap_or_else(|| panic!("no symbol with {part}"))
+        .to_string()
+}
+
 /// One stop of a process held by gdb (see [`GdbStop::attach_stages`]): the gdb commands
 /// that make its breakpoints (and delete earlier ones), and how many hits to run through
 /// (`continue`s) before the process is held.
