@@ -61,7 +61,7 @@ mod error;
 mod key;
 mod limits;
 mod lock;
-#[cfg(all(not(loom), any(feature = "redis", feature = "tokio")))]
+#[cfg(not(loom))]
 mod per_process;
 #[cfg(all(feature = "redis", not(loom)))]
 mod redis_store;

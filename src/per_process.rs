@@ -26,6 +26,8 @@ struct Owned<T> {
 }
 
 impl<T> PerProcess<T> {
+    // (made empty only by the Redis handles and the async watchers)
+    #[cfg_attr(not(any(feature = "redis", feature = "tokio")), allow(dead_code))]
     pub(crate) const fn new() -> PerProcess<T> {
         PerProcess {
             cur: AtomicPtr::new(ptr::null_mut()),
