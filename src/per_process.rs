@@ -87,6 +87,48 @@ impl<T> PerProcess<T> {
     }
 }
 
+/// A value made once for the whole process image (and inherited by forked children), with
+/// no lock: racing threads each make one and all but the first drop theirs. Unlike a
+/// `OnceLock`, nobody ever waits, so a child forked while a thread of its parent was making
+/// the value (a thread the child does not have) never waits for it.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) struct MadeOnce<T> {
+    cur: AtomicPtr<T>,
+}
+
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+impl<T> MadeOnce<T> {
+    pub(crate) const fn new() -> MadeOnce<T> {
+        MadeOnce {
+            cur: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    /// The value, made by `make` if there is none yet. The value lives as long as the
+    /// process (a static's is never freed).
+    pub(crate) fn get(&'static self, make: impl FnOnce() -> T) -> &'static T {
+        let p = self.cur.load(Ordering::Acquire);
+        // SAFETY: a non-null `cur` points to a box installed below and never freed.
+        if let Some(v) = unsafe { p.as_ref() } {
+            return v;
+        }
+        let fresh = Box::into_raw(Box::new(make()));
+        match self
+            .cur
+            .compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire)
+        {
+            // SAFETY: installed, never freed.
+            Ok(_) => unsafe { &*fresh },
+            Err(first) => {
+                // SAFETY: `fresh` was never shared; `first` was installed by another
+                // thread and is never freed.
+                drop(unsafe { Box::from_raw(fresh) });
+                unsafe { &*first }
+            }
+        }
+    }
+}
+
 impl<T> Drop for PerProcess<T> {
     fn drop(&mut self) {
         let p = *self.cur.get_mut();
@@ -130,6 +172,17 @@ mod tests {
         let before = DROPS.load(Ordering::SeqCst);
         drop(p);
         assert_eq!(DROPS.load(Ordering::SeqCst), before + 1);
+    }
+
+    #[test]
+    fn made_once_keeps_the_first_value_made() {
+        static CELL: MadeOnce<usize> = MadeOnce::new();
+        let firsts: Vec<usize> = std::thread::scope(|s| {
+            let hs: Vec<_> = (1..=4).map(|i| s.spawn(move || *CELL.get(|| i))).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(firsts.iter().all(|&f| f == firsts[0]), "{firsts:?}");
+        assert_eq!(*CELL.get(|| 99), firsts[0]);
     }
 
     #[test]

@@ -8,7 +8,6 @@
 //! Values written by anything else parse as "unknown holder", never as an error.
 
 use std::fmt::Write;
-use std::sync::OnceLock;
 
 use crate::per_process::PerProcess;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -16,10 +15,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Length of the token in hex digits, the prefix the scripts compare.
 pub(crate) const TOKEN_LEN: usize = 32;
 
-/// This host's name, read once per process (`?` if it cannot be read).
+/// This host's name, read once per process (`?` if it cannot be read). Per process, with no
+/// lock a child could find held by a thread of its parent (and a child in a new UTS
+/// namespace names its own host).
 pub(crate) fn host_name() -> &'static str {
-    static HOST: OnceLock<String> = OnceLock::new();
-    HOST.get_or_init(|| {
+    static HOST: PerProcess<String> = PerProcess::new();
+    HOST.get(|| {
         let name = nix::unistd::gethostname()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();

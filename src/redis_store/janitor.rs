@@ -7,13 +7,14 @@
 //! the hold could no longer matter. It ends when its handle is dropped, after the jobs
 //! already given to it; a process that exits waits for them (see [`flush_at_exit`]).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use redis::RedisResult;
 
+use crate::per_process::PerProcess;
 use crate::redis_store::scripts::Lua;
 use crate::redis_store::topology::Req;
 use crate::redis_store::topology::{Shared, SyncConn, Tag};
@@ -49,22 +50,28 @@ pub(crate) struct Janitor {
     pending: Arc<AtomicUsize>,
 }
 
-/// The janitors of this process with jobs to wait for at its exit: their owner process,
-/// pending count and command timeout.
-static LIVE: Mutex<Vec<(u64, Weak<AtomicUsize>, Duration)>> = Mutex::new(Vec::new());
+/// The janitors of this process with jobs to wait for at its exit: their pending count and
+/// command timeout. Per process: a forked child has none of its parent's, and never finds
+/// the list's mutex held by a thread of its parent.
+static LIVE: PerProcess<Live> = PerProcess::new();
+
+type Live = Mutex<Vec<(Weak<AtomicUsize>, Duration)>>;
+
+/// The process (`process::token`) that registered [`flush_at_exit`] last: a forked child
+/// registers its own (the parent's may be half done), and the process's threads once.
+static AT_EXIT: AtomicU64 = AtomicU64::new(0);
 
 /// At `exit` (main returning, `std::process::exit`), waits for the janitors' pending jobs,
 /// for at most their command timeout (and 2 s): a guard dropped inside a runtime just
 /// before the process ends is still released. Not on `_exit` or a signal, where a hold
 /// lapses with its lease.
 extern "C" fn flush_at_exit() {
-    let me = process::token();
-    // (a mutex some thread holds now, or held at a `fork`, is not waited for)
-    let Ok(live) = LIVE.try_lock() else {
+    // (a mutex another thread holds now is not waited for)
+    let Ok(live) = LIVE.get(Default::default).try_lock() else {
         return;
     };
-    for (owner, pending, timeout) in live.iter() {
-        let Some(pending) = pending.upgrade().filter(|_| *owner == me) else {
+    for (pending, timeout) in live.iter() {
+        let Some(pending) = pending.upgrade() else {
             continue;
         };
         let until = Instant::now() + (*timeout).min(Duration::from_secs(2));
@@ -88,22 +95,26 @@ impl Janitor {
     /// Hands `job` to the thread, started if this is the first.
     pub(crate) fn give(&self, shared: &Arc<Shared>, timeout: Duration, job: Job) {
         let tx = self.tx.get_or_init(|| {
-            static AT_EXIT: std::sync::Once = std::sync::Once::new();
-            AT_EXIT.call_once(|| {
+            let me = process::token();
+            if AT_EXIT.swap(me, Ordering::AcqRel) != me {
                 // SAFETY: registers a function of no arguments that touches only statics and
                 // atomics; it may run at any `exit` of this process (or of a forked child,
-                // where it skips the parent's janitors).
+                // where it sees the child's janitors only; a child may run it twice, once
+                // inherited, which waits for nothing more).
                 unsafe { libc::atexit(flush_at_exit) };
-            });
+            }
             let (tx, rx) = mpsc::channel();
             let (shared, pending) = (shared.clone(), self.pending.clone());
             let spawned = std::thread::Builder::new()
                 .name("shmlock-redis-janitor".into())
                 .spawn(move || work(&shared, timeout, &rx, &pending));
             if spawned.is_ok() {
-                let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
-                live.retain(|(_, p, _)| p.strong_count() > 0);
-                live.push((process::token(), Arc::downgrade(&self.pending), timeout));
+                let mut live = LIVE
+                    .get(Default::default)
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                live.retain(|(p, _)| p.strong_count() > 0);
+                live.push((Arc::downgrade(&self.pending), timeout));
             }
             // (no thread: the jobs are dropped with the channel, and their holds lapse with
             // their leases)

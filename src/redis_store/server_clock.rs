@@ -15,8 +15,8 @@
 //! makes attempts come back refused with the server's time in them, which corrects the
 //! bound (see `RedisLocks`'s retry of a refused attempt).
 
+use crate::per_process::MadeOnce;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::OnceLock;
 use std::time::Instant;
 
 /// An offset that is not known yet.
@@ -30,8 +30,10 @@ pub(crate) struct ServerClock {
 
 /// Microseconds of `at` on this process's monotonic base.
 fn local_us(at: Instant) -> i64 {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    let base = *BASE.get_or_init(Instant::now);
+    // (made once and inherited, so a forked child measures on its parent's base, which the
+    // offsets it inherited are on; no lock a child could find held)
+    static BASE: MadeOnce<Instant> = MadeOnce::new();
+    let base = *BASE.get(Instant::now);
     at.checked_duration_since(base)
         .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
