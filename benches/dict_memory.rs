@@ -1,0 +1,157 @@
+//! How much of a cache of mixed value sizes a `SharedDict` of 64 MiB holds: the memory row
+//! of issue #26 (item 1), beside `ngx.shared.DICT`'s figure from `scripts/nginx-zone.sh`.
+//!
+//! ```sh
+//! cargo bench --bench dict_memory     # about 10 s
+//! bash scripts/nginx-zone.sh          # nginx's lua_shared_dict 64m, the same fill
+//! ```
+//!
+//! The fill: values of `x` whose sizes are log-uniform from 16 B to 64 KiB (Park-Miller LCG,
+//! x = 48271 x mod 2^31-1, seed 42; u = (x-1)/(2^31-2); size = floor(16 * 4096^u)), keys
+//! `k:1`, `k:2`, ... — the sequence the nginx script draws (its first ten sizes are printed
+//! by both, to compare).
+//!
+//! A dict's values have one fixed room, `max_value_len`, so this one is made with room for
+//! the largest (65,535 B) and as many entries as a file of at most 64 MiB takes.
+//!
+//! 1. **Fill**: `set` until the first forcible set (the dict is full): the values stored,
+//!    their bytes of key + value, and the file's resident bytes (`st_blocks` on tmpfs) per
+//!    byte stored.
+//! 2. **Churn**: 100,000 more `set`s: how many failed, and the bytes of keys and values
+//!    live at the end.
+//!
+//! The file goes to /dev/shm (or the temp dir) and is removed at the end.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use shmlock::{Error, SharedDict};
+
+const ZONE: u64 = 64 << 20;
+const MAX_VALUE: usize = 65_535;
+const CHURN: usize = 100_000;
+
+/// The fill's sizes, as the nginx script draws them.
+struct Sizes {
+    x: u64,
+}
+
+impl Sizes {
+    const MOD: u64 = 2_147_483_647;
+
+    fn new() -> Sizes {
+        Sizes { x: 42 }
+    }
+
+    fn next_size(&mut self) -> usize {
+        self.x = self.x * 48_271 % Sizes::MOD;
+        let u = (self.x - 1) as f64 / (Sizes::MOD - 1) as f64;
+        (16.0 * 4096f64.powf(u)).floor() as usize
+    }
+}
+
+fn dir() -> PathBuf {
+    let shm = PathBuf::from("/dev/shm");
+    if shm.is_dir() {
+        shm
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// The largest dict of 65,535-byte values whose file is at most 64 MiB.
+fn open_largest(path: &PathBuf) -> SharedDict {
+    let mut capacity = (ZONE / MAX_VALUE as u64) as usize;
+    loop {
+        let _ = std::fs::remove_file(path);
+        let dict = SharedDict::options()
+            .capacity(capacity)
+            .max_key_len(16)
+            .max_value_len(MAX_VALUE)
+            .open(path)
+            .expect("open the dict");
+        if std::fs::metadata(path).unwrap().len() <= ZONE {
+            return dict;
+        }
+        drop(dict);
+        capacity -= 1;
+    }
+}
+
+fn resident(path: &PathBuf) -> u64 {
+    std::fs::metadata(path).unwrap().blocks() * 512
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        println!("memory: bench");
+        return;
+    }
+    let path = dir().join(format!("shmlock-bench-dict-memory-{}", std::process::id()));
+    let dict = open_largest(&path);
+    let mut sizes = Sizes::new();
+    let first: Vec<String> = {
+        let mut s = Sizes::new();
+        (0..10).map(|_| s.next_size().to_string()).collect()
+    };
+    println!("first 10 sizes (seed 42): {}", first.join(" "));
+    println!(
+        "dict: {} entries of up to {} B, file {} B",
+        dict.capacity(),
+        dict.max_value_len(),
+        std::fs::metadata(&path).unwrap().len()
+    );
+    let value = vec![b'x'; MAX_VALUE];
+    let mut i = 0u64;
+    let mut set = |dict: &SharedDict, i: &mut u64| -> (usize, Result<bool, Error>) {
+        *i += 1;
+        let n = sizes.next_size();
+        let key = format!("k:{i}");
+        let r = dict
+            .set(&key, &value[..n], Duration::ZERO)
+            .map(|s| s.forcible);
+        (key.len() + n, r)
+    };
+
+    // 1. Fill
+    let (mut stored, mut bytes) = (0u64, 0u64);
+    loop {
+        let (b, r) = set(&dict, &mut i);
+        match r {
+            Ok(false) => {
+                stored += 1;
+                bytes += b as u64;
+            }
+            Ok(true) | Err(_) => break,
+        }
+    }
+    let fill_resident = resident(&path);
+    println!(
+        "fill: {stored} values, {bytes} B of keys + values before the first forcible set; \
+         64 MiB / stored = {:.3}; resident {} B = {:.3} per byte stored",
+        ZONE as f64 / bytes as f64,
+        fill_resident,
+        fill_resident as f64 / bytes as f64
+    );
+
+    // 2. Churn
+    let (mut failed, mut forcible) = (0u64, 0u64);
+    for _ in 0..CHURN {
+        match set(&dict, &mut i).1 {
+            Ok(true) => forcible += 1,
+            Ok(false) => {}
+            Err(_) => failed += 1,
+        }
+    }
+    let live = dict.stats().bytes_in_use;
+    let churn_resident = resident(&path);
+    println!(
+        "churn: {CHURN} more sets, {forcible} forcible, {failed} failed; live {} values, \
+         {live} B; resident {churn_resident} B = {:.3} per byte live",
+        dict.len(),
+        churn_resident as f64 / live as f64
+    );
+    drop(dict);
+    let _ = std::fs::remove_file(&path);
+}
