@@ -36,8 +36,8 @@ use std::time::{Duration, Instant};
 
 use common::fork::{_Fork, fork, xorshift, Child, Shared};
 use common::forking::{
-    arm_alarm, arm_alarm_in, backtrace, interrupted_in_before_fork, mask_alarm, on_alarm,
-    watch_for_before_fork, Openers,
+    announce, arm_alarm, arm_alarm_in, await_flag, backtrace, held_fork,
+    interrupted_in_before_fork, mask_alarm, on_alarm, report_child, watch_for_before_fork, Openers,
 };
 use common::harness::Test;
 use common::ns::{bind, private_mount_ns, BOOT_ID_FILE};
@@ -146,8 +146,8 @@ fn roles(args: &[String]) -> i32 {
         "nested_fork_prepare" => role_nested_fork(&path, false),
         "nested_fork_signal" => role_nested_fork(&path, true),
         "fork_fails" => role_fork_fails(&path),
-        "fork_during_first_use" => role_fork_during_first_use(&path),
-        "fork_during_reregister" => role_fork_during_reregister(&path),
+        "fork_during_first_use" => role_fork_during_first_use(&path, Path::new(&args[2])),
+        "fork_during_reregister" => role_fork_during_reregister(&path, Path::new(&args[2])),
         other => {
             eprintln!("unknown role {other}");
             2
@@ -2121,23 +2121,15 @@ fn posix_spawn_fifo() {
 // user at `pthread_atfork` (inside that work) and lets only the main thread run, which
 // forks; the child then opens a table and takes a lock.
 
-fn flag_of(path: &Path, name: &str) -> PathBuf {
-    path.with_extension(name)
-}
-
-fn role_fork_during_first_use(path: &Path) -> i32 {
-    let p = path.to_path_buf();
+fn role_fork_during_first_use(path: &Path, flags: &Path) -> i32 {
+    let (p, f) = (path.to_path_buf(), flags.to_path_buf());
     // Thread A makes the first call when told; gdb stops it inside.
     std::thread::spawn(move || {
-        while !flag_of(&p, "go").exists() {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        await_flag(&f, "go");
         drop(LockTable::open(&p, 64));
     });
-    fs::write(flag_of(path, "ready"), b"").unwrap();
-    while !flag_of(path, "fork").exists() {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    announce(flags);
+    await_flag(flags, "fork");
     // SAFETY: a threaded fork; the child uses the library, which is what is tested, then
     // leaves with _exit.
     let pid = unsafe { libc::fork() };
@@ -2153,99 +2145,23 @@ fn role_fork_during_first_use(path: &Path) -> i32 {
         // SAFETY: leaving the child without running the parent's exit handlers.
         unsafe { libc::_exit(rc) };
     }
-    let until = Instant::now() + Duration::from_secs(10);
-    let mut st = 0;
-    loop {
-        // SAFETY: polling our own child; st is a valid out-pointer.
-        if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == pid {
-            println!("child exited {}", libc::WEXITSTATUS(st));
-            break;
-        }
-        if Instant::now() > until {
-            println!("child hung: {}", describe_threads(pid));
-            // SAFETY: a plain signal to our own child, not yet reaped.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let _ = std::io::stdout().flush();
+    report_child(pid, Duration::from_secs(10));
     // Thread A is still held by gdb: leave without joining it.
     // SAFETY: ending the process (every thread) at once.
     unsafe { libc::_exit(0) }
 }
 
 fn fork_during_first_use() {
-    common::probe::require_gdb();
     let path = fresh_table("firstuse");
-    // The flag files go with the test, however it ends.
-    let _flags: Vec<TempPath> = ["ready", "go", "fork"]
-        .iter()
-        .map(|f| TempPath(flag_of(&path.0, f)))
-        .collect();
-    let exe = std::env::current_exe().unwrap();
-    let child = std::process::Command::new(exe)
-        .args(["--role", "fork_during_first_use"])
-        .arg(&path.0)
-        .process_group(0)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child = common::probe::Spawned(child);
-    let pid = child.0.id() as i32;
-    assert!(
-        common::probe::wait_file(&flag_of(&path.0, "ready"), Duration::from_secs(20)),
-        "the role never started"
+    let out = held_fork(
+        "fork_during_first_use",
+        &[path.0.to_str().unwrap()],
+        &["break pthread_atfork".to_string()],
+        "the first use",
     );
-    let gdb = common::probe::GdbStop::attach_stages(
-        pid,
-        &[
-            common::probe::Stage::new(&["break pthread_atfork".to_string()]),
-            // Only the main thread runs on: it forks, waits for its child and leaves.
-            common::probe::Stage::new(&[
-                "set scheduler-locking on".to_string(),
-                "thread 1".to_string(),
-            ]),
-        ],
-    );
-    fs::write(flag_of(&path.0, "go"), b"").unwrap();
-    assert!(
-        gdb.stopped(Duration::from_secs(20)),
-        "the first use never reached pthread_atfork"
-    );
-    fs::write(flag_of(&path.0, "fork"), b"").unwrap();
-    gdb.resume(0);
-    // gdb's second `continue` ends when the role has left (and reaped or killed its
-    // child); the role can be waited for once gdb lets it go (or once gdb is gone, were
-    // it to crash: the role then runs on untraced).
-    let until = Instant::now() + Duration::from_secs(60);
-    while !gdb.reached(1, Duration::from_millis(50)) {
-        if matches!(common::probe::proc_state(pid), None | Some(b'Z'))
-            && child.0.try_wait().unwrap().is_some()
-        {
-            break;
-        }
-        assert!(Instant::now() < until, "the role never finished");
-    }
-    gdb.release();
-    let until = Instant::now() + Duration::from_secs(20);
-    while child.0.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < until, "the role was not let go");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let mut out = String::new();
-    use std::io::Read;
-    child
-        .0
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    note!("[{}] ", out.trim());
+    note!("[{out}] ");
     assert_eq!(
-        out.trim(),
-        "child exited 0",
+        out, "child exited 0",
         "the child forked during the first use"
     );
 }
@@ -2257,47 +2173,20 @@ fn fork_during_first_use() {
 // have: gdb holds the child's registering thread inside the registration and lets only
 // its main thread run, which forks; the grandchild then takes a lock with the handle.
 
-/// Waits up to `limit` for child `pid`; its exit status, or `None` (then it is killed).
-fn reap_within(pid: libc::pid_t, limit: Duration) -> Option<i32> {
-    let until = Instant::now() + limit;
-    let mut st = 0;
-    loop {
-        // SAFETY: polling our own child; st is a valid out-pointer.
-        if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == pid {
-            return Some(libc::WEXITSTATUS(st));
-        }
-        if Instant::now() > until {
-            // SAFETY: a plain signal to our own child, not yet reaped.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            // SAFETY: reaping it.
-            unsafe { libc::waitpid(pid, &mut st, 0) };
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-fn role_fork_during_reregister(path: &Path) -> i32 {
+fn role_fork_during_reregister(path: &Path, flags: &Path) -> i32 {
     let table = LockTable::open(path, 64).unwrap();
     // SAFETY: the role is single-threaded here; the child runs the test's part and leaves
     // with _exit.
     let child = unsafe { libc::fork() };
     if child == 0 {
-        let t = table.clone();
-        let p = path.to_path_buf();
+        let (t, f) = (table.clone(), flags.to_path_buf());
         // Thread A makes the child's first call when told; gdb stops it inside.
         std::thread::spawn(move || {
-            while !flag_of(&p, "go").exists() {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            await_flag(&f, "go");
             drop(t.try_lock_with_lease("A", Duration::from_secs(5)));
         });
-        // SAFETY: getpid cannot fail.
-        let me = unsafe { libc::getpid() };
-        fs::write(flag_of(path, "ready"), me.to_string()).unwrap();
-        while !flag_of(path, "fork").exists() {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        announce(flags);
+        await_flag(flags, "fork");
         // SAFETY: a threaded fork; the grandchild uses the handle, which is what is
         // tested, then leaves with _exit.
         let grandchild = unsafe { libc::fork() };
@@ -2313,96 +2202,32 @@ fn role_fork_during_reregister(path: &Path) -> i32 {
             // SAFETY: leaving without running the child's exit handlers.
             unsafe { libc::_exit(rc) };
         }
-        match reap_within(grandchild, Duration::from_secs(30)) {
-            Some(rc) => println!("grandchild exited {rc}"),
-            None => println!("grandchild hung"),
-        }
-        let _ = std::io::stdout().flush();
+        report_child(grandchild, Duration::from_secs(30));
         // Thread A is still held by gdb: leave without joining it.
         // SAFETY: ending the child (every thread) at once.
         unsafe { libc::_exit(0) };
     }
-    match reap_within(child, Duration::from_secs(120)) {
-        Some(rc) => rc,
-        None => {
-            println!("child hung");
-            1
-        }
-    }
+    let mut st = 0;
+    // SAFETY: waiting for our own child (the test kills the whole group if it hangs).
+    unsafe { libc::waitpid(child, &mut st, 0) };
+    libc::WEXITSTATUS(st)
 }
 
 fn fork_during_reregister() {
-    common::probe::require_gdb();
     let path = fresh_table("reregister");
-    let _flags: Vec<TempPath> = ["ready", "go", "fork"]
-        .iter()
-        .map(|f| TempPath(flag_of(&path.0, f)))
-        .collect();
-    let exe = std::env::current_exe().unwrap();
-    let role = std::process::Command::new(exe)
-        .args(["--role", "fork_during_reregister"])
-        .arg(&path.0)
-        .process_group(0)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut role = common::probe::Spawned(role);
-    let ready = flag_of(&path.0, "ready");
-    let until = Instant::now() + Duration::from_secs(20);
-    let child: i32 = loop {
-        if let Some(pid) = fs::read_to_string(&ready).ok().and_then(|s| s.parse().ok()) {
-            break pid;
-        }
-        assert!(Instant::now() < until, "the role's child never started");
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let gdb = common::probe::GdbStop::attach_stages(
-        child,
-        &[
-            // Inside the registration, under the handle's registration lock.
-            common::probe::Stage::new(&[format!(
-                "break {}",
-                common::probe::symbol("10Attachment14register_again")
-            )]),
-            // Only the main thread runs on: it forks, waits for the grandchild and leaves.
-            common::probe::Stage::new(&[
-                "set scheduler-locking on".to_string(),
-                "thread 1".to_string(),
-            ]),
-        ],
+    let out = held_fork(
+        "fork_during_reregister",
+        &[path.0.to_str().unwrap()],
+        // Inside the registration, under the handle's registration lock.
+        &[format!(
+            "break {}",
+            common::probe::symbol("10Attachment14register_again")
+        )],
+        "a forked child's registration",
     );
-    fs::write(flag_of(&path.0, "go"), b"").unwrap();
-    assert!(
-        gdb.stopped(Duration::from_secs(20)),
-        "the child's first call never reached its registration"
-    );
-    fs::write(flag_of(&path.0, "fork"), b"").unwrap();
-    gdb.resume(0);
-    let until = Instant::now() + Duration::from_secs(90);
-    while !gdb.reached(1, Duration::from_millis(50)) {
-        if matches!(common::probe::proc_state(child), None | Some(b'Z')) {
-            break;
-        }
-        assert!(Instant::now() < until, "the child never finished");
-    }
-    gdb.release();
-    let until = Instant::now() + Duration::from_secs(150);
-    while role.0.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < until, "the role never finished");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let mut out = String::new();
-    use std::io::Read;
-    role.0
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    note!("[{}] ", out.trim());
+    note!("[{out}] ");
     assert_eq!(
-        out.trim(),
-        "grandchild exited 0",
+        out, "child exited 0",
         "the grandchild forked while its parent registered"
     );
 }

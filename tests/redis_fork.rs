@@ -371,83 +371,27 @@ fn a_timeout_names_the_holder_in_another_process() {
 /// (once per process: what the hold's value names) takes a lock: gdb holds that thread in
 /// `uname`, inside the read, and lets only the main thread run, which forks.
 fn a_child_forked_while_its_parent_names_its_host_can_lock() {
-    use std::os::unix::process::CommandExt;
-    common::probe::require_gdb();
     let server = RedisServer::start();
-    let flags = common::TempPath::new("hostname-flags");
-    std::fs::create_dir_all(&flags.0).unwrap();
-    let role = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--role", "fork_while_naming_host", &server.url()])
-        .arg(&flags.0)
-        .process_group(0)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut role = common::probe::Spawned(role);
-    let pid = role.0.id() as i32;
-    assert!(
-        common::probe::wait_file(&flags.0.join("ready"), Duration::from_secs(20)),
-        "the role never started"
+    let out = common::forking::held_fork(
+        "fork_while_naming_host",
+        &[&server.url()],
+        &["catch syscall uname".to_string()],
+        "the first hold's host name",
     );
-    let gdb = common::probe::GdbStop::attach_stages(
-        pid,
-        &[
-            common::probe::Stage::new(&["catch syscall uname".to_string()]),
-            // Only the main thread runs on: it forks, waits for its child and leaves.
-            common::probe::Stage::new(&[
-                "set scheduler-locking on".to_string(),
-                "thread 1".to_string(),
-            ]),
-        ],
-    );
-    std::fs::write(flags.0.join("go"), b"").unwrap();
-    assert!(
-        gdb.stopped(Duration::from_secs(20)),
-        "the first hold never read the host name"
-    );
-    std::fs::write(flags.0.join("fork"), b"").unwrap();
-    gdb.resume(0);
-    let until = std::time::Instant::now() + Duration::from_secs(60);
-    while !gdb.reached(1, Duration::from_millis(50)) {
-        if matches!(common::probe::proc_state(pid), None | Some(b'Z'))
-            && role.0.try_wait().unwrap().is_some()
-        {
-            break;
-        }
-        assert!(std::time::Instant::now() < until, "the role never finished");
-    }
-    gdb.release();
-    let until = std::time::Instant::now() + Duration::from_secs(20);
-    while role.0.try_wait().unwrap().is_none() {
-        assert!(std::time::Instant::now() < until, "the role was not let go");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let mut out = String::new();
-    use std::io::Read;
-    role.0
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&flags.0);
-    assert_eq!(out.trim(), "child exited 0", "the child forked mid-naming");
+    assert_eq!(out, "child exited 0", "the child forked mid-naming");
 }
 
 fn role_fork_while_naming_host(url: &str, flags: &std::path::Path) -> i32 {
+    use common::forking::{announce, await_flag, report_child};
     let redis = RedisLocks::open(url).unwrap();
     // Thread A makes the process's first hold when told; gdb stops it inside.
     let (r, f) = (redis.clone(), flags.to_path_buf());
     std::thread::spawn(move || {
-        while !f.join("go").exists() {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        await_flag(&f, "go");
         drop(r.try_lock_with_lease("A", Duration::from_secs(5)));
     });
-    std::fs::write(flags.join("ready"), b"").unwrap();
-    while !flags.join("fork").exists() {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    announce(flags);
+    await_flag(flags, "fork");
     // SAFETY: a threaded fork; the child takes a lock, which is what is tested, then
     // leaves with _exit.
     let pid = unsafe { libc::fork() };
@@ -463,24 +407,7 @@ fn role_fork_while_naming_host(url: &str, flags: &std::path::Path) -> i32 {
         // SAFETY: leaving the child without running the parent's exit handlers.
         unsafe { libc::_exit(rc) };
     }
-    let until = std::time::Instant::now() + Duration::from_secs(10);
-    let mut st = 0;
-    loop {
-        // SAFETY: polling our own child; st is a valid out-pointer.
-        if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == pid {
-            println!("child exited {}", libc::WEXITSTATUS(st));
-            break;
-        }
-        if std::time::Instant::now() > until {
-            println!("child hung: {}", common::probe::describe_threads(pid));
-            // SAFETY: a plain signal to our own child, not yet reaped.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
+    report_child(pid, Duration::from_secs(10));
     // Thread A is still held by gdb: leave without joining it.
     // SAFETY: ending the process (every thread) at once.
     unsafe { libc::_exit(0) }

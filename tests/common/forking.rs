@@ -152,3 +152,130 @@ pub fn arm_alarm_in(us: u64) {
     // SAFETY: `it` is a valid itimerval; the old value is not asked for (null).
     unsafe { libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut()) };
 }
+
+/// A fork while one thread is held inside the library: a role process of this test binary
+/// (`--role NAME ARGS.. FLAGS`) whose thread gdb holds where `stop` says (breakpoint 1),
+/// and whose main thread alone then runs on and forks (gdb's scheduler locking). The role
+/// goes by the flag files in FLAGS (see [`announce`], [`await_flag`], [`report_child`]).
+/// Returns what the role printed, trimmed (one line, [`report_child`]'s).
+pub fn held_fork(role: &str, args: &[&str], stop: &[String], what: &str) -> String {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    use std::time::{Duration, Instant};
+
+    use super::probe::{proc_state, require_gdb, wait_file, GdbStop, Spawned, Stage};
+
+    require_gdb();
+    let flags = super::TempPath::new("held-fork");
+    fs::create_dir_all(&flags.0).unwrap();
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--role", role])
+        .args(args)
+        .arg(&flags.0)
+        .process_group(0)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut role_proc = Spawned(child);
+    assert!(
+        wait_file(&flags.0.join("ready"), Duration::from_secs(20)),
+        "the role never started"
+    );
+    let until = Instant::now() + Duration::from_secs(20);
+    let pid: i32 = loop {
+        // (written, then renamed: never seen half written)
+        if let Some(pid) = fs::read_to_string(flags.0.join("ready"))
+            .ok()
+            .and_then(|s| s.parse().ok())
+        {
+            break pid;
+        }
+        assert!(Instant::now() < until, "the role's ready file names no pid");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let gdb = GdbStop::attach_stages(
+        pid,
+        &[
+            Stage::new(stop),
+            // Only the main thread runs on: it forks, waits for its child and leaves.
+            Stage::new(&[
+                "set scheduler-locking on".to_string(),
+                "thread 1".to_string(),
+            ]),
+        ],
+    );
+    fs::write(flags.0.join("go"), b"").unwrap();
+    assert!(
+        gdb.stopped(Duration::from_secs(20)),
+        "{what}: the held thread never reached its stop"
+    );
+    fs::write(flags.0.join("fork"), b"").unwrap();
+    gdb.resume(0);
+    // gdb's second `continue` ends when the held process has left; it can be waited for
+    // once gdb lets it go (or once gdb is gone, were it to crash: it then runs untraced).
+    let until = Instant::now() + Duration::from_secs(90);
+    while !gdb.reached(1, Duration::from_millis(50)) {
+        if matches!(proc_state(pid), None | Some(b'Z')) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "{what}: the held process never finished"
+        );
+    }
+    gdb.release();
+    let until = Instant::now() + Duration::from_secs(150);
+    while role_proc.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < until, "{what}: the role never finished");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut out = String::new();
+    role_proc
+        .0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    out.trim().to_string()
+}
+
+/// In a [`held_fork`] role: tells the test that the process to hold is this one.
+pub fn announce(flags: &Path) {
+    // SAFETY: getpid cannot fail.
+    let me = unsafe { libc::getpid() };
+    let tmp = flags.join(format!("ready.{me}"));
+    fs::write(&tmp, me.to_string()).unwrap();
+    fs::rename(tmp, flags.join("ready")).unwrap();
+}
+
+/// In a [`held_fork`] role: waits for the test's flag `name` ("go": make the call to be
+/// held; "fork": the thread is held, fork now).
+pub fn await_flag(flags: &Path, name: &str) {
+    while !flags.join(name).exists() {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// In a [`held_fork`] role: waits up to `limit` for the forked child `pid` and prints
+/// `child exited N`, or `child hung: <its threads>` (then kills it).
+pub fn report_child(pid: libc::pid_t, limit: std::time::Duration) {
+    use std::io::Write;
+    let until = std::time::Instant::now() + limit;
+    let mut st = 0;
+    loop {
+        // SAFETY: polling our own child; st is a valid out-pointer.
+        if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == pid {
+            println!("child exited {}", libc::WEXITSTATUS(st));
+            break;
+        }
+        if std::time::Instant::now() > until {
+            println!("child hung: {}", super::probe::describe_threads(pid));
+            // SAFETY: a plain signal to our own child, not yet reaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let _ = std::io::stdout().flush();
+}
