@@ -356,19 +356,6 @@ fn reader_beside_permit_claim() {
 // 4. A waiting writer's flag lands on another key's reader (slot reused between the look
 //    and the fetch_or).
 
-fn nm_symbols(part: &[&str]) -> Vec<String> {
-    let out = std::process::Command::new("nm")
-        .arg(std::env::current_exe().unwrap())
-        .output()
-        .expect("nm runs");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(2))
-        .filter(|w| part.iter().all(|p| w.contains(p)))
-        .map(str::to_string)
-        .collect()
-}
-
 fn writer_flag_on_other_key() {
     require_gdb();
     let path = TempPath::new("atk-stray-flag");
@@ -380,7 +367,7 @@ fn writer_flag_on_other_key() {
         .map(|i| format!("J{i}"))
         .find(|k| place(seed, n, k).0 == hk)
         .unwrap();
-    let syms = nm_symbols(&["table4wait", "4flag"]);
+    let syms = common::probe::symbols(&["table4wait", "4flag"]);
     assert!(
         !syms.is_empty(),
         "no symbol of the waiter's flag (Table::flag, out of line)"
@@ -926,7 +913,7 @@ fn permit_waiter_counts_foreign() {
         .map(|i| format!("X{i}"))
         .find(|k| place(seed, n, k).0 == hs)
         .unwrap();
-    let syms = nm_symbols(&["table4wait", "4flag"]);
+    let syms = common::probe::symbols(&["table4wait", "4flag"]);
     assert!(!syms.is_empty(), "no symbol of the waiter's flag");
     let sem = table.semaphore("S", 1).unwrap();
     let p = sem.acquire(opts(600_000, 1_000)).unwrap();

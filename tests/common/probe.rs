@@ -218,18 +218,28 @@ pub fn require_gdb() {
     }
 }
 
-/// The mangled name of this binary's function whose name contains `part` (gdb finds the
-/// library's functions by it: they have no debug names in a test build), read with `nm`.
-pub fn symbol(part: &str) -> String {
+/// The mangled names of this binary's functions whose names contain every one of `parts`
+/// (gdb finds the library's functions by them: they have no debug names in a test build),
+/// read with `nm`.
+pub fn symbols(parts: &[&str]) -> Vec<String> {
     let out = std::process::Command::new("nm")
         .arg(std::env::current_exe().unwrap())
         .output()
         .expect("nm (binutils) runs");
     String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .find(|w| w.contains(part))
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .filter(|w| parts.iter().all(|p| w.contains(p)))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The first of [`symbols`] with `part`.
+pub fn symbol(part: &str) -> String {
+    symbols(&[part])
+        .into_iter()
+        .next()
         .unwrap_or_else(|| panic!("no symbol with {part}"))
-        .to_string()
 }
 
 /// One stop of a process held by gdb (see [`GdbStop::attach_stages`]): the gdb commands
