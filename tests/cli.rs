@@ -323,6 +323,38 @@ fn create_makes_a_table_with_the_capacity_and_mode_asked_for() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
 }
 
+/// A mode that does not let the owner read and write the file would make a table nobody
+/// but root can open: `create` refuses it (EX_USAGE), naming the mode, and makes nothing.
+#[test]
+fn create_refuses_a_mode_the_owner_cannot_read_and_write() {
+    for (mode, shown) in [
+        ("0", "0000"),
+        ("0400", "0400"),
+        ("0200", "0200"),
+        ("0066", "0066"),
+        ("0o500", "0500"),
+    ] {
+        let file = TempPath::new("cli-create-mode");
+        let out = output(shmlock(&file).args(["create", "--mode", mode]));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{mode}: {err}");
+        assert!(
+            err.contains(&format!(
+                "mode {shown} does not let the owner read and write"
+            )) && err.contains("at least 0600"),
+            "{mode}: {err}"
+        );
+        assert!(!file.0.exists(), "{mode}: a file was made");
+    }
+    let file = TempPath::new("cli-create-mode-ok");
+    let out = output(shmlock(&file).args(["create", "--mode", "0600"]));
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+}
+
 #[test]
 fn errors_are_one_line_on_stderr_with_a_sysexits_code() {
     let file = TempPath::new("cli-errors");

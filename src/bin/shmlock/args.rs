@@ -309,7 +309,7 @@ pub struct CreateArgs {
     /// How many keys can be held at once
     #[arg(long, default_value_t = DEFAULT_CAPACITY)]
     pub capacity: usize,
-    /// Permission bits, octal
+    /// Permission bits, octal; the owner must be able to read and write (at least 0600)
     #[arg(long, default_value = "0600", value_parser = parse_mode)]
     pub mode: u32,
     /// How many processes may use the table at once (its owner registry's entries, at
@@ -318,11 +318,20 @@ pub struct CreateArgs {
     pub max_processes: u32,
 }
 
+/// An octal mode that lets the owner read and write the file: without both, nobody but
+/// root could open the table (a user opens it for reading and writing to lock).
 fn parse_mode(s: &str) -> Result<u32, String> {
-    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+    let mode = u32::from_str_radix(s.trim_start_matches("0o"), 8)
         .ok()
         .filter(|m| *m <= 0o7777)
-        .ok_or_else(|| format!("{s:?} is not an octal mode"))
+        .ok_or_else(|| format!("{s:?} is not an octal mode"))?;
+    if mode & 0o600 != 0o600 {
+        return Err(format!(
+            "mode {mode:04o} does not let the owner read and write the file, so nobody but \
+             root could use it: give at least 0600 (0660 to share it with a group)"
+        ));
+    }
+    Ok(mode)
 }
 
 /// `v` seconds as a Duration; `what` names the option in the error.
