@@ -178,6 +178,37 @@ fn exclusive() {
     assert_eq!(do_lock(&file, &["-xn"], "ran"), (0, "ran\n".into()));
 }
 
+/// `-n` with `-w`, in either order: as flock(1) (whose `-n` makes its flock(2) call
+/// non-blocking whatever timer `-w` set), `-n` wins: the conflict code at once, not after
+/// the wait. `-w`'s value is still checked, as flock checks it: a bad one is a usage error.
+#[test]
+fn nonblock_wins_over_a_timeout() {
+    let file = TempPath::new("flock-nonblock-timeout");
+    let holder = general_lock(&file);
+    for opts in [
+        &["-n", "-w", "5"][..],
+        &["-w", "5", "-n"],
+        &["--timeout", "5", "--nonblock", "-E", "7"],
+    ] {
+        let started = std::time::Instant::now();
+        let (rc, out) = do_lock(&file, opts, "never");
+        assert_eq!(out, "", "{opts:?}");
+        assert_eq!(rc, if opts.contains(&"-E") { 7 } else { 1 }, "{opts:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{opts:?} waited {:?}",
+            started.elapsed()
+        );
+    }
+    for bad in ["--timeout=-1", "--timeout=nan", "--timeout=inf"] {
+        let out = output(shmlock(&file).args(["run", "-n", bad, "lockfile", "true"]));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{bad}: {err}");
+        assert!(err.contains("--timeout"), "{bad}: {err}");
+    }
+    end(holder);
+}
+
 /// upstream `timeout` and `time-check`: `--timeout 5 --conflict-exit-code 5` waits for the
 /// general lock's end and runs; what the holder wrote on its way out comes before.
 #[test]

@@ -153,7 +153,8 @@ pub struct RunArgs {
     /// Lease length in seconds; renewed every third of it while COMMAND runs
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     pub exptime: f64,
-    /// Do not wait: exit at once if the lock is held (same as -w 0)
+    /// Do not wait: exit at once if the lock is held (same as -w 0; with -w, -n wins, as
+    /// in flock(1))
     #[arg(short = 'n', long, visible_aliases = ["nonblocking", "nb"])]
     pub nonblock: bool,
     /// An exclusive lock (the default), as flock(1)'s -x/-e

@@ -48,10 +48,13 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
             EX_USAGE,
         ));
     }
-    let wait_for = match (a.nonblock, a.timeout) {
-        (true, _) => Some(Duration::ZERO),
-        (false, Some(t)) => Some(secs(t, "--timeout")?),
-        (false, None) => None,
+    // As flock(1): -n wins over -w, in either order (flock's -n makes its flock(2) call
+    // non-blocking whatever timer -w set), and -w's value is checked all the same.
+    let timeout = a.timeout.map(|t| secs(t, "--timeout")).transpose()?;
+    let wait_for = if a.nonblock {
+        Some(Duration::ZERO)
+    } else {
+        timeout
     };
     let opts = LockOptions {
         exptime,
