@@ -329,7 +329,9 @@ pub enum FormatError {
     NotATable,
     /// A shmlock table of another format version.
     UnsupportedVersion(u32),
-    /// The file is shorter than its header says it must be.
+    /// The file is shorter than its header says it must be. With `len` 0, an empty file:
+    /// never a table still being made (one appears at its path only once whole), and its
+    /// message says so.
     Truncated {
         /// Bytes present.
         len: u64,

@@ -588,7 +588,20 @@ fn foreign_truncated_and_corrupt_files_are_typed_errors() {
     let path = TempPath::new("bad");
 
     std::fs::write(&path, b"").unwrap();
-    assert!(matches!(format_error(&path), FormatError::Truncated { .. }));
+    let empty = format_error(&path);
+    assert_eq!(
+        empty,
+        FormatError::Truncated {
+            len: 0,
+            expected: 4096
+        }
+    );
+    // not "truncated": nothing makes a table in place, so it says what to do instead
+    let said = empty.to_string();
+    assert!(
+        said.starts_with("empty file (0 bytes), not a shmlock table") && said.contains("remove it"),
+        "{said}"
+    );
 
     std::fs::write(&path, vec![0u8; 4096 + 128 * 16]).unwrap();
     assert_eq!(format_error(&path), FormatError::NotATable);

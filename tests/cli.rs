@@ -355,6 +355,37 @@ fn create_refuses_a_mode_the_owner_cannot_read_and_write() {
     );
 }
 
+/// An empty file at the path (`touch`) is not a table being made: a table appears at its
+/// path only once whole. The error says the file is empty, that something else made it,
+/// and how to get a table; the file is left as it is.
+#[test]
+fn an_empty_file_says_it_is_empty_and_how_to_make_the_table() {
+    let file = TempPath::new("cli-empty");
+    std::fs::write(&file, b"").unwrap();
+    for args in [&["inspect"][..], &["stats"], &["run", "k", "--", "true"]] {
+        let out = output(shmlock(&file).args(args));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(65), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        for needle in [
+            "empty file (0 bytes)",
+            "something else made or emptied it",
+            "remove it",
+            "shmlock create",
+        ] {
+            assert!(err.contains(needle), "{args:?}: no {needle:?} in {err}");
+        }
+    }
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().len(),
+        0,
+        "the file was changed"
+    );
+    // as it says: removed, the path gets a table
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(code(shmlock(&file).args(["run", "k", "--", "true"])), 0);
+}
+
 #[test]
 fn errors_are_one_line_on_stderr_with_a_sysexits_code() {
     let file = TempPath::new("cli-errors");

@@ -342,6 +342,15 @@ impl fmt::Display for FormatError {
                     VERSION
                 )
             }
+            // Never a table being made: one appears at its path only once whole (built in
+            // an unnamed file, then linked; see `file.rs`).
+            FormatError::Truncated { len: 0, .. } => f.write_str(
+                "empty file (0 bytes), not a shmlock table: no shmlock process is making it \
+                 (a table appears at its path only once whole), so something else made or \
+                 emptied it (touch?): remove it, and the next open creates the table \
+                 (`shmlock run`, `LockTable::open`, `SharedDict::open`), or make one with \
+                 `shmlock create`",
+            ),
             FormatError::Truncated { len, expected } => {
                 write!(f, "truncated table: {len} bytes, expected {expected}")
             }
