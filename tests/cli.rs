@@ -308,6 +308,35 @@ fn renewal_keeps_a_long_run_locked() {
     );
 }
 
+/// A lease shorter than `run`'s renewals can keep (0.1 s) is refused before anything is
+/// taken or run, naming the floor; one at the floor is accepted.
+#[test]
+fn an_exptime_below_what_renewal_can_keep_is_refused() {
+    let file = TempPath::new("cli-exptime-floor");
+    let ran = TempPath::new("cli-exptime-floor-ran");
+    let mark = format!("touch {}", ran.0.display());
+    for exptime in ["0.001", "0.05", "0.099"] {
+        let out = output(shmlock(&file).args(["run", "--exptime", exptime, "k", "-c", &mark]));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{exptime}: {err}");
+        assert_eq!(err.lines().count(), 1, "{exptime}: {err}");
+        assert!(
+            err.contains(&format!("--exptime {exptime} is below 0.1 s")),
+            "{exptime}: {err}"
+        );
+        assert!(!ran.0.exists(), "{exptime}: the command ran");
+        assert!(!is_held(&file, "k"));
+    }
+    // at the floor it is accepted: -n against a holder gives the conflict code, not 64
+    let mut holder = holding(&file, "k", "exec sleep 30", &[]);
+    assert_eq!(
+        code(shmlock(&file).args(["run", "-n", "--exptime", "0.1", "k", "-c", &mark])),
+        1
+    );
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}
+
 #[test]
 fn create_makes_a_table_with_the_capacity_and_mode_asked_for() {
     let file = TempPath::new("cli-create");

@@ -150,7 +150,7 @@ pub struct RunArgs {
         value_name = "SECS"
     )]
     pub timeout: Option<f64>,
-    /// Lease length in seconds; renewed every third of it while COMMAND runs
+    /// Lease length in seconds, at least 0.1; renewed every third of it while COMMAND runs
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     pub exptime: f64,
     /// Do not wait: exit at once if the lock is held (same as -w 0; with -w, -n wins, as

@@ -25,6 +25,13 @@ use crate::status::{HolderInfo, StatusLine, WhoHolds};
 const SLICE: Duration = Duration::from_millis(250);
 /// How often the holder is looked up again while `run` waits (Redis: a SCAN).
 const LOOKUP_EVERY: Duration = Duration::from_secs(1);
+/// The shortest lease `run` takes. It renews every third of the lease and stops the
+/// command a tenth of a lease before the last renewed one could lapse, so a renewal may be
+/// late by about half a lease (57 ms here) and the margin must be longer than a tick of the
+/// coarse clock the table's deadlines are read with (up to 10 ms at 100 Hz). Below this
+/// the command's start and a busy machine's ordinary scheduling delays stop it (measured:
+/// docs/cli.md).
+const MIN_EXPTIME: Duration = Duration::from_millis(100);
 
 /// Takes `a.key`, runs the command, releases the key when it exits; the exit code.
 pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
@@ -45,6 +52,17 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     if exptime.is_zero() {
         return Err(Fail(
             "--exptime must be > 0: the lock is renewed while the command runs".into(),
+            EX_USAGE,
+        ));
+    }
+    if exptime < MIN_EXPTIME {
+        return Err(Fail(
+            format!(
+                "--exptime {} is below 0.1 s, the shortest lease run can keep: it renews the \
+                 lease every third of it, and a renewal late by half a lease (a busy machine, \
+                 the command's start) would stop the command; give 0.1 or more",
+                a.exptime
+            ),
             EX_USAGE,
         ));
     }
