@@ -335,3 +335,56 @@ fn run_shared_and_permits_on_redis_and_inspect_shows_their_mode() {
     job.kill().unwrap();
     job.wait().unwrap();
 }
+
+/// A `--redis` that is no Redis URL is a usage error (64), not "unavailable" (69); an
+/// error from a server names it, as a file's errors name the file, with its password
+/// redacted: in each subcommand, and in a renewal's warning.
+#[test]
+fn a_malformed_url_is_a_usage_error_and_redis_errors_name_the_server() {
+    let subcommands: [&[&str]; 3] = [
+        &["inspect"],
+        &["run", "k", "true"],
+        &["unlock", "--force", "k"],
+    ];
+    for bad in [
+        "notaurl",
+        "http://127.0.0.1:6379/",
+        "redis://127.0.0.1:notaport/",
+        "redis://:s3cret@/",
+    ] {
+        for args in subcommands {
+            let out = output(shmlock(bad).args(args));
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(64), "{bad} {args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{bad} {args:?}: {err}");
+            assert!(
+                err.contains("is not a Redis URL") && err.contains("redis://"),
+                "{bad} {args:?}: {err}"
+            );
+            assert!(!err.contains("s3cret"), "{bad} {args:?}: {err}");
+        }
+    }
+    // nothing listens on port 1
+    let down = "redis://:s3cret@127.0.0.1:1/";
+    for args in subcommands {
+        let out = output(shmlock(down).args(args));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(69), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("shmlock: redis://:***@127.0.0.1:1/: "),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("s3cret"), "{args:?}: {err}");
+    }
+    // a renewal that cannot get through says where it could not
+    let mut server = RedisServer::start();
+    let run = run_sleeping(&server.url(), "job", &["--exptime", "1.5"]);
+    server.stop();
+    let (code, stderr, _) = finish(run, Instant::now());
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("shmlock: renewing \"job\": {}: ", server.url())),
+        "{stderr}"
+    );
+}

@@ -1,6 +1,8 @@
 //! Exit codes: flock(1)'s choices, <sysexits.h> for errors, and `Fail`, a failure as one
 //! line on stderr and its code.
 
+use std::sync::OnceLock;
+
 use shmlock::Error;
 
 /// A failure, as one line on stderr and an exit code.
@@ -43,6 +45,24 @@ fn os_error_code(e: &std::io::Error) -> u8 {
     }
 }
 
+/// The Redis server (or servers) the command uses, as printed (passwords redacted).
+static REDIS: OnceLock<String> = OnceLock::new();
+
+/// Says which server the command uses: its errors name it from now on, as a file's errors
+/// name the file.
+pub fn using_redis(shown: String) {
+    let _ = REDIS.set(shown);
+}
+
+/// `e` as the command says it: an error from Redis names the server.
+pub fn describe(e: &Error) -> String {
+    match (e, REDIS.get()) {
+        (Error::Redis(inner), Some(server)) => format!("{server}: {inner}"),
+        (Error::NotReplicated { .. }, Some(server)) => format!("{server}: {e}"),
+        _ => e.to_string(),
+    }
+}
+
 impl From<Error> for Fail {
     fn from(e: Error) -> Fail {
         let code = match &e {
@@ -56,13 +76,15 @@ impl From<Error> for Fail {
             | Error::InvalidCapacity(_)
             | Error::InvalidLayout(_)
             | Error::PermitsMismatch { .. } => EX_USAGE,
+            // (URLs are checked before: this is a setting the server or client refused)
+            Error::Redis(r) if r.kind() == redis::ErrorKind::InvalidClientConfig => EX_USAGE,
             Error::Redis(_) | Error::NotReplicated { .. } => EX_UNAVAILABLE,
             Error::TableFull { .. } | Error::TooManyProcesses { .. } | Error::NoMemory => {
                 EX_TEMPFAIL
             }
             _ => EX_SOFTWARE,
         };
-        Fail(e.to_string(), code)
+        Fail(describe(&e), code)
     }
 }
 

@@ -54,8 +54,33 @@ fn redact_url(url: &str) -> String {
     format!("{}{user}{}", &url[..scheme_end + 3], &rest[at..])
 }
 
+/// A usage error unless `url` is a Redis URL this build can use (a malformed one is the
+/// command line's fault, not the server's).
+fn check_url(url: &str) -> Result<(), Fail> {
+    match redis::IntoConnectionInfo::into_connection_info(url) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(Fail(
+            format!(
+                "--redis {:?} is not a Redis URL this build can use ({}): give \
+                 redis://[:PASSWORD@]HOST[:PORT][/DB] (rediss:// for TLS, with the redis-tls \
+                 feature; several, comma-separated, with --redis-cluster or --redis-sentinel)",
+                redact_url(url),
+                e.to_string().replace(" - InvalidClientConfig", "")
+            ),
+            EX_USAGE,
+        )),
+    }
+}
+
 /// Opens the locks `url` names and runs `command` on them.
 pub fn dispatch(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -> Result<u8, Fail> {
+    for one in url.split(',') {
+        check_url(one)?;
+    }
+    let shown: Vec<String> = url.split(',').map(redact_url).collect();
+    let shown = shown.join(",");
+    // From here on, an error from there names the server.
+    crate::exit::using_redis(shown.clone());
     let urls: Vec<String> = url.split(',').map(with_env_password).collect();
     let redis = match topology {
         Topology::Single => RedisLocks::open(&urls[0])?,
@@ -77,10 +102,7 @@ pub fn dispatch(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -
             }
             (false, None) => run(&redis, a),
         },
-        Cmd::Inspect(a) => {
-            let shown: Vec<String> = url.split(',').map(redact_url).collect();
-            inspect(&Inspected::Redis(redis, shown.join(",")), &a)
-        }
+        Cmd::Inspect(a) => inspect(&Inspected::Redis(redis, shown), &a),
         Cmd::Unlock(a) => unlock_redis(&redis, a),
         Cmd::Stats(_) => Err(Fail(
             "stats: a Redis handle's counters are kept by the process that uses it \

@@ -16,7 +16,9 @@ use nix::unistd::Pid;
 use shmlock::{Backend, Error, Lock, LockOptions};
 
 use crate::args::{secs, RunArgs};
-use crate::exit::{spawn_error_code, Fail, EX_OSERR, EX_SOFTWARE, EX_TERMINATED, EX_USAGE};
+use crate::exit::{
+    describe, spawn_error_code, Fail, EX_OSERR, EX_SOFTWARE, EX_TERMINATED, EX_USAGE,
+};
 use crate::show::{human, printable};
 use crate::signals::{children, Phase, Signals, SIGNALS};
 use crate::status::{HolderInfo, StatusLine, WhoHolds};
@@ -144,7 +146,7 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
                 EX_TERMINATED,
             ))
         }
-        Err(e) => eprintln!("shmlock: releasing {:?}: {e}", a.key),
+        Err(e) => eprintln!("shmlock: releasing {:?}: {}", a.key, describe(&e)),
     }
     Ok(match (status.code(), status.signal()) {
         (Some(code), _) => code as u8,
@@ -413,7 +415,7 @@ fn supervise<B: Backend>(
                     // try again soon; the command is stopped if no renewal gets through
                     // before the lease could lapse.
                     Err(e) => {
-                        eprintln!("shmlock: renewing {key:?}: {e}");
+                        eprintln!("shmlock: renewing {key:?}: {}", describe(&e));
                         next_renewal = now + every / 4;
                     }
                 }
