@@ -388,3 +388,78 @@ fn a_malformed_url_is_a_usage_error_and_redis_errors_name_the_server() {
         "{stderr}"
     );
 }
+
+/// `unlock --force KEY` on Redis says whom it broke the key from, a line per hold as for a
+/// table: the holder's pid and host, how long it held the key, and how (alone, shared, as
+/// one of N permits); a value something else wrote is an unknown holder.
+#[test]
+fn unlock_force_says_whom_it_broke_the_key_from() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let redis = RedisLocks::open(&url).unwrap();
+    let run = run_sleeping(&url, "job", &[]);
+    let run_pid = run.id();
+    let host = redis
+        .holders()
+        .unwrap()
+        .into_iter()
+        .find(|h| h.key == b"job")
+        .and_then(|h| h.host)
+        .expect("the run's host");
+    std::thread::sleep(Duration::from_millis(100));
+    let out = output(shmlock(&url).args(["unlock", "--force", "job"]));
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(said.lines().count(), 1, "{said}");
+    let prefix = format!("broke \"job\": held by pid {run_pid} on {host}, for ");
+    assert!(said.starts_with(&prefix), "{said}");
+    let secs: f64 = said.trim()[prefix.len()..]
+        .trim_end_matches('s')
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}: {said}"));
+    assert!(secs >= 0.1, "{said}");
+    let (code, stderr, _) = finish(run, Instant::now());
+    assert_eq!(code, Some(2), "{stderr}");
+
+    // readers: a line each; a permit: its count
+    let me = std::process::id();
+    let long = Duration::from_secs(60);
+    let r1 = redis.try_lock_shared("cfg", long).unwrap().unwrap();
+    let r2 = redis.try_lock_shared("cfg", long).unwrap().unwrap();
+    let out = output(shmlock(&url).args(["unlock", "--force", "cfg"]));
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let lines: Vec<&str> = said.lines().collect();
+    assert_eq!(lines.len(), 2, "{said}");
+    for line in lines {
+        assert!(
+            line.starts_with(&format!(
+                "broke \"cfg\": held shared by pid {me} on {host}, for "
+            )),
+            "{said}"
+        );
+    }
+    let sem = redis.semaphore("gpu", 2).unwrap();
+    let permit = sem.try_acquire(long).unwrap().unwrap();
+    let out = output(shmlock(&url).args(["unlock", "--force", "gpu"]));
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        said.starts_with(&format!(
+            "broke \"gpu\": held as one of 2 permits by pid {me} on {host}, for "
+        )),
+        "{out:?}"
+    );
+    // a value written by something else
+    server.cli(&["SET", "shmlock:{foreign}", "written by another tool"]);
+    let out = output(shmlock(&url).args(["unlock", "--force", "foreign"]));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "broke \"foreign\": held by an unknown holder (a value shmlock did not write)\n",
+        "{out:?}"
+    );
+    // nothing left to break
+    let out = output(shmlock(&url).args(["unlock", "--force", "cfg"]));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"cfg\" is not locked"));
+    drop((r1, r2, permit));
+}

@@ -155,6 +155,73 @@ type SharedKeys = (
     Option<Vec<u8>>,
 );
 
+/// The holder of `key`'s exclusive hold, from its lock key's `value` and PTTL (`-1`: no
+/// expiry) and the fence counter, on master `node`.
+fn exclusive_holder(
+    key: Vec<u8>,
+    value: &[u8],
+    pttl: i64,
+    fence: Option<&[u8]>,
+    node: &str,
+) -> RedisHolder {
+    let id = identity::parse(value);
+    RedisHolder {
+        key,
+        ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+        last_token: fence.and_then(|f| std::str::from_utf8(f).ok()?.parse().ok()),
+        token: id.token,
+        host: id.host,
+        pid: id.pid,
+        since: id.since,
+        node: node.to_string(),
+        mode: HoldMode::Exclusive,
+    }
+}
+
+/// Adds to `out` the live shared holds of `key` (readers or permits) in `read`, whose
+/// leases end at server times in µs, `now` being the server's time, on master `node`.
+fn shared_entries(
+    key: &[u8],
+    (holds, values, fence): SharedKeys,
+    now: f64,
+    node: &str,
+    out: &mut Vec<RedisHolder>,
+) {
+    let field = |f: &[u8]| values.iter().find(|(k, _)| k == f).map(|(_, v)| v);
+    let limit = field(b"limit")
+        .and_then(|l| std::str::from_utf8(l).ok()?.parse::<u32>().ok())
+        .unwrap_or(0);
+    let mode = match limit {
+        0 => HoldMode::Shared,
+        permits => HoldMode::Permit { permits },
+    };
+    for (token, end) in holds {
+        let ttl = match end.as_str() {
+            "inf" => None,
+            end => match end.parse::<f64>() {
+                Ok(end) if end > now => Some(Duration::from_micros((end - now) as u64)),
+                _ => continue, // lapsed, not yet dropped
+            },
+        };
+        let id = field(&token)
+            .map(|v| identity::parse(v))
+            .unwrap_or_default();
+        out.push(RedisHolder {
+            key: key.to_vec(),
+            ttl,
+            last_token: fence
+                .as_deref()
+                .and_then(|f| std::str::from_utf8(f).ok()?.parse().ok()),
+            token: None,
+            host: id.host,
+            pid: id.pid,
+            since: id.since,
+            node: node.to_string(),
+            mode,
+        });
+    }
+}
+
 /// `*`, `?`, `[`, `]` and `\` are glob syntax in SCAN MATCH: escape them in the prefix.
 fn escape_glob(s: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(s.len());
@@ -462,21 +529,13 @@ impl RedisLocks {
                     Value::BulkString(b) => Some(b.clone()),
                     _ => None,
                 };
-                let id = bytes(&value)
-                    .map(|v| identity::parse(&v))
-                    .unwrap_or_default();
-                out.push(RedisHolder {
-                    key: name,
-                    ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-                    last_token: bytes(&fence)
-                        .and_then(|f| std::str::from_utf8(&f).ok()?.parse().ok()),
-                    token: id.token,
-                    host: id.host,
-                    pid: id.pid,
-                    since: id.since,
-                    node: node.clone(),
-                    mode: HoldMode::Exclusive,
-                });
+                out.push(exclusive_holder(
+                    name,
+                    &bytes(&value).unwrap_or_default(),
+                    pttl,
+                    bytes(&fence).as_deref(),
+                    &node,
+                ));
             }
             self.shared_holders(&node, &mut conn, &mut out)?;
         }
@@ -519,7 +578,7 @@ impl RedisLocks {
         for leases in keys {
             let name = self.key_of(&leases[..leases.len() - LEASES.len()]);
             let names = self.names(&name);
-            let (holds, values, fence): SharedKeys = redis::pipe()
+            let read: SharedKeys = redis::pipe()
                 .cmd("ZRANGE")
                 .arg(&leases)
                 .arg(0)
@@ -530,39 +589,7 @@ impl RedisLocks {
                 .cmd("GET")
                 .arg(&names.fence)
                 .query(&mut *conn)?;
-            let field = |f: &[u8]| values.iter().find(|(k, _)| k == f).map(|(_, v)| v);
-            let limit = field(b"limit")
-                .and_then(|l| std::str::from_utf8(l).ok()?.parse::<u32>().ok())
-                .unwrap_or(0);
-            let mode = match limit {
-                0 => HoldMode::Shared,
-                permits => HoldMode::Permit { permits },
-            };
-            for (token, end) in holds {
-                let ttl = match end.as_str() {
-                    "inf" => None,
-                    end => match end.parse::<f64>() {
-                        Ok(end) if end > now => Some(Duration::from_micros((end - now) as u64)),
-                        _ => continue, // lapsed, not yet dropped
-                    },
-                };
-                let id = field(&token)
-                    .map(|v| identity::parse(v))
-                    .unwrap_or_default();
-                out.push(RedisHolder {
-                    key: name.clone(),
-                    ttl,
-                    last_token: fence
-                        .as_deref()
-                        .and_then(|f| std::str::from_utf8(f).ok()?.parse().ok()),
-                    token: None,
-                    host: id.host,
-                    pid: id.pid,
-                    since: id.since,
-                    node: node.to_string(),
-                    mode,
-                });
-            }
+            shared_entries(&name, read, now, node, out);
         }
         Ok(())
     }
@@ -571,8 +598,30 @@ impl RedisLocks {
     /// too); `true` if it was held. Its holders find out at their next unlock or renewal
     /// ([`Error::Expired`]).
     pub fn force_unlock(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
-        let names = self.names_of(key.as_ref())?;
-        let n: u64 = self.run_script(
+        Ok(self.force(key.as_ref())?.0 > 0)
+    }
+
+    /// [`force_unlock`](Self::force_unlock), returning whom the key was taken from: each
+    /// hold as [`holders`](Self::holders) would have listed it (`node` empty), read in the
+    /// same step as it was broken; none if the key was not held.
+    ///
+    /// ```no_run
+    /// # use shmlock::RedisLocks;
+    /// let redis = RedisLocks::open("redis://127.0.0.1/")?;
+    /// for h in redis.force_unlock_holders("nightly-report")? {
+    ///     println!("broke the hold of pid {:?} on {:?}", h.pid, h.host);
+    /// }
+    /// # Ok::<(), shmlock::Error>(())
+    /// ```
+    pub fn force_unlock_holders(&self, key: impl AsRef<[u8]>) -> Result<Vec<RedisHolder>, Error> {
+        Ok(self.force(key.as_ref())?.1)
+    }
+
+    /// Breaks every hold of `key`: how many holds there were (lapsed leases not yet
+    /// dropped included), and the live ones.
+    fn force(&self, key: &[u8]) -> Result<(u64, Vec<RedisHolder>), Error> {
+        let names = self.names_of(key)?;
+        let reply: Value = self.run_script(
             &self
                 .0
                 .scripts
@@ -583,9 +632,37 @@ impl RedisLocks {
                 .key(&names.shared)
                 .key(&names.leases)
                 .key(&names.writer)
-                .key(&names.readers),
+                .key(&names.readers)
+                .key(&names.fence),
         )?;
-        Ok(n > 0)
+        let unexpected = || Error::InvalidOptions("unexpected reply to the force script");
+        let Value::Array(parts) = reply else {
+            return Err(unexpected());
+        };
+        let [n, value, pttl, shared, leases, fence, time] =
+            <[Value; 7]>::try_from(parts).map_err(|_| unexpected())?;
+        let (Value::Int(n), Value::Int(pttl)) = (n, pttl) else {
+            return Err(unexpected());
+        };
+        let values: Vec<(Vec<u8>, Vec<u8>)> =
+            redis::from_redis_value(shared).map_err(|_| unexpected())?;
+        let holds: Vec<(Vec<u8>, String)> =
+            redis::from_redis_value(leases).map_err(|_| unexpected())?;
+        let fence: Option<Vec<u8>> = redis::from_redis_value(fence).map_err(|_| unexpected())?;
+        let (s, us): (String, String) = redis::from_redis_value(time).map_err(|_| unexpected())?;
+        let now = server_clock::server_us(&s, &us).unwrap_or(0) as f64;
+        let mut out = Vec::new();
+        if let Value::BulkString(v) = &value {
+            out.push(exclusive_holder(
+                key.to_vec(),
+                v,
+                pttl,
+                fence.as_deref(),
+                "",
+            ));
+        }
+        shared_entries(key, (holds, values, fence), now, "", &mut out);
+        Ok((u64::try_from(n).unwrap_or(0), out))
     }
 
     /// Breaks the holds of `key` that process `pid` on `host` (`None`: this host, named as

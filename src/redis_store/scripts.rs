@@ -377,12 +377,28 @@ return 1
 );
 
 /// Breaks a lock, whoever holds it (every shared holder too, KEYS 3 and 4, and the marks,
-/// KEYS 5 and 6), and wakes its waiters: how many holds there were.
+/// KEYS 5 and 6), and wakes its waiters. Returns how many holds there were, then what
+/// they were, read before they went: the lock key's value (or nil) and PTTL, the shared
+/// holds' hash and leases (with their ends), the fence counter (KEYS 7, or nil) and the
+/// server's TIME, which the leases' ends are measured against. A key of another type
+/// (someone else's) reads as absent, and is broken all the same.
 pub(crate) const FORCE: &str = r"
+if redis.replicate_commands then redis.replicate_commands() end
+local function read(empty, ...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r.err then return empty end
+  return r
+end
+local v = read(false, 'GET', KEYS[1])
+local pttl = redis.call('PTTL', KEYS[1])
+local shared = read({}, 'HGETALL', KEYS[3])
+local leases = read({}, 'ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
+local fence = read(false, 'GET', KEYS[7])
+local t = redis.call('TIME')
 local n = redis.call('DEL', KEYS[1]) + redis.call('ZCARD', KEYS[4])
 redis.call('DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 redis.call('PUBLISH', KEYS[2], '1')
-return n
+return {n, v, pttl, shared, leases, fence, t}
 ";
 
 /// Breaks the holds of one process (`ARGV[1]`, its pid, on the host `ARGV[2]`, as their

@@ -3,10 +3,11 @@
 
 use std::path::Path;
 
-use shmlock::{LockTable, RedisLocks};
+use shmlock::{HoldMode, LockTable, RedisLocks};
 
 use crate::args::UnlockArgs;
 use crate::exit::{Fail, EX_USAGE};
+use crate::show::{held_for, printable};
 
 /// Breaking a lock its holder still relies on is the user's decision: --force says so.
 fn refuse_without_force(a: &UnlockArgs) -> Result<(), Fail> {
@@ -63,17 +64,23 @@ pub fn unlock(file: &Path, a: UnlockArgs) -> Result<u8, Fail> {
         println!(
             "broke {:?}: held{} by pid {} ({}), for {:.3}s",
             a.key,
-            match h.mode {
-                shmlock::HoldMode::Shared => " shared".into(),
-                shmlock::HoldMode::Permit { permits } => format!(" as one of {permits} permits"),
-                _ => String::new(),
-            },
+            held_as(h.mode),
             h.pid,
             if h.owner_alive { "alive" } else { "dead" },
             h.age.as_secs_f64()
         );
     }
     Ok(0)
+}
+
+/// How a broken hold held its key, as its line says it: ` shared`, ` as one of N
+/// permits`, or nothing (alone).
+fn held_as(mode: HoldMode) -> String {
+    match mode {
+        HoldMode::Shared => " shared".into(),
+        HoldMode::Permit { permits } => format!(" as one of {permits} permits"),
+        _ => String::new(),
+    }
 }
 
 /// Breaks `a.key` in Redis.
@@ -83,7 +90,7 @@ pub fn unlock_redis(redis: &RedisLocks, a: UnlockArgs) -> Result<u8, Fail> {
         let host = a.host.as_deref();
         let n = redis.force_unlock_process(&a.key, host, pid)?;
         let whose = match host {
-            Some(h) => format!("pid {pid} on {}", crate::show::printable(h.as_bytes())),
+            Some(h) => format!("pid {pid} on {}", printable(h.as_bytes())),
             None => format!("pid {pid} on this host"),
         };
         if n == 0 {
@@ -92,10 +99,25 @@ pub fn unlock_redis(redis: &RedisLocks, a: UnlockArgs) -> Result<u8, Fail> {
         println!("broke {n} hold(s) of {:?} by {whose}", a.key);
         return Ok(0);
     }
-    if redis.force_unlock(&a.key)? {
-        println!("broke {:?}", a.key);
-        Ok(0)
-    } else {
-        Err(Fail(format!("{:?} is not locked", a.key), 1))
+    let broken = redis.force_unlock_holders(&a.key)?;
+    if broken.is_empty() {
+        return Err(Fail(format!("{:?} is not locked", a.key), 1));
     }
+    // As for a table, a line per hold; Redis knows no owner processes to call alive or
+    // dead, and a value written by something else tells nothing of its holder.
+    for h in broken {
+        let whose = match (h.pid, &h.host) {
+            (Some(pid), Some(host)) => format!("pid {pid} on {}", printable(host.as_bytes())),
+            (Some(pid), None) => format!("pid {pid}"),
+            _ => "an unknown holder (a value shmlock did not write)".into(),
+        };
+        let since =
+            held_for(&h).map_or(String::new(), |d| format!(", for {:.3}s", d.as_secs_f64()));
+        println!(
+            "broke {:?}: held{} by {whose}{since}",
+            a.key,
+            held_as(h.mode)
+        );
+    }
+    Ok(0)
 }
