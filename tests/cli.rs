@@ -116,6 +116,34 @@ fn inspect_shows_the_holder_alive_then_dead_and_unlock_force_frees_it() {
     assert_eq!(code(shmlock(&file).args(["unlock", "--force", "job:1"])), 1);
 }
 
+/// The WAITED column (JSON `waiters`) says that a waiter flagged the hold since it was
+/// taken, not that one waits now: one bit on the hold, set by each waiter before it sleeps
+/// and cleared only when the hold ends, so it stays after the waiter gave up. A new hold
+/// of the key starts without it.
+#[test]
+fn the_waited_column_says_a_waiter_came_since_the_hold_began() {
+    let file = TempPath::new("cli-waited");
+    let holder = held_until_stdin_closes(&file, "k");
+    // a waiter that sleeps on the hold, then gives up and exits
+    assert_eq!(
+        code(shmlock(&file).args(["run", "-w", "0.3", "k", "--", "true"])),
+        1
+    );
+    let json = inspect_json(&file, &[]);
+    assert_eq!(json["holders"][0]["waiters"], true, "{json}");
+    let text = String::from_utf8(output(shmlock(&file).arg("inspect")).stdout).unwrap();
+    let header: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+    let row: Vec<&str> = text.lines().nth(2).unwrap().split_whitespace().collect();
+    let column = header.iter().position(|c| *c == "WAITED");
+    assert!(column.is_some() && !header.contains(&"WAITERS"), "{text}");
+    assert_eq!(row[column.unwrap()], "yes", "{text}");
+    // the next hold of the key starts unflagged
+    release(holder);
+    let again = held_until_stdin_closes(&file, "k");
+    assert_eq!(inspect_json(&file, &[])["holders"][0]["waiters"], false);
+    release(again);
+}
+
 /// `create --max-processes` sizes the owner registry, and the error of a full one says how
 /// to make a bigger one.
 #[test]

@@ -517,7 +517,11 @@ pub struct Holder {
     pub owner_alive: bool,
     /// What the entry is doing.
     pub state: HolderState,
-    /// Someone is asleep waiting for this key.
+    /// A waiter flagged this hold since it was taken (each waiter sets the hold's one
+    /// waiters bit before it sleeps, so that the release wakes it): not that one waits
+    /// now. The bit stays after the waiters gave up or died, until the hold ends (a
+    /// renewal keeps it); a new hold starts without it. No waiter can clear it when it
+    /// leaves, as it cannot tell whether others still sleep on it.
     pub waiters: bool,
     /// The fencing token, if the holder asked for one.
     pub token: Option<u64>,

@@ -41,6 +41,7 @@ struct TableEntry {
     /// The token in decimal: tokens pass 2^53, where JSON readers that parse numbers as
     /// doubles (jq, JavaScript) round them, and two tokens 1 apart would compare equal.
     token_text: Option<String>,
+    /// A waiter flagged the hold since it was taken: not that one waits now.
     waiters: bool,
     mode: &'static str,
     permits: Option<u32>,

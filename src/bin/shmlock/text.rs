@@ -39,7 +39,16 @@ pub fn write_table(
     writeln!(
         out,
         "{:<32} {:>8} {:>6} {:>9} {:>10} {:>10} {:>19} {:>7} {:>10}",
-        "KEY", "PID", "ALIVE", "STATE", "AGE", "TTL", "TOKEN", "WAITERS", "MODE"
+        // WAITED: a waiter flagged the hold since it was taken (it may have left since)
+        "KEY",
+        "PID",
+        "ALIVE",
+        "STATE",
+        "AGE",
+        "TTL",
+        "TOKEN",
+        "WAITED",
+        "MODE"
     )?;
     for h in hs {
         let ttl = match h.ttl {
