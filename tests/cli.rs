@@ -380,6 +380,72 @@ fn create_makes_a_table_with_the_capacity_and_mode_asked_for() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
 }
 
+/// `create --dict` makes a SharedDict file with the layout asked for (entries, longest key
+/// and value), mode and registry; `inspect` and `stats` read it, the library attaches to it
+/// and keeps its limits. The dict's options need `--dict`, and an existing file is 73.
+#[test]
+fn create_dict_makes_a_shared_dict_that_inspect_and_stats_read() {
+    let file = TempPath::new("cli-create-dict");
+    let out = output(shmlock(&file).args([
+        "create",
+        "--dict",
+        "--capacity",
+        "16",
+        "--max-key-len",
+        "40",
+        "--max-value-len",
+        "100",
+        "--mode",
+        "0640",
+        "--max-processes",
+        "8",
+    ]));
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("shared dict"),
+        "{out:?}"
+    );
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+    let json = inspect_json(&file, &[]);
+    assert_eq!(json["kind"], "dict", "{json}");
+    assert_eq!(json["capacity"], 16, "{json}");
+    assert_eq!(json["max_key_len"], 40, "{json}");
+    assert_eq!(json["max_value_len"], 100, "{json}");
+    assert_eq!(json["entries"], 0, "{json}");
+    let stats = output(shmlock(&file).args(["stats", "--json"]));
+    assert!(stats.status.success(), "{stats:?}");
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(stats["kind"], "shared dict", "{stats}");
+    assert_eq!(stats["entries"], 0, "{stats}");
+    // the library attaches with the file's own layout, whatever it asks for
+    let dict = SharedDict::open(&file, 1, 1).unwrap();
+    assert!(!dict.created());
+    assert_eq!((dict.capacity(), dict.max_value_len()), (16, 100));
+    dict.set("k", &[7u8; 100][..], Duration::ZERO).unwrap();
+    assert!(dict.set("x".repeat(41), "v", Duration::ZERO).is_err());
+    assert_eq!(inspect_json(&file, &[])["live"], 1);
+    // a lock table's commands refuse it
+    assert_eq!(code(shmlock(&file).args(["run", "k", "--", "true"])), 65);
+    // again: it exists
+    let again = output(shmlock(&file).args(["create", "--dict"]));
+    assert_eq!(again.status.code(), Some(73), "{again:?}");
+    // the dict's own options without --dict, and a layout the dict refuses
+    let other = TempPath::new("cli-create-dict-2");
+    for args in [
+        &["create", "--max-value-len", "64"][..],
+        &["create", "--max-key-len", "64"],
+        &["create", "--dict", "--max-key-len", "0"],
+        &["create", "--dict", "--max-value-len", "2000000"],
+    ] {
+        let out = output(shmlock(&other).args(args));
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        assert!(!other.0.exists(), "{args:?}");
+    }
+}
+
 /// A mode that does not let the owner read and write the file would make a table nobody
 /// but root can open: `create` refuses it (EX_USAGE), naming the mode, and makes nothing.
 #[test]

@@ -302,20 +302,32 @@ pub struct UnlockArgs {
     pub host: Option<String>,
 }
 
-/// Create a table file with a chosen capacity and mode
+/// Create a table file (or, with --dict, a SharedDict file) with a chosen capacity and mode
 #[derive(Args)]
-#[command(
-    after_help = "Example:\n  shmlock --file /dev/shm/app-locks create --capacity 4096 --mode 0660"
-)]
+#[command(after_help = concat!(
+    "Examples:\n",
+    "  shmlock --file /dev/shm/app-locks create --capacity 4096 --mode 0660\n",
+    "  shmlock --file /dev/shm/app-cache create --dict --capacity 10000 --max-value-len 1024",
+))]
 pub struct CreateArgs {
-    /// How many keys can be held at once
+    /// How many keys can be held at once (with --dict: how many entries the dict holds)
     #[arg(long, default_value_t = DEFAULT_CAPACITY)]
     pub capacity: usize,
+    /// Make a SharedDict file (the key-value cache of the library's SharedDict) instead of
+    /// a lock table; inspect and stats read it
+    #[arg(long)]
+    pub dict: bool,
+    /// With --dict: the longest key, 1 to 65535 bytes [default: 250]
+    #[arg(long, value_name = "BYTES", requires = "dict")]
+    pub max_key_len: Option<usize>,
+    /// With --dict: the longest value, at most 1048576 bytes (1 MiB) [default: 256]
+    #[arg(long, value_name = "BYTES", requires = "dict")]
+    pub max_value_len: Option<usize>,
     /// Permission bits, octal; the owner must be able to read and write (at least 0600)
     #[arg(long, default_value = "0600", value_parser = parse_mode)]
     pub mode: u32,
-    /// How many processes may use the table at once (its owner registry's entries, at
-    /// most 65535)
+    /// How many processes may use the table (or dict) at once (its owner registry's
+    /// entries, at most 65535)
     #[arg(long, default_value_t = 1024)]
     pub max_processes: u32,
 }

@@ -1,20 +1,42 @@
-//! `create`: makes a table file with a chosen capacity and mode, and never opens one that
-//! exists.
+//! `create`: makes a table file (or a SharedDict file) with a chosen layout and mode, and
+//! never opens one that exists.
 
 use std::path::Path;
 
-use shmlock::LockTable;
+use shmlock::{LockTable, SharedDict};
 
 use crate::args::CreateArgs;
 use crate::exit::{Fail, EX_CANTCREAT};
 
-/// Creates the table `file`; fails if it exists, also if it appeared meanwhile.
+/// Creates the table (or dict) `file`; fails if it exists, also if it appeared meanwhile.
 pub fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
+    let exists = || Fail(format!("{}: already exists", file.display()), EX_CANTCREAT);
     if file.exists() {
-        return Err(Fail(
-            format!("{}: already exists", file.display()),
-            EX_CANTCREAT,
-        ));
+        return Err(exists());
+    }
+    if a.dict {
+        let mut options = SharedDict::options()
+            .capacity(a.capacity)
+            .max_processes(a.max_processes)
+            .mode(a.mode);
+        if let Some(len) = a.max_key_len {
+            options = options.max_key_len(len);
+        }
+        if let Some(len) = a.max_value_len {
+            options = options.max_value_len(len);
+        }
+        let dict = options.open(file)?;
+        if !dict.created() {
+            return Err(exists());
+        }
+        println!(
+            "created {}: a shared dict of {} entries, keys up to {} B, values up to {} B",
+            file.display(),
+            dict.capacity(),
+            dict.max_key_len(),
+            dict.max_value_len()
+        );
+        return Ok(0);
     }
     let table = LockTable::options()
         .capacity(a.capacity)
@@ -22,10 +44,7 @@ pub fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
         .mode(a.mode)
         .open(file)?;
     if !table.created() {
-        return Err(Fail(
-            format!("{}: already exists", file.display()),
-            EX_CANTCREAT,
-        ));
+        return Err(exists());
     }
     println!(
         "created {} with capacity {}",

@@ -111,7 +111,7 @@ pub fn dispatch(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -
             EX_USAGE,
         )),
         Cmd::Create(_) => Err(Fail(
-            "create makes table files; a Redis server needs no creating".into(),
+            "create makes table and dict files; a Redis server needs no creating".into(),
             EX_USAGE,
         )),
     }
