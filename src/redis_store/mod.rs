@@ -222,6 +222,15 @@ fn shared_entries(
     }
 }
 
+/// A reply of another shape than the command's (a server that is not Redis, or a script
+/// of another version under the same name): a Redis error, not the caller's.
+fn unexpected_reply(what: &'static str) -> Error {
+    Error::Redis(redis::RedisError::from((
+        redis::ErrorKind::UnexpectedReturnType,
+        what,
+    )))
+}
+
 /// `*`, `?`, `[`, `]` and `\` are glob syntax in SCAN MATCH: escape them in the prefix.
 fn escape_glob(s: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(s.len());
@@ -517,7 +526,7 @@ impl RedisLocks {
                     .arg(&names.fence)
                     .query(&mut conn)?;
                 let [pttl, value, fence] = <[Value; 3]>::try_from(replies)
-                    .map_err(|_| Error::InvalidOptions("unexpected reply to PTTL/GET/GET"))?;
+                    .map_err(|_| unexpected_reply("unexpected reply to PTTL/GET/GET"))?;
                 let pttl = match pttl {
                     Value::Int(n) => n,
                     _ => -1,
@@ -635,7 +644,7 @@ impl RedisLocks {
                 .key(&names.readers)
                 .key(&names.fence),
         )?;
-        let unexpected = || Error::InvalidOptions("unexpected reply to the force script");
+        let unexpected = || unexpected_reply("unexpected reply to the force script");
         let Value::Array(parts) = reply else {
             return Err(unexpected());
         };
