@@ -126,6 +126,10 @@ const TESTS: &[Test] = &[
         "a_grandchild_forked_while_its_parent_registers_can_lock",
         fork_during_reregister,
     ),
+    Test::new(
+        "a_child_made_by_a_handler_during_its_parents_registration_registers_itself",
+        handler_fork_during_reregister,
+    ),
     // A documented fork caveat: posix_spawn clones without the fork handlers.
     Test::new(
         "a_posix_spawn_child_before_exec_holds_no_registration",
@@ -2230,4 +2234,136 @@ fn fork_during_reregister() {
         out, "child exited 0",
         "the grandchild forked while its parent registered"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// A signal handler forks while a forked child registers (its first use of an inherited
+// handle): the grandchild runs on from the middle of the registration, and must neither
+// take its parent's registration for its own (its holds would then be its parent's, free
+// for the taking once the parent leaves), nor keep one of its own where its drop does not
+// look (it would outlive the grandchild's last handle).
+
+static RR_TABLE: AtomicU64 = AtomicU64::new(0);
+static RR_IN_G: AtomicBool = AtomicBool::new(false);
+static RR_G: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_alarm_fork_once(_: libc::c_int) {
+    if RR_IN_G.load(Ordering::Relaxed) || RR_G.load(Ordering::Relaxed) != 0 {
+        return;
+    }
+    // SAFETY: fork in a handler (async-signal-safe in POSIX.1-2017); the child runs on
+    // from the interrupted call, which is what is tested.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        RR_IN_G.store(true, Ordering::Relaxed);
+    } else if pid > 0 {
+        RR_G.store(pid, Ordering::Relaxed);
+    }
+}
+
+/// In the grandchild: 0; 10 if a second handle of its own took its key while it held it
+/// once its parent had left (its hold was its parent's); 11 if a registration of its pid
+/// is left after it dropped its handles; 14 if its hold is listed under another pid.
+fn rr_grandchild(table: LockTable, path: &Path, parent_gone: &AtomicU64) -> i32 {
+    let me = std::process::id();
+    let key = format!("g-{me}");
+    let Ok(Some(g)) = table.try_lock_with_lease(&key, Duration::from_secs(60)) else {
+        return 12;
+    };
+    let holder = table
+        .holders()
+        .into_iter()
+        .find(|h| h.key_preview == key.as_bytes())
+        .map(|h| h.pid);
+    let until = Instant::now() + Duration::from_secs(10);
+    while parent_gone.load(Ordering::SeqCst) != u64::from(me) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let other = LockTable::open(path, 64).unwrap();
+    let stolen = other
+        .try_lock_with_lease(&key, Duration::from_secs(1))
+        .unwrap()
+        .is_some();
+    drop((g, other));
+    drop(table);
+    if stolen {
+        eprintln!("grandchild {me}: another handle took {key} while it held it");
+        return 10;
+    }
+    if holder != Some(me) {
+        eprintln!("grandchild {me}: its hold is listed under pid {holder:?}");
+        return 14;
+    }
+    if common::probe::registered_pids(path).contains(&me) {
+        eprintln!("grandchild {me}: a registration of its pid is left after its drop");
+        return 11;
+    }
+    0
+}
+
+fn handler_fork_during_reregister() {
+    let path = fresh_table("rr-handler");
+    let table = LockTable::open(&path, 64).unwrap();
+    RR_TABLE.store(Box::into_raw(Box::new(table)) as u64, Ordering::SeqCst);
+    // words: grandchildren made, holds taken from them, left registered, other failures,
+    // the grandchild whose parent dropped its handle, holds listed under another pid
+    let shared = Shared::new(6);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut trials = 0;
+    while Instant::now() < until && shared.word(0).load(Ordering::SeqCst) < 40 {
+        trials += 1;
+        let us = 1 + xorshift(&mut x) % 400;
+        let p = path.0.clone();
+        let sh = &shared;
+        let c = fork(move || {
+            // SAFETY: the handle boxed above, inherited whole by this child.
+            let t = unsafe { Box::from_raw(RR_TABLE.load(Ordering::SeqCst) as *mut LockTable) };
+            on_alarm(on_alarm_fork_once);
+            arm_alarm_in(us);
+            let first = t.try_lock_with_lease("first", Duration::from_secs(5));
+            arm_alarm_in(0);
+            if RR_IN_G.load(Ordering::Relaxed) {
+                drop(first);
+                return rr_grandchild(*t, &p, sh.word(4));
+            }
+            drop(first);
+            let g = RR_G.load(Ordering::Relaxed);
+            if g == 0 {
+                return 0;
+            }
+            sh.word(0).fetch_add(1, Ordering::SeqCst);
+            // leave: the parent's registration goes (what a grandchild that took it for
+            // its own would hold its keys by)
+            drop(t);
+            sh.word(4).store(g as u64, Ordering::SeqCst);
+            let rc = common::forking::reap_within(g, Duration::from_secs(15)).unwrap_or(13);
+            match rc {
+                0 => {}
+                10 => {
+                    sh.word(1).fetch_add(1, Ordering::SeqCst);
+                }
+                11 => {
+                    sh.word(2).fetch_add(1, Ordering::SeqCst);
+                }
+                14 => {
+                    sh.word(5).fetch_add(1, Ordering::SeqCst);
+                }
+                _ => {
+                    sh.word(3).fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            0
+        });
+        assert_eq!(c.wait(Duration::from_secs(30)), 0);
+    }
+    let [made, taken, left, other, _, misnamed] =
+        [0, 1, 2, 3, 4, 5].map(|i| shared.word(i).load(Ordering::SeqCst));
+    note!(
+        "[{trials} trials, {made} grandchildren forked mid-registration: {taken} had a key \
+         taken while held, {misnamed} listed under another pid, {left} left registered, \
+         {other} failed otherwise] "
+    );
+    assert!(made > 0, "no grandchild was forked during a registration");
+    assert_eq!((taken, misnamed, left, other), (0, 0, 0, 0));
 }

@@ -180,52 +180,69 @@ impl Attachment {
         if self.gone.load(Ordering::Relaxed) != 0 {
             return Err(self.gone_error());
         }
-        // This process's own mutex, so no thread of a parent holds it. (A child made by a
-        // raw `clone` may share its parent's: do not wait for that one forever.)
-        let reg = self.reg.get(|| Mutex::new(None));
-        let mut guard = None;
-        for _ in 0..1000 {
-            match reg.try_lock() {
-                Ok(g) => {
-                    guard = Some(g);
-                    break;
+        loop {
+            // This process's own mutex, so no thread of a parent holds it. (A child made by
+            // a raw `clone` may share its parent's: do not wait for that one forever.)
+            let cell = self.reg.get(|| Mutex::new(None));
+            let mut guard = None;
+            for _ in 0..1000 {
+                match cell.try_lock() {
+                    Ok(g) => {
+                        guard = Some(g);
+                        break;
+                    }
+                    Err(TryLockError::Poisoned(p)) => {
+                        guard = Some(p.into_inner());
+                        break;
+                    }
+                    Err(TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(1)),
                 }
-                Err(TryLockError::Poisoned(p)) => {
-                    guard = Some(p.into_inner());
-                    break;
-                }
-                Err(TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(1)),
             }
-        }
-        let mut reg = guard.ok_or_else(|| {
-            Error::io(
-                &self.path,
-                std::io::Error::other("could not register this forked process"),
-            )
-        })?;
-        if let Some((owner, _, _)) = reg.as_ref().filter(|r| r.2 == fork_epoch()) {
-            let owner = *owner;
-            self.remember(owner);
+            let mut reg = guard.ok_or_else(|| {
+                Error::io(
+                    &self.path,
+                    std::io::Error::other("could not register this forked process"),
+                )
+            })?;
+            if let Some(&(owner, _, epoch)) = reg.as_ref().filter(|r| r.2 == fork_epoch()) {
+                self.remember(owner, epoch);
+                return Ok(owner);
+            }
+            // The parent's registration is the parent's to leave (its anchor was not
+            // inherited, and its copy here unmaps nothing).
+            *reg = None;
+            let (anchor, owner) = self.register_again()?;
+            // A signal handler that forked during the registration runs on here in its
+            // child, which must keep neither what it finds: its parent's registration (an
+            // anchor made before the fork: the parent keeps it, its copy here unmaps
+            // nothing), nor one of its own in the parent's cell (whose mutex it holds, and
+            // which its drop would never look at). It registers anew, in its own cell.
+            if anchor.epoch() != fork_epoch() {
+                drop(anchor);
+                continue;
+            }
+            if !std::ptr::eq(cell, self.reg.get(|| Mutex::new(None))) {
+                self.map.registry().unregister(owner);
+                drop(anchor);
+                continue;
+            }
+            let epoch = anchor.epoch();
+            *reg = Some((owner, anchor, epoch));
+            self.remember(owner, epoch);
             return Ok(owner);
         }
-        // The parent's registration is the parent's to leave (its anchor was not
-        // inherited, and its copy here unmaps nothing).
-        *reg = None;
-        let (anchor, owner) = self.register_again()?;
-        *reg = Some((owner, anchor, fork_epoch()));
-        self.remember(owner);
-        Ok(owner)
     }
 
-    fn remember(&self, owner: OwnerId) {
+    /// Makes `owner`, registered in fork epoch `epoch`, the one the fast path uses. The
+    /// registration's epoch, not the current one: a child forked (by a signal handler)
+    /// between the registration and here finds an epoch not its own, and registers anew.
+    fn remember(&self, owner: OwnerId, epoch: u64) {
         self.generation.store(
             u64::from(self.map.registry().generation(owner)),
             Ordering::Relaxed,
         );
-        self.cached.store(
-            fork_epoch() << 32 | u64::from(owner.bits()),
-            Ordering::Release,
-        );
+        self.cached
+            .store(epoch << 32 | u64::from(owner.bits()), Ordering::Release);
     }
 
     /// Registers this forked child, through an anchor of its own.

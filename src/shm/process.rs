@@ -117,22 +117,40 @@ const FORK_PATIENCE: Duration = Duration::from_millis(100);
 /// meanwhile, so that no signal handler of this thread forks (it would wait for itself)
 /// or runs on into a child with a half-made anchor.
 pub(crate) struct NoFork {
-    signals: libc::sigset_t,
+    // (dropped after `drop` below has let forks go: signals come back last)
+    _signals: SignalsBlocked,
+}
+
+/// This thread's signals blocked until dropped (its mask before then restored): no signal
+/// handler of this thread runs, and so none forks, in the middle of what this guards.
+pub(crate) struct SignalsBlocked(libc::sigset_t);
+
+impl SignalsBlocked {
+    pub(crate) fn all() -> SignalsBlocked {
+        // SAFETY: `all` and `old` are plain sigset_t values, filled before use;
+        // pthread_sigmask only changes this thread's mask (restored on drop).
+        SignalsBlocked(unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+            old
+        })
+    }
+}
+
+impl Drop for SignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: restoring the mask this thread had before `all`.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+    }
 }
 
 impl NoFork {
     pub(crate) fn hold() -> NoFork {
         // The fork handlers are installed by the first look at this process.
         token();
-        // SAFETY: `all` and `old` are plain sigset_t values, filled before use;
-        // pthread_sigmask only changes this thread's mask (restored on drop).
-        let signals = unsafe {
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-            old
-        };
+        let signals = SignalsBlocked::all();
         let setting_up = &cell().setting_up;
         let mut cur = setting_up.load(Ordering::Relaxed);
         let mut waited: Option<Instant> = None;
@@ -154,7 +172,7 @@ impl NoFork {
                 Ordering::Acquire,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return NoFork { signals },
+                Ok(_) => return NoFork { _signals: signals },
                 Err(now) => cur = now,
             }
         }
@@ -164,8 +182,6 @@ impl NoFork {
 impl Drop for NoFork {
     fn drop(&mut self) {
         cell().setting_up.fetch_sub(1, Ordering::Release);
-        // SAFETY: restoring the mask this thread had before `hold`.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.signals, std::ptr::null_mut()) };
     }
 }
 
@@ -307,6 +323,10 @@ pub(crate) fn fork_epoch() -> u64 {
 
 #[cold]
 fn refresh() {
+    // A signal handler of this thread that forked in the middle of the naming would run on
+    // into the child with the naming half done: its pid read before the fork (the
+    // parent's), its fork epoch bumped to the parent's new one.
+    let _signals = SignalsBlocked::all();
     if CELL.load(Ordering::Acquire).is_null() {
         choose_cell();
     }

@@ -257,6 +257,28 @@ pub fn await_flag(flags: &Path, name: &str) {
     }
 }
 
+/// Waits up to `limit` for the child `pid`: its exit status, or `None` (then it is killed
+/// and reaped).
+pub fn reap_within(pid: libc::pid_t, limit: std::time::Duration) -> Option<i32> {
+    let until = std::time::Instant::now() + limit;
+    let mut st = 0;
+    loop {
+        // SAFETY: polling our own child; st is a valid out-pointer.
+        if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == pid {
+            return Some(libc::WEXITSTATUS(st));
+        }
+        if std::time::Instant::now() > until {
+            // SAFETY: a plain signal to our own child, not yet reaped; then reaping it.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut st, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 /// In a [`held_fork`] role: waits up to `limit` for the forked child `pid` and prints
 /// `child exited N`, or `child hung: <its threads>` (then kills it).
 pub fn report_child(pid: libc::pid_t, limit: std::time::Duration) {

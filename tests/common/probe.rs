@@ -29,6 +29,37 @@ pub fn registry_len(path: &Path) -> u64 {
     f.read_exact_at(&mut b, 72).unwrap();
     (u64::from(u32::from_le_bytes(b)) * 32).div_ceil(4096) * 4096
 }
+/// The pids of the registry entries of the table at `path` that are taken or whose
+/// liveness lock is held (a registration not yet left).
+pub fn registered_pids(path: &Path) -> Vec<u32> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let f = fs::File::open(path).unwrap();
+    let mut b = [0u8; 4];
+    f.read_exact_at(&mut b, 72).unwrap();
+    let n = u64::from(u32::from_le_bytes(b));
+    let mut out = Vec::new();
+    for i in 0..n {
+        let mut e = [0u8; 16];
+        f.read_exact_at(&mut e, 4096 + i * 32).unwrap();
+        let taken = e[0] & 1 != 0;
+        let pid = u32::from_le_bytes(e[8..12].try_into().unwrap());
+        // SAFETY: a zeroed flock is valid; F_OFD_GETLK only reads and fills it.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = libc::F_WRLCK as libc::c_short;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_start = (4096 + i * 32) as libc::off_t;
+        fl.l_len = 1;
+        // SAFETY: a valid descriptor and flock.
+        let rc = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
+        let held = rc == 0 && fl.l_type != libc::F_UNLCK as libc::c_short;
+        if taken || held {
+            out.push(pid);
+        }
+    }
+    out
+}
+
 /// (home, tag) of a key in the table at `path`.
 pub fn place(seed: u64, n: u64, key: &str) -> (u64, u8) {
     let h = xxhash_rust::xxh3::xxh3_128_with_seed(key.as_bytes(), seed);
