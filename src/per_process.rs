@@ -9,6 +9,7 @@
 //! the child (never dropped: its sockets are the parent's, and dropping them would run
 //! their destructors on state another process owns).
 
+use std::marker::PhantomData;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
@@ -17,7 +18,16 @@ use crate::shm::process;
 /// A `T` for the calling process, made on its first use there.
 pub(crate) struct PerProcess<T> {
     cur: AtomicPtr<Owned<T>>,
+    /// Owns `T`s, made and dropped by any thread: `Send` and `Sync` as `T` allows (an
+    /// `AtomicPtr` alone would make it both whatever `T` is).
+    _owns: PhantomData<*const T>,
 }
+
+// SAFETY: a `PerProcess` owns boxed `T`s: moving it to another thread moves them (T: Send).
+unsafe impl<T: Send> Send for PerProcess<T> {}
+// SAFETY: shared, it hands out `&T` to every thread (T: Sync), and values made by one
+// thread may be dropped by another (T: Send).
+unsafe impl<T: Send + Sync> Sync for PerProcess<T> {}
 
 struct Owned<T> {
     /// The process that made it (`process::token`, which no forked child shares).
@@ -31,6 +41,7 @@ impl<T> PerProcess<T> {
     pub(crate) const fn new() -> PerProcess<T> {
         PerProcess {
             cur: AtomicPtr::new(ptr::null_mut()),
+            _owns: PhantomData,
         }
     }
 
@@ -42,6 +53,7 @@ impl<T> PerProcess<T> {
         });
         PerProcess {
             cur: AtomicPtr::new(Box::into_raw(owned)),
+            _owns: PhantomData,
         }
     }
 
@@ -94,13 +106,22 @@ impl<T> PerProcess<T> {
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) struct MadeOnce<T> {
     cur: AtomicPtr<T>,
+    /// As [`PerProcess`]'s.
+    _owns: PhantomData<*const T>,
 }
+
+// SAFETY: as `PerProcess`: it owns a boxed `T`.
+unsafe impl<T: Send> Send for MadeOnce<T> {}
+// SAFETY: it hands out `&T` to every thread, and a `T` made by one thread may be dropped
+// by another (the loser of the race drops its own; the first is never dropped).
+unsafe impl<T: Send + Sync> Sync for MadeOnce<T> {}
 
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 impl<T> MadeOnce<T> {
     pub(crate) const fn new() -> MadeOnce<T> {
         MadeOnce {
             cur: AtomicPtr::new(ptr::null_mut()),
+            _owns: PhantomData,
         }
     }
 

@@ -97,6 +97,10 @@ impl Janitor {
         let tx = self.tx.get_or_init(|| {
             let me = process::token();
             if AT_EXIT.swap(me, Ordering::AcqRel) != me {
+                // With forks held off: a child forked while this thread is inside `atexit`
+                // would find glibc's lock of the exit handlers held for good, and hang at
+                // its own exit.
+                let _no_fork = process::NoFork::hold();
                 // SAFETY: registers a function of no arguments that touches only statics and
                 // atomics; it may run at any `exit` of this process (or of a forked child,
                 // where it sees the child's janitors only; a child may run it twice, once
