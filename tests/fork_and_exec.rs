@@ -73,6 +73,10 @@ const TESTS: &[Test] = &[
         "a_program_spawned_by_a_holder_never_keeps_its_dead_parents_keys",
         a_program_spawned_by_a_holder_never_keeps_its_dead_parents_keys,
     ),
+    Test::new(
+        "a_child_forked_inside_keep_alive_comes_out_without_the_hold",
+        a_child_forked_inside_keep_alive_comes_out_without_the_hold,
+    ),
 ];
 
 fn main() {
@@ -822,4 +826,39 @@ fn exec_without_aslr_frees_the_old_images_keys() {
 
 fn control_exec_with_aslr_frees_the_old_images_keys() {
     exec_reopen(false);
+}
+
+/// `keep_alive`'s work forks (a worker that spawns a helper, say): the child comes out of
+/// `keep_alive` at once, told that the hold is not its own, while its parent's renewals go
+/// on. (The renewer is a thread the child does not have: it must neither wait for it nor
+/// take the mutex that thread may have held at the fork.)
+fn a_child_forked_inside_keep_alive_comes_out_without_the_hold() {
+    let path = TempPath::new("keepalive-fork");
+    let table = LockTable::open(&path, 64).unwrap();
+    let mut guard = table.lock("K", opts(60, 1_000)).unwrap();
+    let (child, lease) = guard.keep_alive(|_| {
+        // let the renewer run a few times first (every 20 ms)
+        std::thread::sleep(Duration::from_millis(70));
+        // SAFETY: a threaded fork; the child only returns from keep_alive, checks what it
+        // said, and leaves with _exit.
+        unsafe { libc::fork() }
+    });
+    if child == 0 {
+        let rc = match lease {
+            Err(Error::NotOwner) => 0,
+            _ => 1,
+        };
+        // SAFETY: leaving the child without running the parent's exit handlers.
+        unsafe { libc::_exit(rc) };
+    }
+    assert!(child > 0, "fork failed");
+    let rc = common::forking::reap_within(child, Duration::from_secs(10));
+    assert!(lease.is_ok(), "the parent's renewals held: {lease:?}");
+    assert_eq!(
+        rc,
+        Some(0),
+        "the child came out of keep_alive told the hold is not its own (None: it hung)"
+    );
+    assert!(table.is_locked("K").unwrap());
+    guard.unlock().unwrap();
 }

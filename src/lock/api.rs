@@ -144,42 +144,85 @@ where
     let every = Duration::from_nanos(exptime_ns / 3);
     let status = KeepAlive::default();
     let done = (Mutex::new(false), Condvar::new());
-    let (value, lease) = std::thread::scope(|scope| {
-        let renewer = scope.spawn(|| {
-            let (stop, wake) = (&done.0, &done.1);
-            let mut stopped = stop.lock().unwrap_or_else(|e| e.into_inner());
-            loop {
-                stopped = wake
-                    .wait_timeout_while(stopped, every, |stop| !*stop)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-                if *stopped {
-                    return Ok(());
-                }
-                match backend.extend(&mut holding.hold, exptime_ns) {
-                    Ok(()) => {}
-                    Err(e @ (Error::Expired | Error::MaxHoldReached)) => {
-                        status.lost.store(true, Ordering::Release);
-                        return Err(e);
-                    }
-                    // Unreachable for now: try again next time; if the lease lapses
-                    // meanwhile, that renewal says Expired.
-                    Err(_) => {}
-                }
+    let hold = &mut holding.hold;
+    let renew = || {
+        let (stop, wake) = (&done.0, &done.1);
+        let mut stopped = stop.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            stopped = wake
+                .wait_timeout_while(stopped, every, |stop| !*stop)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            if *stopped {
+                return Ok(());
             }
-        });
-        let value = work(&status);
-        *done.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        done.1.notify_all();
-        let lease = renewer.join().unwrap_or(Err(Error::Expired));
-        (value, lease)
-    });
+            match backend.extend(hold, exptime_ns) {
+                Ok(()) => {}
+                Err(e @ (Error::Expired | Error::MaxHoldReached)) => {
+                    status.lost.store(true, Ordering::Release);
+                    return Err(e);
+                }
+                // Unreachable for now: try again next time; if the lease lapses
+                // meanwhile, that renewal says Expired.
+                Err(_) => {}
+            }
+        }
+    };
+    // Not a scoped thread: a child forked inside `work` has no renewer, and a scope would
+    // wait for it at its end for good. The guard stops and joins it on every way out of
+    // here in this process (a panic of `work` too); a forked child leaves it alone.
+    // SAFETY: `renew` borrows `done`, `status`, `backend` and the hold, all of which outlive
+    // the guard below, whose drop joins the thread before any of them goes (in this
+    // process: in a forked child the thread does not exist, so nothing runs on them).
+    let thread = unsafe { std::thread::Builder::new().spawn_unchecked(renew) }
+        .expect("failed to spawn the lease renewer");
+    let mut renewer = Renewer {
+        thread: Some(thread),
+        done: &done,
+        process: process::token(),
+    };
+    let value = work(&status);
+    let Some(lease) = renewer.stop() else {
+        // a child forked by `work`: the hold, and its renewer, are the parent's
+        return (value, Err(Error::NotOwner));
+    };
+    drop(renewer);
     // `Ok` says the lease held until the work was done: the hold must still be ours now.
     let lease = lease.and_then(|()| backend.check(&holding.hold));
     if lease.is_err() {
         status.lost.store(true, Ordering::Release);
     }
     (value, lease)
+}
+
+/// The thread that renews a lease while [`keep_alive`]'s work runs: stopped and joined
+/// when dropped, by the process that started it only.
+struct Renewer<'a> {
+    thread: Option<std::thread::JoinHandle<Result<(), Error>>>,
+    done: &'a (Mutex<bool>, Condvar),
+    process: u64,
+}
+
+impl Renewer<'_> {
+    /// Stops the renewals: how the lease went, or `None` in a process forked since (which
+    /// has no renewer to stop, and must not touch its parent's mutex, which the renewer
+    /// may have held at the fork).
+    fn stop(&mut self) -> Option<Result<(), Error>> {
+        let thread = self.thread.take()?;
+        if process::token() != self.process {
+            std::mem::forget(thread); // the parent's thread: nothing here to join or detach
+            return None;
+        }
+        *self.done.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.done.1.notify_all();
+        Some(thread.join().unwrap_or(Err(Error::Expired)))
+    }
+}
+
+impl Drop for Renewer<'_> {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
 }
 
 /// `try_lock` of any backend: one attempt for a guard, `Ok(None)` if the key is held.
