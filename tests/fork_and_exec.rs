@@ -77,6 +77,11 @@ const TESTS: &[Test] = &[
         "a_child_forked_inside_keep_alive_comes_out_without_the_hold",
         a_child_forked_inside_keep_alive_comes_out_without_the_hold,
     ),
+    #[cfg(feature = "tokio")]
+    Test::new(
+        "a_child_forked_while_a_task_waits_leaves_the_table_with_its_handle",
+        a_child_forked_while_a_task_waits_leaves_the_table_with_its_handle,
+    ),
 ];
 
 fn main() {
@@ -861,4 +866,58 @@ fn a_child_forked_inside_keep_alive_comes_out_without_the_hold() {
     );
     assert!(table.is_locked("K").unwrap());
     guard.unlock().unwrap();
+}
+
+/// A child forked while a task of its parent waits in `lock_async` (the parent's watcher
+/// thread asleep on the key's word): when the child drops its only handle, its
+/// registration goes, as anywhere else. (The watcher kept the table itself while asleep, a
+/// reference the child inherited with no thread to let it go: the child's registration
+/// then lasted until the child's exit.)
+#[cfg(feature = "tokio")]
+fn a_child_forked_while_a_task_waits_leaves_the_table_with_its_handle() {
+    use std::sync::atomic::AtomicPtr;
+    static TABLE: AtomicPtr<LockTable> = AtomicPtr::new(std::ptr::null_mut());
+    let path = TempPath::new("watcher-fork");
+    let boxed = Box::into_raw(Box::new(LockTable::open(&path, 64).unwrap()));
+    TABLE.store(boxed, Ordering::SeqCst);
+    // SAFETY: the box above, freed only at the end of this test (after the waiter is
+    // joined), or in the child, which has no waiter thread.
+    let t: &'static LockTable = unsafe { &*boxed };
+    let g = t.lock("K", opts(60_000, 1_000)).unwrap();
+    let waiter = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async { t.lock_async("K", opts(60_000, 20_000)).await.map(drop) })
+    });
+    std::thread::sleep(Duration::from_millis(300)); // the task waits, the watcher sleeps
+    let p = path.0.clone();
+    let child = fork(move || {
+        // SAFETY: this process's copy of the box; nothing else here uses it.
+        let t = unsafe { Box::from_raw(TABLE.load(Ordering::SeqCst)) };
+        drop(t.try_lock_with_lease("c", Duration::from_secs(5)));
+        let me = std::process::id();
+        if !common::probe::registered_pids(&p).contains(&me) {
+            return 2; // it never registered: nothing tested
+        }
+        drop(t);
+        let until = Instant::now() + Duration::from_secs(3);
+        while common::probe::registered_pids(&p).contains(&me) {
+            if Instant::now() > until {
+                return 1;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        0
+    });
+    let rc = child.wait(Duration::from_secs(20));
+    drop(g);
+    assert!(waiter.join().unwrap().is_ok(), "the waiting task got K");
+    // SAFETY: the waiter, the only other user of the box, has been joined.
+    drop(unsafe { Box::from_raw(boxed) });
+    assert_eq!(
+        rc, 0,
+        "the child's registration went with its handle (1: still there 3 s after)"
+    );
 }

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use crate::lock::backend::Waiter;
 use crate::shm::clock;
 use crate::shm::futex::{self, WaitAny, Watched, WAIT_ANY_MAX};
+use crate::shm::mapping::Mapping;
 use crate::shm::table::{Busy, KeyHash, Prepared};
 
 /// What the watcher needs of a table: to flag a busy hold before sleeping on it, and the
@@ -41,6 +42,8 @@ use crate::shm::table::{Busy, KeyHash, Prepared};
 pub(crate) trait Watchable: Send + Sync + 'static {
     fn prepare_wait(&self, b: &Busy) -> Prepared;
     fn wait_word(&self, b: &Busy) -> &AtomicU64;
+    /// The mapping the words are in: what the watcher keeps while it sleeps on them.
+    fn mapping(&self) -> Arc<Mapping>;
 }
 
 /// How long the watcher sleeps with nothing to look at.
@@ -306,21 +309,32 @@ fn watch(state: &State, table: &Weak<dyn Watchable>) {
         } else {
             IDLE
         };
+        // Only the mapping is kept while asleep, not the table: a child forked meanwhile
+        // inherits whatever this thread holds, with no thread to let it go, and a table
+        // kept so would keep the child's registration until the child's exit.
+        let words: Vec<(*const AtomicU64, u32)> = armed
+            .iter()
+            .take(WAIT_ANY_MAX - 1)
+            .map(|(busy, low)| (table.wait_word(busy) as *const AtomicU64, *low))
+            .collect();
+        let mapped = table.mapping();
+        drop(table);
         if waitv {
             let until = clock::precise_now().saturating_add(wait.as_nanos() as u64);
-            let mut words = vec![Watched::Private(&state.doorbell, ring)];
-            words.extend(
-                armed
+            let mut watched = vec![Watched::Private(&state.doorbell, ring)];
+            // SAFETY: each word is in the mapping `mapped` keeps mapped until after the
+            // sleep (it is dropped at the end of this iteration).
+            watched.extend(
+                words
                     .iter()
-                    .take(WAIT_ANY_MAX - 1)
-                    .map(|(busy, low)| Watched::Low(table.wait_word(busy), *low)),
+                    .map(|&(w, low)| Watched::Low(unsafe { &*w }, low)),
             );
-            if futex::wait_any(&words, until) == WaitAny::Unsupported {
+            if futex::wait_any(&watched, until) == WaitAny::Unsupported {
                 waitv = false;
             }
         } else {
             futex::wait_private(&state.doorbell, ring, wait);
         }
-        drop(table); // (kept until here: the words slept on are in its mapping)
+        drop(mapped);
     }
 }

@@ -177,6 +177,9 @@ impl crate::shm::async_wait::Watchable for Inner {
     fn wait_word(&self, b: &Busy) -> &AtomicU64 {
         self.table.wait_word(b)
     }
+    fn mapping(&self) -> Arc<crate::shm::mapping::Mapping> {
+        self.table.env().att.map.clone()
+    }
 }
 
 /// How to open a [`LockTable`]: capacity and permissions of a table this call creates.
@@ -745,12 +748,16 @@ impl LockTable {
         place: Option<crate::shm::async_wait::Wake>,
     ) -> Slept<crate::shm::async_wait::Wake> {
         let started = Instant::now();
-        let table: Arc<dyn crate::shm::async_wait::Watchable> = self.inner.clone();
         let mut wake = match place {
             Some(wake) => wake,
             None => self.ticket_async_hash(busy.hash),
         };
-        wake.wait(&table, &busy);
+        {
+            // (not kept across the sleep: a child forked meanwhile would inherit it, with
+            // no task to let it go, and keep its registration until it exits)
+            let table: Arc<dyn crate::shm::async_wait::Watchable> = self.inner.clone();
+            wake.wait(&table, &busy);
+        }
         // No later than the lease's end (an expiry wakes nobody) of the hold the key's last
         // attempt saw: a task behind others has not tried since it asked, and the hold it
         // saw then may be long gone (its end passed: a tick's sleep again and again).
