@@ -689,6 +689,37 @@ fn keep_alive_reports_a_lock_broken_under_it() {
 }
 
 #[test]
+fn a_panic_in_keep_alives_work_reaches_the_caller_and_the_hold_stays() {
+    let (t, p) = table("keepalive-panic", 16);
+    // On another thread, so that a keep_alive that never returned fails the test instead
+    // of hanging it (its renewer, never told to stop, kept the scope waiting).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let t = t;
+        let _p = p;
+        let mut g = t.lock("job", opts(60_000, 0)).unwrap();
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            g.keep_alive(|_| -> () { panic!("the work fails") })
+        }));
+        let still = g.keep_alive(|_| 7);
+        let _ = tx.send((
+            caught.is_err(),
+            still.0,
+            still.1.is_ok(),
+            t.is_locked("job").unwrap(),
+        ));
+        g.unlock().unwrap();
+    });
+    let got = rx.recv_timeout(Duration::from_secs(20));
+    assert_eq!(
+        got,
+        Ok((true, 7, true, true)),
+        "the panic came out, and the hold is still held and renewable (Err: keep_alive never returned)"
+    );
+    worker.join().unwrap();
+}
+
+#[test]
 fn handles_are_send_sync_and_cheap_clones() {
     fn send_sync<T: Send + Sync + Clone>() {}
     send_sync::<LockTable>();
