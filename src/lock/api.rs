@@ -171,16 +171,17 @@ where
     // Not a scoped thread: a child forked inside `work` has no renewer, and a scope would
     // wait for it at its end for good. The guard stops and joins it on every way out of
     // here in this process (a panic of `work` too); a forked child leaves it alone.
-    // SAFETY: `renew` borrows `done`, `status`, `backend` and the hold, all of which outlive
-    // the guard below, whose drop joins the thread before any of them goes (in this
-    // process: in a forked child the thread does not exist, so nothing runs on them).
-    let thread = unsafe { std::thread::Builder::new().spawn_unchecked(renew) }
-        .expect("failed to spawn the lease renewer");
+    // (the guard first, so that nothing stands between the spawn and its guard)
     let mut renewer = Renewer {
-        thread: Some(thread),
+        thread: None,
         done: &done,
         process: process::token(),
     };
+    // SAFETY: `renew` borrows `done`, `status`, `backend` and the hold, all of which outlive
+    // `renewer`, whose drop joins the thread before any of them goes (in this process: in
+    // a forked child the thread does not exist, so nothing runs on them).
+    let thread = unsafe { std::thread::Builder::new().spawn_unchecked(renew) };
+    renewer.thread = Some(thread.expect("failed to spawn the lease renewer"));
     let value = work(&status);
     let Some(lease) = renewer.stop() else {
         // a child forked by `work`: the hold, and its renewer, are the parent's
