@@ -130,6 +130,10 @@ const TESTS: &[Test] = &[
         "a_child_made_by_a_handler_during_its_parents_registration_registers_itself",
         handler_fork_during_reregister,
     ),
+    Test::new(
+        "the_same_when_it_goes_on_once_its_parent_has_left",
+        handler_fork_during_reregister_parent_gone,
+    ),
     // A documented fork caveat: posix_spawn clones without the fork handlers.
     Test::new(
         "a_posix_spawn_child_before_exec_holds_no_registration",
@@ -2246,6 +2250,10 @@ fn fork_during_reregister() {
 static RR_TABLE: AtomicU64 = AtomicU64::new(0);
 static RR_IN_G: AtomicBool = AtomicBool::new(false);
 static RR_G: AtomicI32 = AtomicI32::new(0);
+/// If set: the word where the parent says which grandchild's parent has left, which the
+/// grandchild waits for inside the handler, before it runs on into the interrupted call.
+static RR_AWAIT_PARENT: std::sync::atomic::AtomicPtr<AtomicU64> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
 
 extern "C" fn on_alarm_fork_once(_: libc::c_int) {
     if RR_IN_G.load(Ordering::Relaxed) || RR_G.load(Ordering::Relaxed) != 0 {
@@ -2256,6 +2264,22 @@ extern "C" fn on_alarm_fork_once(_: libc::c_int) {
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         RR_IN_G.store(true, Ordering::Relaxed);
+        let gone = RR_AWAIT_PARENT.load(Ordering::Relaxed);
+        if !gone.is_null() {
+            // SAFETY: getpid and nanosleep are async-signal-safe; the word is in a shared
+            // mapping that outlives the test's processes.
+            let me = unsafe { libc::getpid() } as u64;
+            let nap = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 100_000,
+            };
+            for _ in 0..100_000 {
+                if unsafe { &*gone }.load(Ordering::SeqCst) == me {
+                    break;
+                }
+                unsafe { libc::nanosleep(&nap, std::ptr::null_mut()) };
+            }
+        }
     } else if pid > 0 {
         RR_G.store(pid, Ordering::Relaxed);
     }
@@ -2302,12 +2326,27 @@ fn rr_grandchild(table: LockTable, path: &Path, parent_gone: &AtomicU64) -> i32 
 }
 
 fn handler_fork_during_reregister() {
+    handler_fork_during_reregister_with(false);
+}
+
+/// The grandchild goes on with its parent's interrupted registration only once its parent
+/// has left (it must not take the parent's registration, gone by then, for a filesystem
+/// that keeps no locks).
+fn handler_fork_during_reregister_parent_gone() {
+    handler_fork_during_reregister_with(true);
+}
+
+fn handler_fork_during_reregister_with(await_parent: bool) {
     let path = fresh_table("rr-handler");
     let table = LockTable::open(&path, 64).unwrap();
     RR_TABLE.store(Box::into_raw(Box::new(table)) as u64, Ordering::SeqCst);
     // words: grandchildren made, holds taken from them, left registered, other failures,
     // the grandchild whose parent dropped its handle, holds listed under another pid
     let shared = Shared::new(6);
+    if await_parent {
+        let word: *const AtomicU64 = shared.word(4);
+        RR_AWAIT_PARENT.store(word.cast_mut(), Ordering::SeqCst);
+    }
     let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
     let until = Instant::now() + Duration::from_secs(20);
     let mut trials = 0;
@@ -2324,6 +2363,10 @@ fn handler_fork_during_reregister() {
             let first = t.try_lock_with_lease("first", Duration::from_secs(5));
             arm_alarm_in(0);
             if RR_IN_G.load(Ordering::Relaxed) {
+                if let Err(e) = first {
+                    eprintln!("grandchild: its parent's interrupted try_lock failed: {e}");
+                    return 15;
+                }
                 drop(first);
                 return rr_grandchild(*t, &p, sh.word(4));
             }

@@ -410,7 +410,11 @@ pub(crate) fn pin_registration(
                 probe: file,
             };
             let held = registry::EntryLocks::is_held(&locks, owner.entry() as usize);
-            if !held.map_err(|e| Error::io(path, e))? {
+            // (unless this is a child that a signal handler forked since the pin: the anchor
+            // is its parent's, whose locks go when the parent does, and the caller, seeing
+            // its epoch, registers anew; looked at last, so that no fork slips in between)
+            let ours = anchor.epoch() == crate::shm::process::fork_epoch();
+            if ours && !held.map_err(|e| Error::io(path, e))? {
                 return Err(Error::io(
                     path,
                     io::Error::new(
