@@ -9,7 +9,9 @@
 //! of a forked process's first use of a handle it inherited). A child
 //! made by a signal handler in the middle of `open` never adopts the parent's
 //! registration, and children made by glibc's `_Fork` or by a handler's fork that returns
-//! can still open tables. Children of `posix_spawn` hold no registration; one that blocks
+//! can still open tables. A child a signal handler forks in the middle of an acquisition
+//! never takes a hold claimed in its parent's name for its own. Children of `posix_spawn` hold
+//! no registration; one that blocks
 //! before its exec does (a known limit, run with `--known-limits`).
 //!
 //! Exercises `src/shm/process.rs` (the fork handlers, the count of registrations being set
@@ -133,6 +135,14 @@ const TESTS: &[Test] = &[
     Test::new(
         "the_same_when_it_goes_on_once_its_parent_has_left",
         handler_fork_during_reregister_parent_gone,
+    ),
+    Test::new(
+        "a_child_made_by_a_handler_during_its_parents_acquisition_never_takes_its_parents_hold_for_its_own",
+        handler_fork_during_acquisition,
+    ),
+    Test::new(
+        "the_same_for_a_shared_hold",
+        handler_fork_during_shared_acquisition,
     ),
     // A documented fork caveat: posix_spawn clones without the fork handlers.
     Test::new(
@@ -2408,5 +2418,190 @@ fn handler_fork_during_reregister_with(await_parent: bool) {
          {other} failed otherwise] "
     );
     assert!(made > 0, "no grandchild was forked during a registration");
+    assert_eq!((taken, misnamed, left, other), (0, 0, 0, 0));
+}
+
+// ---------------------------------------------------------------------------------------
+// A signal handler forks in the middle of an acquisition: the child runs on from the
+// middle of its parent's `try_lock`. Whatever that call gives the child must be the
+// child's own hold (which nobody takes while it is held, even once the parent is gone), or
+// be told apart as its parent's (`NotOwner`); never a hold the child believes its own but
+// made under its parent's registration.
+
+static AQ_IN_G: AtomicBool = AtomicBool::new(false);
+static AQ_G: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_alarm_fork_once_aq(_: libc::c_int) {
+    if AQ_IN_G.load(Ordering::Relaxed) || AQ_G.load(Ordering::Relaxed) != 0 {
+        return;
+    }
+    // SAFETY: fork in a handler (async-signal-safe in POSIX.1-2017); the child runs on
+    // from the interrupted call, which is what is tested.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        AQ_IN_G.store(true, Ordering::Relaxed);
+    } else if pid > 0 {
+        AQ_G.store(pid, Ordering::Relaxed);
+    }
+}
+
+/// What a grandchild made mid-acquisition found (its exit code).
+const AQ_NOTHING: i32 = 0;
+const AQ_OWN: i32 = 20;
+const AQ_PARENTS: i32 = 21;
+const AQ_TAKEN_WHILE_HELD: i32 = 10;
+const AQ_LEFT_REGISTERED: i32 = 11;
+const AQ_MISNAMED: i32 = 14;
+
+/// In the grandchild, with what its parent's interrupted `try_lock` returned to it.
+fn aq_grandchild<B: shmlock::Backend>(
+    table: &LockTable,
+    got: Result<Option<shmlock::LockGuard<'_, B>>, shmlock::Error>,
+    key: &str,
+    path: &Path,
+    parent_gone: &AtomicU64,
+) -> i32 {
+    let me = std::process::id();
+    let g = match got {
+        Ok(Some(g)) => g,
+        Ok(None) => return AQ_NOTHING,
+        Err(e) => {
+            eprintln!("grandchild {me}: try_lock failed: {e}");
+            return 12;
+        }
+    };
+    match g.check() {
+        Ok(()) => {}
+        Err(shmlock::Error::NotOwner) => {
+            drop(g);
+            return AQ_PARENTS;
+        }
+        Err(e) => {
+            eprintln!("grandchild {me}: check of its hold failed: {e}");
+            return 12;
+        }
+    }
+    let listed = table
+        .holders()
+        .into_iter()
+        .any(|h| h.key_preview == key.as_bytes() && h.pid == me);
+    let until = Instant::now() + Duration::from_secs(10);
+    while parent_gone.load(Ordering::SeqCst) != u64::from(me) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let other = LockTable::open(path, 64).unwrap();
+    let stolen = other
+        .try_lock_with_lease(key, Duration::from_secs(1))
+        .unwrap()
+        .is_some();
+    let released = g.unlock();
+    drop(other);
+    if stolen {
+        eprintln!("grandchild {me}: another handle took {key} while it held it");
+        return AQ_TAKEN_WHILE_HELD;
+    }
+    if !listed {
+        eprintln!("grandchild {me}: its hold is not listed under its pid");
+        return AQ_MISNAMED;
+    }
+    if let Err(e) = released {
+        eprintln!("grandchild {me}: unlock of its own hold failed: {e}");
+        return 12;
+    }
+    AQ_OWN
+}
+
+fn handler_fork_during_acquisition() {
+    handler_fork_during(|t, key| t.try_lock_with_lease(key, Duration::from_secs(60)));
+}
+
+fn handler_fork_during_shared_acquisition() {
+    handler_fork_during(|t, key| t.try_lock_shared(key, Duration::from_secs(60)));
+}
+
+/// One attempt at a key: `try_lock` in the mode under test.
+type TryLock<B> =
+    for<'t> fn(&'t LockTable, &str) -> Result<Option<shmlock::LockGuard<'t, B>>, shmlock::Error>;
+
+fn handler_fork_during<B: shmlock::Backend>(try_lock: TryLock<B>) {
+    let path = fresh_table("aq-handler");
+    // words: grandchildren made mid-acquisition, with a hold of their own, with their
+    // parent's (NotOwner), holds taken from them, misnamed, left registered, other
+    // failures, the grandchild whose parent has left
+    let shared = Shared::new(8);
+    let mut x = 0x2545_f491_4f6c_dd1du64 ^ u64::from(std::process::id());
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut trials = 0;
+    while Instant::now() < until && shared.word(0).load(Ordering::SeqCst) < 60 {
+        trials += 1;
+        let us = 1 + xorshift(&mut x) % 200;
+        let p = path.0.clone();
+        let sh = &shared;
+        let c = fork(move || {
+            let t = LockTable::open(&p, 64).unwrap();
+            let key = format!("k-{}", std::process::id());
+            drop(try_lock(&t, &key)); // registered
+            on_alarm(on_alarm_fork_once_aq);
+            arm_alarm_in(us);
+            let started = Instant::now();
+            loop {
+                let got = try_lock(&t, &key);
+                if AQ_IN_G.load(Ordering::Relaxed) {
+                    let rc = aq_grandchild(&t, got, &key, &p, sh.word(7));
+                    drop(t);
+                    if rc == AQ_OWN
+                        && common::probe::registered_pids(&p).contains(&std::process::id())
+                    {
+                        eprintln!("grandchild: a registration of its pid is left after its drop");
+                        return AQ_LEFT_REGISTERED;
+                    }
+                    return rc;
+                }
+                drop(got);
+                if AQ_IN_G.load(Ordering::Relaxed) {
+                    return AQ_NOTHING; // forked in the release: not what is tested
+                }
+                if AQ_G.load(Ordering::Relaxed) != 0 || started.elapsed() > Duration::from_secs(1) {
+                    break;
+                }
+            }
+            arm_alarm_in(0);
+            let g = AQ_G.load(Ordering::Relaxed);
+            if g == 0 {
+                return 0;
+            }
+            // leave: the parent's registration goes (what a hold made in its name, that
+            // the grandchild took for its own, would stand on)
+            drop(t);
+            sh.word(7).store(g as u64, Ordering::SeqCst);
+            let rc = common::forking::reap_within(g, Duration::from_secs(15)).unwrap_or(13);
+            let word = match rc {
+                AQ_NOTHING => None,
+                AQ_OWN => Some(1),
+                AQ_PARENTS => Some(2),
+                AQ_TAKEN_WHILE_HELD => Some(3),
+                AQ_MISNAMED => Some(4),
+                AQ_LEFT_REGISTERED => Some(5),
+                _ => Some(6),
+            };
+            if let Some(w) = word {
+                sh.word(0).fetch_add(1, Ordering::SeqCst);
+                sh.word(w).fetch_add(1, Ordering::SeqCst);
+            }
+            0
+        });
+        assert_eq!(c.wait(Duration::from_secs(30)), 0);
+    }
+    let [made, own, parents, taken, misnamed, left, other, _] =
+        [0, 1, 2, 3, 4, 5, 6, 7].map(|i| shared.word(i).load(Ordering::SeqCst));
+    note!(
+        "[{trials} trials, {made} grandchildren given a guard mid-acquisition: {own} their \
+         own, {parents} their parent's; {taken} had a key taken while held, {misnamed} \
+         not listed under their pid, {left} left registered, {other} failed otherwise] "
+    );
+    assert!(
+        made > 0,
+        "no grandchild was given a guard by an interrupted try_lock"
+    );
     assert_eq!((taken, misnamed, left, other), (0, 0, 0, 0));
 }

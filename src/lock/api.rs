@@ -30,26 +30,21 @@ pub trait AsyncBackend: Backend + Sized {
     >;
 }
 
-/// A hold and the process that took it: a copy inherited by a forked child must not
-/// release its parent's hold.
-struct Holding<H> {
-    hold: H,
-    /// The process that took it (see `process::token`).
-    process: u64,
+/// A hold, which a copy inherited by a forked child must not release (the backend tells
+/// whose it is: `Backend::is_ours`).
+struct Holding<B: Backend> {
+    hold: B::Hold,
 }
 
-impl<H> Holding<H> {
+impl<B: Backend> Holding<B> {
     #[inline]
-    fn new(hold: H) -> Holding<H> {
-        Holding {
-            hold,
-            process: process::token(),
-        }
+    fn new(hold: B::Hold) -> Holding<B> {
+        Holding { hold }
     }
 
     #[inline]
-    fn ours(&self) -> Result<&H, Error> {
-        if self.process == process::token() {
+    fn ours(&self, backend: &B) -> Result<&B::Hold, Error> {
+        if backend.is_ours(&self.hold) {
             Ok(&self.hold)
         } else {
             Err(Error::NotOwner)
@@ -57,24 +52,24 @@ impl<H> Holding<H> {
     }
 }
 
-fn release<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Result<(), Error> {
-    backend.release(holding.ours()?)
+fn release<B: Backend>(backend: &B, holding: &Holding<B>) -> Result<(), Error> {
+    backend.release(holding.ours(backend)?)
 }
 
 /// The release of a dropped guard or lock object: by this process only, outcome unseen.
-fn release_on_drop<B: Backend>(backend: &B, holding: &Holding<B::Hold>) {
-    if let Ok(hold) = holding.ours() {
+fn release_on_drop<B: Backend>(backend: &B, holding: &Holding<B>) {
+    if let Ok(hold) = holding.ours(backend) {
         backend.release_on_drop(hold);
     }
 }
 
 fn extend<B: Backend>(
     backend: &B,
-    holding: &mut Holding<B::Hold>,
+    holding: &mut Holding<B>,
     exptime_ns: u64,
     ttl: Option<Duration>,
 ) -> Result<(), Error> {
-    holding.ours()?;
+    holding.ours(backend)?;
     let exptime = match ttl {
         None => exptime_ns,
         Some(d) => u64::try_from(d.as_nanos())
@@ -83,25 +78,25 @@ fn extend<B: Backend>(
     backend.extend(&mut holding.hold, exptime)
 }
 
-fn token<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Option<u64> {
-    backend.token(holding.ours().ok()?)
+fn token<B: Backend>(backend: &B, holding: &Holding<B>) -> Option<u64> {
+    backend.token(holding.ours(backend).ok()?)
 }
 
 /// A hold left to run out its lease: its token (taken while the hold is still ours), then
 /// the hold given up to its lease.
-fn leave<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Option<u64> {
-    let hold = holding.ours().ok()?;
+fn leave<B: Backend>(backend: &B, holding: &Holding<B>) -> Option<u64> {
+    let hold = holding.ours(backend).ok()?;
     let token = backend.token(hold);
     backend.leave(hold);
     token
 }
 
-fn try_token<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Result<u64, Error> {
-    backend.try_token(holding.ours()?)
+fn try_token<B: Backend>(backend: &B, holding: &Holding<B>) -> Result<u64, Error> {
+    backend.try_token(holding.ours(backend)?)
 }
 
-fn check<B: Backend>(backend: &B, holding: &Holding<B::Hold>) -> Result<(), Error> {
-    backend.check(holding.ours()?)
+fn check<B: Backend>(backend: &B, holding: &Holding<B>) -> Result<(), Error> {
+    backend.check(holding.ours(backend)?)
 }
 
 /// What [`LockGuard::keep_alive`] and [`Lock::keep_alive`] hand to the work they guard.
@@ -125,7 +120,7 @@ impl KeepAlive {
 /// finish its work before its renewer runs again).
 fn keep_alive<B, R>(
     backend: &B,
-    holding: &mut Holding<B::Hold>,
+    holding: &mut Holding<B>,
     exptime_ns: u64,
     work: impl FnOnce(&KeepAlive) -> R,
 ) -> (R, Result<(), Error>)
@@ -133,7 +128,7 @@ where
     B: Backend + Sync,
     B::Hold: Send,
 {
-    if let Err(e) = holding.ours() {
+    if let Err(e) = holding.ours(backend) {
         return (work(&KeepAlive::default()), Err(e));
     }
     if exptime_ns == 0 {
@@ -292,7 +287,7 @@ pub struct Lock<'b, B: Backend = LockTable> {
     backend: &'b B,
     opts: Resolved,
     timeout: Duration,
-    holding: Option<Holding<B::Hold>>,
+    holding: Option<Holding<B>>,
     /// Whether its waits go to the backend's counters (see `uncounted`).
     counted: bool,
 }
@@ -467,7 +462,7 @@ impl<B: Backend> Drop for Lock<'_, B> {
 pub struct LockGuard<'b, B: Backend = LockTable> {
     backend: &'b B,
     /// Taken out exactly once: by `unlock`, `leave_to_expire` or `Drop`.
-    holding: ManuallyDrop<Holding<B::Hold>>,
+    holding: ManuallyDrop<Holding<B>>,
     elapsed: Duration,
     exptime_ns: u64,
 }
@@ -489,7 +484,7 @@ impl<'b, B: Backend> LockGuard<'b, B> {
     }
 
     /// Takes the holding out of a guard that will not be dropped.
-    fn into_holding(self) -> (&'b B, Holding<B::Hold>) {
+    fn into_holding(self) -> (&'b B, Holding<B>) {
         let mut this = ManuallyDrop::new(self);
         // SAFETY: `this` is never used again and its Drop does not run, so the holding is
         // taken out exactly once.
@@ -594,14 +589,14 @@ impl<'b, B: Backend> LockGuard<'b, B> {
     ) -> Result<LockGuard<'b, C>, Error> {
         let (elapsed, exptime_ns) = (self.elapsed, self.exptime_ns);
         let (backend, mut holding) = self.into_holding();
-        holding.ours()?;
+        holding.ours(backend)?;
         if let Err(e) = change(backend, &mut holding.hold) {
             backend.release_on_drop(&holding.hold);
             return Err(e);
         }
         Ok(LockGuard {
             backend: to,
-            holding: ManuallyDrop::new(holding),
+            holding: ManuallyDrop::new(Holding::new(holding.hold)),
             elapsed,
             exptime_ns,
         })

@@ -48,6 +48,12 @@ pub trait Backend: Sealed {
     #[doc(hidden)]
     type Busy;
 
+    /// Whether a hold is the calling process's: one a forked child inherited (or came out
+    /// with, forked by a signal handler in the middle of its parent's acquisition) is its
+    /// parent's, and the child must neither release nor renew it.
+    #[doc(hidden)]
+    fn is_ours(&self, hold: &Self::Hold) -> bool;
+
     /// The first attempt, its common case inlined into `lock`. `Ok(Err(Some(busy)))`: the
     /// attempt was made and found the key held; `Ok(Err(None))`: nothing was settled here,
     /// go on with [`try_acquire`](Self::try_acquire).

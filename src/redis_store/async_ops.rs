@@ -148,6 +148,7 @@ impl RedisLocks {
         let exclusive = self.0.replicas.is_some();
         let mut corrected = false;
         loop {
+            let process = crate::shm::process::token();
             let (token, value) = identity::new_hold();
             let not_after = pool.shared.clock.at(limit).unwrap_or(0);
             let aio = if exclusive {
@@ -251,6 +252,7 @@ impl RedisLocks {
                 names,
                 token,
                 taken: sent,
+                process,
             }));
         }
     }

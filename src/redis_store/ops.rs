@@ -104,6 +104,9 @@ pub struct RedisHold {
     pub(crate) names: Arc<Names>,
     pub(crate) token: String,
     pub(crate) taken: Instant,
+    /// The process that asked for it (see `Backend::is_ours`): read before the attempt,
+    /// so that a child forked in the middle of it does not take its parent's for its own.
+    pub(crate) process: u64,
 }
 
 /// A busy attempt on Redis: the keys of the lock to wait for, or why the server could not
@@ -470,6 +473,7 @@ impl RedisLocks {
         let mut corrected = false;
         let mut cuts = 0;
         loop {
+            let process = crate::shm::process::token();
             let (token, value) = identity::new_hold();
             let not_after = pool.shared.clock.at(limit).unwrap_or(0);
             let ran = pool.run(limit, |r| {
@@ -540,6 +544,7 @@ impl RedisLocks {
                         names: names.clone(),
                         token,
                         taken: sent,
+                        process,
                     };
                     let verdict = match replicas {
                         Some(Err(e)) => Err(e),
@@ -762,6 +767,10 @@ impl Sealed for RedisLocks {}
 impl Backend for RedisLocks {
     type Hold = RedisHold;
     type Busy = RedisBusy;
+
+    fn is_ours(&self, hold: &RedisHold) -> bool {
+        hold.process == crate::shm::process::token()
+    }
 
     fn acquire_fast(
         &self,

@@ -284,6 +284,10 @@ impl<'r> RedisSemaphore<'r> {
 /// else as the handle's (the scripts tell a shared hold from an exclusive one by its token).
 macro_rules! as_the_handle {
     ($locks:ident) => {
+        fn is_ours(&self, hold: &RedisHold) -> bool {
+            self.$locks().is_ours(hold)
+        }
+
         fn acquire_fast(
             &self,
             _key: &[u8],

@@ -51,6 +51,9 @@ pub(crate) struct Attachment {
     reg: PerProcess<Mutex<Option<(OwnerId, Anchor, u64)>>>,
     /// `fork epoch << 32 | owner bits` of the registration in use; 0 before any.
     cached: AtomicU64,
+    /// The same, kept when `cached` is dropped (a table gone): what tells this process's
+    /// holds from others' (see `is_ours`).
+    mine: AtomicU64,
     /// The full registry generation of that registration (stored before `cached`).
     generation: AtomicU64,
     /// `map.id()`, beside `cached`: what the fast path's counts name (see `counters.rs`).
@@ -96,6 +99,7 @@ impl Attachment {
                 (owner, anchor, epoch)
             }))),
             cached: AtomicU64::new(cached),
+            mine: AtomicU64::new(cached),
             generation: AtomicU64::new(u64::from(generation)),
             map_id,
             alive_at: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -241,8 +245,21 @@ impl Attachment {
             u64::from(self.map.registry().generation(owner)),
             Ordering::Relaxed,
         );
-        self.cached
-            .store(epoch << 32 | u64::from(owner.bits()), Ordering::Release);
+        let c = epoch << 32 | u64::from(owner.bits());
+        self.mine.store(c, Ordering::Release);
+        self.cached.store(c, Ordering::Release);
+    }
+
+    /// Whether a hold claimed by `owner` with registry generation `generation` is this
+    /// process's: claimed under its own registration, not its parent's (a child forked in
+    /// the middle of its parent's acquisition, by a signal handler, may come out with
+    /// either). Registers nothing.
+    #[inline(always)]
+    pub(crate) fn is_ours(&self, owner: OwnerId, generation: u32) -> bool {
+        let m = self.mine.load(Ordering::Acquire);
+        m >> 32 == fork_epoch() & 0xffff_ffff
+            && m as u32 == owner.bits()
+            && self.generation.load(Ordering::Relaxed) as u32 == generation
     }
 
     /// Registers this forked child, through an anchor of its own.

@@ -892,6 +892,17 @@ impl Backend for LockTable {
     type Hold = ShmHold;
     type Busy = ShmBusy;
 
+    /// Claimed under this process's registration: a child's first use registers it anew,
+    /// so whatever it inherited, or came out with from the middle of its parent's
+    /// acquisition (forked by a signal handler), was claimed in its parent's name, unless
+    /// the claim was made with its own registration already.
+    #[inline(always)]
+    fn is_ours(&self, hold: &ShmHold) -> bool {
+        let held = &hold.held;
+        self.att()
+            .is_ours(held.word.owner(), (held.lease >> 32) as u32)
+    }
+
     #[inline(always)]
     fn acquire_fast(
         &self,

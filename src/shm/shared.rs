@@ -282,6 +282,11 @@ impl<'t> Semaphore<'t> {
 macro_rules! as_the_table {
     ($table:ident) => {
         #[inline(always)]
+        fn is_ours(&self, hold: &ShmHold) -> bool {
+            self.$table().is_ours(hold)
+        }
+
+        #[inline(always)]
         fn acquire_fast(
             &self,
             key: &[u8],
