@@ -315,6 +315,30 @@ fn flush_all_then_flush_expired_counts() {
 }
 
 #[test]
+fn a_full_dict_after_flush_all_takes_as_many_new_keys_as_it_flushed_before_evicting() {
+    // 64 slots: every key's window is the whole table, its LRU sample 8 of them. ngx's
+    // sets reclaim flushed items (its LRU tail) before they evict a live one: so here,
+    // wherever the flushed entries lie.
+    let (_p, d) = dict("flush-refill", 64, 8);
+    for i in 0..64 {
+        d.set(format!("old{i}"), "v", NEVER).unwrap();
+    }
+    assert_eq!(d.free_slots(), 0);
+    d.flush_all();
+    for i in 0..64 {
+        let stored = d.set(format!("new{i}"), "v", NEVER).unwrap();
+        assert!(
+            !stored.forcible,
+            "new{i} evicted a live key with flushed ones left"
+        );
+    }
+    assert_eq!(d.evictions(), 0);
+    assert_eq!(d.keys(0).unwrap().len(), 64);
+    assert!(d.set("one more", "v", NEVER).unwrap().forcible);
+    assert_eq!(d.evictions(), 1);
+}
+
+#[test]
 fn keys_lists_live_keys_up_to_max() {
     let (_p, d) = dict("keys", 64, 8);
     for i in 0..10 {

@@ -36,6 +36,11 @@ const REPAIRS: usize = 4;
 /// The undo copies' words, each followed by the index of the entry its copy is of (see
 /// `journal.rs`).
 const JOURNAL: usize = 5;
+/// Non-zero once `flush_all` has left expired entries anywhere in the dict, until
+/// `flush_expired(0)` frees them all: a store into a full dict then looks for one across
+/// its whole window before it evicts (ngx's sets reclaim them first: they are its LRU
+/// tail). Written under the writer lock. (A word that files made before it have zero.)
+const FLUSHED: usize = JOURNAL + 2 * JOURNALS;
 const CONTROL_WORDS: usize = crate::shm::format::DICT_CONTROL_SIZE / 8;
 
 /// How long a waiting writer sleeps before it looks at the holder again.
@@ -938,6 +943,7 @@ impl SharedDict {
     /// having stalled past the bound, stops where it was.)
     pub fn flush_all(&self) {
         let _ = self.writing(|w| {
+            self.control(FLUSHED).store(1, Ordering::Relaxed);
             for i in 0..self.capacity() {
                 let e = self.entry(i);
                 if e.is_stable() && e.is_used() && e.deadline() != 0 {
@@ -957,24 +963,36 @@ impl SharedDict {
         let Ok(removed) = self.writing(|w| {
             let now = self.now();
             let mut removed = 0;
+            // (every expired entry freed: `flush_all`'s are gone)
+            let mut all = max == 0;
             for i in 0..self.capacity() {
                 if max != 0 && removed >= max {
                     break;
                 }
                 let e = self.entry(i);
-                if e.is_stable() && e.is_used() && e.deadline() <= now {
+                if e.is_used() && e.deadline() <= now {
+                    if !e.is_stable() {
+                        all = false;
+                        continue;
+                    }
                     let home = self.home_of(e.hash());
                     match e.free(&w.writing, None) {
                         Ok(()) => {
                             removed += 1;
                             self.going(w, home);
                         }
-                        Err(Aborted::NotStable) => {}
-                        Err(Aborted::TakenOver) => break,
+                        Err(Aborted::NotStable) => all = false,
+                        Err(Aborted::TakenOver) => {
+                            all = false;
+                            break;
+                        }
                     }
                 }
             }
             self.uncount(w, removed as u64);
+            if all {
+                self.control(FLUSHED).store(0, Ordering::Relaxed);
+            }
             Ok(Outcome::Done(removed))
         }) else {
             return 0;
@@ -1634,7 +1652,7 @@ impl SharedDict {
         // evicting store reads the sample, not the whole window (a third of its time).
         let full =
             evict && count_of(self.control(LEN).load(Ordering::Relaxed)) >= self.capacity() as u64;
-        let scan = if full {
+        let scan = if full && self.control(FLUSHED).load(Ordering::Relaxed) == 0 {
             EVICTION_SAMPLE.min(self.window())
         } else {
             self.window()
