@@ -2353,10 +2353,13 @@ fn handler_fork_during_reregister_with(await_parent: bool) {
     // words: grandchildren made, holds taken from them, left registered, other failures,
     // the grandchild whose parent dropped its handle, holds listed under another pid
     let shared = Shared::new(6);
-    if await_parent {
-        let word: *const AtomicU64 = shared.word(4);
-        RR_AWAIT_PARENT.store(word.cast_mut(), Ordering::SeqCst);
-    }
+    let word: *const AtomicU64 = shared.word(4);
+    let awaited = if await_parent {
+        word.cast_mut()
+    } else {
+        std::ptr::null_mut()
+    };
+    RR_AWAIT_PARENT.store(awaited, Ordering::SeqCst);
     let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
     let until = Instant::now() + Duration::from_secs(20);
     let mut trials = 0;
@@ -2410,6 +2413,7 @@ fn handler_fork_during_reregister_with(await_parent: bool) {
         });
         assert_eq!(c.wait(Duration::from_secs(30)), 0);
     }
+    RR_AWAIT_PARENT.store(std::ptr::null_mut(), Ordering::SeqCst); // `shared` goes
     let [made, taken, left, other, _, misnamed] =
         [0, 1, 2, 3, 4, 5].map(|i| shared.word(i).load(Ordering::SeqCst));
     note!(
@@ -2427,23 +2431,6 @@ fn handler_fork_during_reregister_with(await_parent: bool) {
 // child's own hold (which nobody takes while it is held, even once the parent is gone), or
 // be told apart as its parent's (`NotOwner`); never a hold the child believes its own but
 // made under its parent's registration.
-
-static AQ_IN_G: AtomicBool = AtomicBool::new(false);
-static AQ_G: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_alarm_fork_once_aq(_: libc::c_int) {
-    if AQ_IN_G.load(Ordering::Relaxed) || AQ_G.load(Ordering::Relaxed) != 0 {
-        return;
-    }
-    // SAFETY: fork in a handler (async-signal-safe in POSIX.1-2017); the child runs on
-    // from the interrupted call, which is what is tested.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        AQ_IN_G.store(true, Ordering::Relaxed);
-    } else if pid > 0 {
-        AQ_G.store(pid, Ordering::Relaxed);
-    }
-}
 
 /// What a grandchild made mid-acquisition found (its exit code).
 const AQ_NOTHING: i32 = 0;
@@ -2524,6 +2511,8 @@ type TryLock<B> =
     for<'t> fn(&'t LockTable, &str) -> Result<Option<shmlock::LockGuard<'t, B>>, shmlock::Error>;
 
 fn handler_fork_during<B: shmlock::Backend>(try_lock: TryLock<B>) {
+    // (the grandchild goes on at once: see `on_alarm_fork_once`)
+    RR_AWAIT_PARENT.store(std::ptr::null_mut(), Ordering::SeqCst);
     let path = fresh_table("aq-handler");
     // words: grandchildren made mid-acquisition, with a hold of their own, with their
     // parent's (NotOwner), holds taken from them, misnamed, left registered, other
@@ -2541,12 +2530,12 @@ fn handler_fork_during<B: shmlock::Backend>(try_lock: TryLock<B>) {
             let t = LockTable::open(&p, 64).unwrap();
             let key = format!("k-{}", std::process::id());
             drop(try_lock(&t, &key)); // registered
-            on_alarm(on_alarm_fork_once_aq);
+            on_alarm(on_alarm_fork_once);
             arm_alarm_in(us);
             let started = Instant::now();
             loop {
                 let got = try_lock(&t, &key);
-                if AQ_IN_G.load(Ordering::Relaxed) {
+                if RR_IN_G.load(Ordering::Relaxed) {
                     let rc = aq_grandchild(&t, got, &key, &p, sh.word(7));
                     drop(t);
                     if rc == AQ_OWN
@@ -2558,15 +2547,15 @@ fn handler_fork_during<B: shmlock::Backend>(try_lock: TryLock<B>) {
                     return rc;
                 }
                 drop(got);
-                if AQ_IN_G.load(Ordering::Relaxed) {
+                if RR_IN_G.load(Ordering::Relaxed) {
                     return AQ_NOTHING; // forked in the release: not what is tested
                 }
-                if AQ_G.load(Ordering::Relaxed) != 0 || started.elapsed() > Duration::from_secs(1) {
+                if RR_G.load(Ordering::Relaxed) != 0 || started.elapsed() > Duration::from_secs(1) {
                     break;
                 }
             }
             arm_alarm_in(0);
-            let g = AQ_G.load(Ordering::Relaxed);
+            let g = RR_G.load(Ordering::Relaxed);
             if g == 0 {
                 return 0;
             }
