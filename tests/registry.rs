@@ -49,10 +49,54 @@ const TESTS: &[Test] = &[
         "leases_left_to_expire_never_fill_the_registry",
         leases_left_to_expire_never_fill_the_registry,
     ),
+    Test::new(
+        "a_dead_holder_whose_entry_came_round_to_the_same_owner_bits_is_dead",
+        a_dead_holder_whose_entry_came_round_to_the_same_owner_bits_is_dead,
+    ),
 ];
 
 fn main() {
     common::harness::run("registry", TESTS, common::harness::no_roles);
+}
+
+// ---------------------------------------------------------------------------------------
+// An entry reused 64 times
+
+/// A hold records its owner as the entry and 6 bits of its generation: after 64 reuses of
+/// the entry, a later process has the same owner bits as a dead holder. It must still see
+/// that holder dead (by the full generation the hold records), not take it for itself.
+fn a_dead_holder_whose_entry_came_round_to_the_same_owner_bits_is_dead() {
+    let path = TempPath::new("owner-bits");
+    let open = || {
+        LockTable::options()
+            .capacity(64)
+            .max_processes(1)
+            .open(&path)
+    };
+    drop(open().unwrap());
+    // the holder: takes K for good (no lease) and dies holding it
+    let p = path.0.clone();
+    let holder = fork(move || {
+        let t = LockTable::options()
+            .capacity(64)
+            .max_processes(1)
+            .open(&p)
+            .unwrap();
+        std::mem::forget(t.try_lock_with_lease(K, Duration::ZERO).unwrap().unwrap());
+        0
+    });
+    assert_eq!(holder.wait(Duration::from_secs(10)), 0);
+    // 63 more registrations of the one entry: the next one has the holder's owner bits
+    for _ in 0..63 {
+        drop(open().unwrap());
+    }
+    let t = open().unwrap();
+    let taken = t.try_lock_with_lease(K, Duration::from_secs(1)).unwrap();
+    note!("[K taken after 64 reuses: {}] ", taken.is_some());
+    assert!(
+        taken.is_some(),
+        "a dead holder with this process's owner bits kept K"
+    );
 }
 
 const K: &str = "K";

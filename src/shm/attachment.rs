@@ -313,7 +313,15 @@ impl Attachment {
     /// [`is_dead`](Self::is_dead) for an owner whose full registry generation is known
     /// (a hold's lease records it).
     pub(crate) fn is_dead_at(&self, owner: OwnerId, generation: Option<u32>) -> bool {
-        if owner.is_unknown() || self.owner().is_ok_and(|me| me == owner) {
+        if owner.is_unknown() {
+            return false;
+        }
+        // This process (by the full generation where the hold records it: the owner bits
+        // carry 6 of it, and a dead holder whose entry came round 64 times has ours).
+        if self
+            .registration()
+            .is_ok_and(|(me, mine)| me == owner && generation.is_none_or(|g| g == mine))
+        {
             return false;
         }
         // Moved on past the holder's generation: no system call needed, nor any gate.
