@@ -2366,59 +2366,51 @@ fn handler_fork_during_reregister_with(await_parent: bool) {
         std::ptr::null_mut()
     };
     RR_AWAIT_PARENT.store(awaited, Ordering::SeqCst);
-    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
-    let until = Instant::now() + Duration::from_secs(20);
-    let mut trials = 0;
-    while Instant::now() < until && shared.word(0).load(Ordering::SeqCst) < 40 {
-        trials += 1;
-        let us = 1 + xorshift(&mut x) % 400;
-        let p = path.0.clone();
-        let sh = &shared;
-        let c = fork(move || {
-            // SAFETY: the handle boxed above, inherited whole by this child.
-            let t = unsafe { Box::from_raw(RR_TABLE.load(Ordering::SeqCst) as *mut LockTable) };
-            on_alarm(on_alarm_fork_once);
-            arm_alarm_in(us);
-            let first = t.try_lock_with_lease("first", Duration::from_secs(5));
-            arm_alarm_in(0);
-            if RR_IN_G.load(Ordering::Relaxed) {
-                if let Err(e) = first {
-                    eprintln!("grandchild: its parent's interrupted try_lock failed: {e}");
-                    return 15;
-                }
-                drop(first);
-                return rr_grandchild(*t, &p, sh.word(4));
+    let p = path.0.clone();
+    let sh = &shared;
+    let trials = alarm_fork_trials(0x9e37_79b9_7f4a_7c15, 400, 40, &shared, |us| {
+        // SAFETY: the handle boxed above, inherited whole by this child.
+        let t = unsafe { Box::from_raw(RR_TABLE.load(Ordering::SeqCst) as *mut LockTable) };
+        on_alarm(on_alarm_fork_once);
+        arm_alarm_in(us);
+        let first = t.try_lock_with_lease("first", Duration::from_secs(5));
+        arm_alarm_in(0);
+        if RR_IN_G.load(Ordering::Relaxed) {
+            if let Err(e) = first {
+                eprintln!("grandchild: its parent's interrupted try_lock failed: {e}");
+                return 15;
             }
             drop(first);
-            let g = RR_G.load(Ordering::Relaxed);
-            if g == 0 {
-                return 0;
+            return rr_grandchild(*t, &p, sh.word(4));
+        }
+        drop(first);
+        let g = RR_G.load(Ordering::Relaxed);
+        if g == 0 {
+            return 0;
+        }
+        sh.word(0).fetch_add(1, Ordering::SeqCst);
+        // leave: the parent's registration goes (what a grandchild that took it for
+        // its own would hold its keys by)
+        drop(t);
+        sh.word(4).store(g as u64, Ordering::SeqCst);
+        let rc = common::forking::reap_within(g, Duration::from_secs(15)).unwrap_or(13);
+        match rc {
+            0 => {}
+            10 => {
+                sh.word(1).fetch_add(1, Ordering::SeqCst);
             }
-            sh.word(0).fetch_add(1, Ordering::SeqCst);
-            // leave: the parent's registration goes (what a grandchild that took it for
-            // its own would hold its keys by)
-            drop(t);
-            sh.word(4).store(g as u64, Ordering::SeqCst);
-            let rc = common::forking::reap_within(g, Duration::from_secs(15)).unwrap_or(13);
-            match rc {
-                0 => {}
-                10 => {
-                    sh.word(1).fetch_add(1, Ordering::SeqCst);
-                }
-                11 => {
-                    sh.word(2).fetch_add(1, Ordering::SeqCst);
-                }
-                14 => {
-                    sh.word(5).fetch_add(1, Ordering::SeqCst);
-                }
-                _ => {
-                    sh.word(3).fetch_add(1, Ordering::SeqCst);
-                }
+            11 => {
+                sh.word(2).fetch_add(1, Ordering::SeqCst);
             }
-            0
-        });
-        assert_eq!(c.wait(Duration::from_secs(30)), 0);
-    }
+            14 => {
+                sh.word(5).fetch_add(1, Ordering::SeqCst);
+            }
+            _ => {
+                sh.word(3).fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        0
+    });
     RR_AWAIT_PARENT.store(std::ptr::null_mut(), Ordering::SeqCst); // `shared` goes
     let [made, taken, left, other, _, misnamed] =
         [0, 1, 2, 3, 4, 5].map(|i| shared.word(i).load(Ordering::SeqCst));
@@ -2524,69 +2516,60 @@ fn handler_fork_during<B: shmlock::Backend>(try_lock: TryLock<B>) {
     // parent's (NotOwner), holds taken from them, misnamed, left registered, other
     // failures, the grandchild whose parent has left
     let shared = Shared::new(8);
-    let mut x = 0x2545_f491_4f6c_dd1du64 ^ u64::from(std::process::id());
-    let until = Instant::now() + Duration::from_secs(20);
-    let mut trials = 0;
-    while Instant::now() < until && shared.word(0).load(Ordering::SeqCst) < 60 {
-        trials += 1;
-        let us = 1 + xorshift(&mut x) % 200;
-        let p = path.0.clone();
-        let sh = &shared;
-        let c = fork(move || {
-            let t = LockTable::open(&p, 64).unwrap();
-            let key = format!("k-{}", std::process::id());
-            drop(try_lock(&t, &key)); // registered
-            on_alarm(on_alarm_fork_once);
-            arm_alarm_in(us);
-            let started = Instant::now();
-            loop {
-                let got = try_lock(&t, &key);
-                if RR_IN_G.load(Ordering::Relaxed) {
-                    let rc = aq_grandchild(&t, got, &key, &p, sh.word(7));
-                    drop(t);
-                    if rc == AQ_OWN
-                        && common::probe::registered_pids(&p).contains(&std::process::id())
-                    {
-                        eprintln!("grandchild: a registration of its pid is left after its drop");
-                        return AQ_LEFT_REGISTERED;
-                    }
-                    return rc;
+    let p = path.0.clone();
+    let sh = &shared;
+    let trials = alarm_fork_trials(0x2545_f491_4f6c_dd1d, 200, 60, &shared, |us| {
+        let t = LockTable::open(&p, 64).unwrap();
+        let key = format!("k-{}", std::process::id());
+        drop(try_lock(&t, &key)); // registered
+        on_alarm(on_alarm_fork_once);
+        arm_alarm_in(us);
+        let started = Instant::now();
+        loop {
+            let got = try_lock(&t, &key);
+            if RR_IN_G.load(Ordering::Relaxed) {
+                let rc = aq_grandchild(&t, got, &key, &p, sh.word(7));
+                drop(t);
+                if rc == AQ_OWN && common::probe::registered_pids(&p).contains(&std::process::id())
+                {
+                    eprintln!("grandchild: a registration of its pid is left after its drop");
+                    return AQ_LEFT_REGISTERED;
                 }
-                drop(got);
-                if RR_IN_G.load(Ordering::Relaxed) {
-                    return AQ_NOTHING; // forked in the release: not what is tested
-                }
-                if RR_G.load(Ordering::Relaxed) != 0 || started.elapsed() > Duration::from_secs(1) {
-                    break;
-                }
+                return rc;
             }
-            arm_alarm_in(0);
-            let g = RR_G.load(Ordering::Relaxed);
-            if g == 0 {
-                return 0;
+            drop(got);
+            if RR_IN_G.load(Ordering::Relaxed) {
+                return AQ_NOTHING; // forked in the release: not what is tested
             }
-            // leave: the parent's registration goes (what a hold made in its name, that
-            // the grandchild took for its own, would stand on)
-            drop(t);
-            sh.word(7).store(g as u64, Ordering::SeqCst);
-            let rc = common::forking::reap_within(g, Duration::from_secs(15)).unwrap_or(13);
-            let word = match rc {
-                AQ_NOTHING => None,
-                AQ_OWN => Some(1),
-                AQ_PARENTS => Some(2),
-                AQ_TAKEN_WHILE_HELD => Some(3),
-                AQ_MISNAMED => Some(4),
-                AQ_LEFT_REGISTERED => Some(5),
-                _ => Some(6),
-            };
-            if let Some(w) = word {
-                sh.word(0).fetch_add(1, Ordering::SeqCst);
-                sh.word(w).fetch_add(1, Ordering::SeqCst);
+            if RR_G.load(Ordering::Relaxed) != 0 || started.elapsed() > Duration::from_secs(1) {
+                break;
             }
-            0
-        });
-        assert_eq!(c.wait(Duration::from_secs(30)), 0);
-    }
+        }
+        arm_alarm_in(0);
+        let g = RR_G.load(Ordering::Relaxed);
+        if g == 0 {
+            return 0;
+        }
+        // leave: the parent's registration goes (what a hold made in its name, that
+        // the grandchild took for its own, would stand on)
+        drop(t);
+        sh.word(7).store(g as u64, Ordering::SeqCst);
+        let rc = common::forking::reap_within(g, Duration::from_secs(15)).unwrap_or(13);
+        let word = match rc {
+            AQ_NOTHING => None,
+            AQ_OWN => Some(1),
+            AQ_PARENTS => Some(2),
+            AQ_TAKEN_WHILE_HELD => Some(3),
+            AQ_MISNAMED => Some(4),
+            AQ_LEFT_REGISTERED => Some(5),
+            _ => Some(6),
+        };
+        if let Some(w) = word {
+            sh.word(0).fetch_add(1, Ordering::SeqCst);
+            sh.word(w).fetch_add(1, Ordering::SeqCst);
+        }
+        0
+    });
     let [made, own, parents, taken, misnamed, left, other, _] =
         [0, 1, 2, 3, 4, 5, 6, 7].map(|i| shared.word(i).load(Ordering::SeqCst));
     note!(
@@ -2614,53 +2597,69 @@ fn orphaned_claims() {
     let path = fresh_table("aq-orphan");
     // words: grandchildren made mid-acquisition, keys left held once both let go
     let shared = Shared::new(2);
-    let mut x = 0x3c6e_f372_fe94_f82bu64 ^ u64::from(std::process::id());
-    let until = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < until && shared.word(0).load(Ordering::SeqCst) < 40 {
-        let us = 1 + xorshift(&mut x) % 200;
-        let p = path.0.clone();
-        let sh = &shared;
-        let c = fork(move || {
-            let t = LockTable::open(&p, 64).unwrap();
-            let key = format!("k-{}", std::process::id());
-            drop(t.try_lock_with_lease(&key, Duration::from_secs(60))); // registered
-            on_alarm(on_alarm_fork_once);
-            arm_alarm_in(us);
-            let started = Instant::now();
-            loop {
-                let got = t.try_lock_with_lease(&key, Duration::from_secs(60));
-                let in_grandchild = RR_IN_G.load(Ordering::Relaxed);
-                drop(got);
-                if in_grandchild || RR_IN_G.load(Ordering::Relaxed) {
-                    return 0; // whatever it came out with, let go
-                }
-                if RR_G.load(Ordering::Relaxed) != 0 || started.elapsed() > Duration::from_secs(1) {
-                    break;
-                }
+    let p = path.0.clone();
+    let sh = &shared;
+    alarm_fork_trials(0x3c6e_f372_fe94_f82b, 200, 40, &shared, |us| {
+        let t = LockTable::open(&p, 64).unwrap();
+        let key = format!("k-{}", std::process::id());
+        drop(t.try_lock_with_lease(&key, Duration::from_secs(60))); // registered
+        on_alarm(on_alarm_fork_once);
+        arm_alarm_in(us);
+        let started = Instant::now();
+        loop {
+            let got = t.try_lock_with_lease(&key, Duration::from_secs(60));
+            let in_grandchild = RR_IN_G.load(Ordering::Relaxed);
+            drop(got);
+            if in_grandchild || RR_IN_G.load(Ordering::Relaxed) {
+                return 0; // whatever it came out with, let go
             }
-            arm_alarm_in(0);
-            let g = RR_G.load(Ordering::Relaxed);
-            if g == 0 {
-                return 0;
+            if RR_G.load(Ordering::Relaxed) != 0 || started.elapsed() > Duration::from_secs(1) {
+                break;
             }
-            sh.word(0).fetch_add(1, Ordering::SeqCst);
-            assert_eq!(
-                common::forking::reap_within(g, Duration::from_secs(15)),
-                Some(0)
-            );
-            // both have let go of whatever they had: the key must be free
-            if t.try_lock_with_lease(&key, Duration::from_secs(1))
-                .unwrap()
-                .is_none()
-            {
-                sh.word(1).fetch_add(1, Ordering::SeqCst);
-            }
-            0
-        });
-        assert_eq!(c.wait(Duration::from_secs(30)), 0);
-    }
+        }
+        arm_alarm_in(0);
+        let g = RR_G.load(Ordering::Relaxed);
+        if g == 0 {
+            return 0;
+        }
+        sh.word(0).fetch_add(1, Ordering::SeqCst);
+        assert_eq!(
+            common::forking::reap_within(g, Duration::from_secs(15)),
+            Some(0)
+        );
+        // both have let go of whatever they had: the key must be free
+        if t.try_lock_with_lease(&key, Duration::from_secs(1))
+            .unwrap()
+            .is_none()
+        {
+            sh.word(1).fetch_add(1, Ordering::SeqCst);
+        }
+        0
+    });
     let [made, held] = [0, 1].map(|i| shared.word(i).load(Ordering::SeqCst));
     note!("[{made} grandchildren forked mid-acquisition: {held} keys left held by nobody] ");
     assert!(made > 0, "no grandchild was forked during an acquisition");
     assert_eq!(held, 0, "claims made in a parent's name outlived both");
+}
+
+/// Trials of a child whose alarm fires `us` µs (1 to `max_us`, drawn from `seed`) into
+/// what it runs, `child(us)`, until the children have counted `wanted` in `shared`'s word
+/// 0, or for 20 s. Returns the number of trials.
+fn alarm_fork_trials(
+    seed: u64,
+    max_us: u64,
+    wanted: u64,
+    shared: &Shared,
+    child: impl Fn(u64) -> i32,
+) -> u32 {
+    let mut x = seed ^ u64::from(std::process::id());
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut trials = 0;
+    while Instant::now() < until && shared.word(0).load(Ordering::SeqCst) < wanted {
+        trials += 1;
+        let us = 1 + xorshift(&mut x) % max_us;
+        let c = fork(|| child(us));
+        assert_eq!(c.wait(Duration::from_secs(30)), 0);
+    }
+    trials
 }
