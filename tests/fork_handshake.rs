@@ -2384,10 +2384,9 @@ fn handler_fork_during_reregister_with(await_parent: bool) {
             return rr_grandchild(*t, &p, sh.word(4));
         }
         drop(first);
-        let g = RR_G.load(Ordering::Relaxed);
-        if g == 0 {
+        let Some(g) = grandchild_forked() else {
             return 0;
-        }
+        };
         sh.word(0).fetch_add(1, Ordering::SeqCst);
         // leave: the parent's registration goes (what a grandchild that took it for
         // its own would hold its keys by)
@@ -2545,11 +2544,9 @@ fn handler_fork_during<B: shmlock::Backend>(try_lock: TryLock<B>) {
                 break;
             }
         }
-        arm_alarm_in(0);
-        let g = RR_G.load(Ordering::Relaxed);
-        if g == 0 {
+        let Some(g) = grandchild_forked() else {
             return 0;
-        }
+        };
         // leave: the parent's registration goes (what a hold made in its name, that
         // the grandchild took for its own, would stand on)
         drop(t);
@@ -2617,11 +2614,9 @@ fn orphaned_claims() {
                 break;
             }
         }
-        arm_alarm_in(0);
-        let g = RR_G.load(Ordering::Relaxed);
-        if g == 0 {
+        let Some(g) = grandchild_forked() else {
             return 0;
-        }
+        };
         sh.word(0).fetch_add(1, Ordering::SeqCst);
         assert_eq!(
             common::forking::reap_within(g, Duration::from_secs(15)),
@@ -2662,4 +2657,12 @@ fn alarm_fork_trials(
         assert_eq!(c.wait(Duration::from_secs(30)), 0);
     }
     trials
+}
+
+/// Stops the alarm (in the child the trial forked): the grandchild its handler forked, if
+/// it did.
+fn grandchild_forked() -> Option<libc::pid_t> {
+    arm_alarm_in(0);
+    let g = RR_G.load(Ordering::Relaxed);
+    (g != 0).then_some(g)
 }

@@ -68,6 +68,13 @@ pub(crate) struct Attachment {
     next_look: AtomicU64,
 }
 
+/// Whether a `fork epoch << 32 | owner bits` word (`cached`, `mine`) names a registration
+/// made in this process, not in a parent it was forked from (0: none).
+#[inline(always)]
+fn of_this_process(c: u64) -> bool {
+    c != 0 && c >> 32 == fork_epoch() & 0xffff_ffff
+}
+
 impl Attachment {
     pub(crate) fn new(
         map: Arc<Mapping>,
@@ -167,7 +174,7 @@ impl Attachment {
     #[inline]
     pub(crate) fn registration(&self) -> Result<(OwnerId, u32), Error> {
         let c = self.cached.load(Ordering::Acquire);
-        let owner = if c != 0 && c >> 32 == fork_epoch() & 0xffff_ffff {
+        let owner = if of_this_process(c) {
             OwnerId::from_bits(c as u32)
         } else {
             self.reregister()?
@@ -250,16 +257,18 @@ impl Attachment {
         self.cached.store(c, Ordering::Release);
     }
 
-    /// Whether a hold claimed by `owner` with registry generation `generation` is this
-    /// process's: claimed under its own registration, not its parent's (a child forked in
-    /// the middle of its parent's acquisition, by a signal handler, may come out with
-    /// either). Registers nothing.
+    /// Whether a hold claimed by `owner` with registry generation `generation` (where it
+    /// is known) is this process's: claimed under its own registration, not its parent's
+    /// (a child forked in the middle of its parent's acquisition, by a signal handler, may
+    /// come out with either), nor a dead holder's whose entry came round 64 times to our
+    /// owner bits. Registers nothing.
     #[inline(always)]
-    pub(crate) fn is_ours(&self, owner: OwnerId, generation: u32) -> bool {
+    pub(crate) fn is_ours(&self, owner: OwnerId, generation: Option<u32>) -> bool {
+        // (Acquire: `generation` is stored before `mine`, by `remember`)
         let m = self.mine.load(Ordering::Acquire);
-        m >> 32 == fork_epoch() & 0xffff_ffff
+        of_this_process(m)
             && m as u32 == owner.bits()
-            && self.generation.load(Ordering::Relaxed) as u32 == generation
+            && generation.is_none_or(|g| self.generation.load(Ordering::Relaxed) as u32 == g)
     }
 
     /// Registers this forked child, through an anchor of its own.
@@ -313,15 +322,7 @@ impl Attachment {
     /// [`is_dead`](Self::is_dead) for an owner whose full registry generation is known
     /// (a hold's lease records it).
     pub(crate) fn is_dead_at(&self, owner: OwnerId, generation: Option<u32>) -> bool {
-        if owner.is_unknown() {
-            return false;
-        }
-        // This process (by the full generation where the hold records it: the owner bits
-        // carry 6 of it, and a dead holder whose entry came round 64 times has ours).
-        if self
-            .registration()
-            .is_ok_and(|(me, mine)| me == owner && generation.is_none_or(|g| g == mine))
-        {
+        if owner.is_unknown() || self.is_ours(owner, generation) {
             return false;
         }
         // Moved on past the holder's generation: no system call needed, nor any gate.

@@ -900,7 +900,7 @@ impl Backend for LockTable {
     fn is_ours(&self, hold: &ShmHold) -> bool {
         let held = &hold.held;
         self.att()
-            .is_ours(held.word.owner(), (held.lease >> 32) as u32)
+            .is_ours(held.word.owner(), Some((held.lease >> 32) as u32))
     }
 
     #[inline(always)]
