@@ -2275,9 +2275,12 @@ extern "C" fn on_alarm_fork_once(_: libc::c_int) {
     if RR_IN_G.load(Ordering::Relaxed) || RR_G.load(Ordering::Relaxed) != 0 {
         return;
     }
-    // SAFETY: fork in a handler (async-signal-safe in POSIX.1-2017); the child runs on
-    // from the interrupted call, which is what is tested.
-    let pid = unsafe { libc::fork() };
+    // `_Fork`, not `fork`: glibc's `fork` takes malloc's locks in a process that ever had
+    // a second thread (this binary's earlier tests make some), and the alarm may have
+    // landed inside malloc, so the handler would wait for its own thread for good.
+    // SAFETY: _Fork is async-signal-safe (POSIX.1-2024); the child runs on from the
+    // interrupted call, which is what is tested.
+    let pid = unsafe { _Fork() };
     if pid == 0 {
         RR_IN_G.store(true, Ordering::Relaxed);
         let gone = RR_AWAIT_PARENT.load(Ordering::Relaxed);
