@@ -146,6 +146,14 @@ const TESTS: &[Test] = &[
         handler_fork_during_shared_acquisition,
     ),
     Test::new(
+        "a_child_made_by_a_handler_during_its_parents_renewal_leaves_the_parents_hold_alone",
+        handler_fork_during_renewal,
+    ),
+    Test::new(
+        "the_same_during_a_downgrade",
+        handler_fork_during_downgrade,
+    ),
+    Test::new(
         "a_claim_a_child_made_in_its_parents_name_does_not_outlive_both",
         orphaned_claims,
     )
@@ -2270,6 +2278,9 @@ static RR_G: AtomicI32 = AtomicI32::new(0);
 /// grandchild waits for inside the handler, before it runs on into the interrupted call.
 static RR_AWAIT_PARENT: std::sync::atomic::AtomicPtr<AtomicU64> =
     std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+/// If set: the parent naps 1 ms in the handler after the fork, so that the grandchild
+/// runs on first from where both were interrupted.
+static RR_CHILD_FIRST: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_alarm_fork_once(_: libc::c_int) {
     if RR_IN_G.load(Ordering::Relaxed) || RR_G.load(Ordering::Relaxed) != 0 {
@@ -2301,6 +2312,14 @@ extern "C" fn on_alarm_fork_once(_: libc::c_int) {
         }
     } else if pid > 0 {
         RR_G.store(pid, Ordering::Relaxed);
+        if RR_CHILD_FIRST.load(Ordering::Relaxed) {
+            let nap = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 1_000_000,
+            };
+            // SAFETY: nanosleep is async-signal-safe; `nap` is a valid timespec.
+            unsafe { libc::nanosleep(&nap, std::ptr::null_mut()) };
+        }
     }
 }
 
@@ -2521,11 +2540,7 @@ fn handler_fork_during<B: shmlock::Backend>(try_lock: TryLock<B>) {
     let p = path.0.clone();
     let sh = &shared;
     let trials = alarm_fork_trials(0x2545_f491_4f6c_dd1d, 200, 60, &shared, |us| {
-        let t = LockTable::open(&p, 64).unwrap();
-        let key = format!("k-{}", std::process::id());
-        drop(try_lock(&t, &key)); // registered
-        on_alarm(on_alarm_fork_once);
-        arm_alarm_in(us);
+        let (t, key) = armed_trial(&p, us);
         let started = Instant::now();
         loop {
             let got = try_lock(&t, &key);
@@ -2585,6 +2600,111 @@ fn handler_fork_during<B: shmlock::Backend>(try_lock: TryLock<B>) {
 }
 
 // ---------------------------------------------------------------------------------------
+// A signal handler forks in the middle of a change of a held guard in place (a renewal, a
+// downgrade): the child runs on from the middle of it. It must leave its parent's hold
+// alone: a child that finished the change in its parent's name made the parent take its
+// hold for lost (`Expired`), and the key stayed held by nobody until the lease ended (for
+// good with a lease of 0).
+
+/// The grandchild came out of the change under test.
+const CH_IN_CHANGE: i32 = 30;
+/// The grandchild came out of something else (the acquisition or the release around the
+/// change: not what is tested).
+const CH_ELSEWHERE: i32 = 31;
+
+fn handler_fork_during_renewal() {
+    handler_fork_during_change(0x6a09_e667_f3bc_c908, |mut g| {
+        for i in 0..16 {
+            // a lease of 0 (for good) and the guard's own, in turn
+            g.expire((i % 2 == 0).then_some(Duration::ZERO))?;
+        }
+        Ok(g)
+    });
+}
+
+fn handler_fork_during_downgrade() {
+    handler_fork_during_change(0xbb67_ae85_84ca_a73b, |g| g.downgrade());
+}
+
+/// A change of an exclusive guard in place, in the mode under test: the guard it leaves.
+type Change<B> = for<'t> fn(
+    shmlock::LockGuard<'t, LockTable>,
+) -> Result<shmlock::LockGuard<'t, B>, shmlock::Error>;
+
+fn handler_fork_during_change<B: shmlock::Backend>(seed: u64, change: Change<B>) {
+    // (the grandchild goes on at once: see `on_alarm_fork_once`)
+    RR_AWAIT_PARENT.store(std::ptr::null_mut(), Ordering::SeqCst);
+    RR_CHILD_FIRST.store(true, Ordering::SeqCst);
+    let path = fresh_table("ch-handler");
+    // words: grandchildren forked mid-change, parents whose change or release found their
+    // hold lost, keys left held once both let go, grandchildren that failed
+    let shared = Shared::new(4);
+    let p = path.0.clone();
+    let sh = &shared;
+    let trials = alarm_fork_trials(seed, 200, 100, &shared, |us| {
+        let (t, key) = armed_trial(&p, us);
+        let started = Instant::now();
+        let mut lost = false;
+        loop {
+            let got = t.try_lock_with_lease(&key, Duration::from_secs(60));
+            if RR_IN_G.load(Ordering::Relaxed) {
+                return CH_ELSEWHERE;
+            }
+            let Ok(Some(g)) = got else {
+                lost = true; // the key was not free between rounds
+                break;
+            };
+            let changed = change(g);
+            if RR_IN_G.load(Ordering::Relaxed) {
+                return CH_IN_CHANGE; // whatever it came out with, let go
+            }
+            let released = changed.and_then(|g| g.unlock());
+            if RR_IN_G.load(Ordering::Relaxed) {
+                return CH_ELSEWHERE;
+            }
+            if released.is_err() {
+                lost = true;
+                break;
+            }
+            if RR_G.load(Ordering::Relaxed) != 0 || started.elapsed() > Duration::from_secs(1) {
+                break;
+            }
+        }
+        let Some(g) = grandchild_forked() else {
+            return 0;
+        };
+        match common::forking::reap_within(g, Duration::from_secs(15)) {
+            Some(CH_IN_CHANGE) => {}
+            Some(CH_ELSEWHERE) => return 0,
+            _ => {
+                sh.word(3).fetch_add(1, Ordering::SeqCst);
+                return 0;
+            }
+        }
+        sh.word(0).fetch_add(1, Ordering::SeqCst);
+        if lost {
+            sh.word(1).fetch_add(1, Ordering::SeqCst);
+        }
+        // both have let go of whatever they had: the key must be free
+        if t.try_lock_with_lease(&key, Duration::from_secs(1))
+            .unwrap()
+            .is_none()
+        {
+            sh.word(2).fetch_add(1, Ordering::SeqCst);
+        }
+        0
+    });
+    RR_CHILD_FIRST.store(false, Ordering::SeqCst);
+    let [made, lost, held, failed] = [0, 1, 2, 3].map(|i| shared.word(i).load(Ordering::SeqCst));
+    note!(
+        "[{trials} trials, {made} grandchildren forked mid-change: {lost} parents told their \
+         hold was lost, {held} keys left held by nobody, {failed} grandchildren failed] "
+    );
+    assert!(made > 0, "no grandchild was forked during a change");
+    assert_eq!((lost, held, failed), (0, 0, 0));
+}
+
+// ---------------------------------------------------------------------------------------
 // The cost of the above: a child forked in the middle of its parent's acquisition, before
 // the claim, may make that claim itself, in its parent's name (the request was made for
 // the parent). It cannot tell that claim from its parent's own hold, so it neither keeps
@@ -2600,11 +2720,7 @@ fn orphaned_claims() {
     let p = path.0.clone();
     let sh = &shared;
     alarm_fork_trials(0x3c6e_f372_fe94_f82b, 200, 40, &shared, |us| {
-        let t = LockTable::open(&p, 64).unwrap();
-        let key = format!("k-{}", std::process::id());
-        drop(t.try_lock_with_lease(&key, Duration::from_secs(60))); // registered
-        on_alarm(on_alarm_fork_once);
-        arm_alarm_in(us);
+        let (t, key) = armed_trial(&p, us);
         let started = Instant::now();
         loop {
             let got = t.try_lock_with_lease(&key, Duration::from_secs(60));
@@ -2660,6 +2776,17 @@ fn alarm_fork_trials(
         assert_eq!(c.wait(Duration::from_secs(30)), 0);
     }
     trials
+}
+
+/// In a trial child: the table at `path`, registered (by a hold of this process's key,
+/// taken and let go), the key, and the forking handler armed to fire in `us` µs.
+fn armed_trial(path: &Path, us: u64) -> (LockTable, String) {
+    let t = LockTable::open(path, 64).unwrap();
+    let key = format!("k-{}", std::process::id());
+    drop(t.try_lock_with_lease(&key, Duration::from_secs(60)));
+    on_alarm(on_alarm_fork_once);
+    arm_alarm_in(us);
+    (t, key)
 }
 
 /// Stops the alarm (in the child the trial forked): the grandchild its handler forked, if

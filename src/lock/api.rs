@@ -591,7 +591,11 @@ impl<'b, B: Backend> LockGuard<'b, B> {
         let (backend, mut holding) = self.into_holding();
         holding.ours(backend)?;
         if let Err(e) = change(backend, &mut holding.hold) {
-            backend.release_on_drop(&holding.hold);
+            // Not ours after all (a child forked by a signal handler since the look
+            // above, which `change` looks again for): the parent's, to leave alone.
+            if !matches!(e, Error::NotOwner) {
+                backend.release_on_drop(&holding.hold);
+            }
             return Err(e);
         }
         Ok(LockGuard {

@@ -21,6 +21,7 @@ use crate::shm::format::{Header, Layout};
 use crate::shm::futex;
 use crate::shm::idle_cache::IdleCache;
 use crate::shm::mapping::Mapping;
+use crate::shm::process::SignalsBlocked;
 use crate::shm::registry::OwnerId;
 use crate::shm::slot::{Cold, Slot, State, Word};
 use crate::shm::table::{
@@ -701,6 +702,21 @@ impl LockTable {
     /// A hold found lost (at a release or renewal): counted, and [`Error::Expired`].
     #[cold]
     #[inline(never)]
+    /// This thread's signals blocked, if `hold` is this process's (looked at with them
+    /// blocked), for a change of the hold in place (its lease, its mode). A child forked
+    /// by a signal handler in the middle of the change would finish it in its parent's
+    /// name; the parent, finding its hold changed under it, would take it for lost and
+    /// leave the key held (for good with a lease of 0). Two system calls: not for the
+    /// release, where such a child frees the key (and the parent hears `Expired`).
+    fn quietly_ours(&self, hold: &ShmHold) -> Result<SignalsBlocked, Error> {
+        let quiet = SignalsBlocked::all();
+        if self.is_ours(hold) {
+            Ok(quiet)
+        } else {
+            Err(Error::NotOwner)
+        }
+    }
+
     fn lost(&self) -> Error {
         Cells::of(&self.att().map).add(counters::LOST, 1);
         Error::Expired
@@ -878,6 +894,7 @@ impl LockTable {
 
     /// Turns an exclusive hold into a reader's (see [`LockGuard::downgrade`]).
     pub(crate) fn downgrade_hold(&self, hold: &mut ShmHold) -> Result<(), Error> {
+        let _quiet = self.quietly_ours(hold)?;
         hold.token.set(0);
         self.inner
             .table
@@ -939,6 +956,7 @@ impl Backend for LockTable {
     }
 
     fn extend(&self, hold: &mut ShmHold, exptime_ns: u64) -> Result<(), Error> {
+        let _quiet = self.quietly_ours(hold)?;
         self.inner
             .table
             .extend(&mut hold.held, exptime_ns)
