@@ -39,6 +39,8 @@ pub enum Error {
     /// The value is longer than the dict's longest value (chosen when it was created).
     #[non_exhaustive]
     ValueTooLong {
+        /// The key (its first bytes).
+        key: KeyPreview,
         /// Bytes given.
         len: usize,
         /// The dict's limit.
@@ -59,19 +61,40 @@ pub enum Error {
         key: KeyPreview,
     },
     /// [`SharedDict::incr`](crate::SharedDict::incr) on a value that is not a number.
-    NotANumber,
+    #[non_exhaustive]
+    NotANumber {
+        /// The key (its first bytes).
+        key: KeyPreview,
+    },
     /// [`SharedDict::incr`](crate::SharedDict::incr) with an `i64` on a float value (add
     /// an `f64`).
-    NotAnInteger,
+    #[non_exhaustive]
+    NotAnInteger {
+        /// The key (its first bytes).
+        key: KeyPreview,
+    },
     /// A list operation ([`SharedDict::lpush`](crate::SharedDict::lpush), ...) on a value
     /// that is not a list.
-    NotAList,
+    #[non_exhaustive]
+    NotAList {
+        /// The key (its first bytes).
+        key: KeyPreview,
+    },
     /// [`SharedDict::get`](crate::SharedDict::get) (or `get_stale`) of a list: read it
     /// with the list operations.
-    IsAList,
-    /// A `safe_` store found no free slot for the key and evicts nothing; or a list push
-    /// found no free slot, or would grow the list past the dict's `max_value_len`.
-    NoMemory,
+    #[non_exhaustive]
+    IsAList {
+        /// The key (its first bytes).
+        key: KeyPreview,
+    },
+    /// A store found no room for the key: a `safe_` store (which evicts nothing) or a
+    /// list push found no free slot, or the push would grow the list past the dict's
+    /// `max_value_len`; or a store that may evict found nothing it could evict.
+    #[non_exhaustive]
+    NoMemory {
+        /// The key (its first bytes).
+        key: KeyPreview,
+    },
     /// This [`Lock`](crate::Lock) already holds a key.
     Locked,
     /// The key stayed held by someone else for the whole timeout (with a timeout of zero:
@@ -408,19 +431,22 @@ impl fmt::Display for Error {
                 write!(f, "capacity {n} is out of range 1..={}", MAX_CAPACITY)
             }
             Error::InvalidLayout(why) => write!(f, "invalid dict layout: {why}"),
-            Error::ValueTooLong { len, max } => {
-                write!(f, "value of {len} bytes is longer than the dict's {max}")
-            }
+            Error::ValueTooLong { key, len, max } => write!(
+                f,
+                "value of {len} bytes for key {key} is longer than the dict's {max}"
+            ),
             Error::Exists { key } => write!(f, "key {key} exists: it has a live value"),
             Error::NotFound { key } => write!(f, "key {key} not found: it has no live value"),
-            Error::NotANumber => f.write_str("not a number"),
-            Error::NotAList => f.write_str("value not a list"),
-            Error::IsAList => f.write_str("value is a list"),
-            Error::NotAnInteger => {
-                f.write_str("not an integer: the value is a float (add an f64 to it)")
-            }
-            Error::NoMemory => f.write_str(
-                "no memory: no free slot for the key (without evicting), or a list past the dict's max_value_len",
+            Error::NotANumber { key } => write!(f, "key {key}: not a number"),
+            Error::NotAList { key } => write!(f, "key {key}: value not a list"),
+            Error::IsAList { key } => write!(f, "key {key}: value is a list"),
+            Error::NotAnInteger { key } => write!(
+                f,
+                "key {key}: not an integer: the value is a float (add an f64 to it)"
+            ),
+            Error::NoMemory { key } => write!(
+                f,
+                "no memory for key {key}: no free slot (without evicting), or a list past the dict's max_value_len"
             ),
             Error::Locked => f.write_str("locked: this lock already holds a key"),
             Error::Timeout {

@@ -105,7 +105,10 @@ fn get_with_hands_over_what_get_returns_without_an_owned_copy() {
     assert_eq!(d.get_with("short", |_| panic!("called")).unwrap(), None);
     // a list is read through the list operations, as with get
     d.rpush("list", "x").unwrap();
-    assert!(matches!(d.get_with("list", owned), Err(Error::IsAList)));
+    assert!(matches!(
+        d.get_with("list", owned),
+        Err(Error::IsAList { .. })
+    ));
     // bad keys are the errors get gives
     assert!(matches!(d.get_with("", owned), Err(Error::EmptyKey)));
     // a read inside `f` gets a buffer of its own: the outer bytes stay as they were
@@ -267,7 +270,7 @@ fn incr_with_and_without_init_keeps_the_ttl() {
     d.set("s", "12", NEVER).unwrap();
     assert!(matches!(
         d.incr("s", 1, Some(0), NEVER),
-        Err(Error::NotANumber)
+        Err(Error::NotANumber { .. })
     ));
     assert_eq!(
         d.incr("max", 1, Some(i64::MAX), NEVER).unwrap(),
@@ -365,11 +368,11 @@ fn a_full_dict_evicts_the_least_recently_used_and_safe_variants_refuse() {
     assert!(d.get("k0").unwrap().is_some());
     assert!(matches!(
         d.safe_set("new", "v", NEVER),
-        Err(Error::NoMemory)
+        Err(Error::NoMemory { .. })
     ));
     assert!(matches!(
         d.safe_add("new", "v", NEVER),
-        Err(Error::NoMemory)
+        Err(Error::NoMemory { .. })
     ));
     assert_eq!(d.evictions(), 0);
     let stored = d.set("new", "v", NEVER).unwrap();
@@ -436,7 +439,7 @@ fn a_full_big_dict_evicts_from_the_sample_and_safe_sets_find_expired_entries_any
                 assert!(!stored.forcible);
                 placed += 1;
             }
-            Err(Error::NoMemory) => {}
+            Err(Error::NoMemory { .. }) => {}
             Err(e) => panic!("{e}"),
         }
     }
@@ -474,7 +477,7 @@ fn deletes_and_stores_never_hide_a_stored_key_nor_show_a_deleted_one() {
                 Ok(_) => {
                     model.insert(key.clone(), step as i64);
                 }
-                Err(Error::NoMemory) => assert!(!model.contains_key(&key)),
+                Err(Error::NoMemory { .. }) => assert!(!model.contains_key(&key)),
                 Err(e) => panic!("step {step}: {e}"),
             },
             _ => {}
@@ -495,6 +498,61 @@ fn deletes_and_stores_never_hide_a_stored_key_nor_show_a_deleted_one() {
         );
     }
     assert_eq!(d.len(), model.len());
+}
+
+#[test]
+fn every_error_about_a_key_names_it() {
+    let (_p, d) = dict("named-errors", 8, 16);
+    d.set("text", "abc", NEVER).unwrap();
+    d.incr("float", 0.5, Some(0.0), Duration::ZERO).unwrap();
+    d.lpush("list", "x").unwrap();
+    let long = format!("{}-end", "k".repeat(80)); // past what a preview keeps
+    let errors = [
+        ("text", d.incr("text", 1, None, Duration::ZERO).map(drop)),
+        ("float", d.incr("float", 1, None, Duration::ZERO).map(drop)),
+        ("text", d.lpush("text", "x").map(drop)),
+        ("text", d.rpop("text").map(drop)),
+        ("text", d.llen("text").map(drop)),
+        ("list", d.get("list").map(drop)),
+        ("list", d.get_stale("list").map(drop)),
+        ("list", d.rpush("list", [0u8; 16].as_slice()).map(drop)),
+        ("big", d.set("big", [0u8; 17].as_slice(), NEVER).map(drop)),
+        (
+            &long[..],
+            d.set(&long, [0u8; 17].as_slice(), NEVER).map(drop),
+        ),
+    ];
+    for (key, r) in errors {
+        let e = r.unwrap_err();
+        let named = match &e {
+            Error::NotANumber { key, .. }
+            | Error::NotAnInteger { key, .. }
+            | Error::NotAList { key, .. }
+            | Error::IsAList { key, .. }
+            | Error::NoMemory { key, .. }
+            | Error::ValueTooLong { key, .. } => key,
+            other => panic!("{key}: unexpected error {other}"),
+        };
+        let shown = &key.as_bytes()[..key.len().min(shmlock::KeyPreview::MAX)];
+        assert_eq!(named.as_bytes(), shown, "{e}");
+        assert_eq!(named.len(), key.len(), "{e}");
+        assert!(
+            e.to_string()
+                .contains(&format!("\"{}\"", String::from_utf8_lossy(shown))),
+            "{e}"
+        );
+    }
+    // a full dict: a safe store names the key it found no room for
+    for i in 0..64 {
+        if d.safe_set(format!("fill-{i}"), "v", NEVER).is_err() {
+            break;
+        }
+    }
+    let e = d.safe_set("one-more", "v", NEVER).unwrap_err();
+    assert!(
+        matches!(&e, Error::NoMemory { key, .. } if key.as_bytes() == b"one-more"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -660,10 +718,10 @@ fn get_or_fetch_fetches_once_and_reports_where_values_came_from() {
     // a failed fetch stores nothing and unlocks
     let err = d
         .get_or_fetch(&locks, "item:2", Duration::from_secs(60), || {
-            Err::<Vec<u8>, _>(Error::NotANumber)
+            Err::<Vec<u8>, _>(Error::InvalidOptions("the fetch failed"))
         })
         .unwrap_err();
-    assert!(matches!(err, Error::NotANumber));
+    assert!(matches!(err, Error::InvalidOptions("the fetch failed")));
     assert_eq!(d.get("item:2").unwrap(), None);
     assert!(!locks.is_locked("item:2").unwrap());
     // a value the dict cannot hold is an error, and unlocks too
@@ -806,7 +864,7 @@ fn floats_and_booleans_are_values_and_floats_add_up() {
     assert_eq!(d.get("n").unwrap().unwrap().value, Value::Float(10.5));
     assert!(matches!(
         d.incr("n", 1, None, NEVER),
-        Err(Error::NotAnInteger)
+        Err(Error::NotAnInteger { .. })
     ));
     assert_eq!(d.get("n").unwrap().unwrap().value, Value::Float(10.5));
     assert_eq!(d.incr("n", -0.25, None, NEVER).unwrap(), 10.25);
@@ -815,12 +873,12 @@ fn floats_and_booleans_are_values_and_floats_add_up() {
     // booleans and bytes are not numbers
     assert!(matches!(
         d.incr("yes", 1.0, None, NEVER),
-        Err(Error::NotANumber)
+        Err(Error::NotANumber { .. })
     ));
     d.set("s", "1", NEVER).unwrap();
     assert!(matches!(
         d.incr("s", 1.0, Some(0.0), NEVER),
-        Err(Error::NotANumber)
+        Err(Error::NotANumber { .. })
     ));
     // add, replace, safe_set take them as any value
     assert!(matches!(
@@ -853,16 +911,16 @@ fn lists_push_pop_and_keep_to_their_bounds() {
     assert_eq!(d.rpop("q").unwrap(), Some(Value::Bool(true)));
     assert_eq!(d.rpop("q").unwrap(), Some(Value::Float(2.5)));
     // a list is not a value to get, and a value is not a list
-    assert!(matches!(d.get("q"), Err(Error::IsAList)));
-    assert!(matches!(d.get_stale("q"), Err(Error::IsAList)));
+    assert!(matches!(d.get("q"), Err(Error::IsAList { .. })));
+    assert!(matches!(d.get_stale("q"), Err(Error::IsAList { .. })));
     assert!(matches!(
         d.incr("q", 1, None, NEVER),
-        Err(Error::NotANumber)
+        Err(Error::NotANumber { .. })
     ));
     d.set("v", "x", NEVER).unwrap();
-    assert!(matches!(d.lpush("v", "y"), Err(Error::NotAList)));
-    assert!(matches!(d.rpop("v"), Err(Error::NotAList)));
-    assert!(matches!(d.llen("v"), Err(Error::NotAList)));
+    assert!(matches!(d.lpush("v", "y"), Err(Error::NotAList { .. })));
+    assert!(matches!(d.rpop("v"), Err(Error::NotAList { .. })));
+    assert!(matches!(d.llen("v"), Err(Error::NotAList { .. })));
     assert_eq!(bytes(&d, "v").unwrap(), b"x");
     assert!(d.keys(0).unwrap().contains(&b"q".to_vec()));
     // the last pop deletes the list
@@ -873,10 +931,13 @@ fn lists_push_pop_and_keep_to_their_bounds() {
     for n in 1..=6 {
         assert_eq!(d.rpush("full", "12345").unwrap(), n);
     }
-    assert!(matches!(d.rpush("full", "12345"), Err(Error::NoMemory)));
+    assert!(matches!(
+        d.rpush("full", "12345"),
+        Err(Error::NoMemory { .. })
+    ));
     assert!(matches!(
         d.rpush("big", vec![0u8; 60].as_slice()),
-        Err(Error::NoMemory)
+        Err(Error::NoMemory { .. })
     ));
     assert_eq!(d.llen("full").unwrap(), 6);
     // expiry: a push onto an expired list starts a new one
@@ -893,7 +954,10 @@ fn lists_push_pop_and_keep_to_their_bounds() {
     for i in 0..8 {
         small.set(format!("k{i}"), "v", NEVER).unwrap();
     }
-    assert!(matches!(small.lpush("new", "x"), Err(Error::NoMemory)));
+    assert!(matches!(
+        small.lpush("new", "x"),
+        Err(Error::NoMemory { .. })
+    ));
     assert_eq!((small.len(), small.evictions()), (8, 0));
     small.expire("k3", SHORT).unwrap();
     sleep(PAST_SHORT);

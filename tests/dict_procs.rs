@@ -72,7 +72,7 @@ fn a_list_is_a_queue_across_processes() {
             fork(move || {
                 for i in 0..300 {
                     // a full list says NoMemory: wait for the consumers
-                    while let Err(Error::NoMemory) = d.rpush("q", p * 1000 + i) {
+                    while let Err(Error::NoMemory { .. }) = d.rpush("q", p * 1000 + i) {
                         std::thread::sleep(Duration::from_micros(100));
                     }
                 }
@@ -161,7 +161,7 @@ fn operations_are_seen_across_processes() {
     in_child(|| {
         assert!(matches!(
             d.incr("a", 1, None, NEVER),
-            Err(Error::NotANumber)
+            Err(Error::NotANumber { .. })
         ));
         assert!(matches!(
             d.replace("nope", "x", NEVER),
@@ -189,7 +189,7 @@ fn operations_are_seen_across_processes() {
     });
     assert!(matches!(
         small.safe_set("new", "v", NEVER),
-        Err(Error::NoMemory)
+        Err(Error::NoMemory { .. })
     ));
     assert!(small.set("new", "v", NEVER).unwrap().forcible);
     assert_eq!(small.evictions(), 1);

@@ -197,14 +197,14 @@ fn exercise_dict(bytes: &[u8]) -> bool {
                 let got = d.get(key).unwrap().expect("a value just stored is there");
                 assert_eq!(got.value.as_bytes(), Some(&v[..]));
             }
-            Err(Error::NoMemory) => {}
+            Err(Error::NoMemory { .. }) => {}
             Err(e) => panic!("set: {e}"),
         }
         let _ = d.add(key, &v, Duration::ZERO);
         let _ = d.expire(key, Duration::from_secs(1));
         let _ = d.delete(key).unwrap();
         match d.incr(key, 1, Some(1), Duration::ZERO) {
-            Ok(2) | Err(Error::NoMemory) | Err(Error::ValueTooLong { .. }) => {}
+            Ok(2) | Err(Error::NoMemory { .. }) | Err(Error::ValueTooLong { .. }) => {}
             other => panic!("incr of a deleted key: {other:?}"),
         }
     }

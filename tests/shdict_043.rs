@@ -426,7 +426,7 @@ fn t043_041_incr_key_original_value_is_not_number() {
     dogs.set("foo", true, NEVER).unwrap();
     assert!(matches!(
         dogs.incr("foo", -0.14, None, NEVER),
-        Err(Error::NotANumber)
+        Err(Error::NotANumber { .. })
     ));
     assert_eq!(value(&dogs, "foo"), Some(Value::Bool(true)));
 }
@@ -598,7 +598,7 @@ fn t043_058_safe_set() {
             assert!(i <= 1000, "no store ever failed");
             match dogs.safe_set(format!("key_{i}"), &hello(i), NEVER) {
                 Ok(stored) => assert_eq!(stored, NOT_FORCIBLE),
-                Err(Error::NoMemory) => break,
+                Err(Error::NoMemory { .. }) => break,
                 Err(e) => panic!("{e}"),
             }
         }
@@ -618,7 +618,7 @@ fn t043_059_safe_add() {
         assert!(i <= 1000, "no store ever failed");
         match dogs.safe_add(format!("key_{i}"), &hello(i), NEVER) {
             Ok(stored) => assert_eq!(stored, NOT_FORCIBLE),
-            Err(Error::NoMemory) => break,
+            Err(Error::NoMemory { .. }) => break,
             Err(e) => panic!("{e}"),
         }
     }

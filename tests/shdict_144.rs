@@ -119,7 +119,7 @@ fn t144_007_incr_key_original_value_is_not_number() {
     dogs.set("foo", true, NEVER).unwrap();
     assert!(matches!(
         dogs.incr("foo", 1, Some(0), NEVER),
-        Err(Error::NotANumber)
+        Err(Error::NotANumber { .. })
     ));
     assert_eq!(value(&dogs, "foo"), Some(Value::Bool(true)));
 }

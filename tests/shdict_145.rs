@@ -4,7 +4,8 @@
 //! Each asserts what upstream's `--- response_body` expects, translated: a Lua string
 //! element is `Value::Bytes`, a Lua number pushed as `i` is an `i64` (`Value::Int`), ngx's
 //! "value not a list" / "value is a list" / "not a number" / "exists" / "no memory" errors
-//! are `Error::NotAList` / `IsAList` / `NotANumber` / `Exists` / `NoMemory`, a `nil` pop is
+//! are `Error::NotAList` / `IsAList` / `NotANumber` / `Exists` / `NoMemory` (whose messages
+//! name the key before ngx's words), a `nil` pop is
 //! `None`, and an exptime of 0.2 s is a short `Duration` with a sleep well past it.
 //!
 //! Translations of sizes: upstream fills a zone of so many KiB; a `SharedDict` counts its
@@ -58,8 +59,11 @@ fn t145_001_lpush_and_lpop() {
 fn t145_002_get_operation_on_list_type() {
     let (_p, dogs) = dict("t145-002", 64, 256);
     assert_eq!(dogs.lpush("foo", "bar").unwrap(), 1);
-    assert!(matches!(dogs.get("foo"), Err(Error::IsAList)));
-    assert_eq!(dogs.get("foo").unwrap_err().to_string(), "value is a list");
+    assert!(matches!(dogs.get("foo"), Err(Error::IsAList { .. })));
+    assert_eq!(
+        dogs.get("foo").unwrap_err().to_string(),
+        "key \"foo\": value is a list"
+    );
 }
 
 #[test]
@@ -86,7 +90,7 @@ fn t145_005_add_operation_on_list_type() {
         dogs.add("foo", "bar", NEVER),
         Err(Error::Exists { .. })
     ));
-    assert!(matches!(dogs.get("foo"), Err(Error::IsAList)));
+    assert!(matches!(dogs.get("foo"), Err(Error::IsAList { .. })));
 }
 
 #[test]
@@ -103,9 +107,9 @@ fn t145_007_incr_operation_on_list_type() {
     assert_eq!(dogs.lpush("foo", "bar").unwrap(), 1);
     assert!(matches!(
         dogs.incr("foo", 1, None, NEVER),
-        Err(Error::NotANumber)
+        Err(Error::NotANumber { .. })
     ));
-    assert!(matches!(dogs.get("foo"), Err(Error::IsAList)));
+    assert!(matches!(dogs.get("foo"), Err(Error::IsAList { .. })));
 }
 
 #[test]
@@ -119,10 +123,13 @@ fn t145_008_get_keys_operation_on_list_type() {
 fn t145_009_push_operation_on_key_value_type() {
     let (_p, dogs) = dict("t145-009", 64, 256);
     dogs.set("foo", "bar", NEVER).unwrap();
-    assert!(matches!(dogs.lpush("foo", "bar"), Err(Error::NotAList)));
+    assert!(matches!(
+        dogs.lpush("foo", "bar"),
+        Err(Error::NotAList { .. })
+    ));
     assert_eq!(
         dogs.lpush("foo", "bar").unwrap_err().to_string(),
-        "value not a list"
+        "key \"foo\": value not a list"
     );
     assert_eq!(value(&dogs, "foo"), b("bar"));
 }
@@ -131,7 +138,7 @@ fn t145_009_push_operation_on_key_value_type() {
 fn t145_010_pop_operation_on_key_value_type() {
     let (_p, dogs) = dict("t145-010", 64, 256);
     dogs.set("foo", "bar", NEVER).unwrap();
-    assert!(matches!(dogs.lpop("foo"), Err(Error::NotAList)));
+    assert!(matches!(dogs.lpop("foo"), Err(Error::NotAList { .. })));
     assert_eq!(value(&dogs, "foo"), b("bar"));
 }
 
@@ -139,7 +146,7 @@ fn t145_010_pop_operation_on_key_value_type() {
 fn t145_011_llen_operation_on_key_value_type() {
     let (_p, dogs) = dict("t145-011", 64, 256);
     dogs.set("foo", "bar", NEVER).unwrap();
-    assert!(matches!(dogs.llen("foo"), Err(Error::NotAList)));
+    assert!(matches!(dogs.llen("foo"), Err(Error::NotAList { .. })));
     assert_eq!(value(&dogs, "foo"), b("bar"));
 }
 
@@ -179,7 +186,7 @@ fn push_until_full(dogs: &SharedDict, order: impl Iterator<Item = usize>) -> usi
     for i in order {
         match dogs.lpush(key5(i), i as i64) {
             Ok(len) => assert_eq!(len, 1),
-            Err(Error::NoMemory) => return i,
+            Err(Error::NoMemory { .. }) => return i,
             Err(e) => panic!("{e}"),
         }
     }
@@ -331,6 +338,9 @@ fn t145_022_lpush_return_nil() {
         assert_eq!(dogs.lpush("foo", "bar").unwrap(), i);
     }
     // nil: the list no longer fits
-    assert!(matches!(dogs.lpush("foo", "bar"), Err(Error::NoMemory)));
+    assert!(matches!(
+        dogs.lpush("foo", "bar"),
+        Err(Error::NoMemory { .. })
+    ));
     assert_eq!(dogs.llen("foo").unwrap(), N);
 }

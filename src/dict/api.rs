@@ -321,7 +321,7 @@ impl DictOptions {
 ///
 /// assert!(matches!(dict.add("dog", "woof", Duration::ZERO), Err(Error::Exists { .. })));
 /// assert_eq!(dict.incr("hits", 1, Some(0), Duration::from_secs(60))?, 1);
-/// assert!(matches!(dict.incr("dog", 1, None, Duration::ZERO), Err(Error::NotANumber)));
+/// assert!(matches!(dict.incr("dog", 1, None, Duration::ZERO), Err(Error::NotANumber { .. })));
 /// assert!(matches!(dict.set("big", &[0u8; 65][..], Duration::ZERO),
 ///                  Err(Error::ValueTooLong { len: 65, max: 64, .. })));
 /// # std::fs::remove_file(&path).unwrap();
@@ -595,7 +595,7 @@ impl SharedDict {
         let at = self.lookup(k, Some(value), &mut c);
         let found = match at.map(|i| (i, now)) {
             Some((_, now)) if c.deadline > now && c.kind == Kind::List => {
-                return Err(Error::IsAList)
+                return Err(Error::IsAList { key: k.preview() })
             }
             Some((i, now)) if c.deadline > now => {
                 self.touch(i, now);
@@ -615,7 +615,7 @@ impl SharedDict {
         let mut value = Vec::new();
         let mut c = Copied::NONE;
         let found = match self.lookup(&k, Some(&mut value), &mut c) {
-            Some(_) if c.kind == Kind::List => return Err(Error::IsAList),
+            Some(_) if c.kind == Kind::List => return Err(Error::IsAList { key: k.preview() }),
             found => found.map(|i| {
                 self.touch(i, now);
                 let stale = c.deadline <= now;
@@ -787,7 +787,7 @@ impl SharedDict {
         let key = key.as_ref();
         let k = self.pack(key)?;
         let mut int = [0u8; 8];
-        let (kind, bytes) = self.encode(value.into(), &mut int)?;
+        let (kind, bytes) = self.encode(&k, value.into(), &mut int)?;
         self.writing(|w| {
             let now = self.now();
             let until = deadline(now, ttl_ns(ttl));
@@ -859,6 +859,7 @@ impl SharedDict {
         }
         if self.max_value_len() < 8 {
             return Err(Error::ValueTooLong {
+                key: KeyPreview::new(key),
                 len: 8,
                 max: self.max_value_len(),
             });
@@ -871,7 +872,7 @@ impl SharedDict {
                 Some((i, c)) if c.deadline > now => {
                     let flags = c.flags;
                     let stored = Num::of(&Value::decode(c.kind, value));
-                    let n = stored.ok_or(Error::NotANumber)?;
+                    let n = stored.ok_or_else(|| Error::NotANumber { key: k.preview() })?;
                     (i, n.add(by.num()), c.deadline, flags)
                 }
                 existing => {
@@ -886,7 +887,7 @@ impl SharedDict {
                     (i, sum, deadline(now, ttl_ns(init_ttl)), 0)
                 }
             };
-            let result = N::of_sum(sum).ok_or(Error::NotAnInteger)?;
+            let result = N::of_sum(sum).ok_or_else(|| Error::NotAnInteger { key: k.preview() })?;
             let mut buf = [0u8; 8];
             let (kind, bytes) = sum.value_ref().encode(&mut buf);
             let stored = self.store_at(w, i, &k, (kind, bytes), flags, until, now);
@@ -1023,12 +1024,14 @@ impl SharedDict {
     /// The kind and bytes to store; a number's bytes go in `buf`, so nothing allocates.
     fn encode<'v>(
         &self,
+        k: &PackedKey,
         value: ValueRef<'v>,
         buf: &'v mut [u8; 8],
     ) -> Result<(Kind, &'v [u8]), Error> {
         let (kind, bytes) = value.encode(buf);
         if bytes.len() > self.max_value_len() {
             return Err(Error::ValueTooLong {
+                key: k.preview(),
                 len: bytes.len(),
                 max: self.max_value_len(),
             });
@@ -1682,7 +1685,7 @@ impl SharedDict {
                 self.control(EVICTIONS).fetch_add(1, Ordering::Relaxed);
             }
         }
-        let (d, forcible) = chosen.ok_or(Error::NoMemory)?;
+        let (d, forcible) = chosen.ok_or_else(|| Error::NoMemory { key: k.preview() })?;
         let at = self.at(home, d);
         if let Some(Some(hash)) = self.entry(at).stable_hash() {
             self.going(w, self.home_of(hash)); // an expired or evicted entry's key

@@ -160,6 +160,11 @@ pub(crate) struct PackedKey<'k> {
 }
 
 impl<'k> PackedKey<'k> {
+    /// The key's first bytes, for an error that names it.
+    pub(crate) fn preview(&self) -> crate::error::KeyPreview {
+        crate::error::KeyPreview::new(self.key)
+    }
+
     pub(crate) fn new(key: &'k [u8], hash: u64) -> PackedKey<'k> {
         PackedKey {
             hash,

@@ -79,7 +79,7 @@ impl From<Error> for Fail {
             // (URLs are checked before: this is a setting the server or client refused)
             Error::Redis(r) if r.kind() == redis::ErrorKind::InvalidClientConfig => EX_USAGE,
             Error::Redis(_) | Error::NotReplicated { .. } => EX_UNAVAILABLE,
-            Error::TableFull { .. } | Error::TooManyProcesses { .. } | Error::NoMemory => {
+            Error::TableFull { .. } | Error::TooManyProcesses { .. } | Error::NoMemory { .. } => {
                 EX_TEMPFAIL
             }
             _ => EX_SOFTWARE,

@@ -65,7 +65,9 @@ impl SharedDict {
         let mut value = Vec::new();
         let mut c = Copied::NONE;
         match self.lookup(&k, Some(&mut value), &mut c) {
-            Some(_) if c.deadline > now && c.kind != Kind::List => Err(Error::NotAList),
+            Some(_) if c.deadline > now && c.kind != Kind::List => {
+                Err(Error::NotAList { key: k.preview() })
+            }
             Some(_) if c.deadline > now => Ok(List(value).len()),
             _ => Ok(0),
         }
@@ -76,14 +78,14 @@ impl SharedDict {
         let mut buf = [0u8; 8];
         let size = ELEMENT_HEAD + value.encode(&mut buf).1.len();
         if size > self.max_value_len() {
-            return Err(Error::NoMemory);
+            return Err(Error::NoMemory { key: k.preview() });
         }
         self.writing(|w| {
             let now = self.now();
             let mut bytes = Vec::new();
             let (i, list, until, flags) = match self.lookup_locked(w, &k, Some(&mut bytes)) {
                 Some((_, c)) if c.deadline > now && c.kind != Kind::List => {
-                    return Err(Error::NotAList)
+                    return Err(Error::NotAList { key: k.preview() })
                 }
                 Some((i, c)) if c.deadline > now => (i, bytes, c.deadline, c.flags),
                 // an expired value of the key: a new list in its place
@@ -93,7 +95,7 @@ impl SharedDict {
             };
             let mut list = List(list);
             if list.0.len() + size > self.max_value_len() {
-                return Err(Error::NoMemory);
+                return Err(Error::NoMemory { key: k.preview() });
             }
             list.push(value, front);
             let len = list.len();
@@ -116,7 +118,7 @@ impl SharedDict {
                 _ => return Ok(Outcome::Done(None)),
             };
             if c.kind != Kind::List {
-                return Err(Error::NotAList);
+                return Err(Error::NotAList { key: k.preview() });
             }
             let mut list = List(value);
             let Some(value) = list.pop(front) else {
