@@ -49,8 +49,8 @@ struct Cell {
     /// Anchors being set up (lower half) and forks waiting for them (upper half, in units
     /// of [`FORKING`]).
     setting_up: AtomicU32,
-    /// Anchors waiting for a fork under way: new forks let them go first.
-    waiting: AtomicU32,
+    /// Forks begun (wrapping): an anchor's patience is for each fork it waits for.
+    forks: AtomicU32,
 }
 
 /// Where the cell lives: the wipe-on-fork page, or this static where the page could not be
@@ -59,7 +59,7 @@ static FALLBACK: Cell = Cell {
     token: AtomicU64::new(0),
     pid: AtomicU32::new(0),
     setting_up: AtomicU32::new(0),
-    waiting: AtomicU32::new(0),
+    forks: AtomicU32::new(0),
 };
 /// The cell: null until the first look at this process chose the page or `FALLBACK`
 /// (once, with a CAS; a child inherits the choice).
@@ -77,7 +77,6 @@ extern "C" fn in_forked_child() {
     cell().token.store(0, Ordering::Relaxed);
     cell().pid.store(0, Ordering::Relaxed);
     cell().setting_up.store(0, Ordering::Relaxed);
-    cell().waiting.store(0, Ordering::Relaxed);
 }
 
 /// One `fork` under way, in the upper half of `setting_up` (anchors being set up count in
@@ -87,20 +86,10 @@ const FORKING: u32 = 1 << 16;
 const SETUPS: u32 = FORKING - 1;
 
 extern "C" fn before_fork() {
-    // Anchors that waited for an earlier fork go first: forks back to back (a thread that
-    // forks in a loop) would otherwise leave them only gaps of microseconds to start in.
-    // They wait for forks under way only, never for this one, so this wait is short; it is
-    // bounded all the same, as theirs is.
-    let waiting = &cell().waiting;
-    if waiting.load(Ordering::Acquire) != 0 {
-        let since = Instant::now();
-        while waiting.load(Ordering::Acquire) != 0 && since.elapsed() < FORK_PATIENCE {
-            std::thread::yield_now();
-        }
-    }
     // Keep new anchors from starting, then wait for those being set up (a few system
     // calls each, made with signals blocked: never by this very thread).
     let setting_up = &cell().setting_up;
+    cell().forks.fetch_add(1, Ordering::Relaxed);
     setting_up.fetch_add(FORKING, Ordering::Acquire);
     while setting_up.load(Ordering::Acquire) & SETUPS != 0 {
         std::thread::yield_now();
@@ -118,19 +107,24 @@ extern "C" fn after_fork_in_parent() {
         });
 }
 
-/// How long an anchor waits for a fork under way before it goes ahead anyway. A fork
+/// How long an anchor waits for one fork under way before it goes ahead anyway. A fork
 /// takes microseconds (milliseconds for a huge process); one that waits longer waits for
 /// something else, perhaps in another fork handler for a lock this very thread holds (an
 /// application's handler that locks its mutex around `fork`, registered before the
 /// library's): waiting on would deadlock, going ahead only risks that child inheriting
-/// the anchor's descriptor, as after a raw `clone`.
+/// the anchor's descriptor, as after a raw `clone`. The patience starts again at each
+/// fork that begins meanwhile: counted from the first, forks back to back (a thread that
+/// forks in a loop, leaving gaps of microseconds) outwaited it, and the anchor went ahead
+/// in the middle of one that had taken a millisecond.
 const FORK_PATIENCE: Duration = Duration::from_millis(100);
+
+/// How long an anchor waits in all while forks keep beginning, each within its patience
+/// (threads that fork all the time, with no gap the anchor sees).
+const FORKS_PATIENCE: Duration = Duration::from_secs(2);
 
 /// Held while an anchor's descriptor exists (see `anchor.rs`): a `fork` through the libc
 /// function, which runs the fork handlers, waits until it is gone, so no child inherits
-/// it; an anchor waits for a fork under way, up to [`FORK_PATIENCE`], and forks that
-/// begin meanwhile wait for it to start (so that one fork after another cannot outwait
-/// it: its patience is for the forks it found, not a queue behind them). Signals are blocked
+/// it; an anchor waits for a fork under way, up to [`FORK_PATIENCE`]. Signals are blocked
 /// meanwhile, so that no signal handler of this thread forks (it would wait for itself)
 /// or runs on into a child with a half-made anchor.
 pub(crate) struct NoFork {
@@ -170,15 +164,17 @@ impl NoFork {
         let signals = SignalsBlocked::all();
         let setting_up = &cell().setting_up;
         let mut cur = setting_up.load(Ordering::Relaxed);
-        let mut waited: Option<Instant> = None;
-        // Once it waits, forks that begin afterwards wait until it is under way.
-        let mut in_line: Option<Waiting> = None;
+        // (when it began waiting; the count of forks begun and when it saw that count)
+        let mut waited: Option<(Instant, u32, Instant)> = None;
         loop {
             if cur & !SETUPS != 0 {
-                in_line.get_or_insert_with(Waiting::new);
-                let since = *waited.get_or_insert_with(Instant::now);
-                let patience = since.elapsed();
-                if patience < FORK_PATIENCE {
+                let forks = cell().forks.load(Ordering::Relaxed);
+                let now = Instant::now();
+                let (first, seen, since) = waited.get_or_insert((now, forks, now));
+                if *seen != forks {
+                    (*seen, *since) = (forks, now);
+                }
+                if now - *since < FORK_PATIENCE && now - *first < FORKS_PATIENCE {
                     // Yield rather than sleep: a thread that forks in a loop leaves short
                     // gaps between its forks, which a sleeper would miss.
                     std::thread::yield_now();
@@ -196,22 +192,6 @@ impl NoFork {
                 Err(now) => cur = now,
             }
         }
-    }
-}
-
-/// An anchor counted in `waiting` while it lives.
-struct Waiting;
-
-impl Waiting {
-    fn new() -> Waiting {
-        cell().waiting.fetch_add(1, Ordering::AcqRel);
-        Waiting
-    }
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        cell().waiting.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
