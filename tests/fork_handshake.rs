@@ -154,6 +154,10 @@ const TESTS: &[Test] = &[
         handler_fork_during_downgrade,
     ),
     Test::new(
+        "a_child_made_by_a_handler_on_keep_alives_renewer_thread_exits",
+        handler_fork_on_the_renewer,
+    ),
+    Test::new(
         "a_claim_a_child_made_in_its_parents_name_does_not_outlive_both",
         orphaned_claims,
     )
@@ -2702,6 +2706,68 @@ fn handler_fork_during_change<B: shmlock::Backend>(seed: u64, change: Change<B>)
     );
     assert!(made > 0, "no grandchild was forked during a change");
     assert_eq!((lost, held, failed), (0, 0, 0));
+}
+
+// ---------------------------------------------------------------------------------------
+// A signal handler forks on `keep_alive`'s renewer thread: the child has that thread
+// alone, which goes on renewing a hold that is its parent's. It must stop (the hold is
+// not its own to renew) and so the child ends; it used to try again every third of the
+// lease, for good.
+
+fn handler_fork_on_the_renewer() {
+    RR_AWAIT_PARENT.store(std::ptr::null_mut(), Ordering::SeqCst);
+    let path = fresh_table("ka-handler");
+    // words: grandchildren forked on the renewer, that did not end, that failed
+    // otherwise, keys left held once both let go; parents whose lease was lost (load)
+    let shared = Shared::new(5);
+    let p = path.0.clone();
+    let sh = &shared;
+    let trials = alarm_fork_trials(0x510e_527f_ade6_82d1, 250_000, 6, &shared, |us| {
+        let (t, key) = armed_trial(&p, 0);
+        let mut g = t
+            .try_lock_with_lease(&key, Duration::from_millis(300))
+            .unwrap()
+            .unwrap();
+        let (_, lease) = g.keep_alive(|_| {
+            // (the alarm goes to the renewer: this thread blocks it, the renewer, made
+            // before, does not)
+            mask_alarm(true);
+            arm_alarm_in(us);
+            std::thread::sleep(Duration::from_millis(400));
+        });
+        mask_alarm(false);
+        if RR_IN_G.load(Ordering::Relaxed) {
+            return 12; // the grandchild runs only the renewer, never this
+        }
+        if lease.is_err() {
+            sh.word(4).fetch_add(1, Ordering::SeqCst);
+        }
+        drop(g.unlock());
+        let Some(gc) = grandchild_forked() else {
+            return 0;
+        };
+        sh.word(0).fetch_add(1, Ordering::SeqCst);
+        match common::forking::reap_within(gc, Duration::from_secs(5)) {
+            Some(0) => {}
+            None => drop(sh.word(1).fetch_add(1, Ordering::SeqCst)),
+            Some(_) => drop(sh.word(2).fetch_add(1, Ordering::SeqCst)),
+        }
+        if t.try_lock_with_lease(&key, Duration::from_secs(1))
+            .unwrap()
+            .is_none()
+        {
+            sh.word(3).fetch_add(1, Ordering::SeqCst);
+        }
+        0
+    });
+    let [made, hung, failed, held, lapsed] =
+        [0, 1, 2, 3, 4].map(|i| shared.word(i).load(Ordering::SeqCst));
+    note!(
+        "[{trials} trials, {made} grandchildren forked on the renewer: {hung} still running \
+         after 5 s, {failed} failed, {held} keys left held; {lapsed} parents' leases lapsed] "
+    );
+    assert!(made > 0, "no grandchild was forked on the renewer");
+    assert_eq!((hung, failed, held), (0, 0, 0));
 }
 
 // ---------------------------------------------------------------------------------------

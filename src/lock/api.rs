@@ -153,7 +153,10 @@ where
             }
             match backend.extend(hold, exptime_ns) {
                 Ok(()) => {}
-                Err(e @ (Error::Expired | Error::MaxHoldReached)) => {
+                // (NotOwner: this is a child that a signal handler forked on this thread,
+                // and the hold is its parent's, to leave alone; the thread ends, and with
+                // it the child)
+                Err(e @ (Error::Expired | Error::MaxHoldReached | Error::NotOwner)) => {
                     status.lost.store(true, Ordering::Release);
                     return Err(e);
                 }

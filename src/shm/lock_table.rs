@@ -699,9 +699,6 @@ impl LockTable {
         counters::count(att.map_id(), &att.map, Fast::Acquired);
     }
 
-    /// A hold found lost (at a release or renewal): counted, and [`Error::Expired`].
-    #[cold]
-    #[inline(never)]
     /// This thread's signals blocked, if `hold` is this process's (looked at with them
     /// blocked), for a change of the hold in place (its lease, its mode). A child forked
     /// by a signal handler in the middle of the change would finish it in its parent's
@@ -717,6 +714,9 @@ impl LockTable {
         }
     }
 
+    /// A hold found lost (at a release or renewal): counted, and [`Error::Expired`].
+    #[cold]
+    #[inline(never)]
     fn lost(&self) -> Error {
         Cells::of(&self.att().map).add(counters::LOST, 1);
         Error::Expired
