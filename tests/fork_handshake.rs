@@ -2771,12 +2771,12 @@ fn handler_fork_on_the_renewer() {
 }
 
 // ---------------------------------------------------------------------------------------
-// The cost of the above: a child forked in the middle of its parent's acquisition, before
-// the claim, may make that claim itself, in its parent's name (the request was made for
-// the parent). It cannot tell that claim from its parent's own hold, so it neither keeps
-// nor releases it; the key stays held until the lease ends or the parent is gone. Fails
-// today (a known limit): closing it takes the claim and the look at who makes it in one
-// step, which signals blocked around every acquisition would cost.
+// The cost of `handler_fork_during`'s fix: a child forked in the middle of its parent's
+// acquisition, before the claim, may make that claim itself, in its parent's name (the
+// request was made for the parent). It cannot tell that claim from its parent's own hold,
+// so it neither keeps nor releases it; the key stays held until the lease ends or the
+// parent is gone. Fails today (a known limit): closing it takes the claim and the look at
+// who makes it in one step, which signals blocked around every acquisition would cost.
 
 fn orphaned_claims() {
     RR_AWAIT_PARENT.store(std::ptr::null_mut(), Ordering::SeqCst);
