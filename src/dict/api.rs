@@ -859,7 +859,7 @@ impl SharedDict {
         }
         if self.max_value_len() < 8 {
             return Err(Error::ValueTooLong {
-                key: KeyPreview::new(key),
+                key: k.preview(),
                 len: 8,
                 max: self.max_value_len(),
             });

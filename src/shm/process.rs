@@ -50,6 +50,7 @@ struct Cell {
     /// of [`FORKING`]).
     setting_up: AtomicU32,
     /// Forks begun (wrapping): an anchor's patience is for each fork it waits for.
+    /// Relaxed: only a hint of when to give up waiting; what is safe is `setting_up`'s.
     forks: AtomicU32,
 }
 
