@@ -1,6 +1,4 @@
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(loom)");
     println!("cargo::rustc-check-cfg=cfg(shmlock_broken)");
-    println!("cargo::rustc-check-cfg=cfg(shmlock_broken_shared)");
-    println!("cargo::rustc-check-cfg=cfg(shmlock_broken_idle)");
 }

@@ -39,7 +39,7 @@
 //! - `redis_store/` (feature `redis`): the [`RedisLocks`] backend: one server, Sentinel
 //!   or Cluster; its read locks and semaphores (`shared`, their Lua in `scripts`).
 //! - `key`: what a key may be; `limits`: [`MAX_KEY_LEN`] and [`MAX_CAPACITY`]; `error`:
-//!   [`Error`].
+//!   [`Error`]; `broken`: the deliberately broken variants the loom models must catch.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -56,6 +56,7 @@ compile_error!(
      in shared mappings, CLOCK_MONOTONIC_COARSE and /proc/self/timens_offsets"
 );
 
+mod broken;
 mod dict;
 mod error;
 mod key;

@@ -34,6 +34,7 @@
 //! pay for it.
 
 use super::writer::Writing;
+use crate::broken::{broken, Broken};
 use crate::shm::primitive::{AtomicU64, Ordering};
 
 const BITS: u64 = 0xffff_ffff;
@@ -64,7 +65,7 @@ impl Filter<'_> {
     pub(crate) fn add(self, hash: u64) {
         let mut cur = self.0.load(Ordering::Relaxed);
         loop {
-            if cfg!(shmlock_broken) && cur & bit(hash) != 0 {
+            if broken(Broken::Protocol) && cur & bit(hash) != 0 {
                 return; // the broken build skips an add that changes no bit: a model must catch it
             }
             let next = (cur | bit(hash)).wrapping_add(GENERATION_ONE);

@@ -2,7 +2,7 @@
 //! entry races a writer's claim, another permit's claim, and a writer's mark. The key's
 //! home holds another key, and a free slot lies between it and the idle entry, so that a
 //! claim that passed the idle entry by would claim the free slot and stand beside the
-//! re-entered hold (what the broken variant, `shmlock_broken_idle`, does).
+//! re-entered hold (what the broken variant, `SHMLOCK_BROKEN=idle`, does).
 
 use super::shared::{modes_of, shared_req, take_shared};
 use super::*;

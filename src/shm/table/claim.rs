@@ -46,6 +46,7 @@ use super::{
     busy, claims_conflict, Attempt, Busy, Conflict, Env, Held, KeyHash, Lost, Mode, Request, Seen,
     Slots, Table, TableFull, WaitFor,
 };
+use crate::broken::{broken, Broken};
 use crate::shm::clock::deadline;
 use crate::shm::primitive::{crash_point, Ordering};
 use crate::shm::slot::{Slot, State, Word, REACH_OVERFLOW, WRITER_WAITS};
@@ -446,7 +447,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         let mut permits = Permits::new(mode);
         // A free home is the nearest place there is.
         let hc = self.word(home, Ordering::SeqCst);
-        if hc.state() == State::Free && !cfg!(shmlock_broken) {
+        if hc.state() == State::Free && !broken(Broken::Protocol) {
             free = Some((0, hc));
         }
         let (mut own, mut idle) = (None, None);
@@ -478,8 +479,9 @@ impl<S: Slots, E: Env> Table<S, E> {
                         free = Some((d, c));
                         // The classic mistake the protocol exists to avoid: stop at the
                         // first free slot, as if the key could not be further on.
-                        #[cfg(shmlock_broken)]
-                        break;
+                        if broken(Broken::Protocol) {
+                            break;
+                        }
                     }
                 }
                 Seen::Changed => continue,
@@ -540,11 +542,7 @@ impl<S: Slots, E: Env> Table<S, E> {
         let mut permits = Permits::new(mode);
         let range = self.reach(home, Ordering::SeqCst).max(fd);
         // The broken variant trusts pass 1 and skips the rescan.
-        #[cfg(shmlock_broken)]
-        let range = {
-            let _ = range;
-            0
-        };
+        let range = if broken(Broken::Protocol) { 0 } else { range };
         let mut d = 0;
         while d <= range {
             if d == fd {

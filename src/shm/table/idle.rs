@@ -31,6 +31,7 @@
 //! left takes IDLE entries as free ones: an IDLE entry never makes a claim fail.
 
 use super::{Env, Held, KeyHash, Mode, Request, Seen, Slots, Table};
+use crate::broken::{broken, Broken};
 use crate::shm::clock::deadline;
 use crate::shm::primitive::{crash_point, Ordering};
 use crate::shm::slot::{State, Word};
@@ -40,7 +41,7 @@ use crate::shm::slot::{State, Word};
 #[inline]
 pub(super) fn takes_back(c: Word, mode: Mode) -> bool {
     // The broken variant lets every claim pass an idle entry of its key.
-    if cfg!(shmlock_broken_idle) {
+    if broken(Broken::Idle) {
         return false;
     }
     mode != (Mode::Shared { limit: 0 }) || c.is_permit()
@@ -136,7 +137,7 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// key's readers: none comes back without seeing its mark).
     pub(super) fn take_back_idle(&self, hash: KeyHash) {
         // The broken variant leaves them.
-        if cfg!(shmlock_broken_idle) {
+        if broken(Broken::Idle) {
             return;
         }
         self.walk_range(hash, |i, c, seen| match seen {

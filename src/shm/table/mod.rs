@@ -61,6 +61,7 @@
 //!
 //! The loom models of the protocol are in `shm/loom_tests.rs`; `tests` holds unit tests.
 
+use crate::broken::{broken, Broken};
 use crate::shm::primitive::{fence, AtomicU64, Ordering};
 use crate::shm::registry::OwnerId;
 use crate::shm::slot::{Cold, Slot, State, Word, PERMIT, REACH_OVERFLOW, SHARED, WRITER_WAITS};
@@ -531,7 +532,7 @@ enum Conflict {
 #[inline]
 fn claims_conflict(c: Word, mode: Mode) -> bool {
     // The broken variant lets shared claims pass every claim in progress, a writer's too.
-    if cfg!(shmlock_broken_shared) && mode != Mode::Exclusive {
+    if broken(Broken::Shared) && mode != Mode::Exclusive {
         return false;
     }
     !(mode == Mode::Shared { limit: 0 } && c.is_shared() && !c.is_permit())

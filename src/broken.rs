@@ -1,0 +1,40 @@
+//! The deliberately broken variants of the protocols, which the loom models must catch
+//! (`scripts/test.sh` checks that each fails the models listed for it). Only a build with
+//! `--cfg shmlock_broken` has them, and there the variable `SHMLOCK_BROKEN` picks the one
+//! that runs, so that one build serves every check; in every other build
+//! [`broken`] is `false` and the variants compile away.
+
+/// Which variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Broken {
+    /// `SHMLOCK_BROKEN=protocol`: a claim takes the first free slot and skips its rescan,
+    /// a dict reader trusts its copy, a dict filter add skips an already-set bit.
+    Protocol,
+    /// `SHMLOCK_BROKEN=shared`: shared claims pass every claim in progress, a writer's too.
+    Shared,
+    /// `SHMLOCK_BROKEN=idle`: claims pass idle entries of their key by, and a waiting
+    /// writer leaves them.
+    Idle,
+}
+
+/// Whether this build runs the variant `which`.
+#[cfg(shmlock_broken)]
+pub(crate) fn broken(which: Broken) -> bool {
+    static CHOSEN: std::sync::OnceLock<Broken> = std::sync::OnceLock::new();
+    *CHOSEN.get_or_init(|| match std::env::var("SHMLOCK_BROKEN").as_deref() {
+        Ok("protocol") => Broken::Protocol,
+        Ok("shared") => Broken::Shared,
+        Ok("idle") => Broken::Idle,
+        other => panic!(
+            "a build with --cfg shmlock_broken runs with SHMLOCK_BROKEN=protocol, shared or \
+             idle, not {other:?}"
+        ),
+    }) == which
+}
+
+/// Whether this build runs the variant `which`: never.
+#[cfg(not(shmlock_broken))]
+#[inline(always)]
+pub(crate) const fn broken(_which: Broken) -> bool {
+    false
+}
