@@ -463,3 +463,26 @@ fn unlock_force_says_whom_it_broke_the_key_from() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("\"cfg\" is not locked"));
     drop((r1, r2, permit));
 }
+
+/// Several `--redis` URLs without `--redis-cluster` or `--redis-sentinel` are a usage
+/// error (64), not a command on the first URL alone (which, down here, failed with 69
+/// although the second server was up).
+#[test]
+fn several_urls_without_a_topology_are_a_usage_error() {
+    let server = RedisServer::start();
+    let urls = format!("redis://127.0.0.1:1/,{}", server.url());
+    for args in [
+        &["run", "k", "true"][..],
+        &["inspect"],
+        &["unlock", "--force", "k"],
+    ] {
+        let out = output(shmlock(&urls).args(args));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains("--redis-cluster") && err.contains("--redis-sentinel"),
+            "{args:?}: {err}"
+        );
+    }
+}
