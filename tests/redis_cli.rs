@@ -486,3 +486,19 @@ fn several_urls_without_a_topology_are_a_usage_error() {
         );
     }
 }
+/// `--redis-prefix` without `--redis` is a usage error (64): it was silently ignored.
+#[test]
+fn a_redis_prefix_without_redis_is_a_usage_error() {
+    let missing = std::env::temp_dir().join(format!("shmlock-no-table-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_shmlock"))
+        .env_remove("SHMLOCK_FILE")
+        .args(["--redis-prefix", "foo:", "--file"])
+        .arg(&missing)
+        .arg("inspect")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(err.contains("--redis"), "{err}");
+    assert!(!missing.exists());
+}
