@@ -502,3 +502,73 @@ fn a_redis_prefix_without_redis_is_a_usage_error() {
     assert!(err.contains("--redis"), "{err}");
     assert!(!missing.exists());
 }
+/// A listener on a free port that accepts connections and, for each, does `serve` with it
+/// on a thread of its own (the listener lives as long as the test process).
+fn fake_server(serve: fn(std::net::TcpStream)) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            std::thread::spawn(move || serve(s));
+        }
+    });
+    port
+}
+
+/// Accepts and never answers (as a stopped server's kernel does).
+fn silent(s: std::net::TcpStream) {
+    std::thread::sleep(Duration::from_secs(60));
+    drop(s);
+}
+
+/// Answers whatever comes as an HTTP server does.
+fn http(mut s: std::net::TcpStream) {
+    use std::io::{Read, Write};
+    let mut buf = [0u8; 1024];
+    let _ = s.read(&mut buf);
+    let _ = s.write_all(
+        b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 11\r\n\r\nBad Request",
+    );
+}
+
+/// A server that accepts and never answers: the error says it did not answer in time and
+/// names the limit (it said `Resource temporarily unavailable (os error 11)`).
+#[test]
+fn a_server_that_never_answers_is_said_to_have_not_answered_in_time() {
+    let port = fake_server(silent);
+    let url = format!("redis://:s3cret@127.0.0.1:{port}/");
+    let started = Instant::now();
+    let out = output(shmlock(&url).args(["run", "k", "true"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(started.elapsed() < Duration::from_secs(15), "{err}");
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with(&format!("shmlock: redis://:***@127.0.0.1:{port}/: ")),
+        "{err}"
+    );
+    assert!(err.contains("did not answer within 5s"), "{err}");
+    assert!(
+        !err.contains("os error 11") && !err.contains("s3cret"),
+        "{err}"
+    );
+}
+
+/// A server that is not Redis: one line that says so (the parser's error took several).
+#[test]
+fn a_server_that_is_not_redis_is_said_so_in_one_line() {
+    let port = fake_server(http);
+    let url = format!("redis://127.0.0.1:{port}/");
+    for args in [&["run", "k", "true"][..], &["inspect"]] {
+        let out = output(shmlock(&url).args(args));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(69), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains(&format!(
+                "127.0.0.1:{port} does not speak the Redis protocol"
+            )),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! Where commands go: one server, the master a Sentinel names, or a Cluster; and making a
 //! connection there within a deadline.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::cluster::{ClusterClient, ClusterConnection};
@@ -38,6 +39,8 @@ pub(crate) struct Shared {
 pub(crate) struct Tag {
     pub(crate) epoch: u64,
     pub(crate) addr: Option<Addr>,
+    /// The server's `host:port`, for errors to name (`None`: a cluster connection).
+    pub(crate) server: Option<Arc<str>>,
 }
 
 /// A synchronous connection of any topology.
@@ -125,27 +128,37 @@ impl Shared {
     /// current master, or seed node `i` of a cluster (callers rotate `i`, so a dead seed is
     /// skipped next time). Its clock is read on the way.
     pub(crate) fn plain(&self, i: usize, limit: Instant) -> RedisResult<(Connection, Tag)> {
+        let started = Instant::now();
+        let direct = |info: &ConnectionInfo| {
+            let server: Arc<str> = info.addr().to_string().into();
+            let con = net::connect_within(info, limit)
+                .map_err(|e| net::at_server(e, &server, net::allowed(started, limit)))?;
+            let tag = Tag {
+                server: Some(server),
+                ..Tag::default()
+            };
+            Ok::<_, redis::RedisError>((con, tag))
+        };
         let (mut con, tag) = match &self.topology {
-            Topology::Single(c) => (
-                net::connect_within(c.get_connection_info(), limit)?,
-                Tag::default(),
-            ),
+            Topology::Single(c) => direct(c.get_connection_info())?,
             Topology::Sentinel(s) => {
                 let (con, epoch, addr) = s.connect_master(limit)?;
+                let server = format!("{}:{}", addr.0, addr.1).into();
                 (
                     con,
                     Tag {
                         epoch,
                         addr: Some(addr),
+                        server: Some(server),
                     },
                 )
             }
-            Topology::Cluster { nodes, .. } => (
-                net::connect_within(&nodes[i % nodes.len()], limit)?,
-                Tag::default(),
-            ),
+            Topology::Cluster { nodes, .. } => direct(&nodes[i % nodes.len()])?,
         };
-        self.read_clock(&mut con)?;
+        self.read_clock(&mut con).map_err(|e| match &tag.server {
+            Some(server) => net::at_server(e, server, net::allowed(started, limit)),
+            None => e,
+        })?;
         Ok((con, tag))
     }
 

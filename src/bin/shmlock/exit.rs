@@ -56,11 +56,19 @@ pub fn using_redis(shown: String) {
 
 /// `e` as the command says it: an error from Redis names the server.
 pub fn describe(e: &Error) -> String {
-    match (e, REDIS.get()) {
-        (Error::Redis(inner), Some(server)) => format!("{server}: {inner}"),
+    one_line(&match (e, REDIS.get()) {
+        (Error::Redis(inner), Some(server)) => {
+            // (the library names the server too, by host:port: said once)
+            let inner = inner.to_string();
+            let rest = inner
+                .split_once(": ")
+                .filter(|(addr, _)| server.split(',').any(|url| authority(url) == *addr))
+                .map_or(inner.as_str(), |(_, rest)| rest);
+            format!("{server}: {rest}")
+        }
         (Error::NotReplicated { .. }, Some(server)) => format!("{server}: {e}"),
         _ => e.to_string(),
-    }
+    })
 }
 
 impl From<Error> for Fail {
@@ -86,6 +94,23 @@ impl From<Error> for Fail {
         };
         Fail(describe(&e), code)
     }
+}
+
+/// A URL's host:port (what follows `://` and any `user:password@`, up to the path).
+fn authority(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let rest = rest.split(['/', '?', '#']).next().unwrap_or("");
+    rest.rsplit_once('@').map_or(rest, |(_, host)| host)
+}
+
+/// `msg` as one line: whatever a library or server put on several (a reply quoted in a
+/// parser's error) joined by "; ", so that an error is one line on stderr.
+pub fn one_line(msg: &str) -> String {
+    msg.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The exit code for a command that could not be started, as shells choose it.

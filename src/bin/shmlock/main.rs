@@ -103,7 +103,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(Fail(msg, code)) => {
-            eprintln!("shmlock: {msg}");
+            eprintln!("shmlock: {}", exit::one_line(&msg));
             ExitCode::from(code)
         }
     }
