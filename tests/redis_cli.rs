@@ -572,3 +572,21 @@ fn a_server_that_is_not_redis_is_said_so_in_one_line() {
         );
     }
 }
+
+/// `--redis-cluster` against a server that is no cluster node: `run` gives the server's
+/// reason, as `inspect` did (`run` said `No connections found - ClusterConnectionNotFound`).
+#[test]
+fn a_cluster_flag_on_a_plain_server_gives_the_servers_reason() {
+    let server = RedisServer::start();
+    for args in [
+        &["run", "k", "true"][..],
+        &["inspect"],
+        &["unlock", "--force", "k"],
+    ] {
+        let out = output(shmlock(&server.url()).arg("--redis-cluster").args(args));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(69), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains("cluster support disabled"), "{args:?}: {err}");
+    }
+}

@@ -187,7 +187,7 @@ impl Pool {
                 let unknown = is_unanswered(&e);
                 let e = match &tag.server {
                     Some(server) => net::at_server(e, server, self.allowed(started, limit)),
-                    None => e,
+                    None => self.shared.why_no_cluster(e, limit),
                 };
                 if is_broken(&e) {
                     drop(conn);

@@ -175,7 +175,9 @@ impl Shared {
                 let config = redis::cluster::ClusterConfig::new()
                     .set_connection_timeout(wait)
                     .set_response_timeout(timeout);
-                let con = client.get_connection_with_config(config)?;
+                let con = client
+                    .get_connection_with_config(config)
+                    .map_err(|e| self.why_no_cluster(e, limit))?;
                 Ok((SyncConn::Cluster(Box::new(con)), Tag::default()))
             }
             _ => {
@@ -183,6 +185,33 @@ impl Shared {
                 Ok((SyncConn::Plain(con), tag))
             }
         }
+    }
+
+    /// Why no connection to the cluster could be made, when redis-rs says only that it
+    /// found none (`ClusterConnectionNotFound`): the first seed node's own reason, from
+    /// connecting to it and asking it `CLUSTER INFO` (a server without cluster support
+    /// says so), else `e`. Errors of other kinds are returned as they are.
+    pub(crate) fn why_no_cluster(&self, e: redis::RedisError, limit: Instant) -> redis::RedisError {
+        let Topology::Cluster { nodes, .. } = &self.topology else {
+            return e;
+        };
+        if e.kind() != redis::ErrorKind::ClusterConnectionNotFound || left(limit).is_none() {
+            return e;
+        }
+        for seed in nodes {
+            let server = seed.addr().to_string();
+            let started = Instant::now();
+            let info: RedisResult<String> = net::connect_within(seed, limit)
+                .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query(&mut c));
+            match info {
+                Err(why) if why.code().is_some() => {
+                    return std::io::Error::other(format!("{server}: {why}")).into()
+                }
+                Err(why) => return net::at_server(why, &server, net::allowed(started, limit)),
+                Ok(_) => {}
+            }
+        }
+        e
     }
 
     /// Reads the server's clock (`TIME`) on `con`, to bound deadlines by.
