@@ -308,3 +308,41 @@ fn connection_errors_name_the_server_and_a_silent_one_the_time_limit() {
         "{text}"
     );
 }
+/// A value of another type than shmlock writes at a lock's Redis keys is a typed error
+/// naming the lock and the Redis key (it was a raw WRONGTYPE script error).
+#[test]
+fn a_foreign_type_at_a_lock_key_is_a_typed_error() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    server.cli(&["LPUSH", "shmlock:{lst}", "x"]);
+    let err = redis
+        .try_lock_with_lease("lst", Duration::from_secs(5))
+        .unwrap_err();
+    let Error::WrongType {
+        ref key,
+        ref redis_key,
+        ref found,
+        ..
+    } = err
+    else {
+        panic!("{err:?}")
+    };
+    assert_eq!(key.as_bytes(), b"lst");
+    assert_eq!(redis_key.as_bytes(), b"shmlock:{lst}");
+    assert_eq!(found, "list");
+    let text = err.to_string();
+    assert!(
+        text.contains("\"lst\"") && text.contains("shmlock:{lst}"),
+        "{text}"
+    );
+
+    server.cli(&["SET", "shmlock:{shw}:shared", "notahash"]);
+    let err = redis
+        .try_lock_shared("shw", Duration::from_secs(5))
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::WrongType { redis_key, found, .. }
+            if redis_key.as_bytes() == b"shmlock:{shw}:shared" && found == "string"),
+        "{err:?}"
+    );
+}

@@ -590,3 +590,53 @@ fn a_cluster_flag_on_a_plain_server_gives_the_servers_reason() {
         assert!(err.contains("cluster support disabled"), "{args:?}: {err}");
     }
 }
+/// A value something else wrote at a lock's Redis key, of a type shmlock never writes
+/// there: `run` says which key holds what (65, not 69 "cannot reach Redis"), `inspect`
+/// shows its type, and `unlock --force` says it removed it (it said "not locked", exit 1,
+/// after deleting it).
+#[test]
+fn a_foreign_value_at_a_lock_key_is_named_and_removed_truthfully() {
+    let server = RedisServer::start();
+    let url = server.url();
+    server.cli(&["LPUSH", "shmlock:{lst}", "x"]);
+    let out = output(shmlock(&url).args(["run", "-n", "lst", "true"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(65), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("\"lst\"") && err.contains("shmlock:{lst}") && err.contains("list"),
+        "{err}"
+    );
+
+    let text = output(shmlock(&url).arg("inspect"));
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("lst "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(row.ends_with(" list"), "{stdout}");
+    let json = output(shmlock(&url).args(["inspect", "--json"]));
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let h = &v["holders"][0];
+    assert_eq!(h["key"], "lst", "{v}");
+    assert_eq!(h["foreign_type"], "list", "{v}");
+
+    let out = output(shmlock(&url).args(["unlock", "--force", "lst"]));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        said,
+        "broke \"lst\": removed a list at shmlock:{lst} (a value shmlock did not write)\n"
+    );
+    assert_eq!(server.cli(&["EXISTS", "shmlock:{lst}"]).trim(), "0");
+
+    // a shared key's hash replaced by a string
+    server.cli(&["SET", "shmlock:{shw}:shared", "notahash"]);
+    let out = output(shmlock(&url).args(["run", "-s", "-n", "shw", "true"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(65), "{err}");
+    assert!(
+        err.contains("\"shw\"") && err.contains("shmlock:{shw}:shared") && err.contains("string"),
+        "{err}"
+    );
+}

@@ -12,7 +12,7 @@ pub struct Fail(pub String, pub u8);
 // take and the command's own status.
 /// The command line is wrong (clap's errors included; clap's own code would be 2).
 pub const EX_USAGE: u8 = 64;
-/// The file is not a usable lock table.
+/// The file is not a usable lock table; a lock's Redis key holds a foreign value.
 pub const EX_DATAERR: u8 = 65;
 /// The file cannot be opened (as flock(1) exits when it cannot open its lock file).
 pub const EX_NOINPUT: u8 = 66;
@@ -75,7 +75,7 @@ impl From<Error> for Fail {
     fn from(e: Error) -> Fail {
         let code = match &e {
             Error::Io { source, .. } => os_error_code(source),
-            Error::Format { .. } => EX_DATAERR,
+            Error::Format { .. } | Error::WrongType { .. } => EX_DATAERR,
             Error::NoSpace { .. } | Error::DeletedInUse { .. } => EX_CANTCREAT,
             Error::TableGone { .. } => EX_NOINPUT,
             Error::EmptyKey

@@ -114,7 +114,7 @@ pub fn dispatch(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -
             (false, None) => run(&redis, a),
         },
         Cmd::Inspect(a) => inspect(&Inspected::Redis(redis, shown), &a),
-        Cmd::Unlock(a) => unlock_redis(&redis, a),
+        Cmd::Unlock(a) => unlock_redis(&redis, prefix, a),
         Cmd::Stats(_) => Err(Fail(
             "stats: a Redis handle's counters are kept by the process that uses it \
              (RedisLocks::stats); the server keeps none"
