@@ -128,6 +128,19 @@ pub enum Error {
         /// Replicas required.
         wanted: u64,
     },
+    /// One of the Redis keys of the lock on `key` holds a value of a type this crate never
+    /// writes there (a list where a hold's string goes, a string where the shared holds'
+    /// hash goes): something else wrote it. Nothing was changed;
+    /// [`RedisLocks::force_unlock`](crate::RedisLocks) removes it.
+    #[non_exhaustive]
+    WrongType {
+        /// The lock's key (its first bytes).
+        key: KeyPreview,
+        /// The Redis key that holds the foreign value (its first bytes).
+        redis_key: KeyPreview,
+        /// Its Redis type, as `TYPE` names it (`list`, `string`, `hash`, ...).
+        found: String,
+    },
     /// The hold belongs to another process: this is a copy inherited across `fork`.
     NotOwner,
     /// The table has no room for the key among its live locks; none was evicted. At
@@ -478,6 +491,16 @@ impl fmt::Display for Error {
             Error::NotReplicated { acked, wanted } => write!(
                 f,
                 "not replicated: {acked} of {wanted} required replicas acknowledged in time"
+            ),
+            Error::WrongType {
+                key,
+                redis_key,
+                found,
+            } => write!(
+                f,
+                "key {key}: its Redis key {redis_key} holds a {found}, which shmlock never \
+                 writes there (something else wrote it; force_unlock, `shmlock unlock \
+                 --force`, removes it)"
             ),
             Error::NotOwner => f.write_str("not owner: the hold belongs to the parent process"),
             Error::TableFull { key, capacity } => write!(

@@ -257,3 +257,92 @@ fn max_hold_caps_renewals_by_keep_alive() {
     assert!(started.elapsed() < Duration::from_millis(1200));
     drop(guard);
 }
+
+/// Errors name the server they come from: a refused connection (it said `redis:
+/// Connection refused (os error 111)`), and a server that accepts and never answers,
+/// which is said not to have answered within the command timeout (it said `Resource
+/// temporarily unavailable (os error 11)`); a stopped server the same.
+#[test]
+fn connection_errors_name_the_server_and_a_silent_one_the_time_limit() {
+    let err = RedisLocks::open("redis://:pw@127.0.0.1:1/").unwrap_err();
+    assert!(
+        matches!(err, Error::Redis(ref e) if e.is_connection_refusal()),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(text.contains("127.0.0.1:1"), "{text}");
+    assert!(!text.contains("pw"), "{text}");
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = std::thread::spawn(move || {
+        let s = listener.accept();
+        std::thread::sleep(Duration::from_secs(7));
+        drop(s);
+    });
+    let err = RedisLocks::open(&format!("redis://127.0.0.1:{port}/")).unwrap_err();
+    assert!(
+        matches!(err, Error::Redis(ref e) if e.is_timeout()),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("127.0.0.1:{port} did not answer within 5s")),
+        "{text}"
+    );
+    accepted.join().unwrap();
+
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url())
+        .unwrap()
+        .with_timeout(Duration::from_millis(300));
+    server.pause(true);
+    let err = redis.is_locked("k").unwrap_err();
+    server.pause(false);
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!(
+            "127.0.0.1:{} did not answer within 300ms",
+            server.port
+        )),
+        "{text}"
+    );
+}
+/// A value of another type than shmlock writes at a lock's Redis keys is a typed error
+/// naming the lock and the Redis key (it was a raw WRONGTYPE script error).
+#[test]
+fn a_foreign_type_at_a_lock_key_is_a_typed_error() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    server.cli(&["LPUSH", "shmlock:{lst}", "x"]);
+    let err = redis
+        .try_lock_with_lease("lst", Duration::from_secs(5))
+        .unwrap_err();
+    let Error::WrongType {
+        ref key,
+        ref redis_key,
+        ref found,
+        ..
+    } = err
+    else {
+        panic!("{err:?}")
+    };
+    assert_eq!(key.as_bytes(), b"lst");
+    assert_eq!(redis_key.as_bytes(), b"shmlock:{lst}");
+    assert_eq!(found, "list");
+    let text = err.to_string();
+    assert!(
+        text.contains("\"lst\"") && text.contains("shmlock:{lst}"),
+        "{text}"
+    );
+
+    server.cli(&["SET", "shmlock:{shw}:shared", "notahash"]);
+    let err = redis
+        .try_lock_shared("shw", Duration::from_secs(5))
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::WrongType { redis_key, found, .. }
+            if redis_key.as_bytes() == b"shmlock:{shw}:shared" && found == "string"),
+        "{err:?}"
+    );
+}

@@ -463,3 +463,180 @@ fn unlock_force_says_whom_it_broke_the_key_from() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("\"cfg\" is not locked"));
     drop((r1, r2, permit));
 }
+
+/// Several `--redis` URLs without `--redis-cluster` or `--redis-sentinel` are a usage
+/// error (64), not a command on the first URL alone (which, down here, failed with 69
+/// although the second server was up).
+#[test]
+fn several_urls_without_a_topology_are_a_usage_error() {
+    let server = RedisServer::start();
+    let urls = format!("redis://127.0.0.1:1/,{}", server.url());
+    for args in [
+        &["run", "k", "true"][..],
+        &["inspect"],
+        &["unlock", "--force", "k"],
+    ] {
+        let out = output(shmlock(&urls).args(args));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains("--redis-cluster") && err.contains("--redis-sentinel"),
+            "{args:?}: {err}"
+        );
+    }
+}
+/// `--redis-prefix` without `--redis` is a usage error (64): it was silently ignored.
+#[test]
+fn a_redis_prefix_without_redis_is_a_usage_error() {
+    let missing = std::env::temp_dir().join(format!("shmlock-no-table-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_shmlock"))
+        .env_remove("SHMLOCK_FILE")
+        .args(["--redis-prefix", "foo:", "--file"])
+        .arg(&missing)
+        .arg("inspect")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(err.contains("--redis"), "{err}");
+    assert!(!missing.exists());
+}
+/// A listener on a free port that accepts connections and, for each, does `serve` with it
+/// on a thread of its own (the listener lives as long as the test process).
+fn fake_server(serve: fn(std::net::TcpStream)) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            std::thread::spawn(move || serve(s));
+        }
+    });
+    port
+}
+
+/// Accepts and never answers (as a stopped server's kernel does).
+fn silent(s: std::net::TcpStream) {
+    std::thread::sleep(Duration::from_secs(60));
+    drop(s);
+}
+
+/// Answers whatever comes as an HTTP server does.
+fn http(mut s: std::net::TcpStream) {
+    use std::io::{Read, Write};
+    let mut buf = [0u8; 1024];
+    let _ = s.read(&mut buf);
+    let _ = s.write_all(
+        b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 11\r\n\r\nBad Request",
+    );
+}
+
+/// A server that accepts and never answers: the error says it did not answer in time and
+/// names the limit (it said `Resource temporarily unavailable (os error 11)`).
+#[test]
+fn a_server_that_never_answers_is_said_to_have_not_answered_in_time() {
+    let port = fake_server(silent);
+    let url = format!("redis://:s3cret@127.0.0.1:{port}/");
+    let started = Instant::now();
+    let out = output(shmlock(&url).args(["run", "k", "true"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(started.elapsed() < Duration::from_secs(15), "{err}");
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with(&format!("shmlock: redis://:***@127.0.0.1:{port}/: ")),
+        "{err}"
+    );
+    assert!(err.contains("did not answer within 5s"), "{err}");
+    assert!(
+        !err.contains("os error 11") && !err.contains("s3cret"),
+        "{err}"
+    );
+}
+
+/// A server that is not Redis: one line that says so (the parser's error took several).
+#[test]
+fn a_server_that_is_not_redis_is_said_so_in_one_line() {
+    let port = fake_server(http);
+    let url = format!("redis://127.0.0.1:{port}/");
+    for args in [&["run", "k", "true"][..], &["inspect"]] {
+        let out = output(shmlock(&url).args(args));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(69), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains(&format!(
+                "127.0.0.1:{port} does not speak the Redis protocol"
+            )),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// `--redis-cluster` against a server that is no cluster node: `run` gives the server's
+/// reason, as `inspect` did (`run` said `No connections found - ClusterConnectionNotFound`).
+#[test]
+fn a_cluster_flag_on_a_plain_server_gives_the_servers_reason() {
+    let server = RedisServer::start();
+    for args in [
+        &["run", "k", "true"][..],
+        &["inspect"],
+        &["unlock", "--force", "k"],
+    ] {
+        let out = output(shmlock(&server.url()).arg("--redis-cluster").args(args));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(69), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains("cluster support disabled"), "{args:?}: {err}");
+    }
+}
+/// A value something else wrote at a lock's Redis key, of a type shmlock never writes
+/// there: `run` says which key holds what (65, not 69 "cannot reach Redis"), `inspect`
+/// shows its type, and `unlock --force` says it removed it (it said "not locked", exit 1,
+/// after deleting it).
+#[test]
+fn a_foreign_value_at_a_lock_key_is_named_and_removed_truthfully() {
+    let server = RedisServer::start();
+    let url = server.url();
+    server.cli(&["LPUSH", "shmlock:{lst}", "x"]);
+    let out = output(shmlock(&url).args(["run", "-n", "lst", "true"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(65), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("\"lst\"") && err.contains("shmlock:{lst}") && err.contains("list"),
+        "{err}"
+    );
+
+    let text = output(shmlock(&url).arg("inspect"));
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("lst "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(row.ends_with(" list"), "{stdout}");
+    let json = output(shmlock(&url).args(["inspect", "--json"]));
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let h = &v["holders"][0];
+    assert_eq!(h["key"], "lst", "{v}");
+    assert_eq!(h["foreign_type"], "list", "{v}");
+
+    let out = output(shmlock(&url).args(["unlock", "--force", "lst"]));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        said,
+        "broke \"lst\": removed a list at shmlock:{lst} (a value shmlock did not write)\n"
+    );
+    assert_eq!(server.cli(&["EXISTS", "shmlock:{lst}"]).trim(), "0");
+
+    // a shared key's hash replaced by a string
+    server.cli(&["SET", "shmlock:{shw}:shared", "notahash"]);
+    let out = output(shmlock(&url).args(["run", "-s", "-n", "shw", "true"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(65), "{err}");
+    assert!(
+        err.contains("\"shw\"") && err.contains("shmlock:{shw}:shared") && err.contains("string"),
+        "{err}"
+    );
+}

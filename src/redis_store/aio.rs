@@ -186,11 +186,20 @@ async fn connect(shared: &Arc<Shared>, timeout: Duration, limit: Instant) -> Red
         .set_response_timeout(Some(timeout));
     let (conn, tag) = match &shared.topology {
         Topology::Single(client) => {
+            let server = client.get_connection_info().addr().to_string();
+            let started = Instant::now();
             let c = bounded(
                 limit,
                 client.get_multiplexed_async_connection_with_config(&config),
             )
-            .await?;
+            .await
+            .map_err(|e| {
+                crate::redis_store::net::at_server(
+                    e,
+                    &server,
+                    crate::redis_store::net::allowed(started, limit),
+                )
+            })?;
             (AsyncConn::Plain(c), Tag::default())
         }
         Topology::Sentinel(_) => {
@@ -215,6 +224,7 @@ async fn connect(shared: &Arc<Shared>, timeout: Duration, limit: Instant) -> Red
                 Tag {
                     epoch,
                     addr: Some(addr),
+                    ..Tag::default()
                 },
             )
         }

@@ -100,7 +100,9 @@ impl RedisLocks {
                 async move {
                     let r = self
                         .attempt_async(key, names.clone(), exptime, deadline, mode)
-                        .await;
+                        .await
+                        // (a few blocking round trips, on the error path only)
+                        .map_err(|e| self.wrong_type(key, e));
                     match &r {
                         Ok(Ok(_)) => self.counters().add(crate::shm::counters::ACQUISITIONS, 1),
                         Ok(Err(RedisBusy { seen: Some(s), .. })) => {

@@ -224,6 +224,7 @@ impl Listeners {
                     Tag {
                         epoch,
                         addr: Some(addr),
+                        ..Tag::default()
                     },
                 )
             }

@@ -117,6 +117,17 @@ impl Pool {
         deadline.map_or(own, |d| d.min(own))
     }
 
+    /// The time a command started at `started` had until `limit`: the command timeout, as
+    /// configured, if that was its limit.
+    fn allowed(&self, started: Instant, limit: Instant) -> Duration {
+        let allowed = net::allowed(started, limit);
+        if allowed + Duration::from_millis(20) >= self.timeout {
+            self.timeout
+        } else {
+            allowed
+        }
+    }
+
     fn connect(&self, limit: Instant) -> RedisResult<(SyncConn, Tag)> {
         let i = self.local().next_node.fetch_add(1, Ordering::Relaxed);
         self.shared.connect(i, limit, self.timeout)
@@ -148,6 +159,7 @@ impl Pool {
         limit: Instant,
         f: impl FnOnce(&mut Req<'_>) -> RedisResult<T>,
     ) -> Result<Ran<T>, Failed> {
+        let started = Instant::now();
         let before = |e: redis::RedisError| Failed {
             error: e.into(),
             unknown: false,
@@ -172,6 +184,11 @@ impl Pool {
                 Ok(Ran { value, tag, sent })
             }
             Err(e) => {
+                let unknown = is_unanswered(&e);
+                let e = match &tag.server {
+                    Some(server) => net::at_server(e, server, self.allowed(started, limit)),
+                    None => self.shared.why_no_cluster(e, limit),
+                };
                 if is_broken(&e) {
                     drop(conn);
                     lock(&self.local().idle).clear();
@@ -179,7 +196,7 @@ impl Pool {
                     self.put_back((conn, tag));
                 }
                 Err(Failed {
-                    unknown: is_unanswered(&e),
+                    unknown,
                     error: e.into(),
                 })
             }
@@ -265,14 +282,25 @@ impl Pool {
         };
         let mut last = None;
         for seed in nodes {
+            let started = Instant::now();
             let listing: RedisResult<String> = net::connect_within(seed, limit)
-                .and_then(|mut c| redis::cmd("CLUSTER").arg("NODES").query(&mut c));
+                .and_then(|mut c| redis::cmd("CLUSTER").arg("NODES").query(&mut c))
+                .map_err(|e| {
+                    net::at_server(e, &seed.addr().to_string(), net::allowed(started, limit))
+                });
             match listing {
                 Ok(listing) => {
                     let mut out = Vec::new();
                     for (host, port) in topology::cluster_masters(&listing) {
                         let info = net::with_addr(seed, &host, port);
-                        let conn = net::connect_within(&info, self.limit(None))?;
+                        let (started, limit) = (Instant::now(), self.limit(None));
+                        let conn = net::connect_within(&info, limit).map_err(|e| {
+                            net::at_server(
+                                e,
+                                &format!("{host}:{port}"),
+                                self.allowed(started, limit),
+                            )
+                        })?;
                         out.push((format!("{host}:{port}"), conn));
                     }
                     return Ok(out);

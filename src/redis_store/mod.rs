@@ -145,6 +145,10 @@ pub struct RedisHolder {
     pub node: String,
     /// How it holds the key: exclusively, as a reader, or as one of a semaphore's permits.
     pub mode: HoldMode,
+    /// The Redis type of the value at the lock key when it is not one this crate writes
+    /// there (`list`, `hash`, ...: something else wrote it; a foreign string is `None`,
+    /// with the identity fields `None`).
+    pub foreign_type: Option<String>,
 }
 
 /// A key's shared holds as `holders` reads them: the leases (token, end), the hash of
@@ -175,6 +179,7 @@ fn exclusive_holder(
         since: id.since,
         node: node.to_string(),
         mode: HoldMode::Exclusive,
+        foreign_type: None,
     }
 }
 
@@ -218,8 +223,15 @@ fn shared_entries(
             since: id.since,
             node: node.to_string(),
             mode,
+            foreign_type: None,
         });
     }
+}
+
+/// A lock key's `TYPE` reply, if it is not the string this crate writes there (nor `none`).
+fn foreign_type(kind: &Value) -> Option<String> {
+    let kind: String = redis::from_redis_value(kind.clone()).ok()?;
+    (kind != "string" && kind != "none").then_some(kind)
 }
 
 /// A reply of another shape than the command's (a server that is not Redis, or a script
@@ -524,9 +536,11 @@ impl RedisLocks {
                     .arg(&lock_key)
                     .cmd("GET")
                     .arg(&names.fence)
+                    .cmd("TYPE")
+                    .arg(&lock_key)
                     .query(&mut conn)?;
-                let [pttl, value, fence] = <[Value; 3]>::try_from(replies)
-                    .map_err(|_| unexpected_reply("unexpected reply to PTTL/GET/GET"))?;
+                let [pttl, value, fence, kind] = <[Value; 4]>::try_from(replies)
+                    .map_err(|_| unexpected_reply("unexpected reply to PTTL/GET/GET/TYPE"))?;
                 let pttl = match pttl {
                     Value::Int(n) => n,
                     _ => -1,
@@ -538,13 +552,15 @@ impl RedisLocks {
                     Value::BulkString(b) => Some(b.clone()),
                     _ => None,
                 };
-                out.push(exclusive_holder(
+                let mut holder = exclusive_holder(
                     name,
                     &bytes(&value).unwrap_or_default(),
                     pttl,
                     bytes(&fence).as_deref(),
                     &node,
-                ));
+                );
+                holder.foreign_type = foreign_type(&kind);
+                out.push(holder);
             }
             self.shared_holders(&node, &mut conn, &mut out)?;
         }
@@ -648,8 +664,8 @@ impl RedisLocks {
         let Value::Array(parts) = reply else {
             return Err(unexpected());
         };
-        let [n, value, pttl, shared, leases, fence, time] =
-            <[Value; 7]>::try_from(parts).map_err(|_| unexpected())?;
+        let [n, value, pttl, shared, leases, fence, time, kind] =
+            <[Value; 8]>::try_from(parts).map_err(|_| unexpected())?;
         let (Value::Int(n), Value::Int(pttl)) = (n, pttl) else {
             return Err(unexpected());
         };
@@ -661,6 +677,7 @@ impl RedisLocks {
         let (s, us): (String, String) = redis::from_redis_value(time).map_err(|_| unexpected())?;
         let now = server_clock::server_us(&s, &us).unwrap_or(0) as f64;
         let mut out = Vec::new();
+        let foreign = foreign_type(&kind);
         if let Value::BulkString(v) = &value {
             out.push(exclusive_holder(
                 key.to_vec(),
@@ -669,6 +686,11 @@ impl RedisLocks {
                 fence.as_deref(),
                 "",
             ));
+        } else if foreign.is_some() {
+            // a value of another type, which the script removed all the same
+            let mut h = exclusive_holder(key.to_vec(), b"", pttl, fence.as_deref(), "");
+            h.foreign_type = foreign;
+            out.push(h);
         }
         shared_entries(key, (holds, values, fence), now, "", &mut out);
         Ok((u64::try_from(n).unwrap_or(0), out))
@@ -686,19 +708,21 @@ impl RedisLocks {
     ) -> Result<usize, Error> {
         let names = self.names_of(key.as_ref())?;
         let host = host.unwrap_or_else(|| identity::host_name());
-        let n: u64 = self.run_script(
-            &self
-                .0
-                .scripts
-                .force_process
-                .call()
-                .key(&names.lock)
-                .key(&names.channel)
-                .key(&names.shared)
-                .key(&names.leases)
-                .arg(pid)
-                .arg(host),
-        )?;
+        let n: u64 = self
+            .run_script(
+                &self
+                    .0
+                    .scripts
+                    .force_process
+                    .call()
+                    .key(&names.lock)
+                    .key(&names.channel)
+                    .key(&names.shared)
+                    .key(&names.leases)
+                    .arg(pid)
+                    .arg(host),
+            )
+            .map_err(|e| self.wrong_type(key.as_ref(), e))?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 

@@ -30,6 +30,75 @@ pub(crate) fn connect_within(info: &ConnectionInfo, limit: Instant) -> RedisResu
     Ok(con)
 }
 
+/// `e`, the failure of a connection to, or a request on a connection to, the server at
+/// `server` (its `host:port`, never a password), that had `allowed` to answer, told so that
+/// it names the server: a reply that did not come in time says so and names the limit (the
+/// socket's timeout says `Resource temporarily unavailable`, EAGAIN), a reply that does
+/// not parse says the server does not speak the Redis protocol (the parser quotes it over
+/// several lines), and any other I/O error is prefixed with the server. Each stays an I/O
+/// error of the same kind (`is_timeout`, `is_connection_refusal`, `is_connection_dropped`
+/// and the `(os error N)` that [`is_interrupted`] reads are kept). Errors the server
+/// replied with are left as they are (their code is what callers look at).
+pub(crate) fn at_server(
+    e: redis::RedisError,
+    server: &str,
+    allowed: Duration,
+) -> redis::RedisError {
+    use std::io::{Error as IoError, ErrorKind as Io};
+    if e.is_timeout() {
+        return IoError::new(
+            Io::TimedOut,
+            format!("{server} did not answer within {}", shown(allowed)),
+        )
+        .into();
+    }
+    if e.kind() == redis::ErrorKind::Parse {
+        return IoError::new(
+            Io::InvalidData,
+            format!("{server} does not speak the Redis protocol (its reply did not parse)"),
+        )
+        .into();
+    }
+    let text = e.to_string();
+    if !e.is_io_error() || text.starts_with(server) {
+        return e;
+    }
+    let kind = os_error(&text)
+        .map(|n| IoError::from_raw_os_error(n).kind())
+        .unwrap_or(if e.is_connection_refusal() {
+            Io::ConnectionRefused
+        } else if e.is_connection_dropped() {
+            Io::ConnectionAborted
+        } else {
+            Io::Other
+        });
+    IoError::new(kind, format!("{server}: {text}")).into()
+}
+
+/// The OS error code an `io::Error`'s text ends with ("... (os error 111)").
+fn os_error(text: &str) -> Option<i32> {
+    text.strip_suffix(')')?
+        .rsplit_once("(os error ")?
+        .1
+        .parse()
+        .ok()
+}
+
+/// A time limit as an error names it, to the millisecond: `5s`, `300ms`, `1.5s`.
+pub(crate) fn shown(d: Duration) -> String {
+    let ms = (d.as_secs_f64() * 1000.0).round() as u64;
+    match ms {
+        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        ms if ms < 1000 => format!("{ms}ms"),
+        ms => format!("{}s", ms as f64 / 1000.0),
+    }
+}
+
+/// The time a step started at `started` had until `limit`.
+pub(crate) fn allowed(started: Instant, limit: Instant) -> Duration {
+    limit.saturating_duration_since(started)
+}
+
 pub(crate) fn timed_out() -> redis::RedisError {
     redis::RedisError::from(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
@@ -114,6 +183,30 @@ pub(crate) fn is_unanswered(e: &redis::RedisError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::{is_broken, is_interrupted};
+
+    #[test]
+    fn errors_named_by_their_server_keep_what_callers_look_at() {
+        use super::{at_server, shown};
+        use std::time::Duration;
+        let raw = |n| redis::RedisError::from(std::io::Error::from_raw_os_error(n));
+        let refused = at_server(raw(libc::ECONNREFUSED), "h:1", Duration::from_secs(5));
+        assert!(refused.is_connection_refusal() && refused.is_io_error());
+        assert!(refused.to_string().starts_with("h:1: "), "{refused}");
+        let eintr = at_server(raw(libc::EINTR), "h:1", Duration::from_secs(5));
+        assert!(is_interrupted(&eintr), "{eintr}");
+        let reset = at_server(raw(libc::ECONNRESET), "h:1", Duration::from_secs(5));
+        assert!(reset.is_connection_dropped() && is_broken(&reset));
+        let late = at_server(raw(libc::EAGAIN), "h:1", Duration::from_micros(4_999_700));
+        assert!(late.is_timeout() && is_broken(&late));
+        assert_eq!(late.to_string(), "h:1 did not answer within 5s");
+        let server = redis::RedisError::from((redis::ErrorKind::Client, "x"));
+        assert_eq!(
+            at_server(server, "h:1", Duration::ZERO).to_string(),
+            "x - Client"
+        );
+        assert_eq!(shown(Duration::from_millis(300)), "300ms");
+        assert_eq!(shown(Duration::from_millis(1500)), "1.5s");
+    }
 
     #[test]
     fn an_interrupted_read_is_told_from_other_io_errors() {

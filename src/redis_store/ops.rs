@@ -304,6 +304,42 @@ impl RedisLocks {
         Ok(names)
     }
 
+    /// `e`, or, if it is a `WRONGTYPE` reply (a script met a value of another type than
+    /// it writes at one of `key`'s Redis keys), [`Error::WrongType`] naming the first of
+    /// them whose `TYPE` is not the one this crate writes there.
+    pub(crate) fn wrong_type(&self, key: &[u8], e: Error) -> Error {
+        if !matches!(&e, Error::Redis(r) if r.code() == Some("WRONGTYPE")) {
+            return e;
+        }
+        let names = self.names(key);
+        let ours: [(&[u8], &str); 6] = [
+            (&names.lock, "string"),
+            (&names.shared, "hash"),
+            (&names.leases, "zset"),
+            (&names.fence, "string"),
+            (&names.writer, "string"),
+            (&names.readers, "string"),
+        ];
+        for (name, theirs) in ours {
+            let found = self
+                .0
+                .pool
+                .run_through_stops(|r| r.query::<String>(redis::cmd("TYPE").arg(name)));
+            match found {
+                Ok(ran) if ran.value != theirs && ran.value != "none" => {
+                    return Error::WrongType {
+                        key: KeyPreview::new(key),
+                        redis_key: KeyPreview::new(name),
+                        found: ran.value,
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => return e,
+            }
+        }
+        e
+    }
+
     pub(crate) fn names(&self, key: &[u8]) -> Names {
         let mut lock = Vec::with_capacity(self.0.prefix.len() + key.len() + 2);
         lock.extend_from_slice(&self.0.prefix);
@@ -742,7 +778,9 @@ impl RedisLocks {
         mode: Mode,
     ) -> Result<Result<RedisHold, RedisBusy>, Error> {
         let names = Arc::new(self.names_of(key)?);
-        let r = self.attempt(key, &names, exptime_ns, deadline, mode);
+        let r = self
+            .attempt(key, &names, exptime_ns, deadline, mode)
+            .map_err(|e| self.wrong_type(key, e));
         match r {
             Ok(Ok(hold)) => {
                 self.counters().add(counters::ACQUISITIONS, 1);

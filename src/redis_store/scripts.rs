@@ -380,8 +380,8 @@ return 1
 /// KEYS 5 and 6), and wakes its waiters. Returns how many holds there were, then what
 /// they were, read before they went: the lock key's value (or nil) and PTTL, the shared
 /// holds' hash and leases (with their ends), the fence counter (KEYS 7, or nil) and the
-/// server's TIME, which the leases' ends are measured against. A key of another type
-/// (someone else's) reads as absent, and is broken all the same.
+/// server's TIME, which the leases' ends are measured against, and the lock key's TYPE.
+/// A key of another type (someone else's) reads as absent, and is broken all the same.
 pub(crate) const FORCE: &str = r"
 if redis.replicate_commands then redis.replicate_commands() end
 local function read(empty, ...)
@@ -395,10 +395,11 @@ local shared = read({}, 'HGETALL', KEYS[3])
 local leases = read({}, 'ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
 local fence = read(false, 'GET', KEYS[7])
 local t = redis.call('TIME')
-local n = redis.call('DEL', KEYS[1]) + redis.call('ZCARD', KEYS[4])
+local kind = redis.call('TYPE', KEYS[1])['ok']
+local n = redis.call('DEL', KEYS[1]) + read(0, 'ZCARD', KEYS[4])
 redis.call('DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 redis.call('PUBLISH', KEYS[2], '1')
-return {n, v, pttl, shared, leases, fence, t}
+return {n, v, pttl, shared, leases, fence, t, kind}
 ";
 
 /// Breaks the holds of one process (`ARGV[1]`, its pid, on the host `ARGV[2]`, as their

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use redis::{Connection, ConnectionInfo, RedisResult, Value};
 
 use crate::per_process::PerProcess;
-use crate::redis_store::net::{connect_within, left, timed_out, with_addr};
+use crate::redis_store::net::{allowed, at_server, connect_within, left, timed_out, with_addr};
 
 /// How often a watcher pings its sentinel (and at most how long it waits for an event).
 pub(crate) const PING_EVERY: Duration = Duration::from_millis(250);
@@ -216,8 +216,13 @@ impl Sentinel {
     fn master(&self, limit: Instant) -> RedisResult<(Connection, ConnectionInfo, u64, Addr)> {
         let epoch = self.view().epoch();
         let (addr, info) = self.ask(limit)?;
-        let mut con = connect_within(&info, limit)?;
-        let role: Vec<Value> = redis::cmd("ROLE").query(&mut con)?;
+        let started = Instant::now();
+        let named = |e| {
+            let server = format!("{}:{}", addr.0, addr.1);
+            at_server(e, &server, allowed(started, limit))
+        };
+        let mut con = connect_within(&info, limit).map_err(named)?;
+        let role: Vec<Value> = redis::cmd("ROLE").query(&mut con).map_err(named)?;
         match role.first() {
             Some(Value::BulkString(r)) if r == b"master" => Ok((con, info, epoch, addr)),
             Some(Value::SimpleString(r)) if r == "master" => Ok((con, info, epoch, addr)),

@@ -117,15 +117,17 @@ impl RedisLocks {
     /// How many shared holds of `key` stand now (a snapshot).
     fn shared_holds(&self, key: &[u8]) -> Result<usize, Error> {
         let names = self.names_of(key)?;
-        let n: u64 = self.run_script(
-            &self
-                .0
-                .scripts
-                .held
-                .call()
-                .key(&names.shared)
-                .key(&names.leases),
-        )?;
+        let n: u64 = self
+            .run_script(
+                &self
+                    .0
+                    .scripts
+                    .held
+                    .call()
+                    .key(&names.shared)
+                    .key(&names.leases),
+            )
+            .map_err(|e| self.wrong_type(key, e))?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 

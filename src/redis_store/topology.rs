@@ -1,6 +1,7 @@
 //! Where commands go: one server, the master a Sentinel names, or a Cluster; and making a
 //! connection there within a deadline.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::cluster::{ClusterClient, ClusterConnection};
@@ -38,6 +39,8 @@ pub(crate) struct Shared {
 pub(crate) struct Tag {
     pub(crate) epoch: u64,
     pub(crate) addr: Option<Addr>,
+    /// The server's `host:port`, for errors to name (`None`: a cluster connection).
+    pub(crate) server: Option<Arc<str>>,
 }
 
 /// A synchronous connection of any topology.
@@ -125,27 +128,37 @@ impl Shared {
     /// current master, or seed node `i` of a cluster (callers rotate `i`, so a dead seed is
     /// skipped next time). Its clock is read on the way.
     pub(crate) fn plain(&self, i: usize, limit: Instant) -> RedisResult<(Connection, Tag)> {
+        let started = Instant::now();
+        let direct = |info: &ConnectionInfo| {
+            let server: Arc<str> = info.addr().to_string().into();
+            let con = net::connect_within(info, limit)
+                .map_err(|e| net::at_server(e, &server, net::allowed(started, limit)))?;
+            let tag = Tag {
+                server: Some(server),
+                ..Tag::default()
+            };
+            Ok::<_, redis::RedisError>((con, tag))
+        };
         let (mut con, tag) = match &self.topology {
-            Topology::Single(c) => (
-                net::connect_within(c.get_connection_info(), limit)?,
-                Tag::default(),
-            ),
+            Topology::Single(c) => direct(c.get_connection_info())?,
             Topology::Sentinel(s) => {
                 let (con, epoch, addr) = s.connect_master(limit)?;
+                let server = format!("{}:{}", addr.0, addr.1).into();
                 (
                     con,
                     Tag {
                         epoch,
                         addr: Some(addr),
+                        server: Some(server),
                     },
                 )
             }
-            Topology::Cluster { nodes, .. } => (
-                net::connect_within(&nodes[i % nodes.len()], limit)?,
-                Tag::default(),
-            ),
+            Topology::Cluster { nodes, .. } => direct(&nodes[i % nodes.len()])?,
         };
-        self.read_clock(&mut con)?;
+        self.read_clock(&mut con).map_err(|e| match &tag.server {
+            Some(server) => net::at_server(e, server, net::allowed(started, limit)),
+            None => e,
+        })?;
         Ok((con, tag))
     }
 
@@ -162,7 +175,9 @@ impl Shared {
                 let config = redis::cluster::ClusterConfig::new()
                     .set_connection_timeout(wait)
                     .set_response_timeout(timeout);
-                let con = client.get_connection_with_config(config)?;
+                let con = client
+                    .get_connection_with_config(config)
+                    .map_err(|e| self.why_no_cluster(e, limit))?;
                 Ok((SyncConn::Cluster(Box::new(con)), Tag::default()))
             }
             _ => {
@@ -170,6 +185,33 @@ impl Shared {
                 Ok((SyncConn::Plain(con), tag))
             }
         }
+    }
+
+    /// Why no connection to the cluster could be made, when redis-rs says only that it
+    /// found none (`ClusterConnectionNotFound`): the first seed node's own reason, from
+    /// connecting to it and asking it `CLUSTER INFO` (a server without cluster support
+    /// says so), else `e`. Errors of other kinds are returned as they are.
+    pub(crate) fn why_no_cluster(&self, e: redis::RedisError, limit: Instant) -> redis::RedisError {
+        let Topology::Cluster { nodes, .. } = &self.topology else {
+            return e;
+        };
+        if e.kind() != redis::ErrorKind::ClusterConnectionNotFound || left(limit).is_none() {
+            return e;
+        }
+        for seed in nodes {
+            let server = seed.addr().to_string();
+            let started = Instant::now();
+            let info: RedisResult<String> = net::connect_within(seed, limit)
+                .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query(&mut c));
+            match info {
+                Err(why) if why.code().is_some() => {
+                    return std::io::Error::other(format!("{server}: {why}")).into()
+                }
+                Err(why) => return net::at_server(why, &server, net::allowed(started, limit)),
+                Ok(_) => {}
+            }
+        }
+        e
     }
 
     /// Reads the server's clock (`TIME`) on `con`, to bound deadlines by.

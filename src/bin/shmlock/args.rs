@@ -8,6 +8,8 @@ use clap::{ArgGroup, Args, Parser, Subcommand};
 
 use crate::exit::{Fail, EX_USAGE};
 
+/// The Redis key prefix when --redis-prefix does not say.
+pub const DEFAULT_REDIS_PREFIX: &str = "shmlock:";
 /// Where the table is when neither --file nor $SHMLOCK_FILE says.
 pub const DEFAULT_FILE: &str = "/dev/shm/shmlock";
 /// Capacity of a table that `run` creates because none existed.
@@ -65,15 +67,9 @@ pub struct Cli {
         help_heading = "Redis"
     )]
     pub redis_sentinel: Option<String>,
-    /// Key prefix in Redis
-    #[arg(
-        long,
-        global = true,
-        value_name = "PREFIX",
-        default_value = "shmlock:",
-        help_heading = "Redis"
-    )]
-    pub redis_prefix: String,
+    /// Key prefix in Redis (with --redis only) [default: shmlock:]
+    #[arg(long, global = true, value_name = "PREFIX", help_heading = "Redis")]
+    pub redis_prefix: Option<String>,
     #[command(subcommand)]
     pub command: Cmd,
 }
@@ -131,7 +127,8 @@ pub enum Cmd {
     "  1 (or -E N)  the lock could not be taken (-n, or -w ran out)\n",
     "  2            COMMAND stopped by shmlock (lease lost, --max-time)\n",
     "  64           usage error (EX_USAGE)\n",
-    "  65           the file is not a lock table (EX_DATAERR)\n",
+    "  65           the file is not a lock table, or a lock's Redis key holds a value\n",
+    "               of another type than shmlock writes there (EX_DATAERR)\n",
     "  66           the file cannot be opened (EX_NOINPUT)\n",
     "  69           Redis unreachable or refusing (EX_UNAVAILABLE)\n",
     "  71, 73, 75   out of memory or descriptors (EX_OSERR), read-only or full file system\n",

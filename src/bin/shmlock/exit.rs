@@ -12,7 +12,7 @@ pub struct Fail(pub String, pub u8);
 // take and the command's own status.
 /// The command line is wrong (clap's errors included; clap's own code would be 2).
 pub const EX_USAGE: u8 = 64;
-/// The file is not a usable lock table.
+/// The file is not a usable lock table; a lock's Redis key holds a foreign value.
 pub const EX_DATAERR: u8 = 65;
 /// The file cannot be opened (as flock(1) exits when it cannot open its lock file).
 pub const EX_NOINPUT: u8 = 66;
@@ -56,18 +56,26 @@ pub fn using_redis(shown: String) {
 
 /// `e` as the command says it: an error from Redis names the server.
 pub fn describe(e: &Error) -> String {
-    match (e, REDIS.get()) {
-        (Error::Redis(inner), Some(server)) => format!("{server}: {inner}"),
+    one_line(&match (e, REDIS.get()) {
+        (Error::Redis(inner), Some(server)) => {
+            // (the library names the server too, by host:port: said once)
+            let inner = inner.to_string();
+            let rest = inner
+                .split_once(": ")
+                .filter(|(addr, _)| server.split(',').any(|url| authority(url) == *addr))
+                .map_or(inner.as_str(), |(_, rest)| rest);
+            format!("{server}: {rest}")
+        }
         (Error::NotReplicated { .. }, Some(server)) => format!("{server}: {e}"),
         _ => e.to_string(),
-    }
+    })
 }
 
 impl From<Error> for Fail {
     fn from(e: Error) -> Fail {
         let code = match &e {
             Error::Io { source, .. } => os_error_code(source),
-            Error::Format { .. } => EX_DATAERR,
+            Error::Format { .. } | Error::WrongType { .. } => EX_DATAERR,
             Error::NoSpace { .. } | Error::DeletedInUse { .. } => EX_CANTCREAT,
             Error::TableGone { .. } => EX_NOINPUT,
             Error::EmptyKey
@@ -86,6 +94,23 @@ impl From<Error> for Fail {
         };
         Fail(describe(&e), code)
     }
+}
+
+/// A URL's host:port (what follows `://` and any `user:password@`, up to the path).
+fn authority(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let rest = rest.split(['/', '?', '#']).next().unwrap_or("");
+    rest.rsplit_once('@').map_or(rest, |(_, host)| host)
+}
+
+/// `msg` as one line: whatever a library or server put on several (a reply quoted in a
+/// parser's error) joined by "; ", so that an error is one line on stderr.
+pub fn one_line(msg: &str) -> String {
+    msg.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The exit code for a command that could not be started, as shells choose it.

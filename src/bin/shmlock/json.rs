@@ -165,6 +165,7 @@ struct RedisEntry {
     node: String,
     mode: &'static str,
     permits: Option<u32>,
+    foreign_type: Option<String>,
 }
 
 /// `url`: the --redis URLs as printed (passwords redacted).
@@ -188,6 +189,7 @@ pub fn write_redis(out: &mut impl Write, url: &str, held: &[RedisHolder]) -> std
                     shmlock::HoldMode::Permit { permits } => Some(permits),
                     _ => None,
                 },
+                foreign_type: h.foreign_type.clone(),
             })
             .collect(),
     };

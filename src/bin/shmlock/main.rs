@@ -24,7 +24,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use shmlock::LockTable;
 
-use crate::args::{Cli, Cmd, DEFAULT_CAPACITY, DEFAULT_FILE};
+use crate::args::{Cli, Cmd, DEFAULT_CAPACITY, DEFAULT_FILE, DEFAULT_REDIS_PREFIX};
 use crate::exit::{Fail, EX_USAGE};
 use crate::redis_cmd::Topology;
 use crate::signals::Signals;
@@ -44,6 +44,14 @@ fn main() -> ExitCode {
             eprintln!("shmlock: {msg}");
             return ExitCode::from(code);
         }
+    }
+    if cli.redis.is_none() && cli.redis_prefix.is_some() {
+        // (not clap's `requires`, which --file, conflicting with --redis, turns off)
+        eprintln!(
+            "shmlock: --redis-prefix needs --redis: it names keys in Redis, and a table file \
+             has no prefix"
+        );
+        return ExitCode::from(EX_USAGE);
     }
     let file = cli
         .file
@@ -88,13 +96,14 @@ fn main() -> ExitCode {
                 (None, true) => Topology::Cluster,
                 (None, false) => Topology::Single,
             };
-            redis_cmd::dispatch(url, topology, &cli.redis_prefix, command)
+            let prefix = cli.redis_prefix.as_deref().unwrap_or(DEFAULT_REDIS_PREFIX);
+            redis_cmd::dispatch(url, topology, prefix, command)
         }
     };
     match result {
         Ok(code) => ExitCode::from(code),
         Err(Fail(msg, code)) => {
-            eprintln!("shmlock: {msg}");
+            eprintln!("shmlock: {}", exit::one_line(&msg));
             ExitCode::from(code)
         }
     }

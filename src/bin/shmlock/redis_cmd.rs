@@ -77,13 +77,24 @@ pub fn dispatch(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -
     for one in url.split(',') {
         check_url(one)?;
     }
+    if matches!(topology, Topology::Single) && url.contains(',') {
+        return Err(Fail(
+            format!(
+                "--redis {:?} names several servers: add --redis-cluster (they are nodes of \
+                 a Redis Cluster) or --redis-sentinel MASTER (they are sentinels), or give \
+                 one URL",
+                url.split(',').map(redact_url).collect::<Vec<_>>().join(",")
+            ),
+            EX_USAGE,
+        ));
+    }
     let shown: Vec<String> = url.split(',').map(redact_url).collect();
     let shown = shown.join(",");
     // From here on, an error from there names the server.
     crate::exit::using_redis(shown.clone());
     let urls: Vec<String> = url.split(',').map(with_env_password).collect();
     let redis = match topology {
-        Topology::Single => RedisLocks::open(&urls[0])?,
+        Topology::Single => RedisLocks::open(&urls[0])?, // (the only one: see above)
         Topology::Cluster => RedisLocks::open_cluster(&urls)?,
         Topology::Sentinel(master) => RedisLocks::open_sentinel(master, &urls)?,
     }
@@ -103,7 +114,7 @@ pub fn dispatch(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -
             (false, None) => run(&redis, a),
         },
         Cmd::Inspect(a) => inspect(&Inspected::Redis(redis, shown), &a),
-        Cmd::Unlock(a) => unlock_redis(&redis, a),
+        Cmd::Unlock(a) => unlock_redis(&redis, prefix, a),
         Cmd::Stats(_) => Err(Fail(
             "stats: a Redis handle's counters are kept by the process that uses it \
              (RedisLocks::stats); the server keeps none"

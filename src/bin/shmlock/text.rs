@@ -155,7 +155,8 @@ pub fn write_redis(out: &mut impl Write, url: &str, held: &[RedisHolder]) -> std
             h.token
                 .or(h.last_token)
                 .map_or("-".to_string(), |t| t.to_string()),
-            mode_name(h.mode),
+            // (a value of another type than shmlock writes: that type)
+            h.foreign_type.clone().unwrap_or_else(|| mode_name(h.mode)),
         )?;
         writeln!(
             out,

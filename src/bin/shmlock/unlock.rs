@@ -84,7 +84,7 @@ fn held_as(mode: HoldMode) -> String {
 }
 
 /// Breaks `a.key` in Redis.
-pub fn unlock_redis(redis: &RedisLocks, a: UnlockArgs) -> Result<u8, Fail> {
+pub fn unlock_redis(redis: &RedisLocks, prefix: &str, a: UnlockArgs) -> Result<u8, Fail> {
     refuse_without_force(&a)?;
     if let Some(pid) = a.pid {
         let host = a.host.as_deref();
@@ -106,6 +106,15 @@ pub fn unlock_redis(redis: &RedisLocks, a: UnlockArgs) -> Result<u8, Fail> {
     // As for a table, a line per hold; Redis knows no owner processes to call alive or
     // dead, and a value written by something else tells nothing of its holder.
     for h in broken {
+        if let Some(kind) = &h.foreign_type {
+            println!(
+                "broke {:?}: removed a {kind} at {}{{{}}} (a value shmlock did not write)",
+                a.key,
+                printable(prefix.as_bytes()),
+                printable(a.key.as_bytes())
+            );
+            continue;
+        }
         let whose = match (h.pid, &h.host) {
             (Some(pid), Some(host)) => format!("pid {pid} on {}", printable(host.as_bytes())),
             (Some(pid), None) => format!("pid {pid}"),
