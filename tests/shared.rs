@@ -153,6 +153,33 @@ fn downgrade_lets_readers_in_and_keeps_writers_out() {
     assert!(matches!(next.downgrade(), Err(Error::Expired)));
 }
 
+/// A reader of a key no writer ever held takes the counter's first value as its token,
+/// the file's base itself; inspection shows it as it shows any other token.
+#[test]
+fn inspection_shows_the_token_of_a_reader_before_any_writer() {
+    let (_p, t) = table("first-token");
+    let r = t.lock_shared("k", opts(60_000, 0)).unwrap();
+    let sem = t.semaphore("s", 2).unwrap();
+    let p = sem.acquire(opts(60_000, 0)).unwrap();
+    let (rt, pt) = (r.token().unwrap(), p.token().unwrap());
+    let holders = t.holders();
+    let shown = |mode: fn(&HoldMode) -> bool| {
+        let h: Vec<_> = holders.iter().filter(|h| mode(&h.mode)).collect();
+        assert_eq!(h.len(), 1, "{holders:?}");
+        h[0].token
+    };
+    assert_eq!(shown(|m| *m == HoldMode::Shared), Some(rt));
+    assert_eq!(shown(|m| matches!(m, HoldMode::Permit { .. })), Some(pt));
+    // and a holder that took no token shows none
+    let _w = t.lock("w", opts(60_000, 0)).unwrap();
+    let w = t
+        .holders()
+        .into_iter()
+        .find(|h| h.key_preview == b"w")
+        .unwrap();
+    assert_eq!(w.token, None);
+}
+
 #[test]
 fn a_shared_hold_has_a_lease_renewals_and_owner_checked_release() {
     let (_p, t) = table("shared-lease");

@@ -597,7 +597,10 @@ impl Holder {
             owner_alive,
             state,
             waiters: e.word.has_waiters(),
-            token: (settled && e.token != 0).then(|| token_base.saturating_add(e.token)),
+            token: e
+                .token
+                .filter(|_| settled)
+                .map(|t| token_base.saturating_add(t)),
             age: Duration::from_nanos(now.saturating_sub(e.acquired_at)),
             ttl: (e.deadline != u64::MAX)
                 .then(|| Duration::from_nanos(e.deadline.saturating_sub(now))),

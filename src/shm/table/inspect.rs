@@ -91,11 +91,7 @@ impl<S: Slots, E: Env> Table<S, E> {
             deadline,
             acquired_at,
             lease,
-            token: if token_of == token_label(c, lease, acquired_at) {
-                token
-            } else {
-                0
-            },
+            token: (token_of == token_label(c, lease, acquired_at)).then_some(token),
             key_len,
             preview,
             limit,

@@ -273,8 +273,9 @@ pub(crate) struct Entry {
     pub acquired_at: u64,
     /// The holder's lease (its thread, and in the lock table its registry generation).
     pub lease: u64,
-    /// 0 unless the holder took a token (and the cold line still shows it).
-    pub token: u64,
+    /// The counter's value the holder took as its token, if it took one (and the cold
+    /// line still shows it). A reader's can be 0: no exclusive hold of its home yet.
+    pub token: Option<u64>,
     /// The shared entry's limit (see [`Slot::limit`]).
     pub limit: u32,
     pub key_len: u64,
