@@ -842,3 +842,28 @@ fn old_names_and_option_forms_still_work() {
     by_ref.unlock().unwrap();
     by_value.lock("k").unwrap();
 }
+
+/// A read-only handle inspects and changes nothing: every call that would change the table
+/// says so (`reap` did nothing and said nothing).
+#[test]
+fn a_read_only_table_reads_and_refuses_every_change() {
+    let (t, path) = table("read-only", 16);
+    let held = t.lock("held", opts(60_000, 0)).unwrap();
+    let _ = t.lock("lapsed", opts(1, 0)).unwrap().leave_to_expire();
+    std::thread::sleep(Duration::from_millis(20));
+    let ro = LockTable::options()
+        .read_only(true)
+        .create(false)
+        .open(&path)
+        .unwrap();
+    assert!(ro.is_locked("held").unwrap());
+    assert_eq!(ro.holders().len(), 2, "the lapsed entry is not reaped yet");
+    assert!(matches!(ro.reap(), Err(Error::ReadOnly)));
+    assert!(matches!(
+        ro.lock("other", opts(1000, 0)),
+        Err(Error::ReadOnly)
+    ));
+    assert!(matches!(ro.force_unlock("held"), Err(Error::ReadOnly)));
+    assert!(held.check().is_ok());
+    assert_eq!(t.reap().unwrap(), 1, "the lapsed entry was left for us");
+}

@@ -262,7 +262,7 @@ fn chaos_with_sigstop_and_sigkill() {
         lock.lock(format!("chaos:{key}")).unwrap();
         lock.unlock().unwrap();
     }
-    table.reap();
+    table.reap().unwrap();
     assert_eq!(table.occupancy(), 0);
 }
 
@@ -335,7 +335,7 @@ fn chaos_many_stealers_reapers_stop_and_kill() {
     let reaper = Proc::new(fork(|| {
         let t = LockTable::open(&path, 64).unwrap();
         while shared.word(20).load(Ordering::SeqCst) == 0 {
-            t.reap();
+            t.reap().unwrap();
             let _ = t.holders();
             let _ = t.is_locked(K);
             std::thread::sleep(Duration::from_micros(200));

@@ -304,15 +304,15 @@ fn flush_all_then_flush_expired_counts() {
     for k in ["a", "b", "c", "d"] {
         d.set(k, "v", NEVER).unwrap();
     }
-    d.flush_all();
+    d.flush_all().unwrap();
     for k in ["a", "b", "c", "d"] {
         assert_eq!(d.get(k).unwrap(), None);
     }
     assert!(d.keys(0).unwrap().is_empty());
     assert_eq!(d.len(), 4, "flush_all frees nothing");
-    assert_eq!(d.flush_expired(3), 3);
-    assert_eq!(d.flush_expired(0), 1);
-    assert_eq!(d.flush_expired(0), 0);
+    assert_eq!(d.flush_expired(3).unwrap(), 3);
+    assert_eq!(d.flush_expired(0).unwrap(), 1);
+    assert_eq!(d.flush_expired(0).unwrap(), 0);
     assert_eq!(d.len(), 0);
     assert_eq!(d.free_slots(), 64);
 }
@@ -327,7 +327,7 @@ fn a_full_dict_after_flush_all_takes_as_many_new_keys_as_it_flushed_before_evict
         d.set(format!("old{i}"), "v", NEVER).unwrap();
     }
     assert_eq!(d.free_slots(), 0);
-    d.flush_all();
+    d.flush_all().unwrap();
     for i in 0..64 {
         let stored = d.set(format!("new{i}"), "v", NEVER).unwrap();
         assert!(
@@ -426,7 +426,7 @@ fn a_full_big_dict_evicts_from_the_sample_and_safe_sets_find_expired_entries_any
     assert_eq!(d.evictions(), evicted);
     // full again, then one expired entry somewhere: safe sets find it, whatever their home
     // is in its window
-    d.flush_expired(0);
+    d.flush_expired(0).unwrap();
     fill("b");
     let last = d.keys(1).unwrap().pop().unwrap();
     d.expire(&last, Duration::from_millis(1)).unwrap();
@@ -993,5 +993,15 @@ fn a_read_only_handle_reads_and_changes_nothing() {
         Err(Error::ReadOnly)
     ));
     assert!(matches!(ro.lpop("q"), Err(Error::ReadOnly)));
+    // the flushes too (they did nothing and said nothing)
+    assert!(matches!(ro.flush_all(), Err(Error::ReadOnly)));
+    d.set("gone", "x", Duration::from_millis(1)).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(matches!(ro.flush_expired(0), Err(Error::ReadOnly)));
     assert_eq!(bytes(&d, "dog"), Some(b"bark".to_vec()));
+    assert_eq!(
+        d.flush_expired(0).unwrap(),
+        1,
+        "the expired entry was left for us"
+    );
 }

@@ -168,14 +168,14 @@ fn operations_are_seen_across_processes() {
             Err(Error::NotFound { .. })
         ));
         assert!(d.delete("hour").unwrap());
-        d.flush_all();
+        d.flush_all().unwrap();
     });
     for key in ["a", "n", "flagged", "hour"] {
         assert_eq!(d.get(key).unwrap(), None, "{key} survived flush_all");
     }
     // a, short, flagged, n: flushed but still stored; hour was deleted
     assert_eq!(d.len(), 4);
-    let removed = fork(|| d.flush_expired(0) as i32).wait(LIMIT);
+    let removed = fork(|| d.flush_expired(0).unwrap() as i32).wait(LIMIT);
     assert_eq!(removed, 4);
     assert_eq!((d.len(), d.free_slots()), (0, 64));
 

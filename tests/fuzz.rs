@@ -211,7 +211,7 @@ fn exercise_dict(bytes: &[u8]) -> bool {
     let keys = d.keys(0).unwrap();
     assert!(keys.len() <= d.capacity());
     let _ = d.flush_expired(0);
-    d.flush_all();
+    let _ = d.flush_all();
     assert!(d.keys(0).unwrap().is_empty());
     true
 }

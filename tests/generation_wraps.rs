@@ -576,7 +576,7 @@ fn extending_dead_holder(reuses: usize) {
     }));
     await_word(&flag, 0, Duration::from_secs(10));
     let alive: Vec<_> = table.holders().iter().map(|h| h.owner_alive).collect();
-    let reaped = table.reap();
+    let reaped = table.reap().unwrap();
     note!("[reap() freed {reaped}] ");
     let started = Instant::now();
     let got = table.lock(K, opts(0, 3_000));

@@ -531,7 +531,7 @@ fn chaos() {
         "a kind never got through: {ops:?}"
     );
     // nothing leaked: the killed workers' holds are taken back, nothing else is left
-    table.reap();
+    table.reap().unwrap();
     let left = table.holders();
     assert!(left.is_empty(), "left behind: {left:?}");
     let sem = table.semaphore("S", PERMITS).unwrap();

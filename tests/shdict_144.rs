@@ -40,7 +40,7 @@ fn t144_001_incr_key_with_init_key_exists() {
 #[test]
 fn t144_002_incr_key_with_init_key_not_exists() {
     let (_p, dogs) = dict("t144-002", 64, 32);
-    dogs.flush_all();
+    dogs.flush_all().unwrap();
     dogs.set("bah", 32i64, NEVER).unwrap();
     assert_eq!(dogs.incr("foo", 10502, Some(1), NEVER).unwrap(), 10503);
     assert_eq!(value(&dogs, "foo"), Some(Value::Int(10503)));
@@ -79,7 +79,7 @@ fn t144_005_incr_key_with_init_forcibly_override_other_valid_entries() {
         .max_value_len(8)
         .open(&path)
         .unwrap();
-    dogs.flush_all();
+    dogs.flush_all().unwrap();
     let long_prefix = "1234567890".repeat(100);
     // Store until a store evicts, then delete what it stored: one entry is free.
     let mut filled = false;

@@ -204,7 +204,7 @@ fn t145_015_list_removed_expired() {
     // max - 1 matched keys length: true
     assert_eq!(max - 1, keys.len());
 
-    dogs.flush_all();
+    dogs.flush_all().unwrap();
     // keys all expired, left number: 0
     assert_eq!(dogs.keys(0).unwrap().len(), 0);
 
@@ -212,8 +212,8 @@ fn t145_015_list_removed_expired() {
     let i = push_until_full(&dogs, (1..=N).rev());
     assert_eq!(N + 1 - i, max);
 
-    dogs.flush_all();
-    dogs.flush_expired(0);
+    dogs.flush_all().unwrap();
+    dogs.flush_expired(0).unwrap();
 
     let i = push_until_full(&dogs, 1..=N);
     assert_eq!(i, max);
@@ -237,8 +237,8 @@ fn t145_016_list_removed_forcibly() {
                                           // two == number 2: true
     assert_eq!(value(&dogs, "2"), int(2));
 
-    dogs.flush_all();
-    dogs.flush_expired(0);
+    dogs.flush_all().unwrap();
+    dogs.flush_expired(0).unwrap();
     // no one left: 0
     assert_eq!(dogs.keys(0).unwrap().len(), 0);
 
@@ -261,7 +261,7 @@ fn t145_017_expire_on_all_types() {
     assert_eq!(dogs.lpush("list", "foo").unwrap(), 1);
     dogs.set("key", "bar", NEVER).unwrap();
     assert_eq!(dogs.keys(0).unwrap().len(), 2);
-    dogs.flush_all();
+    dogs.flush_all().unwrap();
     assert_eq!(dogs.keys(0).unwrap().len(), 0);
 }
 
@@ -288,7 +288,7 @@ fn t145_019_incr_on_expired_list() {
                 .unwrap_or_else(|e| panic!("push err: {e}"));
         }
 
-        dogs.flush_all();
+        dogs.flush_all().unwrap();
 
         for j in (1..=10).rev() {
             let key = format!("list{j}");
@@ -298,7 +298,7 @@ fn t145_019_incr_on_expired_list() {
             assert_eq!(newval, 1);
         }
 
-        dogs.flush_all();
+        dogs.flush_all().unwrap();
     }
     // done
 }

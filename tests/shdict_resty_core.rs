@@ -207,8 +207,8 @@ fn resty_core_shdict_006_get_a_number_value_double() {
 fn resty_core_shdict_007_get_a_large_string_value() {
     let (_p, d) = dogs("rc7");
     d.set("other", "v", NEVER).unwrap();
-    d.flush_all();
-    d.flush_expired(0);
+    d.flush_all().unwrap();
+    d.flush_expired(0).unwrap();
     let large = format!("{}a", "bbbb".repeat(1024));
     assert_eq!(large.len(), 4097);
     d.put(Put::Set, "foo", &large, NEVER, 912).unwrap();
@@ -335,7 +335,7 @@ fn resty_core_shdict_019_add_a_string_value() {
     for i in 1..=100 {
         d.set(format!("foo{i}"), "old", NEVER).unwrap();
     }
-    d.flush_all();
+    d.flush_all().unwrap();
     for i in 1..=100 {
         let stored = d.put(Put::Add, format!("foo{i}"), "bar", NEVER, 72);
         assert!(stored.is_ok(), "add foo{i}: {stored:?}");
@@ -349,8 +349,8 @@ fn resty_core_shdict_020_safe_add_a_string_value() {
     for i in 1..=100 {
         d.set(format!("foo{i}"), "old", NEVER).unwrap();
     }
-    d.flush_all();
-    d.flush_expired(0);
+    d.flush_all().unwrap();
+    d.flush_expired(0).unwrap();
     for i in 1..=100 {
         let stored = d.put(Put::SafeAdd, format!("foo{i}"), "bar", NEVER, 72);
         assert!(stored.is_ok(), "safe_add foo{i}: {stored:?}");
@@ -384,7 +384,7 @@ fn resty_core_shdict_027_flush_all() {
     let (_p, d) = dogs("rc27");
     d.set("foo", "bah", NEVER).unwrap();
     for _ in 0..150 {
-        d.flush_all();
+        d.flush_all().unwrap();
     }
     assert_eq!(d.get("foo").unwrap(), None);
 }
@@ -393,7 +393,7 @@ fn resty_core_shdict_027_flush_all() {
 fn resty_core_shdict_029_incr_with_init() {
     let (_p, d) = dogs("rc29");
     d.set("foo", 5i64, NEVER).unwrap();
-    d.flush_all();
+    d.flush_all().unwrap();
     assert!(matches!(
         d.incr("foo", 10, None, NEVER),
         Err(Error::NotFound { .. })
@@ -419,8 +419,8 @@ fn resty_core_shdict_032_free_space_empty_16k_zone() {
     set_pairs(&cats, 40);
     cats.set("short", "v", Duration::from_millis(1)).unwrap();
     sleep(Duration::from_millis(20));
-    cats.flush_all();
-    cats.flush_expired(0);
+    cats.flush_all().unwrap();
+    cats.flush_expired(0).unwrap();
     assert_eq!(cats.free_slots(), cats.capacity());
     assert_eq!(cats.len(), 0);
 }
@@ -430,8 +430,8 @@ fn resty_core_shdict_033_free_space_empty_100k_zone() {
     let (_p, birds) = birds("rc33");
     set_pairs(&birds, 500);
     assert!(birds.len() >= 490);
-    birds.flush_all();
-    birds.flush_expired(0);
+    birds.flush_all().unwrap();
+    birds.flush_expired(0).unwrap();
     assert_eq!(birds.free_slots(), birds.capacity());
     assert_eq!(birds.len(), 0);
 }
@@ -440,8 +440,8 @@ fn resty_core_shdict_033_free_space_empty_100k_zone() {
 fn resty_core_shdict_036_free_space_full() {
     let (_p, cats) = cats("rc36");
     cats.set("left over", "v", NEVER).unwrap();
-    cats.flush_all();
-    cats.flush_expired(0);
+    cats.flush_all().unwrap();
+    cats.flush_expired(0).unwrap();
     // no error, no forcible, every set stored
     assert_eq!(set_pairs(&cats, 63), Vec::<usize>::new());
     assert_eq!(cats.free_slots(), 0);
@@ -454,8 +454,8 @@ fn resty_core_shdict_036_free_space_full() {
 #[test]
 fn resty_core_shdict_037_free_space_got_forcible() {
     let (_p, cats) = cats("rc37");
-    cats.flush_all();
-    cats.flush_expired(0);
+    cats.flush_all().unwrap();
+    cats.flush_expired(0).unwrap();
     // upstream allows "got forcible, i=64"; with 63 entries it is certain
     assert_eq!(set_pairs(&cats, 64), vec![64]);
     assert_eq!(cats.free_slots(), 0);
@@ -489,7 +489,7 @@ fn resty_core_shdict_042_incr_key_with_init_ttl_key_exists() {
 fn resty_core_shdict_043_incr_key_with_init_and_init_ttl_key_not_exists() {
     let (_p, d) = dogs("rc43");
     d.set("foo", 7i64, NEVER).unwrap();
-    d.flush_all();
+    d.flush_all().unwrap();
     assert_eq!(d.incr("foo", 10502, Some(1), SHORT).unwrap(), 10503);
     assert_eq!(d.get("foo").unwrap().unwrap().value, Value::Int(10503));
     sleep(PAST_SHORT);
@@ -517,7 +517,7 @@ fn resty_core_shdict_046_incr_key_with_init_and_init_ttl_forcibly_override_other
     let (_p, d) = open("rc46", 32, 1100, 16);
     let long_prefix = "1234567890".repeat(100);
     d.set("left over", "v", NEVER).unwrap();
-    d.flush_all();
+    d.flush_all().unwrap();
     let mut forcible_at = None;
     for i in 1..=1000i64 {
         let key = format!("{long_prefix}{i}");
@@ -545,7 +545,7 @@ fn resty_core_shdict_046_incr_key_with_init_and_init_ttl_forcibly_override_other
 #[test]
 fn resty_core_shdict_047_exptime_uses_long_type_to_avoid_overflow_in_set_ttl() {
     let (_p, d) = dogs("rc47");
-    d.flush_all();
+    d.flush_all().unwrap();
     d.set("huge_ttl", "v", HUGE).unwrap();
     ttl_is_about_huge(d.ttl("huge_ttl").unwrap());
     assert!(d.get("huge_ttl").unwrap().is_some());
@@ -554,7 +554,7 @@ fn resty_core_shdict_047_exptime_uses_long_type_to_avoid_overflow_in_set_ttl() {
 #[test]
 fn resty_core_shdict_048_exptime_uses_long_type_to_avoid_overflow_in_expire_ttl() {
     let (_p, d) = dogs("rc48");
-    d.flush_all();
+    d.flush_all().unwrap();
     d.set("updated_huge_ttl", "v", NEVER).unwrap();
     d.expire("updated_huge_ttl", HUGE).unwrap();
     ttl_is_about_huge(d.ttl("updated_huge_ttl").unwrap());
@@ -564,7 +564,7 @@ fn resty_core_shdict_048_exptime_uses_long_type_to_avoid_overflow_in_expire_ttl(
 #[test]
 fn resty_core_shdict_049_init_ttl_uses_long_type_to_avoid_overflow_in_incr_ttl() {
     let (_p, d) = dogs("rc49");
-    d.flush_all();
+    d.flush_all().unwrap();
     assert_eq!(d.incr("incr_huge_ttl", 1, Some(0), HUGE).unwrap(), 1);
     ttl_is_about_huge(d.ttl("incr_huge_ttl").unwrap());
     assert_eq!(

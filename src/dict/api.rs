@@ -941,9 +941,10 @@ impl SharedDict {
 
     /// Makes every entry expired, as ngx's `flush_all` does: reads miss at once, and
     /// [`flush_expired`](Self::flush_expired) frees the slots. (A writer taken over midway,
-    /// having stalled past the bound, stops where it was.)
-    pub fn flush_all(&self) {
-        let _ = self.writing(|w| {
+    /// having stalled past the bound, stops where it was.) `Err(ReadOnly)` on a read-only
+    /// handle.
+    pub fn flush_all(&self) -> Result<(), Error> {
+        self.writing(|w| {
             self.control(FLUSHED).store(1, Ordering::Relaxed);
             for i in 0..self.capacity() {
                 let e = self.entry(i);
@@ -956,12 +957,13 @@ impl SharedDict {
                 }
             }
             Ok(Outcome::Done(()))
-        });
+        })
     }
 
     /// Removes up to `max` expired entries (0: all) and returns how many it removed.
-    pub fn flush_expired(&self, max: usize) -> usize {
-        let Ok(removed) = self.writing(|w| {
+    /// `Err(ReadOnly)` on a read-only handle.
+    pub fn flush_expired(&self, max: usize) -> Result<usize, Error> {
+        self.writing(|w| {
             let now = self.now();
             let mut removed = 0;
             // (every expired entry freed: `flush_all`'s are gone)
@@ -995,10 +997,7 @@ impl SharedDict {
                 self.control(FLUSHED).store(0, Ordering::Relaxed);
             }
             Ok(Outcome::Done(removed))
-        }) else {
-            return 0;
-        };
-        removed
+        })
     }
 
     // -----------------------------------------------------------------------------------

@@ -433,12 +433,10 @@ impl LockTable {
 
     /// Frees every entry whose lease ran out or whose owner is seen dead, and returns how
     /// many. Claimers do this lazily for the keys they meet; this is for housekeeping
-    /// (after a crash, before inspecting).
-    pub fn reap(&self) -> usize {
-        if self.writable().is_err() {
-            return 0;
-        }
-        self.inner.table.reap_all()
+    /// (after a crash, before inspecting). `Err(ReadOnly)` on a read-only handle.
+    pub fn reap(&self) -> Result<usize, Error> {
+        self.writable()?;
+        Ok(self.inner.table.reap_all())
     }
 
     /// What every process did with this table's keys since its file was made: keys taken
