@@ -755,6 +755,32 @@ fn get_or_fetch_fetches_once_and_reports_where_values_came_from() {
         .unwrap_err();
     assert!(matches!(err, Error::Timeout { .. }));
     drop(held);
+    // a fetch returns whatever a value is made from: a String, a number, a boolean
+    let fetched = |key: &str, value: Value| {
+        let got = d
+            .get_or_fetch(&locks, key, Duration::from_secs(60), || {
+                Ok::<_, Error>(value.clone())
+            })
+            .unwrap();
+        assert_eq!((got.source, &got.value), (Source::Fetched, &value));
+        assert_eq!(d.get(key).unwrap().map(|i| i.value), Some(value));
+    };
+    fetched("string", Value::Bytes(b"{\"id\": 5}".to_vec()));
+    let got = d
+        .get_or_fetch(&locks, "json", Duration::from_secs(60), || {
+            Ok::<_, Error>(String::from("{}"))
+        })
+        .unwrap();
+    assert_eq!(got.value.as_bytes(), Some(&b"{}"[..]));
+    let got = d
+        .get_or_fetch(&locks, "count", Duration::from_secs(60), || {
+            Ok::<_, Error>(7i64)
+        })
+        .unwrap();
+    assert_eq!(got.value, Value::Int(7));
+    assert_eq!(d.incr("count", 1i64, None, Duration::ZERO).unwrap(), 8);
+    fetched("float", Value::Float(0.5));
+    fetched("flag", Value::Bool(true));
 }
 
 #[test]

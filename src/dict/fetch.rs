@@ -36,7 +36,8 @@ impl SharedDict {
     /// only one calls `fetch`: resty.lock's recipe. On a miss, takes `key` in `locks`
     /// (default [`LockOptions`]), looks in the dict again (someone may have filled it
     /// meanwhile), and only if it is still missing calls `fetch`, stores the result for
-    /// `ttl` and unlocks.
+    /// `ttl` and unlocks. `fetch` returns anything a [`Value`] is made from: bytes (a
+    /// `Vec<u8>` or `&[u8]`), a `String` or `&str`, an `i64`, an `f64`, a `bool`.
     ///
     /// Errors of the dict or the lock (a lock [`Timeout`](Error::Timeout), a value longer
     /// than the dict's limit) come back through `E: From<Error>`, as do `fetch`'s own.
@@ -57,7 +58,7 @@ impl SharedDict {
     /// let cache = SharedDict::open(dir.join("cache"), 1024, 256)?;
     /// let locks = LockTable::open(dir.join("locks"), 1024)?;
     ///
-    /// let slow_backend = || Ok::<_, shmlock::Error>(b"row 42".to_vec());
+    /// let slow_backend = || Ok::<_, shmlock::Error>(String::from("row 42"));
     /// let first = cache.get_or_fetch(&locks, "item:42", Duration::from_secs(60), slow_backend)?;
     /// assert_eq!(first.source, Source::Fetched);
     /// let never = || -> Result<Vec<u8>, shmlock::Error> { unreachable!("cached") };
@@ -66,7 +67,7 @@ impl SharedDict {
     /// # std::fs::remove_dir_all(&dir).unwrap();
     /// # Ok::<(), shmlock::Error>(())
     /// ```
-    pub fn get_or_fetch<B, E, F>(
+    pub fn get_or_fetch<B, E, F, V>(
         &self,
         locks: &B,
         key: impl AsRef<[u8]>,
@@ -76,7 +77,8 @@ impl SharedDict {
     where
         B: Backend,
         E: From<Error>,
-        F: FnOnce() -> Result<Vec<u8>, E>,
+        F: FnOnce() -> Result<V, E>,
+        V: Into<Value>,
     {
         self.get_or_fetch_with(locks, key, ttl, &LockOptions::default(), fetch)
     }
@@ -84,7 +86,7 @@ impl SharedDict {
     /// [`get_or_fetch`](Self::get_or_fetch) with the lock's options: how long to wait for
     /// the process that is fetching (`timeout`), and the lease it gets (`exptime`, which
     /// should outlast the slowest fetch).
-    pub fn get_or_fetch_with<B, E, F>(
+    pub fn get_or_fetch_with<B, E, F, V>(
         &self,
         locks: &B,
         key: impl AsRef<[u8]>,
@@ -95,7 +97,8 @@ impl SharedDict {
     where
         B: Backend,
         E: From<Error>,
-        F: FnOnce() -> Result<Vec<u8>, E>,
+        F: FnOnce() -> Result<V, E>,
+        V: Into<Value>,
     {
         let key = key.as_ref();
         if let Some(hit) = self.get(key)? {
@@ -115,11 +118,11 @@ impl SharedDict {
                 waited,
             });
         }
-        let value = fetch()?;
+        let value = fetch()?.into();
         self.set(key, &value, ttl)?;
         drop(guard);
         Ok(Fetched {
-            value: Value::Bytes(value),
+            value,
             source: Source::Fetched,
             waited,
         })
@@ -152,7 +155,7 @@ impl SharedDict {
     /// ```
     #[cfg(feature = "tokio")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
-    pub async fn get_or_fetch_async<B, E, F, Fut>(
+    pub async fn get_or_fetch_async<B, E, F, Fut, V>(
         &self,
         locks: &B,
         key: impl AsRef<[u8]>,
@@ -163,7 +166,8 @@ impl SharedDict {
         B: crate::lock::AsyncBackend,
         E: From<Error>,
         F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<Vec<u8>, E>>,
+        Fut: std::future::Future<Output = Result<V, E>>,
+        V: Into<Value>,
     {
         self.get_or_fetch_async_with(locks, key, ttl, &LockOptions::default(), fetch)
             .await
@@ -173,7 +177,7 @@ impl SharedDict {
     /// [`get_or_fetch_with`](Self::get_or_fetch_with)).
     #[cfg(feature = "tokio")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
-    pub async fn get_or_fetch_async_with<B, E, F, Fut>(
+    pub async fn get_or_fetch_async_with<B, E, F, Fut, V>(
         &self,
         locks: &B,
         key: impl AsRef<[u8]>,
@@ -185,7 +189,8 @@ impl SharedDict {
         B: crate::lock::AsyncBackend,
         E: From<Error>,
         F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<Vec<u8>, E>>,
+        Fut: std::future::Future<Output = Result<V, E>>,
+        V: Into<Value>,
     {
         let key = key.as_ref();
         if let Some(hit) = self.get(key)? {
@@ -205,11 +210,11 @@ impl SharedDict {
                 waited,
             });
         }
-        let value = fetch().await?;
+        let value = fetch().await?.into();
         self.set(key, &value, ttl)?;
         drop(guard);
         Ok(Fetched {
-            value: Value::Bytes(value),
+            value,
             source: Source::Fetched,
             waited,
         })

@@ -209,6 +209,44 @@ impl<'a> From<&'a Value> for ValueRef<'a> {
     }
 }
 
+/// Owned values from what [`set`](crate::SharedDict::set) takes by reference: what a
+/// [`get_or_fetch`](crate::SharedDict::get_or_fetch) fetch may return.
+impl From<Vec<u8>> for Value {
+    fn from(b: Vec<u8>) -> Self {
+        Value::Bytes(b)
+    }
+}
+impl From<&[u8]> for Value {
+    fn from(b: &[u8]) -> Self {
+        Value::Bytes(b.to_vec())
+    }
+}
+impl From<String> for Value {
+    fn from(s: String) -> Self {
+        Value::Bytes(s.into_bytes())
+    }
+}
+impl From<&str> for Value {
+    fn from(s: &str) -> Self {
+        Value::Bytes(s.as_bytes().to_vec())
+    }
+}
+impl From<i64> for Value {
+    fn from(n: i64) -> Self {
+        Value::Int(n)
+    }
+}
+impl From<f64> for Value {
+    fn from(x: f64) -> Self {
+        Value::Float(x)
+    }
+}
+impl From<bool> for Value {
+    fn from(b: bool) -> Self {
+        Value::Bool(b)
+    }
+}
+
 /// A number stored by `incr`: an integer or a float.
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug)]
