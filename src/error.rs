@@ -5,7 +5,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::limits::{MAX_CAPACITY, MAX_KEY_LEN};
+use crate::limits::MAX_CAPACITY;
 
 /// Everything that can go wrong, as a value you can match on.
 #[derive(Debug)]
@@ -13,9 +13,15 @@ use crate::limits::{MAX_CAPACITY, MAX_KEY_LEN};
 pub enum Error {
     /// The key is empty.
     EmptyKey,
-    /// The key is longer than [`MAX_KEY_LEN`] bytes, or than a
+    /// The key is longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes, or than a
     /// [`SharedDict`](crate::SharedDict)'s longest key.
-    KeyTooLong(usize),
+    #[non_exhaustive]
+    KeyTooLong {
+        /// The key's length, in bytes.
+        len: usize,
+        /// The longest key there: [`MAX_KEY_LEN`](crate::MAX_KEY_LEN), or the dict's `max_key_len`.
+        max: usize,
+    },
     /// The key cannot be used where it was given: on a Redis Cluster, a key (or a prefix)
     /// that would leave the cluster hash tag of its lock's names empty (a key starting with
     /// `}`, a prefix whose first `{` is followed by `}`), so that they would not share a
@@ -433,11 +439,9 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::EmptyKey => f.write_str("empty key"),
-            Error::KeyTooLong(n) => write!(
-                f,
-                "key of {n} bytes is too long (locks: at most {} bytes; a dict: its max_key_len)",
-                MAX_KEY_LEN
-            ),
+            Error::KeyTooLong { len, max } => {
+                write!(f, "key of {len} bytes is too long (at most {max} bytes here)")
+            }
             Error::InvalidKey { key, reason } => write!(f, "key {key} cannot be used: {reason}"),
             Error::InvalidOptions(why) => write!(f, "invalid options: {why}"),
             Error::InvalidCapacity(n) => {

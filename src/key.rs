@@ -8,7 +8,10 @@ pub(crate) fn check_key(key: &[u8]) -> Result<&[u8], Error> {
     if key.is_empty() {
         Err(Error::EmptyKey)
     } else if key.len() > MAX_KEY_LEN {
-        Err(Error::KeyTooLong(key.len()))
+        Err(Error::KeyTooLong {
+            len: key.len(),
+            max: MAX_KEY_LEN,
+        })
     } else {
         Ok(key)
     }

@@ -261,7 +261,11 @@ fn keys_are_any_bytes_of_1_to_65535() {
     let long = vec![7u8; 65536];
     assert!(matches!(
         t.try_lock_with_lease(&long, Duration::ZERO),
-        Err(Error::KeyTooLong(65536))
+        Err(Error::KeyTooLong {
+            len: 65536,
+            max: 65535,
+            ..
+        })
     ));
     let mut a = Lock::new(&t, LockOptions::default()).unwrap();
     assert!(matches!(a.lock(""), Err(Error::EmptyKey)));

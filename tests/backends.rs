@@ -174,7 +174,7 @@ fn bad_keys_are_typed_errors<B: Backend>(b: &B) {
     assert!(matches!(a.lock(""), Err(Error::EmptyKey)));
     assert!(matches!(
         a.lock(vec![1u8; 65536]),
-        Err(Error::KeyTooLong(65536))
+        Err(Error::KeyTooLong { len: 65536, .. })
     ));
     a.lock(vec![0u8, 255, b'{', b'}', 7]).unwrap();
     a.unlock().unwrap();

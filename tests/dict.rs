@@ -563,9 +563,21 @@ fn limits_are_typed_errors() {
     let long = "k".repeat(251);
     assert!(matches!(
         d.set(&long, "v", NEVER),
-        Err(Error::KeyTooLong(251))
+        Err(Error::KeyTooLong { len: 251, .. })
     ));
-    assert!(matches!(d.get(&long), Err(Error::KeyTooLong(251))));
+    let err = d.get(&long).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::KeyTooLong {
+            len: 251,
+            max: 250,
+            ..
+        }
+    ));
+    assert_eq!(
+        err.to_string(),
+        "key of 251 bytes is too long (at most 250 bytes here)"
+    );
     d.set("k".repeat(250), "v", NEVER).unwrap();
     assert!(matches!(
         d.set("k", &[0u8; 17], NEVER),

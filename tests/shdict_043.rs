@@ -248,7 +248,7 @@ fn t043_015_set_too_large_key() {
     let key = "a".repeat(65536);
     assert!(matches!(
         dogs.set(&key, "world", NEVER),
-        Err(Error::KeyTooLong(65536))
+        Err(Error::KeyTooLong { len: 65536, .. })
     ));
 }
 
@@ -663,7 +663,7 @@ fn t043_067_get_a_too_long_key() {
     let (_p, dogs) = dict("t043-067", 64, 32);
     assert!(matches!(
         dogs.get("a".repeat(65536)),
-        Err(Error::KeyTooLong(65536))
+        Err(Error::KeyTooLong { len: 65536, .. })
     ));
 }
 
@@ -696,7 +696,7 @@ fn t043_072_get_stale_a_too_long_key() {
     let (_p, dogs) = dict("t043-072", 64, 32);
     assert!(matches!(
         dogs.get_stale("a".repeat(65536)),
-        Err(Error::KeyTooLong(65536))
+        Err(Error::KeyTooLong { len: 65536, .. })
     ));
 }
 
@@ -757,7 +757,7 @@ fn t043_081_incr_too_long_key() {
     let (_p, dogs) = dict("t043-081", 64, 32);
     assert!(matches!(
         dogs.incr("a".repeat(65536), 32, None, NEVER),
-        Err(Error::KeyTooLong(65536))
+        Err(Error::KeyTooLong { len: 65536, .. })
     ));
 }
 

@@ -79,7 +79,7 @@ impl From<Error> for Fail {
             Error::NoSpace { .. } | Error::DeletedInUse { .. } => EX_CANTCREAT,
             Error::TableGone { .. } => EX_NOINPUT,
             Error::EmptyKey
-            | Error::KeyTooLong(_)
+            | Error::KeyTooLong { .. }
             | Error::InvalidOptions(_)
             | Error::InvalidCapacity(_)
             | Error::InvalidLayout(_)
