@@ -640,3 +640,18 @@ fn a_foreign_value_at_a_lock_key_is_named_and_removed_truthfully() {
         "{err}"
     );
 }
+
+/// A key a Redis Cluster cannot use (one that would empty its names' hash tag) is a usage
+/// error, 64, as an empty or oversized key is (it fell through to 70, "an error shmlock did
+/// not expect").
+#[test]
+fn a_key_a_cluster_cannot_use_is_a_usage_error() {
+    let cluster = common::redis_server::ClusterSetup::start();
+    let urls = cluster.urls().join(",");
+    for args in [&["run", "}k", "true"][..], &["unlock", "--force", "}k"]] {
+        let out = output(shmlock(&urls).arg("--redis-cluster").args(args));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert!(err.contains("cannot be used"), "{args:?}: {err}");
+    }
+}

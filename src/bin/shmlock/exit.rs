@@ -80,6 +80,7 @@ impl From<Error> for Fail {
             Error::TableGone { .. } => EX_NOINPUT,
             Error::EmptyKey
             | Error::KeyTooLong { .. }
+            | Error::InvalidKey { .. }
             | Error::InvalidOptions(_)
             | Error::InvalidCapacity(_)
             | Error::InvalidLayout(_)
