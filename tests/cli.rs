@@ -336,6 +336,21 @@ fn renewal_keeps_a_long_run_locked() {
     );
 }
 
+/// `--max-time 0` is refused: the command would be stopped before it ran (it was, and
+/// `run` said it had terminated it, exit 2).
+#[test]
+fn a_max_time_of_zero_is_refused() {
+    let file = TempPath::new("cli-max-time-0");
+    let ran = TempPath::new("cli-max-time-0-ran");
+    let mark = format!("touch {}", ran.0.display());
+    let out = output(shmlock(&file).args(["run", "--max-time", "0", "k", "-c", &mark]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(err.contains("--max-time must be > 0"), "{err}");
+    assert!(!ran.0.exists(), "the command ran");
+    assert!(!is_held(&file, "k"));
+}
+
 /// A lease shorter than `run`'s renewals can keep (0.1 s) is refused before anything is
 /// taken or run, naming the floor; one at the floor is accepted.
 #[test]

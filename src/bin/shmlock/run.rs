@@ -82,6 +82,14 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
         ..LockOptions::default()
     };
     let max_time = a.max_time.map(|m| secs(m, "--max-time")).transpose()?;
+    if max_time == Some(Duration::ZERO) {
+        return Err(Fail(
+            "--max-time must be > 0: COMMAND would be stopped before it ran (leave it out \
+             for no limit)"
+                .into(),
+            EX_USAGE,
+        ));
+    }
     // It waits in slices: the whole wait, not each slice, goes to the counters.
     let mut lock = Lock::new(backend, opts)?.uncounted();
     let (program, args): (&str, &[String]) = match &a.shell_command {
