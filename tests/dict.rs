@@ -597,6 +597,7 @@ fn limits_are_typed_errors() {
         SharedDict::options().max_key_len(0),
         SharedDict::options().max_key_len(65536),
         SharedDict::options().max_value_len((1 << 20) + 1),
+        SharedDict::options().max_value_len(0), // (it stored only empty values)
     ] {
         let err = opts.open(&path).expect_err("a bad layout was accepted");
         assert!(

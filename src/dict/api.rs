@@ -252,7 +252,7 @@ impl DictOptions {
     }
 
     /// Permission bits of a dict this call creates (default `0o600`; anything beyond
-    /// `0o777` is [`Error::InvalidOptions`]).
+    /// `0o777`, or without owner read and write, is [`Error::InvalidOptions`]).
     pub fn mode(mut self, mode: u32) -> Self {
         self.spec.mode = mode;
         self
@@ -280,9 +280,12 @@ impl DictOptions {
 
     /// Opens (and maybe creates) the dict at `path`.
     pub fn open(self, path: impl AsRef<Path>) -> Result<SharedDict, Error> {
-        if self.max_key > crate::limits::MAX_KEY_LEN || self.max_value > MAX_VALUE_LEN as usize {
+        if self.max_key == 0 || self.max_key > crate::limits::MAX_KEY_LEN {
+            return Err(Error::InvalidLayout("max_key_len must be 1 to 65535 bytes"));
+        }
+        if self.max_value == 0 || self.max_value > MAX_VALUE_LEN as usize {
             return Err(Error::InvalidLayout(
-                "keys are at most 65535 bytes and values at most 1 MiB",
+                "max_value_len must be 1 byte to 1 MiB (1048576)",
             ));
         }
         let mut spec = self.spec;

@@ -89,6 +89,12 @@ pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
             "mode may only hold permission bits (at most 0o777)",
         ));
     }
+    if spec.mode & 0o600 != 0o600 {
+        return Err(Error::InvalidOptions(
+            "mode must let the owner read and write the file (0o600): without both, nobody \
+             but root could open it to lock (0o660 shares it with a group)",
+        ));
+    }
     crate::shm::process::check_clock()?;
     for _ in 0..OPEN_ROUNDS {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;

@@ -161,9 +161,9 @@ impl Layout {
                     "the longest key must be 1..=65535 bytes",
                 ));
             }
-            if max_value > MAX_VALUE_LEN {
+            if max_value == 0 || max_value > MAX_VALUE_LEN {
                 return Err(Error::InvalidLayout(
-                    "the longest value must be at most 1 MiB",
+                    "the longest value must be 1 byte to 1 MiB",
                 ));
             }
             if (capacity + 2) * self.slot_size() as u64 + dict_filters_len(capacity) > MAX_DICT_BODY

@@ -228,7 +228,7 @@ impl OpenOptions {
     }
 
     /// Permission bits of a table this call creates (default `0o600`; anything beyond
-    /// `0o777` is [`Error::InvalidOptions`]). Every process that can open the file for
+    /// `0o777`, or without owner read and write, is [`Error::InvalidOptions`]). Every process that can open the file for
     /// writing can take, break and inspect every lock in it.
     pub fn mode(mut self, mode: u32) -> Self {
         self.spec.mode = mode;
