@@ -198,6 +198,30 @@ fn unlocking_a_long_keys_preview_says_the_whole_key_is_needed() {
     run.wait().unwrap();
 }
 
+/// A key that is not text (here with a NUL byte, which no argument can hold) is broken by
+/// its bytes in hex, as `inspect --json` gives them in `key_hex`: before `--hex` only code
+/// could break it.
+#[test]
+fn unlock_force_hex_breaks_a_key_that_is_not_text() {
+    let file = TempPath::new("cli-hex-key");
+    let table = LockTable::open(&file, 16).unwrap();
+    let key = b"\xff\xfe\x00\x01";
+    let held = table.lock(key, LockOptions::default()).unwrap();
+    let json = inspect_json(&file, &[]);
+    let hex = json["holders"][0]["key_hex"].as_str().unwrap().to_string();
+    assert_eq!(hex, "fffe0001", "{json}");
+    for bad in ["fffe000", "zz", "fffe0001ff"] {
+        let out = output(shmlock(&file).args(["unlock", "--force", "--hex", bad]));
+        assert_ne!(out.status.code(), Some(0), "{bad}: {out:?}");
+    }
+    assert!(held.check().is_ok(), "a wrong key broke the hold");
+    let out = output(shmlock(&file).args(["unlock", "--force", "--hex", &hex]));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(said.contains("broke the key of hex fffe0001"), "{said}");
+    assert!(matches!(held.check(), Err(shmlock::Error::Expired)));
+}
+
 /// `inspect --json` gives each token as a decimal string too, exactly `$SHMLOCK_TOKEN`:
 /// a table's tokens pass 2^53, where readers that parse numbers as doubles round them.
 #[test]

@@ -287,6 +287,10 @@ pub struct StatsArgs {
 pub struct UnlockArgs {
     /// The lock name
     pub key: String,
+    /// KEY is the key's bytes in hex, as `inspect --json` gives them (`key_hex`): for a
+    /// key that is not text, or holds a NUL byte
+    #[arg(long)]
+    pub hex: bool,
     /// Required: breaking a lock its holder still relies on is your decision
     #[arg(long)]
     pub force: bool,

@@ -7,25 +7,55 @@ use shmlock::{HoldMode, LockTable, RedisLocks};
 
 use crate::args::UnlockArgs;
 use crate::exit::{Fail, EX_USAGE};
-use crate::show::{held_for, printable};
+use crate::show::{held_for, hex, printable};
 
 /// Breaking a lock its holder still relies on is the user's decision: --force says so.
-fn refuse_without_force(a: &UnlockArgs) -> Result<(), Fail> {
+/// Returns the key's bytes (KEY itself, or decoded from hex with --hex).
+fn refuse_without_force(a: &UnlockArgs) -> Result<Vec<u8>, Fail> {
+    let key = if a.hex {
+        from_hex(&a.key).ok_or_else(|| {
+            Fail(
+                format!("--hex: {:?} is not an even number of hex digits", a.key),
+                EX_USAGE,
+            )
+        })?
+    } else {
+        a.key.clone().into_bytes()
+    };
     if a.force {
-        return Ok(());
+        return Ok(key);
     }
     Err(Fail(
         format!(
-            "refusing to break {:?} without --force (its holder may still rely on it)",
-            a.key
+            "refusing to break {} without --force (its holder may still rely on it)",
+            quoted(&key)
         ),
         EX_USAGE,
     ))
 }
 
+/// `s`'s pairs of hex digits as bytes.
+fn from_hex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) || !s.is_ascii() {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
+}
+
+/// A key as the messages quote it: as text if it is, else as `--hex` takes it.
+fn quoted(key: &[u8]) -> String {
+    match std::str::from_utf8(key) {
+        Ok(text) if !text.chars().any(char::is_control) => format!("{text:?}"),
+        _ => format!("the key of hex {}", hex(key)),
+    }
+}
+
 /// Breaks `a.key` in the table `file` (which must exist).
 pub fn unlock(file: &Path, a: UnlockArgs) -> Result<u8, Fail> {
-    refuse_without_force(&a)?;
+    let key = refuse_without_force(&a)?;
     if a.host.is_some() {
         return Err(Fail(
             "--host names the host of a Redis holder; a lock table's holders are all on \
@@ -35,20 +65,18 @@ pub fn unlock(file: &Path, a: UnlockArgs) -> Result<u8, Fail> {
         ));
     }
     let table = LockTable::options().create(false).open(file)?;
-    let broken = table.force_unlock_holders(&a.key, a.pid)?;
+    let broken = table.force_unlock_holders(&key, a.pid)?;
     if broken.is_empty() {
         let mut why = match a.pid {
-            Some(pid) => format!("{:?} is not held by pid {pid}", a.key),
-            None => format!("{:?} is not locked", a.key),
+            Some(pid) => format!("{} is not held by pid {pid}", quoted(&key)),
+            None => format!("{} is not locked", quoted(&key)),
         };
         // `inspect` shows a long key's first bytes only: someone who copied them from
         // there holds no whole key, and must be told so.
         let longer = table
             .holders()
             .into_iter()
-            .filter(|h| {
-                h.key_len > h.key_preview.len() && h.key_preview.starts_with(a.key.as_bytes())
-            })
+            .filter(|h| h.key_len > h.key_preview.len() && h.key_preview.starts_with(&key))
             .max_by_key(|h| h.key_len);
         if let Some(h) = longer {
             why.push_str(&format!(
@@ -62,8 +90,8 @@ pub fn unlock(file: &Path, a: UnlockArgs) -> Result<u8, Fail> {
     }
     for h in broken {
         println!(
-            "broke {:?}: held{} by pid {} ({}), for {:.3}s",
-            a.key,
+            "broke {}: held{} by pid {} ({}), for {:.3}s",
+            quoted(&key),
             held_as(h.mode),
             h.pid,
             if h.owner_alive { "alive" } else { "dead" },
@@ -85,33 +113,36 @@ fn held_as(mode: HoldMode) -> String {
 
 /// Breaks `a.key` in Redis.
 pub fn unlock_redis(redis: &RedisLocks, prefix: &str, a: UnlockArgs) -> Result<u8, Fail> {
-    refuse_without_force(&a)?;
+    let key = refuse_without_force(&a)?;
     if let Some(pid) = a.pid {
         let host = a.host.as_deref();
-        let n = redis.force_unlock_process(&a.key, host, pid)?;
+        let n = redis.force_unlock_process(&key, host, pid)?;
         let whose = match host {
             Some(h) => format!("pid {pid} on {}", printable(h.as_bytes())),
             None => format!("pid {pid} on this host"),
         };
         if n == 0 {
-            return Err(Fail(format!("{whose} holds nothing of {:?}", a.key), 1));
+            return Err(Fail(
+                format!("{whose} holds nothing of {}", quoted(&key)),
+                1,
+            ));
         }
-        println!("broke {n} hold(s) of {:?} by {whose}", a.key);
+        println!("broke {n} hold(s) of {} by {whose}", quoted(&key));
         return Ok(0);
     }
-    let broken = redis.force_unlock_holders(&a.key)?;
+    let broken = redis.force_unlock_holders(&key)?;
     if broken.is_empty() {
-        return Err(Fail(format!("{:?} is not locked", a.key), 1));
+        return Err(Fail(format!("{} is not locked", quoted(&key)), 1));
     }
     // As for a table, a line per hold; Redis knows no owner processes to call alive or
     // dead, and a value written by something else tells nothing of its holder.
     for h in broken {
         if let Some(kind) = &h.foreign_type {
             println!(
-                "broke {:?}: removed a {kind} at {}{{{}}} (a value shmlock did not write)",
-                a.key,
+                "broke {}: removed a {kind} at {}{{{}}} (a value shmlock did not write)",
+                quoted(&key),
                 printable(prefix.as_bytes()),
-                printable(a.key.as_bytes())
+                printable(&key)
             );
             continue;
         }
@@ -123,8 +154,8 @@ pub fn unlock_redis(redis: &RedisLocks, prefix: &str, a: UnlockArgs) -> Result<u
         let since =
             held_for(&h).map_or(String::new(), |d| format!(", for {:.3}s", d.as_secs_f64()));
         println!(
-            "broke {:?}: held{} by {whose}{since}",
-            a.key,
+            "broke {}: held{} by {whose}{since}",
+            quoted(&key),
             held_as(h.mode)
         );
     }
