@@ -454,6 +454,14 @@ fn create_dict_makes_a_shared_dict_that_inspect_and_stats_read() {
     assert_eq!(json["max_key_len"], 40, "{json}");
     assert_eq!(json["max_value_len"], 100, "{json}");
     assert_eq!(json["entries"], 0, "{json}");
+    // --all (a table's expired entries and dead owners' holds) means nothing here: said
+    // so, where it was ignored
+    let all = output(shmlock(&file).args(["inspect", "--all"]));
+    assert_eq!(all.status.code(), Some(64), "{all:?}");
+    assert!(
+        String::from_utf8_lossy(&all.stderr).contains("--all"),
+        "{all:?}"
+    );
     let stats = output(shmlock(&file).args(["stats", "--json"]));
     assert!(stats.status.success(), "{stats:?}");
     let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
@@ -850,6 +858,9 @@ fn the_redis_backend_runs_inspects_and_unlocks() {
         json.contains("\"key\":\"job\"") && json.contains("\"ttl_ms\":"),
         "{json}"
     );
+    let text = String::from_utf8(output(cli().arg("inspect")).stdout).unwrap();
+    assert!(text.starts_with(&format!("{url}: 1 lock held")), "{text}");
+    assert_eq!(code(cli().args(["inspect", "--all"])), 64);
     // renewed past its 0.5 s lease while the command runs
     std::thread::sleep(Duration::from_millis(800));
     assert!(redis.is_locked("job").unwrap());

@@ -40,6 +40,14 @@ pub fn open_inspected(file: &Path) -> Result<Inspected, Fail> {
 /// Prints what `what` holds, once or (--watch) until interrupted.
 pub fn inspect(what: &Inspected, a: &InspectArgs) -> Result<u8, Fail> {
     let stdout_err = |e: std::io::Error| Fail(format!("stdout: {e}"), EX_IOERR);
+    if a.all && !matches!(what, Inspected::Table(..)) {
+        return Err(Fail(
+            "--all adds a lock table's expired entries and dead owners' holds: a dict lists \
+             its live keys, and Redis drops an expired lock itself"
+                .into(),
+            EX_USAGE,
+        ));
+    }
     let mut buf = Vec::new();
     snapshot(&mut buf, what, a)?;
     if !a.watch && a.interval.is_none() {

@@ -123,9 +123,10 @@ pub fn write_dict(
 pub fn write_redis(out: &mut impl Write, url: &str, held: &[RedisHolder]) -> std::io::Result<()> {
     writeln!(
         out,
-        "{}: {} locks held",
+        "{}: {} lock{} held",
         printable(url.as_bytes()),
-        held.len()
+        held.len(),
+        if held.len() == 1 { "" } else { "s" }
     )?;
     if held.is_empty() {
         return Ok(());
