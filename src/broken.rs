@@ -8,7 +8,8 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Broken {
     /// `SHMLOCK_BROKEN=protocol`: a claim takes the first free slot and skips its rescan,
-    /// a dict reader trusts its copy, a dict filter add skips an already-set bit.
+    /// a dict reader trusts its copy, a dict filter add skips an already-set bit, a heap
+    /// take keeps the bits another writer set first.
     Protocol,
     /// `SHMLOCK_BROKEN=shared`: shared claims pass every claim in progress, a writer's too.
     Shared,

@@ -516,3 +516,119 @@ fn dict_a_taken_over_filter_rebuild_never_clears_a_placed_key() {
         let _ = ManuallyDrop::new(w);
     });
 }
+
+/// Model H1 — a value in the block heap, rewritten twice, the second rewrite taking the
+/// blocks the first one freed: a reader that copied the blocks of the entry it saw, then
+/// validated the entry, never accepts a copy of another value (the fence that begins
+/// `Heap::write`). The entry is a `seq` word and the value's first block and number,
+/// written with `Entry::write`'s orderings.
+#[test]
+fn heap_a_reader_never_accepts_a_block_reused_under_it() {
+    use super::heap::{blocks_for, Heap, BLOCK_WORDS};
+    const LEN: usize = 16;
+    #[derive(Clone)]
+    struct World {
+        map: Arc<Vec<AtomicU64>>,
+        data: Arc<Vec<AtomicU64>>,
+        /// seq, first block, the value's number
+        head: Arc<Vec<AtomicU64>>,
+    }
+    impl World {
+        fn heap(&self) -> Heap<'_> {
+            Heap::new(&self.map, &self.data, 4)
+        }
+        /// Stores value `n` in fresh blocks, publishes it, frees `old`'s; returns the new
+        /// value's blocks.
+        fn store(&self, n: u8, old: &[u32]) -> Vec<u32> {
+            let heap = self.heap();
+            let mut blocks = Vec::new();
+            assert!(heap.take(blocks_for(LEN), &mut 0, &mut blocks));
+            let first = heap.write(&blocks, &[n; LEN]);
+            let s = self.head[0].load(Ordering::Relaxed);
+            self.head[0]
+                .compare_exchange(s, s + 1, Ordering::Relaxed, Ordering::Relaxed)
+                .unwrap();
+            loom::sync::atomic::fence(Ordering::Release);
+            self.head[1].store(u64::from(first), Ordering::Relaxed);
+            self.head[2].store(u64::from(n), Ordering::Relaxed);
+            self.head[0]
+                .compare_exchange(s + 1, s + 2, Ordering::Release, Ordering::Relaxed)
+                .unwrap();
+            heap.free(old);
+            blocks
+        }
+        fn read(&self) -> Option<(u8, Vec<u8>)> {
+            let s1 = self.head[0].load(Ordering::Acquire);
+            if s1 % 2 == 1 {
+                return None;
+            }
+            let first = self.head[1].load(Ordering::Relaxed) as u32;
+            let n = self.head[2].load(Ordering::Relaxed) as u8;
+            let mut out = Vec::new();
+            self.heap().read(first, LEN, &mut out).ok()?;
+            loom::sync::atomic::fence(Ordering::Acquire);
+            (self.head[0].load(Ordering::Relaxed) == s1).then_some((n, out))
+        }
+    }
+    model_with(3, || {
+        let w = World {
+            map: Arc::new(vec![AtomicU64::new(0)]),
+            data: Arc::new((0..4 * BLOCK_WORDS).map(|_| AtomicU64::new(0)).collect()),
+            head: Arc::new((0..3).map(|_| AtomicU64::new(0)).collect()),
+        };
+        let first = w.store(1, &[]);
+        let reader = {
+            let w = w.clone();
+            thread::spawn(move || w.read())
+        };
+        let second = w.store(2, &first);
+        let third = w.store(3, &second);
+        assert_eq!(
+            third.iter().min(),
+            first.iter().min(),
+            "the third took the first's blocks"
+        );
+        if let Some((n, value)) = reader.join().unwrap() {
+            assert_eq!(value, vec![n; LEN], "a copy of another value was accepted");
+        }
+        assert_eq!(w.read(), Some((3, vec![3; LEN])));
+    });
+}
+
+/// Model H2 — two writers take blocks from the heap at once (one taken over and resuming
+/// late, its successor writing): no block is handed to both, and each value reads back
+/// whole. Fails with a take that keeps the bits another writer set first (the broken
+/// variant `protocol`).
+#[test]
+fn heap_two_writers_never_take_one_block() {
+    use super::heap::{blocks_for, Heap, BLOCK_WORDS};
+    const LEN: usize = 16;
+    loom::model(|| {
+        let map = Arc::new(vec![AtomicU64::new(0)]);
+        let data: Arc<Vec<AtomicU64>> =
+            Arc::new((0..4 * BLOCK_WORDS).map(|_| AtomicU64::new(0)).collect());
+        let writer = |n: u8| {
+            let (map, data) = (map.clone(), data.clone());
+            move || {
+                let heap = Heap::new(&map, &data, 4);
+                let mut blocks = Vec::new();
+                assert!(heap.take(blocks_for(LEN), &mut 0, &mut blocks));
+                let first = heap.write(&blocks, &[n; LEN]);
+                (blocks, first)
+            }
+        };
+        let other = thread::spawn(writer(2));
+        let (mine, my_first) = writer(1)();
+        let (theirs, their_first) = other.join().unwrap();
+        assert!(
+            mine.iter().all(|b| !theirs.contains(b)),
+            "a block was handed to both: {mine:?} and {theirs:?}"
+        );
+        let heap = Heap::new(&map, &data, 4);
+        let mut out = Vec::new();
+        heap.read(my_first, LEN, &mut out).unwrap();
+        assert_eq!(out, vec![1; LEN]);
+        heap.read(their_first, LEN, &mut out).unwrap();
+        assert_eq!(out, vec![2; LEN]);
+    });
+}

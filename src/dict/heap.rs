@@ -1,0 +1,405 @@
+//! The block heap: where a dict keeps the values too long for an entry's own room, in
+//! blocks of [`BLOCK`] bytes that any entry's value may use (the first step of a zone sized
+//! in bytes: entries as small heads, the bytes in one pool).
+//!
+//! A value in the heap is a chain of index blocks, each naming up to [`PER_INDEX`] data
+//! blocks and the next index block; its entry keeps the first index block and the length.
+//! Any free blocks serve, wherever they are: there is no contiguous run to find, so a heap
+//! with room never refuses a value for want of one (a slab's or an arena's fragmentation),
+//! at the cost of one index block in 63.
+//!
+//! Who may change what (the dict's writer lock orders the writers):
+//!
+//! - The map (a bit per block) changes by atomic RMWs only, so that a writer taken over
+//!   and resuming (which may still allocate or free, late) and its successor never lose
+//!   each other's changes, and a block is never handed to two.
+//! - A value's blocks are written once, after they are taken and before the entry that
+//!   names them is published, and never again while any entry or undo copy names them:
+//!   they are freed after the entry has moved on (a rewrite, a delete, an eviction), and
+//!   only then taken again.
+//! - A reader copies the blocks an entry named, then validates the entry's `seq` once more
+//!   (see `Entry::validate`): a block freed and rewritten under it means the entry moved
+//!   on first, so the second look sees a new `seq` and the copy is dropped. [`Heap::write`]
+//!   begins with a release fence for that: the reader's acquire fence after its copy then
+//!   sees every write before the fence, the entry's move included (the free that gave the
+//!   block back came after it, and the take that got it synchronised with the free).
+//!   Model `heap_a_reader_never_accepts_a_block_reused_under_it` (`loom_tests.rs`) runs
+//!   the reuse against a reader; it passes without the fence too (loom does not return
+//!   the older `seq` to that load), so the fence rests on the argument above.
+//!   `heap_two_writers_never_take_one_block`: a taken-over writer and its successor
+//!   taking at once never share a block.
+//! - Blocks taken by a writer that died before its entry named them (or named by no entry
+//!   or undo copy for another reason) are found by [`Heap::sweep`], made by a holder of the
+//!   writer lock when no writer that was taken over may still write into its own.
+
+use crate::shm::primitive::{fence, AtomicU64, Ordering};
+
+/// Bytes of a block.
+pub(crate) const BLOCK: usize = 256;
+/// Words of a block.
+pub(crate) const BLOCK_WORDS: usize = BLOCK / 8;
+/// Data blocks an index block names (two to a word, after the word of the next index
+/// block and the count).
+pub(crate) const PER_INDEX: usize = 2 * (BLOCK_WORDS - 1);
+/// No block: the end of a chain.
+const NONE: u32 = u32::MAX;
+
+/// Blocks a value of `len` bytes takes, index blocks included.
+pub(crate) fn blocks_for(len: usize) -> usize {
+    let data = len.div_ceil(BLOCK);
+    data + data.div_ceil(PER_INDEX)
+}
+
+/// Why a copy out of the heap could not be made: what the entry named has moved on (the
+/// caller validates the entry and retries, or finds the file damaged).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Moved;
+
+/// The heap's map and blocks, as words of the mapping.
+#[derive(Clone, Copy)]
+pub(crate) struct Heap<'a> {
+    map: &'a [AtomicU64],
+    data: &'a [AtomicU64],
+    blocks: usize,
+}
+
+impl<'a> Heap<'a> {
+    /// The heap over `map` (a bit per block, at least `blocks` bits) and `data`
+    /// (`blocks` blocks of words).
+    pub(crate) fn new(map: &'a [AtomicU64], data: &'a [AtomicU64], blocks: usize) -> Heap<'a> {
+        assert!(map.len() * 64 >= blocks && data.len() >= blocks * BLOCK_WORDS);
+        assert!(blocks < NONE as usize);
+        Heap { map, data, blocks }
+    }
+
+    /// Blocks in all.
+    pub(crate) fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Blocks free now (a snapshot).
+    pub(crate) fn free_blocks(&self) -> usize {
+        let taken: usize = self
+            .map
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed).count_ones() as usize)
+            .sum();
+        self.blocks - taken.min(self.blocks)
+    }
+
+    fn block(&self, b: u32) -> &'a [AtomicU64] {
+        let at = b as usize * BLOCK_WORDS;
+        &self.data[at..at + BLOCK_WORDS]
+    }
+
+    /// The bits of map word `w` that stand for blocks (the last word's tail stands for
+    /// none).
+    fn real_bits(&self, w: usize) -> u64 {
+        let first = w * 64;
+        match self.blocks.saturating_sub(first) {
+            n if n >= 64 => u64::MAX,
+            n => (1u64 << n) - 1,
+        }
+    }
+
+    /// Takes `n` free blocks, looking from map word `*hint` on (and moving it past what
+    /// was taken), into `out`. `false`, with nothing taken, if fewer are free.
+    pub(crate) fn take(&self, n: usize, hint: &mut usize, out: &mut Vec<u32>) -> bool {
+        out.clear();
+        let words = self.map.len();
+        let start = *hint % words.max(1);
+        for k in 0..words {
+            if out.len() == n {
+                break;
+            }
+            let w = (start + k) % words;
+            let mut cur = self.map[w].load(Ordering::Relaxed);
+            loop {
+                let free = !cur & self.real_bits(w);
+                if free == 0 {
+                    break;
+                }
+                // the lowest free bits, as many as still needed
+                let mut want = 0u64;
+                let mut f = free;
+                while f != 0 && out.len() + (want.count_ones() as usize) < n {
+                    let low = f & f.wrapping_neg();
+                    want |= low;
+                    f &= !low;
+                }
+                // AcqRel: the acquire takes the block after whoever freed it (see the
+                // module's head); a bit someone else set meanwhile stays theirs.
+                let old = self.map[w].fetch_or(want, Ordering::AcqRel);
+                // (the broken variant takes what it asked for, whoever set it first)
+                let got = if crate::broken::broken(crate::broken::Broken::Protocol) {
+                    want
+                } else {
+                    want & !old
+                };
+                let mut g = got;
+                while g != 0 {
+                    out.push((w * 64) as u32 + g.trailing_zeros());
+                    g &= g - 1;
+                }
+                if out.len() == n || got == want {
+                    break;
+                }
+                cur = old | want;
+            }
+            *hint = w;
+        }
+        if out.len() < n {
+            self.free(out);
+            out.clear();
+            return false;
+        }
+        true
+    }
+
+    /// Gives `blocks` back. Release: whoever takes one next sees every write before this
+    /// (the entry that named it moved on first).
+    pub(crate) fn free(&self, blocks: &[u32]) {
+        for &b in blocks {
+            let (w, bit) = (b as usize / 64, 1u64 << (b % 64));
+            self.map[w].fetch_and(!bit, Ordering::Release);
+        }
+    }
+
+    /// Writes `bytes` into `blocks` (from [`take`](Self::take), `blocks_for(bytes.len())`
+    /// of them) as a chain: index blocks first in `blocks`, then data blocks. Returns the
+    /// chain's first block, for the entry to name.
+    pub(crate) fn write(&self, blocks: &[u32], bytes: &[u8]) -> u32 {
+        debug_assert_eq!(blocks.len(), blocks_for(bytes.len()));
+        // Orders the take (and, through it, the free and the entry's move before it)
+        // before these writes: see the module's head.
+        fence(Ordering::Release);
+        let data_n = bytes.len().div_ceil(BLOCK);
+        let index_n = blocks.len() - data_n;
+        let (index, data) = blocks.split_at(index_n);
+        for (chunk, &b) in bytes.chunks(BLOCK).zip(data) {
+            for (word, bytes8) in self.block(b).iter().zip(chunk.chunks(8)) {
+                let mut w = [0u8; 8];
+                w[..bytes8.len()].copy_from_slice(bytes8);
+                word.store(u64::from_le_bytes(w), Ordering::Relaxed);
+            }
+        }
+        for (i, (&ib, names)) in index.iter().zip(data.chunks(PER_INDEX)).enumerate() {
+            let words = self.block(ib);
+            let next = index.get(i + 1).copied().unwrap_or(NONE);
+            words[0].store(u64::from(next), Ordering::Relaxed);
+            for (word, pair) in words[1..].iter().zip(names.chunks(2)) {
+                let lo = u64::from(pair[0]);
+                let hi = u64::from(pair.get(1).copied().unwrap_or(NONE));
+                word.store(lo | hi << 32, Ordering::Relaxed);
+            }
+        }
+        index.first().copied().unwrap_or(NONE)
+    }
+
+    /// Visits the blocks of the chain from `first` holding `len` bytes: each index block,
+    /// then the data blocks it names, in order. Unvalidated (an entry's copy is validated
+    /// by its caller): a chain that leaves the heap or runs short is `Moved`.
+    fn walk(
+        &self,
+        first: u32,
+        len: usize,
+        mut index: impl FnMut(u32),
+        mut data: impl FnMut(usize, u32),
+    ) -> Result<(), Moved> {
+        let data_n = len.div_ceil(BLOCK);
+        let mut at = first;
+        let mut seen = 0;
+        while seen < data_n {
+            if at as usize >= self.blocks {
+                return Err(Moved);
+            }
+            index(at);
+            let words = self.block(at);
+            let next = words[0].load(Ordering::Relaxed) as u32;
+            let named = (data_n - seen).min(PER_INDEX);
+            for word in &words[1..1 + named.div_ceil(2)] {
+                let pair = word.load(Ordering::Relaxed);
+                for b in [pair as u32, (pair >> 32) as u32] {
+                    if seen == data_n {
+                        break;
+                    }
+                    if b as usize >= self.blocks {
+                        return Err(Moved);
+                    }
+                    data(seen, b);
+                    seen += 1;
+                }
+            }
+            at = next;
+        }
+        Ok(())
+    }
+
+    /// Copies the `len` bytes of the chain from `first` into `out` (replacing what it
+    /// held). Unvalidated: the caller validates the entry that named the chain afterwards.
+    pub(crate) fn read(&self, first: u32, len: usize, out: &mut Vec<u8>) -> Result<(), Moved> {
+        out.clear();
+        out.reserve(len);
+        self.walk(
+            first,
+            len,
+            |_| {},
+            |i, b| {
+                let n = (len - i * BLOCK).min(BLOCK);
+                for word in &self.block(b)[..n.div_ceil(8)] {
+                    let bytes = word.load(Ordering::Relaxed).to_le_bytes();
+                    let room = len - out.len();
+                    out.extend_from_slice(&bytes[..room.min(8)]);
+                }
+            },
+        )
+    }
+
+    /// The blocks of the chain from `first` holding `len` bytes (to free them once the
+    /// entry that named them moved on, or to mark them in a sweep). Caller holds the
+    /// writer lock, so the chain does not change under it.
+    pub(crate) fn chain(&self, first: u32, len: usize, out: &mut Vec<u32>) -> Result<(), Moved> {
+        out.clear();
+        let mut index = Vec::new();
+        self.walk(first, len, |b| index.push(b), |_, b| out.push(b))?;
+        out.extend(index);
+        Ok(())
+    }
+
+    /// Frees every taken block that `named` does not hold (a bit per block: the blocks of
+    /// every value an entry or an undo copy names). Caller holds the writer lock, and no
+    /// writer taken over may still write into blocks it took. Returns how many it freed.
+    pub(crate) fn sweep(&self, named: &[u64]) -> usize {
+        let mut freed = 0;
+        for (w, word) in self.map.iter().enumerate() {
+            let keep = named.get(w).copied().unwrap_or(0);
+            let lost = word.load(Ordering::Relaxed) & !keep & self.real_bits(w);
+            if lost != 0 {
+                word.fetch_and(!lost, Ordering::Release);
+                freed += lost.count_ones() as usize;
+            }
+        }
+        freed
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn heap(blocks: usize) -> (Vec<AtomicU64>, Vec<AtomicU64>) {
+        let map = (0..blocks.div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect();
+        let data = (0..blocks * BLOCK_WORDS)
+            .map(|_| AtomicU64::new(0))
+            .collect();
+        (map, data)
+    }
+
+    fn bytes(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    #[test]
+    fn values_of_every_length_go_in_and_come_back() {
+        let (map, data) = heap(1000);
+        let h = Heap::new(&map, &data, 1000);
+        let mut hint = 0;
+        for len in [
+            1,
+            7,
+            8,
+            255,
+            256,
+            257,
+            62 * 256,
+            62 * 256 + 1,
+            100_000,
+            200_000,
+        ] {
+            let v = bytes(len, len as u8);
+            let mut blocks = Vec::new();
+            assert!(h.take(blocks_for(len), &mut hint, &mut blocks), "{len}");
+            let first = h.write(&blocks, &v);
+            let mut out = Vec::new();
+            h.read(first, len, &mut out).unwrap();
+            assert_eq!(out, v, "{len}");
+            let mut chain = Vec::new();
+            h.chain(first, len, &mut chain).unwrap();
+            let (mut a, mut b) = (chain.clone(), blocks.clone());
+            a.sort_unstable();
+            b.sort_unstable();
+            assert_eq!(a, b, "{len}: the chain is what was taken");
+            h.free(&chain);
+            assert_eq!(h.free_blocks(), 1000, "{len}");
+        }
+    }
+
+    #[test]
+    fn a_full_heap_refuses_and_keeps_nothing_then_any_freed_blocks_serve() {
+        let (map, data) = heap(130); // a last map word only partly blocks
+        let h = Heap::new(&map, &data, 130);
+        let mut hint = 0;
+        let mut all = Vec::new();
+        let mut taken = Vec::new();
+        while h.take(3, &mut hint, &mut taken) {
+            all.extend_from_slice(&taken);
+        }
+        assert_eq!(all.len(), 129, "43 values of 3 blocks");
+        assert!(all.iter().all(|&b| b < 130));
+        assert_eq!(h.free_blocks(), 1, "the refused take kept nothing");
+        // free every other block: scattered room serves a long value all the same
+        let scattered: Vec<u32> = all.iter().copied().step_by(2).collect();
+        h.free(&scattered);
+        let len = (scattered.len() - 2) * BLOCK; // with its index blocks, all that is free
+        let n = blocks_for(len);
+        assert!(n <= h.free_blocks());
+        let mut blocks = Vec::new();
+        assert!(h.take(n, &mut hint, &mut blocks));
+        let v = bytes(len, 9);
+        let first = h.write(&blocks, &v);
+        let mut out = Vec::new();
+        h.read(first, len, &mut out).unwrap();
+        assert_eq!(out, v);
+    }
+
+    #[test]
+    fn a_sweep_frees_what_nothing_names() {
+        let (map, data) = heap(200);
+        let h = Heap::new(&map, &data, 200);
+        let mut hint = 0;
+        let (mut kept, mut lost) = (Vec::new(), Vec::new());
+        assert!(h.take(blocks_for(5000), &mut hint, &mut kept));
+        let first = h.write(&kept, &bytes(5000, 1));
+        assert!(h.take(blocks_for(3000), &mut hint, &mut lost)); // a dead writer's
+        let mut named = vec![0u64; 4];
+        let mut chain = Vec::new();
+        h.chain(first, 5000, &mut chain).unwrap();
+        for b in &chain {
+            named[*b as usize / 64] |= 1 << (b % 64);
+        }
+        assert_eq!(h.sweep(&named), lost.len());
+        assert_eq!(h.free_blocks(), 200 - kept.len());
+        let mut out = Vec::new();
+        h.read(first, 5000, &mut out).unwrap();
+        assert_eq!(out, bytes(5000, 1));
+    }
+
+    #[test]
+    fn a_chain_that_leaves_the_heap_is_moved_not_a_panic() {
+        let (map, data) = heap(64);
+        let h = Heap::new(&map, &data, 64);
+        // garbage index words (a reader's view of a block being rewritten)
+        for w in &data[..BLOCK_WORDS] {
+            w.store(u64::MAX - 1, Ordering::Relaxed);
+        }
+        let mut out = Vec::new();
+        assert_eq!(h.read(0, 10_000, &mut out), Err(Moved));
+        assert_eq!(h.read(64, 10, &mut out), Err(Moved));
+        let mut chain = Vec::new();
+        assert_eq!(h.chain(0, 10_000, &mut chain), Err(Moved));
+    }
+}
