@@ -53,11 +53,13 @@ pub(crate) fn at_server(
         .into();
     }
     if e.kind() == redis::ErrorKind::Parse {
-        return IoError::new(
-            Io::InvalidData,
+        // (still a parse error, not an I/O one: a wait gives up on it at once, where an
+        // I/O error would be tried again until the deadline)
+        return redis::RedisError::from((
+            redis::ErrorKind::Parse,
+            "not the Redis protocol",
             format!("{server} does not speak the Redis protocol (its reply did not parse)"),
-        )
-        .into();
+        ));
     }
     let text = e.to_string();
     if !e.is_io_error() || text.starts_with(server) {
@@ -203,6 +205,16 @@ mod tests {
         assert_eq!(
             at_server(server, "h:1", Duration::ZERO).to_string(),
             "x - Client"
+        );
+        let parse = redis::RedisError::from((redis::ErrorKind::Parse, "x"));
+        let parse = at_server(parse, "h:1", Duration::ZERO);
+        assert_eq!(parse.kind(), redis::ErrorKind::Parse);
+        assert!(!is_broken(&parse), "a wait would try it again");
+        assert!(
+            parse
+                .to_string()
+                .contains("h:1 does not speak the Redis protocol"),
+            "{parse}"
         );
         assert_eq!(shown(Duration::from_millis(300)), "300ms");
         assert_eq!(shown(Duration::from_millis(1500)), "1.5s");

@@ -203,13 +203,14 @@ impl Shared {
             let started = Instant::now();
             let info: RedisResult<String> = net::connect_within(seed, limit)
                 .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query(&mut c));
-            match info {
-                Err(why) if why.code().is_some() => {
-                    return std::io::Error::other(format!("{server}: {why}")).into()
-                }
-                Err(why) => return net::at_server(why, &server, net::allowed(started, limit)),
-                Ok(_) => {}
-            }
+            // (of the kind the client gave, so that a wait decides on it as before: the
+            // reason is the message's, not an I/O error to try again)
+            let why = match info {
+                Err(why) if why.code().is_some() => format!("{server}: {why}"),
+                Err(why) => net::at_server(why, &server, net::allowed(started, limit)).to_string(),
+                Ok(_) => continue,
+            };
+            return redis::RedisError::from((e.kind(), "no cluster to reach", why));
         }
         e
     }

@@ -25,6 +25,8 @@ struct Faults {
     frozen_until: Option<Instant>,
     /// Everything is held (until this is cleared).
     blackhole: bool,
+    /// Every reply is replaced by an HTTP error (a server that is not Redis).
+    garble: bool,
 }
 
 /// A proxy on a free loopback port; stops (and cuts every connection) when dropped.
@@ -115,6 +117,12 @@ impl Proxy {
     /// open (what was sent meanwhile is delivered once it is off): a partition.
     pub fn blackhole(&self, on: bool) {
         lock(&self.faults).blackhole = on;
+    }
+
+    /// While on, every reply is replaced by an HTTP error: a server that stopped speaking
+    /// the Redis protocol (a port taken over by something else).
+    pub fn garble(&self, on: bool) {
+        lock(&self.faults).garble = on;
     }
 }
 
@@ -212,11 +220,19 @@ fn pipe(
                 Ok(n) => n,
             };
             await_passage(&faults, &stop);
-            let delay = lock(&faults).delay;
+            let (delay, garble) = {
+                let f = lock(&faults);
+                (f.delay, f.garble)
+            };
             if !delay.is_zero() {
                 std::thread::sleep(delay);
             }
-            if stop.load(Ordering::Relaxed) || c_out.write_all(&buf[..n]).is_err() {
+            let reply: &[u8] = if garble {
+                b"HTTP/1.1 400 Bad Request\r\n\r\n"
+            } else {
+                &buf[..n]
+            };
+            if stop.load(Ordering::Relaxed) || c_out.write_all(reply).is_err() {
                 break;
             }
         }
