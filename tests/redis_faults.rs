@@ -740,3 +740,67 @@ fn a_cluster_attempt_sent_twice_leaves_no_hold_behind() {
         .unlock()
         .unwrap();
 }
+
+/// A server that stops speaking the Redis protocol in the middle of a wait (a port taken
+/// over by something else): the wait ends with that error at once, not at its deadline (a
+/// reply that does not parse was retried as if unanswered, for the whole 30 s).
+#[test]
+fn a_server_that_stops_speaking_redis_mid_wait_ends_the_wait_at_once() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let holder = RedisLocks::open(&server.url()).unwrap();
+    let held = holder
+        .lock("k", opts(Duration::from_secs(60), Duration::ZERO))
+        .unwrap();
+    let waiter = RedisLocks::open(&proxy.url())
+        .unwrap()
+        .with_timeout(Duration::from_millis(500));
+    let garbling = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            proxy.garble(true);
+        });
+        let started = Instant::now();
+        let got = waiter.lock("k", opts(Duration::from_secs(60), Duration::from_secs(30)));
+        (started.elapsed(), got.map(drop))
+    });
+    let (waited, got) = garbling;
+    let err = got.expect_err("granted a held key");
+    assert!(
+        err.to_string()
+            .contains("does not speak the Redis protocol"),
+        "{err}"
+    );
+    assert!(
+        waited < Duration::from_secs(15),
+        "the wait went on for {waited:?} after the server stopped speaking Redis"
+    );
+    drop(held);
+}
+
+/// After a `WRONGTYPE` reply (a value of a foreign type at a lock's key) the look at which
+/// key holds what ends by the caller's deadline, even when the server stalls then (it took
+/// a whole command timeout, 10 s here, past a 200 ms wait).
+#[test]
+fn the_look_after_a_wrongtype_reply_ends_by_the_callers_deadline() {
+    let server = RedisServer::start();
+    server.cli(&["LPUSH", "shmlock:{w}", "x"]);
+    let proxy = Proxy::start(server.port);
+    let via = RedisLocks::open(&proxy.url())
+        .unwrap()
+        .with_timeout(Duration::from_secs(10));
+    // the first TYPE request (the look) stalls the link for longer than any wait here
+    proxy.freeze_after(b"$4\r\nTYPE\r\n", Duration::from_secs(20));
+    let started = Instant::now();
+    let got = via.lock(
+        "w",
+        opts(Duration::from_secs(5), Duration::from_millis(200)),
+    );
+    let took = started.elapsed();
+    assert!(got.is_err(), "granted a key that holds a list");
+    assert!(
+        took < Duration::from_secs(5),
+        "a 200 ms wait took {took:?} (freezes: {})",
+        proxy.freezes()
+    );
+}

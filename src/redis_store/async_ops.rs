@@ -102,7 +102,7 @@ impl RedisLocks {
                         .attempt_async(key, names.clone(), exptime, deadline, mode)
                         .await
                         // (a few blocking round trips, on the error path only)
-                        .map_err(|e| self.wrong_type(key, e));
+                        .map_err(|e| self.wrong_type(key, e, deadline));
                     match &r {
                         Ok(Ok(_)) => self.counters().add(crate::shm::counters::ACQUISITIONS, 1),
                         Ok(Err(RedisBusy { seen: Some(s), .. })) => {

@@ -722,7 +722,7 @@ impl RedisLocks {
                     .arg(pid)
                     .arg(host),
             )
-            .map_err(|e| self.wrong_type(key.as_ref(), e))?;
+            .map_err(|e| self.wrong_type(key.as_ref(), e, None))?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 

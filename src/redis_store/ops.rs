@@ -306,11 +306,14 @@ impl RedisLocks {
 
     /// `e`, or, if it is a `WRONGTYPE` reply (a script met a value of another type than
     /// it writes at one of `key`'s Redis keys), [`Error::WrongType`] naming the first of
-    /// them whose `TYPE` is not the one this crate writes there.
-    pub(crate) fn wrong_type(&self, key: &[u8], e: Error) -> Error {
+    /// them whose `TYPE` is not the one this crate writes there. The look takes one
+    /// command timeout at most, and ends by the caller's `deadline` (`e` as it was, if it
+    /// runs out first).
+    pub(crate) fn wrong_type(&self, key: &[u8], e: Error, deadline: Option<Instant>) -> Error {
         if !matches!(&e, Error::Redis(r) if r.code() == Some("WRONGTYPE")) {
             return e;
         }
+        let limit = self.0.pool.limit(deadline);
         let names = self.names(key);
         let ours: [(&[u8], &str); 6] = [
             (&names.lock, "string"),
@@ -321,10 +324,13 @@ impl RedisLocks {
             (&names.readers, "string"),
         ];
         for (name, theirs) in ours {
+            if limit <= Instant::now() {
+                return e;
+            }
             let found = self
                 .0
                 .pool
-                .run_through_stops(|r| r.query::<String>(redis::cmd("TYPE").arg(name)));
+                .run(limit, |r| r.query::<String>(redis::cmd("TYPE").arg(name)));
             match found {
                 Ok(ran) if ran.value != theirs && ran.value != "none" => {
                     return Error::WrongType {
@@ -780,7 +786,7 @@ impl RedisLocks {
         let names = Arc::new(self.names_of(key)?);
         let r = self
             .attempt(key, &names, exptime_ns, deadline, mode)
-            .map_err(|e| self.wrong_type(key, e));
+            .map_err(|e| self.wrong_type(key, e, deadline));
         match r {
             Ok(Ok(hold)) => {
                 self.counters().add(counters::ACQUISITIONS, 1);

@@ -127,7 +127,7 @@ impl RedisLocks {
                     .key(&names.shared)
                     .key(&names.leases),
             )
-            .map_err(|e| self.wrong_type(key, e))?;
+            .map_err(|e| self.wrong_type(key, e, None))?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
