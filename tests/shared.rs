@@ -180,6 +180,41 @@ fn inspection_shows_the_token_of_a_reader_before_any_writer() {
     assert_eq!(w.token, None);
 }
 
+/// A hold that took no token is never shown one: not the token of the hold before it of
+/// the same key, thread and clock tick (their labels were the same, so a writer after a
+/// reader, or a hold taken again at once, was shown its predecessor's).
+#[test]
+fn inspection_never_shows_a_token_the_hold_did_not_take() {
+    let (_p, t) = table("no-stale-token");
+    let shown = |key: &str| {
+        t.holders()
+            .into_iter()
+            .find(|h| h.key_preview == key.as_bytes())
+            .expect("held")
+            .token
+    };
+    for i in 0..50 {
+        let (k, r) = (format!("k{i}"), format!("r{i}"));
+        let g = t.try_lock_with_lease(&k, LONG).unwrap().unwrap();
+        assert!(g.token().is_some());
+        drop(g);
+        let again = t.try_lock_with_lease(&k, LONG).unwrap().unwrap();
+        assert_eq!(
+            shown(&k),
+            None,
+            "{k}: a re-take shown its predecessor's token"
+        );
+        drop(again);
+        let reader = t.try_lock_shared(&r, LONG).unwrap().unwrap();
+        assert!(reader.token().is_some());
+        drop(reader);
+        let writer = t.try_lock_with_lease(&r, LONG).unwrap().unwrap();
+        assert_eq!(shown(&r), None, "{r}: a writer shown its reader's token");
+        let token = writer.token().unwrap();
+        assert_eq!(shown(&r), Some(token), "{r}: a token taken is shown");
+    }
+}
+
 #[test]
 fn a_shared_hold_has_a_lease_renewals_and_owner_checked_release() {
     let (_p, t) = table("shared-lease");

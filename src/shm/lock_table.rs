@@ -876,6 +876,9 @@ impl LockTable {
     #[inline(always)]
     pub(crate) fn release_shared(&self, hold: &ShmHold) -> Result<(), Error> {
         let held = &hold.held;
+        if hold.token.get() != 0 {
+            self.inner.table.forget_token(held);
+        }
         match self.inner.table.release(held) {
             Ok(false) => Ok(()),
             Ok(true) if held.slot == held.home => Ok(()), // found without the cache
@@ -896,6 +899,9 @@ impl LockTable {
     /// Turns an exclusive hold into a reader's (see [`LockGuard::downgrade`]).
     pub(crate) fn downgrade_hold(&self, hold: &mut ShmHold) -> Result<(), Error> {
         let _quiet = self.quietly_ours(hold)?;
+        if hold.token.get() != 0 {
+            self.inner.table.forget_token(&hold.held);
+        }
         hold.token.set(0);
         self.inner
             .table
@@ -945,6 +951,9 @@ impl Backend for LockTable {
     fn release(&self, hold: &ShmHold) -> Result<(), Error> {
         // (an exclusive hold is never kept idle: shared ones are released by `Shared` and
         // `Semaphore`, see `release_shared`)
+        if hold.token.get() != 0 {
+            self.inner.table.forget_token(&hold.held);
+        }
         self.inner
             .table
             .release_exclusive(&hold.held)

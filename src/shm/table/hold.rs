@@ -34,6 +34,21 @@ impl<S: Slots, E: Env> Table<S, E> {
             && slot.acquired_at.load(Ordering::Relaxed) == held.acquired_at
     }
 
+    /// Takes back what inspection shows of `held`'s token, before its holder lets it go:
+    /// the next hold of the slot by the same thread within one tick of the coarse clock
+    /// would have the same label (owner, lease, acquisition time), and be shown a token it
+    /// never took. The label goes only if it is still this hold's (one taken from us may
+    /// have been followed by a holder that took a token of its own).
+    pub(crate) fn forget_token(&self, held: &Held) {
+        let mine = token_label(held.word, held.lease, held.acquired_at);
+        let _ = self.cold(held.slot).token_of.compare_exchange(
+            mine,
+            0,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
     /// Releases a hold. `Err(Lost)` if it was taken from us; the new owner is untouched.
     /// `Ok(true)`: a shared hold nobody waited for, kept IDLE for this process to take
     /// again (see `idle.rs`).
