@@ -213,6 +213,22 @@ fn inspection_never_shows_a_token_the_hold_did_not_take() {
         let token = writer.token().unwrap();
         assert_eq!(shown(&r), Some(token), "{r}: a token taken is shown");
     }
+    // A guard whose hold was broken, dropped after the same thread took the key again in
+    // the same tick (the same label), leaves the new hold's token shown.
+    for i in 0..50 {
+        let k = format!("f{i}");
+        let broken = t.try_lock_with_lease(&k, LONG).unwrap().unwrap();
+        assert!(broken.token().is_some());
+        t.force_unlock(&k).unwrap().expect("held");
+        let next = t.try_lock_with_lease(&k, LONG).unwrap().unwrap();
+        let token = next.token().unwrap();
+        drop(broken);
+        assert_eq!(
+            shown(&k),
+            Some(token),
+            "{k}: a broken guard hid its successor's token"
+        );
+    }
 }
 
 #[test]

@@ -37,9 +37,15 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// Takes back what inspection shows of `held`'s token, before its holder lets it go:
     /// the next hold of the slot by the same thread within one tick of the coarse clock
     /// would have the same label (owner, lease, acquisition time), and be shown a token it
-    /// never took. The label goes only if it is still this hold's (one taken from us may
-    /// have been followed by a holder that took a token of its own).
+    /// never took. Only while the hold is still ours: a hold broken under us (`force_unlock`)
+    /// may have been followed by the same thread's next within the same tick, which has the
+    /// same label, and whose token must stay shown; ours, nobody else can take the slot
+    /// before we let it go.
     pub(crate) fn forget_token(&self, held: &Held) {
+        let slot = &self.slots()[held.slot];
+        if !self.owns(slot, self.holder_word(slot, held), held) {
+            return;
+        }
         let mine = token_label(held.word, held.lease, held.acquired_at);
         let _ = self.cold(held.slot).token_of.compare_exchange(
             mine,
