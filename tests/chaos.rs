@@ -188,8 +188,7 @@ fn chaos_with_sigstop_and_sigkill() {
             seed += 1;
             workers[victim] = spawn(seed * 1_000_003);
         } else {
-            // SAFETY: our child.
-            unsafe { libc::kill(workers[victim].0, libc::SIGSTOP) };
+            common::signal::send(workers[victim].0, libc::SIGSTOP);
             stops += 1;
             let pause = 600 + xorshift(&mut x) % 900;
             stopped[victim] = Some(Instant::now() + Duration::from_millis(pause));
@@ -362,11 +361,9 @@ fn chaos_many_stealers_reapers_stop_and_kill() {
             }
             _ => {
                 // SIGSTOP a live process (maybe while holding) for up to 700 ms
-                // SAFETY: stopping our own child, unreaped while procs[k] holds it.
-                unsafe { libc::kill(p.pid(), libc::SIGSTOP) };
+                common::signal::send(p.pid(), libc::SIGSTOP);
                 std::thread::sleep(Duration::from_millis(xorshift(&mut rng) % 700));
-                // SAFETY: resuming the same child, still unreaped (procs[k] holds it).
-                unsafe { libc::kill(p.pid(), libc::SIGCONT) };
+                common::signal::send(p.pid(), libc::SIGCONT);
                 stops += 1;
             }
         }
@@ -520,8 +517,7 @@ fn crowded_chaos() {
         std::thread::sleep(Duration::from_micros(2000 + next() % 13_000));
         for i in 0..nw {
             if stopped_until[i].is_some_and(|u| Instant::now() >= u) {
-                // SAFETY: resuming our own child, not yet reaped (workers holds it).
-                unsafe { libc::kill(workers[i].0, libc::SIGCONT) };
+                common::signal::send(workers[i].0, libc::SIGCONT);
                 stopped_until[i] = None;
                 rested[i] = Instant::now();
             }
@@ -532,8 +528,7 @@ fn crowded_chaos() {
         }
         if next() % 6 == 0 {
             let pid = workers[i].0;
-            // SAFETY: killing our own child, reaped only below, so the pid is still its.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            common::signal::send(pid, libc::SIGKILL);
             while proc_state(pid) != Some(b'Z') {
                 std::thread::sleep(Duration::from_micros(200));
             }
@@ -552,16 +547,14 @@ fn crowded_chaos() {
             workers[i] = spawn(seed);
             kills += 1;
         } else {
-            // SAFETY: stopping our own child, not yet reaped (workers holds it).
-            unsafe { libc::kill(workers[i].0, libc::SIGSTOP) };
+            common::signal::send(workers[i].0, libc::SIGSTOP);
             stopped_until[i] = Some(Instant::now() + Duration::from_millis(20 + next() % 880));
             stops += 1;
         }
     }
     for (i, w) in workers.iter().enumerate() {
         if stopped_until[i].is_some() {
-            // SAFETY: resuming our own stopped child, not yet reaped.
-            unsafe { libc::kill(w.0, libc::SIGCONT) };
+            common::signal::send(w.0, libc::SIGCONT);
         }
     }
     sh.word(0).store(1, Ordering::SeqCst);

@@ -278,10 +278,7 @@ fn watching_a_file_deleted_or_truncated_stops_with_the_reason() {
         let (done, waited) = std::sync::mpsc::channel::<()>();
         let guard = std::thread::spawn(move || {
             if waited.recv_timeout(Duration::from_secs(20)).is_err() {
-                // SAFETY: a plain signal (no memory involved) to our child, which 20 s
-                // after the change has not ended: unreaped, unless it ended in the very
-                // moment before this send.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                common::signal::send(pid, libc::SIGKILL);
             }
         });
         let status = watch.wait().unwrap();

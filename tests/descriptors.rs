@@ -626,8 +626,7 @@ fn locks_of(p: &Path) -> String {
 fn kill_word(flag: &Shared, w: usize) {
     let pid = flag.word(w).load(Ordering::SeqCst) as libc::pid_t;
     if pid > 0 {
-        // SAFETY: signalling a process this test made.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        common::signal::send(pid, libc::SIGKILL);
     }
 }
 
@@ -1028,9 +1027,7 @@ fn probe_aba_program_reuses_the_number() {
         i32::from(took)
     });
     let rc = c.wait(Duration::from_secs(60));
-    // SAFETY: signal 0 sends nothing; it asks whether our own child, not yet reaped (q
-    // reaps it when killed below), still exists.
-    let alive = unsafe { libc::kill(q.0, 0) } == 0;
+    let alive = common::signal::send(q.0, 0) == 0;
     q.kill();
     assert!(
         !(rc == 1 && alive),
@@ -1210,8 +1207,7 @@ fn probe_aba_preempted_at_the_lock_test() {
     unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0) };
     let rc = c.wait(Duration::from_secs(30));
     let took = shared.word(5).load(Ordering::SeqCst);
-    // SAFETY: signal 0 sends nothing; it asks whether our own unreaped child still exists.
-    let alive = unsafe { libc::kill(q.0, 0) } == 0;
+    let alive = common::signal::send(q.0, 0) == 0;
     q.kill();
     note!("[probe number {n}; descriptor swaps by the program while the waiter was preempted in its lock test: {swaps}; rc {rc}; the waiter took K from the live holder: {}, holder alive: {alive}] ", took == 1);
     assert!(

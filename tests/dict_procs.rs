@@ -379,8 +379,7 @@ fn a_writer_killed_holding_the_lock_leaves_the_entry_absent_or_whole() {
             "never caught the writer holding the lock"
         );
         std::thread::sleep(Duration::from_micros(300));
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(writer.0, libc::SIGSTOP) };
+        common::signal::send(writer.0, libc::SIGSTOP);
         // SIGSTOP is asynchronous: wait until the child is really stopped.
         let mut status = 0;
         // SAFETY: our own child; status is a valid out-pointer.
@@ -389,8 +388,7 @@ fn a_writer_killed_holding_the_lock_leaves_the_entry_absent_or_whole() {
         if d.writer_pid() == Some(writer.0 as u32) {
             break;
         }
-        // SAFETY: as above.
-        unsafe { libc::kill(writer.0, libc::SIGCONT) };
+        common::signal::send(writer.0, libc::SIGCONT);
     }
     writer.kill();
     assert_eq!(d.repairs(), 0);

@@ -213,7 +213,7 @@ fn a_writer_stopped_mid_write_and_taken_over_leaves_the_count_exact() {
             d.set("f0", "v2", never).unwrap(); // takes the lock over: an overwrite
             if kill {
                 // (killed while traced, then let go: the reaping waits for the tracer)
-                unsafe { libc::kill(w.pid(), libc::SIGKILL) };
+                common::signal::send(w.pid(), libc::SIGKILL);
                 gdb.release();
             } else {
                 gdb.release();
@@ -543,8 +543,7 @@ fn a_writer_killed_or_stopped_mid_write_leaves_the_previous_value() {
         std::thread::sleep(Duration::from_micros(200 + xorshift(&mut x) % 3000));
         let stop = round >= KILLS;
         if stop {
-            // SAFETY: our child.
-            unsafe { libc::kill(child.0, libc::SIGSTOP) };
+            common::signal::send(child.0, libc::SIGSTOP);
         } else {
             child.kill();
         }
@@ -632,8 +631,7 @@ fn both_undo_copies_held_by_stopped_writers() {
         "W3 never marked its entry"
     );
     // killed while gdb holds it; gdb lets it go (dead) before it can be reaped
-    // SAFETY: our child.
-    unsafe { libc::kill(w3.pid(), libc::SIGKILL) };
+    common::signal::send(w3.pid(), libc::SIGKILL);
     gdb.release();
     let _ = w3.wait(Duration::from_secs(10));
     let k = d.get("k").unwrap().map(|i| i.value);
@@ -840,8 +838,7 @@ fn dict_chaos_with_sigstop_and_sigkill() {
             seed += 1;
             writers[victim] = writer(seed);
         } else {
-            // SAFETY: our child.
-            unsafe { libc::kill(writers[victim].0, libc::SIGSTOP) };
+            common::signal::send(writers[victim].0, libc::SIGSTOP);
             stops += 1;
             stopped[victim] =
                 Some(Instant::now() + Duration::from_millis(600 + xorshift(&mut x) % 900));

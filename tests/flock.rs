@@ -317,8 +317,7 @@ fn parent_of(pid: i32) -> Option<i32> {
 }
 
 fn alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid, 0) == 0 }
+    common::signal::send(pid, 0) == 0
 }
 
 /// flock's inheritance: a process the command left running keeps the lock. `run` adopts
@@ -337,8 +336,7 @@ fn a_process_the_command_left_running_keeps_the_lock() {
     }
     assert!(runner.try_wait().unwrap().is_none(), "run exited early");
     assert!(is_held(&file, "k"));
-    // SAFETY: plain kill(2) of the process the test started.
-    unsafe { libc::kill(leftover, libc::SIGKILL) };
+    common::signal::send(leftover, libc::SIGKILL);
     assert_eq!(runner.wait().unwrap().code(), Some(3));
     assert!(!is_held(&file, "k"));
     assert_eq!(code(shmlock(&file).args(["run", "-n", "k", "true"])), 0);
@@ -353,8 +351,7 @@ fn close() {
     assert_eq!(runner.wait().unwrap().code(), Some(0));
     assert!(alive(leftover), "the leftover still runs");
     assert_eq!(code(shmlock(&file).args(["run", "-n", "k", "true"])), 0);
-    // SAFETY: plain kill(2) of the process the test started.
-    unsafe { libc::kill(leftover, libc::SIGKILL) };
+    common::signal::send(leftover, libc::SIGKILL);
 }
 
 /// A signal sent to `run` after its command exited goes to what the command left
@@ -375,8 +372,7 @@ fn signals_reach_what_the_command_left_running() {
         parent_of(pid) == Some(runner.id() as i32)
     });
     eventually("its trap is set", || ready.0.exists());
-    // SAFETY: plain kill(2) of the runner the test started.
-    unsafe { libc::kill(runner.id() as i32, libc::SIGTERM) };
+    common::signal::send(runner.id() as i32, libc::SIGTERM);
     assert_eq!(runner.wait().unwrap().code(), Some(5));
     assert_eq!(std::fs::read_to_string(&done).unwrap(), "cleaned\n");
     assert!(!is_held(&file, "k"));
@@ -432,8 +428,7 @@ fn an_inherited_ignored_sigchld_changes_nothing() {
     });
     assert!(runner.try_wait().unwrap().is_none(), "run exited early");
     assert_eq!(code(shmlock(&file).args(["run", "-n", "k", "true"])), 1);
-    // SAFETY: plain kill(2) of the process the test started.
-    unsafe { libc::kill(leftover, libc::SIGKILL) };
+    common::signal::send(leftover, libc::SIGKILL);
     assert_eq!(runner.wait().unwrap().code(), Some(3));
 }
 

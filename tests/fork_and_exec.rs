@@ -280,11 +280,12 @@ fn fork_kinds() {
             let g = a.lock(K, opts(60_000, 1_000)).unwrap();
             let body = || {
                 let took = a.try_lock_with_lease(K, Duration::from_secs(60)).unwrap();
+                // the pid first: the test reads it once word 1 is set
+                flag.word(2)
+                    .store(std::process::id() as u64, Ordering::SeqCst);
                 flag.word(1)
                     .store(if took.is_some() { 2 } else { 1 }, Ordering::SeqCst);
                 std::mem::forget(took);
-                flag.word(2)
-                    .store(std::process::id() as u64, Ordering::SeqCst);
                 std::thread::sleep(Duration::from_secs(15));
                 0
             };
@@ -322,12 +323,10 @@ fn fork_kinds() {
         if took == 2 || r.is_err() {
             bad.push(kind);
         }
-        // SAFETY: killing children this test made (orphans by now).
-        unsafe { libc::kill(kid, libc::SIGKILL) };
+        common::signal::send(kid, libc::SIGKILL);
         let mid = flag.word(3).load(Ordering::SeqCst) as libc::pid_t;
         if mid > 0 {
-            // SAFETY: a plain signal (no memory involved) to the middle child, an orphan by now.
-            unsafe { libc::kill(mid, libc::SIGKILL) };
+            common::signal::send(mid, libc::SIGKILL);
         }
     }
     assert!(bad.is_empty(), "broke for {bad:?}");
@@ -395,8 +394,7 @@ fn a_raw_clone_child_neither_takes_nor_keeps_its_parents_keys() {
     h.kill();
     let started = Instant::now();
     let got = table.lock(K, opts(0, 2_000));
-    // SAFETY: the orphaned clone child is ours to end.
-    unsafe { libc::kill(cpid, libc::SIGKILL) };
+    common::signal::send(cpid, libc::SIGKILL);
     note!(
         "[clone child: {}; after the parent's death the waiter {} in {:?}] ",
         match c {
@@ -591,8 +589,7 @@ fn a_child_at_its_fd_limit_never_keeps_the_parents_registration() {
         if r.is_ok() { "took K" } else { "TIMED OUT" },
         started.elapsed()
     );
-    // SAFETY: killing the orphan this test made.
-    unsafe { libc::kill(child, libc::SIGKILL) };
+    common::signal::send(child, libc::SIGKILL);
     assert!(
         r.is_ok(),
         "a child that used the library kept its dead parent's keys"
@@ -733,8 +730,7 @@ fn a_program_spawned_by_a_holder_never_keeps_its_dead_parents_keys() {
     h.kill();
     let started = Instant::now();
     let got = table.lock(K, opts(0, 2_000));
-    // SAFETY: the orphan is ours to end (reparented to init or a subreaper).
-    unsafe { libc::kill(spawned, libc::SIGKILL) };
+    common::signal::send(spawned, libc::SIGKILL);
     note!(
         "[spawned program keeps {kept:?}; waiter {} in {:?}] ",
         if got.is_ok() { "took K" } else { "TIMED OUT" },

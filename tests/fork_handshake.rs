@@ -385,12 +385,11 @@ fn adopt_trials(use_fork: bool) {
                 std::thread::sleep(Duration::from_millis(1));
             }
             let mut st = 0;
-            // SAFETY: reaping our child (it has left or is killed).
-            unsafe {
-                if libc::waitpid(child, &mut st, libc::WNOHANG) == 0 {
-                    libc::kill(child, libc::SIGKILL);
-                    libc::waitpid(child, &mut st, 0);
-                }
+            // SAFETY: polling our child; st is a valid out-pointer.
+            if unsafe { libc::waitpid(child, &mut st, libc::WNOHANG) } == 0 {
+                common::signal::send(child, libc::SIGKILL);
+                // SAFETY: reaping our child, killed just now.
+                unsafe { libc::waitpid(child, &mut st, 0) };
             }
             // a second handle of this process: its own registration, another owner
             let t2 = LockTable::open(&path, 64).unwrap();
@@ -597,8 +596,7 @@ fn fork_stalled_by_stopped_resetter() {
             .iter()
             .any(|l| l.contains("WRITE") && l.contains(" 4001 4001"))
         {
-            // SAFETY: stopping our own child.
-            unsafe { libc::kill(r.0, libc::SIGSTOP) };
+            common::signal::send(r.0, libc::SIGSTOP);
             std::thread::sleep(Duration::from_millis(5));
             stopped = ofd_locks_on(ino)
                 .iter()
@@ -741,11 +739,9 @@ fn underscore_fork_child_inherits_setting_up() {
                         .take(6)
                         .collect();
                     println!("\n  hung _Fork child {pid} (i={i}): {}", frames.join(" | "));
-                    // SAFETY: killing and reaping our child.
-                    unsafe {
-                        libc::kill(pid, libc::SIGKILL);
-                        libc::waitpid(pid, &mut st, 0);
-                    }
+                    common::signal::send(pid, libc::SIGKILL);
+                    // SAFETY: reaping our child, killed just now; st is a valid out-pointer.
+                    unsafe { libc::waitpid(pid, &mut st, 0) };
                     // A child of a threaded process made by _Fork may find glibc's own
                     // locks (malloc's, the fork handler list's) held by a thread it does
                     // not have: a hang there is glibc's (such a child may call only
@@ -946,11 +942,9 @@ fn forked_child_of_a_judging_thread() {
                             .collect();
                         report = format!("child {pid} (fork #{i}): {}", frames.join(" | "));
                     }
-                    // SAFETY: killing and reaping our child.
-                    unsafe {
-                        libc::kill(pid, libc::SIGKILL);
-                        libc::waitpid(pid, &mut st, 0);
-                    }
+                    common::signal::send(pid, libc::SIGKILL);
+                    // SAFETY: reaping our child, killed just now; st is a valid out-pointer.
+                    unsafe { libc::waitpid(pid, &mut st, 0) };
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(2));
@@ -1313,8 +1307,7 @@ fn leaked_anchor_keeps_dead_parents_keys() {
     for k in 0..(leaked.min(32) as usize) {
         let pid = sh.word(32 + k).load(Ordering::SeqCst) as i32;
         if pid > 0 {
-            // SAFETY: a plain signal (no memory involved) to a grandchild this test forked.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            common::signal::send(pid, libc::SIGKILL);
         }
     }
     drop(t);
@@ -1443,8 +1436,7 @@ fn a_child_forked_during_open_never_keeps_the_parents_registration() {
         hit = true;
         // kill P (SIGKILL the holder); the leaky worker, which used the library, lives on
         let pid = p.0.as_ref().unwrap().0;
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        common::signal::send(pid, libc::SIGKILL);
         std::thread::sleep(Duration::from_millis(20));
         let table = LockTable::open(&path, 64).unwrap();
         let started = Instant::now();
@@ -1510,8 +1502,7 @@ fn run_role(role: &str, path: &Path, limit: Duration) -> Outcome {
             use std::io::Read;
             let _ = child.stdout.take().unwrap().read_to_string(&mut s);
             // kill leftovers of the group (grandchildren)
-            // SAFETY: a plain signal (no memory) to the group our child led (process_group(0)).
-            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            common::signal::send_group(pid, libc::SIGKILL);
             return Outcome::Exited(st.code().unwrap_or(-1), s.trim().to_string());
         }
         if started.elapsed() > limit {
@@ -1526,8 +1517,7 @@ fn run_role(role: &str, path: &Path, limit: Duration) -> Outcome {
                 .iter()
                 .map(|p| format!("pid {p}: {}", describe_threads(*p)))
                 .collect();
-            // SAFETY: a plain signal to our child's group; the child is not yet reaped.
-            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            common::signal::send_group(pid, libc::SIGKILL);
             let _ = child.wait();
             let mut s = String::new();
             use std::io::Read;
@@ -1874,11 +1864,9 @@ fn timer_nested() {
     let mut d = String::new();
     if started == 1 && result == 0 && inner > 0 {
         d = describe_hang(inner);
-        // SAFETY: a plain signal (no memory involved) to the inner child, a grandchild of ours.
-        unsafe { libc::kill(inner, libc::SIGKILL) };
+        common::signal::send(inner, libc::SIGKILL);
     }
-    // SAFETY: a plain signal (no memory) to the group our child made with setpgid(0, 0).
-    unsafe { libc::kill(-group, libc::SIGKILL) };
+    common::signal::send_group(group, libc::SIGKILL);
     let _ = fs::remove_dir_all(&dir);
     note!(
         "[rc {rc}; handler fork at outer fork #{}; inner child started open: {}, open result: {} (0 = still running after 3 s) {d}] ",

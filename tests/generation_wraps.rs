@@ -552,8 +552,7 @@ fn extending_dead_holder(reuses: usize) {
     );
     assert_eq!(state(w), 3, "P not stopped in EXTENDING (inconclusive)");
     // SIGKILL while EXTENDING (before gdb goes, so it cannot resume), then reap
-    // SAFETY: signalling our own child, unreaped until p.kill(), so its pid is not reused.
-    unsafe { libc::kill(p.pid(), libc::SIGKILL) };
+    common::signal::send(p.pid(), libc::SIGKILL);
     drop(gdb);
     p.kill();
     for _ in 0..reuses {

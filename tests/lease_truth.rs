@@ -38,12 +38,10 @@ struct Sigstop;
 
 impl Pause for Sigstop {
     fn hold(&self, pid: libc::pid_t) {
-        // SAFETY: signalling our own child.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        assert_eq!(common::signal::send(pid, libc::SIGSTOP), 0);
     }
     fn release(&self, pid: libc::pid_t) {
-        // SAFETY: as above.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        assert_eq!(common::signal::send(pid, libc::SIGCONT), 0);
     }
 }
 

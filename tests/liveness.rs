@@ -222,8 +222,7 @@ impl Proc {
         if self.ended {
             return;
         }
-        // SAFETY: signalling a process this test started (and has not reaped).
-        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        common::signal::send(self.pid, libc::SIGKILL);
         if self.ours {
             let mut status = 0;
             // SAFETY: reaping our own child.
@@ -256,8 +255,7 @@ fn proc_state(pid: libc::pid_t) -> Option<u8> {
 
 /// SIGSTOPs `pid` and waits until the kernel shows it stopped.
 fn stop(pid: libc::pid_t) -> Result<(), String> {
-    // SAFETY: signalling a process this test started.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    common::signal::send(pid, libc::SIGSTOP);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match proc_state(pid) {
@@ -272,8 +270,7 @@ fn stop(pid: libc::pid_t) -> Result<(), String> {
 }
 
 fn cont(pid: libc::pid_t) {
-    // SAFETY: signalling a process this test started.
-    unsafe { libc::kill(pid, libc::SIGCONT) };
+    common::signal::send(pid, libc::SIGCONT);
 }
 
 /// Writes one line to a channel (one `write`, so lines of several writers never mix).

@@ -588,7 +588,6 @@ fn reset_b(close: bool) {
     let alive = fs::read_to_string(format!("/proc/{worker}/stat"))
         .map(|s| s.split_whitespace().nth(2).unwrap_or("?").to_string());
     note!("[worker {worker} state {alive:?} holds K; newcomer (other boot id) rc {rc}; K still held: {locked}] ");
-    // SAFETY: killing the orphaned worker this test made.
-    unsafe { libc::kill(worker, libc::SIGKILL) };
+    common::signal::send(worker, libc::SIGKILL);
     assert!(locked, "a live table was reset");
 }

@@ -890,8 +890,7 @@ fn sigkilled_holder_is_reclaimed_while_its_home_churns() {
         let pid = holder.0;
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(300));
-            // SAFETY: kill(2) on our own child's pid; it is not reaped before `holder.kill`.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            common::signal::send(pid, libc::SIGKILL);
             Instant::now()
         })
     };
@@ -1215,16 +1214,14 @@ fn redis_paused_holder_loses_its_lease_and_its_late_unlock_is_refused() {
         })
     };
     held.await_signals(1);
-    // SAFETY: stopping our own child.
-    unsafe { libc::kill(child.0, libc::SIGSTOP) };
+    common::signal::send(child.0, libc::SIGSTOP);
     let redis = shmlock::RedisLocks::open(&url).unwrap();
     let mut lock = Lock::new(&redis, opts(30_000, 5_000)).unwrap();
     assert!(
         lock.lock("k").unwrap() > Duration::ZERO,
         "took the paused holder's lease"
     );
-    // SAFETY: resuming our own child.
-    unsafe { libc::kill(child.0, libc::SIGCONT) };
+    common::signal::send(child.0, libc::SIGCONT);
     proceed.open();
     assert_eq!(child.wait(Duration::from_secs(30)), 0);
     // the late unlock did not delete the new owner's key

@@ -420,8 +420,7 @@ fn chaos() {
             next += 1;
             workers[v] = (next - 1, spawn(next - 1));
         } else {
-            // SAFETY: our child.
-            unsafe { libc::kill(workers[v].1 .0, libc::SIGSTOP) };
+            common::signal::send(workers[v].1 .0, libc::SIGSTOP);
             stops += 1;
             let pause = 50 + xorshift(&mut x) % 400;
             stopped[v] = Some(Instant::now() + Duration::from_millis(pause));
@@ -478,8 +477,7 @@ fn chaos() {
 
 /// Stops `child` (SIGSTOP) for `d`, then continues it.
 fn stop_and_continue(child: &Child, d: Duration) {
-    // SAFETY: our child.
-    unsafe { libc::kill(child.0, libc::SIGSTOP) };
+    common::signal::send(child.0, libc::SIGSTOP);
     std::thread::sleep(d);
     cont(child.0);
 }

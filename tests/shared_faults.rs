@@ -253,8 +253,7 @@ fn permit_holder_stopped_mid_renewal() {
     // in clock ticks (1/100 s)
     let burnt = cpu_ticks(w.pid()) - c0;
     // now H dies, mid-renewal: the kernel says so; W should get the permit at once
-    // SAFETY: our child (traced by gdb: it dies at once, and is reaped once gdb is gone)
-    unsafe { libc::kill(h.pid(), libc::SIGKILL) };
+    common::signal::send(h.pid(), libc::SIGKILL);
     let code = w.wait(HANG);
     // a fresh waiter, started now: does it get the dead holder's permit at once?
     let t = Instant::now();
@@ -740,8 +739,7 @@ fn sem_chaos() {
             next += 1;
             workers[v] = (next - 1, Proc::new(spawn(next - 1)));
         } else {
-            // SAFETY: a plain signal to our own child.
-            unsafe { libc::kill(workers[v].1.pid(), libc::SIGSTOP) };
+            common::signal::send(workers[v].1.pid(), libc::SIGSTOP);
             stops += 1;
             stopped[v] = Some(
                 Instant::now() + Duration::from_millis(20 + common::fork::xorshift(&mut x) % 300),

@@ -497,8 +497,7 @@ fn chaos() {
             next += 1;
             workers[v] = (next - 1, spawn(next - 1));
         } else {
-            // SAFETY: our child.
-            unsafe { libc::kill(workers[v].1 .0, libc::SIGSTOP) };
+            common::signal::send(workers[v].1 .0, libc::SIGSTOP);
             stops += 1;
             let pause = 50 + xorshift(&mut x) % 400;
             stopped[v] = Some(Instant::now() + Duration::from_millis(pause));

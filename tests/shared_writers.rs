@@ -341,8 +341,7 @@ fn far_chaos() {
             next += 1;
             workers[v] = (next - 1, Proc::new(spawn(next - 1)));
         } else {
-            // SAFETY: a plain signal to our own child.
-            unsafe { libc::kill(workers[v].1.pid(), libc::SIGSTOP) };
+            common::signal::send(workers[v].1.pid(), libc::SIGSTOP);
             stops += 1;
             stopped[v] = Some(Instant::now() + Duration::from_millis(20 + xorshift(&mut x) % 300));
         }

@@ -344,8 +344,7 @@ fn killed_mid_claim(new_pid_ns: bool) {
             proc_state(pid).map(char::from),
             table.holders()
         );
-        // SAFETY: our (grand)child.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        common::signal::send(pid, libc::SIGKILL);
         let mut middle = middle;
         let _ = middle.wait(Duration::from_secs(10));
         let t0 = Instant::now();
@@ -428,8 +427,7 @@ fn stealer_killed_while_stealing_an_expired_live_holders_key_blocks_nobody() {
     let w = watch.control(slot);
     note!("[S stopped, slot state {}] ", state(w));
     assert_eq!(state(w), 5, "S not stopped in STEALING (inconclusive)");
-    // SAFETY: signalling our own child, unreaped until s.kill(), so its pid is not reused.
-    unsafe { libc::kill(s.pid(), libc::SIGKILL) };
+    common::signal::send(s.pid(), libc::SIGKILL);
     drop(g);
     s.kill();
     assert_eq!(state(watch.control(slot)), 5, "STEALING left behind");
@@ -485,8 +483,7 @@ fn stealer_killed_while_stealing_a_dead_holders_key_blocks_nobody() {
     let shared = Shared::new(8);
     let (mut s, g) = stopped_stealer(&path, slot, &shared, 60_000);
     assert_eq!(state(watch.control(slot)), 5, "inconclusive");
-    // SAFETY: signalling our own child, unreaped until s.kill(), so its pid is not reused.
-    unsafe { libc::kill(s.pid(), libc::SIGKILL) };
+    common::signal::send(s.pid(), libc::SIGKILL);
     drop(g);
     s.kill();
     let started = Instant::now();
@@ -662,8 +659,7 @@ fn claimer_stopped_between_publish_and_count(kill: bool) {
     assert_eq!(fence_x, fence_before, "inconclusive: X counted already");
     if kill {
         drop(gdb.take());
-        // SAFETY: killing our own child, unreaped until x drops, so the pid is still its.
-        unsafe { libc::kill(x.pid(), libc::SIGKILL) };
+        common::signal::send(x.pid(), libc::SIGKILL);
         std::thread::sleep(Duration::from_millis(50));
     }
     // Y: takes K (breaks X's claim after the bound, or frees it at once if X is dead)

@@ -321,8 +321,7 @@ fn stray_flag_syscalls() {
     sh.word(0).store(1, Ordering::SeqCst);
     await_word(&sh, 2, Duration::from_secs(20));
     std::thread::sleep(Duration::from_millis(100));
-    // SAFETY: interrupting strace, our child, not yet waited for (so the pid is still its).
-    unsafe { libc::kill(st.0.id() as i32, libc::SIGINT) };
+    common::signal::send(st.0.id() as i32, libc::SIGINT);
     let _ = st.0.wait();
     let text = fs::read_to_string(&out.0).unwrap_or_default();
     let wakes = text
@@ -415,8 +414,7 @@ fn wake_latency(action: u64) -> (Duration, bool) {
         }
         4 => {
             sh.word(3).store(mono_ns(), Ordering::SeqCst);
-            // SAFETY: killing our own child, unreaped until h drops, so the pid is still its.
-            unsafe { libc::kill(h.pid(), libc::SIGKILL) };
+            common::signal::send(h.pid(), libc::SIGKILL);
         }
         _ => sh.word(0).store(1, Ordering::SeqCst),
     }

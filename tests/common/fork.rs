@@ -55,8 +55,7 @@ impl Child {
     }
 
     pub fn kill(&self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.0, libc::SIGKILL) };
+        super::signal::send(self.0, libc::SIGKILL);
         let mut status = 0;
         // SAFETY: reaping our own child.
         unsafe { libc::waitpid(self.0, &mut status, 0) };

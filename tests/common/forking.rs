@@ -268,11 +268,9 @@ pub fn reap_within(pid: libc::pid_t, limit: std::time::Duration) -> Option<i32> 
             return Some(libc::WEXITSTATUS(st));
         }
         if std::time::Instant::now() > until {
-            // SAFETY: a plain signal to our own child, not yet reaped; then reaping it.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut st, 0);
-            }
+            super::signal::send(pid, libc::SIGKILL);
+            // SAFETY: reaping our own child; st is a valid out-pointer.
+            unsafe { libc::waitpid(pid, &mut st, 0) };
             return None;
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
@@ -293,8 +291,7 @@ pub fn report_child(pid: libc::pid_t, limit: std::time::Duration) {
         }
         if std::time::Instant::now() > until {
             println!("child hung: {}", super::probe::describe_threads(pid));
-            // SAFETY: a plain signal to our own child, not yet reaped.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            super::signal::send(pid, libc::SIGKILL);
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(5));

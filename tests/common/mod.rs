@@ -24,6 +24,7 @@ pub mod probe;
 pub mod proxy;
 #[cfg(feature = "redis")]
 pub mod redis_server;
+pub mod signal;
 pub mod word;
 
 use std::ffi::CString;

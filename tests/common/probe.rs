@@ -230,9 +230,7 @@ impl Drop for Proc {
 pub struct Spawned(pub std::process::Child);
 impl Drop for Spawned {
     fn drop(&mut self) {
-        // SAFETY: a plain signal (no memory involved) to the group of a child this test
-        // spawned (gdb and strace run in a group of their own: process_group(0)).
-        unsafe { libc::kill(-(self.0.id() as libc::pid_t), libc::SIGKILL) };
+        super::signal::send_group(self.0.id() as libc::pid_t, libc::SIGKILL);
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -426,8 +424,7 @@ pub fn proc_state(pid: libc::pid_t) -> Option<u8> {
 
 /// SIGSTOPs `pid` (a child of the test) and waits until the kernel shows it stopped.
 pub fn stop(pid: libc::pid_t) {
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    super::signal::send(pid, libc::SIGSTOP);
     let deadline = Instant::now() + Duration::from_secs(5);
     while !matches!(proc_state(pid), Some(b'T' | b't')) {
         assert!(Instant::now() < deadline, "{pid} did not stop");
@@ -437,8 +434,7 @@ pub fn stop(pid: libc::pid_t) {
 
 /// SIGCONTs `pid` (a child of the test).
 pub fn cont(pid: libc::pid_t) {
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(pid, libc::SIGCONT) };
+    super::signal::send(pid, libc::SIGCONT);
 }
 
 /// Closes every descriptor from 3 up, as a daemonizing program does (`close_range`).

@@ -153,8 +153,11 @@ impl RedisServer {
     /// SIGSTOP / SIGCONT.
     pub fn pause(&self, paused: bool) {
         let sig = if paused { libc::SIGSTOP } else { libc::SIGCONT };
-        // SAFETY: signalling our own child process.
-        assert_eq!(unsafe { libc::kill(self.pid() as libc::pid_t, sig) }, 0);
+        let pid = self.pid() as libc::pid_t;
+        // a pid of 0 would signal the test's whole process group
+        assert!(pid > 0, "no server pid to signal");
+        // SAFETY: kill(2) of the server this handle started; it touches no memory of ours.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
     }
 
     /// A command's reply, by redis-cli.
