@@ -346,3 +346,57 @@ fn a_foreign_type_at_a_lock_key_is_a_typed_error() {
         "{err:?}"
     );
 }
+
+/// A foreign value at a lock's waiting marks (`:writer`, `:readers`) is named too: they
+/// were only looked at with `EXISTS`, so a list there kept every reader (or writer) out
+/// until its wait gave up, with no holder to name.
+#[test]
+fn a_foreign_type_at_a_waiting_mark_is_a_typed_error() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    let wait = LockOptions {
+        timeout: Duration::from_millis(300),
+        ..LockOptions::default()
+    };
+    let is_list_at = |err: &Error, name: &str| {
+        matches!(err, Error::WrongType { redis_key, found, .. }
+            if redis_key.as_bytes() == name.as_bytes() && found == "list")
+    };
+    for (mark, what) in [
+        ("writer", "reader"),
+        ("writer", "permit"),
+        ("readers", "writer"),
+    ] {
+        let key = format!("{mark}-{what}");
+        let name = format!("shmlock:{{{key}}}:{mark}");
+        server.cli(&["LPUSH", &name, "x"]);
+        let (err_try, err_wait) = match what {
+            "reader" => (
+                redis.try_lock_shared(&key, Duration::from_secs(5)).err(),
+                redis.lock_shared(&key, wait).err(),
+            ),
+            "permit" => {
+                let sem = redis.semaphore(&key, 2).unwrap();
+                (
+                    sem.try_acquire(Duration::from_secs(5)).err(),
+                    sem.acquire(wait).err(),
+                )
+            }
+            _ => (
+                redis
+                    .try_lock_with_lease(&key, Duration::from_secs(5))
+                    .err(),
+                redis.lock(&key, wait).err(),
+            ),
+        };
+        for err in [err_try, err_wait] {
+            let err = err.unwrap_or_else(|| panic!("a {what} went past a foreign {name}"));
+            assert!(is_list_at(&err, &name), "{what} at {name}: {err:?}");
+        }
+        assert_eq!(
+            server.cli(&["TYPE", &name]).trim(),
+            "list",
+            "{name} was replaced"
+        );
+    }
+}

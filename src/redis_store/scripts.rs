@@ -51,6 +51,11 @@ local function prune(shared, leases, now)
   if n == 0 then redis.call('DEL', shared) end
   return n
 end
+-- whether a waiting mark stands: GET, not EXISTS, so that a value of another type there
+-- is a WRONGTYPE error (named by the client) rather than a mark that never lapses
+local function mark(k)
+  return redis.call('GET', k) ~= false
+end
 local function live(leases, token, now)
   local at = redis.call('ZSCORE', leases, token)
   return at ~= false and at ~= nil and (at == 'inf' or tonumber(at) > now)
@@ -112,10 +117,9 @@ if want < 0 then
   -- readers' turn, unless a writer waits too (both marks, no hold: writers first, and
   -- the readers' mark left makes the next writer wait for a reader)
   if marked then
-    if redis.call('EXISTS', KEYS[6]) == 1 and redis.call('EXISTS', KEYS[5]) == 0 then
-      return {-1, t[1], t[2], ''}
-    end
-    redis.call('DEL', KEYS[5])
+    local writer = mark(KEYS[5])
+    if mark(KEYS[6]) and not writer then return {-1, t[1], t[2], ''} end
+    if writer then redis.call('DEL', KEYS[5]) end
   end
   if ARGV[2] == '0' then redis.call('SET', KEYS[1], ARGV[1])
   else redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
@@ -126,8 +130,10 @@ if n > 0 then
   if tonumber(held) ~= want then return {-4, t[1], t[2], held} end
   if want > 0 and n >= want then return {-1, t[1], t[2], first_shared(KEYS[3], KEYS[4])} end
 end
-if redis.call('EXISTS', KEYS[5]) == 1 then return {-1, t[1], t[2], ''} end
-redis.call('DEL', KEYS[6])
+if marked then
+  if mark(KEYS[5]) then return {-1, t[1], t[2], ''} end
+  if mark(KEYS[6]) then redis.call('DEL', KEYS[6]) end
+end
 local at = 'inf'
 if ARGV[2] ~= '0' then at = string.format('%.0f', now + tonumber(ARGV[2]) * 1000) end
 redis.call('ZADD', KEYS[4], at, tok)
@@ -172,16 +178,14 @@ if redis.call('EXISTS', KEYS[3]) == 1 then n = prune(KEYS[2], KEYS[3], now) end
 local want = tonumber(ARGV[1])
 if want < 0 then
   if n == 0 then
-    if redis.call('EXISTS', KEYS[5]) == 0 or redis.call('EXISTS', KEYS[4]) == 1 then
-      return 0
-    end
+    if not mark(KEYS[5]) or mark(KEYS[4]) then return 0 end
     return until_(redis.call('PTTL', KEYS[5]))
   end
   redis.call('SET', KEYS[4], '1', 'PX', ARGV[2])
   return lease_left(redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2], now)
 end
 if n > 0 and tonumber(redis.call('HGET', KEYS[2], 'limit') or '0') ~= want then return 0 end
-if redis.call('EXISTS', KEYS[4]) == 1 then return until_(redis.call('PTTL', KEYS[4])) end
+if mark(KEYS[4]) then return until_(redis.call('PTTL', KEYS[4])) end
 if want > 0 and n >= want then
   return lease_left(redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')[2], now)
 end
