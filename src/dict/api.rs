@@ -18,7 +18,7 @@ use crate::shm::attachment::Attachment;
 use crate::shm::clock::{deadline, Clock, Monotonic};
 use crate::shm::counters::{self, Cells, Fast};
 use crate::shm::file::{self, OpenSpec};
-use crate::shm::format::{Header, Layout, MAX_VALUE_LEN};
+use crate::shm::format::{Header, Layout};
 use crate::shm::primitive::{spin, SETTLE_ROUNDS};
 use crate::shm::registry::OwnerId;
 
@@ -280,14 +280,7 @@ impl DictOptions {
 
     /// Opens (and maybe creates) the dict at `path`.
     pub fn open(self, path: impl AsRef<Path>) -> Result<SharedDict, Error> {
-        if self.max_key == 0 || self.max_key > crate::limits::MAX_KEY_LEN {
-            return Err(Error::InvalidLayout("max_key_len must be 1 to 65535 bytes"));
-        }
-        if self.max_value == 0 || self.max_value > MAX_VALUE_LEN as usize {
-            return Err(Error::InvalidLayout(
-                "max_value_len must be 1 byte to 1 MiB (1048576)",
-            ));
-        }
+        crate::shm::format::check_dict_limits(self.max_key, self.max_value)?;
         let mut spec = self.spec;
         spec.layout = Layout::Dict {
             max_key: self.max_key as u32,

@@ -156,16 +156,7 @@ impl Layout {
             ));
         }
         if let Layout::Dict { max_key, max_value } = self {
-            if max_key == 0 || max_key as usize > limits::MAX_KEY_LEN {
-                return Err(Error::InvalidLayout(
-                    "the longest key must be 1..=65535 bytes",
-                ));
-            }
-            if max_value == 0 || max_value > MAX_VALUE_LEN {
-                return Err(Error::InvalidLayout(
-                    "the longest value must be 1 byte to 1 MiB",
-                ));
-            }
+            check_dict_limits(max_key as usize, max_value as usize)?;
             if (capacity + 2) * self.slot_size() as u64 + dict_filters_len(capacity) > MAX_DICT_BODY
             {
                 return Err(Error::InvalidLayout("the dict would be larger than 64 GiB"));
@@ -173,6 +164,19 @@ impl Layout {
         }
         Ok(())
     }
+}
+
+/// A dict's longest key and value, as `DictOptions` asks them and a header says them.
+pub(crate) fn check_dict_limits(max_key: usize, max_value: usize) -> Result<(), Error> {
+    if max_key == 0 || max_key > limits::MAX_KEY_LEN {
+        return Err(Error::InvalidLayout("max_key_len must be 1 to 65535 bytes"));
+    }
+    if max_value == 0 || max_value > MAX_VALUE_LEN as usize {
+        return Err(Error::InvalidLayout(
+            "max_value_len must be 1 byte to 1 MiB (1048576)",
+        ));
+    }
+    Ok(())
 }
 
 fn round8(n: u32) -> usize {

@@ -874,11 +874,17 @@ impl LockTable {
     /// `table/idle.rs`), and remembers where; the idle entry the cache forgets for it is
     /// let go.
     #[inline(always)]
+    /// Clears the inspection label of a hold that took a fencing token (only if the hold
+    /// is still its own: see `Table::forget_token`), before it is released or downgraded.
+    fn forget_token(&self, hold: &ShmHold) {
+        if hold.token.get() != 0 {
+            self.inner.table.forget_token(&hold.held);
+        }
+    }
+
     pub(crate) fn release_shared(&self, hold: &ShmHold) -> Result<(), Error> {
         let held = &hold.held;
-        if hold.token.get() != 0 {
-            self.inner.table.forget_token(held);
-        }
+        self.forget_token(hold);
         match self.inner.table.release(held) {
             Ok(false) => Ok(()),
             Ok(true) if held.slot == held.home => Ok(()), // found without the cache
@@ -899,9 +905,7 @@ impl LockTable {
     /// Turns an exclusive hold into a reader's (see [`LockGuard::downgrade`]).
     pub(crate) fn downgrade_hold(&self, hold: &mut ShmHold) -> Result<(), Error> {
         let _quiet = self.quietly_ours(hold)?;
-        if hold.token.get() != 0 {
-            self.inner.table.forget_token(&hold.held);
-        }
+        self.forget_token(hold);
         hold.token.set(0);
         self.inner
             .table
@@ -951,9 +955,7 @@ impl Backend for LockTable {
     fn release(&self, hold: &ShmHold) -> Result<(), Error> {
         // (an exclusive hold is never kept idle: shared ones are released by `Shared` and
         // `Semaphore`, see `release_shared`)
-        if hold.token.get() != 0 {
-            self.inner.table.forget_token(&hold.held);
-        }
+        self.forget_token(hold);
         self.inner
             .table
             .release_exclusive(&hold.held)
