@@ -20,6 +20,7 @@ broken_protocol=(
     dict::loom_tests::dict_reader_never_accepts_a_torn_value
     dict::loom_tests::dict_writer_death_leaves_the_old_value_or_the_new
     dict::loom_tests::heap_two_writers_never_take_one_block
+    dict::loom_tests::heap_a_sweeper_taken_over_frees_nothing_its_successor_names
     shm::loom_tests::a_stalled_claim_is_broken_and_its_owner_backs_out
     shm::loom_tests::fast_claim_versus_slow_claim_that_raises_reach
     shm::loom_tests::release_hole

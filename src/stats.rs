@@ -120,6 +120,12 @@ pub struct DictStats {
     pub entries: u64,
     /// Bytes of keys and values stored now.
     pub bytes_in_use: u64,
-    /// Bytes the dict can hold: its capacity times the longest key and value.
+    /// Bytes the dict can hold: its capacity times the longest key and the value room of
+    /// an entry, plus its heap.
     pub bytes_capacity: u64,
+    /// Bytes of the heap (0: the dict has none), where values longer than an entry's
+    /// room are kept.
+    pub heap_bytes: u64,
+    /// Bytes of the heap free now (ngx's `free_space`, for those values).
+    pub heap_free: u64,
 }

@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::entry::{Aborted, Copied, Entry, Geometry, Kind, Look, Out, PackedKey};
+use super::entry::{Aborted, Copied, Entry, Geometry, Kind, Look, Out, PackedKey, ValueAt};
 use super::filter::{self, Filter};
+use super::heap::{blocks_for, map_words, Heap, BLOCK_WORDS};
 use super::journal::{Journal, Journals, Keep, Settled, State as JournalState, JOURNALS};
 use super::value::{Num, Number, Value, ValueRef};
 
@@ -18,7 +19,7 @@ use crate::shm::attachment::Attachment;
 use crate::shm::clock::{deadline, Clock, Monotonic};
 use crate::shm::counters::{self, Cells, Fast};
 use crate::shm::file::{self, OpenSpec};
-use crate::shm::format::{Header, Layout};
+use crate::shm::format::{heap_map_len, Header, Layout, HEAP_BLOCK, MAX_HEAP_VALUE};
 use crate::shm::primitive::{spin, SETTLE_ROUNDS};
 use crate::shm::registry::OwnerId;
 
@@ -41,6 +42,9 @@ const JOURNAL: usize = 5;
 /// its whole window before it evicts (ngx's sets reclaim them first: they are its LRU
 /// tail). Written under the writer lock. (A word that files made before it have zero.)
 const FLUSHED: usize = JOURNAL + 2 * JOURNALS;
+/// The heap's tag: the one the last holder that took the writer lock over gave every map
+/// word (see `heap.rs`), which a sweep expects of the words it frees in.
+const HEAP_TAG: usize = FLUSHED + 1;
 const CONTROL_WORDS: usize = crate::shm::format::DICT_CONTROL_SIZE / 8;
 
 /// How long a waiting writer sleeps before it looks at the holder again.
@@ -219,6 +223,7 @@ pub struct DictOptions {
     spec: OpenSpec,
     max_key: usize,
     max_value: usize,
+    heap: u64,
 }
 
 impl Default for DictOptions {
@@ -228,6 +233,7 @@ impl Default for DictOptions {
             spec: OpenSpec::new(Layout::Locks),
             max_key: 250,
             max_value: 256,
+            heap: 0,
         }
     }
 }
@@ -245,9 +251,41 @@ impl DictOptions {
         self
     }
 
-    /// The longest value of a dict this call creates, at most 1 MiB (default 256).
+    /// The longest value of a dict this call creates kept in its entry, at most 1 MiB
+    /// (default 256): each entry has that much room. Longer values go in the heap, if
+    /// the dict has one ([`heap_size`](Self::heap_size)).
     pub fn max_value_len(mut self, len: usize) -> Self {
         self.max_value = len;
+        self
+    }
+
+    /// Bytes of the heap of a dict this call creates (default 0: none), where values
+    /// longer than an entry's room ([`max_value_len`](Self::max_value_len)) are kept, in
+    /// blocks of 256 bytes wherever they are free: a value of `n` bytes takes `n / 256`
+    /// blocks rounded up, and one more per 62 of those. Such a value may be up to a
+    /// quarter of the heap, and at most 64 MiB. With a heap, a store that finds it full
+    /// evicts the least recently used values kept there (the `safe_` stores refuse
+    /// instead, [`Error::NoMemory`]).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("shmlock-doc-heap-{}", std::process::id()));
+    /// # let _ = std::fs::remove_file(&path);
+    /// use shmlock::SharedDict;
+    /// use std::time::Duration;
+    ///
+    /// let dict = SharedDict::options()
+    ///     .capacity(1024)
+    ///     .max_value_len(64)
+    ///     .heap_size(8 << 20)
+    ///     .open(&path)?;
+    /// assert_eq!(dict.max_value_len(), 2 << 20); // a quarter of the heap
+    /// dict.set("page", vec![b'x'; 100_000], Duration::ZERO)?;
+    /// assert_eq!(dict.get("page")?.unwrap().value.as_bytes().unwrap().len(), 100_000);
+    /// # std::fs::remove_file(&path).unwrap();
+    /// # Ok::<(), shmlock::Error>(())
+    /// ```
+    pub fn heap_size(mut self, bytes: u64) -> Self {
+        self.heap = bytes;
         self
     }
 
@@ -281,10 +319,17 @@ impl DictOptions {
     /// Opens (and maybe creates) the dict at `path`.
     pub fn open(self, path: impl AsRef<Path>) -> Result<SharedDict, Error> {
         crate::shm::format::check_dict_limits(self.max_key, self.max_value)?;
+        let heap_blocks = u32::try_from(self.heap.div_ceil(HEAP_BLOCK as u64))
+            .ok()
+            .filter(|&b| b < u32::MAX)
+            .ok_or(Error::InvalidLayout(
+                "the heap would be larger than a dict can be (64 GiB)",
+            ))?;
         let mut spec = self.spec;
         spec.layout = Layout::Dict {
             max_key: self.max_key as u32,
             max_value: self.max_value as u32,
+            heap_blocks,
         };
         SharedDict::with_spec(path.as_ref(), spec)
     }
@@ -346,6 +391,11 @@ struct Inner {
     slots: usize,
     path: PathBuf,
     created: bool,
+    /// The heap's map and blocks: where they start (words into the mapping), and how
+    /// many blocks (0: none).
+    heap_map: usize,
+    heap_data: usize,
+    heap_blocks: usize,
 }
 
 impl SharedDict {
@@ -372,11 +422,30 @@ impl SharedDict {
     fn with_spec(path: &Path, spec: OpenSpec) -> Result<SharedDict, Error> {
         let opened = file::open(path, spec)?;
         let header = opened.header;
-        let Layout::Dict { max_key, max_value } = header.layout else {
+        let Layout::Dict {
+            max_key,
+            max_value,
+            heap_blocks,
+        } = header.layout
+        else {
             unreachable!("file::open checked the kind");
         };
         let entry_words = header.layout.slot_size() / 8;
-        let geometry = Geometry::new(entry_words, max_key as usize, max_value as usize);
+        let heap_blocks = heap_blocks as usize;
+        let max_heap = (heap_blocks * HEAP_BLOCK / 4).min(MAX_HEAP_VALUE as usize);
+        let geometry = Geometry::new(entry_words, max_key as usize, max_value as usize).with_heap(
+            if max_heap > max_value as usize {
+                max_heap
+            } else {
+                0
+            },
+        );
+        let slots = header.slot_count as usize;
+        // after the entries, the two undo copies and the home filters
+        let heap_map = CONTROL_WORDS
+            + (slots + JOURNALS) * entry_words
+            + (crate::shm::format::dict_filters_len(slots as u64) / 8) as usize;
+        let heap_data = heap_map + (heap_map_len(heap_blocks as u32) / 8) as usize;
         let att = Attachment::new(
             Arc::new(opened.map),
             opened.file,
@@ -390,9 +459,12 @@ impl SharedDict {
                 att,
                 header,
                 geometry,
-                slots: header.slot_count as usize,
+                slots,
                 path: path.to_path_buf(),
                 created: opened.created,
+                heap_map,
+                heap_data,
+                heap_blocks,
             }),
         })
     }
@@ -407,9 +479,32 @@ impl SharedDict {
         self.inner.geometry.max_key
     }
 
-    /// The longest value (fixed when the file was created).
+    /// The longest value (fixed when the file was created): the room of an entry, or, for
+    /// a dict with a heap, the longest value the heap keeps (a quarter of it, at most 64
+    /// MiB).
     pub fn max_value_len(&self) -> usize {
+        self.inner
+            .geometry
+            .max_value
+            .max(self.inner.geometry.max_heap)
+    }
+
+    /// The longest value kept in an entry itself (fixed when the file was created);
+    /// longer ones go in the heap.
+    pub fn entry_value_len(&self) -> usize {
         self.inner.geometry.max_value
+    }
+
+    /// Bytes of the heap (fixed when the file was created; 0: none).
+    pub fn heap_size(&self) -> u64 {
+        (self.inner.heap_blocks * HEAP_BLOCK) as u64
+    }
+
+    /// Bytes of the heap free now: ngx's `free_space`, for the values longer than an
+    /// entry's room. A value of `n` bytes needs `n` rounded up to 256, and 256 more per
+    /// 62 blocks of those.
+    pub fn heap_free(&self) -> u64 {
+        (self.heap().free_blocks() * HEAP_BLOCK) as u64
     }
 
     /// Entries stored, counting expired ones not yet removed (as ngx's memory use does);
@@ -465,7 +560,9 @@ impl SharedDict {
             bytes_in_use: (0..self.inner.slots)
                 .map(|i| self.entry(i).stored_bytes())
                 .sum(),
-            bytes_capacity: (self.capacity() * (g.max_key + g.max_value)) as u64,
+            bytes_capacity: (self.capacity() * (g.max_key + g.max_value)) as u64 + self.heap_size(),
+            heap_bytes: self.heap_size(),
+            heap_free: self.heap_free(),
         }
     }
 
@@ -806,11 +903,15 @@ impl SharedDict {
                 Some((i, _)) => (i, Stored { forcible: false }),
                 None => self.place(w, &k, now, matches!(how, Put::Set | Put::Add))?,
             };
-            let written = self.write(self.store_at(w, i, &k, (kind, bytes), flags, until, now))?;
+            let evict = matches!(how, Put::Set | Put::Add | Put::Replace);
+            let written =
+                self.write(self.store_at(w, i, &k, (kind, bytes), flags, until, now, evict)?)?;
             if matches!(written, Outcome::Done(())) {
                 self.count_set();
             }
-            Ok(written.map(|()| stored))
+            Ok(written.map(|()| Stored {
+                forcible: stored.forcible || w.evicted.get(),
+            }))
         })
     }
 
@@ -886,7 +987,7 @@ impl SharedDict {
             let result = N::of_sum(sum).ok_or_else(|| Error::NotAnInteger { key: k.preview() })?;
             let mut buf = [0u8; 8];
             let (kind, bytes) = sum.value_ref().encode(&mut buf);
-            let stored = self.store_at(w, i, &k, (kind, bytes), flags, until, now);
+            let stored = self.store_at(w, i, &k, (kind, bytes), flags, until, now, true)?;
             let written = self.write(stored)?;
             if matches!(written, Outcome::Done(())) {
                 self.count_set();
@@ -923,13 +1024,15 @@ impl SharedDict {
         self.writing(|w| {
             let now = self.now();
             match self.find_locked(w, &k) {
-                Some((i, d)) => Ok(self
-                    .write(self.entry(i).free(&w.writing, Some(&self.keep(i))))?
-                    .map(|()| {
-                        self.uncount(w, 1);
-                        self.going(w, self.home(&k));
-                        d > now
-                    })),
+                Some((i, d)) => {
+                    Ok(self
+                        .write(self.free_at(w, i, Some(&self.keep(i))))?
+                        .map(|()| {
+                            self.uncount(w, 1);
+                            self.going(w, self.home(&k));
+                            d > now
+                        }))
+                }
                 None => Ok(Outcome::Done(false)),
             }
         })
@@ -975,7 +1078,7 @@ impl SharedDict {
                         continue;
                     }
                     let home = self.home_of(e.hash());
-                    match e.free(&w.writing, None) {
+                    match self.free_at(w, i, None) {
                         Ok(()) => {
                             removed += 1;
                             self.going(w, home);
@@ -1088,10 +1191,26 @@ impl SharedDict {
             owner,
             seen: std::cell::Cell::new(None),
         };
+        let ops = self.count_op(owner);
         let (writing, took_over) = self.writer_lock().lock(&env);
+        let heap_tag = if self.inner.heap_blocks == 0 {
+            0
+        } else if took_over {
+            // Before anything moves: a sweep the writer taken over began frees nothing
+            // after this (see `heap.rs`).
+            let tag =
+                (self.control(HEAP_TAG).fetch_add(1, Ordering::AcqRel) as u32).wrapping_add(1);
+            self.heap().retag(tag);
+            tag
+        } else {
+            self.control(HEAP_TAG).load(Ordering::Acquire) as u32
+        };
         let w = Locked {
             epoch: writing.epoch(),
             writing,
+            heap_tag,
+            _ops: ops,
+            evicted: std::cell::Cell::new(false),
             restoring: std::cell::Cell::new(false),
             going: Spot::none(),
             placed: std::cell::Cell::new(0),
@@ -1118,11 +1237,17 @@ impl SharedDict {
             control: &self.words()[JOURNAL..JOURNAL + 2 * JOURNALS],
             copies: &self.words()[at..at + JOURNALS * words],
             geometry: self.inner.geometry,
+            heap: self.heap(),
         }
     }
 
     /// Stores `key`'s value in entry `i` (copied aside first if it holds the key's value).
+    /// A value longer than the entry's room goes in the heap first, which may make room
+    /// by evicting the least recently used values kept there (if `evict`, else
+    /// [`Error::NoMemory`]). Once the entry has moved on, the chain of the value it held
+    /// goes back to the heap; if the store was not made, the new one does.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn store_at(
         &self,
         w: &Locked<'_>,
@@ -1132,10 +1257,197 @@ impl SharedDict {
         flags: u32,
         until: u64,
         now: u64,
-    ) -> Result<(), Aborted> {
+        evict: bool,
+    ) -> Result<Result<(), Aborted>, Error> {
         let keep = self.keep(i);
-        self.entry(i)
-            .store(&w.writing, Some(&keep), key, kind, value, flags, until, now)
+        let e = self.entry(i);
+        if self.inner.heap_blocks == 0 {
+            let at = ValueAt::Inline(value);
+            return Ok(e.store(&w.writing, Some(&keep), key, kind, at, flags, until, now));
+        }
+        self.store_with_heap(w, i, key, (kind, value), flags, until, now, evict)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn store_with_heap(
+        &self,
+        w: &Locked<'_>,
+        i: usize,
+        key: &PackedKey<'_>,
+        (kind, value): (Kind, &[u8]),
+        flags: u32,
+        until: u64,
+        now: u64,
+        evict: bool,
+    ) -> Result<Result<(), Aborted>, Error> {
+        let keep = self.keep(i);
+        let e = self.entry(i);
+        let heap = self.heap();
+        let old = e.heap_value();
+        let mut blocks = Vec::new();
+        let at = if value.len() > self.inner.geometry.max_value {
+            self.take_blocks(w, key, blocks_for(value.len()), i, evict, now, &mut blocks)?;
+            ValueAt::Heap {
+                first: heap.write(&blocks, value),
+                len: value.len(),
+            }
+        } else {
+            ValueAt::Inline(value)
+        };
+        let stored = e.store(&w.writing, Some(&keep), key, kind, at, flags, until, now);
+        if stored.is_ok() {
+            if let Some((first, len)) = old {
+                self.free_chain(first, len);
+            }
+        } else {
+            heap.free(&blocks); // never named by a stable entry
+        }
+        Ok(stored)
+    }
+
+    /// Empties entry `i` (copying it aside first with `keep`), and gives its value's heap
+    /// chain back once it has.
+    fn free_at(&self, w: &Locked<'_>, i: usize, keep: Option<&Keep<'_>>) -> Result<(), Aborted> {
+        let e = self.entry(i);
+        let old = e.heap_value();
+        let freed = e.free(&w.writing, keep.map(|k| k as &dyn super::entry::Undo));
+        if freed.is_ok() {
+            if let Some((first, len)) = old {
+                self.free_chain(first, len);
+            }
+        }
+        freed
+    }
+
+    /// Gives back the blocks of a chain no entry or undo copy names any more (a chain that
+    /// does not walk, in a damaged file, is left to a sweep).
+    fn free_chain(&self, first: u32, len: usize) {
+        let heap = self.heap();
+        let mut chain = Vec::new();
+        if heap.chain(first, len, &mut chain).is_ok() {
+            heap.free(&chain);
+        }
+    }
+
+    /// Counts a write under way in this registration's registry entry (see [`HeapOps`]).
+    #[inline(always)]
+    fn count_op(&self, owner: OwnerId) -> HeapOps<'_> {
+        if self.inner.heap_blocks == 0 {
+            return HeapOps(None);
+        }
+        let reg = self.inner.att.map.registry();
+        let i = owner.entry() as usize;
+        if i >= reg.len() {
+            return HeapOps(None);
+        }
+        let word = reg.ops(i);
+        // Before the lock is asked for: a holder that takes it over sees the count.
+        word.fetch_add(1 << 32, Ordering::SeqCst);
+        HeapOps(Some(word))
+    }
+
+    /// Takes `n` blocks of the heap into `blocks` for a value to be stored in entry `i`:
+    /// if the heap is short, sweeps it (once, when that is safe), then (if `evict`) frees
+    /// the least recently used values kept there, expired ones first, never entry `i`'s.
+    /// [`Error::NoMemory`] if it cannot.
+    #[allow(clippy::too_many_arguments)]
+    fn take_blocks(
+        &self,
+        w: &Locked<'_>,
+        key: &PackedKey<'_>,
+        n: usize,
+        i: usize,
+        evict: bool,
+        now: u64,
+        blocks: &mut Vec<u32>,
+    ) -> Result<(), Error> {
+        let heap = self.heap();
+        let mut hint = (i * 7) % map_words(heap.blocks()).max(1);
+        if heap.take(n, &mut hint, blocks) {
+            return Ok(());
+        }
+        if self.sweep(w) > 0 && heap.take(n, &mut hint, blocks) {
+            return Ok(());
+        }
+        let no_memory = || Error::NoMemory { key: key.preview() };
+        if n > heap.blocks() {
+            return Err(no_memory());
+        }
+        // Values of the heap, expired ones first, then (if `evict`) live ones, oldest
+        // first.
+        let mut held: Vec<(bool, u64, usize)> = (0..self.capacity())
+            .filter(|&j| j != i)
+            .filter_map(|j| {
+                let e = self.entry(j);
+                e.heap_value()?;
+                let live = e.deadline() > now;
+                (e.is_stable() && (evict || !live)).then(|| (live, e.used_at(), j))
+            })
+            .collect();
+        held.sort_unstable();
+        for (live, _, j) in held {
+            let home = self.home_of(self.entry(j).hash());
+            match self.free_at(w, j, None) {
+                Ok(()) => {
+                    self.uncount(w, 1);
+                    self.going(w, home);
+                    if live {
+                        self.control(EVICTIONS).fetch_add(1, Ordering::Relaxed);
+                        w.evicted.set(true);
+                    }
+                }
+                Err(Aborted::TakenOver) => return Err(Error::Stalled),
+                Err(Aborted::NotStable) => continue,
+            }
+            // as few as make room: the least recently used first, one at a time
+            if heap.free_blocks() >= n && heap.take(n, &mut hint, blocks) {
+                return Ok(());
+            }
+        }
+        if heap.take(n, &mut hint, blocks) {
+            Ok(())
+        } else {
+            Err(no_memory())
+        }
+    }
+
+    /// Gives back the heap's blocks that no entry and no undo copy names (a writer that
+    /// died between taking them and publishing, or before it freed an old value's), if no
+    /// writer taken over may still write into its own (see [`HeapOps`]); how many.
+    #[cold]
+    fn sweep(&self, w: &Locked<'_>) -> usize {
+        let heap = self.heap();
+        let reg = self.inner.att.map.registry();
+        let me = w.writing.owner().entry() as usize;
+        for j in 0..reg.len() {
+            let under_way = reg.ops(j).load(Ordering::SeqCst) >> 32;
+            let alive = || {
+                reg.owner_at(j)
+                    .is_some_and(|(o, g)| !self.inner.att.is_dead_at(o, Some(g)))
+            };
+            if (j == me && under_way > 1) || (j != me && under_way > 0 && alive()) {
+                return 0;
+            }
+        }
+        let before = heap.snapshot();
+        if !w.writing.still_mine() {
+            return 0;
+        }
+        let mut named = vec![0u64; map_words(heap.blocks())];
+        let mut mark = |e: &Entry<'_>| {
+            if let Some((first, len)) = e.heap_value() {
+                heap.mark(first, len, &mut named);
+            }
+        };
+        (0..self.capacity()).for_each(|i| mark(&self.entry(i)));
+        let journals = self.journals();
+        for n in 0..JOURNALS {
+            let j = journals.get(n);
+            if !matches!(j.state(j.load()), JournalState::Idle) {
+                mark(&j.copy);
+            }
+        }
+        heap.sweep(&before, w.heap_tag, &named)
     }
 
     /// Where entry `i`'s value goes before it is rewritten.
@@ -1196,7 +1508,15 @@ impl SharedDict {
         };
         let k = PackedKey::new(&key, j.copy.hash());
         let mut value = Vec::new();
-        let Look::Found(c) = j.copy.peek(&k, Some(&mut value)) else {
+        // A value in the heap moves by its chain: the copy names it until the new entry
+        // does (the chain is never copied, nor freed in between).
+        let chain = j.copy.heap_value();
+        let out = if chain.is_some() {
+            None
+        } else {
+            Some(&mut value)
+        };
+        let Look::Found(c) = j.copy.peek(&k, out) else {
             j.release(word);
             return;
         };
@@ -1211,11 +1531,20 @@ impl SharedDict {
             done = match self.place(w, &k, now, true) {
                 Ok((f, _)) => {
                     at = Some(f);
-                    self.entry(f)
-                        .store(
-                            &w.writing, None, &k, c.kind, &value, c.flags, c.deadline, now,
-                        )
-                        .is_ok()
+                    let e = self.entry(f);
+                    let old = e.heap_value(); // an expired or evicted value's
+                    let value = match chain {
+                        Some((first, len)) => ValueAt::Heap { first, len },
+                        None => ValueAt::Inline(&value),
+                    };
+                    let stored = e.store(
+                        &w.writing, None, &k, c.kind, value, c.flags, c.deadline, now,
+                    );
+                    let made = stored.is_ok();
+                    if let (true, Some((first, len))) = (made, old) {
+                        self.free_chain(first, len);
+                    }
+                    made
                 }
                 Err(_) => true, // every entry near its home is out of use: lost
             };
@@ -1279,10 +1608,25 @@ impl SharedDict {
         }
     }
 
+    #[inline(always)]
     fn entry(&self, i: usize) -> Entry<'_> {
         let n = self.inner.geometry.entry_words;
         let at = CONTROL_WORDS + i * n;
-        Entry::new(&self.words()[at..at + n], self.inner.geometry)
+        Entry::with_heap(&self.words()[at..at + n], self.inner.geometry, self.heap())
+    }
+
+    /// The heap (see `heap.rs`): empty in a dict made without one.
+    #[inline(always)]
+    fn heap(&self) -> Heap<'_> {
+        let i = &self.inner;
+        if i.heap_blocks == 0 {
+            return Heap::NONE;
+        }
+        let words = self.words();
+        Heap::new(
+            &words[i.heap_map..i.heap_data],
+            &words[i.heap_data..i.heap_data + i.heap_blocks * BLOCK_WORDS],
+        )
     }
 
     fn home(&self, k: &PackedKey) -> usize {
@@ -1393,6 +1737,14 @@ impl SharedDict {
             self.clean(w, i);
             match read(&e) {
                 Ok(t) => return t,
+                // A stable entry whose heap chain is broken: a damaged file. The entry
+                // goes (its blocks are lost until a sweep finds them).
+                Err(Look::Damaged) => {
+                    if e.free(&w.writing, None).is_ok() {
+                        self.uncount(w, 1);
+                        self.control(REPAIRS).fetch_add(1, Ordering::Relaxed);
+                    }
+                }
                 // Only a process writing outside the protocol gets here.
                 Err(_) => spin(round.min(SETTLE_ROUNDS)),
             }
@@ -1580,10 +1932,10 @@ impl SharedDict {
                 }
                 Look::Free | Look::Other => return Read::Miss,
                 Look::Parked => return from_copy(Read::Parked, value, found),
-                Look::Busy | Look::Changed if round >= SETTLE_ROUNDS => {
+                Look::Busy | Look::Changed | Look::Damaged if round >= SETTLE_ROUNDS => {
                     return from_copy(Read::Stuck, value, found)
                 }
-                Look::Busy | Look::Changed => {
+                Look::Busy | Look::Changed | Look::Damaged => {
                     spin(round);
                     round += 1;
                 }
@@ -1751,6 +2103,12 @@ enum Read {
 /// The writer lock, held: what the functions that need it take as proof.
 struct Locked<'a> {
     writing: Writing<'a>,
+    /// The heap's tag this hold expects of the map words it sweeps (see `heap.rs`).
+    heap_tag: u32,
+    /// This registration's count of writes under way, dropped after `writing` (released).
+    _ops: HeapOps<'a>,
+    /// A store made room in the heap by evicting a live value.
+    evicted: std::cell::Cell<bool>,
     /// An undo copy is being stored elsewhere ([`SharedDict::restore_elsewhere`]): the
     /// entries it meets are not to start another.
     restoring: std::cell::Cell<bool>,
@@ -1765,6 +2123,21 @@ struct Locked<'a> {
     /// Where a counting pass (`clean_all`) is, and the entries a restore took behind it.
     pass_at: Spot,
     behind: std::cell::Cell<u64>,
+}
+
+/// A write under way, counted in the writer's registry entry (see `Registry::ops`) for a
+/// dict with a heap, from before it asks for the writer lock until after it lets go: the
+/// heap is swept only when no other live registration counts one, so that no writer taken
+/// over may still write into blocks it took, or free its own.
+struct HeapOps<'a>(Option<&'a AtomicU64>);
+
+impl Drop for HeapOps<'_> {
+    fn drop(&mut self) {
+        if let Some(word) = self.0 {
+            // Release: the sweeper that reads the count down sees this writer's writes.
+            word.fetch_sub(1 << 32, Ordering::Release);
+        }
+    }
 }
 
 /// An `Option<usize>` in one word (`usize::MAX` for `None`, never an entry's index): a

@@ -6,8 +6,8 @@
 //! ```text
 //! word  field
 //!    0  seq       state (2 bits) · count (38 bits) · owner of a write in progress (24 bits)
-//!    1  meta      bit 0 used · bits 1-3 kind (bytes, i64, f64, bool, list) · bits 8-23 key length ·
-//!                 bits 32-63 value length
+//!    1  meta      bit 0 used · bits 1-3 kind (bytes, i64, f64, bool, list) · bit 4 the value is
+//!                 in the heap · bits 8-23 key length · bits 32-63 value length
 //!    2  hash      seeded xxh3-64 of the key (a cheap filter; keys are compared in full)
 //!    3  deadline  table clock, ns; u64::MAX never expires
 //!    4  flags     the user's 32 flag bits
@@ -15,7 +15,12 @@
 //!    6  reach     home word: farthest distance at which a key of this home was placed
 //!    7  (zero)    reserved (the home filters are an array of their own, see `filter.rs`)
 //!    8  key bytes, then value bytes, little-endian packed, each padded to whole words
+//!       (a value in the heap: its chain's first block, in the value's first word)
 //! ```
+//!
+//! A value longer than the entry's room is kept in the dict's block heap
+//! ([`heap`](super::heap)): the entry names its chain, and a reader copies the chain
+//! between its two reads of `seq` like any other bytes of the entry.
 //!
 //! `seq` states: STABLE (readable), WRITING (by the owner in the word), QUARANTINED (a
 //! write by a writer whose lock was taken over: absent, out of use) and DONE (quarantined,
@@ -38,6 +43,7 @@
 //!
 //! Every word is an atomic: other processes write the same memory.
 
+use super::heap::Heap;
 use super::writer::Writing;
 use crate::broken::{broken, Broken};
 use crate::shm::primitive::{crash_point, fence, AtomicU64, Ordering};
@@ -133,11 +139,16 @@ impl Kind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Meta(u64);
 
+const IN_HEAP: u64 = 1 << 4;
+
 impl Meta {
     const FREE: Meta = Meta(0);
 
     fn used(kind: Kind, key_len: usize, value_len: usize) -> Meta {
         Meta(1 | (kind as u64) << 1 | (key_len as u64) << 8 | (value_len as u64) << 32)
+    }
+    fn in_heap(self) -> bool {
+        self.0 & IN_HEAP != 0
     }
     fn is_used(self) -> bool {
         self.0 & 1 == 1
@@ -300,6 +311,10 @@ pub(crate) enum Look {
     Parked,
     /// The entry changed while it was read: look again.
     Changed,
+    /// The entry is stable, but the heap chain it names runs out of the heap or short: a
+    /// damaged file (a chain is freed only after its entry moved on). For a lock-free
+    /// reader, the same as `Changed` until it validates.
+    Damaged,
     /// The key's entry (its value in the caller's buffer, when it was asked for).
     Found(Copied),
 }
@@ -310,7 +325,10 @@ pub(crate) struct Geometry {
     /// Words of one entry (a whole number of cache lines in a file).
     pub entry_words: usize,
     pub max_key: usize,
+    /// The longest value kept in the entry itself.
     pub max_value: usize,
+    /// The longest value kept in the heap (0: the dict has none).
+    pub max_heap: usize,
 }
 
 impl Geometry {
@@ -320,7 +338,13 @@ impl Geometry {
             entry_words,
             max_key,
             max_value,
+            max_heap: 0,
         }
+    }
+
+    /// With a heap for values of up to `max_heap` bytes.
+    pub(crate) fn with_heap(self, max_heap: usize) -> Geometry {
+        Geometry { max_heap, ..self }
     }
 
     fn value_at(self) -> usize {
@@ -328,17 +352,34 @@ impl Geometry {
     }
 }
 
+/// Where a value goes in an entry: into its own room, or named there as a chain of the
+/// heap that the writer wrote first.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ValueAt<'v> {
+    Inline(&'v [u8]),
+    Heap { first: u32, len: usize },
+}
+
 /// One entry's words.
 #[derive(Clone, Copy)]
 pub(crate) struct Entry<'a> {
     w: &'a [AtomicU64],
     g: Geometry,
+    heap: Heap<'a>,
 }
 
 impl<'a> Entry<'a> {
+    /// An entry of a dict without a heap.
+    #[cfg(any(test, loom))]
     pub(crate) fn new(w: &'a [AtomicU64], g: Geometry) -> Entry<'a> {
+        Entry::with_heap(w, g, Heap::NONE)
+    }
+
+    /// An entry whose values longer than its room are in `heap`.
+    #[inline(always)]
+    pub(crate) fn with_heap(w: &'a [AtomicU64], g: Geometry, heap: Heap<'a>) -> Entry<'a> {
         debug_assert_eq!(w.len(), g.entry_words);
-        Entry { w, g }
+        Entry { w, g, heap }
     }
 
     /// The home word of the keys whose home is this entry.
@@ -407,9 +448,17 @@ impl<'a> Entry<'a> {
         let deadline = self.w[DEADLINE].load(Ordering::Relaxed);
         let flags = self.w[FLAGS].load(Ordering::Relaxed) as u32;
         if let Some(out) = value {
-            let len = meta.value_len().min(self.g.max_value);
             let at = self.g.value_at();
-            copy_words(&self.w[at..], len, out);
+            if meta.in_heap() {
+                let len = meta.value_len().min(self.g.max_heap);
+                let first = self.w[at].load(Ordering::Relaxed) as u32;
+                if self.heap.read(first, len, out).is_err() {
+                    return Look::Damaged; // moved on under us, unless `seq` did not
+                }
+            } else {
+                let len = meta.value_len().min(self.g.max_value);
+                copy_words(&self.w[at..], len, out);
+            }
         }
         Look::Found(Copied {
             kind: meta.kind(),
@@ -461,10 +510,32 @@ impl<'a> Entry<'a> {
     pub(crate) fn stored_bytes(&self) -> u64 {
         let meta = Meta(self.w[META].load(Ordering::Relaxed));
         if meta.is_used() {
-            (meta.key_len().min(self.g.max_key) + meta.value_len().min(self.g.max_value)) as u64
+            (meta.key_len().min(self.g.max_key) + self.value_len(meta)) as u64
         } else {
             0
         }
+    }
+
+    /// The value's length, within the limits of where it is kept.
+    fn value_len(&self, meta: Meta) -> usize {
+        let max = if meta.in_heap() {
+            self.g.max_heap
+        } else {
+            self.g.max_value
+        };
+        meta.value_len().min(max)
+    }
+
+    /// The heap chain the entry names (first block, bytes), if it holds a value kept in
+    /// the heap. Exact for a caller that holds the writer lock and has cleaned the entry;
+    /// for a sweep, any entry's (a damaged or half-written one's names garbage, which
+    /// only keeps blocks taken).
+    pub(crate) fn heap_value(&self) -> Option<(u32, usize)> {
+        let meta = Meta(self.w[META].load(Ordering::Relaxed));
+        (meta.is_used() && meta.in_heap()).then(|| {
+            let first = self.w[self.g.value_at()].load(Ordering::Relaxed) as u32;
+            (first, self.value_len(meta))
+        })
     }
 
     /// The hash of the key held (meaningful with a used entry).
@@ -492,7 +563,12 @@ impl<'a> Entry<'a> {
     /// not so only in a damaged file.
     pub(crate) fn lengths_fit(&self) -> bool {
         let m = Meta(self.w[META].load(Ordering::Relaxed));
-        !m.is_used() || (m.key_len() <= self.g.max_key && m.value_len() <= self.g.max_value)
+        let max = if m.in_heap() {
+            self.g.max_heap
+        } else {
+            self.g.max_value
+        };
+        !m.is_used() || (m.key_len() <= self.g.max_key && m.value_len() <= max)
     }
 
     /// The `seq` word now.
@@ -556,8 +632,12 @@ impl<'a> Entry<'a> {
         }
         let key = HEAD_WORDS..HEAD_WORDS + words_for(meta.key_len().min(self.g.max_key));
         let at = self.g.value_at();
-        let value = at..at + words_for(meta.value_len().min(self.g.max_value));
-        for i in key.chain(value) {
+        let value_words = if meta.in_heap() {
+            1 // the chain's first block: the chain stays where it is
+        } else {
+            words_for(meta.value_len().min(self.g.max_value))
+        };
+        for i in key.chain(at..at + value_words) {
             dst.w[i].store(self.w[i].load(Ordering::Relaxed), Ordering::Relaxed);
             crash_point();
         }
@@ -647,12 +727,22 @@ impl<'a> Entry<'a> {
         keep: Option<&dyn Undo>,
         key: &PackedKey,
         kind: Kind,
-        value: &[u8],
+        value: ValueAt<'_>,
         flags: u32,
         deadline: u64,
         now: u64,
     ) -> Result<(), Aborted> {
-        debug_assert!(key.len <= self.g.max_key && value.len() <= self.g.max_value);
+        let (meta_word, inline) = match value {
+            ValueAt::Inline(bytes) => {
+                debug_assert!(bytes.len() <= self.g.max_value);
+                (Meta::used(kind, key.len, bytes.len()).0, bytes)
+            }
+            ValueAt::Heap { len, .. } => {
+                debug_assert!(len <= self.g.max_heap);
+                (Meta::used(kind, key.len, len).0 | IN_HEAP, &[][..])
+            }
+        };
+        debug_assert!(key.len <= self.g.max_key);
         let at = self.g.value_at();
         // Only the key's own value is worth keeping: an entry given to another key (an
         // eviction, an expired entry reused) is gone either way.
@@ -662,7 +752,7 @@ impl<'a> Entry<'a> {
             && self.w[HASH].load(Ordering::Relaxed) == key.hash;
         let keep = keep.filter(|_| same_key);
         self.write(w, keep, |w| {
-            w[META].store(Meta::used(kind, key.len, value.len()).0, Ordering::Relaxed);
+            w[META].store(meta_word, Ordering::Relaxed);
             crash_point();
             w[HASH].store(key.hash, Ordering::Relaxed);
             w[DEADLINE].store(deadline, Ordering::Relaxed);
@@ -670,7 +760,10 @@ impl<'a> Entry<'a> {
             for (word, k) in w[HEAD_WORDS..].iter().zip(key.words()) {
                 word.store(k, Ordering::Relaxed);
             }
-            for (word, v) in w[at..].iter().zip(packed(value)) {
+            if let ValueAt::Heap { first, .. } = value {
+                w[at].store(u64::from(first), Ordering::Relaxed);
+            }
+            for (word, v) in w[at..].iter().zip(packed(inline)) {
                 word.store(v, Ordering::Relaxed);
                 crash_point();
             }
@@ -914,7 +1007,16 @@ mod tests {
         let k = PackedKey::new(b"user:42 long", 7);
         assert_eq!(e.read(&k, None), Look::Free);
         locked(ME, |w| {
-            e.store(w, None, &k, Kind::Bytes, b"twenty bytes of data", 5, 99, 1)
+            e.store(
+                w,
+                None,
+                &k,
+                Kind::Bytes,
+                ValueAt::Inline(b"twenty bytes of data"),
+                5,
+                99,
+                1,
+            )
         })
         .unwrap();
         let mut value = vec![1, 2, 3];
@@ -951,7 +1053,16 @@ mod tests {
         let e = Entry::new(&words, g);
         let k = PackedKey::new(b"k", 1);
         locked(ME, |w| {
-            e.store(w, None, &k, Kind::Int, &5i64.to_le_bytes(), 0, u64::MAX, 1)
+            e.store(
+                w,
+                None,
+                &k,
+                Kind::Int,
+                ValueAt::Inline(&5i64.to_le_bytes()),
+                0,
+                u64::MAX,
+                1,
+            )
         })
         .unwrap();
         let stale = OwnerId::new(3, 1);
@@ -976,7 +1087,16 @@ mod tests {
         assert!(e.is_stable() && !e.is_used());
         // a dead writer's entry is emptied at once
         locked(ME, |w| {
-            e.store(w, None, &k, Kind::Int, &5i64.to_le_bytes(), 0, u64::MAX, 1)
+            e.store(
+                w,
+                None,
+                &k,
+                Kind::Int,
+                ValueAt::Inline(&5i64.to_le_bytes()),
+                0,
+                u64::MAX,
+                1,
+            )
         })
         .unwrap();
         let s = Seq(words[SEQ].load(Ordering::Relaxed));
@@ -1000,12 +1120,30 @@ mod tests {
             wait: &wait,
         };
         let (w, _) = lock.lock(&Env { me: ME });
-        e.store(&w, None, &k, Kind::Int, &5i64.to_le_bytes(), 0, u64::MAX, 1)
-            .unwrap();
+        e.store(
+            &w,
+            None,
+            &k,
+            Kind::Int,
+            ValueAt::Inline(&5i64.to_le_bytes()),
+            0,
+            u64::MAX,
+            1,
+        )
+        .unwrap();
         // someone takes the lock over (the word changes under us)
         word.fetch_add(1 << 26, Ordering::SeqCst);
         assert_eq!(
-            e.store(&w, None, &k, Kind::Int, &6i64.to_le_bytes(), 0, u64::MAX, 1),
+            e.store(
+                &w,
+                None,
+                &k,
+                Kind::Int,
+                ValueAt::Inline(&6i64.to_le_bytes()),
+                0,
+                u64::MAX,
+                1
+            ),
             Err(Aborted::TakenOver)
         );
         let mut value = Vec::new();

@@ -30,12 +30,20 @@
 //!   taking at once never share a block.
 //! - Blocks taken by a writer that died before its entry named them (or named by no entry
 //!   or undo copy for another reason) are found by [`Heap::sweep`], made by a holder of the
-//!   writer lock when no writer that was taken over may still write into its own.
+//!   writer lock when no writer that was taken over may still write into its own (the dict
+//!   counts each registration's operations in progress for that: see `SharedDict`).
+//! - Each map word is 32 blocks' bits under a 32-bit tag. Whoever takes the writer lock
+//!   over gives every word a new tag ([`Heap::retag`]) before it moves any value, and a
+//!   sweep frees a word's lost blocks only with a CAS from the word it read before it
+//!   looked for what is named: so a sweeper taken over in the middle, resuming, frees
+//!   nothing once its successor may have moved a value (a takeover's restore moves a
+//!   chain between an undo copy and an entry without touching the map). Takes and frees
+//!   leave the tag as it is. Model `heap_a_sweeper_taken_over_frees_nothing_its_successor_names`.
 
 use crate::shm::primitive::{fence, AtomicU64, Ordering};
 
 /// Bytes of a block.
-pub(crate) const BLOCK: usize = 256;
+pub(crate) const BLOCK: usize = crate::shm::format::HEAP_BLOCK;
 /// Words of a block.
 pub(crate) const BLOCK_WORDS: usize = BLOCK / 8;
 /// Data blocks an index block names (two to a word, after the word of the next index
@@ -43,11 +51,19 @@ pub(crate) const BLOCK_WORDS: usize = BLOCK / 8;
 pub(crate) const PER_INDEX: usize = 2 * (BLOCK_WORDS - 1);
 /// No block: the end of a chain.
 const NONE: u32 = u32::MAX;
+/// Blocks a map word stands for (its low half; the high half is the tag).
+pub(crate) const PER_WORD: usize = 32;
+const BITS: u64 = (1 << PER_WORD) - 1;
 
 /// Blocks a value of `len` bytes takes, index blocks included.
 pub(crate) fn blocks_for(len: usize) -> usize {
     let data = len.div_ceil(BLOCK);
     data + data.div_ceil(PER_INDEX)
+}
+
+/// Map words of a heap of `blocks` blocks.
+pub(crate) fn map_words(blocks: usize) -> usize {
+    blocks.div_ceil(PER_WORD)
 }
 
 /// Why a copy out of the heap could not be made: what the entry named has moved on (the
@@ -60,21 +76,26 @@ pub(crate) struct Moved;
 pub(crate) struct Heap<'a> {
     map: &'a [AtomicU64],
     data: &'a [AtomicU64],
-    blocks: usize,
 }
 
 impl<'a> Heap<'a> {
-    /// The heap over `map` (a bit per block, at least `blocks` bits) and `data`
-    /// (`blocks` blocks of words).
-    pub(crate) fn new(map: &'a [AtomicU64], data: &'a [AtomicU64], blocks: usize) -> Heap<'a> {
-        assert!(map.len() * 64 >= blocks && data.len() >= blocks * BLOCK_WORDS);
-        assert!(blocks < NONE as usize);
-        Heap { map, data, blocks }
+    /// A heap of no blocks (a dict made without one).
+    pub(crate) const NONE: Heap<'static> = Heap {
+        map: &[],
+        data: &[],
+    };
+
+    /// The heap over `map` (a word per [`PER_WORD`] blocks) and `data` (its blocks).
+    pub(crate) fn new(map: &'a [AtomicU64], data: &'a [AtomicU64]) -> Heap<'a> {
+        let blocks = data.len() / BLOCK_WORDS;
+        assert!(map.len() >= map_words(blocks) && blocks < NONE as usize);
+        Heap { map, data }
     }
 
     /// Blocks in all.
+    #[inline]
     pub(crate) fn blocks(&self) -> usize {
-        self.blocks
+        self.data.len() / BLOCK_WORDS
     }
 
     /// Blocks free now (a snapshot).
@@ -82,9 +103,9 @@ impl<'a> Heap<'a> {
         let taken: usize = self
             .map
             .iter()
-            .map(|w| w.load(Ordering::Relaxed).count_ones() as usize)
+            .map(|w| (w.load(Ordering::Relaxed) & BITS).count_ones() as usize)
             .sum();
-        self.blocks - taken.min(self.blocks)
+        self.blocks() - taken.min(self.blocks())
     }
 
     fn block(&self, b: u32) -> &'a [AtomicU64] {
@@ -95,9 +116,9 @@ impl<'a> Heap<'a> {
     /// The bits of map word `w` that stand for blocks (the last word's tail stands for
     /// none).
     fn real_bits(&self, w: usize) -> u64 {
-        let first = w * 64;
-        match self.blocks.saturating_sub(first) {
-            n if n >= 64 => u64::MAX,
+        let first = w * PER_WORD;
+        match self.blocks().saturating_sub(first) {
+            n if n >= PER_WORD => BITS,
             n => (1u64 << n) - 1,
         }
     }
@@ -106,7 +127,7 @@ impl<'a> Heap<'a> {
     /// was taken), into `out`. `false`, with nothing taken, if fewer are free.
     pub(crate) fn take(&self, n: usize, hint: &mut usize, out: &mut Vec<u32>) -> bool {
         out.clear();
-        let words = self.map.len();
+        let words = self.map.len().min(map_words(self.blocks()));
         let start = *hint % words.max(1);
         for k in 0..words {
             if out.len() == n {
@@ -138,7 +159,7 @@ impl<'a> Heap<'a> {
                 };
                 let mut g = got;
                 while g != 0 {
-                    out.push((w * 64) as u32 + g.trailing_zeros());
+                    out.push((w * PER_WORD) as u32 + g.trailing_zeros());
                     g &= g - 1;
                 }
                 if out.len() == n || got == want {
@@ -160,8 +181,10 @@ impl<'a> Heap<'a> {
     /// (the entry that named it moved on first).
     pub(crate) fn free(&self, blocks: &[u32]) {
         for &b in blocks {
-            let (w, bit) = (b as usize / 64, 1u64 << (b % 64));
-            self.map[w].fetch_and(!bit, Ordering::Release);
+            let (w, bit) = (b as usize / PER_WORD, 1u64 << (b as usize % PER_WORD));
+            if w < self.map.len() {
+                self.map[w].fetch_and(!bit, Ordering::Release);
+            }
         }
     }
 
@@ -210,7 +233,7 @@ impl<'a> Heap<'a> {
         let mut at = first;
         let mut seen = 0;
         while seen < data_n {
-            if at as usize >= self.blocks {
+            if at as usize >= self.blocks() {
                 return Err(Moved);
             }
             index(at);
@@ -223,7 +246,7 @@ impl<'a> Heap<'a> {
                     if seen == data_n {
                         break;
                     }
-                    if b as usize >= self.blocks {
+                    if b as usize >= self.blocks() {
                         return Err(Moved);
                     }
                     data(seen, b);
@@ -266,20 +289,73 @@ impl<'a> Heap<'a> {
         Ok(())
     }
 
-    /// Frees every taken block that `named` does not hold (a bit per block: the blocks of
-    /// every value an entry or an undo copy names). Caller holds the writer lock, and no
-    /// writer taken over may still write into blocks it took. Returns how many it freed.
-    pub(crate) fn sweep(&self, named: &[u64]) -> usize {
+    /// Gives every map word the tag `tag`: done by whoever takes the writer lock over,
+    /// before it moves any value, so that a sweep begun before (by the writer taken over,
+    /// which may resume) frees nothing after (see the module's head).
+    pub(crate) fn retag(&self, tag: u32) {
+        for word in self.map {
+            let mut cur = word.load(Ordering::Relaxed);
+            loop {
+                let next = u64::from(tag) << 32 | (cur & BITS);
+                match word.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+                    Ok(_) => break,
+                    Err(now) => cur = now,
+                }
+            }
+        }
+    }
+
+    /// The map as it is now, for a sweep: read before the sweeper looks for what is named.
+    pub(crate) fn snapshot(&self) -> Vec<u64> {
+        self.map.iter().map(|w| w.load(Ordering::Acquire)).collect()
+    }
+
+    /// Frees every block taken in `before` (a [`snapshot`](Self::snapshot) whose words all
+    /// carry `tag`) that `named` does not hold (a bit per block: the blocks of every value
+    /// an entry or an undo copy names, found after the snapshot), in each word that has not
+    /// changed since. Caller holds the writer lock, and no writer taken over may still
+    /// write into blocks it took. Returns how many it freed.
+    pub(crate) fn sweep(&self, before: &[u64], tag: u32, named: &[u64]) -> usize {
         let mut freed = 0;
         for (w, word) in self.map.iter().enumerate() {
+            let Some(&was) = before.get(w) else { break };
+            if was >> 32 != u64::from(tag)
+                && !crate::broken::broken(crate::broken::Broken::Protocol)
+            {
+                continue; // retagged before the snapshot: a successor's map
+            }
             let keep = named.get(w).copied().unwrap_or(0);
-            let lost = word.load(Ordering::Relaxed) & !keep & self.real_bits(w);
-            if lost != 0 {
+            let lost = was & BITS & !keep & self.real_bits(w);
+            if lost == 0 {
+                continue;
+            }
+            let done = if crate::broken::broken(crate::broken::Broken::Protocol) {
+                // (the broken variant frees whatever the word holds now)
                 word.fetch_and(!lost, Ordering::Release);
+                true
+            } else {
+                word.compare_exchange(was, was & !lost, Ordering::Release, Ordering::Relaxed)
+                    .is_ok()
+            };
+            if done {
                 freed += lost.count_ones() as usize;
             }
         }
         freed
+    }
+
+    /// Sets the bits of the blocks of the chain from `first` holding `len` bytes in
+    /// `named` (a bit per block, as [`sweep`](Self::sweep) takes them). A chain that
+    /// leaves the heap marks what it named until then.
+    pub(crate) fn mark(&self, first: u32, len: usize, named: &mut [u64]) {
+        let mut set = |b: u32| {
+            if let Some(word) = named.get_mut(b as usize / PER_WORD) {
+                *word |= 1 << (b as usize % PER_WORD);
+            }
+        };
+        let mut data = Vec::new();
+        let _ = self.walk(first, len, &mut set, |_, b| data.push(b));
+        data.into_iter().for_each(set);
     }
 }
 
@@ -288,9 +364,7 @@ mod tests {
     use super::*;
 
     fn heap(blocks: usize) -> (Vec<AtomicU64>, Vec<AtomicU64>) {
-        let map = (0..blocks.div_ceil(64))
-            .map(|_| AtomicU64::new(0))
-            .collect();
+        let map = (0..map_words(blocks)).map(|_| AtomicU64::new(0)).collect();
         let data = (0..blocks * BLOCK_WORDS)
             .map(|_| AtomicU64::new(0))
             .collect();
@@ -306,7 +380,7 @@ mod tests {
     #[test]
     fn values_of_every_length_go_in_and_come_back() {
         let (map, data) = heap(1000);
-        let h = Heap::new(&map, &data, 1000);
+        let h = Heap::new(&map, &data);
         let mut hint = 0;
         for len in [
             1,
@@ -341,7 +415,7 @@ mod tests {
     #[test]
     fn a_full_heap_refuses_and_keeps_nothing_then_any_freed_blocks_serve() {
         let (map, data) = heap(130); // a last map word only partly blocks
-        let h = Heap::new(&map, &data, 130);
+        let h = Heap::new(&map, &data);
         let mut hint = 0;
         let mut all = Vec::new();
         let mut taken = Vec::new();
@@ -369,19 +443,33 @@ mod tests {
     #[test]
     fn a_sweep_frees_what_nothing_names() {
         let (map, data) = heap(200);
-        let h = Heap::new(&map, &data, 200);
+        let h = Heap::new(&map, &data);
         let mut hint = 0;
         let (mut kept, mut lost) = (Vec::new(), Vec::new());
         assert!(h.take(blocks_for(5000), &mut hint, &mut kept));
         let first = h.write(&kept, &bytes(5000, 1));
         assert!(h.take(blocks_for(3000), &mut hint, &mut lost)); // a dead writer's
-        let mut named = vec![0u64; 4];
+        let before = h.snapshot();
+        let mut named = vec![0u64; map_words(200)];
+        h.mark(first, 5000, &mut named);
         let mut chain = Vec::new();
         h.chain(first, 5000, &mut chain).unwrap();
-        for b in &chain {
-            named[*b as usize / 64] |= 1 << (b % 64);
-        }
-        assert_eq!(h.sweep(&named), lost.len());
+        let marked: usize = named.iter().map(|w| w.count_ones() as usize).sum();
+        assert_eq!(marked, chain.len(), "mark names the chain's blocks");
+        // a sweep from a snapshot of another tag frees nothing
+        assert_eq!(h.sweep(&before, 1, &named), 0);
+        // nor one whose word changed since its snapshot
+        let mut late = Vec::new();
+        assert!(h.take(1, &mut 0, &mut late));
+        let moved = late[0] as usize / PER_WORD;
+        let lost_elsewhere = lost
+            .iter()
+            .filter(|&&b| b as usize / PER_WORD != moved)
+            .count();
+        assert_eq!(h.sweep(&before, 0, &named), lost_elsewhere);
+        h.free(&late);
+        let before = h.snapshot();
+        assert_eq!(h.sweep(&before, 0, &named), lost.len() - lost_elsewhere);
         assert_eq!(h.free_blocks(), 200 - kept.len());
         let mut out = Vec::new();
         h.read(first, 5000, &mut out).unwrap();
@@ -389,9 +477,24 @@ mod tests {
     }
 
     #[test]
+    fn a_retag_after_a_snapshot_makes_its_sweep_free_nothing() {
+        let (map, data) = heap(100);
+        let h = Heap::new(&map, &data);
+        let mut lost = Vec::new();
+        assert!(h.take(40, &mut 0, &mut lost));
+        let before = h.snapshot();
+        h.retag(7);
+        let named = vec![0u64; map_words(100)];
+        assert_eq!(h.sweep(&before, 0, &named), 0, "a successor retagged");
+        assert_eq!(h.free_blocks(), 60, "takes and tags leave each other alone");
+        let before = h.snapshot();
+        assert_eq!(h.sweep(&before, 7, &named), 40);
+    }
+
+    #[test]
     fn a_chain_that_leaves_the_heap_is_moved_not_a_panic() {
         let (map, data) = heap(64);
-        let h = Heap::new(&map, &data, 64);
+        let h = Heap::new(&map, &data);
         // garbage index words (a reader's view of a block being rewritten)
         for w in &data[..BLOCK_WORDS] {
             w.store(u64::MAX - 1, Ordering::Relaxed);

@@ -47,6 +47,7 @@
 use super::entry::{
     seq_parts, Aborted, Entry, Geometry, Kept, Look, Out, PackedKey, Undo, STABLE as SEQ_STABLE,
 };
+use super::heap::Heap;
 use super::writer::Writing;
 use crate::shm::primitive::{crash_point, fence, AtomicU64, Ordering};
 use crate::shm::registry::OwnerId;
@@ -372,6 +373,8 @@ pub(crate) struct Journals<'a> {
     /// The copies' entries, one after the other.
     pub copies: &'a [AtomicU64],
     pub geometry: Geometry,
+    /// Where the copies' values longer than an entry's room are (the chain the entry named).
+    pub heap: Heap<'a>,
 }
 
 impl<'a> Journals<'a> {
@@ -381,7 +384,11 @@ impl<'a> Journals<'a> {
         Journal {
             word: &self.control[2 * n],
             at: &self.control[2 * n + 1],
-            copy: Entry::new(&self.copies[n * words..(n + 1) * words], self.geometry),
+            copy: Entry::with_heap(
+                &self.copies[n * words..(n + 1) * words],
+                self.geometry,
+                self.heap,
+            ),
         }
     }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use loom::thread;
 
-use super::entry::{Aborted, Entry, Geometry, Kind, Look, PackedKey};
+use super::entry::{Aborted, Entry, Geometry, Kind, Look, PackedKey, ValueAt};
 use super::filter::{self, Filter};
 use super::journal::{Journals, Keep, JOURNALS};
 use super::writer::{WriterEnv, WriterLock};
@@ -90,6 +90,7 @@ impl Dict {
                 control: &self.jcontrol,
                 copies: &self.jcopies,
                 geometry: geometry(),
+                heap: super::heap::Heap::NONE,
             },
             at: 0,
         }
@@ -136,7 +137,7 @@ impl Dict {
             Some(&self.keep()),
             &key(k),
             Kind::Bytes,
-            &[n; 16],
+            ValueAt::Inline(&[n; 16]),
             u32::from(n),
             1_000,
             1,
@@ -305,7 +306,7 @@ fn dict_writer_death_leaves_the_old_value_or_the_new() {
                     Some(&d.keep()),
                     &key(b"k"),
                     Kind::Bytes,
-                    &[3; 16],
+                    ValueAt::Inline(&[3; 16]),
                     3,
                     1_000,
                     1,
@@ -470,7 +471,16 @@ fn dict_a_taken_over_filter_rebuild_never_clears_a_placed_key() {
                 Filter(&filter).add(hash);
             }
             d.entry()
-                .store(&w, None, &a, Kind::Bytes, &[1; 16], 1, 1_000, 1)
+                .store(
+                    &w,
+                    None,
+                    &a,
+                    Kind::Bytes,
+                    ValueAt::Inline(&[1; 16]),
+                    1,
+                    1_000,
+                    1,
+                )
                 .unwrap();
             w.release().unwrap();
         }
@@ -504,7 +514,16 @@ fn dict_a_taken_over_filter_rebuild_never_clears_a_placed_key() {
         assert!(took_over);
         Filter(&filter).add(HASH_K);
         d.entry()
-            .store(&w, None, &k, Kind::Bytes, &[2; 16], 2, 1_000, 1)
+            .store(
+                &w,
+                None,
+                &k,
+                Kind::Bytes,
+                ValueAt::Inline(&[2; 16]),
+                2,
+                1_000,
+                1,
+            )
             .unwrap();
         stale.join().unwrap();
         assert_eq!(d.entry().stable_hash(), Some(Some(HASH_K)));
@@ -535,7 +554,7 @@ fn heap_a_reader_never_accepts_a_block_reused_under_it() {
     }
     impl World {
         fn heap(&self) -> Heap<'_> {
-            Heap::new(&self.map, &self.data, 4)
+            Heap::new(&self.map, &self.data)
         }
         /// Stores value `n` in fresh blocks, publishes it, frees `old`'s; returns the new
         /// value's blocks.
@@ -610,7 +629,7 @@ fn heap_two_writers_never_take_one_block() {
         let writer = |n: u8| {
             let (map, data) = (map.clone(), data.clone());
             move || {
-                let heap = Heap::new(&map, &data, 4);
+                let heap = Heap::new(&map, &data);
                 let mut blocks = Vec::new();
                 assert!(heap.take(blocks_for(LEN), &mut 0, &mut blocks));
                 let first = heap.write(&blocks, &[n; LEN]);
@@ -624,11 +643,71 @@ fn heap_two_writers_never_take_one_block() {
             mine.iter().all(|b| !theirs.contains(b)),
             "a block was handed to both: {mine:?} and {theirs:?}"
         );
-        let heap = Heap::new(&map, &data, 4);
+        let heap = Heap::new(&map, &data);
         let mut out = Vec::new();
         heap.read(my_first, LEN, &mut out).unwrap();
         assert_eq!(out, vec![1; LEN]);
         heap.read(their_first, LEN, &mut out).unwrap();
         assert_eq!(out, vec![2; LEN]);
+    });
+}
+
+/// Model H3 — a sweeper taken over in the middle of its sweep, and its successor's restore
+/// of a value from the undo copy into its entry (a chain's name moves without the map
+/// changing). The value's chain, named by the undo copy when the sweeper began and by the
+/// entry when its successor is done, stays taken and whole: the successor retags the map
+/// before it moves anything, and the sweep frees only in words that kept the tag and the
+/// bits it read first. Fails with a sweep that frees whatever the word holds (the broken
+/// variant `protocol`).
+#[test]
+fn heap_a_sweeper_taken_over_frees_nothing_its_successor_names() {
+    use super::heap::{blocks_for, map_words, Heap, BLOCK_WORDS};
+    const LEN: usize = 16;
+    const NONE: u64 = u64::MAX;
+    loom::model(|| {
+        let map = Arc::new(vec![AtomicU64::new(0)]);
+        let data: Arc<Vec<AtomicU64>> =
+            Arc::new((0..4 * BLOCK_WORDS).map(|_| AtomicU64::new(0)).collect());
+        // what names the value's chain: the undo copy, then the entry
+        let names = Arc::new([AtomicU64::new(NONE), AtomicU64::new(NONE)]);
+        let first = {
+            let heap = Heap::new(&map, &data);
+            let mut blocks = Vec::new();
+            assert!(heap.take(blocks_for(LEN), &mut 0, &mut blocks));
+            heap.write(&blocks, &[7; LEN])
+        };
+        names[0].store(u64::from(first), Ordering::Relaxed);
+        let sweeper = {
+            let (map, data, names) = (map.clone(), data.clone(), names.clone());
+            thread::spawn(move || {
+                let heap = Heap::new(&map, &data);
+                let before = heap.snapshot();
+                let mut named = vec![0u64; map_words(heap.blocks())];
+                // the entry first, then the undo copy: as `SharedDict::sweep` does
+                for name in [&names[1], &names[0]] {
+                    let f = name.load(Ordering::Acquire);
+                    if f != NONE {
+                        heap.mark(f as u32, LEN, &mut named);
+                    }
+                }
+                heap.sweep(&before, 0, &named)
+            })
+        };
+        // the successor: retags, then moves the name from the copy to the entry
+        let heap = Heap::new(&map, &data);
+        heap.retag(1);
+        names[1].store(u64::from(first), Ordering::Release);
+        names[0].store(NONE, Ordering::Release);
+        sweeper.join().unwrap();
+        let mut chain = Vec::new();
+        heap.chain(first, LEN, &mut chain).unwrap();
+        let bits = map[0].load(Ordering::Relaxed);
+        assert!(
+            chain.iter().all(|&b| bits & 1 << b != 0),
+            "the entry's chain {chain:?} was freed (map {bits:#x})"
+        );
+        let mut out = Vec::new();
+        heap.read(first, LEN, &mut out).unwrap();
+        assert_eq!(out, vec![7; LEN]);
     });
 }

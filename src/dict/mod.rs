@@ -17,8 +17,7 @@ pub(crate) mod entry;
 #[cfg(not(loom))]
 mod fetch;
 mod filter;
-// The block heap: values longer than an entry's room (not yet used by `SharedDict`).
-#[allow(dead_code)]
+// The block heap: values longer than an entry's room.
 pub(crate) mod heap;
 mod journal;
 #[cfg(all(test, loom))]

@@ -42,7 +42,7 @@ use crate::limits;
 
 pub(crate) const MAGIC: [u8; 8] = *b"SHMLOCK\0";
 pub(crate) const DICT_MAGIC: [u8; 8] = *b"SHMDICT\0";
-pub(crate) const VERSION: u32 = 13;
+pub(crate) const VERSION: u32 = 14;
 pub(crate) const HEADER_SIZE: usize = 4096;
 const PAGE: u64 = 4096;
 /// Bytes of a lock table's hot slot, and of its cold one.
@@ -59,8 +59,13 @@ pub(crate) const HEADROOM: u64 = 4;
 pub(crate) const DICT_CONTROL_SIZE: usize = 4096;
 /// A dict slot's fixed part, before the key and value bytes.
 pub(crate) const DICT_SLOT_HEAD: usize = 64;
-/// Upper bound on a dict's value length (1 MiB) and on its whole body (64 GiB).
+/// Upper bound on the value room of a dict's entry (1 MiB) and on its whole body (64 GiB).
 pub(crate) const MAX_VALUE_LEN: u32 = 1 << 20;
+/// Bytes of a block of a dict's heap.
+pub(crate) const HEAP_BLOCK: usize = 256;
+/// Upper bound on a value kept in a dict's heap (64 MiB), and on the fraction of the heap
+/// one value may take (a quarter).
+pub(crate) const MAX_HEAP_VALUE: u64 = 64 << 20;
 pub(crate) const MAX_DICT_BODY: u64 = 1 << 36;
 /// Bytes of the counters at the end of the file: [`STATS_CELLS`] process cells of 512
 /// bytes, then [`THREAD_CELLS`] thread cells of 64 (see `counters.rs`).
@@ -89,13 +94,29 @@ const CHECKED: usize = 96;
 pub(crate) enum Layout {
     /// Lock entries: [`SLOT_SIZE`]-byte hot slots, then as many cold ones.
     Locks,
-    /// Shared-dict entries with room for a key and a value of at most these lengths.
-    Dict { max_key: u32, max_value: u32 },
+    /// Shared-dict entries with room for a key and a value of at most these lengths, and
+    /// a block heap of `heap_blocks` blocks for longer values (see `dict/heap.rs`).
+    Dict {
+        max_key: u32,
+        max_value: u32,
+        heap_blocks: u32,
+    },
 }
 
 /// Bytes of a dict's home filters: a word per entry, whole cache lines.
 pub(crate) fn dict_filters_len(slot_count: u64) -> u64 {
     (slot_count * 8).div_ceil(64) * 64
+}
+
+/// Bytes of a dict heap's map: a word per 32 blocks (their bits, under a tag), whole
+/// cache lines.
+pub(crate) fn heap_map_len(blocks: u32) -> u64 {
+    u64::from(blocks).div_ceil(256) * 64
+}
+
+/// Bytes of a dict heap of `blocks` blocks: its map, then the blocks.
+pub(crate) fn heap_len(blocks: u32) -> u64 {
+    heap_map_len(blocks) + u64::from(blocks) * HEAP_BLOCK as u64
 }
 
 impl Layout {
@@ -117,7 +138,9 @@ impl Layout {
     pub(crate) fn slot_size(self) -> usize {
         match self {
             Layout::Locks => SLOT_SIZE,
-            Layout::Dict { max_key, max_value } => {
+            Layout::Dict {
+                max_key, max_value, ..
+            } => {
                 let raw = DICT_SLOT_HEAD + round8(max_key) + round8(max_value);
                 raw.div_ceil(64) * 64
             }
@@ -136,11 +159,13 @@ impl Layout {
     pub(crate) fn body_len(self, slot_count: u64) -> u64 {
         match self {
             Layout::Locks => slot_count * (SLOT_SIZE + COLD_SIZE) as u64,
-            // Two slots more than the entries (the undo copies), then the home filters.
-            Layout::Dict { .. } => {
+            // Two slots more than the entries (the undo copies), the home filters, then
+            // the heap.
+            Layout::Dict { heap_blocks, .. } => {
                 DICT_CONTROL_SIZE as u64
                     + (slot_count + 2) * self.slot_size() as u64
                     + dict_filters_len(slot_count)
+                    + heap_len(heap_blocks)
             }
         }
     }
@@ -155,10 +180,17 @@ impl Layout {
                 "max_processes must be 1..=65535 (the owner registry's entries)",
             ));
         }
-        if let Layout::Dict { max_key, max_value } = self {
+        if let Layout::Dict {
+            max_key,
+            max_value,
+            heap_blocks,
+        } = self
+        {
             check_dict_limits(max_key as usize, max_value as usize)?;
-            if (capacity + 2) * self.slot_size() as u64 + dict_filters_len(capacity) > MAX_DICT_BODY
-            {
+            if heap_blocks == u32::MAX {
+                return Err(Error::InvalidLayout("the dict's heap would be too large"));
+            }
+            if self.body_len(self.slots_for(capacity)) > MAX_DICT_BODY {
                 return Err(Error::InvalidLayout("the dict would be larger than 64 GiB"));
             }
         }
@@ -242,9 +274,15 @@ impl Header {
         b[56..64].copy_from_slice(&self.created_ns.to_le_bytes());
         b[64..72].copy_from_slice(&self.capacity.to_le_bytes());
         b[72..76].copy_from_slice(&self.registry.to_le_bytes());
-        // 76..80: reserved
+        // 76..80: a dict's heap blocks (reserved in a lock table)
         b[80..88].copy_from_slice(&self.token_base.to_le_bytes());
-        if let Layout::Dict { max_key, max_value } = self.layout {
+        if let Layout::Dict {
+            max_key,
+            max_value,
+            heap_blocks,
+        } = self.layout
+        {
+            b[76..80].copy_from_slice(&heap_blocks.to_le_bytes());
             b[88..92].copy_from_slice(&max_key.to_le_bytes());
             b[92..96].copy_from_slice(&max_value.to_le_bytes());
         }
@@ -288,9 +326,10 @@ impl Header {
             Layout::Dict {
                 max_key: u32_at(88),
                 max_value: u32_at(92),
+                heap_blocks: u32_at(76),
             }
         } else {
-            if u64_at(88) != 0 {
+            if u64_at(88) != 0 || u32_at(76) != 0 {
                 return Err(FormatError::Corrupt("reserved header bytes are not zero").into());
             }
             Layout::Locks
@@ -312,7 +351,7 @@ impl Header {
         if u32_at(12) as usize != HEADER_SIZE || u32_at(24) as usize != layout.slot_size() {
             return Err(FormatError::Corrupt("unknown header or slot size").into());
         }
-        if u32_at(28) != 0 || u32_at(76) != 0 {
+        if u32_at(28) != 0 {
             return Err(FormatError::Corrupt("unknown flags").into());
         }
         if bytes[CHECKED + 8..HEADER_SIZE].iter().any(|&b| b != 0) {
@@ -394,6 +433,7 @@ mod tests {
             layout: Layout::Dict {
                 max_key: 250,
                 max_value: 64,
+                heap_blocks: 100,
             },
             slot_count: 1024,
             ..sample()
@@ -462,7 +502,11 @@ mod tests {
         assert!(Header::decode(&h.encode()).is_err());
         for (max_key, max_value) in [(0, 64), (65536, 64), (250, MAX_VALUE_LEN + 1)] {
             let h = Header {
-                layout: Layout::Dict { max_key, max_value },
+                layout: Layout::Dict {
+                    max_key,
+                    max_value,
+                    heap_blocks: 0,
+                },
                 slot_count: 1024,
                 ..sample()
             };

@@ -23,12 +23,13 @@
 //!
 //! ```text
 //! entry word 0:  generation (32) | reserved (31) | taken (1)
-//!       word 1:  reserved (32) | pid (32, in the owner's pid namespace)
+//!       word 1:  dict writes in progress (32) | pid (32, in the owner's pid namespace)
 //!       word 2:  start time (`/proc/self/stat` field 22)
 //!       word 3:  pid namespace id
 //! ```
 //!
-//! Words 1-3 are for inspection only, never for calling anyone dead.
+//! Words 1-3 are for inspection only, never for calling anyone dead. The count in word 1
+//! is a dict's: how many of the registration's writes are under way (see `ops`).
 //!
 //! Taking an entry: lock its byte (non-blocking; a held byte belongs to a live process),
 //! then publish the next generation with `taken`. Leaving it: clear `taken`, then close
@@ -237,6 +238,21 @@ impl<'a> Registry<'a> {
             start: self.words[at + 2].load(Ordering::Relaxed),
             pid_ns: self.words[at + 3].load(Ordering::Relaxed),
         }
+    }
+
+    /// The word whose high half counts entry `i`'s dict writes under way (from before a
+    /// writer asks for the dict's writer lock to after it lets go): a dict's heap is swept
+    /// only while no other live registration has one (see `SharedDict`). Taking the entry
+    /// sets it to 0 with the pid.
+    pub(crate) fn ops(&self, i: usize) -> &'a AtomicU64 {
+        &self.words[i * ENTRY_WORDS + 1]
+    }
+
+    /// Who holds entry `i` now, with its full generation: `None` if nobody does.
+    pub(crate) fn owner_at(&self, i: usize) -> Option<(OwnerId, u32)> {
+        let w = self.word(i).load(Ordering::Acquire);
+        let generation = (w >> 32) as u32;
+        (w & TAKEN != 0).then(|| (OwnerId::new(i as u16, generation), generation))
     }
 
     /// Pid, start time and pid namespace of `owner`, if the registry still has them: its

@@ -308,7 +308,8 @@ pub struct UnlockArgs {
 #[command(after_help = concat!(
     "Examples:\n",
     "  shmlock --file /dev/shm/app-locks create --capacity 4096 --mode 0660\n",
-    "  shmlock --file /dev/shm/app-cache create --dict --capacity 10000 --max-value-len 1024",
+    "  shmlock --file /dev/shm/app-cache create --dict --capacity 10000 --max-value-len 1024\n",
+    "  shmlock --file /dev/shm/app-pages create --dict --capacity 10000 --max-value-len 64 --heap-size 64m",
 ))]
 pub struct CreateArgs {
     /// How many keys can be held at once (with --dict: how many entries the dict holds)
@@ -321,9 +322,15 @@ pub struct CreateArgs {
     /// With --dict: the longest key, 1 to 65535 bytes [default: 250]
     #[arg(long, value_name = "BYTES", requires = "dict")]
     pub max_key_len: Option<usize>,
-    /// With --dict: the longest value, at most 1048576 bytes (1 MiB) [default: 256]
+    /// With --dict: the longest value kept in an entry, at most 1048576 bytes (1 MiB)
+    /// [default: 256]; longer ones go in the heap (--heap-size)
     #[arg(long, value_name = "BYTES", requires = "dict")]
     pub max_value_len: Option<usize>,
+    /// With --dict: bytes of the heap for values longer than --max-value-len, as nginx
+    /// sizes a zone: 10m, 512k, 1g or a number of bytes; a value may take up to a quarter
+    /// of it (at most 64m) [default: none]
+    #[arg(long, value_name = "SIZE", requires = "dict", value_parser = parse_size)]
+    pub heap_size: Option<u64>,
     /// Permission bits, octal; the owner must be able to read and write (at least 0600)
     #[arg(long, default_value = "0600", value_parser = parse_mode)]
     pub mode: u32,
@@ -331,6 +338,32 @@ pub struct CreateArgs {
     /// entries, at most 65535)
     #[arg(long, default_value_t = 1024)]
     pub max_processes: u32,
+}
+
+/// A size as nginx writes one (`lua_shared_dict cache 10m`): bytes, or a number with `k`,
+/// `m` or `g` (binary multiples, either case).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, unit) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => (&t[..i], c.to_ascii_lowercase()),
+        _ => (t, ' '),
+    };
+    let shift = match unit {
+        ' ' => 0,
+        'k' => 10,
+        'm' => 20,
+        'g' => 30,
+        _ => {
+            return Err(format!(
+                "{s:?}: the unit must be k, m or g (or none: bytes)"
+            ))
+        }
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (such as 10m, 512k or 1048576)"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// An octal mode that lets the owner read and write the file: without both, nobody but

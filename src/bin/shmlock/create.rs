@@ -25,17 +25,33 @@ pub fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
         if let Some(len) = a.max_value_len {
             options = options.max_value_len(len);
         }
+        if let Some(bytes) = a.heap_size {
+            options = options.heap_size(bytes);
+        }
         let dict = options.open(file)?;
         if !dict.created() {
             return Err(exists());
         }
-        println!(
-            "created {}: a shared dict of {} entries, keys up to {} B, values up to {} B",
-            file.display(),
-            dict.capacity(),
-            dict.max_key_len(),
-            dict.max_value_len()
-        );
+        if dict.heap_size() > 0 {
+            println!(
+                "created {}: a shared dict of {} entries, keys up to {} B, values up to {} B \
+                 in the entry and up to {} B in a heap of {} B",
+                file.display(),
+                dict.capacity(),
+                dict.max_key_len(),
+                dict.entry_value_len(),
+                dict.max_value_len(),
+                dict.heap_size()
+            );
+        } else {
+            println!(
+                "created {}: a shared dict of {} entries, keys up to {} B, values up to {} B",
+                file.display(),
+                dict.capacity(),
+                dict.max_key_len(),
+                dict.max_value_len()
+            );
+        }
         return Ok(0);
     }
     let table = LockTable::options()

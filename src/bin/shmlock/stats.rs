@@ -185,6 +185,13 @@ fn text(out: &mut String, file: &Path, now: &Read, rates: Option<(&Read, f64)>) 
                 "{:<27} {} of {}",
                 "bytes in use", s.bytes_in_use, s.bytes_capacity
             );
+            if s.heap_bytes > 0 {
+                let _ = writeln!(
+                    out,
+                    "{:<27} {} of {}",
+                    "heap bytes free", s.heap_free, s.heap_bytes
+                );
+            }
         }
     }
 }
@@ -259,6 +266,8 @@ fn json(out: &mut String, file: &Path, now: &Read, rates: Option<(&Read, f64)>) 
                 "entries": s.entries,
                 "bytes_in_use": s.bytes_in_use,
                 "bytes_capacity": s.bytes_capacity,
+                "heap_bytes": s.heap_bytes,
+                "heap_free": s.heap_free,
                 "per_second": rates,
             })
         }
@@ -383,6 +392,12 @@ fn prometheus(out: &mut String, file: &Path, now: &Read) {
                     "Bytes the dict can hold.",
                     s.bytes_capacity,
                 ),
+                (
+                    "heap_bytes",
+                    "Bytes of the heap for values longer than an entry's room.",
+                    s.heap_bytes,
+                ),
+                ("heap_free", "Bytes of the heap free.", s.heap_free),
             ];
             for (name, help, n) in gauges {
                 metric(out, &format!("shmlock_dict_{name}"), "gauge", help, f, n);

@@ -99,7 +99,8 @@ impl SharedDict {
             }
             list.push(value, front);
             let len = list.len();
-            let stored = self.store_at(w, i, &k, (Kind::List, &list.0), flags, until, now);
+            let stored =
+                self.store_at(w, i, &k, (Kind::List, &list.0), flags, until, now, false)?;
             let written = self.write(stored)?;
             if matches!(written, Outcome::Done(())) {
                 self.count_set();
@@ -125,14 +126,15 @@ impl SharedDict {
                 return Ok(Outcome::Done(None));
             };
             if list.len() == 0 {
-                let freed = self.write(self.entry(i).free(&w.writing, Some(&self.keep(i))))?;
+                let freed = self.write(self.free_at(w, i, Some(&self.keep(i))))?;
                 return Ok(freed.map(|()| {
                     self.uncount(w, 1);
                     self.going(w, self.home(&k));
                     Some(value)
                 }));
             }
-            let stored = self.store_at(w, i, &k, (Kind::List, &list.0), c.flags, c.deadline, now);
+            let at = (Kind::List, &list.0[..]);
+            let stored = self.store_at(w, i, &k, at, c.flags, c.deadline, now, true)?;
             Ok(self.write(stored)?.map(|()| Some(value)))
         })
     }

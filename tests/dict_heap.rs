@@ -1,0 +1,453 @@
+//! The dict's heap: values longer than an entry's room, kept in 256-byte blocks of one
+//! pool. Every length up to the limit comes back whole, in this process and in another;
+//! a churn of mixed sizes (16 B to 64 KiB, log-uniform) never fails while eviction could
+//! make room, and the blocks in use are exactly those of the values stored; a full heap
+//! evicts its least recently used values (`safe_set` refuses); writers SIGKILLed or
+//! SIGSTOPped in the middle of storing long values leave each key its previous value or
+//! its new one, readers never see a torn one, and no block is lost for good.
+//!
+//! Exercises `src/dict/heap.rs` (the blocks, the sweep) and the heap's paths in
+//! `src/dict/api.rs` (`store_with_heap`, `take_blocks`, `sweep`) and `src/dict/entry.rs`.
+//!
+//! `dict_heap FILTER` runs the tests whose name contains FILTER; `dict_heap --list` lists
+//! them.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::fork::{fork, xorshift, Shared};
+use common::harness::Test;
+use common::probe::{await_word, cont, Proc};
+use common::TempPath;
+use shmlock::{Error, SharedDict, Value, ValueRef};
+
+const TESTS: &[Test] = &[
+    Test::new(
+        "values_of_every_length_come_back_whole_and_give_their_blocks_back",
+        values_of_every_length_come_back_whole_and_give_their_blocks_back,
+    ),
+    Test::new(
+        "a_churn_of_mixed_sizes_never_fails_and_holds_exactly_its_values_blocks",
+        a_churn_of_mixed_sizes_never_fails_and_holds_exactly_its_values_blocks,
+    ),
+    Test::new(
+        "a_full_heap_evicts_the_least_recently_used_and_safe_set_refuses",
+        a_full_heap_evicts_the_least_recently_used_and_safe_set_refuses,
+    ),
+    Test::new(
+        "heap_writers_killed_or_stopped_mid_write_leave_whole_values_and_lose_no_block",
+        heap_writers_killed_or_stopped_mid_write_leave_whole_values_and_lose_no_block,
+    ),
+];
+
+fn main() {
+    common::harness::run("dict_heap", TESTS, common::harness::no_roles);
+}
+
+const BLOCK: u64 = 256;
+
+/// Blocks a value of `len` bytes takes in the heap (its index blocks included), 0 for one
+/// kept in its entry.
+fn blocks(d: &SharedDict, len: usize) -> u64 {
+    if len <= d.entry_value_len() {
+        return 0;
+    }
+    let data = (len as u64).div_ceil(BLOCK);
+    data + data.div_ceil(62)
+}
+
+fn heap_dict(name: &str, capacity: usize, heap: u64) -> (TempPath, SharedDict) {
+    let path = TempPath::new(name);
+    let d = SharedDict::options()
+        .capacity(capacity)
+        .max_key_len(32)
+        .max_value_len(64)
+        .heap_size(heap)
+        .open(&path)
+        .unwrap();
+    (path, d)
+}
+
+/// A value that says which key and generation it is, and its own checksum.
+fn make_value(key: u32, gen: u64, len: usize) -> Vec<u8> {
+    let len = len.max(24);
+    let mut v = Vec::with_capacity(len);
+    v.extend_from_slice(&key.to_le_bytes());
+    v.extend_from_slice(&(len as u32).to_le_bytes());
+    v.extend_from_slice(&gen.to_le_bytes());
+    let mut x = gen | 1;
+    while v.len() < len - 8 {
+        v.push(xorshift(&mut x) as u8);
+    }
+    let sum = xxhash_rust::xxh3::xxh3_64(&v);
+    v.extend_from_slice(&sum.to_le_bytes());
+    v
+}
+
+fn verify(key: u32, v: &[u8]) -> bool {
+    v.len() >= 24
+        && u32::from_le_bytes(v[0..4].try_into().unwrap()) == key
+        && u32::from_le_bytes(v[4..8].try_into().unwrap()) as usize == v.len()
+        && xxhash_rust::xxh3::xxh3_64(&v[..v.len() - 8]).to_le_bytes() == v[v.len() - 8..]
+}
+
+fn gen_of(v: &[u8]) -> u64 {
+    u64::from_le_bytes(v[8..16].try_into().unwrap())
+}
+
+fn bytes_of(d: &SharedDict, key: &str) -> Option<Vec<u8>> {
+    d.get(key).unwrap().map(|i| match i.value {
+        Value::Bytes(b) => b,
+        other => panic!("{key}: {other:?}"),
+    })
+}
+
+/// The heap's blocks in use: what the values stored now take (each live key's length is
+/// read back).
+fn blocks_in_use(d: &SharedDict) -> u64 {
+    d.keys(0)
+        .unwrap()
+        .iter()
+        .map(|k| {
+            let len = d.describe(k).unwrap().map_or(0, |i| i.len);
+            blocks(d, len)
+        })
+        .sum()
+}
+
+/// Lengths around every boundary (the entry's room, a block, an index block's 62 data
+/// blocks) up to the limit (a quarter of the heap) go in and come back whole, in this
+/// process and in a forked one; one byte more is `ValueTooLong` naming the limit; long
+/// values replaced by short ones, and deleted, give every block back.
+fn values_of_every_length_come_back_whole_and_give_their_blocks_back() {
+    let (path, d) = heap_dict("heap-lengths", 64, 8 << 20);
+    let max = d.max_value_len();
+    assert_eq!(max, 2 << 20, "a quarter of the heap");
+    assert_eq!(d.heap_free(), 8 << 20);
+    let lengths = [
+        24,
+        64,
+        65,
+        255,
+        256,
+        257,
+        62 * 256,
+        62 * 256 + 1,
+        100_000,
+        max - 1,
+        max,
+    ];
+    for (n, &len) in lengths.iter().enumerate() {
+        let v = make_value(n as u32, 1, len);
+        d.set(format!("k{n}"), &v[..], Duration::ZERO).unwrap();
+        assert_eq!(
+            bytes_of(&d, &format!("k{n}")).as_deref(),
+            Some(&v[..]),
+            "{len}"
+        );
+        let seen = d
+            .get_with(format!("k{n}"), |item| match item.value {
+                ValueRef::Bytes(b) => verify(n as u32, b).then_some(b.len()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(seen, Some(Some(len)), "get_with of {len} bytes");
+    }
+    let used: u64 = lengths.iter().map(|&l| blocks(&d, l)).sum();
+    assert_eq!(d.heap_free(), (8 << 20) - used * BLOCK, "blocks in use");
+    assert_eq!(blocks_in_use(&d), used);
+    let too_long = vec![0u8; max + 1];
+    match d.set("long", &too_long[..], Duration::ZERO) {
+        Err(Error::ValueTooLong { len, max: m, .. }) => assert_eq!((len, m), (max + 1, max)),
+        other => panic!("{other:?}"),
+    }
+    // another process, by path
+    let child = fork(|| {
+        let d = SharedDict::options().open(&path.0).unwrap();
+        for (n, &len) in lengths.iter().enumerate() {
+            let v = bytes_of(&d, &format!("k{n}")).unwrap();
+            if v.len() != len || !verify(n as u32, &v) {
+                return 1;
+            }
+        }
+        0
+    });
+    assert_eq!(
+        child.wait(Duration::from_secs(30)),
+        0,
+        "the other process's reads"
+    );
+    // long → short, short → long, then deletes: every block back
+    for n in 0..lengths.len() {
+        let k = format!("k{n}");
+        d.set(&k, "short", Duration::ZERO).unwrap();
+        assert_eq!(bytes_of(&d, &k).as_deref(), Some(&b"short"[..]));
+    }
+    assert_eq!(
+        d.heap_free(),
+        8 << 20,
+        "short values took the long ones' place"
+    );
+    for n in 0..lengths.len() {
+        let v = make_value(n as u32, 2, 70_000);
+        d.set(format!("k{n}"), &v[..], Duration::ZERO).unwrap();
+    }
+    for n in 0..lengths.len() {
+        assert!(d.delete(format!("k{n}")).unwrap());
+    }
+    assert_eq!(d.heap_free(), 8 << 20, "deletes gave every block back");
+    note!(
+        "[{} lengths up to {max} B; a child read them all] ",
+        lengths.len()
+    );
+}
+
+/// A cache of values whose sizes are log-uniform from 16 B to 64 KiB over 600 keys, in a
+/// 4 MiB heap that holds about 1/3 of them: 6,000 `set`s never fail (eviction makes room),
+/// each key reads its last value or nothing (evicted), and at every step the heap's free
+/// bytes and the values stored add up to the heap: no block is lost or counted twice.
+fn a_churn_of_mixed_sizes_never_fails_and_holds_exactly_its_values_blocks() {
+    let heap = 4u64 << 20;
+    let (_path, d) = heap_dict("heap-churn", 1024, heap);
+    let mut last: Vec<Option<u64>> = vec![None; 600];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let (mut evicting, mut evicted) = (0, 0u64);
+    for round in 0..6000u64 {
+        let key = (xorshift(&mut x) % 600) as usize;
+        // log-uniform 16 B .. 64 KiB
+        let e = (xorshift(&mut x) % 1_000_000) as f64 / 1_000_000.0;
+        let len = (16.0 * 4096f64.powf(e)) as usize;
+        let v = make_value(key as u32, round, len);
+        let stored = d.set(format!("c{key}"), &v[..], Duration::ZERO).unwrap();
+        evicting += usize::from(stored.forcible);
+        last[key] = Some(round);
+        if round % 500 == 499 {
+            assert_eq!(
+                d.heap_free() + blocks_in_use(&d) * BLOCK,
+                heap,
+                "round {round}: free bytes and stored values do not add up to the heap"
+            );
+            for (k, gen) in last.iter_mut().enumerate() {
+                match bytes_of(&d, &format!("c{k}")) {
+                    Some(v) => {
+                        assert!(verify(k as u32, &v), "c{k} is not whole");
+                        assert_eq!(Some(gen_of(&v)), *gen, "c{k} is not its last value");
+                    }
+                    None => {
+                        evicted += u64::from(gen.is_some());
+                        *gen = None;
+                    }
+                }
+            }
+        }
+    }
+    note!(
+        "[6000 sets, {evicting} of them evicting; {evicted} keys found evicted; {} evictions; \
+         {} B free of {heap}] ",
+        d.evictions(),
+        d.heap_free()
+    );
+    assert!(
+        evicting > 0,
+        "the heap never filled: the test shows nothing"
+    );
+}
+
+/// A heap holding three long values: `safe_set` of a fourth is `NoMemory` and evicts
+/// nothing; `set` evicts the least recently used (the one not read since), reporting
+/// `forcible`, and the values read since stay.
+fn a_full_heap_evicts_the_least_recently_used_and_safe_set_refuses() {
+    let (_path, d) = heap_dict("heap-lru", 64, 256 * 1024);
+    let len = 60_000; // 235 data blocks + 4 index blocks of 1024
+    for (n, key) in ["a", "b", "c", "d"].iter().enumerate() {
+        d.set(key, &make_value(n as u32, 1, len)[..], Duration::ZERO)
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(10)); // past the coarse clock's tick
+    }
+    // 4 × 239 blocks of 1024: no room for a fifth
+    std::thread::sleep(Duration::from_millis(10));
+    for key in ["a", "c", "d"] {
+        assert!(d.get(key).unwrap().is_some());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let e = make_value(4, 1, len);
+    match d.safe_set("e", &e[..], Duration::ZERO) {
+        Err(Error::NoMemory { .. }) => {}
+        other => panic!("safe_set into a full heap: {other:?}"),
+    }
+    // (listing keys marks nothing used, as a read would)
+    let mut keys = d.keys(0).unwrap();
+    keys.sort();
+    assert_eq!(keys, [b"a", b"b", b"c", b"d"], "safe_set evicted or stored");
+    let stored = d.set("e", &e[..], Duration::ZERO).unwrap();
+    assert!(stored.forcible, "set made room by evicting: forcible");
+    assert!(
+        d.get("b").unwrap().is_none(),
+        "b, the least recently used, was kept"
+    );
+    for (n, key) in ["a", "c", "d", "e"].iter().enumerate() {
+        let v = bytes_of(&d, key).unwrap_or_else(|| panic!("{key} was evicted"));
+        assert!(verify([0, 2, 3, 4][n], &v), "{key}");
+    }
+    assert_eq!(d.evictions(), 1);
+}
+
+/// Writers in child processes store long values (1 KiB to 200 KiB) under 6 keys; each is
+/// SIGKILLed or SIGSTOPped at a random moment, often in the middle of a store, while a
+/// reader process checks every value it reads. After each signal, the parent's own
+/// stores take the writer lock over. Beside a stopped writer, the parent then fills the
+/// heap (stores that find it short, and would sweep it if no writer could still write
+/// into blocks it took), lets the writer resume and kills it: the fill values must be
+/// whole. Every value read is whole, each key has a whole value, and at the end, once the
+/// heap is swept, free blocks and stored values add up to the heap: nothing is lost.
+fn heap_writers_killed_or_stopped_mid_write_leave_whole_values_and_lose_no_block() {
+    const KEYS: u32 = 6;
+    const KILLS: usize = 60;
+    const STOPS: usize = 8;
+    let heap = 4u64 << 20;
+    let (path, d) = heap_dict("heap-chaos", 256, heap);
+    for k in 0..KEYS {
+        d.set(format!("h{k}"), &make_value(k, 1, 5000)[..], Duration::ZERO)
+            .unwrap();
+    }
+    // word 0: stop reading; 1: reads checked; 2: torn reads; 3: a writer is writing; 4: a
+    // resumed writer ends its store and starts no other
+    let shared = Shared::new(5);
+    let mut reader = Proc::new({
+        let (path, shared) = (&path, &shared);
+        fork(move || {
+            let d = SharedDict::options().open(&path.0).unwrap();
+            while shared.word(0).load(Ordering::SeqCst) == 0 {
+                for k in 0..KEYS {
+                    match d.get(format!("h{k}")) {
+                        Ok(Some(item)) => {
+                            let ok = item.value.as_bytes().is_some_and(|v| verify(k, v));
+                            shared.word(1).fetch_add(1, Ordering::SeqCst);
+                            if !ok {
+                                shared.word(2).fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(_) => return 2,
+                    }
+                }
+            }
+            0
+        })
+    });
+    let mut x = 0x5eed_u64;
+    let mut held = [0usize; 2];
+    let mut filled = 0;
+    for round in 0..KILLS + STOPS {
+        let gen = 1_000_000 * (round as u64 + 2);
+        shared.word(4).store(0, Ordering::SeqCst);
+        let mut child = Proc::new({
+            let (d, shared) = (&d, &shared);
+            fork(move || {
+                let mut x = gen;
+                let values: Vec<(u32, Vec<u8>)> = (0..8)
+                    .map(|g| {
+                        let k = (xorshift(&mut x) % u64::from(KEYS)) as u32;
+                        let len = 1024 + xorshift(&mut x) as usize % (200 * 1024);
+                        (k, make_value(k, gen + g, len))
+                    })
+                    .collect();
+                shared.word(3).store(1, Ordering::SeqCst);
+                for (k, v) in values.iter().cycle() {
+                    match d.set(format!("h{k}"), &v[..], Duration::ZERO) {
+                        Ok(_) | Err(Error::Stalled) => {}
+                        Err(_) => return 1,
+                    }
+                    if shared.word(4).load(Ordering::SeqCst) != 0 {
+                        std::thread::sleep(Duration::from_secs(60));
+                    }
+                }
+                0
+            })
+        });
+        await_word(&shared, 3, Duration::from_secs(30));
+        shared.word(3).store(0, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_micros(300 + xorshift(&mut x) % 3000));
+        let stop = round >= KILLS;
+        let pid = child.pid();
+        if stop {
+            common::signal::send(pid, libc::SIGSTOP);
+        } else {
+            child.kill();
+        }
+        held[usize::from(stop)] += usize::from(d.writer_pid() == Some(pid as u32));
+        // the parent's stores take the lock over (from a stopped writer, after the bound)
+        let v = make_value(KEYS, gen, 3000 + round * 500);
+        d.set("parent", &v[..], Duration::ZERO).unwrap();
+        for k in 0..KEYS {
+            let v = bytes_of(&d, &format!("h{k}"))
+                .unwrap_or_else(|| panic!("round {round}: h{k} has no value"));
+            assert!(verify(k, &v), "round {round}: h{k} is not whole");
+        }
+        if stop {
+            // Fill the heap while the stopped writer lives: the stores that find it short
+            // must not sweep away the blocks the writer took (it resumes below and writes
+            // into them), so every fill value must still be whole after it ran on.
+            let mut fills = 0u64;
+            while d
+                .safe_set(
+                    format!("f{fills}"),
+                    &make_value(50, fills, 40_000)[..],
+                    Duration::ZERO,
+                )
+                .is_ok()
+            {
+                fills += 1;
+            }
+            // it ends the store it was in (taken over), and starts no other: a new store
+            // of its own could evict the fill values, as any store may
+            shared.word(4).store(1, Ordering::SeqCst);
+            cont(pid);
+            std::thread::sleep(Duration::from_millis(20));
+            child.kill();
+            for f in 0..fills {
+                let v = bytes_of(&d, &format!("f{f}"))
+                    .unwrap_or_else(|| panic!("round {round}: f{f} is gone"));
+                assert!(verify(50, &v), "round {round}: f{f} was written over");
+                assert!(d.delete(format!("f{f}")).unwrap());
+            }
+            filled += fills;
+        }
+    }
+    shared.word(0).store(1, Ordering::SeqCst);
+    assert_eq!(reader.wait(Duration::from_secs(30)), 0, "the reader failed");
+    let (checked, torn) = (
+        shared.word(1).load(Ordering::SeqCst),
+        shared.word(2).load(Ordering::SeqCst),
+    );
+    // Fill the heap with safe stores: a store that finds it short sweeps it first (no
+    // writer is left to wait for), so what dead writers took comes back.
+    let lost_before = heap - d.heap_free() - blocks_in_use(&d) * BLOCK;
+    let mut n = 0;
+    while d
+        .safe_set(
+            format!("fill{n}"),
+            &make_value(99, n, 60_000)[..],
+            Duration::ZERO,
+        )
+        .is_ok()
+    {
+        n += 1;
+    }
+    let lost_after = heap - d.heap_free() - blocks_in_use(&d) * BLOCK;
+    note!(
+        "[{KILLS} kills, {} holding the writer lock; {STOPS} stops, {} holding it; reader: \
+         {checked} checked reads, {torn} torn; {filled} values filled in beside stopped \
+         writers, all whole after they resumed; {lost_before} B lost to dead writers before \
+         a sweep, {lost_after} after; {n} fills; {} takeovers] ",
+        held[0],
+        held[1],
+        d.repairs()
+    );
+    assert_eq!(torn, 0, "a reader saw a torn value");
+    assert!(checked > 0, "the reader read nothing");
+    assert!(held[0] >= KILLS / 4, "too few kills landed inside a write");
+    assert_eq!(lost_after, 0, "blocks lost for good");
+}
