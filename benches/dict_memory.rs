@@ -11,8 +11,12 @@
 //! `k:1`, `k:2`, ... — the sequence the nginx script draws (its first ten sizes are printed
 //! by both, to compare).
 //!
-//! A dict's values have one fixed room, `max_value_len`, so this one is made with room for
-//! the largest (65,535 B) and as many entries as a file of at most 64 MiB takes.
+//! Two dicts of a file of at most 64 MiB each, filled the same way:
+//!
+//! - **entries only**: every entry with room for the largest value (65,535 B), as many
+//!   entries as the file takes;
+//! - **a heap**: 16,384 entries with 16 bytes of room (keys of up to 16 bytes), and the
+//!   rest of the file a heap (`heap_size`), which keeps every value longer than that.
 //!
 //! 1. **Fill**: `set` until the first forcible set (the dict is full): the values stored,
 //!    their bytes of key + value, and the file's resident bytes (`st_blocks` on tmpfs) per
@@ -60,6 +64,34 @@ fn dir() -> PathBuf {
     }
 }
 
+/// The dict of 16,384 small entries with the largest heap whose file is at most 64 MiB.
+fn open_heap(path: &PathBuf) -> SharedDict {
+    let open = |heap: u64| {
+        let _ = std::fs::remove_file(path);
+        SharedDict::options()
+            .capacity(16_384)
+            .max_key_len(16)
+            .max_value_len(16)
+            .heap_size(heap)
+            .open(path)
+            .expect("open the dict")
+    };
+    let without = {
+        drop(open(0));
+        std::fs::metadata(path).unwrap().len()
+    };
+    // a map line per 256 blocks of 256 bytes: 64 KiB of heap per 64 bytes of map
+    let mut heap = (ZONE - without) / (64 << 10) * (64 << 10);
+    loop {
+        let dict = open(heap);
+        if std::fs::metadata(path).unwrap().len() <= ZONE {
+            return dict;
+        }
+        drop(dict);
+        heap -= 64 << 10;
+    }
+}
+
 /// The largest dict of 65,535-byte values whose file is at most 64 MiB.
 fn open_largest(path: &PathBuf) -> SharedDict {
     let mut capacity = (ZONE / MAX_VALUE as u64) as usize;
@@ -88,19 +120,31 @@ fn main() {
         println!("memory: bench");
         return;
     }
-    let path = dir().join(format!("shmlock-bench-dict-memory-{}", std::process::id()));
-    let dict = open_largest(&path);
-    let mut sizes = Sizes::new();
     let first: Vec<String> = {
         let mut s = Sizes::new();
         (0..10).map(|_| s.next_size().to_string()).collect()
     };
     println!("first 10 sizes (seed 42): {}", first.join(" "));
+    let path = dir().join(format!("shmlock-bench-dict-memory-{}", std::process::id()));
+    for (name, open) in [
+        ("entries only", open_largest as fn(&PathBuf) -> SharedDict),
+        ("a heap", open_heap),
+    ] {
+        let dict = open(&path);
+        run(name, &dict, &path);
+        drop(dict);
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+fn run(name: &str, dict: &SharedDict, path: &PathBuf) {
+    let mut sizes = Sizes::new();
     println!(
-        "dict: {} entries of up to {} B, file {} B",
+        "{name}: {} entries of up to {} B in the entry, a heap of {} B; file {} B",
         dict.capacity(),
-        dict.max_value_len(),
-        std::fs::metadata(&path).unwrap().len()
+        dict.entry_value_len(),
+        dict.heap_size(),
+        std::fs::metadata(path).unwrap().len()
     );
     let value = vec![b'x'; MAX_VALUE];
     let mut i = 0u64;
@@ -117,7 +161,7 @@ fn main() {
     // 1. Fill
     let (mut stored, mut bytes) = (0u64, 0u64);
     loop {
-        let (b, r) = set(&dict, &mut i);
+        let (b, r) = set(dict, &mut i);
         match r {
             Ok(false) => {
                 stored += 1;
@@ -126,9 +170,9 @@ fn main() {
             Ok(true) | Err(_) => break,
         }
     }
-    let fill_resident = resident(&path);
+    let fill_resident = resident(path);
     println!(
-        "fill: {stored} values, {bytes} B of keys + values before the first forcible set; \
+        "  fill: {stored} values, {bytes} B of keys + values before the first forcible set; \
          64 MiB / stored = {:.3}; resident {} B = {:.3} per byte stored",
         ZONE as f64 / bytes as f64,
         fill_resident,
@@ -137,21 +181,23 @@ fn main() {
 
     // 2. Churn
     let (mut failed, mut forcible) = (0u64, 0u64);
+    let started = std::time::Instant::now();
     for _ in 0..CHURN {
-        match set(&dict, &mut i).1 {
+        match set(dict, &mut i).1 {
             Ok(true) => forcible += 1,
             Ok(false) => {}
             Err(_) => failed += 1,
         }
     }
+    let per_set = started.elapsed() / CHURN as u32;
     let live = dict.stats().bytes_in_use;
-    let churn_resident = resident(&path);
+    let churn_resident = resident(path);
     println!(
-        "churn: {CHURN} more sets, {forcible} forcible, {failed} failed; live {} values, \
-         {live} B; resident {churn_resident} B = {:.3} per byte live",
+        "  churn: {CHURN} more sets ({per_set:?} each), {forcible} forcible, {failed} failed; \
+         live {} values, {live} B; resident {churn_resident} B = {:.3} per byte live; heap \
+         free {} B",
         dict.len(),
-        churn_resident as f64 / live as f64
+        churn_resident as f64 / live as f64,
+        dict.heap_free()
     );
-    drop(dict);
-    let _ = std::fs::remove_file(&path);
 }

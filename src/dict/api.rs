@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::entry::{Aborted, Copied, Entry, Geometry, Kind, Look, Out, PackedKey, ValueAt};
 use super::filter::{self, Filter};
-use super::heap::{blocks_for, map_words, Heap, BLOCK_WORDS};
+use super::heap::{blocks_for, map_words, Heap};
 use super::journal::{Journal, Journals, Keep, Settled, State as JournalState, JOURNALS};
 use super::value::{Num, Number, Value, ValueRef};
 
@@ -45,6 +45,10 @@ const FLUSHED: usize = JOURNAL + 2 * JOURNALS;
 /// The heap's tag: the one the last holder that took the writer lock over gave every map
 /// word (see `heap.rs`), which a sweep expects of the words it frees in.
 const HEAP_TAG: usize = FLUSHED + 1;
+/// Nonzero once a takeover may have left heap blocks that nothing names (a writer killed
+/// or stopped between taking blocks and publishing them): a store that finds the heap
+/// short sweeps it only then, and a sweep that ran clears it.
+const SWEEP_DUE: usize = HEAP_TAG + 1;
 const CONTROL_WORDS: usize = crate::shm::format::DICT_CONTROL_SIZE / 8;
 
 /// How long a waiting writer sleeps before it looks at the holder again.
@@ -391,11 +395,6 @@ struct Inner {
     slots: usize,
     path: PathBuf,
     created: bool,
-    /// The heap's map and blocks: where they start (words into the mapping), and how
-    /// many blocks (0: none).
-    heap_map: usize,
-    heap_data: usize,
-    heap_blocks: usize,
 }
 
 impl SharedDict {
@@ -433,19 +432,23 @@ impl SharedDict {
         let entry_words = header.layout.slot_size() / 8;
         let heap_blocks = heap_blocks as usize;
         let max_heap = (heap_blocks * HEAP_BLOCK / 4).min(MAX_HEAP_VALUE as usize);
-        let geometry = Geometry::new(entry_words, max_key as usize, max_value as usize).with_heap(
-            if max_heap > max_value as usize {
-                max_heap
-            } else {
-                0
-            },
-        );
         let slots = header.slot_count as usize;
         // after the entries, the two undo copies and the home filters
         let heap_map = CONTROL_WORDS
             + (slots + JOURNALS) * entry_words
             + (crate::shm::format::dict_filters_len(slots as u64) / 8) as usize;
         let heap_data = heap_map + (heap_map_len(heap_blocks as u32) / 8) as usize;
+        let max_heap = if max_heap > max_value as usize {
+            max_heap
+        } else {
+            0
+        };
+        let geometry = Geometry::new(entry_words, max_key as usize, max_value as usize).with_heap(
+            max_heap,
+            heap_map,
+            heap_data,
+            heap_blocks,
+        );
         let att = Attachment::new(
             Arc::new(opened.map),
             opened.file,
@@ -462,9 +465,6 @@ impl SharedDict {
                 slots,
                 path: path.to_path_buf(),
                 created: opened.created,
-                heap_map,
-                heap_data,
-                heap_blocks,
             }),
         })
     }
@@ -497,7 +497,7 @@ impl SharedDict {
 
     /// Bytes of the heap (fixed when the file was created; 0: none).
     pub fn heap_size(&self) -> u64 {
-        (self.inner.heap_blocks * HEAP_BLOCK) as u64
+        (self.inner.geometry.heap_blocks * HEAP_BLOCK) as u64
     }
 
     /// Bytes of the heap free now: ngx's `free_space`, for the values longer than an
@@ -1193,7 +1193,7 @@ impl SharedDict {
         };
         let ops = self.count_op(owner);
         let (writing, took_over) = self.writer_lock().lock(&env);
-        let heap_tag = if self.inner.heap_blocks == 0 {
+        let heap_tag = if self.inner.geometry.heap_blocks == 0 {
             0
         } else if took_over {
             // Before anything moves: a sweep the writer taken over began frees nothing
@@ -1201,6 +1201,7 @@ impl SharedDict {
             let tag =
                 (self.control(HEAP_TAG).fetch_add(1, Ordering::AcqRel) as u32).wrapping_add(1);
             self.heap().retag(tag);
+            self.control(SWEEP_DUE).store(1, Ordering::Relaxed);
             tag
         } else {
             self.control(HEAP_TAG).load(Ordering::Acquire) as u32
@@ -1236,8 +1237,8 @@ impl SharedDict {
         Journals {
             control: &self.words()[JOURNAL..JOURNAL + 2 * JOURNALS],
             copies: &self.words()[at..at + JOURNALS * words],
-            geometry: self.inner.geometry,
-            heap: self.heap(),
+            geometry: &self.inner.geometry,
+            all: self.words(),
         }
     }
 
@@ -1261,7 +1262,7 @@ impl SharedDict {
     ) -> Result<Result<(), Aborted>, Error> {
         let keep = self.keep(i);
         let e = self.entry(i);
-        if self.inner.heap_blocks == 0 {
+        if self.inner.geometry.heap_blocks == 0 {
             let at = ValueAt::Inline(value);
             return Ok(e.store(&w.writing, Some(&keep), key, kind, at, flags, until, now));
         }
@@ -1332,7 +1333,7 @@ impl SharedDict {
     /// Counts a write under way in this registration's registry entry (see [`HeapOps`]).
     #[inline(always)]
     fn count_op(&self, owner: OwnerId) -> HeapOps<'_> {
-        if self.inner.heap_blocks == 0 {
+        if self.inner.geometry.heap_blocks == 0 {
             return HeapOps(None);
         }
         let reg = self.inner.att.map.registry();
@@ -1366,7 +1367,10 @@ impl SharedDict {
         if heap.take(n, &mut hint, blocks) {
             return Ok(());
         }
-        if self.sweep(w) > 0 && heap.take(n, &mut hint, blocks) {
+        if self.control(SWEEP_DUE).load(Ordering::Relaxed) != 0
+            && self.sweep(w) > 0
+            && heap.take(n, &mut hint, blocks)
+        {
             return Ok(());
         }
         let no_memory = || Error::NoMemory { key: key.preview() };
@@ -1385,6 +1389,10 @@ impl SharedDict {
             })
             .collect();
         held.sort_unstable();
+        // As few as make room, the least recently used first, and then until 1/64 of the
+        // heap is free besides: the next long values then need no scan of their own.
+        let slack = heap.blocks() / 64;
+        let mut room = false;
         for (live, _, j) in held {
             let home = self.home_of(self.entry(j).hash());
             match self.free_at(w, j, None) {
@@ -1399,9 +1407,10 @@ impl SharedDict {
                 Err(Aborted::TakenOver) => return Err(Error::Stalled),
                 Err(Aborted::NotStable) => continue,
             }
-            // as few as make room: the least recently used first, one at a time
-            if heap.free_blocks() >= n && heap.take(n, &mut hint, blocks) {
-                return Ok(());
+            let free = heap.free_blocks();
+            room |= free >= n;
+            if room && free >= n + slack {
+                break;
             }
         }
         if heap.take(n, &mut hint, blocks) {
@@ -1447,7 +1456,11 @@ impl SharedDict {
                 mark(&j.copy);
             }
         }
-        heap.sweep(&before, w.heap_tag, &named)
+        let freed = heap.sweep(&before, w.heap_tag, &named);
+        if w.writing.still_mine() {
+            self.control(SWEEP_DUE).store(0, Ordering::Relaxed);
+        }
+        freed
     }
 
     /// Where entry `i`'s value goes before it is rewritten.
@@ -1612,21 +1625,14 @@ impl SharedDict {
     fn entry(&self, i: usize) -> Entry<'_> {
         let n = self.inner.geometry.entry_words;
         let at = CONTROL_WORDS + i * n;
-        Entry::with_heap(&self.words()[at..at + n], self.inner.geometry, self.heap())
+        let words = self.words();
+        Entry::with_heap(&words[at..at + n], &self.inner.geometry, words)
     }
 
     /// The heap (see `heap.rs`): empty in a dict made without one.
     #[inline(always)]
     fn heap(&self) -> Heap<'_> {
-        let i = &self.inner;
-        if i.heap_blocks == 0 {
-            return Heap::NONE;
-        }
-        let words = self.words();
-        Heap::new(
-            &words[i.heap_map..i.heap_data],
-            &words[i.heap_data..i.heap_data + i.heap_blocks * BLOCK_WORDS],
-        )
+        self.inner.geometry.heap(self.words())
     }
 
     fn home(&self, k: &PackedKey) -> usize {

@@ -272,7 +272,7 @@ fn tail_word(bytes: &[u8]) -> u64 {
     }
 }
 
-fn words_for(len: usize) -> usize {
+const fn words_for(len: usize) -> usize {
     len.div_ceil(8)
 }
 
@@ -319,7 +319,8 @@ pub(crate) enum Look {
     Found(Copied),
 }
 
-/// Where the parts of an entry are, for one dict's key and value limits.
+/// Where the parts of an entry are, for one dict's key and value limits, and where its
+/// heap is. Entries hold it by reference (it lives as long as the dict's handle).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Geometry {
     /// Words of one entry (a whole number of cache lines in a file).
@@ -329,22 +330,56 @@ pub(crate) struct Geometry {
     pub max_value: usize,
     /// The longest value kept in the heap (0: the dict has none).
     pub max_heap: usize,
+    /// The heap's map and blocks: where they start in the mapping's words, and how many
+    /// blocks (0: none).
+    pub heap_map: usize,
+    pub heap_data: usize,
+    pub heap_blocks: usize,
 }
 
 impl Geometry {
-    pub(crate) fn new(entry_words: usize, max_key: usize, max_value: usize) -> Geometry {
+    pub(crate) const fn new(entry_words: usize, max_key: usize, max_value: usize) -> Geometry {
         assert!(HEAD_WORDS + words_for(max_key) + words_for(max_value) <= entry_words);
         Geometry {
             entry_words,
             max_key,
             max_value,
             max_heap: 0,
+            heap_map: 0,
+            heap_data: 0,
+            heap_blocks: 0,
         }
     }
 
-    /// With a heap for values of up to `max_heap` bytes.
-    pub(crate) fn with_heap(self, max_heap: usize) -> Geometry {
-        Geometry { max_heap, ..self }
+    /// With a heap of `blocks` blocks whose map starts at word `map` of the mapping and
+    /// its blocks at word `data`, for values of up to `max_heap` bytes.
+    pub(crate) fn with_heap(
+        self,
+        max_heap: usize,
+        map: usize,
+        data: usize,
+        blocks: usize,
+    ) -> Geometry {
+        Geometry {
+            max_heap,
+            heap_map: map,
+            heap_data: data,
+            heap_blocks: blocks,
+            ..self
+        }
+    }
+
+    /// The heap in `words` (the whole mapping): empty for a dict without one.
+    #[inline]
+    pub(crate) fn heap<'a>(&self, words: &'a [AtomicU64]) -> Heap<'a> {
+        if self.heap_blocks == 0 {
+            return Heap::NONE;
+        }
+        let end = self.heap_data + self.heap_blocks * super::heap::BLOCK_WORDS;
+        Heap::new(
+            &words[self.heap_map..self.heap_data],
+            &words[self.heap_data..end],
+        )
     }
 
     fn value_at(self) -> usize {
@@ -364,22 +399,28 @@ pub(crate) enum ValueAt<'v> {
 #[derive(Clone, Copy)]
 pub(crate) struct Entry<'a> {
     w: &'a [AtomicU64],
-    g: Geometry,
-    heap: Heap<'a>,
+    g: &'a Geometry,
+    /// The whole mapping, where the heap is (empty for a dict without one).
+    all: &'a [AtomicU64],
 }
 
 impl<'a> Entry<'a> {
     /// An entry of a dict without a heap.
     #[cfg(any(test, loom))]
-    pub(crate) fn new(w: &'a [AtomicU64], g: Geometry) -> Entry<'a> {
-        Entry::with_heap(w, g, Heap::NONE)
+    pub(crate) fn new(w: &'a [AtomicU64], g: &'a Geometry) -> Entry<'a> {
+        Entry::with_heap(w, g, &[])
     }
 
-    /// An entry whose values longer than its room are in `heap`.
+    /// An entry of the mapping `all`, whose values longer than its room are in the heap
+    /// `g` places there.
     #[inline(always)]
-    pub(crate) fn with_heap(w: &'a [AtomicU64], g: Geometry, heap: Heap<'a>) -> Entry<'a> {
+    pub(crate) fn with_heap(
+        w: &'a [AtomicU64],
+        g: &'a Geometry,
+        all: &'a [AtomicU64],
+    ) -> Entry<'a> {
         debug_assert_eq!(w.len(), g.entry_words);
-        Entry { w, g, heap }
+        Entry { w, g, all }
     }
 
     /// The home word of the keys whose home is this entry.
@@ -452,7 +493,7 @@ impl<'a> Entry<'a> {
             if meta.in_heap() {
                 let len = meta.value_len().min(self.g.max_heap);
                 let first = self.w[at].load(Ordering::Relaxed) as u32;
-                if self.heap.read(first, len, out).is_err() {
+                if self.g.heap(self.all).read(first, len, out).is_err() {
                     return Look::Damaged; // moved on under us, unless `seq` did not
                 }
             } else {
@@ -927,7 +968,7 @@ mod tests {
     use super::*;
     use crate::shm::primitive::AtomicU32;
 
-    fn entry_words(g: Geometry) -> Vec<AtomicU64> {
+    fn entry_words(g: &Geometry) -> Vec<AtomicU64> {
         (0..g.entry_words).map(|_| AtomicU64::new(0)).collect()
     }
 
@@ -1002,8 +1043,8 @@ mod tests {
     #[test]
     fn stores_reads_and_frees() {
         let g = Geometry::new(16, 12, 20);
-        let words = entry_words(g);
-        let e = Entry::new(&words, g);
+        let words = entry_words(&g);
+        let e = Entry::new(&words, &g);
         let k = PackedKey::new(b"user:42 long", 7);
         assert_eq!(e.read(&k, None), Look::Free);
         locked(ME, |w| {
@@ -1049,8 +1090,8 @@ mod tests {
     #[test]
     fn an_interrupted_write_is_busy_then_quarantined_or_emptied() {
         let g = Geometry::new(16, 8, 8);
-        let words = entry_words(g);
-        let e = Entry::new(&words, g);
+        let words = entry_words(&g);
+        let e = Entry::new(&words, &g);
         let k = PackedKey::new(b"k", 1);
         locked(ME, |w| {
             e.store(
@@ -1111,8 +1152,8 @@ mod tests {
     #[test]
     fn a_writer_taken_over_before_it_wrote_leaves_the_entry_as_it_was() {
         let g = Geometry::new(16, 8, 8);
-        let words = entry_words(g);
-        let e = Entry::new(&words, g);
+        let words = entry_words(&g);
+        let e = Entry::new(&words, &g);
         let k = PackedKey::new(b"k", 1);
         let (word, wait) = (AtomicU64::new(0), AtomicU32::new(0));
         let lock = WriterLock {
@@ -1155,8 +1196,8 @@ mod tests {
     #[test]
     fn hostile_lengths_never_read_past_the_entry() {
         let g = Geometry::new(16, 8, 8);
-        let words = entry_words(g);
-        let e = Entry::new(&words, g);
+        let words = entry_words(&g);
+        let e = Entry::new(&words, &g);
         words[META].store(u64::MAX, Ordering::Relaxed);
         assert_eq!(e.read_key().unwrap().unwrap().0.len(), 8);
         words[META].store(

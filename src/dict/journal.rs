@@ -47,7 +47,6 @@
 use super::entry::{
     seq_parts, Aborted, Entry, Geometry, Kept, Look, Out, PackedKey, Undo, STABLE as SEQ_STABLE,
 };
-use super::heap::Heap;
 use super::writer::Writing;
 use crate::shm::primitive::{crash_point, fence, AtomicU64, Ordering};
 use crate::shm::registry::OwnerId;
@@ -372,9 +371,10 @@ pub(crate) struct Journals<'a> {
     pub control: &'a [AtomicU64],
     /// The copies' entries, one after the other.
     pub copies: &'a [AtomicU64],
-    pub geometry: Geometry,
-    /// Where the copies' values longer than an entry's room are (the chain the entry named).
-    pub heap: Heap<'a>,
+    pub geometry: &'a Geometry,
+    /// The whole mapping, where the heap holds the copies' values longer than an entry's
+    /// room (the chain the entry named).
+    pub all: &'a [AtomicU64],
 }
 
 impl<'a> Journals<'a> {
@@ -387,7 +387,7 @@ impl<'a> Journals<'a> {
             copy: Entry::with_heap(
                 &self.copies[n * words..(n + 1) * words],
                 self.geometry,
-                self.heap,
+                self.all,
             ),
         }
     }

@@ -20,8 +20,9 @@ use crate::shm::primitive::{crash, Ordering};
 use crate::shm::registry::OwnerId;
 
 /// One entry: 8 head words, an 8-byte key, a 16-byte value.
-fn geometry() -> Geometry {
-    Geometry::new(11, 8, 16)
+fn geometry() -> &'static Geometry {
+    static G: Geometry = Geometry::new(11, 8, 16);
+    &G
 }
 
 /// One entry, its dict's writer lock and undo copy, who is dead and whether stalls are
@@ -90,7 +91,7 @@ impl Dict {
                 control: &self.jcontrol,
                 copies: &self.jcopies,
                 geometry: geometry(),
-                heap: super::heap::Heap::NONE,
+                all: &[],
             },
             at: 0,
         }
