@@ -283,7 +283,7 @@ impl DictOptions {
     ///     .heap_size(8 << 20)
     ///     .open(&path)?;
     /// assert_eq!(dict.max_value_len(), 2 << 20); // a quarter of the heap
-    /// dict.set("page", vec![b'x'; 100_000], Duration::ZERO)?;
+    /// dict.set("page", &vec![b'x'; 100_000][..], Duration::ZERO)?;
     /// assert_eq!(dict.get("page")?.unwrap().value.as_bytes().unwrap().len(), 100_000);
     /// # std::fs::remove_file(&path).unwrap();
     /// # Ok::<(), shmlock::Error>(())
@@ -1270,6 +1270,7 @@ impl SharedDict {
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
     fn store_with_heap(
         &self,
         w: &Locked<'_>,
