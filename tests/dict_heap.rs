@@ -37,6 +37,10 @@ const TESTS: &[Test] = &[
         a_full_heap_evicts_the_least_recently_used_and_safe_set_refuses,
     ),
     Test::new(
+        "a_damaged_entry_naming_another_keys_chain_neither_reads_nor_frees_it",
+        a_damaged_entry_naming_another_keys_chain_neither_reads_nor_frees_it,
+    ),
+    Test::new(
         "heap_writers_killed_or_stopped_mid_write_leave_whole_values_and_lose_no_block",
         heap_writers_killed_or_stopped_mid_write_leave_whole_values_and_lose_no_block,
     ),
@@ -118,13 +122,18 @@ fn blocks_in_use(d: &SharedDict) -> u64 {
 }
 
 /// Lengths around every boundary (the entry's room, a block, an index block's 62 data
-/// blocks) up to the limit (a quarter of the heap) go in and come back whole, in this
+/// blocks) up to the limit (the heap but for its index blocks) go in and come back whole, in this
 /// process and in a forked one; one byte more is `ValueTooLong` naming the limit; long
 /// values replaced by short ones, and deleted, give every block back.
 fn values_of_every_length_come_back_whole_and_give_their_blocks_back() {
     let (path, d) = heap_dict("heap-lengths", 64, 8 << 20);
     let max = d.max_value_len();
-    assert_eq!(max, 2 << 20, "a quarter of the heap");
+    // 32,768 blocks, 521 of them for the index of a value that takes the rest
+    assert_eq!(
+        max,
+        (32_768 - 521) * 256,
+        "the heap but for its index blocks"
+    );
     assert_eq!(d.heap_free(), 8 << 20);
     let lengths = [
         24,
@@ -136,8 +145,7 @@ fn values_of_every_length_come_back_whole_and_give_their_blocks_back() {
         62 * 256,
         62 * 256 + 1,
         100_000,
-        max - 1,
-        max,
+        2 << 20,
     ];
     for (n, &len) in lengths.iter().enumerate() {
         let v = make_value(n as u32, 1, len);
@@ -198,8 +206,31 @@ fn values_of_every_length_come_back_whole_and_give_their_blocks_back() {
         assert!(d.delete(format!("k{n}")).unwrap());
     }
     assert_eq!(d.heap_free(), 8 << 20, "deletes gave every block back");
+    // A value as long as the heap allows, replaced by another: the two cannot be kept
+    // together, so the old one goes first (as ngx frees a value before storing its
+    // successor), by `set` and by `safe_set` alike.
+    for (gen, safe) in [(1, false), (2, false), (3, true), (4, true)] {
+        let v = make_value(77, gen, max);
+        let stored = if safe {
+            d.safe_set("whole", &v[..], Duration::ZERO)
+        } else {
+            d.set("whole", &v[..], Duration::ZERO)
+        };
+        assert!(
+            !stored.unwrap().forcible,
+            "replacing its own value is no eviction"
+        );
+        let back = bytes_of(&d, "whole").unwrap();
+        assert!(
+            verify(77, &back) && gen_of(&back) == gen,
+            "generation {gen}"
+        );
+        assert_eq!(d.heap_free(), (8 << 20) - blocks(&d, max) * BLOCK);
+    }
+    assert_eq!(d.len(), 1);
+    assert_eq!(d.evictions(), 0);
     note!(
-        "[{} lengths up to {max} B; a child read them all] ",
+        "[{} lengths up to 2 MiB, and {max} B four times; a child read them all] ",
         lengths.len()
     );
 }
@@ -453,4 +484,107 @@ fn heap_writers_killed_or_stopped_mid_write_leave_whole_values_and_lose_no_block
     assert!(checked > 0, "the reader read nothing");
     assert!(held[0] >= KILLS / 4, "too few kills landed inside a write");
     assert_eq!(lost_after, 0, "blocks lost for good");
+}
+
+/// The file's words, mapped apart from the library, to damage a dict on purpose.
+struct Raw {
+    map: memmap2::MmapRaw,
+    entries: usize,
+    slot_size: usize,
+    value_at: usize,
+}
+
+impl Raw {
+    fn new(path: &std::path::Path) -> Raw {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        let map = memmap2::MmapRaw::map_raw(&f).unwrap();
+        let mut header = [0u8; 96];
+        // SAFETY: the mapping is at least a header long; a plain copy of its first bytes.
+        unsafe { std::ptr::copy_nonoverlapping(map.as_ptr(), header.as_mut_ptr(), 96) };
+        let u = |at: usize, n: usize| {
+            let mut b = [0u8; 8];
+            b[..n].copy_from_slice(&header[at..at + n]);
+            u64::from_le_bytes(b) as usize
+        };
+        let registry = (u(72, 4) * 32).div_ceil(4096) * 4096;
+        Raw {
+            entries: 4096 + registry + 4096,
+            slot_size: u(24, 4),
+            value_at: 64 + u(88, 4).div_ceil(8) * 8,
+            map,
+        }
+    }
+
+    fn word(&self, byte: usize) -> &std::sync::atomic::AtomicU64 {
+        assert!(byte.is_multiple_of(8) && byte + 8 <= self.map.len());
+        // SAFETY: an aligned word inside the mapping, which lives as long as `self`; the
+        // library only ever accesses these words atomically.
+        unsafe { std::sync::atomic::AtomicU64::from_ptr(self.map.as_mut_ptr().add(byte).cast()) }
+    }
+
+    /// Word `w` of entry `i` (1: meta; `value` for the value's first word).
+    fn entry(&self, i: usize, byte: usize) -> &std::sync::atomic::AtomicU64 {
+        self.word(self.entries + i * self.slot_size + byte)
+    }
+
+    /// The entry whose key is `key` (short keys: one word).
+    fn find(&self, key: &[u8]) -> usize {
+        let mut w = [0u8; 8];
+        w[..key.len()].copy_from_slice(key);
+        (0..)
+            .find(|&i| {
+                let meta = self.entry(i, 8).load(Ordering::SeqCst);
+                meta & 1 == 1
+                    && (meta >> 8) & 0xffff == key.len() as u64
+                    && self.entry(i, 64).load(Ordering::SeqCst) == u64::from_le_bytes(w)
+            })
+            .unwrap()
+    }
+}
+
+/// A damaged file: an entry that says it holds a heap value, naming another key's chain
+/// (its first block and length). Reading it must not give the other key's bytes, and
+/// emptying it must not free the other key's blocks (which the next stores would then
+/// overwrite): every index block carries its key's tag, so the chain is found foreign.
+fn a_damaged_entry_naming_another_keys_chain_neither_reads_nor_frees_it() {
+    let (path, d) = heap_dict("heap-damage", 64, 1 << 20);
+    let victim = make_value(1, 1, 20_000);
+    d.set("victim", &victim[..], Duration::ZERO).unwrap();
+    d.set("bad", "8 bytes!", Duration::ZERO).unwrap();
+    let raw = Raw::new(&path.0);
+    let (v, b) = (raw.find(b"victim"), raw.find(b"bad"));
+    let first = raw.entry(v, raw.value_at).load(Ordering::SeqCst);
+    raw.entry(b, raw.value_at).store(first, Ordering::SeqCst);
+    let meta = raw.entry(b, 8).load(Ordering::SeqCst);
+    // IN_HEAP, and the victim's length
+    raw.entry(b, 8)
+        .store(meta & 0xffff_ffff | 16 | 20_000 << 32, Ordering::SeqCst);
+    let free = d.heap_free();
+    let repairs = d.repairs();
+    let got = d.get("bad").unwrap();
+    let got = got.map(|i| i.value.as_bytes().map(|b| b.len()));
+    assert!(got.is_none(), "the damaged entry read as {got:?} (bytes)");
+    assert!(d.repairs() > repairs, "the damaged entry was not repaired");
+    assert_eq!(d.heap_free(), free, "the victim's blocks were freed");
+    for n in 0..8 {
+        d.set(
+            format!("other{n}"),
+            &make_value(100 + n, 1, 20_000)[..],
+            Duration::ZERO,
+        )
+        .unwrap();
+    }
+    assert!(
+        verify(1, &bytes_of(&d, "victim").unwrap()),
+        "the victim was overwritten"
+    );
+    assert_eq!(
+        d.heap_free() + blocks_in_use(&d) * BLOCK,
+        1 << 20,
+        "a block counted twice or lost"
+    );
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::entry::{Aborted, Copied, Entry, Geometry, Kind, Look, Out, PackedKey, ValueAt};
 use super::filter::{self, Filter};
-use super::heap::{blocks_for, map_words, Heap};
+use super::heap::{blocks_for, map_words, Chain, Heap};
 use super::journal::{Journal, Journals, Keep, Settled, State as JournalState, JOURNALS};
 use super::value::{Num, Number, Value, ValueRef};
 
@@ -266,10 +266,10 @@ impl DictOptions {
     /// Bytes of the heap of a dict this call creates (default 0: none), where values
     /// longer than an entry's room ([`max_value_len`](Self::max_value_len)) are kept, in
     /// blocks of 256 bytes wherever they are free: a value of `n` bytes takes `n / 256`
-    /// blocks rounded up, and one more per 62 of those. Such a value may be up to a
-    /// quarter of the heap, and at most 64 MiB. With a heap, a store that finds it full
-    /// evicts the least recently used values kept there (the `safe_` stores refuse
-    /// instead, [`Error::NoMemory`]).
+    /// blocks rounded up, and one more per 62 of those. Such a value may take the whole
+    /// heap, up to 64 MiB. With a heap, a store that finds it full evicts the least
+    /// recently used values kept there (the `safe_` stores refuse instead,
+    /// [`Error::NoMemory`]).
     ///
     /// ```
     /// # let path = std::env::temp_dir().join(format!("shmlock-doc-heap-{}", std::process::id()));
@@ -282,7 +282,7 @@ impl DictOptions {
     ///     .max_value_len(64)
     ///     .heap_size(8 << 20)
     ///     .open(&path)?;
-    /// assert_eq!(dict.max_value_len(), 2 << 20); // a quarter of the heap
+    /// assert!(dict.max_value_len() > 8_000_000); // the heap, but for its index blocks
     /// dict.set("page", &vec![b'x'; 100_000][..], Duration::ZERO)?;
     /// assert_eq!(dict.get("page")?.unwrap().value.as_bytes().unwrap().len(), 100_000);
     /// # std::fs::remove_file(&path).unwrap();
@@ -431,7 +431,9 @@ impl SharedDict {
         };
         let entry_words = header.layout.slot_size() / 8;
         let heap_blocks = heap_blocks as usize;
-        let max_heap = (heap_blocks * HEAP_BLOCK / 4).min(MAX_HEAP_VALUE as usize);
+        // the longest value whose chain (data and index blocks) the heap holds
+        let max_heap =
+            ((heap_blocks - heap_blocks.div_ceil(63)) * HEAP_BLOCK).min(MAX_HEAP_VALUE as usize);
         let slots = header.slot_count as usize;
         // after the entries, the two undo copies and the home filters
         let heap_map = CONTROL_WORDS
@@ -480,8 +482,8 @@ impl SharedDict {
     }
 
     /// The longest value (fixed when the file was created): the room of an entry, or, for
-    /// a dict with a heap, the longest value the heap keeps (a quarter of it, at most 64
-    /// MiB).
+    /// a dict with a heap, the longest value the heap keeps (as long as the heap, but for
+    /// its index blocks; at most 64 MiB).
     pub fn max_value_len(&self) -> usize {
         self.inner
             .geometry
@@ -1285,12 +1287,15 @@ impl SharedDict {
         let keep = self.keep(i);
         let e = self.entry(i);
         let heap = self.heap();
-        let old = e.heap_value();
+        let mut old = e.heap_value();
         let mut blocks = Vec::new();
         let at = if value.len() > self.inner.geometry.max_value {
-            self.take_blocks(w, key, blocks_for(value.len()), i, evict, now, &mut blocks)?;
+            let n = blocks_for(value.len());
+            if self.take_blocks(w, key, n, i, evict, now, &mut blocks)? {
+                old = None; // the key's own value made the room: its chain went back
+            }
             ValueAt::Heap {
-                first: heap.write(&blocks, value),
+                first: heap.write(&blocks, value, key.hash as u32),
                 len: value.len(),
             }
         } else {
@@ -1298,8 +1303,8 @@ impl SharedDict {
         };
         let stored = e.store(&w.writing, Some(&keep), key, kind, at, flags, until, now);
         if stored.is_ok() {
-            if let Some((first, len)) = old {
-                self.free_chain(first, len);
+            if let Some(chain) = old {
+                self.free_chain(chain);
             }
         } else {
             heap.free(&blocks); // never named by a stable entry
@@ -1314,8 +1319,8 @@ impl SharedDict {
         let old = e.heap_value();
         let freed = e.free(&w.writing, keep.map(|k| k as &dyn super::entry::Undo));
         if freed.is_ok() {
-            if let Some((first, len)) = old {
-                self.free_chain(first, len);
+            if let Some(chain) = old {
+                self.free_chain(chain);
             }
         }
         freed
@@ -1323,11 +1328,13 @@ impl SharedDict {
 
     /// Gives back the blocks of a chain no entry or undo copy names any more (a chain that
     /// does not walk, in a damaged file, is left to a sweep).
-    fn free_chain(&self, first: u32, len: usize) {
+    fn free_chain(&self, chain: Chain) {
         let heap = self.heap();
-        let mut chain = Vec::new();
-        if heap.chain(first, len, &mut chain).is_ok() {
-            heap.free(&chain);
+        let mut blocks = Vec::new();
+        if heap.blocks_of(chain, &mut blocks).is_ok() {
+            heap.free(&blocks);
+        } else {
+            self.control(SWEEP_DUE).store(1, Ordering::Relaxed);
         }
     }
 
@@ -1349,9 +1356,12 @@ impl SharedDict {
     }
 
     /// Takes `n` blocks of the heap into `blocks` for a value to be stored in entry `i`:
-    /// if the heap is short, sweeps it (once, when that is safe), then (if `evict`) frees
-    /// the least recently used values kept there, expired ones first, never entry `i`'s.
-    /// [`Error::NoMemory`] if it cannot.
+    /// if the heap is short, sweeps it (once, when that is safe), then frees the expired
+    /// values kept there and (if `evict`) the least recently used ones, never entry
+    /// `i`'s; last, if the value entry `i` holds and the new one do not fit together,
+    /// empties entry `i` first (`Ok(true)`: the store then goes without the undo copy's
+    /// promise, as ngx frees a value before it stores its successor). [`Error::NoMemory`]
+    /// if it cannot.
     #[allow(clippy::too_many_arguments)]
     fn take_blocks(
         &self,
@@ -1362,17 +1372,17 @@ impl SharedDict {
         evict: bool,
         now: u64,
         blocks: &mut Vec<u32>,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let heap = self.heap();
         let mut hint = (i * 7) % map_words(heap.blocks()).max(1);
         if heap.take(n, &mut hint, blocks) {
-            return Ok(());
+            return Ok(false);
         }
         if self.control(SWEEP_DUE).load(Ordering::Relaxed) != 0
             && self.sweep(w) > 0
             && heap.take(n, &mut hint, blocks)
         {
-            return Ok(());
+            return Ok(false);
         }
         let no_memory = || Error::NoMemory { key: key.preview() };
         if n > heap.blocks() {
@@ -1415,10 +1425,25 @@ impl SharedDict {
             }
         }
         if heap.take(n, &mut hint, blocks) {
-            Ok(())
-        } else {
-            Err(no_memory())
+            return Ok(false);
         }
+        // The key's own value, if the room it and the free blocks make is enough.
+        let own = self.entry(i).heap_value().map(|c| blocks_for(c.len));
+        if own.is_some_and(|b| heap.free_blocks() + b >= n) {
+            match self.free_at(w, i, None) {
+                Ok(()) => {
+                    // counted again once the store is made, as a free entry's
+                    self.uncount(w, 1);
+                    w.placed.set(w.placed.get() + 1);
+                }
+                Err(Aborted::TakenOver) => return Err(Error::Stalled),
+                Err(Aborted::NotStable) => return Err(no_memory()),
+            }
+            if heap.take(n, &mut hint, blocks) {
+                return Ok(true);
+            }
+        }
+        Err(no_memory())
     }
 
     /// Gives back the heap's blocks that no entry and no undo copy names (a writer that
@@ -1445,8 +1470,8 @@ impl SharedDict {
         }
         let mut named = vec![0u64; map_words(heap.blocks())];
         let mut mark = |e: &Entry<'_>| {
-            if let Some((first, len)) = e.heap_value() {
-                heap.mark(first, len, &mut named);
+            if let Some(chain) = e.heap_value() {
+                heap.mark(chain, &mut named);
             }
         };
         (0..self.capacity()).for_each(|i| mark(&self.entry(i)));
@@ -1537,6 +1562,7 @@ impl SharedDict {
         w.restoring.set(true);
         let now = self.now();
         let mut done = true;
+        let mut moved = false;
         if c.deadline > now && self.lookup_locked(w, &k, None).is_none() {
             // (this may run in the middle of an operation that placed a key already: only
             // this store's entry is counted here)
@@ -1548,16 +1574,20 @@ impl SharedDict {
                     let e = self.entry(f);
                     let old = e.heap_value(); // an expired or evicted value's
                     let value = match chain {
-                        Some((first, len)) => ValueAt::Heap { first, len },
+                        Some(c) => ValueAt::Heap {
+                            first: c.first,
+                            len: c.len,
+                        },
                         None => ValueAt::Inline(&value),
                     };
                     let stored = e.store(
                         &w.writing, None, &k, c.kind, value, c.flags, c.deadline, now,
                     );
                     let made = stored.is_ok();
-                    if let (true, Some((first, len))) = (made, old) {
-                        self.free_chain(first, len);
+                    if let (true, Some(old)) = (made, old) {
+                        self.free_chain(old);
                     }
+                    moved = made;
                     made
                 }
                 Err(_) => true, // every entry near its home is out of use: lost
@@ -1574,8 +1604,11 @@ impl SharedDict {
             }
         }
         w.restoring.set(false);
-        if done {
-            j.release(word);
+        if done && j.release(word) && chain.is_some() && !moved {
+            // The copy's chain, named by nothing now (expired, or the key stored since): a
+            // sweep finds it. (Freed here, it could be one another restorer, which took
+            // this lock over and stored the copy, names.)
+            self.control(SWEEP_DUE).store(1, Ordering::Relaxed);
         }
     }
 
@@ -1747,6 +1780,7 @@ impl SharedDict {
                 // A stable entry whose heap chain is broken: a damaged file. The entry
                 // goes (its blocks are lost until a sweep finds them).
                 Err(Look::Damaged) => {
+                    self.control(SWEEP_DUE).store(1, Ordering::Relaxed);
                     if e.free(&w.writing, None).is_ok() {
                         self.uncount(w, 1);
                         self.control(REPAIRS).fetch_add(1, Ordering::Relaxed);

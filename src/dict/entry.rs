@@ -43,7 +43,7 @@
 //!
 //! Every word is an atomic: other processes write the same memory.
 
-use super::heap::Heap;
+use super::heap::{Chain, Heap};
 use super::writer::Writing;
 use crate::broken::{broken, Broken};
 use crate::shm::primitive::{crash_point, fence, AtomicU64, Ordering};
@@ -491,9 +491,12 @@ impl<'a> Entry<'a> {
         if let Some(out) = value {
             let at = self.g.value_at();
             if meta.in_heap() {
-                let len = meta.value_len().min(self.g.max_heap);
-                let first = self.w[at].load(Ordering::Relaxed) as u32;
-                if self.g.heap(self.all).read(first, len, out).is_err() {
+                let chain = Chain {
+                    first: self.w[at].load(Ordering::Relaxed) as u32,
+                    len: meta.value_len().min(self.g.max_heap),
+                    owner: key.hash as u32,
+                };
+                if self.g.heap(self.all).read(chain, out).is_err() {
                     return Look::Damaged; // moved on under us, unless `seq` did not
                 }
             } else {
@@ -567,15 +570,16 @@ impl<'a> Entry<'a> {
         meta.value_len().min(max)
     }
 
-    /// The heap chain the entry names (first block, bytes), if it holds a value kept in
-    /// the heap. Exact for a caller that holds the writer lock and has cleaned the entry;
-    /// for a sweep, any entry's (a damaged or half-written one's names garbage, which
-    /// only keeps blocks taken).
-    pub(crate) fn heap_value(&self) -> Option<(u32, usize)> {
+    /// The heap chain the entry names, if it holds a value kept in the heap. Exact for a
+    /// caller that holds the writer lock and has cleaned the entry; for a sweep, any
+    /// entry's (a damaged or half-written one's names garbage, which only keeps blocks
+    /// taken).
+    pub(crate) fn heap_value(&self) -> Option<Chain> {
         let meta = Meta(self.w[META].load(Ordering::Relaxed));
-        (meta.is_used() && meta.in_heap()).then(|| {
-            let first = self.w[self.g.value_at()].load(Ordering::Relaxed) as u32;
-            (first, self.value_len(meta))
+        (meta.is_used() && meta.in_heap()).then(|| Chain {
+            first: self.w[self.g.value_at()].load(Ordering::Relaxed) as u32,
+            len: self.value_len(meta),
+            owner: self.w[HASH].load(Ordering::Relaxed) as u32,
         })
     }
 

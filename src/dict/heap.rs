@@ -66,6 +66,17 @@ pub(crate) fn map_words(blocks: usize) -> usize {
     blocks.div_ceil(PER_WORD)
 }
 
+/// A value's chain as its entry names it: the first (index) block, the value's length,
+/// and the owner tag every index block of it carries (the low half of its key's hash), so
+/// that an entry that names another key's chain (a damaged file) finds it `Moved` rather
+/// than reading, or freeing, that key's blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Chain {
+    pub first: u32,
+    pub len: usize,
+    pub owner: u32,
+}
+
 /// Why a copy out of the heap could not be made: what the entry named has moved on (the
 /// caller validates the entry and retries, or finds the file damaged).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,9 +200,9 @@ impl<'a> Heap<'a> {
     }
 
     /// Writes `bytes` into `blocks` (from [`take`](Self::take), `blocks_for(bytes.len())`
-    /// of them) as a chain: index blocks first in `blocks`, then data blocks. Returns the
-    /// chain's first block, for the entry to name.
-    pub(crate) fn write(&self, blocks: &[u32], bytes: &[u8]) -> u32 {
+    /// of them) as a chain whose index blocks carry `owner`: index blocks first in
+    /// `blocks`, then data blocks. Returns the chain's first block, for the entry to name.
+    pub(crate) fn write(&self, blocks: &[u32], bytes: &[u8], owner: u32) -> u32 {
         debug_assert_eq!(blocks.len(), blocks_for(bytes.len()));
         // Orders the take (and, through it, the free and the entry's move before it)
         // before these writes: see the module's head.
@@ -209,7 +220,7 @@ impl<'a> Heap<'a> {
         for (i, (&ib, names)) in index.iter().zip(data.chunks(PER_INDEX)).enumerate() {
             let words = self.block(ib);
             let next = index.get(i + 1).copied().unwrap_or(NONE);
-            words[0].store(u64::from(next), Ordering::Relaxed);
+            words[0].store(u64::from(owner) << 32 | u64::from(next), Ordering::Relaxed);
             for (word, pair) in words[1..].iter().zip(names.chunks(2)) {
                 let lo = u64::from(pair[0]);
                 let hi = u64::from(pair.get(1).copied().unwrap_or(NONE));
@@ -219,26 +230,29 @@ impl<'a> Heap<'a> {
         index.first().copied().unwrap_or(NONE)
     }
 
-    /// Visits the blocks of the chain from `first` holding `len` bytes: each index block,
-    /// then the data blocks it names, in order. Unvalidated (an entry's copy is validated
-    /// by its caller): a chain that leaves the heap or runs short is `Moved`.
+    /// Visits the blocks of `chain`: each index block, then the data blocks it names, in
+    /// order. Unvalidated (an entry's copy is validated by its caller): a chain that
+    /// leaves the heap, or has an index block of another owner, is `Moved`.
     fn walk(
         &self,
-        first: u32,
-        len: usize,
+        chain: Chain,
         mut index: impl FnMut(u32),
         mut data: impl FnMut(usize, u32),
     ) -> Result<(), Moved> {
-        let data_n = len.div_ceil(BLOCK);
-        let mut at = first;
+        let data_n = chain.len.div_ceil(BLOCK);
+        let mut at = chain.first;
         let mut seen = 0;
         while seen < data_n {
             if at as usize >= self.blocks() {
                 return Err(Moved);
             }
-            index(at);
             let words = self.block(at);
-            let next = words[0].load(Ordering::Relaxed) as u32;
+            let head = words[0].load(Ordering::Relaxed);
+            if (head >> 32) as u32 != chain.owner {
+                return Err(Moved);
+            }
+            index(at);
+            let next = head as u32;
             let named = (data_n - seen).min(PER_INDEX);
             for word in &words[1..1 + named.div_ceil(2)] {
                 let pair = word.load(Ordering::Relaxed);
@@ -258,14 +272,14 @@ impl<'a> Heap<'a> {
         Ok(())
     }
 
-    /// Copies the `len` bytes of the chain from `first` into `out` (replacing what it
-    /// held). Unvalidated: the caller validates the entry that named the chain afterwards.
-    pub(crate) fn read(&self, first: u32, len: usize, out: &mut Vec<u8>) -> Result<(), Moved> {
+    /// Copies the bytes of `chain` into `out` (replacing what it held). Unvalidated: the
+    /// caller validates the entry that named the chain afterwards.
+    pub(crate) fn read(&self, chain: Chain, out: &mut Vec<u8>) -> Result<(), Moved> {
+        let len = chain.len;
         out.clear();
         out.reserve(len);
         self.walk(
-            first,
-            len,
+            chain,
             |_| {},
             |i, b| {
                 let n = (len - i * BLOCK).min(BLOCK);
@@ -278,13 +292,12 @@ impl<'a> Heap<'a> {
         )
     }
 
-    /// The blocks of the chain from `first` holding `len` bytes (to free them once the
-    /// entry that named them moved on, or to mark them in a sweep). Caller holds the
-    /// writer lock, so the chain does not change under it.
-    pub(crate) fn chain(&self, first: u32, len: usize, out: &mut Vec<u32>) -> Result<(), Moved> {
+    /// The blocks of `chain` (to free them once the entry that named them moved on).
+    /// Caller holds the writer lock, so the chain does not change under it.
+    pub(crate) fn blocks_of(&self, chain: Chain, out: &mut Vec<u32>) -> Result<(), Moved> {
         out.clear();
         let mut index = Vec::new();
-        self.walk(first, len, |b| index.push(b), |_, b| out.push(b))?;
+        self.walk(chain, |b| index.push(b), |_, b| out.push(b))?;
         out.extend(index);
         Ok(())
     }
@@ -296,6 +309,14 @@ impl<'a> Heap<'a> {
         for word in self.map {
             let mut cur = word.load(Ordering::Relaxed);
             loop {
+                // Never back to an older tag: a retagger taken over in the middle, resuming
+                // after its successor retagged, would make the words it reaches
+                // unsweepable (tags only grow; compared with wrapping arithmetic).
+                if ((cur >> 32) as u32).wrapping_sub(tag) as i32 >= 0
+                    && !crate::broken::broken(crate::broken::Broken::Protocol)
+                {
+                    break;
+                }
                 let next = u64::from(tag) << 32 | (cur & BITS);
                 match word.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
                     Ok(_) => break,
@@ -344,17 +365,17 @@ impl<'a> Heap<'a> {
         freed
     }
 
-    /// Sets the bits of the blocks of the chain from `first` holding `len` bytes in
-    /// `named` (a bit per block, as [`sweep`](Self::sweep) takes them). A chain that
-    /// leaves the heap marks what it named until then.
-    pub(crate) fn mark(&self, first: u32, len: usize, named: &mut [u64]) {
+    /// Sets the bits of the blocks of `chain` in `named` (a bit per block, as
+    /// [`sweep`](Self::sweep) takes them). A chain that leaves the heap marks what it
+    /// named until then.
+    pub(crate) fn mark(&self, chain: Chain, named: &mut [u64]) {
         let mut set = |b: u32| {
             if let Some(word) = named.get_mut(b as usize / PER_WORD) {
                 *word |= 1 << (b as usize % PER_WORD);
             }
         };
         let mut data = Vec::new();
-        let _ = self.walk(first, len, &mut set, |_, b| data.push(b));
+        let _ = self.walk(chain, &mut set, |_, b| data.push(b));
         data.into_iter().for_each(set);
     }
 }
@@ -397,12 +418,28 @@ mod tests {
             let v = bytes(len, len as u8);
             let mut blocks = Vec::new();
             assert!(h.take(blocks_for(len), &mut hint, &mut blocks), "{len}");
-            let first = h.write(&blocks, &v);
+            let first = h.write(&blocks, &v, 9);
             let mut out = Vec::new();
-            h.read(first, len, &mut out).unwrap();
+            h.read(
+                Chain {
+                    first,
+                    len,
+                    owner: 9,
+                },
+                &mut out,
+            )
+            .unwrap();
             assert_eq!(out, v, "{len}");
             let mut chain = Vec::new();
-            h.chain(first, len, &mut chain).unwrap();
+            h.blocks_of(
+                Chain {
+                    first,
+                    len,
+                    owner: 9,
+                },
+                &mut chain,
+            )
+            .unwrap();
             let (mut a, mut b) = (chain.clone(), blocks.clone());
             a.sort_unstable();
             b.sort_unstable();
@@ -434,9 +471,17 @@ mod tests {
         let mut blocks = Vec::new();
         assert!(h.take(n, &mut hint, &mut blocks));
         let v = bytes(len, 9);
-        let first = h.write(&blocks, &v);
+        let first = h.write(&blocks, &v, 9);
         let mut out = Vec::new();
-        h.read(first, len, &mut out).unwrap();
+        h.read(
+            Chain {
+                first,
+                len,
+                owner: 9,
+            },
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(out, v);
     }
 
@@ -447,13 +492,28 @@ mod tests {
         let mut hint = 0;
         let (mut kept, mut lost) = (Vec::new(), Vec::new());
         assert!(h.take(blocks_for(5000), &mut hint, &mut kept));
-        let first = h.write(&kept, &bytes(5000, 1));
+        let first = h.write(&kept, &bytes(5000, 1), 9);
         assert!(h.take(blocks_for(3000), &mut hint, &mut lost)); // a dead writer's
         let before = h.snapshot();
         let mut named = vec![0u64; map_words(200)];
-        h.mark(first, 5000, &mut named);
+        h.mark(
+            Chain {
+                first,
+                len: 5000,
+                owner: 9,
+            },
+            &mut named,
+        );
         let mut chain = Vec::new();
-        h.chain(first, 5000, &mut chain).unwrap();
+        h.blocks_of(
+            Chain {
+                first,
+                len: 5000,
+                owner: 9,
+            },
+            &mut chain,
+        )
+        .unwrap();
         let marked: usize = named.iter().map(|w| w.count_ones() as usize).sum();
         assert_eq!(marked, chain.len(), "mark names the chain's blocks");
         // a sweep from a snapshot of another tag frees nothing
@@ -472,7 +532,15 @@ mod tests {
         assert_eq!(h.sweep(&before, 0, &named), lost.len() - lost_elsewhere);
         assert_eq!(h.free_blocks(), 200 - kept.len());
         let mut out = Vec::new();
-        h.read(first, 5000, &mut out).unwrap();
+        h.read(
+            Chain {
+                first,
+                len: 5000,
+                owner: 9,
+            },
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(out, bytes(5000, 1));
     }
 
@@ -492,6 +560,54 @@ mod tests {
     }
 
     #[test]
+    fn a_chain_named_with_another_owner_is_moved() {
+        let (map, data) = heap(100);
+        let h = Heap::new(&map, &data);
+        let mut blocks = Vec::new();
+        assert!(h.take(blocks_for(5000), &mut 0, &mut blocks));
+        let first = h.write(&blocks, &bytes(5000, 3), 7);
+        let mut out = Vec::new();
+        let other = Chain {
+            first,
+            len: 5000,
+            owner: 8,
+        };
+        assert_eq!(h.read(other, &mut out), Err(Moved));
+        assert_eq!(h.blocks_of(other, &mut Vec::new()), Err(Moved));
+        let mut named = vec![0u64; map_words(100)];
+        h.mark(other, &mut named);
+        assert!(
+            named.iter().all(|&w| w == 0),
+            "marked another owner's chain"
+        );
+        h.read(
+            Chain {
+                first,
+                len: 5000,
+                owner: 7,
+            },
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(out, bytes(5000, 3));
+    }
+
+    #[test]
+    fn a_retag_never_goes_back_to_an_older_tag() {
+        let (map, data) = heap(100);
+        let h = Heap::new(&map, &data);
+        h.retag(5);
+        h.retag(4); // a retagger taken over, resuming
+        assert!(map.iter().all(|w| w.load(Ordering::Relaxed) >> 32 == 5));
+        for tag in [0x7fff_fff0, 0xffff_fff0, 2] {
+            h.retag(tag); // each newer than the last, the last across the wrap
+            assert!(map
+                .iter()
+                .all(|w| w.load(Ordering::Relaxed) >> 32 == u64::from(tag)));
+        }
+    }
+
+    #[test]
     fn a_chain_that_leaves_the_heap_is_moved_not_a_panic() {
         let (map, data) = heap(64);
         let h = Heap::new(&map, &data);
@@ -500,9 +616,39 @@ mod tests {
             w.store(u64::MAX - 1, Ordering::Relaxed);
         }
         let mut out = Vec::new();
-        assert_eq!(h.read(0, 10_000, &mut out), Err(Moved));
-        assert_eq!(h.read(64, 10, &mut out), Err(Moved));
+        assert_eq!(
+            h.read(
+                Chain {
+                    first: 0,
+                    len: 10_000,
+                    owner: 9
+                },
+                &mut out
+            ),
+            Err(Moved)
+        );
+        assert_eq!(
+            h.read(
+                Chain {
+                    first: 64,
+                    len: 10,
+                    owner: 9
+                },
+                &mut out
+            ),
+            Err(Moved)
+        );
         let mut chain = Vec::new();
-        assert_eq!(h.chain(0, 10_000, &mut chain), Err(Moved));
+        assert_eq!(
+            h.blocks_of(
+                Chain {
+                    first: 0,
+                    len: 10_000,
+                    owner: 9
+                },
+                &mut chain
+            ),
+            Err(Moved)
+        );
     }
 }

@@ -544,7 +544,7 @@ fn dict_a_taken_over_filter_rebuild_never_clears_a_placed_key() {
 /// written with `Entry::write`'s orderings.
 #[test]
 fn heap_a_reader_never_accepts_a_block_reused_under_it() {
-    use super::heap::{blocks_for, Heap, BLOCK_WORDS};
+    use super::heap::{blocks_for, Chain, Heap, BLOCK_WORDS};
     const LEN: usize = 16;
     #[derive(Clone)]
     struct World {
@@ -563,7 +563,7 @@ fn heap_a_reader_never_accepts_a_block_reused_under_it() {
             let heap = self.heap();
             let mut blocks = Vec::new();
             assert!(heap.take(blocks_for(LEN), &mut 0, &mut blocks));
-            let first = heap.write(&blocks, &[n; LEN]);
+            let first = heap.write(&blocks, &[n; LEN], 1);
             let s = self.head[0].load(Ordering::Relaxed);
             self.head[0]
                 .compare_exchange(s, s + 1, Ordering::Relaxed, Ordering::Relaxed)
@@ -585,7 +585,12 @@ fn heap_a_reader_never_accepts_a_block_reused_under_it() {
             let first = self.head[1].load(Ordering::Relaxed) as u32;
             let n = self.head[2].load(Ordering::Relaxed) as u8;
             let mut out = Vec::new();
-            self.heap().read(first, LEN, &mut out).ok()?;
+            let chain = Chain {
+                first,
+                len: LEN,
+                owner: 1,
+            };
+            self.heap().read(chain, &mut out).ok()?;
             loom::sync::atomic::fence(Ordering::Acquire);
             (self.head[0].load(Ordering::Relaxed) == s1).then_some((n, out))
         }
@@ -621,7 +626,7 @@ fn heap_a_reader_never_accepts_a_block_reused_under_it() {
 /// variant `protocol`).
 #[test]
 fn heap_two_writers_never_take_one_block() {
-    use super::heap::{blocks_for, Heap, BLOCK_WORDS};
+    use super::heap::{blocks_for, Chain, Heap, BLOCK_WORDS};
     const LEN: usize = 16;
     loom::model(|| {
         let map = Arc::new(vec![AtomicU64::new(0)]);
@@ -633,7 +638,7 @@ fn heap_two_writers_never_take_one_block() {
                 let heap = Heap::new(&map, &data);
                 let mut blocks = Vec::new();
                 assert!(heap.take(blocks_for(LEN), &mut 0, &mut blocks));
-                let first = heap.write(&blocks, &[n; LEN]);
+                let first = heap.write(&blocks, &[n; LEN], 1);
                 (blocks, first)
             }
         };
@@ -646,9 +651,25 @@ fn heap_two_writers_never_take_one_block() {
         );
         let heap = Heap::new(&map, &data);
         let mut out = Vec::new();
-        heap.read(my_first, LEN, &mut out).unwrap();
+        heap.read(
+            Chain {
+                first: my_first,
+                len: LEN,
+                owner: 1,
+            },
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(out, vec![1; LEN]);
-        heap.read(their_first, LEN, &mut out).unwrap();
+        heap.read(
+            Chain {
+                first: their_first,
+                len: LEN,
+                owner: 1,
+            },
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(out, vec![2; LEN]);
     });
 }
@@ -662,7 +683,7 @@ fn heap_two_writers_never_take_one_block() {
 /// variant `protocol`).
 #[test]
 fn heap_a_sweeper_taken_over_frees_nothing_its_successor_names() {
-    use super::heap::{blocks_for, map_words, Heap, BLOCK_WORDS};
+    use super::heap::{blocks_for, map_words, Chain, Heap, BLOCK_WORDS};
     const LEN: usize = 16;
     const NONE: u64 = u64::MAX;
     loom::model(|| {
@@ -675,7 +696,7 @@ fn heap_a_sweeper_taken_over_frees_nothing_its_successor_names() {
             let heap = Heap::new(&map, &data);
             let mut blocks = Vec::new();
             assert!(heap.take(blocks_for(LEN), &mut 0, &mut blocks));
-            heap.write(&blocks, &[7; LEN])
+            heap.write(&blocks, &[7; LEN], 1)
         };
         names[0].store(u64::from(first), Ordering::Relaxed);
         let sweeper = {
@@ -688,7 +709,14 @@ fn heap_a_sweeper_taken_over_frees_nothing_its_successor_names() {
                 for name in [&names[1], &names[0]] {
                     let f = name.load(Ordering::Acquire);
                     if f != NONE {
-                        heap.mark(f as u32, LEN, &mut named);
+                        heap.mark(
+                            Chain {
+                                first: f as u32,
+                                len: LEN,
+                                owner: 1,
+                            },
+                            &mut named,
+                        );
                     }
                 }
                 heap.sweep(&before, 0, &named)
@@ -701,14 +729,30 @@ fn heap_a_sweeper_taken_over_frees_nothing_its_successor_names() {
         names[0].store(NONE, Ordering::Release);
         sweeper.join().unwrap();
         let mut chain = Vec::new();
-        heap.chain(first, LEN, &mut chain).unwrap();
+        heap.blocks_of(
+            Chain {
+                first,
+                len: LEN,
+                owner: 1,
+            },
+            &mut chain,
+        )
+        .unwrap();
         let bits = map[0].load(Ordering::Relaxed);
         assert!(
             chain.iter().all(|&b| bits & 1 << b != 0),
             "the entry's chain {chain:?} was freed (map {bits:#x})"
         );
         let mut out = Vec::new();
-        heap.read(first, LEN, &mut out).unwrap();
+        heap.read(
+            Chain {
+                first,
+                len: LEN,
+                owner: 1,
+            },
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(out, vec![7; LEN]);
     });
 }

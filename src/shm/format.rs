@@ -63,8 +63,7 @@ pub(crate) const DICT_SLOT_HEAD: usize = 64;
 pub(crate) const MAX_VALUE_LEN: u32 = 1 << 20;
 /// Bytes of a block of a dict's heap.
 pub(crate) const HEAP_BLOCK: usize = 256;
-/// Upper bound on a value kept in a dict's heap (64 MiB), and on the fraction of the heap
-/// one value may take (a quarter).
+/// Upper bound on a value kept in a dict's heap (64 MiB).
 pub(crate) const MAX_HEAP_VALUE: u64 = 64 << 20;
 pub(crate) const MAX_DICT_BODY: u64 = 1 << 36;
 /// Bytes of the counters at the end of the file: [`STATS_CELLS`] process cells of 512

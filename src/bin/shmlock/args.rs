@@ -327,8 +327,8 @@ pub struct CreateArgs {
     #[arg(long, value_name = "BYTES", requires = "dict")]
     pub max_value_len: Option<usize>,
     /// With --dict: bytes of the heap for values longer than --max-value-len, as nginx
-    /// sizes a zone: 10m, 512k, 1g or a number of bytes; a value may take up to a quarter
-    /// of it (at most 64m) [default: none]
+    /// sizes a zone: 10m, 512k, 1g or a number of bytes; a value may take all of it (at
+    /// most 64m) [default: none]
     #[arg(long, value_name = "SIZE", requires = "dict", value_parser = parse_size)]
     pub heap_size: Option<u64>,
     /// Permission bits, octal; the owner must be able to read and write (at least 0600)

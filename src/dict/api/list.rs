@@ -134,7 +134,8 @@ impl SharedDict {
                 }));
             }
             let at = (Kind::List, &list.0[..]);
-            let stored = self.store_at(w, i, &k, at, c.flags, c.deadline, now, true)?;
+            // (a shorter list: the room it needs is its own, never another key's)
+            let stored = self.store_at(w, i, &k, at, c.flags, c.deadline, now, false)?;
             Ok(self.write(stored)?.map(|()| Some(value)))
         })
     }
