@@ -17,6 +17,7 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use common::dict::{gen_of, make_value, verify};
 use common::fork::{fork, xorshift, Shared};
 use common::harness::Test;
 use common::probe::{await_word, cont, Proc};
@@ -72,33 +73,6 @@ fn heap_dict(name: &str, capacity: usize, heap: u64) -> (TempPath, SharedDict) {
         .open(&path)
         .unwrap();
     (path, d)
-}
-
-/// A value that says which key and generation it is, and its own checksum.
-fn make_value(key: u32, gen: u64, len: usize) -> Vec<u8> {
-    let len = len.max(24);
-    let mut v = Vec::with_capacity(len);
-    v.extend_from_slice(&key.to_le_bytes());
-    v.extend_from_slice(&(len as u32).to_le_bytes());
-    v.extend_from_slice(&gen.to_le_bytes());
-    let mut x = gen | 1;
-    while v.len() < len - 8 {
-        v.push(xorshift(&mut x) as u8);
-    }
-    let sum = xxhash_rust::xxh3::xxh3_64(&v);
-    v.extend_from_slice(&sum.to_le_bytes());
-    v
-}
-
-fn verify(key: u32, v: &[u8]) -> bool {
-    v.len() >= 24
-        && u32::from_le_bytes(v[0..4].try_into().unwrap()) == key
-        && u32::from_le_bytes(v[4..8].try_into().unwrap()) as usize == v.len()
-        && xxhash_rust::xxh3::xxh3_64(&v[..v.len() - 8]).to_le_bytes() == v[v.len() - 8..]
-}
-
-fn gen_of(v: &[u8]) -> u64 {
-    u64::from_le_bytes(v[8..16].try_into().unwrap())
 }
 
 fn bytes_of(d: &SharedDict, key: &str) -> Option<Vec<u8>> {

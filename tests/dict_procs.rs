@@ -11,6 +11,7 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use common::dict::{make_value, verify};
 use common::fork::{fork, xorshift, Child, Shared};
 use common::harness::TestFn;
 use common::TempPath;
@@ -240,29 +241,6 @@ fn an_unrelated_process_reads_by_path() {
 
 // ---------------------------------------------------------------------------------------
 // Torn reads and dead writers
-
-/// A value that says what it is: key id, length, generation, filler, then a checksum of
-/// all of that. Any mix of two values, or of a value and garbage, fails `verify`.
-fn make_value(key: u32, gen: u64, len: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len);
-    v.extend_from_slice(&key.to_le_bytes());
-    v.extend_from_slice(&(len as u32).to_le_bytes());
-    v.extend_from_slice(&gen.to_le_bytes());
-    let mut x = gen | 1;
-    while v.len() < len - 8 {
-        v.push(xorshift(&mut x) as u8);
-    }
-    let sum = xxhash_rust::xxh3::xxh3_64(&v);
-    v.extend_from_slice(&sum.to_le_bytes());
-    v
-}
-
-fn verify(key: u32, v: &[u8]) -> bool {
-    v.len() >= 24
-        && u32::from_le_bytes(v[0..4].try_into().unwrap()) == key
-        && u32::from_le_bytes(v[4..8].try_into().unwrap()) as usize == v.len()
-        && xxhash_rust::xxh3::xxh3_64(&v[..v.len() - 8]).to_le_bytes() == v[v.len() - 8..]
-}
 
 const TORN_KEYS: u64 = 48;
 const TORN_MAX: usize = 2048;

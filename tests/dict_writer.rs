@@ -18,6 +18,7 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use common::dict::{gen_of, make_value, verify};
 use common::fork::{fork, xorshift, Child, Shared};
 use common::harness::Test;
 use common::probe::{
@@ -650,31 +651,6 @@ fn both_undo_copies_held_by_stopped_writers() {
 // ---------------------------------------------------------------------------------------
 // Dict chaos: writers SIGSTOPped past the bound and SIGKILLed; readers check every value,
 // a controller checks delete, set-then-get and duplicates; counters are tallied.
-
-fn make_value(key: u32, gen: u64, len: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len);
-    v.extend_from_slice(&key.to_le_bytes());
-    v.extend_from_slice(&(len as u32).to_le_bytes());
-    v.extend_from_slice(&gen.to_le_bytes());
-    let mut x = gen | 1;
-    while v.len() < len - 8 {
-        v.push(xorshift(&mut x) as u8);
-    }
-    let sum = xxhash_rust::xxh3::xxh3_64(&v);
-    v.extend_from_slice(&sum.to_le_bytes());
-    v
-}
-
-fn verify(key: u32, v: &[u8]) -> bool {
-    v.len() >= 24
-        && u32::from_le_bytes(v[0..4].try_into().unwrap()) == key
-        && u32::from_le_bytes(v[4..8].try_into().unwrap()) as usize == v.len()
-        && xxhash_rust::xxh3::xxh3_64(&v[..v.len() - 8]).to_le_bytes() == v[v.len() - 8..]
-}
-
-fn gen_of(v: &[u8]) -> u64 {
-    u64::from_le_bytes(v[8..16].try_into().unwrap())
-}
 
 const DKEYS: u64 = 48;
 fn dmax() -> usize {

@@ -33,3 +33,34 @@ pub fn b(s: &str) -> Option<Value> {
 pub fn int(n: i64) -> Option<Value> {
     Some(Value::Int(n))
 }
+
+/// A value that says what it is: key id, length, generation, filler, then a checksum of all
+/// of that (at least 24 bytes). Any mix of two values, or of a value and garbage, fails
+/// [`verify`].
+pub fn make_value(key: u32, gen: u64, len: usize) -> Vec<u8> {
+    let len = len.max(24);
+    let mut v = Vec::with_capacity(len);
+    v.extend_from_slice(&key.to_le_bytes());
+    v.extend_from_slice(&(len as u32).to_le_bytes());
+    v.extend_from_slice(&gen.to_le_bytes());
+    let mut x = gen | 1;
+    while v.len() < len - 8 {
+        v.push(super::fork::xorshift(&mut x) as u8);
+    }
+    let sum = xxhash_rust::xxh3::xxh3_64(&v);
+    v.extend_from_slice(&sum.to_le_bytes());
+    v
+}
+
+/// Whether `v` is a whole value [`make_value`] made for `key`.
+pub fn verify(key: u32, v: &[u8]) -> bool {
+    v.len() >= 24
+        && u32::from_le_bytes(v[0..4].try_into().unwrap()) == key
+        && u32::from_le_bytes(v[4..8].try_into().unwrap()) as usize == v.len()
+        && xxhash_rust::xxh3::xxh3_64(&v[..v.len() - 8]).to_le_bytes() == v[v.len() - 8..]
+}
+
+/// The generation a value of [`make_value`] was made with.
+pub fn gen_of(v: &[u8]) -> u64 {
+    u64::from_le_bytes(v[8..16].try_into().unwrap())
+}
