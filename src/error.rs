@@ -188,7 +188,10 @@ pub enum Error {
     /// held a [`SharedDict`](crate::SharedDict)'s writer lock, and another writer took the
     /// lock over before its write was made: the write was not made (the key keeps the
     /// value it had before). A writer taken over once its write was made reports the
-    /// write's own result.
+    /// write's own result. One exception: a value of a dict's heap that cannot be kept
+    /// beside the value it replaces (even once every other value it may evict is gone)
+    /// replaces it only after freeing it, so the key may then have no value (see
+    /// [`DictOptions::heap_size`](crate::DictOptions::heap_size)).
     Stalled,
     /// The file at `path` is not a usable lock table.
     #[non_exhaustive]

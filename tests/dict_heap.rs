@@ -299,6 +299,29 @@ fn a_full_heap_evicts_the_least_recently_used_and_safe_set_refuses() {
         assert!(verify([0, 2, 3, 4][n], &v), "{key}");
     }
     assert_eq!(d.evictions(), 1);
+
+    // A long value whose successor fits only in its own room: that goes, and no other
+    // value goes for nothing (set and safe_set alike).
+    let (_path, d) = heap_dict("heap-own-room", 64, 1 << 20);
+    d.set("k", &make_value(9, 1, 700_000)[..], Duration::ZERO)
+        .unwrap();
+    for n in 0..4u32 {
+        d.set(
+            format!("s{n}"),
+            &make_value(n, 1, 60_000)[..],
+            Duration::ZERO,
+        )
+        .unwrap();
+    }
+    let stored = d
+        .set("k", &make_value(9, 2, 700_000)[..], Duration::ZERO)
+        .unwrap();
+    assert!(!stored.forcible, "set evicted another value");
+    assert_eq!(d.evictions(), 0);
+    for n in 0..4u32 {
+        assert!(verify(n, &bytes_of(&d, &format!("s{n}")).unwrap()), "s{n}");
+    }
+    assert_eq!(gen_of(&bytes_of(&d, "k").unwrap()), 2);
 }
 
 /// Writers in child processes store long values (1 KiB to 200 KiB) under 6 keys; each is

@@ -46,8 +46,10 @@ const FLUSHED: usize = JOURNAL + 2 * JOURNALS;
 /// word (see `heap.rs`), which a sweep expects of the words it frees in.
 const HEAP_TAG: usize = FLUSHED + 1;
 /// Nonzero once a takeover may have left heap blocks that nothing names (a writer killed
-/// or stopped between taking blocks and publishing them): a store that finds the heap
-/// short sweeps it only then, and a sweep that ran clears it.
+/// or stopped between taking blocks and publishing them), or a chain was dropped: a store
+/// that finds the heap short sweeps it only then. Each cause adds one; a sweep that ran,
+/// and found every entry and copy settled, clears it with a CAS from the count it read
+/// first (a cause since then keeps it).
 const SWEEP_DUE: usize = HEAP_TAG + 1;
 const CONTROL_WORDS: usize = crate::shm::format::DICT_CONTROL_SIZE / 8;
 
@@ -269,7 +271,10 @@ impl DictOptions {
     /// blocks rounded up, and one more per 62 of those. Such a value may take the whole
     /// heap, up to 64 MiB. With a heap, a store that finds it full evicts the least
     /// recently used values kept there (the `safe_` stores refuse instead,
-    /// [`Error::NoMemory`]).
+    /// [`Error::NoMemory`]). A value keeps the one it replaces until it is stored (a
+    /// writer killed midway leaves the previous value), so both need room at once; when
+    /// only the old one's room can make it, the old one goes first, as ngx does: a writer
+    /// killed then, or taken over ([`Error::Stalled`]), leaves the key without a value.
     ///
     /// ```
     /// # let path = std::env::temp_dir().join(format!("shmlock-doc-heap-{}", std::process::id()));
@@ -1203,7 +1208,7 @@ impl SharedDict {
             let tag =
                 (self.control(HEAP_TAG).fetch_add(1, Ordering::AcqRel) as u32).wrapping_add(1);
             self.heap().retag(tag);
-            self.control(SWEEP_DUE).store(1, Ordering::Relaxed);
+            self.control(SWEEP_DUE).fetch_add(1, Ordering::AcqRel);
             tag
         } else {
             self.control(HEAP_TAG).load(Ordering::Acquire) as u32
@@ -1291,8 +1296,11 @@ impl SharedDict {
         let mut blocks = Vec::new();
         let at = if value.len() > self.inner.geometry.max_value {
             let n = blocks_for(value.len());
-            if self.take_blocks(w, key, n, i, evict, now, &mut blocks)? {
-                old = None; // the key's own value made the room: its chain went back
+            match self.take_blocks(w, key, n, i, evict, now, &mut blocks)? {
+                Taken::Fresh => {}
+                // the key's own value made the room: its chain went back
+                Taken::OwnFreed => old = None,
+                Taken::Retry => return Ok(Err(Aborted::NotStable)),
             }
             ValueAt::Heap {
                 first: heap.write(&blocks, value, key.hash as u32),
@@ -1334,7 +1342,7 @@ impl SharedDict {
         if heap.blocks_of(chain, &mut blocks).is_ok() {
             heap.free(&blocks);
         } else {
-            self.control(SWEEP_DUE).store(1, Ordering::Relaxed);
+            self.control(SWEEP_DUE).fetch_add(1, Ordering::AcqRel);
         }
     }
 
@@ -1356,12 +1364,12 @@ impl SharedDict {
     }
 
     /// Takes `n` blocks of the heap into `blocks` for a value to be stored in entry `i`:
-    /// if the heap is short, sweeps it (once, when that is safe), then frees the expired
-    /// values kept there and (if `evict`) the least recently used ones, never entry
-    /// `i`'s; last, if the value entry `i` holds and the new one do not fit together,
-    /// empties entry `i` first (`Ok(true)`: the store then goes without the undo copy's
-    /// promise, as ngx frees a value before it stores its successor). [`Error::NoMemory`]
-    /// if it cannot.
+    /// if the heap is short, sweeps it (when a sweep is due and safe), then frees the
+    /// expired values kept there and (if `evict`) the least recently used ones, never
+    /// entry `i`'s. If even that cannot make room but the key's own value (entry `i`'s)
+    /// would, that goes first ([`Taken::OwnFreed`]: the store then goes without the undo
+    /// copy's promise, as ngx frees a value before it stores its successor), and the
+    /// others only as far as still needed. [`Error::NoMemory`] if it cannot.
     #[allow(clippy::too_many_arguments)]
     fn take_blocks(
         &self,
@@ -1372,39 +1380,63 @@ impl SharedDict {
         evict: bool,
         now: u64,
         blocks: &mut Vec<u32>,
-    ) -> Result<bool, Error> {
+    ) -> Result<Taken, Error> {
         let heap = self.heap();
         let mut hint = (i * 7) % map_words(heap.blocks()).max(1);
         if heap.take(n, &mut hint, blocks) {
-            return Ok(false);
+            return Ok(Taken::Fresh);
         }
         if self.control(SWEEP_DUE).load(Ordering::Relaxed) != 0
             && self.sweep(w) > 0
             && heap.take(n, &mut hint, blocks)
         {
-            return Ok(false);
+            return Ok(Taken::Fresh);
         }
         let no_memory = || Error::NoMemory { key: key.preview() };
         if n > heap.blocks() {
             return Err(no_memory());
         }
         // Values of the heap, expired ones first, then (if `evict`) live ones, oldest
-        // first.
-        let mut held: Vec<(bool, u64, usize)> = (0..self.capacity())
+        // first, with their blocks.
+        let mut held: Vec<(bool, u64, usize, usize)> = (0..self.capacity())
             .filter(|&j| j != i)
             .filter_map(|j| {
                 let e = self.entry(j);
-                e.heap_value()?;
+                let chain = e.heap_value()?;
                 let live = e.deadline() > now;
-                (e.is_stable() && (evict || !live)).then(|| (live, e.used_at(), j))
+                (e.is_stable() && (evict || !live))
+                    .then(|| (live, e.used_at(), j, blocks_for(chain.len)))
             })
             .collect();
         held.sort_unstable();
+        let others: usize = held.iter().map(|h| h.3).sum();
+        let mut taken = Taken::Fresh;
+        if heap.free_blocks() + others < n {
+            // Only the key's own value can make the room: it goes first, and no other
+            // value goes for nothing.
+            let own = self.entry(i).heap_value().map(|c| blocks_for(c.len));
+            if own.is_none_or(|b| heap.free_blocks() + others + b < n) {
+                return Err(no_memory());
+            }
+            match self.free_at(w, i, None) {
+                Ok(()) => {
+                    // counted again once the store is made, as a free entry's
+                    self.uncount(w, 1);
+                    w.placed.set(w.placed.get() + 1);
+                }
+                Err(Aborted::TakenOver) => return Err(Error::Stalled),
+                Err(Aborted::NotStable) => return Ok(Taken::Retry),
+            }
+            taken = Taken::OwnFreed;
+            if heap.take(n, &mut hint, blocks) {
+                return Ok(taken);
+            }
+        }
         // As few as make room, the least recently used first, and then until 1/64 of the
         // heap is free besides: the next long values then need no scan of their own.
         let slack = heap.blocks() / 64;
         let mut room = false;
-        for (live, _, j) in held {
+        for (live, _, j, _) in held {
             let home = self.home_of(self.entry(j).hash());
             match self.free_at(w, j, None) {
                 Ok(()) => {
@@ -1425,25 +1457,10 @@ impl SharedDict {
             }
         }
         if heap.take(n, &mut hint, blocks) {
-            return Ok(false);
+            Ok(taken)
+        } else {
+            Err(no_memory())
         }
-        // The key's own value, if the room it and the free blocks make is enough.
-        let own = self.entry(i).heap_value().map(|c| blocks_for(c.len));
-        if own.is_some_and(|b| heap.free_blocks() + b >= n) {
-            match self.free_at(w, i, None) {
-                Ok(()) => {
-                    // counted again once the store is made, as a free entry's
-                    self.uncount(w, 1);
-                    w.placed.set(w.placed.get() + 1);
-                }
-                Err(Aborted::TakenOver) => return Err(Error::Stalled),
-                Err(Aborted::NotStable) => return Err(no_memory()),
-            }
-            if heap.take(n, &mut hint, blocks) {
-                return Ok(true);
-            }
-        }
-        Err(no_memory())
     }
 
     /// Gives back the heap's blocks that no entry and no undo copy names (a writer that
@@ -1451,6 +1468,7 @@ impl SharedDict {
     /// writer taken over may still write into its own (see [`HeapOps`]); how many.
     #[cold]
     fn sweep(&self, w: &Locked<'_>) -> usize {
+        let due = self.control(SWEEP_DUE).load(Ordering::Acquire);
         let heap = self.heap();
         let reg = self.inner.att.map.registry();
         let me = w.writing.owner().entry() as usize;
@@ -1469,22 +1487,34 @@ impl SharedDict {
             return 0;
         }
         let mut named = vec![0u64; map_words(heap.blocks())];
-        let mut mark = |e: &Entry<'_>| {
+        // An entry out of use (a stale writer's) or an undo copy in use may drop the chain
+        // it names once settled: the sweep is due again then.
+        let mut unsettled = false;
+        let mut mark = |e: &Entry<'_>, settled: bool| {
             if let Some(chain) = e.heap_value() {
                 heap.mark(chain, &mut named);
+                unsettled |= !settled;
             }
         };
-        (0..self.capacity()).for_each(|i| mark(&self.entry(i)));
+        (0..self.capacity()).for_each(|i| {
+            let e = self.entry(i);
+            mark(&e, e.is_stable());
+        });
         let journals = self.journals();
         for n in 0..JOURNALS {
             let j = journals.get(n);
             if !matches!(j.state(j.load()), JournalState::Idle) {
-                mark(&j.copy);
+                mark(&j.copy, false);
             }
         }
         let freed = heap.sweep(&before, w.heap_tag, &named);
-        if w.writing.still_mine() {
-            self.control(SWEEP_DUE).store(0, Ordering::Relaxed);
+        if !unsettled && w.writing.still_mine() {
+            let _ = self.control(SWEEP_DUE).compare_exchange(
+                due,
+                0,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
         }
         freed
     }
@@ -1608,7 +1638,7 @@ impl SharedDict {
             // The copy's chain, named by nothing now (expired, or the key stored since): a
             // sweep finds it. (Freed here, it could be one another restorer, which took
             // this lock over and stored the copy, names.)
-            self.control(SWEEP_DUE).store(1, Ordering::Relaxed);
+            self.control(SWEEP_DUE).fetch_add(1, Ordering::AcqRel);
         }
     }
 
@@ -1780,7 +1810,7 @@ impl SharedDict {
                 // A stable entry whose heap chain is broken: a damaged file. The entry
                 // goes (its blocks are lost until a sweep finds them).
                 Err(Look::Damaged) => {
-                    self.control(SWEEP_DUE).store(1, Ordering::Relaxed);
+                    self.control(SWEEP_DUE).fetch_add(1, Ordering::AcqRel);
                     if e.free(&w.writing, None).is_ok() {
                         self.uncount(w, 1);
                         self.control(REPAIRS).fetch_add(1, Ordering::Relaxed);
@@ -2164,6 +2194,16 @@ struct Locked<'a> {
     /// Where a counting pass (`clean_all`) is, and the entries a restore took behind it.
     pass_at: Spot,
     behind: std::cell::Cell<u64>,
+}
+
+/// How [`SharedDict::take_blocks`] made room.
+enum Taken {
+    /// From free blocks, or others' values.
+    Fresh,
+    /// The key's own value went first.
+    OwnFreed,
+    /// The key's entry was marked by a stale writer: start the operation over.
+    Retry,
 }
 
 /// A write under way, counted in the writer's registry entry (see `Registry::ops`) for a
