@@ -42,6 +42,10 @@ const TESTS: &[Test] = &[
         a_damaged_entry_naming_another_keys_chain_neither_reads_nor_frees_it,
     ),
     Test::new(
+        "a_map_retagged_newer_than_the_holders_tag_is_still_swept",
+        a_map_retagged_newer_than_the_holders_tag_is_still_swept,
+    ),
+    Test::new(
         "heap_writers_killed_or_stopped_mid_write_leave_whole_values_and_lose_no_block",
         heap_writers_killed_or_stopped_mid_write_leave_whole_values_and_lose_no_block,
     ),
@@ -487,6 +491,7 @@ fn heap_writers_killed_or_stopped_mid_write_leave_whole_values_and_lose_no_block
 struct Raw {
     map: memmap2::MmapRaw,
     entries: usize,
+    slots: usize,
     slot_size: usize,
     value_at: usize,
 }
@@ -510,6 +515,7 @@ impl Raw {
         let registry = (u(72, 4) * 32).div_ceil(4096) * 4096;
         Raw {
             entries: 4096 + registry + 4096,
+            slots: u(16, 8),
             slot_size: u(24, 4),
             value_at: 64 + u(88, 4).div_ceil(8) * 8,
             map,
@@ -526,6 +532,18 @@ impl Raw {
     /// Word `w` of entry `i` (1: meta; `value` for the value's first word).
     fn entry(&self, i: usize, byte: usize) -> &std::sync::atomic::AtomicU64 {
         self.word(self.entries + i * self.slot_size + byte)
+    }
+
+    /// Word `w` of the dict's control page.
+    fn control(&self, w: usize) -> &std::sync::atomic::AtomicU64 {
+        self.word(self.entries - 4096 + 8 * w)
+    }
+
+    /// Word `w` of the heap's map (after the entries, the two undo copies and the
+    /// filters).
+    fn map_word(&self, w: usize) -> &std::sync::atomic::AtomicU64 {
+        let filters = (self.slots * 8).div_ceil(64) * 64;
+        self.word(self.entries + (self.slots + 2) * self.slot_size + filters + 8 * w)
     }
 
     /// The entry whose key is `key` (short keys: one word).
@@ -583,5 +601,39 @@ fn a_damaged_entry_naming_another_keys_chain_neither_reads_nor_frees_it() {
         d.heap_free() + blocks_in_use(&d) * BLOCK,
         1 << 20,
         "a block counted twice or lost"
+    );
+}
+
+/// The map as a taker leaves it that was taken over before it drew its tag, and drew a
+/// newer one than its successor's when it resumed: every word tagged newer than the
+/// holder's tag. Blocks a killed writer took meanwhile (bits set, named by nothing) must
+/// still come back: the holder's sweep, finding words of a newer tag, draws a newer one and
+/// sweeps again (before, it skipped them all and cleared the sweep's due count: the blocks
+/// were lost until the next takeover).
+fn a_map_retagged_newer_than_the_holders_tag_is_still_swept() {
+    const HEAP_TAG: usize = 10;
+    const SWEEP_DUE: usize = 11;
+    let (path, d) = heap_dict("heap-newer-tag", 64, 64 * 256);
+    let raw = Raw::new(&path.0);
+    // a dead writer's 40 blocks, a map tagged 5 (the holder's tag is 0), a sweep due
+    for (w, bits) in [(0usize, u64::from(u32::MAX)), (1, 0xff)] {
+        raw.map_word(w).store(5 << 32 | bits, Ordering::SeqCst);
+    }
+    assert_eq!(raw.control(HEAP_TAG).load(Ordering::SeqCst), 0);
+    raw.control(SWEEP_DUE).store(1, Ordering::SeqCst);
+    assert_eq!(d.heap_free(), (64 - 40) * 256);
+    // a value of 50 blocks needs them back
+    d.safe_set("v", &make_value(1, 1, 49 * 256)[..], Duration::ZERO)
+        .unwrap();
+    assert!(verify(1, &bytes_of(&d, "v").unwrap()));
+    assert_eq!(
+        d.heap_free() + blocks_in_use(&d) * BLOCK,
+        64 * 256,
+        "blocks lost"
+    );
+    assert_eq!(
+        raw.control(SWEEP_DUE).load(Ordering::SeqCst),
+        0,
+        "the sweep ran whole"
     );
 }

@@ -274,7 +274,9 @@ impl DictOptions {
     /// [`Error::NoMemory`]). A value keeps the one it replaces until it is stored (a
     /// writer killed midway leaves the previous value), so both need room at once; when
     /// only the old one's room can make it, the old one goes first, as ngx does: a writer
-    /// killed then, or taken over ([`Error::Stalled`]), leaves the key without a value.
+    /// killed then, or taken over ([`Error::Stalled`]), leaves the key without a value
+    /// (as does, rarely, such a store that a stalled writer's late marks make end in
+    /// [`Error::NoMemory`] or start over).
     ///
     /// ```
     /// # let path = std::env::temp_dir().join(format!("shmlock-doc-heap-{}", std::process::id()));
@@ -1205,9 +1207,7 @@ impl SharedDict {
         } else if took_over {
             // Before anything moves: a sweep the writer taken over began frees nothing
             // after this (see `heap.rs`).
-            let tag =
-                (self.control(HEAP_TAG).fetch_add(1, Ordering::AcqRel) as u32).wrapping_add(1);
-            self.heap().retag(tag);
+            let tag = self.new_heap_tag();
             self.control(SWEEP_DUE).fetch_add(1, Ordering::AcqRel);
             tag
         } else {
@@ -1216,7 +1216,7 @@ impl SharedDict {
         let w = Locked {
             epoch: writing.epoch(),
             writing,
-            heap_tag,
+            heap_tag: std::cell::Cell::new(heap_tag),
             _ops: ops,
             evicted: std::cell::Cell::new(false),
             restoring: std::cell::Cell::new(false),
@@ -1346,6 +1346,35 @@ impl SharedDict {
         }
     }
 
+    /// Draws the next heap tag and gives it to every map word (see `heap.rs`).
+    fn new_heap_tag(&self) -> u32 {
+        let tag = (self.control(HEAP_TAG).fetch_add(1, Ordering::AcqRel) as u32).wrapping_add(1);
+        self.heap().retag(tag);
+        tag
+    }
+
+    /// [`new_heap_tag`](Self::new_heap_tag), newer than `seen` too (a tag found on the map:
+    /// tags only grow, so a retag to an older one would change nothing).
+    fn new_heap_tag_after(&self, seen: u32) -> u32 {
+        let word = self.control(HEAP_TAG);
+        let mut cur = word.load(Ordering::Acquire);
+        let tag = loop {
+            let drawn = cur as u32;
+            let base = if (seen.wrapping_sub(drawn) as i32) > 0 {
+                seen
+            } else {
+                drawn
+            };
+            let next = base.wrapping_add(1);
+            match word.compare_exchange(cur, u64::from(next), Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break next,
+                Err(now) => cur = now,
+            }
+        };
+        self.heap().retag(tag);
+        tag
+    }
+
     /// Counts a write under way in this registration's registry entry (see [`HeapOps`]).
     #[inline(always)]
     fn count_op(&self, owner: OwnerId) -> HeapOps<'_> {
@@ -1410,31 +1439,38 @@ impl SharedDict {
             .collect();
         held.sort_unstable();
         let others: usize = held.iter().map(|h| h.3).sum();
+        let own = self.entry(i).heap_value().map(|c| blocks_for(c.len));
+        // Frees the key's own value (counted again once the store is made, as a free
+        // entry's).
+        let free_own = || match self.free_at(w, i, None) {
+            Ok(()) => {
+                self.uncount(w, 1);
+                w.placed.set(w.placed.get() + 1);
+                Ok(Taken::OwnFreed)
+            }
+            Err(Aborted::TakenOver) => Err(Error::Stalled),
+            Err(Aborted::NotStable) => Ok(Taken::Retry),
+        };
         let mut taken = Taken::Fresh;
         if heap.free_blocks() + others < n {
             // Only the key's own value can make the room: it goes first, and no other
             // value goes for nothing.
-            let own = self.entry(i).heap_value().map(|c| blocks_for(c.len));
             if own.is_none_or(|b| heap.free_blocks() + others + b < n) {
                 return Err(no_memory());
             }
-            match self.free_at(w, i, None) {
-                Ok(()) => {
-                    // counted again once the store is made, as a free entry's
-                    self.uncount(w, 1);
-                    w.placed.set(w.placed.get() + 1);
-                }
-                Err(Aborted::TakenOver) => return Err(Error::Stalled),
-                Err(Aborted::NotStable) => return Ok(Taken::Retry),
-            }
-            taken = Taken::OwnFreed;
-            if heap.take(n, &mut hint, blocks) {
+            taken = free_own()?;
+            if matches!(taken, Taken::Retry) || heap.take(n, &mut hint, blocks) {
                 return Ok(taken);
             }
         }
-        // As few as make room, the least recently used first, and then until 1/64 of the
-        // heap is free besides: the next long values then need no scan of their own.
-        let slack = heap.blocks() / 64;
+        // As few as make room, the least recently used first, and then (unless the key's
+        // own value went) until 1/64 of the heap is free besides: the next long values
+        // then need no scan of their own.
+        let slack = if matches!(taken, Taken::OwnFreed) {
+            0
+        } else {
+            heap.blocks() / 64
+        };
         let mut room = false;
         for (live, _, j, _) in held {
             let home = self.home_of(self.entry(j).hash());
@@ -1457,10 +1493,17 @@ impl SharedDict {
             }
         }
         if heap.take(n, &mut hint, blocks) {
-            Ok(taken)
-        } else {
-            Err(no_memory())
+            return Ok(taken);
         }
+        // Fewer went than were counted on (marked by a stale writer, or damaged): the key's
+        // own value, if it is still there and makes the room.
+        if matches!(taken, Taken::Fresh) && own.is_some_and(|b| heap.free_blocks() + b >= n) {
+            taken = free_own()?;
+            if matches!(taken, Taken::Retry) || heap.take(n, &mut hint, blocks) {
+                return Ok(taken);
+            }
+        }
+        Err(no_memory())
     }
 
     /// Gives back the heap's blocks that no entry and no undo copy names (a writer that
@@ -1507,8 +1550,33 @@ impl SharedDict {
                 mark(&j.copy, false);
             }
         }
-        let freed = heap.sweep(&before, w.heap_tag, &named);
-        if !unsettled && w.writing.still_mine() {
+        let mut swept = heap.sweep(&before, w.heap_tag.get(), &named);
+        if swept.left > 0 && w.writing.still_mine() {
+            // Words of a newer tag than this hold's: a taker that was itself taken over
+            // before it drew its tag drew a newer one on resuming, and retagged. A newer
+            // tag yet, and again (moving nothing: any retag only fails stale sweeps).
+            let newest =
+                before
+                    .iter()
+                    .map(|&word| (word >> 32) as u32)
+                    .fold(w.heap_tag.get(), |a, b| {
+                        if (b.wrapping_sub(a) as i32) > 0 {
+                            b
+                        } else {
+                            a
+                        }
+                    });
+            let tag = self.new_heap_tag_after(newest);
+            w.heap_tag.set(tag);
+            let before = heap.snapshot();
+            if w.writing.still_mine() {
+                let again = heap.sweep(&before, tag, &named);
+                swept.freed += again.freed;
+                swept.left = again.left;
+            }
+        }
+        let freed = swept.freed;
+        if !unsettled && swept.left == 0 && w.writing.still_mine() {
             let _ = self.control(SWEEP_DUE).compare_exchange(
                 due,
                 0,
@@ -1572,7 +1640,10 @@ impl SharedDict {
             return;
         };
         let Ok(Some((key, _))) = j.copy.read_key() else {
-            j.release(word); // not a key: a damaged file
+            // not a key: a damaged file (a chain it named is the sweep's)
+            if j.release(word) {
+                self.control(SWEEP_DUE).fetch_add(1, Ordering::AcqRel);
+            }
             return;
         };
         let k = PackedKey::new(&key, j.copy.hash());
@@ -1586,7 +1657,9 @@ impl SharedDict {
             Some(&mut value)
         };
         let Look::Found(c) = j.copy.peek(&k, out) else {
-            j.release(word);
+            if j.release(word) {
+                self.control(SWEEP_DUE).fetch_add(1, Ordering::AcqRel);
+            }
             return;
         };
         w.restoring.set(true);
@@ -2175,7 +2248,7 @@ enum Read {
 struct Locked<'a> {
     writing: Writing<'a>,
     /// The heap's tag this hold expects of the map words it sweeps (see `heap.rs`).
-    heap_tag: u32,
+    heap_tag: std::cell::Cell<u32>,
     /// This registration's count of writes under way, dropped after `writing` (released).
     _ops: HeapOps<'a>,
     /// A store made room in the heap by evicting a live value.

@@ -77,6 +77,13 @@ pub(crate) struct Chain {
     pub owner: u32,
 }
 
+/// What a [`Heap::sweep`] did: blocks freed, and words where it left lost blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Swept {
+    pub freed: usize,
+    pub left: usize,
+}
+
 /// Why a copy out of the heap could not be made: what the entry named has moved on (the
 /// caller validates the entry and retries, or finds the file damaged).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -335,19 +342,21 @@ impl<'a> Heap<'a> {
     /// carry `tag`) that `named` does not hold (a bit per block: the blocks of every value
     /// an entry or an undo copy names, found after the snapshot), in each word that has not
     /// changed since. Caller holds the writer lock, and no writer taken over may still
-    /// write into blocks it took. Returns how many it freed.
-    pub(crate) fn sweep(&self, before: &[u64], tag: u32, named: &[u64]) -> usize {
-        let mut freed = 0;
+    /// write into blocks it took. Returns how many it freed, and in how many words it
+    /// left lost blocks (a word of another tag, or one that changed since).
+    pub(crate) fn sweep(&self, before: &[u64], tag: u32, named: &[u64]) -> Swept {
+        let mut swept = Swept::default();
         for (w, word) in self.map.iter().enumerate() {
             let Some(&was) = before.get(w) else { break };
-            if was >> 32 != u64::from(tag)
-                && !crate::broken::broken(crate::broken::Broken::Protocol)
-            {
-                continue; // retagged before the snapshot: a successor's map
-            }
             let keep = named.get(w).copied().unwrap_or(0);
             let lost = was & BITS & !keep & self.real_bits(w);
             if lost == 0 {
+                continue;
+            }
+            if was >> 32 != u64::from(tag)
+                && !crate::broken::broken(crate::broken::Broken::Protocol)
+            {
+                swept.left += 1; // retagged before the snapshot: a successor's map
                 continue;
             }
             let done = if crate::broken::broken(crate::broken::Broken::Protocol) {
@@ -359,10 +368,12 @@ impl<'a> Heap<'a> {
                     .is_ok()
             };
             if done {
-                freed += lost.count_ones() as usize;
+                swept.freed += lost.count_ones() as usize;
+            } else {
+                swept.left += 1;
             }
         }
-        freed
+        swept
     }
 
     /// Sets the bits of the blocks of `chain` in `named` (a bit per block, as
@@ -517,7 +528,7 @@ mod tests {
         let marked: usize = named.iter().map(|w| w.count_ones() as usize).sum();
         assert_eq!(marked, chain.len(), "mark names the chain's blocks");
         // a sweep from a snapshot of another tag frees nothing
-        assert_eq!(h.sweep(&before, 1, &named), 0);
+        assert_eq!(h.sweep(&before, 1, &named).freed, 0);
         // nor one whose word changed since its snapshot
         let mut late = Vec::new();
         assert!(h.take(1, &mut 0, &mut late));
@@ -526,10 +537,13 @@ mod tests {
             .iter()
             .filter(|&&b| b as usize / PER_WORD != moved)
             .count();
-        assert_eq!(h.sweep(&before, 0, &named), lost_elsewhere);
+        assert_eq!(h.sweep(&before, 0, &named).freed, lost_elsewhere);
         h.free(&late);
         let before = h.snapshot();
-        assert_eq!(h.sweep(&before, 0, &named), lost.len() - lost_elsewhere);
+        assert_eq!(
+            h.sweep(&before, 0, &named).freed,
+            lost.len() - lost_elsewhere
+        );
         assert_eq!(h.free_blocks(), 200 - kept.len());
         let mut out = Vec::new();
         h.read(
@@ -553,10 +567,10 @@ mod tests {
         let before = h.snapshot();
         h.retag(7);
         let named = vec![0u64; map_words(100)];
-        assert_eq!(h.sweep(&before, 0, &named), 0, "a successor retagged");
+        assert_eq!(h.sweep(&before, 0, &named).freed, 0, "a successor retagged");
         assert_eq!(h.free_blocks(), 60, "takes and tags leave each other alone");
         let before = h.snapshot();
-        assert_eq!(h.sweep(&before, 7, &named), 40);
+        assert_eq!(h.sweep(&before, 7, &named).freed, 40);
     }
 
     #[test]

@@ -719,7 +719,7 @@ fn heap_a_sweeper_taken_over_frees_nothing_its_successor_names() {
                         );
                     }
                 }
-                heap.sweep(&before, 0, &named)
+                heap.sweep(&before, 0, &named).freed
             })
         };
         // the successor: retags, then moves the name from the copy to the entry
