@@ -42,8 +42,9 @@ const JOURNAL: usize = 5;
 /// its whole window before it evicts (ngx's sets reclaim them first: they are its LRU
 /// tail). Written under the writer lock. (A word that files made before it have zero.)
 const FLUSHED: usize = JOURNAL + 2 * JOURNALS;
-/// The heap's tag: the one the last holder that took the writer lock over gave every map
-/// word (see `heap.rs`), which a sweep expects of the words it frees in.
+/// The heap's tag: the last one drawn and given to every map word (see `heap.rs`), by a
+/// holder that took the writer lock over, or by one whose sweep met words of another tag;
+/// a sweep expects its hold's tag of the words it frees in.
 const HEAP_TAG: usize = FLUSHED + 1;
 /// Nonzero once a takeover may have left heap blocks that nothing names (a writer killed
 /// or stopped between taking blocks and publishing them), or a chain was dropped: a store
@@ -1529,9 +1530,51 @@ impl SharedDict {
         if !w.writing.still_mine() {
             return 0;
         }
+        let (named, unsettled) = self.named_blocks(&heap);
+        let mut swept = heap.sweep(&before, w.heap_tag.get(), &named);
+        if swept.left > 0 && w.writing.still_mine() {
+            // Words it left: of another tag (a taker taken over before it drew its tag
+            // drew a newer one on resuming, and retagged), or changed. A tag newer than
+            // any on the map (a retag moves nothing: it only fails stale sweeps), and the
+            // sweep again, from a new snapshot and what is named after it.
+            let newest =
+                before
+                    .iter()
+                    .map(|&word| (word >> 32) as u32)
+                    .fold(w.heap_tag.get(), |a, b| {
+                        if (b.wrapping_sub(a) as i32) > 0 {
+                            b
+                        } else {
+                            a
+                        }
+                    });
+            let tag = self.new_heap_tag_after(newest);
+            w.heap_tag.set(tag);
+            let before = heap.snapshot();
+            if w.writing.still_mine() {
+                let (named, _) = self.named_blocks(&heap);
+                let again = heap.sweep(&before, tag, &named);
+                swept.freed += again.freed;
+                swept.left = again.left;
+            }
+        }
+        let freed = swept.freed;
+        if !unsettled && swept.left == 0 && w.writing.still_mine() {
+            let _ = self.control(SWEEP_DUE).compare_exchange(
+                due,
+                0,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
+        freed
+    }
+
+    /// The blocks every entry and undo copy names (a bit each, for [`Heap::sweep`]), and
+    /// whether any of them is unsettled: an entry out of use (a stale writer's) or a copy
+    /// in use may drop the chain it names once settled, and the sweep is due again then.
+    fn named_blocks(&self, heap: &Heap<'_>) -> (Vec<u64>, bool) {
         let mut named = vec![0u64; map_words(heap.blocks())];
-        // An entry out of use (a stale writer's) or an undo copy in use may drop the chain
-        // it names once settled: the sweep is due again then.
         let mut unsettled = false;
         let mut mark = |e: &Entry<'_>, settled: bool| {
             if let Some(chain) = e.heap_value() {
@@ -1550,41 +1593,7 @@ impl SharedDict {
                 mark(&j.copy, false);
             }
         }
-        let mut swept = heap.sweep(&before, w.heap_tag.get(), &named);
-        if swept.left > 0 && w.writing.still_mine() {
-            // Words of a newer tag than this hold's: a taker that was itself taken over
-            // before it drew its tag drew a newer one on resuming, and retagged. A newer
-            // tag yet, and again (moving nothing: any retag only fails stale sweeps).
-            let newest =
-                before
-                    .iter()
-                    .map(|&word| (word >> 32) as u32)
-                    .fold(w.heap_tag.get(), |a, b| {
-                        if (b.wrapping_sub(a) as i32) > 0 {
-                            b
-                        } else {
-                            a
-                        }
-                    });
-            let tag = self.new_heap_tag_after(newest);
-            w.heap_tag.set(tag);
-            let before = heap.snapshot();
-            if w.writing.still_mine() {
-                let again = heap.sweep(&before, tag, &named);
-                swept.freed += again.freed;
-                swept.left = again.left;
-            }
-        }
-        let freed = swept.freed;
-        if !unsettled && swept.left == 0 && w.writing.still_mine() {
-            let _ = self.control(SWEEP_DUE).compare_exchange(
-                due,
-                0,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            );
-        }
-        freed
+        (named, unsettled)
     }
 
     /// Where entry `i`'s value goes before it is rewritten.

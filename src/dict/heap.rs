@@ -33,7 +33,9 @@
 //!   writer lock when no writer that was taken over may still write into its own (the dict
 //!   counts each registration's operations in progress for that: see `SharedDict`).
 //! - Each map word is 32 blocks' bits under a 32-bit tag. Whoever takes the writer lock
-//!   over gives every word a new tag ([`Heap::retag`]) before it moves any value, and a
+//!   over gives every word a new tag ([`Heap::retag`]) before it moves any value (a holder
+//!   whose sweep meets words of another tag draws a newer one too: a retag moves nothing,
+//!   it only fails sweeps begun before), and a
 //!   sweep frees a word's lost blocks only with a CAS from the word it read before it
 //!   looked for what is named: so a sweeper taken over in the middle, resuming, frees
 //!   nothing once its successor may have moved a value (a takeover's restore moves a
