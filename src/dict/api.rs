@@ -1208,7 +1208,7 @@ impl SharedDict {
         } else if took_over {
             // Before anything moves: a sweep the writer taken over began frees nothing
             // after this (see `heap.rs`).
-            let tag = self.new_heap_tag();
+            let tag = self.new_heap_tag(self.control(HEAP_TAG).load(Ordering::Acquire) as u32);
             self.control(SWEEP_DUE).fetch_add(1, Ordering::AcqRel);
             tag
         } else {
@@ -1268,11 +1268,13 @@ impl SharedDict {
         now: u64,
         evict: bool,
     ) -> Result<Result<(), Aborted>, Error> {
-        let keep = self.keep(i);
-        let e = self.entry(i);
         if self.inner.geometry.heap_blocks == 0 {
             let at = ValueAt::Inline(value);
-            return Ok(e.store(&w.writing, Some(&keep), key, kind, at, flags, until, now));
+            let keep = self.keep(i);
+            let stored =
+                self.entry(i)
+                    .store(&w.writing, Some(&keep), key, kind, at, flags, until, now);
+            return Ok(stored);
         }
         self.store_with_heap(w, i, key, (kind, value), flags, until, now, evict)
     }
@@ -1347,16 +1349,10 @@ impl SharedDict {
         }
     }
 
-    /// Draws the next heap tag and gives it to every map word (see `heap.rs`).
-    fn new_heap_tag(&self) -> u32 {
-        let tag = (self.control(HEAP_TAG).fetch_add(1, Ordering::AcqRel) as u32).wrapping_add(1);
-        self.heap().retag(tag);
-        tag
-    }
-
-    /// [`new_heap_tag`](Self::new_heap_tag), newer than `seen` too (a tag found on the map:
-    /// tags only grow, so a retag to an older one would change nothing).
-    fn new_heap_tag_after(&self, seen: u32) -> u32 {
+    /// Draws the next heap tag, newer than the last drawn and than `seen` (a tag found on
+    /// the map: tags only grow, so a retag to an older one would change nothing), and
+    /// gives it to every map word (see `heap.rs`).
+    fn new_heap_tag(&self, seen: u32) -> u32 {
         let word = self.control(HEAP_TAG);
         let mut cur = word.load(Ordering::Acquire);
         let tag = loop {
@@ -1548,7 +1544,7 @@ impl SharedDict {
                             a
                         }
                     });
-            let tag = self.new_heap_tag_after(newest);
+            let tag = self.new_heap_tag(newest);
             w.heap_tag.set(tag);
             let before = heap.snapshot();
             if w.writing.still_mine() {

@@ -562,12 +562,16 @@ impl<'a> Entry<'a> {
 
     /// The value's length, within the limits of where it is kept.
     fn value_len(&self, meta: Meta) -> usize {
-        let max = if meta.in_heap() {
+        meta.value_len().min(self.room(meta))
+    }
+
+    /// The longest value where `meta` says the value is kept: the heap, or the entry.
+    fn room(&self, meta: Meta) -> usize {
+        if meta.in_heap() {
             self.g.max_heap
         } else {
             self.g.max_value
-        };
-        meta.value_len().min(max)
+        }
     }
 
     /// The heap chain the entry names, if it holds a value kept in the heap. Exact for a
@@ -608,12 +612,7 @@ impl<'a> Entry<'a> {
     /// not so only in a damaged file.
     pub(crate) fn lengths_fit(&self) -> bool {
         let m = Meta(self.w[META].load(Ordering::Relaxed));
-        let max = if m.in_heap() {
-            self.g.max_heap
-        } else {
-            self.g.max_value
-        };
-        !m.is_used() || (m.key_len() <= self.g.max_key && m.value_len() <= max)
+        !m.is_used() || (m.key_len() <= self.g.max_key && m.value_len() <= self.room(m))
     }
 
     /// The `seq` word now.
