@@ -2,7 +2,8 @@
 //! pool. Every length up to the limit comes back whole, in this process and in another;
 //! a churn of mixed sizes (16 B to 64 KiB, log-uniform) never fails while eviction could
 //! make room, and the blocks in use are exactly those of the values stored; a full heap
-//! evicts its least recently used values (`safe_set` refuses); writers SIGKILLed or
+//! evicts its least recently used values (`safe_set` refuses), and a store that evicts
+//! values of several homes leaves every key findable; writers SIGKILLed or
 //! SIGSTOPped in the middle of storing long values leave each key its previous value or
 //! its new one, readers never see a torn one, and no block is lost for good.
 //!
@@ -17,7 +18,7 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::dict::{gen_of, make_value, verify};
+use common::dict::{gen_of, keys_of, make_value, verify};
 use common::fork::{fork, xorshift, Shared};
 use common::harness::Test;
 use common::probe::{await_word, cont, Proc};
@@ -36,6 +37,10 @@ const TESTS: &[Test] = &[
     Test::new(
         "a_full_heap_evicts_the_least_recently_used_and_safe_set_refuses",
         a_full_heap_evicts_the_least_recently_used_and_safe_set_refuses,
+    ),
+    Test::new(
+        "a_store_that_evicts_values_of_several_homes_leaves_every_key_findable",
+        a_store_that_evicts_values_of_several_homes_leaves_every_key_findable,
     ),
     Test::new(
         "a_damaged_entry_naming_another_keys_chain_neither_reads_nor_frees_it",
@@ -326,6 +331,43 @@ fn a_full_heap_evicts_the_least_recently_used_and_safe_set_refuses() {
         assert!(verify(n, &bytes_of(&d, &format!("s{n}")).unwrap()), "s{n}");
     }
     assert_eq!(gen_of(&bytes_of(&d, "k").unwrap()), 2);
+}
+
+/// Dicts of 8 entries whose heap holds a few values: most stores evict two or more
+/// values, often of several homes, one of them the new key's own. The key's home filter
+/// must not be rebuilt before the key is stored (it once was, between two evictions, and
+/// the key stored was then never found again), nor any other key's lost.
+fn a_store_that_evicts_values_of_several_homes_leaves_every_key_findable() {
+    // (each dict hashes with a seed of its own: three dicts, three placements)
+    for seed in 1..=3 {
+        several_homes_round(seed);
+    }
+}
+
+fn several_homes_round(seed: u64) {
+    let (_path, d) = heap_dict("heap-homes", 8, 16 * 1024);
+    let mut x = 0x5DEE_CE66_D1CE_4E5B ^ seed;
+    let mut evicting = 0;
+    for n in 0..1500u32 {
+        // Mostly short values, now and then a long one that needs several to go.
+        let len = if n % 4 == 3 {
+            6000
+        } else {
+            300 + xorshift(&mut x) as usize % 1500
+        };
+        let key = format!("h{}", n % 64);
+        let stored = d.set(&key, &make_value(n, 1, len)[..], Duration::ZERO);
+        evicting += usize::from(stored.unwrap_or_else(|e| panic!("{key}: {e}")).forcible);
+        for k in keys_of(&d) {
+            let found = d.describe(&k).unwrap();
+            assert!(
+                found.is_some(),
+                "{k} listed but not found, after storing {key}"
+            );
+        }
+        assert!(verify(n, &bytes_of(&d, &key).unwrap()), "{key}");
+    }
+    assert!(evicting > 300, "{evicting} stores evicted");
 }
 
 /// Writers in child processes store long values (1 KiB to 200 KiB) under 6 keys; each is

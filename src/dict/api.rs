@@ -1039,7 +1039,7 @@ impl SharedDict {
                         .write(self.free_at(w, i, Some(&self.keep(i))))?
                         .map(|()| {
                             self.uncount(w, 1);
-                            self.going(w, self.home(&k));
+                            self.gone(w, self.home(&k));
                             d > now
                         }))
                 }
@@ -1091,7 +1091,7 @@ impl SharedDict {
                     match self.free_at(w, i, None) {
                         Ok(()) => {
                             removed += 1;
-                            self.going(w, home);
+                            self.gone(w, home);
                         }
                         Err(Aborted::NotStable) => all = false,
                         Err(Aborted::TakenOver) => {
@@ -1815,10 +1815,18 @@ impl SharedDict {
         });
     }
 
-    /// Notes that a key of `home` goes in this operation: its filter is rebuilt once the
-    /// operation's writes are made (one pending home at a time: an earlier one is rebuilt
-    /// now, between writes).
+    /// Notes that a key of `home` goes in an operation that stores a key: its filter is
+    /// rebuilt once the operation's writes are made. One home at a time: an earlier one
+    /// keeps its bits (a bit too many only makes a miss there look further). It is not
+    /// rebuilt now: the key being stored may have no entry yet (a new key placed, or one
+    /// whose own heap value went first), and the rebuild would clear its bit for good.
     fn going(&self, w: &Locked<'_>, home: usize) {
+        w.going.set(Some(home));
+    }
+
+    /// [`going`](Self::going) for an operation that only removes keys: an earlier pending
+    /// home is rebuilt now, between writes.
+    fn gone(&self, w: &Locked<'_>, home: usize) {
         if let Some(earlier) = w.going.replace(Some(home)) {
             if earlier != home {
                 self.refilter(w, earlier);
@@ -2261,7 +2269,7 @@ struct Locked<'a> {
     /// An undo copy is being stored elsewhere ([`SharedDict::restore_elsewhere`]): the
     /// entries it meets are not to start another.
     restoring: std::cell::Cell<bool>,
-    /// A key of this home goes in the operation: its filter is to be rebuilt.
+    /// A key of this home goes in the operation: its filter is to be rebuilt at its end.
     going: Spot,
     /// The lock epoch this hold took (before any heartbeat): the entry count's tag.
     epoch: u32,

@@ -64,3 +64,15 @@ pub fn verify(key: u32, v: &[u8]) -> bool {
 pub fn gen_of(v: &[u8]) -> u64 {
     u64::from_le_bytes(v[8..16].try_into().unwrap())
 }
+
+/// The keys of `d` (listing them marks none used, as a read would), sorted.
+pub fn keys_of(d: &SharedDict) -> Vec<String> {
+    let mut keys: Vec<String> = d
+        .keys(0)
+        .unwrap()
+        .into_iter()
+        .map(|k| String::from_utf8(k).unwrap())
+        .collect();
+    keys.sort();
+    keys
+}
