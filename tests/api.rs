@@ -631,7 +631,7 @@ fn foreign_truncated_and_corrupt_files_are_typed_errors() {
     std::fs::write(&path, &longer).unwrap();
     assert!(matches!(format_error(&path), FormatError::Corrupt(_)));
 
-    for version in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15] {
+    for version in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16] {
         let mut other = good.clone();
         other[8] = version;
         std::fs::write(&path, &other).unwrap();

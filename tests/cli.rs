@@ -70,7 +70,7 @@ fn inspect_shows_the_holder_alive_then_dead_and_unlock_force_frees_it() {
     let mut holder = holding(&file, "job:1", "sleep 30", &[]);
     let json = inspect_json(&file, &[]);
     assert_eq!(json["capacity"], 1024);
-    assert_eq!(json["format_version"], 14);
+    assert_eq!(json["format_version"], 15);
     assert_eq!(json["occupancy"], 1);
     let h = &json["holders"][0];
     assert_eq!(h["key"], "job:1");

@@ -7,7 +7,7 @@ mod common;
 use std::thread::sleep;
 use std::time::Duration;
 
-use common::dict::{dict, NEVER};
+use common::dict::{dict, keys_of, lru_rounds, NEVER, TICK};
 use common::TempPath;
 use shmlock::{
     Error, FormatError, ItemRef, LockTable, Put, SharedDict, Source, Value, ValueKind, ValueRef,
@@ -361,7 +361,6 @@ fn a_full_dict_evicts_the_least_recently_used_and_safe_variants_refuse() {
     let (_p, d) = dict("evict", 8, 8);
     for i in 0..8 {
         assert!(!d.set(format!("k{i}"), "v", NEVER).unwrap().forcible);
-        sleep(Duration::from_millis(10)); // distinct use times on the coarse clock
     }
     assert_eq!(d.free_slots(), 0);
     // k0 is the oldest: reading it makes k1 the least recently used
@@ -396,6 +395,48 @@ fn a_full_dict_evicts_the_least_recently_used_and_safe_variants_refuse() {
     assert_eq!(d.evictions(), 1);
     assert_eq!(d.get("k4").unwrap(), None);
     assert_eq!(d.len(), 8);
+}
+
+#[test]
+fn evictions_follow_stores_and_reads_in_the_order_they_were_made() {
+    // No sleeps: uses within one tick of the coarse clock rank by the writer lock's epoch.
+    let (_p, d) = dict("lru-order", 8, 8);
+    lru_rounds(&d, 3000, 0x9E37_79B9_7F4A_7C15, &mut |key| {
+        assert!(d.get(key).unwrap().is_some(), "{key} read");
+    });
+    // The other reads rank the key too: get_with and get_stale.
+    let (_p, d) = dict("lru-reads", 8, 8);
+    let mut n = 0;
+    lru_rounds(&d, 1000, 0xD1B5_4A32_D192_ED03, &mut |key| {
+        n += 1;
+        let seen = match n % 2 {
+            0 => d.get_with(key, |_| ()).unwrap().is_some(),
+            _ => d.get_stale(key).unwrap().is_some(),
+        };
+        assert!(seen, "{key} read");
+    });
+}
+
+#[test]
+fn a_key_read_again_a_tick_later_ranks_anew() {
+    // Within one tick, a second read of a key may keep its first read's rank (the stamp is
+    // written once a tick); a tick later, it ranks the key anew.
+    let (_p, d) = dict("lru-tick", 8, 8);
+    for i in 0..8 {
+        d.set(format!("k{i}"), "v", NEVER).unwrap();
+    }
+    assert!(d.get("k0").unwrap().is_some()); // k1 .. k7, k0
+    d.set("k1", "w", NEVER).unwrap(); // k2 .. k7, k0, k1
+    sleep(TICK);
+    assert!(d.get("k0").unwrap().is_some()); // k2 .. k7, k1, k0
+    for (n, gone) in ["k2", "k3", "k4", "k5", "k6", "k7", "k1", "k0"]
+        .iter()
+        .enumerate()
+    {
+        assert!(d.set(format!("new{n}"), "v", NEVER).unwrap().forcible);
+        assert!(!keys_of(&d).contains(&gone.to_string()), "{gone} was kept");
+        assert_eq!(keys_of(&d).len(), 8);
+    }
 }
 
 #[test]

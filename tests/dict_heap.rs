@@ -18,7 +18,7 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::dict::{gen_of, keys_of, make_value, verify};
+use common::dict::{gen_of, keys_of, make_value, verify, LruModel};
 use common::fork::{fork, xorshift, Shared};
 use common::harness::Test;
 use common::probe::{await_word, cont, Proc};
@@ -37,6 +37,10 @@ const TESTS: &[Test] = &[
     Test::new(
         "a_full_heap_evicts_the_least_recently_used_and_safe_set_refuses",
         a_full_heap_evicts_the_least_recently_used_and_safe_set_refuses,
+    ),
+    Test::new(
+        "heap_evictions_take_the_least_recently_used_values_of_the_whole_dict",
+        heap_evictions_take_the_least_recently_used_values_of_the_whole_dict,
     ),
     Test::new(
         "a_store_that_evicts_values_of_several_homes_leaves_every_key_findable",
@@ -278,13 +282,10 @@ fn a_full_heap_evicts_the_least_recently_used_and_safe_set_refuses() {
     for (n, key) in ["a", "b", "c", "d"].iter().enumerate() {
         d.set(key, &make_value(n as u32, 1, len)[..], Duration::ZERO)
             .unwrap();
-        std::thread::sleep(Duration::from_millis(10)); // past the coarse clock's tick
     }
     // 4 × 239 blocks of 1024: 68 free, no room for a fifth
-    std::thread::sleep(Duration::from_millis(10));
     for key in ["a", "c", "d"] {
         assert!(d.get(key).unwrap().is_some());
-        std::thread::sleep(Duration::from_millis(10));
     }
     // a shorter value: evicting the least recently used one makes room for it and for the
     // 1/64 of the heap an evicting store leaves free besides
@@ -333,6 +334,67 @@ fn a_full_heap_evicts_the_least_recently_used_and_safe_set_refuses() {
     assert_eq!(gen_of(&bytes_of(&d, "k").unwrap()), 2);
 }
 
+/// Stores of values of 300 B to 3 KiB (2 to 13 blocks each) under keys spread over a dict
+/// of 256 entries, and reads, none a tick apart: whatever a store evicts to make room in
+/// the heap is exactly the least recently used values of the whole dict, as the LRU model
+/// ranks them (the key's own value aside).
+fn heap_evictions_take_the_least_recently_used_values_of_the_whole_dict() {
+    // Each dict hashes its keys with a seed of its own, so each puts them elsewhere.
+    for round in 0..8 {
+        heap_lru_round(0x0123_4567_89AB_CDEF + round);
+    }
+}
+
+fn heap_lru_round(seed: u64) {
+    let (_path, d) = heap_dict("heap-lru-order", 256, 32 * 1024);
+    let mut model = LruModel::default();
+    let mut x = seed;
+    let (mut fresh, mut evicting, mut evicted) = (0u32, 0, 0);
+    let mut last_was_read = false;
+    for _ in 0..1000 {
+        let r = xorshift(&mut x) % 10;
+        let unread = model.unread();
+        if r < 4 && !last_was_read && !unread.is_empty() {
+            let key = unread[xorshift(&mut x) as usize % unread.len()].to_owned();
+            assert!(d.get(&key).unwrap().is_some(), "{key} read");
+            model.read(&key);
+            last_was_read = true;
+            continue;
+        }
+        last_was_read = false;
+        let key = if r < 6 && !model.keys().is_empty() {
+            model.keys()[xorshift(&mut x) as usize % model.keys().len()].clone()
+        } else {
+            fresh += 1;
+            format!("v{fresh}")
+        };
+        let len = 300 + xorshift(&mut x) as usize % 2700;
+        let before = keys_of(&d);
+        let stored = d.set(&key, &make_value(fresh, 1, len)[..], Duration::ZERO);
+        let stored = stored.unwrap_or_else(|e| panic!("{key}: {e}"));
+        let after = keys_of(&d);
+        let gone: Vec<&String> = before.iter().filter(|k| !after.contains(k)).collect();
+        let others: Vec<&String> = model.keys().iter().filter(|k| **k != key).collect();
+        assert_eq!(gone, sorted(&others[..gone.len()]), "storing {key}");
+        assert_eq!(stored.forcible, !gone.is_empty(), "storing {key}");
+        for k in gone.iter() {
+            model.remove(k);
+        }
+        // Every key listed is found by a lookup (its home's filter and reach lead to it).
+        for k in &after {
+            assert!(
+                d.describe(k).unwrap().is_some(),
+                "{k} listed but not found, storing {key}"
+            );
+        }
+        evicting += usize::from(!gone.is_empty());
+        evicted += gone.len();
+        model.stored(&key);
+    }
+    assert!(evicting > 50, "{evicting} stores evicted");
+    assert_eq!(d.evictions(), evicted as u64);
+}
+
 /// Dicts of 8 entries whose heap holds a few values: most stores evict two or more
 /// values, often of several homes, one of them the new key's own. The key's home filter
 /// must not be rebuilt before the key is stored (it once was, between two evictions, and
@@ -368,6 +430,12 @@ fn several_homes_round(seed: u64) {
         assert!(verify(n, &bytes_of(&d, &key).unwrap()), "{key}");
     }
     assert!(evicting > 300, "{evicting} stores evicted");
+}
+
+fn sorted<'a>(keys: &[&'a String]) -> Vec<&'a String> {
+    let mut keys = keys.to_vec();
+    keys.sort();
+    keys
 }
 
 /// Writers in child processes store long values (1 KiB to 200 KiB) under 6 keys; each is

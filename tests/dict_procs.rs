@@ -11,7 +11,7 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::dict::{make_value, verify};
+use common::dict::{lru_rounds, make_value, verify};
 use common::fork::{fork, xorshift, Child, Shared};
 use common::harness::TestFn;
 use common::TempPath;
@@ -29,6 +29,10 @@ const TESTS: &[(&str, TestFn)] = &[
     (
         "an_unrelated_process_reads_by_path",
         an_unrelated_process_reads_by_path,
+    ),
+    (
+        "reads_in_other_processes_rank_keys_for_eviction",
+        reads_in_other_processes_rank_keys_for_eviction,
     ),
     (
         "a_list_is_a_queue_across_processes",
@@ -135,6 +139,17 @@ fn bytes(d: &SharedDict, key: &str) -> Option<Vec<u8>> {
 
 // ---------------------------------------------------------------------------------------
 // ngx.shared.DICT's behaviour, one process writing and another reading
+
+/// Every read is made by a forked child, every store by this process, none a tick apart:
+/// each evicting store takes exactly the key the LRU model says (a child's read ranks by
+/// the writer lock's epoch that it reads in the file).
+fn reads_in_other_processes_rank_keys_for_eviction() {
+    let path = TempPath::new("dict-lru");
+    let d = SharedDict::open(&path, 8, 8).unwrap();
+    lru_rounds(&d, 400, 0x2545_F491_4F6C_DD1D, &mut |key| {
+        in_child(|| assert!(d.get(key).unwrap().is_some(), "{key} read"));
+    });
+}
 
 fn operations_are_seen_across_processes() {
     let path = TempPath::new("dict-ops");

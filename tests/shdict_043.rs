@@ -41,7 +41,7 @@ mod common;
 use std::thread::sleep;
 use std::time::Duration;
 
-use common::dict::{b, dict, int, value, NEVER, TICK};
+use common::dict::{b, dict, int, value, NEVER};
 use common::TempPath;
 use shmlock::{Error, Put, SharedDict, Stored, Value};
 
@@ -158,7 +158,6 @@ fn t043_009_forcibly_override_other_valid_entries() {
         if stored.forcible {
             break stored;
         }
-        sleep(TICK);
     };
     assert_eq!(last, Stored { forcible: true });
     assert_eq!(i, 9, "abort at: the 9th key of an 8-entry dict");
@@ -166,7 +165,6 @@ fn t043_009_forcibly_override_other_valid_entries() {
     assert_eq!(value(&dogs, "key_1"), None, "the least recently used went");
     assert_eq!(value(&dogs, "key_2"), b(&hello(2)));
     // Second request: key_1 is gone and the dict is full, so its store evicts at once.
-    sleep(TICK);
     assert_eq!(
         dogs.set("key_1", &hello(1), NEVER).unwrap(),
         Stored { forcible: true },
@@ -193,16 +191,13 @@ fn t043_010_forcibly_override_other_valid_entries_and_test_lru() {
         {
             break;
         }
-        sleep(TICK);
     }
     assert_eq!(i, 9, "abort at");
     assert_eq!(value(&dogs, format!("key_{i}")), b(&hello(i)));
     assert_eq!(value(&dogs, "key_1"), b(&hello(1)), "read, so kept");
     assert_eq!(value(&dogs, "key_2"), None, "the least recently used went");
     // Second request: key_1 is there (no eviction), key_2 is not (its store evicts).
-    sleep(TICK);
     assert_eq!(dogs.set("key_1", &hello(1), NEVER).unwrap(), NOT_FORCIBLE);
-    sleep(TICK);
     assert_eq!(
         dogs.set("key_2", &hello(2), NEVER).unwrap(),
         Stored { forcible: true },

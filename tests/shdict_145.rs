@@ -15,8 +15,8 @@
 //! * 15, 16: a dict of at most 64 entries (every key's window is the whole table, so the
 //!   dict is full exactly when all its entries are live). As ngx's, a push of a new key
 //!   never evicts a live value: it fails with `NoMemory` when the dict is full, and
-//!   expired lists make room again. Case 16's sets, one `TICK` apart, have distinct use
-//!   times, so the ones they evict are the least recently used (as in ngx's LRU).
+//!   expired lists make room again. Case 16's sets, made one after another, evict the least
+//!   recently used (as in ngx's LRU).
 //! * 19: a 30 KiB element needs a dict made with a `max_value_len` that holds it.
 //! * 22: "lpush return nil" after 2920 pushes of "bar" into a 100 KiB zone is a list of
 //!   `N` such elements that fills the dict's `max_value_len` exactly: the next push is
@@ -32,7 +32,7 @@ mod common;
 use std::thread::sleep;
 use std::time::Duration;
 
-use common::dict::{b, dict, int, value, NEVER, TICK};
+use common::dict::{b, dict, int, value, NEVER};
 use shmlock::{Error, SharedDict};
 
 /// Upstream's exptimes of 0.2 s.
@@ -231,7 +231,6 @@ fn t145_016_list_removed_forcibly() {
             max = i;
             break;
         }
-        sleep(TICK);
     }
     assert_eq!(max, dogs.capacity() + 1); // the dict was full
                                           // two == number 2: true
@@ -244,12 +243,10 @@ fn t145_016_list_removed_forcibly() {
 
     // the dict full of lists
     push_until_full(&dogs, 1..=N);
-    sleep(TICK);
 
     for i in 1..=max {
         dogs.set(i.to_string(), i as i64, NEVER)
             .unwrap_or_else(|e| panic!("set err: {e}"));
-        sleep(TICK);
     }
     // two == number 2: true
     assert_eq!(value(&dogs, "2"), int(2));

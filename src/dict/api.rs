@@ -10,6 +10,7 @@ use super::entry::{Aborted, Copied, Entry, Geometry, Kind, Look, Out, PackedKey,
 use super::filter::{self, Filter};
 use super::heap::{blocks_for, map_words, Chain, Heap};
 use super::journal::{Journal, Journals, Keep, Settled, State as JournalState, JOURNALS};
+use super::recency;
 use super::value::{Num, Number, Value, ValueRef};
 
 mod list;
@@ -1170,10 +1171,15 @@ impl SharedDict {
         }
     }
 
-    /// Marks entry `i` used now (the LRU hint), unless this handle is read-only.
+    /// Marks entry `i` read now (its LRU stamp), unless this handle is read-only.
     fn touch(&self, i: usize, now: u64) {
         if !self.inner.att.read_only() {
-            self.entry(i).touch(now);
+            let e = self.entry(i);
+            if recency::read_in_tick(e.used_at(), now) {
+                return;
+            }
+            let epoch = self.writer_lock().epoch();
+            e.touch(recency::of_read(now, epoch));
         }
     }
 

@@ -11,7 +11,7 @@
 //!    2  hash      seeded xxh3-64 of the key (a cheap filter; keys are compared in full)
 //!    3  deadline  table clock, ns; u64::MAX never expires
 //!    4  flags     the user's 32 flag bits
-//!    5  used_at   when it was last read or written (LRU hint, outside the seqlock)
+//!    5  used_at   LRU stamp of its last read or write (see `recency`; outside the seqlock)
 //!    6  reach     home word: farthest distance at which a key of this home was placed
 //!    7  (zero)    reserved (the home filters are an array of their own, see `filter.rs`)
 //!    8  key bytes, then value bytes, little-endian packed, each padded to whole words
@@ -44,6 +44,7 @@
 //! Every word is an atomic: other processes write the same memory.
 
 use super::heap::{Chain, Heap};
+use super::recency;
 use super::writer::Writing;
 use crate::broken::{broken, Broken};
 use crate::shm::primitive::{crash_point, fence, AtomicU64, Ordering};
@@ -440,16 +441,17 @@ impl<'a> Entry<'a> {
         self.validate(s1).then_some(meta.is_used().then_some(hash))
     }
 
-    /// When the entry was last used (process-local clock of the table, ns).
+    /// The LRU stamp of the entry's last use (see [`recency`](super::recency)): the
+    /// least is the least recently used.
     pub(crate) fn used_at(&self) -> u64 {
         self.w[USED_AT].load(Ordering::Relaxed)
     }
 
-    /// Marks the entry used now; skips the store (and the cache-line write) when the
-    /// coarse clock has not moved.
-    pub(crate) fn touch(&self, now: u64) {
-        if self.w[USED_AT].load(Ordering::Relaxed) != now {
-            self.w[USED_AT].store(now, Ordering::Relaxed);
+    /// Marks the entry read, with a read's `stamp`: skips the store (and the cache-line
+    /// write) unless it ranks the entry later.
+    pub(crate) fn touch(&self, stamp: u64) {
+        if self.w[USED_AT].load(Ordering::Relaxed) < stamp {
+            self.w[USED_AT].store(stamp, Ordering::Relaxed);
         }
     }
 
@@ -812,7 +814,7 @@ impl<'a> Entry<'a> {
                 crash_point();
             }
         })?;
-        self.w[USED_AT].store(now, Ordering::Relaxed);
+        self.w[USED_AT].store(recency::of_store(now, w.epoch()), Ordering::Relaxed);
         Ok(())
     }
 

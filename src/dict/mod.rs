@@ -22,6 +22,8 @@ pub(crate) mod heap;
 mod journal;
 #[cfg(all(test, loom))]
 mod loom_tests;
+// LRU stamps: how an entry's uses are ranked for eviction.
+mod recency;
 #[cfg(not(loom))]
 mod value;
 mod writer;

@@ -165,6 +165,12 @@ impl<'a> WriterLock<'a> {
         }
     }
 
+    /// The epoch of the last hold (this one's, if it is held), as
+    /// [`Writing::epoch`] gives it.
+    pub(crate) fn epoch(&self) -> u32 {
+        (self.word.load(Ordering::Relaxed) >> EPOCH_SHIFT) as u32
+    }
+
     /// The owner in the word, if it is locked.
     pub(crate) fn holder(&self) -> Option<OwnerId> {
         let cur = self.word.load(Ordering::Relaxed);

@@ -8,9 +8,77 @@ use super::TempPath;
 
 /// A ttl that never runs out.
 pub const NEVER: Duration = Duration::ZERO;
-/// Longer than a tick of the coarse clock: two stores this far apart have distinct use
-/// times, so the least recently used entry is the one stored first.
+/// Longer than a tick of the coarse clock (1-10 ms): a read this long after another read of
+/// the same key ranks the key anew (see `LruModel`).
 pub const TICK: Duration = Duration::from_millis(15);
+
+/// The order in which a dict evicts its keys (least recently used first), by the rule of
+/// its LRU stamps: stores, and the first read of a key after its last store, rank in the
+/// order they were made, in any process. (Two reads with no store between them, and a
+/// second read of a key in one tick of the coarse clock, may rank either way: a test that
+/// follows this model makes neither.)
+#[derive(Default)]
+pub struct LruModel {
+    order: Vec<String>,
+    read: std::collections::HashSet<String>,
+}
+
+impl LruModel {
+    /// `key` was stored (set, added, replaced, incremented).
+    pub fn stored(&mut self, key: &str) {
+        self.order.retain(|k| k != key);
+        self.order.push(key.to_owned());
+        self.read.remove(key);
+    }
+
+    /// `key` was read for the first time since its last store.
+    pub fn read(&mut self, key: &str) {
+        assert!(self.read.insert(key.to_owned()), "{key} read twice");
+        self.order.retain(|k| k != key);
+        self.order.push(key.to_owned());
+    }
+
+    /// The keys not read since their last store, the least recently used first.
+    pub fn unread(&self) -> Vec<&str> {
+        self.order
+            .iter()
+            .filter(|k| !self.read.contains(*k))
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// The keys, the least recently used first.
+    pub fn keys(&self) -> &[String] {
+        &self.order
+    }
+
+    /// Takes out the `n` least recently used keys (those an eviction of `n` must take).
+    pub fn evict(&mut self, n: usize) -> Vec<String> {
+        let gone: Vec<String> = self.order.drain(..n).collect();
+        for k in &gone {
+            self.read.remove(k);
+        }
+        gone
+    }
+
+    /// Takes out `key` (deleted, or expired).
+    pub fn remove(&mut self, key: &str) {
+        self.order.retain(|k| k != key);
+        self.read.remove(key);
+    }
+}
+
+/// The keys of `d` (listing them marks none used, as a read would), sorted.
+pub fn keys_of(d: &SharedDict) -> Vec<String> {
+    let mut keys: Vec<String> = d
+        .keys(0)
+        .unwrap()
+        .into_iter()
+        .map(|k| String::from_utf8(k).unwrap())
+        .collect();
+    keys.sort();
+    keys
+}
 
 /// A new dict of `capacity` entries with values of up to `max_value` bytes.
 pub fn dict(name: &str, capacity: usize, max_value: usize) -> (TempPath, SharedDict) {
@@ -65,14 +133,58 @@ pub fn gen_of(v: &[u8]) -> u64 {
     u64::from_le_bytes(v[8..16].try_into().unwrap())
 }
 
-/// The keys of `d` (listing them marks none used, as a read would), sorted.
-pub fn keys_of(d: &SharedDict) -> Vec<String> {
-    let mut keys: Vec<String> = d
-        .keys(0)
-        .unwrap()
-        .into_iter()
-        .map(|k| String::from_utf8(k).unwrap())
-        .collect();
-    keys.sort();
-    keys
+/// Drives a dict of 8 entries (every key's window is the whole table, and its eviction
+/// sample all of it) with a random mix of stores and reads, none a tick apart, and checks
+/// that every evicting store takes exactly the key the LRU model says.
+pub fn lru_rounds(d: &SharedDict, rounds: usize, seed: u64, read: &mut dyn FnMut(&str)) {
+    let mut model = LruModel::default();
+    for i in 0..8 {
+        let key = format!("k{i}");
+        assert!(!d.set(&key, "v", NEVER).unwrap().forcible);
+        model.stored(&key);
+    }
+    let mut x = seed;
+    let mut fresh = 8;
+    let mut last_was_read = false;
+    let (mut reads, mut evictions) = (0, 0);
+    for _ in 0..rounds {
+        let r = super::fork::xorshift(&mut x) % 10;
+        let unread = model.unread();
+        if r < 4 && !last_was_read && !unread.is_empty() {
+            let key = unread[super::fork::xorshift(&mut x) as usize % unread.len()].to_owned();
+            read(&key);
+            model.read(&key);
+            last_was_read = true;
+            reads += 1;
+            continue;
+        }
+        last_was_read = false;
+        if r < 7 {
+            let keys = model.keys();
+            let key = keys[super::fork::xorshift(&mut x) as usize % keys.len()].clone();
+            if r == 6 {
+                d.set(&key, 7i64, NEVER).unwrap();
+                d.incr(&key, 1i64, None, NEVER).unwrap(); // a store too
+            } else {
+                assert!(!d.set(&key, "w", NEVER).unwrap().forcible);
+            }
+            model.stored(&key);
+        } else {
+            let key = format!("k{fresh}");
+            fresh += 1;
+            let stored = d.set(&key, "v", NEVER).unwrap();
+            assert!(stored.forcible, "{key} found room in a full dict");
+            let gone = model.evict(1);
+            model.stored(&key);
+            let mut expected: Vec<String> = model.keys().to_vec();
+            expected.sort();
+            assert_eq!(keys_of(d), expected, "{key} evicted another than {gone:?}");
+            evictions += 1;
+        }
+    }
+    assert!(
+        reads > rounds / 5 && evictions > rounds / 5,
+        "{reads} reads, {evictions} evictions"
+    );
+    assert_eq!(d.evictions(), evictions as u64);
 }
