@@ -418,6 +418,35 @@ fn evictions_follow_stores_and_reads_in_the_order_they_were_made() {
 }
 
 #[test]
+fn operations_that_find_a_key_but_store_nothing_rank_it_as_ngx_does() {
+    // ngx's look-up makes every key it finds the most recently used: an `add` refused, an
+    // `expire`, a `ttl`, an `incr` of a value that is not a number, an `llen` or a push
+    // of a value that is not a list.
+    let (_p, d) = dict("lru-lookups", 8, 8);
+    for i in 0..8 {
+        d.set(format!("k{i}"), "v", NEVER).unwrap();
+    }
+    assert!(matches!(d.add("k0", "w", NEVER), Err(Error::Exists { .. })));
+    d.expire("k1", Duration::from_secs(100)).unwrap();
+    assert_eq!(d.ttl("k2").unwrap(), None); // (never expires)
+    let refused = d.incr("k3", 1i64, None, NEVER);
+    assert!(
+        matches!(refused, Err(Error::NotANumber { .. })),
+        "{refused:?}"
+    );
+    assert!(matches!(d.llen("k4"), Err(Error::NotAList { .. })));
+    assert!(matches!(d.lpush("k5", "x"), Err(Error::NotAList { .. })));
+    // k6 and k7 were used last at the fill: they go first, then the others in turn
+    for (n, gone) in ["k6", "k7", "k0", "k1", "k2", "k3", "k4", "k5"]
+        .iter()
+        .enumerate()
+    {
+        assert!(d.set(format!("new{n}"), "v", NEVER).unwrap().forcible);
+        assert!(!keys_of(&d).contains(&gone.to_string()), "{gone} was kept");
+    }
+}
+
+#[test]
 fn a_key_read_again_a_tick_later_ranks_anew() {
     // Within one tick, a second read of a key may keep its first read's rank (the stamp is
     // written once a tick); a tick later, it ranks the key anew.

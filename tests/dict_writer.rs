@@ -53,6 +53,10 @@ const TESTS: &[Test] = &[
         a_writer_killed_or_stopped_mid_write_leaves_the_previous_value,
     ),
     Test::new(
+        "a_key_restored_after_a_takeover_keeps_its_rank",
+        a_key_restored_after_a_takeover_keeps_its_rank,
+    ),
+    Test::new(
         "both_undo_copies_held_by_stopped_writers",
         both_undo_copies_held_by_stopped_writers,
     )
@@ -580,6 +584,67 @@ fn a_writer_killed_or_stopped_mid_write_leaves_the_previous_value() {
     let keys = d.keys(0).unwrap();
     let uniq: std::collections::HashSet<_> = keys.iter().collect();
     assert_eq!(uniq.len(), keys.len(), "a key stored twice");
+}
+
+/// A child rewrites k7 of a full 8-entry dict over and over and is SIGSTOPped, often in the
+/// middle of a write; this process then reads k0, and stores new keys (the first takes the
+/// writer lock over past the bound, and k7's previous value is stored again from its undo
+/// copy, elsewhere, the stopped writer's entry being quarantined) until k0 or k7 is
+/// evicted. k7's last use (its last whole store) came before the read of k0, so k7 must go
+/// first: a restore is not a use (it once stamped k7 as just stored, and k0 went).
+fn a_key_restored_after_a_takeover_keeps_its_rank() {
+    use shmlock::SharedDict;
+    const MAX: usize = 64 * 1024;
+    let shared = Shared::new(1);
+    let (mut x, mut rounds, mut mid_write) = (0x7e57_u64, 0, 0);
+    while mid_write < 3 {
+        rounds += 1;
+        assert!(
+            rounds <= 40,
+            "{mid_write} of {rounds} stops landed inside a write"
+        );
+        let path = TempPath::new("dict-restore-rank");
+        let d = SharedDict::open(&path, 8, MAX).unwrap();
+        for i in 0..8 {
+            d.set(format!("k{i}"), &make_value(i, 1, 100)[..], Duration::ZERO)
+                .unwrap();
+        }
+        let child = {
+            let (d, shared) = (&d, &shared);
+            fork(move || {
+                let value = make_value(7, 2, MAX);
+                shared.word(0).store(1, Ordering::SeqCst);
+                loop {
+                    match d.set("k7", &value[..], Duration::ZERO) {
+                        Ok(_) | Err(Error::Stalled) => {}
+                        Err(_) => return 1,
+                    }
+                }
+            })
+        };
+        await_word(&shared, 0, Duration::from_secs(30));
+        shared.word(0).store(0, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_micros(500 + xorshift(&mut x) % 2000));
+        common::signal::send(child.0, libc::SIGSTOP);
+        mid_write += usize::from(d.writer_pid() == Some(child.0 as u32));
+        assert!(d.get("k0").unwrap().is_some());
+        let mut n = 0;
+        let gone = loop {
+            n += 1;
+            assert!(n < 100, "neither k0 nor k7 was ever evicted");
+            d.set(format!("new{n}"), "v", Duration::ZERO).unwrap();
+            let keys = d.keys(0).unwrap();
+            let kept = |k: &str| keys.iter().any(|key| key == k.as_bytes());
+            match (kept("k0"), kept("k7")) {
+                (true, true) => continue,
+                (k0, k7) => break (k0, k7),
+            }
+        };
+        cont(child.0);
+        child.kill();
+        assert_eq!(gone, (true, false), "round {rounds}: k0 went before k7");
+    }
+    note!("[{mid_write} of {rounds} stops inside a write] ");
 }
 
 /// A known limit. Writers W1 and W2 are each stopped by gdb while filling one of the dict's

@@ -741,7 +741,11 @@ impl SharedDict {
         let k = self.pack(key)?;
         let now = self.now();
         let mut c = Copied::NONE;
-        match self.lookup(&k, None, &mut c) {
+        let found = self.lookup(&k, None, &mut c);
+        if let Some(i) = found.filter(|_| c.deadline > now) {
+            self.touch(i, now); // (ngx's look-up makes the key the most recently used)
+        }
+        match found {
             Some(_) if c.deadline == u64::MAX => Ok(None),
             Some(_) if c.deadline > now => Ok(Some(Duration::from_nanos(c.deadline - now))),
             _ => Err(Error::NotFound {
@@ -897,13 +901,14 @@ impl SharedDict {
             let until = deadline(now, ttl_ns(ttl));
             let existing = self.find_locked(w, &k);
             let live = existing.as_ref().is_some_and(|(_, d)| *d > now);
-            match how {
-                Put::Add | Put::SafeAdd if live => {
+            match (how, existing) {
+                (Put::Add | Put::SafeAdd, Some((i, _))) if live => {
+                    self.used(w, i, now);
                     return Err(Error::Exists {
                         key: KeyPreview::new(key),
-                    })
+                    });
                 }
-                Put::Replace if !live => {
+                (Put::Replace, _) if !live => {
                     return Err(Error::NotFound {
                         key: KeyPreview::new(key),
                     })
@@ -979,8 +984,10 @@ impl SharedDict {
             let (i, sum, until, flags) = match existing {
                 Some((i, c)) if c.deadline > now => {
                     let flags = c.flags;
-                    let stored = Num::of(&Value::decode(c.kind, value));
-                    let n = stored.ok_or_else(|| Error::NotANumber { key: k.preview() })?;
+                    let Some(n) = Num::of(&Value::decode(c.kind, value)) else {
+                        self.used(w, i, now);
+                        return Err(Error::NotANumber { key: k.preview() });
+                    };
                     (i, n.add(by.num()), c.deadline, flags)
                 }
                 existing => {
@@ -995,7 +1002,13 @@ impl SharedDict {
                     (i, sum, deadline(now, ttl_ns(init_ttl)), 0)
                 }
             };
-            let result = N::of_sum(sum).ok_or_else(|| Error::NotAnInteger { key: k.preview() })?;
+            let Some(result) = N::of_sum(sum) else {
+                // (only ever a float value found: an init and its increment are of one type)
+                if existing.is_some_and(|(_, c)| c.deadline > now) {
+                    self.used(w, i, now);
+                }
+                return Err(Error::NotAnInteger { key: k.preview() });
+            };
             let mut buf = [0u8; 8];
             let (kind, bytes) = sum.value_ref().encode(&mut buf);
             let stored = self.store_at(w, i, &k, (kind, bytes), flags, until, now, true)?;
@@ -1016,6 +1029,7 @@ impl SharedDict {
             let now = self.now();
             match self.find_locked(w, &k) {
                 Some((i, d)) if d > now => {
+                    self.used(w, i, now);
                     let until = deadline(now, ttl_ns(ttl));
                     let done = self
                         .entry(i)
@@ -1183,6 +1197,13 @@ impl SharedDict {
         }
     }
 
+    /// Marks entry `i` used by a writer's operation that found its key but stored nothing
+    /// (an `add` of a present key, an `expire`, an `incr` or a push refused for the
+    /// value's kind): ngx's look-up makes such a key the most recently used too.
+    fn used(&self, w: &Locked<'_>, i: usize, now: u64) {
+        self.entry(i).touch(w.stamp(now));
+    }
+
     /// Takes the writer lock, recovering after a writer that died or stalled holding it.
     fn write_lock(&self) -> Result<Locked<'_>, Error> {
         Ok(self.lock_as(self.writer()?))
@@ -1277,9 +1298,16 @@ impl SharedDict {
         if self.inner.geometry.heap_blocks == 0 {
             let at = ValueAt::Inline(value);
             let keep = self.keep(i);
-            let stored =
-                self.entry(i)
-                    .store(&w.writing, Some(&keep), key, kind, at, flags, until, now);
+            let stored = self.entry(i).store(
+                &w.writing,
+                Some(&keep),
+                key,
+                kind,
+                at,
+                flags,
+                until,
+                w.stamp(now),
+            );
             return Ok(stored);
         }
         self.store_with_heap(w, i, key, (kind, value), flags, until, now, evict)
@@ -1318,7 +1346,16 @@ impl SharedDict {
         } else {
             ValueAt::Inline(value)
         };
-        let stored = e.store(&w.writing, Some(&keep), key, kind, at, flags, until, now);
+        let stored = e.store(
+            &w.writing,
+            Some(&keep),
+            key,
+            kind,
+            at,
+            flags,
+            until,
+            w.stamp(now),
+        );
         if stored.is_ok() {
             if let Some(chain) = old {
                 self.free_chain(chain);
@@ -1694,8 +1731,10 @@ impl SharedDict {
                         },
                         None => ValueAt::Inline(&value),
                     };
+                    // (the key keeps its rank: a restore is not a use)
+                    let stamp = j.copy.used_at();
                     let stored = e.store(
-                        &w.writing, None, &k, c.kind, value, c.flags, c.deadline, now,
+                        &w.writing, None, &k, c.kind, value, c.flags, c.deadline, stamp,
                     );
                     let made = stored.is_ok();
                     if let (true, Some(old)) = (made, old) {
@@ -2286,6 +2325,13 @@ struct Locked<'a> {
     /// Where a counting pass (`clean_all`) is, and the entries a restore took behind it.
     pass_at: Spot,
     behind: std::cell::Cell<u64>,
+}
+
+impl Locked<'_> {
+    /// The LRU stamp of a use of an entry by this hold, now.
+    fn stamp(&self, now: u64) -> u64 {
+        recency::of_store(now, self.writing.epoch())
+    }
 }
 
 /// How [`SharedDict::take_blocks`] made room.

@@ -447,10 +447,12 @@ impl<'a> Entry<'a> {
         self.w[USED_AT].load(Ordering::Relaxed)
     }
 
-    /// Marks the entry read, with a read's `stamp`: skips the store (and the cache-line
-    /// write) unless it ranks the entry later.
+    /// Marks the entry used, with `stamp`: skips the store (and the cache-line write)
+    /// unless it ranks the entry later, or the entry's stamp is from the future (damage,
+    /// which would keep the key from ever being evicted).
     pub(crate) fn touch(&self, stamp: u64) {
-        if self.w[USED_AT].load(Ordering::Relaxed) < stamp {
+        let old = self.w[USED_AT].load(Ordering::Relaxed);
+        if old < stamp || recency::from_the_future(old, stamp) {
             self.w[USED_AT].store(stamp, Ordering::Relaxed);
         }
     }
@@ -668,12 +670,13 @@ impl<'a> Entry<'a> {
     }
 
     /// Copies what the entry holds (kind, lengths, hash, deadline, flags, key and value)
-    /// into `dst`, an entry of the same geometry: the undo copy and its write-back. The
-    /// home words (`reach`) and the LRU hint stay where they are. Caller holds the writer
-    /// lock and has marked `dst` (or holds the journal's FILLING word).
+    /// into `dst`, an entry of the same geometry: the undo copy and its write-back, with
+    /// the LRU stamp (an interrupted write leaves the key its previous value's rank). The
+    /// home words (`reach`) stay where they are. Caller holds the writer lock and has
+    /// marked `dst` (or holds the journal's FILLING word).
     pub(crate) fn copy_to(&self, dst: &Entry<'_>) {
         let meta = Meta(self.w[META].load(Ordering::Relaxed));
-        for word in [META, HASH, DEADLINE, FLAGS] {
+        for word in [META, HASH, DEADLINE, FLAGS, USED_AT] {
             dst.w[word].store(self.w[word].load(Ordering::Relaxed), Ordering::Relaxed);
         }
         let key = HEAD_WORDS..HEAD_WORDS + words_for(meta.key_len().min(self.g.max_key));
@@ -776,7 +779,7 @@ impl<'a> Entry<'a> {
         value: ValueAt<'_>,
         flags: u32,
         deadline: u64,
-        now: u64,
+        stamp: u64,
     ) -> Result<(), Aborted> {
         let (meta_word, inline) = match value {
             ValueAt::Inline(bytes) => {
@@ -803,6 +806,9 @@ impl<'a> Entry<'a> {
             w[HASH].store(key.hash, Ordering::Relaxed);
             w[DEADLINE].store(deadline, Ordering::Relaxed);
             w[FLAGS].store(u64::from(flags), Ordering::Relaxed);
+            // (inside the write: a writer stopped after it has the key's rank or none, and
+            // one taken over writes its rank into a quarantined entry, as its other words)
+            w[USED_AT].store(stamp, Ordering::Relaxed);
             for (word, k) in w[HEAD_WORDS..].iter().zip(key.words()) {
                 word.store(k, Ordering::Relaxed);
             }
@@ -814,7 +820,6 @@ impl<'a> Entry<'a> {
                 crash_point();
             }
         })?;
-        self.w[USED_AT].store(recency::of_store(now, w.epoch()), Ordering::Relaxed);
         Ok(())
     }
 

@@ -17,7 +17,8 @@
 //! So the least stamp is the least recently used entry, exactly but for these:
 //!
 //! * two reads of different keys in one tick with no hold of the writer lock between
-//!   them tie (eviction then takes the nearer to the key's home);
+//!   them tie (a window's eviction then takes the one nearer the home, the heap's the one
+//!   in the lower entry);
 //! * a key read again in the tick of its last read keeps that read's rank: an entry's
 //!   stamp lags its last use by less than a tick (4 ms at 250 Hz; at most about 2 ms
 //!   with a faster kernel tick, the stamp's tick being 1.05 ms);
@@ -30,7 +31,12 @@
 //! that sees its own or a later one; two stores rank by their holds. Uses made during one
 //! hold, by it and by readers, are concurrent, and either order is right for them.
 //!
-//! A read-only handle's reads write no stamp (it cannot write the file).
+//! An operation under the lock that finds its key but stores nothing (an `add` refused,
+//! an `expire`) stamps it as a store would, as ngx's look-up makes such a key the most
+//! recently used. A value stored again from its undo copy keeps the copy's stamp (the
+//! entry's when the interrupted write began): that is not a use. A stamp more than a
+//! second ahead of a use's is damage, and the use replaces it. A read-only handle's reads
+//! write no stamp (it cannot write the file).
 
 /// Bits of the lock epoch kept.
 const EPOCH_BITS: u32 = 22;
@@ -53,6 +59,12 @@ pub(crate) fn of_read(now_ns: u64, epoch: u32) -> u64 {
     stamp(now_ns, epoch, true)
 }
 
+/// Whether `old` is more than a second later than `stamp`, made now: not a stamp any
+/// process made (the coarse clock is the same in every one), but damage.
+pub(crate) fn from_the_future(old: u64, stamp: u64) -> bool {
+    old >> (EPOCH_BITS + 1) > (stamp >> (EPOCH_BITS + 1)) + (1_000_000_000 >> TICK_SHIFT)
+}
+
 /// Whether `stamp` is of a read in the tick of `now_ns`.
 pub(crate) fn read_in_tick(stamp: u64, now_ns: u64) -> bool {
     stamp & 1 == 1 && stamp >> (EPOCH_BITS + 1) == now_ns >> TICK_SHIFT
@@ -72,6 +84,12 @@ mod tests {
         assert!(of_read(t + (1 << TICK_SHIFT), 0) > of_store(t, u32::MAX));
         // Within one tick the clock's low bits do not count: two reads tie.
         assert_eq!(of_read(t, 3), of_read(t + 12_345, 3));
+        // A stamp far in the future is damage; one a tick ahead is another process's.
+        let now = of_read(t, 3);
+        assert!(from_the_future(u64::MAX, now));
+        assert!(from_the_future(of_store(t + 2_000_000_000, 0), now));
+        assert!(!from_the_future(of_store(t + (1 << TICK_SHIFT), 0), now));
+        assert!(!from_the_future(of_read(t, 2), now));
         // A clock of 36 years since boot still fits.
         let years = 36 * 365 * 24 * 3600 * 1_000_000_000u64;
         assert!(of_read(years, 0) > of_read(years - (1 << TICK_SHIFT), 0));

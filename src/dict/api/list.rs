@@ -64,7 +64,11 @@ impl SharedDict {
         let now = self.now();
         let mut value = Vec::new();
         let mut c = Copied::NONE;
-        match self.lookup(&k, Some(&mut value), &mut c) {
+        let found = self.lookup(&k, Some(&mut value), &mut c);
+        if let Some(i) = found.filter(|_| c.deadline > now) {
+            self.touch(i, now); // (ngx's look-up makes the key the most recently used)
+        }
+        match found {
             Some(_) if c.deadline > now && c.kind != Kind::List => {
                 Err(Error::NotAList { key: k.preview() })
             }
@@ -84,8 +88,9 @@ impl SharedDict {
             let now = self.now();
             let mut bytes = Vec::new();
             let (i, list, until, flags) = match self.lookup_locked(w, &k, Some(&mut bytes)) {
-                Some((_, c)) if c.deadline > now && c.kind != Kind::List => {
-                    return Err(Error::NotAList { key: k.preview() })
+                Some((i, c)) if c.deadline > now && c.kind != Kind::List => {
+                    self.used(w, i, now);
+                    return Err(Error::NotAList { key: k.preview() });
                 }
                 Some((i, c)) if c.deadline > now => (i, bytes, c.deadline, c.flags),
                 // an expired value of the key: a new list in its place
@@ -119,6 +124,7 @@ impl SharedDict {
                 _ => return Ok(Outcome::Done(None)),
             };
             if c.kind != Kind::List {
+                self.used(w, i, now);
                 return Err(Error::NotAList { key: k.preview() });
             }
             let mut list = List(value);
