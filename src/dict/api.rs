@@ -404,6 +404,12 @@ struct Inner {
     slots: usize,
     path: PathBuf,
     created: bool,
+    /// The heap's values by rank from this process's last scan of the dict (see
+    /// [`SharedDict::evict_ranked`]).
+    ranked: std::sync::Mutex<Ranked>,
+    /// The heap's map word after this process's last take: the next one looks from there
+    /// (where blocks were last found free, or freed by evictions).
+    heap_hint: std::sync::atomic::AtomicUsize,
 }
 
 impl SharedDict {
@@ -476,6 +482,8 @@ impl SharedDict {
                 slots,
                 path: path.to_path_buf(),
                 created: opened.created,
+                ranked: Default::default(),
+                heap_hint: Default::default(),
             }),
         })
     }
@@ -1451,13 +1459,14 @@ impl SharedDict {
         blocks: &mut Vec<u32>,
     ) -> Result<Taken, Error> {
         let heap = self.heap();
-        let mut hint = (i * 7) % map_words(heap.blocks()).max(1);
-        if heap.take(n, &mut hint, blocks) {
+        let mut hint = NextFit::new(&self.inner.heap_hint);
+        let hint = &mut hint.at;
+        if heap.take(n, hint, blocks) {
             return Ok(Taken::Fresh);
         }
         if self.control(SWEEP_DUE).load(Ordering::Relaxed) != 0
             && self.sweep(w) > 0
-            && heap.take(n, &mut hint, blocks)
+            && heap.take(n, hint, blocks)
         {
             return Ok(Taken::Fresh);
         }
@@ -1465,20 +1474,30 @@ impl SharedDict {
         if n > heap.blocks() {
             return Err(no_memory());
         }
-        // Values of the heap, expired ones first, then (if `evict`) live ones, oldest
-        // first, with their blocks.
-        let mut held: Vec<(bool, u64, usize, usize)> = (0..self.capacity())
+        if evict {
+            if let Some(taken) = self.evict_ranked(w, n, i, now, hint, blocks)? {
+                return Ok(taken);
+            }
+        }
+        // Values of the heap, expired ones first, then (if `evict`) live ones, least
+        // recently used first, with their blocks.
+        let mut held: Vec<Rank> = (0..self.capacity())
             .filter(|&j| j != i)
             .filter_map(|j| {
                 let e = self.entry(j);
                 let chain = e.heap_value()?;
                 let live = e.deadline() > now;
-                (e.is_stable() && (evict || !live))
-                    .then(|| (live, e.used_at(), j, blocks_for(chain.len)))
+                (e.is_stable() && (evict || !live)).then(|| Rank {
+                    live,
+                    stamp: e.used_at(),
+                    entry: j as u32,
+                    first: chain.first,
+                    blocks: blocks_for(chain.len) as u32,
+                })
             })
             .collect();
         held.sort_unstable();
-        let others: usize = held.iter().map(|h| h.3).sum();
+        let others: usize = held.iter().map(|h| h.blocks as usize).sum();
         let own = self.entry(i).heap_value().map(|c| blocks_for(c.len));
         // Frees the key's own value (counted again once the store is made, as a free
         // entry's).
@@ -1492,16 +1511,20 @@ impl SharedDict {
             Err(Aborted::NotStable) => Ok(Taken::Retry),
         };
         let mut taken = Taken::Fresh;
-        if heap.free_blocks() + others < n {
+        // (counting the free blocks reads the whole map: once, and then what each eviction
+        // frees is added)
+        let mut free = heap.free_blocks();
+        if free + others < n {
             // Only the key's own value can make the room: it goes first, and no other
             // value goes for nothing.
-            if own.is_none_or(|b| heap.free_blocks() + others + b < n) {
+            if own.is_none_or(|b| free + others + b < n) {
                 return Err(no_memory());
             }
             taken = free_own()?;
-            if matches!(taken, Taken::Retry) || heap.take(n, &mut hint, blocks) {
+            if matches!(taken, Taken::Retry) || heap.take(n, hint, blocks) {
                 return Ok(taken);
             }
+            free = heap.free_blocks();
         }
         // As few as make room, the least recently used first, and then (unless the key's
         // own value went) until 1/64 of the heap is free besides: the next long values
@@ -1511,39 +1534,125 @@ impl SharedDict {
         } else {
             heap.blocks() / 64
         };
-        let mut room = false;
-        for (live, _, j, _) in held {
-            let home = self.home_of(self.entry(j).hash());
-            match self.free_at(w, j, None) {
-                Ok(()) => {
-                    self.uncount(w, 1);
-                    self.going(w, home);
-                    if live {
-                        self.control(EVICTIONS).fetch_add(1, Ordering::Relaxed);
-                        w.evicted.set(true);
-                    }
-                }
-                Err(Aborted::TakenOver) => return Err(Error::Stalled),
-                Err(Aborted::NotStable) => continue,
+        let mut next = 0;
+        while let Some(h) = held.get(next) {
+            next += 1;
+            if !self.evict_value(w, h.entry as usize, h.live)? {
+                continue;
             }
-            let free = heap.free_blocks();
-            room |= free >= n;
-            if room && free >= n + slack {
+            free += h.blocks as usize;
+            if free >= n + slack {
                 break;
             }
         }
-        if heap.take(n, &mut hint, blocks) {
+        if evict {
+            // The least recently used of what is left, for the next stores that need room.
+            held.drain(..next);
+            self.keep_ranked(held, heap.blocks() / 8);
+        }
+        if heap.take(n, hint, blocks) {
             return Ok(taken);
         }
         // Fewer went than were counted on (marked by a stale writer, or damaged): the key's
         // own value, if it is still there and makes the room.
         if matches!(taken, Taken::Fresh) && own.is_some_and(|b| heap.free_blocks() + b >= n) {
             taken = free_own()?;
-            if matches!(taken, Taken::Retry) || heap.take(n, &mut hint, blocks) {
+            if matches!(taken, Taken::Retry) || heap.take(n, hint, blocks) {
                 return Ok(taken);
             }
         }
         Err(no_memory())
+    }
+
+    /// Evicts the heap value of entry `j` (`live`: not expired). `false` if it was not
+    /// stable (marked by a stale writer).
+    fn evict_value(&self, w: &Locked<'_>, j: usize, live: bool) -> Result<bool, Error> {
+        let home = self.home_of(self.entry(j).hash());
+        match self.free_at(w, j, None) {
+            Ok(()) => {
+                self.uncount(w, 1);
+                self.going(w, home);
+                if live {
+                    self.control(EVICTIONS).fetch_add(1, Ordering::Relaxed);
+                    w.evicted.set(true);
+                }
+                Ok(true)
+            }
+            Err(Aborted::TakenOver) => Err(Error::Stalled),
+            Err(Aborted::NotStable) => Ok(false),
+        }
+    }
+
+    /// [`take_blocks`](Self::take_blocks)'s usual way to make room without reading the
+    /// whole dict: evicts from the ranks this process kept from its last scan, the least
+    /// recently used first, each only if its entry still holds the value ranked, with the
+    /// same stamp. Those that changed since were used since: every value whose rank was
+    /// kept is older than they are, and than any value stored since, so this evicts in the
+    /// order a new scan would (but for values that expired since: they go in their rank,
+    /// not first). Only while the ranks hold clearly more blocks than the store needs (so
+    /// the key's own value never has to go first on this path); `None` to scan.
+    fn evict_ranked(
+        &self,
+        w: &Locked<'_>,
+        n: usize,
+        i: usize,
+        now: u64,
+        hint: &mut usize,
+        blocks: &mut Vec<u32>,
+    ) -> Result<Option<Taken>, Error> {
+        let heap = self.heap();
+        // (only ever taken under the writer lock, so never contended but through a fork
+        // from a thread in the middle of it: then scan)
+        let mut ranked = match self.inner.ranked.try_lock() {
+            Ok(r) => r,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(None),
+        };
+        let need = n + heap.blocks() / 64;
+        let mut free = heap.free_blocks(); // (what each eviction frees is added)
+        if free + ranked.blocks < 2 * need {
+            return Ok(None);
+        }
+        while let Some(r) = ranked.ranks.pop() {
+            ranked.blocks -= r.blocks as usize;
+            let j = r.entry as usize;
+            let e = self.entry(j);
+            let same = j != i
+                && j < self.capacity()
+                && e.is_stable()
+                && e.used_at() == r.stamp
+                && e.heap_value().is_some_and(|c| c.first == r.first);
+            if !same || !self.evict_value(w, j, e.deadline() > now)? {
+                continue;
+            }
+            free += r.blocks as usize;
+            if free >= need {
+                break;
+            }
+        }
+        Ok(heap.take(n, hint, blocks).then_some(Taken::Fresh))
+    }
+
+    /// Keeps the first of `ranks` (the least recently used first), as many as hold
+    /// `blocks` (and at most [`KEPT_RANKS`]: a process's memory), for
+    /// [`evict_ranked`](Self::evict_ranked).
+    fn keep_ranked(&self, mut ranks: Vec<Rank>, blocks: usize) {
+        let mut kept = 0;
+        let n = ranks
+            .iter()
+            .take(KEPT_RANKS)
+            .take_while(|r| {
+                let under = kept < blocks;
+                kept += r.blocks as usize;
+                under
+            })
+            .count();
+        ranks.truncate(n);
+        ranks.reverse(); // (to pop)
+        if let Ok(mut ranked) = self.inner.ranked.try_lock() {
+            ranked.blocks = ranks.iter().map(|r| r.blocks as usize).sum();
+            ranked.ranks = ranks;
+        }
     }
 
     /// Gives back the heap's blocks that no entry and no undo copy names (a writer that
@@ -2342,6 +2451,48 @@ enum Taken {
     OwnFreed,
     /// The key's entry was marked by a stale writer: start the operation over.
     Retry,
+}
+
+/// Where a process's next take from the heap looks first: the map word its last one
+/// ended at, kept when the take is done.
+struct NextFit<'a> {
+    at: usize,
+    kept: &'a std::sync::atomic::AtomicUsize,
+}
+
+impl<'a> NextFit<'a> {
+    fn new(kept: &'a std::sync::atomic::AtomicUsize) -> Self {
+        NextFit {
+            at: kept.load(Ordering::Relaxed),
+            kept,
+        }
+    }
+}
+
+impl Drop for NextFit<'_> {
+    fn drop(&mut self) {
+        self.kept.store(self.at, Ordering::Relaxed);
+    }
+}
+
+/// A heap value as a scan ranked it: expired ones first, then by stamp (see `recency.rs`).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Rank {
+    live: bool,
+    stamp: u64,
+    entry: u32,
+    first: u32,
+    blocks: u32,
+}
+
+/// At most how many ranks a process keeps from a scan of the heap's values (24 bytes each).
+const KEPT_RANKS: usize = 1 << 16;
+
+/// The ranks a process kept from its last scan of the heap's values, and their blocks.
+#[derive(Default)]
+struct Ranked {
+    ranks: Vec<Rank>,
+    blocks: usize,
 }
 
 /// A write under way, counted in the writer's registry entry (see `Registry::ops`) for a

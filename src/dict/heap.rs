@@ -63,6 +63,20 @@ pub(crate) fn blocks_for(len: usize) -> usize {
     data + data.div_ceil(PER_INDEX)
 }
 
+/// The lowest `k` set bits of `bits` (all of them if it has no more).
+fn lowest_bits(bits: u64, k: usize) -> u64 {
+    if bits.count_ones() as usize <= k {
+        return bits;
+    }
+    let (mut left, mut want) = (bits, 0);
+    for _ in 0..k {
+        let low = left & left.wrapping_neg();
+        want |= low;
+        left &= !low;
+    }
+    want
+}
+
 /// Map words of a heap of `blocks` blocks.
 pub(crate) fn map_words(blocks: usize) -> usize {
     blocks.div_ceil(PER_WORD)
@@ -148,26 +162,18 @@ impl<'a> Heap<'a> {
     pub(crate) fn take(&self, n: usize, hint: &mut usize, out: &mut Vec<u32>) -> bool {
         out.clear();
         let words = self.map.len().min(map_words(self.blocks()));
-        let start = *hint % words.max(1);
-        for k in 0..words {
+        let mut w = *hint % words.max(1);
+        for _ in 0..words {
             if out.len() == n {
                 break;
             }
-            let w = (start + k) % words;
             let mut cur = self.map[w].load(Ordering::Relaxed);
             loop {
                 let free = !cur & self.real_bits(w);
                 if free == 0 {
                     break;
                 }
-                // the lowest free bits, as many as still needed
-                let mut want = 0u64;
-                let mut f = free;
-                while f != 0 && out.len() + (want.count_ones() as usize) < n {
-                    let low = f & f.wrapping_neg();
-                    want |= low;
-                    f &= !low;
-                }
+                let want = lowest_bits(free, n - out.len());
                 // AcqRel: the acquire takes the block after whoever freed it (see the
                 // module's head); a bit someone else set meanwhile stays theirs.
                 let old = self.map[w].fetch_or(want, Ordering::AcqRel);
@@ -188,6 +194,11 @@ impl<'a> Heap<'a> {
                 cur = old | want;
             }
             *hint = w;
+            // (a compare, not a division: a short heap is looked over whole)
+            w += 1;
+            if w == words {
+                w = 0;
+            }
         }
         if out.len() < n {
             self.free(out);
@@ -409,6 +420,17 @@ mod tests {
         (0..len)
             .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
             .collect()
+    }
+
+    #[test]
+    fn lowest_bits_takes_as_many_as_asked_from_the_bottom() {
+        assert_eq!(lowest_bits(0b1011_0110, 2), 0b0000_0110);
+        assert_eq!(lowest_bits(0b1011_0110, 4), 0b0011_0110);
+        assert_eq!(lowest_bits(0b1011_0110, 5), 0b1011_0110);
+        assert_eq!(lowest_bits(0b1011_0110, 9), 0b1011_0110);
+        assert_eq!(lowest_bits(0b1011_0110, 0), 0);
+        assert_eq!(lowest_bits(u64::MAX, 64), u64::MAX);
+        assert_eq!(lowest_bits(1 << 63 | 1, 1), 1);
     }
 
     #[test]
