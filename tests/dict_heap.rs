@@ -47,6 +47,14 @@ const TESTS: &[Test] = &[
         a_store_that_evicts_values_of_several_homes_leaves_every_key_findable,
     ),
     Test::new(
+        "ranks_kept_from_a_scan_evict_what_a_new_scan_would",
+        ranks_kept_from_a_scan_evict_what_a_new_scan_would,
+    ),
+    Test::new(
+        "a_value_restored_elsewhere_after_a_takeover_is_evicted_in_its_rank",
+        a_value_restored_elsewhere_after_a_takeover_is_evicted_in_its_rank,
+    ),
+    Test::new(
         "a_damaged_entry_naming_another_keys_chain_neither_reads_nor_frees_it",
         a_damaged_entry_naming_another_keys_chain_neither_reads_nor_frees_it,
     ),
@@ -444,6 +452,211 @@ fn several_homes_round(seed: u64) {
         assert!(verify(n, &bytes_of(&d, &key).unwrap()), "{key}");
     }
     assert!(evicting > 300, "{evicting} stores evicted");
+}
+
+/// Bytes of a value that takes exactly `b` heap blocks (its index blocks included).
+fn len_of_blocks(b: u64) -> usize {
+    let data = (1..b).rev().find(|d| d + d.div_ceil(62) == b).unwrap();
+    (data * BLOCK) as usize
+}
+
+/// Fills a heap of 1,024 blocks with values of 5 blocks (`s0`, `s1`, ...) until a store
+/// scans for room (its first forcible one), then stores more until fewer than 5 blocks
+/// are free, evicting nothing: the handle keeps ranks from that scan.
+fn filled(name: &str) -> (TempPath, SharedDict, u32) {
+    let (path, d) = heap_dict(name, 512, 256 * 1024);
+    let five = len_of_blocks(5);
+    let mut n = 0u32;
+    let mut scanned = false;
+    while !scanned || d.heap_free() / BLOCK >= 5 {
+        let stored = d.set(format!("s{n}"), &make_value(n, 1, five)[..], Duration::ZERO);
+        scanned |= stored.unwrap().forcible;
+        n += 1;
+    }
+    (path, d, n)
+}
+
+/// The keys `s0`, `s1`, ... of `d`, least recently stored first.
+fn stored_keys(d: &SharedDict) -> Vec<String> {
+    let mut keys: Vec<(u32, String)> = keys_of(d)
+        .into_iter()
+        .filter_map(|k| Some((k.strip_prefix('s')?.parse().ok()?, k)))
+        .collect();
+    keys.sort();
+    keys.into_iter().map(|(_, k)| k).collect()
+}
+
+/// A handle on the same dict, with no ranks kept: its short stores scan.
+fn scanning(path: &TempPath) -> SharedDict {
+    SharedDict::options().open(path).unwrap()
+}
+
+/// Each case runs twice on a dict filled alike: its last stores made by the handle that
+/// scanned (evicting from the ranks it kept), then by a new handle (which scans). Both must
+/// evict the same values, report the same `forcible`, and count the same evictions (review
+/// 19 found each case evicting otherwise: a value for nothing, fewer than a scan, live
+/// values before ones that expired); on a damaged chain, both must store (the estimate of
+/// free blocks once said there was room, and the store answered `NoMemory`).
+fn ranks_kept_from_a_scan_evict_what_a_new_scan_would() {
+    type Case = fn(&TempPath, &SharedDict, &SharedDict) -> Vec<bool>;
+    let cases: [(&str, Case); 4] = [
+        // Only the key's own value can make room: the values the ranks name were deleted
+        // but one, which must not go for nothing.
+        ("own room", |_, d, by| {
+            let keys = stored_keys(d);
+            for k in &keys[1..] {
+                assert!(d.delete(k).unwrap());
+            }
+            let big = d.heap_free() / BLOCK - 5;
+            d.set(
+                "K",
+                &make_value(7, 1, len_of_blocks(big))[..],
+                Duration::ZERO,
+            )
+            .unwrap();
+            let again = by.set(
+                "K",
+                &make_value(7, 2, len_of_blocks(40))[..],
+                Duration::ZERO,
+            );
+            vec![again.unwrap().forcible]
+        }),
+        // Most ranked values were read since: the two left do not make the slack.
+        ("ranks run short", |_, d, by| {
+            let keys = stored_keys(d);
+            for (c, k) in keys[2..30].iter().enumerate() {
+                assert!(d.get(k).unwrap().is_some());
+                d.set(format!("tiny{c}"), "x", Duration::ZERO).unwrap(); // (no two reads tie)
+            }
+            let stored = by.set(
+                "new",
+                &make_value(9, 1, len_of_blocks(5))[..],
+                Duration::ZERO,
+            );
+            vec![stored.unwrap().forcible]
+        }),
+        // Values stored after the scan expire: they go before any live one.
+        ("expired since", |_, d, by| {
+            for k in stored_keys(d).iter().rev().take(3) {
+                d.delete(k).unwrap();
+            }
+            for t in 0..3u32 {
+                let value = make_value(50 + t, 1, len_of_blocks(5));
+                d.set(format!("t{t}"), &value[..], Duration::from_millis(30))
+                    .unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(60));
+            (0..5u32)
+                .map(|m| {
+                    let value = make_value(60 + m, 1, len_of_blocks(5));
+                    let stored = by.set(format!("m{m}"), &value[..], Duration::ZERO);
+                    stored.unwrap().forcible
+                })
+                .collect()
+        }),
+        // The least recently used entry names another value's chain (damage): evicting it
+        // frees nothing, and the store must go on evicting, not answer NoMemory.
+        ("damaged chain", |path, d, by| {
+            let keys = stored_keys(d);
+            let raw = Raw::new(&path.0);
+            let (bad, victim) = (raw.find(keys[0].as_bytes()), raw.find(keys[1].as_bytes()));
+            let first = raw.entry(victim, raw.value_at).load(Ordering::SeqCst);
+            raw.entry(bad, raw.value_at).store(first, Ordering::SeqCst);
+            let stored = by.set(
+                "new",
+                &make_value(9, 1, len_of_blocks(20))[..],
+                Duration::ZERO,
+            );
+            vec![
+                stored
+                    .unwrap_or_else(|e| panic!("damaged chain: {e}"))
+                    .forcible,
+            ]
+        }),
+    ];
+    for (name, case) in cases {
+        let mut seen = Vec::new();
+        for fresh in [false, true] {
+            let (path, d, _) = filled(&format!("heap-ranks-{}", name.replace(' ', "-")));
+            let other = fresh.then(|| scanning(&path));
+            let before = (keys_of(&d), d.evictions());
+            let forcible = case(&path, &d, other.as_ref().unwrap_or(&d));
+            let after = keys_of(&d);
+            let gone: Vec<String> = before
+                .0
+                .into_iter()
+                .filter(|k| !after.contains(k))
+                .collect();
+            // (the damaged entry's own blocks are named by nothing: a sweep's)
+            if name != "damaged chain" {
+                let held = blocks_in_use(&d) + d.heap_free() / BLOCK;
+                assert_eq!(held, 1024, "{name}: blocks lost");
+            }
+            seen.push((gone, forcible, d.evictions() - before.1));
+        }
+        // (a damaged entry fails the ranks' check, and a scan evicts it: the two differ by
+        // that entry, and both must store)
+        if name != "damaged chain" {
+            assert_eq!(seen[0], seen[1], "{name}: kept ranks, then a scan");
+        }
+    }
+}
+
+/// A writer is stopped by gdb just after it marked the entry of the least recently used
+/// value X (to rewrite it); this process's next store takes the writer lock over, the
+/// stopped writer's entry is quarantined and X is stored again, from its undo copy, in
+/// another entry, with its rank. The next store that must make room evicts X first,
+/// whether it evicts from ranks kept from an earlier scan (which named X's old entry: the
+/// move makes them out of date) or scans (review 19: the kept ranks skipped X, and four
+/// newer values went).
+fn a_value_restored_elsewhere_after_a_takeover_is_evicted_in_its_rank() {
+    use common::probe::{mapping_base, require_gdb, GdbStop, Stage};
+    require_gdb();
+    let mut seen = Vec::new();
+    for fresh in [false, true] {
+        let (path, d, _) = filled("heap-restored-rank");
+        let x = stored_keys(&d)[0].clone();
+        let seq = {
+            let raw = Raw::new(&path.0);
+            raw.entries + raw.find(x.as_bytes()) * raw.slot_size
+        };
+        // (the header page is not in the map `Raw` makes)
+        let seq = mapping_base(&path.0) as u64 + seq as u64 - 4096;
+        let shared = Shared::new(1);
+        let writer = Proc::new({
+            let (d, shared, x) = (&d, &shared, x.clone());
+            fork(move || {
+                await_word(shared, 0, Duration::from_secs(60));
+                let _ = d.set(&x, "short", Duration::ZERO);
+                0
+            })
+        });
+        let watch = [Stage::new(&[format!("watch *(long*){seq:#x}")])];
+        let gdb = GdbStop::attach_stages(writer.pid(), &watch);
+        shared.word(0).store(1, Ordering::SeqCst);
+        assert!(
+            gdb.stopped(Duration::from_secs(30)),
+            "the writer never marked X"
+        );
+        d.set("other", "x", Duration::ZERO).unwrap(); // takes the lock over
+        common::signal::send(writer.pid(), libc::SIGKILL);
+        gdb.release();
+        // (described, not read: a read would rank it)
+        let restored = d.describe(&x).unwrap().map(|v| v.len);
+        assert_eq!(restored, Some(len_of_blocks(5)), "X lost its value");
+        let by = fresh.then(|| scanning(&path));
+        let before = keys_of(&d);
+        let value = make_value(9, 1, len_of_blocks(5));
+        by.as_ref()
+            .unwrap_or(&d)
+            .set("new", &value[..], Duration::ZERO)
+            .unwrap();
+        let after = keys_of(&d);
+        let gone: Vec<String> = before.into_iter().filter(|k| !after.contains(k)).collect();
+        assert!(gone.contains(&x), "X was kept: {gone:?} went");
+        seen.push(gone);
+    }
+    assert_eq!(seen[0], seen[1], "kept ranks, then a scan");
 }
 
 fn sorted<'a>(keys: &[&'a String]) -> Vec<&'a String> {

@@ -53,6 +53,10 @@ const HEAP_TAG: usize = FLUSHED + 1;
 /// and found every entry and copy settled, clears it with a CAS from the count it read
 /// first (a cause since then keeps it).
 const SWEEP_DUE: usize = HEAP_TAG + 1;
+/// How many values an undo copy's restore stored in another entry than their own: ranks a
+/// process kept from a scan name entries, and a move makes them out of date (see
+/// `SharedDict::evict_ranked`).
+const MOVES: usize = SWEEP_DUE + 1;
 const CONTROL_WORDS: usize = crate::shm::format::DICT_CONTROL_SIZE / 8;
 
 /// How long a waiting writer sleeps before it looks at the holder again.
@@ -1341,6 +1345,9 @@ impl SharedDict {
         let mut blocks = Vec::new();
         let at = if value.len() > self.inner.geometry.max_value {
             let n = blocks_for(value.len());
+            if until != u64::MAX {
+                self.expiring(until);
+            }
             match self.take_blocks(w, key, n, i, evict, now, &mut blocks)? {
                 Taken::Fresh => {}
                 // the key's own value made the room: its chain went back
@@ -1481,12 +1488,22 @@ impl SharedDict {
         }
         // Values of the heap, expired ones first, then (if `evict`) live ones, least
         // recently used first, with their blocks.
+        let mut made = Ranked {
+            moves: self.control(MOVES).load(Ordering::Relaxed),
+            made_at: now,
+            next_expiry: u64::MAX,
+            ..Ranked::default()
+        };
         let mut held: Vec<Rank> = (0..self.capacity())
             .filter(|&j| j != i)
             .filter_map(|j| {
                 let e = self.entry(j);
                 let chain = e.heap_value()?;
-                let live = e.deadline() > now;
+                let deadline = e.deadline();
+                let live = deadline > now;
+                if live {
+                    made.next_expiry = made.next_expiry.min(deadline);
+                }
                 (e.is_stable() && (evict || !live)).then(|| Rank {
                     live,
                     stamp: e.used_at(),
@@ -1541,14 +1558,19 @@ impl SharedDict {
                 continue;
             }
             free += h.blocks as usize;
+            // (counted again once the estimate says enough: a damaged chain frees less
+            // than its length says)
             if free >= n + slack {
-                break;
+                free = heap.free_blocks();
+                if free >= n + slack {
+                    break;
+                }
             }
         }
         if evict {
             // The least recently used of what is left, for the next stores that need room.
             held.drain(..next);
-            self.keep_ranked(held, heap.blocks() / 8);
+            self.keep_ranked(held, heap.blocks() / 8, made);
         }
         if heap.take(n, hint, blocks) {
             return Ok(taken);
@@ -1608,35 +1630,63 @@ impl SharedDict {
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Ok(None),
         };
-        let need = n + heap.blocks() / 64;
-        let mut free = heap.free_blocks(); // (what each eviction frees is added)
-        if free + ranked.blocks < 2 * need {
+        let fresh = ranked.moves == self.control(MOVES).load(Ordering::Relaxed)
+            && now.saturating_sub(ranked.made_at) < RANKS_LAST
+            && now < ranked.next_expiry;
+        if !fresh {
+            ranked.ranks.clear();
             return Ok(None);
         }
-        while let Some(r) = ranked.ranks.pop() {
-            ranked.blocks -= r.blocks as usize;
+        // The ranks that still hold their value, the least recently used first, as many as
+        // make the room and the slack; none is evicted unless they all make it (else a
+        // scan decides, and may find that only the key's own value can).
+        let need = n + heap.blocks() / 64;
+        let mut room = heap.free_blocks(); // (and what each eviction frees)
+        let (mut looked, mut going) = (0, Vec::new());
+        for r in ranked.ranks.iter().rev() {
+            if room >= need {
+                break;
+            }
+            looked += 1;
             let j = r.entry as usize;
             let e = self.entry(j);
-            let same = j != i
+            let holds = j != i
                 && j < self.capacity()
                 && e.is_stable()
                 && e.used_at() == r.stamp
                 && e.heap_value().is_some_and(|c| c.first == r.first);
-            if !same || !self.evict_value(w, j, e.deadline() > now)? {
-                continue;
-            }
-            free += r.blocks as usize;
-            if free >= need {
-                break;
+            if holds {
+                room += r.blocks as usize;
+                going.push(*r);
             }
         }
+        if room < need {
+            ranked.ranks.clear();
+            return Ok(None);
+        }
+        let left = ranked.ranks.len() - looked;
+        ranked.ranks.truncate(left);
+        drop(ranked);
+        for r in going {
+            let live = self.entry(r.entry as usize).deadline() > now;
+            self.evict_value(w, r.entry as usize, live)?;
+        }
+        // (a damaged chain frees less than its length says: then a scan goes on)
         Ok(heap.take(n, hint, blocks).then_some(Taken::Fresh))
+    }
+
+    /// Notes that this process stores a heap value that expires at `until`: ranks kept from
+    /// an earlier scan are out of date from then (an expired value goes first).
+    fn expiring(&self, until: u64) {
+        if let Ok(mut ranked) = self.inner.ranked.try_lock() {
+            ranked.next_expiry = ranked.next_expiry.min(until);
+        }
     }
 
     /// Keeps the first of `ranks` (the least recently used first), as many as hold
     /// `blocks` (and at most [`KEPT_RANKS`]: a process's memory), for
-    /// [`evict_ranked`](Self::evict_ranked).
-    fn keep_ranked(&self, mut ranks: Vec<Rank>, blocks: usize) {
+    /// [`evict_ranked`](Self::evict_ranked), with what makes them out of date.
+    fn keep_ranked(&self, mut ranks: Vec<Rank>, blocks: usize, made: Ranked) {
         let mut kept = 0;
         let n = ranks
             .iter()
@@ -1648,10 +1698,10 @@ impl SharedDict {
             })
             .count();
         ranks.truncate(n);
-        ranks.reverse(); // (to pop)
+        ranks.shrink_to_fit();
+        ranks.reverse(); // (the least recently used last)
         if let Ok(mut ranked) = self.inner.ranked.try_lock() {
-            ranked.blocks = ranks.iter().map(|r| r.blocks as usize).sum();
-            ranked.ranks = ranks;
+            *ranked = Ranked { ranks, ..made };
         }
     }
 
@@ -1848,6 +1898,9 @@ impl SharedDict {
                     let made = stored.is_ok();
                     if let (true, Some(old)) = (made, old) {
                         self.free_chain(old);
+                    }
+                    if made && chain.is_some() {
+                        self.control(MOVES).fetch_add(1, Ordering::Relaxed);
                     }
                     moved = made;
                     made
@@ -2488,11 +2541,20 @@ struct Rank {
 /// At most how many ranks a process keeps from a scan of the heap's values (24 bytes each).
 const KEPT_RANKS: usize = 1 << 16;
 
-/// The ranks a process kept from its last scan of the heap's values, and their blocks.
+/// How long ranks kept from a scan are used: a value that expires is evicted first only
+/// as far as the last scan knows, so at most this late.
+const RANKS_LAST: u64 = 1_000_000_000;
+
+/// The ranks a process kept from its last scan of the heap's values (the least recently
+/// used last), and what makes them out of date.
 #[derive(Default)]
 struct Ranked {
     ranks: Vec<Rank>,
-    blocks: usize,
+    /// The dict's `MOVES` when the scan began.
+    moves: u64,
+    /// When the scan was made, and when the first live value it saw expires.
+    made_at: u64,
+    next_expiry: u64,
 }
 
 /// A write under way, counted in the writer's registry entry (see `Registry::ops`) for a
