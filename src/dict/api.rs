@@ -1610,9 +1610,11 @@ impl SharedDict {
     /// recently used first, each only if its entry still holds the value ranked, with the
     /// same stamp. Those that changed since were used since: every value whose rank was
     /// kept is older than they are, and than any value stored since, so this evicts in the
-    /// order a new scan would (but for values that expired since: they go in their rank,
-    /// not first). Only while the ranks hold clearly more blocks than the store needs (so
-    /// the key's own value never has to go first on this path); `None` to scan.
+    /// order a new scan would. Only if the ranks that still hold make all the room (the
+    /// slack included), so that no value goes for nothing where only the key's own could
+    /// make it; and not once a value moved, one expired that the ranks know of, or a
+    /// second passed (a value another process stored since may have expired). `None` to
+    /// scan.
     fn evict_ranked(
         &self,
         w: &Locked<'_>,

@@ -44,9 +44,12 @@ const EPOCH_BITS: u32 = 22;
 /// by the kernel's tick, 1-10 ms, and that is the tick the rules above mean).
 const TICK_SHIFT: u32 = 20;
 
+/// Where a stamp's tick starts.
+const TICK_AT: u32 = EPOCH_BITS + 1;
+
 fn stamp(now_ns: u64, epoch: u32, read: bool) -> u64 {
     let epoch = u64::from(epoch) & ((1 << EPOCH_BITS) - 1);
-    (now_ns >> TICK_SHIFT) << (EPOCH_BITS + 1) | epoch << 1 | u64::from(read)
+    (now_ns >> TICK_SHIFT) << TICK_AT | epoch << 1 | u64::from(read)
 }
 
 /// The stamp of a store made at `now_ns` by the hold of lock epoch `epoch`.
@@ -62,12 +65,12 @@ pub(crate) fn of_read(now_ns: u64, epoch: u32) -> u64 {
 /// Whether `old` is more than a second later than `stamp`, made now: not a stamp any
 /// process made (the coarse clock is the same in every one), but damage.
 pub(crate) fn from_the_future(old: u64, stamp: u64) -> bool {
-    old >> (EPOCH_BITS + 1) > (stamp >> (EPOCH_BITS + 1)) + (1_000_000_000 >> TICK_SHIFT)
+    old >> TICK_AT > (stamp >> TICK_AT) + (1_000_000_000 >> TICK_SHIFT)
 }
 
 /// Whether `stamp` is of a read in the tick of `now_ns`.
 pub(crate) fn read_in_tick(stamp: u64, now_ns: u64) -> bool {
-    stamp & 1 == 1 && stamp >> (EPOCH_BITS + 1) == now_ns >> TICK_SHIFT
+    stamp & 1 == 1 && stamp >> TICK_AT == now_ns >> TICK_SHIFT
 }
 
 #[cfg(test)]
