@@ -15,8 +15,9 @@
 //!
 //! - **entries only**: every entry with room for the largest value (65,535 B), as many
 //!   entries as the file takes;
-//! - **a heap**: 16,384 entries with 16 bytes of room (keys of up to 16 bytes), and the
-//!   rest of the file a heap (`heap_size`), which keeps every value longer than that.
+//! - **a zone** (`zone_size(64 MiB)`): 16,384 entries (one per 4 KiB of the zone) with 16
+//!   bytes of room (keys of up to 16 bytes), and the rest of the file a heap, which keeps
+//!   every value longer than that.
 //!
 //! 1. **Fill**: `set` until the first forcible set (the dict is full): the values stored,
 //!    their bytes of key + value, and the file's resident bytes (`st_blocks` on tmpfs) per
@@ -64,32 +65,16 @@ fn dir() -> PathBuf {
     }
 }
 
-/// The dict of 16,384 small entries with the largest heap whose file is at most 64 MiB.
+/// The dict of a 64 MiB zone (`zone_size`): entries with 16 bytes of room, one per 4 KiB
+/// of the zone (16,384), and the rest of the file a heap.
 fn open_heap(path: &PathBuf) -> SharedDict {
-    let open = |heap: u64| {
-        let _ = std::fs::remove_file(path);
-        SharedDict::options()
-            .capacity(16_384)
-            .max_key_len(16)
-            .max_value_len(16)
-            .heap_size(heap)
-            .open(path)
-            .expect("open the dict")
-    };
-    let without = {
-        drop(open(0));
-        std::fs::metadata(path).unwrap().len()
-    };
-    // a map line per 256 blocks of 256 bytes: 64 KiB of heap per 64 bytes of map
-    let mut heap = (ZONE - without) / (64 << 10) * (64 << 10);
-    loop {
-        let dict = open(heap);
-        if std::fs::metadata(path).unwrap().len() <= ZONE {
-            return dict;
-        }
-        drop(dict);
-        heap -= 64 << 10;
-    }
+    let _ = std::fs::remove_file(path);
+    SharedDict::options()
+        .zone_size(ZONE)
+        .max_key_len(16)
+        .max_value_len(16)
+        .open(path)
+        .expect("open the dict")
 }
 
 /// The largest dict of 65,535-byte values whose file is at most 64 MiB.
@@ -128,7 +113,7 @@ fn main() {
     let path = dir().join(format!("shmlock-bench-dict-memory-{}", std::process::id()));
     for (name, open) in [
         ("entries only", open_largest as fn(&PathBuf) -> SharedDict),
-        ("a heap", open_heap),
+        ("a zone of 64 MiB (zone_size)", open_heap),
     ] {
         let dict = open(&path);
         run(name, &dict, &path);

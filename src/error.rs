@@ -42,6 +42,18 @@ pub enum Error {
     /// The key or value lengths asked of a new [`SharedDict`](crate::SharedDict) are out
     /// of range.
     InvalidLayout(&'static str),
+    /// [`DictOptions::zone_size`](crate::DictOptions::zone_size): the zone is too small
+    /// for the dict's entries and fixed parts (its header, its registry of processes, its
+    /// counters).
+    #[non_exhaustive]
+    ZoneTooSmall {
+        /// The zone's bytes, as given.
+        size: u64,
+        /// Bytes the dict needs without a heap.
+        needs: u64,
+        /// Its entries.
+        entries: u64,
+    },
     /// The value is longer than the dict's longest value (chosen when it was created).
     #[non_exhaustive]
     ValueTooLong {
@@ -451,6 +463,16 @@ impl fmt::Display for Error {
                 write!(f, "capacity {n} is out of range 1..={}", MAX_CAPACITY)
             }
             Error::InvalidLayout(why) => write!(f, "invalid dict layout: {why}"),
+            Error::ZoneTooSmall {
+                size,
+                needs,
+                entries,
+            } => write!(
+                f,
+                "a dict zone of {size} bytes is too small: its {entries} entries and fixed \
+                 parts take {needs} bytes (give a larger zone, or fewer entries, smaller \
+                 ones or fewer processes)"
+            ),
             Error::ValueTooLong { key, len, max } => write!(
                 f,
                 "value of {len} bytes for key {key} is longer than the dict's {max}"

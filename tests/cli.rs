@@ -490,6 +490,67 @@ fn create_dict_makes_a_shared_dict_that_inspect_and_stats_read() {
     }
 }
 
+/// `create --dict --zone-size 1m` makes a dict whose file takes at most a MiB, one entry
+/// per 4 KiB (or `--capacity`), the rest heap; a zone too small says what its entries
+/// need, and beside `--heap-size` or without `--dict` it is a usage error. None of those
+/// makes a file.
+#[test]
+fn create_dict_zone_size_sizes_the_whole_file() {
+    let file = TempPath::new("cli-create-zone");
+    let out = output(shmlock(&file).args([
+        "create",
+        "--dict",
+        "--zone-size",
+        "1m",
+        "--max-key-len",
+        "16",
+        "--max-value-len",
+        "16",
+    ]));
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("256 entries"),
+        "{out:?}"
+    );
+    let len = std::fs::metadata(&file).unwrap().len();
+    assert!(len <= 1 << 20 && len > (1 << 20) - 320, "{len}");
+    let dict = SharedDict::open(&file, 1, 1).unwrap();
+    assert_eq!((dict.capacity(), dict.zone_size()), (256, len));
+    assert!(dict.heap_size() > 900 << 10, "{}", dict.heap_size());
+    let stats = output(shmlock(&file).args(["stats", "--json"]));
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(stats["heap_bytes"], dict.heap_size(), "{stats}");
+    let sized = TempPath::new("cli-create-zone-2");
+    let out = output(shmlock(&sized).args([
+        "create",
+        "--dict",
+        "--zone-size",
+        "2m",
+        "--capacity",
+        "1000",
+    ]));
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(SharedDict::open(&sized, 1, 1).unwrap().capacity(), 1000);
+    let other = TempPath::new("cli-create-zone-3");
+    for (args, says) in [
+        (&["create", "--dict", "--zone-size", "64k"][..], "too small"),
+        (
+            &["create", "--dict", "--zone-size", "1m", "--heap-size", "1m"],
+            "--heap-size",
+        ),
+        (&["create", "--zone-size", "1m"], "--dict"),
+        (&["create", "--dict", "--zone-size", "1x"], "unit"),
+    ] {
+        let out = output(shmlock(&other).args(args));
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(says),
+            "{args:?}: {out:?}"
+        );
+        assert!(!other.0.exists(), "{args:?}");
+    }
+}
+
 /// A mode that does not let the owner read and write the file would make a table nobody
 /// but root can open: `create` refuses it (EX_USAGE), naming the mode, and makes nothing.
 #[test]

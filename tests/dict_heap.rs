@@ -27,6 +27,10 @@ use shmlock::{Error, SharedDict, Stored, Value, ValueRef};
 
 const TESTS: &[Test] = &[
     Test::new(
+        "a_zone_size_bounds_the_file_and_what_the_entries_leave_is_heap",
+        a_zone_size_bounds_the_file_and_what_the_entries_leave_is_heap,
+    ),
+    Test::new(
         "values_of_every_length_come_back_whole_and_give_their_blocks_back",
         values_of_every_length_come_back_whole_and_give_their_blocks_back,
     ),
@@ -968,4 +972,115 @@ fn a_map_retagged_newer_than_the_holders_tag_is_still_swept() {
         0,
         "the sweep ran whole"
     );
+}
+
+/// `zone_size` sizes the whole file, as nginx sizes a zone: the file takes at most that
+/// (and less than one heap block and its map short of it), the entries are one per 4 KiB
+/// or the capacity given, and the rest is heap, whose longest value comes back whole. A
+/// zone too small for its entries is `ZoneTooSmall`, with heap_size it is
+/// `InvalidOptions`, and neither makes a file; an attach keeps the file's zone.
+fn a_zone_size_bounds_the_file_and_what_the_entries_leave_is_heap() {
+    let file_len = |p: &TempPath| std::fs::metadata(p).unwrap().len();
+    for (zone, capacity, want) in [
+        (1u64 << 20, None, 256usize),
+        (10 << 20, None, 2560),
+        ((64 << 20) + 12_345, None, 16_387),
+        (10 << 20, Some(50_000), 50_000),
+        (3 << 20, Some(7), 7),
+    ] {
+        let path = TempPath::new("zone");
+        let mut o = SharedDict::options()
+            .zone_size(zone)
+            .max_key_len(16)
+            .max_value_len(16);
+        if let Some(n) = capacity {
+            o = o.capacity(n);
+        }
+        let d = o.open(&path).unwrap();
+        let len = file_len(&path);
+        assert_eq!(d.zone_size(), len, "{zone}");
+        assert!(len <= zone, "{zone}: file of {len}");
+        assert!(
+            zone - len < 256 + 64,
+            "{zone}: {len}: the heap could be larger"
+        );
+        assert_eq!(d.capacity(), want, "{zone}");
+        // the entries take their room each, the rest is heap
+        assert!(d.heap_size() + want as u64 * 136 <= len, "{zone}");
+        assert!(
+            d.heap_size() + want as u64 * 136 + (256 << 10) > len,
+            "{zone}"
+        );
+        let long = vec![b'z'; d.max_value_len()];
+        d.set("long", &long[..], Duration::ZERO).unwrap();
+        let got = d.get("long").unwrap().unwrap();
+        assert_eq!(got.value.as_bytes().unwrap(), &long[..]);
+        // an attach keeps the file's layout, whatever zone it asks for
+        let again = SharedDict::options()
+            .zone_size(1 << 30)
+            .open(&path)
+            .unwrap();
+        assert_eq!(
+            (again.zone_size(), again.capacity(), again.heap_size()),
+            (len, want, d.heap_size())
+        );
+    }
+    // a zone that only its entries fit has no heap: long values are too long
+    let path = TempPath::new("zone-exact");
+    let needs = match SharedDict::options()
+        .zone_size(4096)
+        .capacity(1000)
+        .open(&path)
+    {
+        Err(Error::ZoneTooSmall {
+            size: 4096,
+            needs,
+            entries: 1000,
+            ..
+        }) => needs,
+        other => panic!("{other:?}"),
+    };
+    assert!(needs > 1000 * 8 * 64, "{needs}");
+    assert!(!path.0.exists(), "a refused zone made a file");
+    let d = SharedDict::options()
+        .zone_size(needs)
+        .capacity(1000)
+        .open(&path)
+        .unwrap();
+    assert_eq!((d.zone_size(), d.heap_size()), (needs, 0));
+    assert!(matches!(
+        d.set("k", &[1u8; 257][..], Duration::ZERO),
+        Err(Error::ValueTooLong { len: 257, .. })
+    ));
+    d.set("k", &[1u8; 256][..], Duration::ZERO).unwrap();
+    // one byte short is refused, as is heap_size beside it, and a zone past 64 GiB
+    let other = TempPath::new("zone-refused");
+    let short = SharedDict::options()
+        .zone_size(needs - 1)
+        .capacity(1000)
+        .open(&other);
+    assert!(
+        matches!(short, Err(Error::ZoneTooSmall { needs: n, .. }) if n == needs),
+        "{short:?}"
+    );
+    let msg = short.unwrap_err().to_string();
+    assert!(
+        msg.contains(&needs.to_string()) && msg.contains("1000 entries"),
+        "{msg}"
+    );
+    assert!(matches!(
+        SharedDict::options()
+            .zone_size(1 << 20)
+            .heap_size(1 << 20)
+            .open(&other),
+        Err(Error::InvalidOptions(_))
+    ));
+    let huge = SharedDict::options()
+        .zone_size(1 << 40)
+        .capacity(1000)
+        .open(&other);
+    assert!(matches!(huge, Err(Error::InvalidLayout(_))), "{huge:?}");
+    let many = SharedDict::options().zone_size(1 << 40).open(&other);
+    assert!(matches!(many, Err(Error::InvalidCapacity(_))), "{many:?}");
+    assert!(!other.0.exists(), "a refused zone made a file");
 }

@@ -28,6 +28,10 @@ use crate::shm::registry::OwnerId;
 pub(crate) const WINDOW: usize = 64;
 /// How many entries near its home a full window offers for eviction (the LRU sample).
 const EVICTION_SAMPLE: usize = 8;
+/// Bytes of a zone per entry when [`DictOptions::zone_size`] is given without a capacity:
+/// a page's, so that most of a zone is heap (a 64 MiB zone of values from 16 B to 64 KiB
+/// then holds more of them than nginx's 64m: `benches/dict_memory.rs`).
+const ZONE_PER_ENTRY: u64 = 4096;
 
 // Words of the control page.
 const WRITER: usize = 0;
@@ -236,6 +240,8 @@ pub struct DictOptions {
     max_key: usize,
     max_value: usize,
     heap: u64,
+    zone: u64,
+    entries_given: bool,
 }
 
 impl Default for DictOptions {
@@ -246,14 +252,19 @@ impl Default for DictOptions {
             max_key: 250,
             max_value: 256,
             heap: 0,
+            zone: 0,
+            entries_given: false,
         }
     }
 }
 
 impl DictOptions {
-    /// How many entries a dict this call creates has room for (default 1024).
+    /// How many entries a dict this call creates has room for (default 1024; with
+    /// [`zone_size`](Self::zone_size), one per 4 KiB of the zone): the most keys it
+    /// holds at once.
     pub fn capacity(mut self, capacity: usize) -> Self {
         self.spec.capacity = capacity as u64;
+        self.entries_given = true;
         self
     }
 
@@ -306,6 +317,40 @@ impl DictOptions {
         self
     }
 
+    /// Sizes a dict this call creates as nginx sizes a zone (`lua_shared_dict cache 10m`):
+    /// its file takes at most `bytes`, and what its entries and fixed parts leave is its
+    /// heap ([`heap_size`](Self::heap_size), which is not to be given as well). The
+    /// entries are [`capacity`](Self::capacity)'s, or one per 4 KiB of the zone, each
+    /// costing its room for a key and a value ([`max_key_len`](Self::max_key_len) and
+    /// [`max_value_len`](Self::max_value_len), plus 64 bytes, in whole cache lines) and 8
+    /// bytes of filter. Unlike ngx's zone, a dict holds at most that many keys, however
+    /// small their values: a zone for many small values (counters, flags) wants a
+    /// `capacity` too, and small rooms. A zone too small for its entries is
+    /// [`Error::ZoneTooSmall`], which says what they need.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("shmlock-doc-zone-{}", std::process::id()));
+    /// # let _ = std::fs::remove_file(&path);
+    /// use shmlock::SharedDict;
+    /// use std::time::Duration;
+    ///
+    /// let dict = SharedDict::options()
+    ///     .zone_size(10 << 20) // 10m
+    ///     .max_key_len(32)
+    ///     .max_value_len(32)
+    ///     .open(&path)?;
+    /// assert!(dict.zone_size() <= 10 << 20); // the file's bytes
+    /// assert_eq!(dict.capacity(), 2560); // one entry per 4 KiB
+    /// assert!(dict.heap_size() > 9 << 20); // the rest
+    /// dict.set("page", &vec![b'x'; 1 << 20][..], Duration::ZERO)?;
+    /// # std::fs::remove_file(&path).unwrap();
+    /// # Ok::<(), shmlock::Error>(())
+    /// ```
+    pub fn zone_size(mut self, bytes: u64) -> Self {
+        self.zone = bytes;
+        self
+    }
+
     /// Permission bits of a dict this call creates (default `0o600`; anything beyond
     /// `0o777`, or without owner read and write, is [`Error::InvalidOptions`]).
     pub fn mode(mut self, mode: u32) -> Self {
@@ -336,18 +381,32 @@ impl DictOptions {
     /// Opens (and maybe creates) the dict at `path`.
     pub fn open(self, path: impl AsRef<Path>) -> Result<SharedDict, Error> {
         crate::shm::format::check_dict_limits(self.max_key, self.max_value)?;
-        let heap_blocks = u32::try_from(self.heap.div_ceil(HEAP_BLOCK as u64))
-            .ok()
-            .filter(|&b| b < u32::MAX)
-            .ok_or(Error::InvalidLayout(
-                "the heap would be larger than a dict can be (64 GiB)",
-            ))?;
         let mut spec = self.spec;
-        spec.layout = Layout::Dict {
+        let dict = |heap_blocks| Layout::Dict {
             max_key: self.max_key as u32,
             max_value: self.max_value as u32,
             heap_blocks,
         };
+        let heap_blocks = if self.zone > 0 {
+            if self.heap > 0 {
+                return Err(Error::InvalidOptions(
+                    "zone_size sizes the heap itself: give zone_size or heap_size, not both",
+                ));
+            }
+            if !self.entries_given {
+                spec.capacity = (self.zone / ZONE_PER_ENTRY).max(1);
+            }
+            dict(0).check(spec.capacity, spec.registry)?;
+            crate::shm::format::heap_for_zone(dict(0), spec.capacity, spec.registry, self.zone)?
+        } else {
+            u32::try_from(self.heap.div_ceil(HEAP_BLOCK as u64))
+                .ok()
+                .filter(|&b| b < u32::MAX)
+                .ok_or(Error::InvalidLayout(
+                    "the heap would be larger than a dict can be (64 GiB)",
+                ))?
+        };
+        spec.layout = dict(heap_blocks);
         SharedDict::with_spec(path.as_ref(), spec)
     }
 }
@@ -516,6 +575,12 @@ impl SharedDict {
     /// longer ones go in the heap.
     pub fn entry_value_len(&self) -> usize {
         self.inner.geometry.max_value
+    }
+
+    /// Bytes of the whole file (fixed when it was created): at most the
+    /// [`zone_size`](DictOptions::zone_size) it was created with.
+    pub fn zone_size(&self) -> u64 {
+        self.inner.header.file_len()
     }
 
     /// Bytes of the heap (fixed when the file was created; 0: none).

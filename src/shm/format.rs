@@ -118,6 +118,49 @@ pub(crate) fn heap_len(blocks: u32) -> u64 {
     heap_map_len(blocks) + u64::from(blocks) * HEAP_BLOCK as u64
 }
 
+/// The most heap blocks that a dict of `layout` (heap aside), `capacity` entries and
+/// `registry` processes can have in a file of at most `zone` bytes.
+pub(crate) fn heap_for_zone(
+    layout: Layout,
+    capacity: u64,
+    registry: u32,
+    zone: u64,
+) -> Result<u32, Error> {
+    let Layout::Dict {
+        max_key, max_value, ..
+    } = layout
+    else {
+        unreachable!("a lock table has no heap")
+    };
+    let file = |heap_blocks: u32| {
+        let layout = Layout::Dict {
+            max_key,
+            max_value,
+            heap_blocks,
+        };
+        Header::new(layout, capacity, registry).file_len()
+    };
+    let needs = file(0);
+    if needs > zone {
+        return Err(Error::ZoneTooSmall {
+            size: zone,
+            needs,
+            entries: capacity,
+        });
+    }
+    // 256 bytes a block and 64 bytes of map per 256 blocks: 1025/4 bytes a block but for
+    // the map's rounding, which the steps below settle.
+    let most = u64::from(u32::MAX - 1);
+    let mut blocks = ((zone - needs) * 4 / 1025).min(most) as u32;
+    while u64::from(blocks) < most && file(blocks + 1) <= zone {
+        blocks += 1;
+    }
+    while blocks > 0 && file(blocks) > zone {
+        blocks -= 1;
+    }
+    Ok(blocks)
+}
+
 impl Layout {
     pub(crate) fn magic(self) -> [u8; 8] {
         match self {

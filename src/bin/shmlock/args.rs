@@ -309,12 +309,14 @@ pub struct UnlockArgs {
     "Examples:\n",
     "  shmlock --file /dev/shm/app-locks create --capacity 4096 --mode 0660\n",
     "  shmlock --file /dev/shm/app-cache create --dict --capacity 10000 --max-value-len 1024\n",
-    "  shmlock --file /dev/shm/app-pages create --dict --capacity 10000 --max-value-len 64 --heap-size 64m",
+    "  shmlock --file /dev/shm/app-pages create --dict --capacity 10000 --max-value-len 64 --heap-size 64m\n",
+    "  shmlock --file /dev/shm/app-zone create --dict --zone-size 64m --max-key-len 32 --max-value-len 32",
 ))]
 pub struct CreateArgs {
-    /// How many keys can be held at once (with --dict: how many entries the dict holds)
-    #[arg(long, default_value_t = DEFAULT_CAPACITY)]
-    pub capacity: usize,
+    /// How many keys can be held at once (with --dict: how many entries the dict holds;
+    /// with --zone-size, one per 4k of the zone by default) [default: 1024]
+    #[arg(long)]
+    pub capacity: Option<usize>,
     /// Make a SharedDict file (the key-value cache of the library's SharedDict) instead of
     /// a lock table; inspect and stats read it
     #[arg(long)]
@@ -326,11 +328,21 @@ pub struct CreateArgs {
     /// [default: 256]; longer ones go in the heap (--heap-size)
     #[arg(long, value_name = "BYTES", requires = "dict")]
     pub max_value_len: Option<usize>,
-    /// With --dict: bytes of the heap for values longer than --max-value-len, as nginx
-    /// sizes a zone: 10m, 512k, 1g or a number of bytes; a value may take all of it (at
-    /// most 64m) [default: none]
+    /// With --dict: bytes of the heap for values longer than --max-value-len: 10m, 512k,
+    /// 1g or a number of bytes; a value may take all of it (at most 64m) [default: none,
+    /// or what --zone-size leaves]
     #[arg(long, value_name = "SIZE", requires = "dict", value_parser = parse_size)]
     pub heap_size: Option<u64>,
+    /// With --dict: the whole file's size, as nginx sizes a zone (10m, 512k, 1g or bytes):
+    /// what the entries leave is the heap
+    #[arg(
+        long,
+        value_name = "SIZE",
+        requires = "dict",
+        conflicts_with = "heap_size",
+        value_parser = parse_size
+    )]
+    pub zone_size: Option<u64>,
     /// Permission bits, octal; the owner must be able to read and write (at least 0600)
     #[arg(long, default_value = "0600", value_parser = parse_mode)]
     pub mode: u32,

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use shmlock::{LockTable, SharedDict};
 
-use crate::args::CreateArgs;
+use crate::args::{CreateArgs, DEFAULT_CAPACITY};
 use crate::exit::{Fail, EX_CANTCREAT};
 
 /// Creates the table (or dict) `file`; fails if it exists, also if it appeared meanwhile.
@@ -16,9 +16,13 @@ pub fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
     }
     if a.dict {
         let mut options = SharedDict::options()
-            .capacity(a.capacity)
             .max_processes(a.max_processes)
             .mode(a.mode);
+        match (a.capacity, a.zone_size) {
+            (Some(n), _) => options = options.capacity(n),
+            (None, None) => options = options.capacity(DEFAULT_CAPACITY),
+            (None, Some(_)) => {}
+        }
         if let Some(len) = a.max_key_len {
             options = options.max_key_len(len);
         }
@@ -28,15 +32,19 @@ pub fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
         if let Some(bytes) = a.heap_size {
             options = options.heap_size(bytes);
         }
+        if let Some(bytes) = a.zone_size {
+            options = options.zone_size(bytes);
+        }
         let dict = options.open(file)?;
         if !dict.created() {
             return Err(exists());
         }
         if dict.heap_size() > 0 {
             println!(
-                "created {}: a shared dict of {} entries, keys up to {} B, values up to {} B \
-                 in the entry and up to {} B in a heap of {} B",
+                "created {}: a shared dict of {} B, {} entries, keys up to {} B, values up \
+                 to {} B in the entry and up to {} B in a heap of {} B",
                 file.display(),
+                dict.zone_size(),
                 dict.capacity(),
                 dict.max_key_len(),
                 dict.entry_value_len(),
@@ -55,7 +63,7 @@ pub fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
         return Ok(0);
     }
     let table = LockTable::options()
-        .capacity(a.capacity)
+        .capacity(a.capacity.unwrap_or(DEFAULT_CAPACITY))
         .max_processes(a.max_processes)
         .mode(a.mode)
         .open(file)?;

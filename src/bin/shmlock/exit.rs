@@ -84,6 +84,7 @@ impl From<Error> for Fail {
             | Error::InvalidOptions(_)
             | Error::InvalidCapacity(_)
             | Error::InvalidLayout(_)
+            | Error::ZoneTooSmall { .. }
             | Error::PermitsMismatch { .. } => EX_USAGE,
             // (URLs are checked before: this is a setting the server or client refused)
             Error::Redis(r) if r.kind() == redis::ErrorKind::InvalidClientConfig => EX_USAGE,
