@@ -447,6 +447,31 @@ fn operations_that_find_a_key_but_store_nothing_rank_it_as_ngx_does() {
 }
 
 #[test]
+fn a_key_read_again_after_a_step_of_stores_ranks_anew_within_a_tick() {
+    // A second read of a key in the tick of its first ranks it anew once a step of stores
+    // (in a dict of 8 entries, one store) was made since: here, with no pause, it is the
+    // most recently used again. (Before, it kept its first read's rank for the tick, and
+    // a hot key read over and over lost to keys stored once, later in the tick.)
+    let (_p, d) = dict("lru-reread", 8, 8);
+    for i in 0..8 {
+        d.set(format!("k{i}"), "v", NEVER).unwrap();
+    }
+    assert!(d.get("k0").unwrap().is_some()); // k1 .. k7, k0
+    for i in 1..8 {
+        d.set(format!("k{i}"), "w", NEVER).unwrap(); // k0, k1 .. k7
+    }
+    assert!(d.get("k0").unwrap().is_some()); // k1 .. k7, k0
+    for (n, gone) in ["k1", "k2", "k3", "k4", "k5", "k6", "k7", "k0"]
+        .iter()
+        .enumerate()
+    {
+        assert!(d.set(format!("new{n}"), "v", NEVER).unwrap().forcible);
+        assert!(!keys_of(&d).contains(&gone.to_string()), "{gone} was kept");
+        assert_eq!(keys_of(&d).len(), 8);
+    }
+}
+
+#[test]
 fn a_key_read_again_a_tick_later_ranks_anew() {
     // Within one tick, a second read of a key may keep its first read's rank (the stamp is
     // written once a tick); a tick later, it ranks the key anew.

@@ -360,15 +360,15 @@ fn heap_evictions_take_the_least_recently_used_values_of_the_whole_dict() {
 
 fn heap_lru_round(seed: u64) {
     let (_path, d) = heap_dict("heap-lru-order", 256, 32 * 1024);
-    let mut model = LruModel::default();
+    let mut model = LruModel::new(256);
     let mut x = seed;
     let (mut fresh, mut evicting, mut evicted) = (0u32, 0, 0);
     let mut last_was_read = false;
     for _ in 0..1000 {
         let r = xorshift(&mut x) % 10;
-        let unread = model.unread();
-        if r < 4 && !last_was_read && !unread.is_empty() {
-            let key = unread[xorshift(&mut x) as usize % unread.len()].to_owned();
+        let readable = model.readable();
+        if r < 4 && !last_was_read && !readable.is_empty() {
+            let key = readable[xorshift(&mut x) as usize % readable.len()].to_owned();
             assert!(d.get(&key).unwrap().is_some(), "{key} read");
             model.read(&key);
             last_was_read = true;

@@ -61,6 +61,11 @@ const SWEEP_DUE: usize = HEAP_TAG + 1;
 /// process kept from a scan name entries, and a move makes them out of date (see
 /// `SharedDict::evict_ranked`).
 const MOVES: usize = SWEEP_DUE + 1;
+/// The writer lock's epoch in steps of a 64th of the entries' count (a power of two)
+/// of holds, as the last hold that crossed a step left it: a read of a key already read
+/// in this tick stamps it again once this moved (see `recency.rs`). A line of its own (every hold reads it, every reader of
+/// a key read before in the tick does). (A word that files made before it have zero.)
+const READ_STEP: usize = 64;
 const CONTROL_WORDS: usize = crate::shm::format::DICT_CONTROL_SIZE / 8;
 
 /// How long a waiting writer sleeps before it looks at the holder again.
@@ -465,6 +470,8 @@ struct Inner {
     header: Header,
     geometry: Geometry,
     slots: usize,
+    /// The writer lock's epochs per `READ_STEP` step, as a shift (see `recency::step_shift`).
+    step_shift: u32,
     path: PathBuf,
     created: bool,
     /// The heap's values by rank from this process's last scan of the dict (see
@@ -543,6 +550,7 @@ impl SharedDict {
                 header,
                 geometry,
                 slots,
+                step_shift: recency::step_shift(slots),
                 path: path.to_path_buf(),
                 created: opened.created,
                 ranked: Default::default(),
@@ -1266,7 +1274,8 @@ impl SharedDict {
     fn touch(&self, i: usize, now: u64) {
         if !self.inner.att.read_only() {
             let e = self.entry(i);
-            if recency::read_in_tick(e.used_at(), now) {
+            let step = self.control(READ_STEP).load(Ordering::Relaxed);
+            if recency::read_lately(e.used_at(), now, step, self.inner.step_shift) {
                 return;
             }
             let epoch = self.writer_lock().epoch();
@@ -1318,6 +1327,10 @@ impl SharedDict {
         } else {
             self.control(HEAP_TAG).load(Ordering::Acquire) as u32
         };
+        let step = recency::step_of(writing.epoch(), self.inner.step_shift);
+        if self.control(READ_STEP).load(Ordering::Relaxed) != step {
+            self.control(READ_STEP).store(step, Ordering::Relaxed);
+        }
         let w = Locked {
             epoch: writing.epoch(),
             writing,

@@ -10,18 +10,24 @@
 //! A store stamps the entry it writes with its own hold's epoch of the dict's writer lock
 //! (which grows by one with every hold) and a read bit of 0. A read stamps the entry it
 //! read with the epoch the lock's word shows and a read bit of 1, unless the entry already
-//! carries a read's stamp of this tick: then it writes nothing, so that a key read over
-//! and over writes its entry's first line (which every reader of the key reads) once a
-//! tick, not at every read.
+//! carries a read's stamp of this tick and of this *step* of the epoch: then it writes
+//! nothing, so that a key read over and over writes its entry's first line (which every
+//! reader of the key reads) once a tick or a step, not at every read. A step is a 64th of
+//! the dict's entries in holds, rounded down to a power of two (1 hold for a dict of up to
+//! 127 entries, 64 for 4,096, at most 1,024); every hold that starts a step writes it to a
+//! word of its own (`READ_STEP` in `api.rs`), which readers read (it changes once a step:
+//! reading the lock's word, which changes at every hold, would cost each read beside a
+//! busy writer a cache miss).
 //!
 //! So the least stamp is the least recently used entry, exactly but for these:
 //!
 //! * two reads of different keys in one tick with no hold of the writer lock between
 //!   them tie (a window's eviction then takes the one nearer the home, the heap's the one
 //!   in the lower entry);
-//! * a key read again in the tick of its last read keeps that read's rank: an entry's
-//!   stamp lags its last use by less than a tick (4 ms at 250 Hz; at most about 2 ms
-//!   with a faster kernel tick, the stamp's tick being 1.05 ms);
+//! * a key read again in the tick and the step of its last read keeps that read's rank:
+//!   an entry's stamp lags its last use by less than a tick (4 ms at 250 Hz; at most
+//!   about 2 ms with a faster kernel tick, the stamp's tick being 1.05 ms), and by fewer
+//!   than a step of holds (so, in a dict of up to 127 entries, by none);
 //! * the epoch's 22 bits wrap after 4 M holds, and the uses of the one tick in which they
 //!   wrap may be misranked.
 //!
@@ -68,9 +74,27 @@ pub(crate) fn from_the_future(old: u64, stamp: u64) -> bool {
     old >> TICK_AT > (stamp >> TICK_AT) + (1_000_000_000 >> TICK_SHIFT)
 }
 
-/// Whether `stamp` is of a read in the tick of `now_ns`.
-pub(crate) fn read_in_tick(stamp: u64, now_ns: u64) -> bool {
-    stamp & 1 == 1 && stamp >> TICK_AT == now_ns >> TICK_SHIFT
+/// The longest step: 1,024 holds.
+const MAX_STEP_SHIFT: u32 = 10;
+
+/// The shift of a step of the lock's epoch for a dict of `entries`: a 64th of them,
+/// rounded down to a power of two, from 1 hold up to 1,024.
+pub(crate) fn step_shift(entries: usize) -> u32 {
+    (entries / 64).max(1).ilog2().min(MAX_STEP_SHIFT)
+}
+
+/// The step of lock epoch `epoch`, as the dict's `READ_STEP` word keeps it.
+pub(crate) fn step_of(epoch: u32, shift: u32) -> u64 {
+    u64::from(epoch >> shift)
+}
+
+/// Whether `stamp` is of a read in the tick of `now_ns` and in the step of the lock's
+/// epoch that the dict's `READ_STEP` word shows (`step`; steps of 2^`shift` holds).
+pub(crate) fn read_lately(stamp: u64, now_ns: u64, step: u64, shift: u32) -> bool {
+    let mask = (1 << (EPOCH_BITS - shift)) - 1;
+    stamp & 1 == 1
+        && stamp >> TICK_AT == now_ns >> TICK_SHIFT
+        && (stamp >> 1 >> shift) & mask == step & mask
 }
 
 #[cfg(test)]
@@ -93,6 +117,28 @@ mod tests {
         assert!(from_the_future(of_store(t + 2_000_000_000, 0), now));
         assert!(!from_the_future(of_store(t + (1 << TICK_SHIFT), 0), now));
         assert!(!from_the_future(of_read(t, 2), now));
+        // A read's stamp holds for the tick and the step of holds it was made in.
+        let read = of_read(t, 70);
+        assert!(read_lately(read, t + 1, step_of(70, 3), 3));
+        assert!(read_lately(read, t + 1, step_of(71, 3), 3)); // (70 and 71: step 8 of 8 holds)
+        assert!(!read_lately(read, t + 1, step_of(72, 3), 3)); // a step of stores since
+        assert!(!read_lately(read, t + (1 << TICK_SHIFT), step_of(70, 3), 3)); // a tick
+        assert!(!read_lately(of_store(t, 70), t, step_of(70, 3), 3)); // not a read
+                                                                      // steps wrap with the epoch's bits
+        let wrapped = of_read(t, (1 << EPOCH_BITS) + 70);
+        assert!(read_lately(
+            wrapped,
+            t,
+            step_of((1 << EPOCH_BITS) + 70, 3),
+            3
+        ));
+        assert!(read_lately(wrapped, t, step_of(70, 3), 3));
+        // a step is a 64th of the entries, from 1 hold to 1,024
+        let steps: Vec<u32> = [1, 8, 127, 128, 4096, 65_536, 1 << 30]
+            .iter()
+            .map(|&n| step_shift(n))
+            .collect();
+        assert_eq!(steps, [0, 0, 0, 1, 6, 10, 10]);
         // A clock of 36 years since boot still fits.
         let years = 36 * 365 * 24 * 3600 * 1_000_000_000u64;
         assert!(of_read(years, 0) > of_read(years - (1 << TICK_SHIFT), 0));

@@ -13,36 +13,59 @@ pub const NEVER: Duration = Duration::ZERO;
 pub const TICK: Duration = Duration::from_millis(15);
 
 /// The order in which a dict evicts its keys (least recently used first), by the rule of
-/// its LRU stamps: stores, and the first read of a key after its last store, rank in the
-/// order they were made, in any process. (Two reads with no store between them, and a
-/// second read of a key in one tick of the coarse clock, may rank either way: a test that
-/// follows this model makes neither.)
-#[derive(Default)]
+/// its LRU stamps: stores, the first read of a key after its last store, and a read of a
+/// key after a step of stores since its last read (a step: a 64th of the dict's entries,
+/// rounded down to a power of two, at least 1), rank in the order they were made, in any
+/// process. (Two reads with no store between them, and a second read of a key in one tick
+/// of the coarse clock before a step of stores, may rank either way: a test that follows
+/// this model makes neither.)
 pub struct LruModel {
     order: Vec<String>,
-    read: std::collections::HashSet<String>,
+    /// The keys read since their last store, and the stores made before that read.
+    read: std::collections::HashMap<String, u64>,
+    stores: u64,
+    step: u64,
 }
 
 impl LruModel {
+    /// The model of a dict of `entries` entries.
+    pub fn new(entries: usize) -> LruModel {
+        LruModel {
+            order: Vec::new(),
+            read: Default::default(),
+            stores: 0,
+            step: 1 << (entries / 64).max(1).ilog2().min(10),
+        }
+    }
+
     /// `key` was stored (set, added, replaced, incremented).
     pub fn stored(&mut self, key: &str) {
         self.order.retain(|k| k != key);
         self.order.push(key.to_owned());
         self.read.remove(key);
+        self.stores += 1;
     }
 
-    /// `key` was read for the first time since its last store.
+    /// `key` was read, as [`readable`](Self::readable) allows.
     pub fn read(&mut self, key: &str) {
-        assert!(self.read.insert(key.to_owned()), "{key} read twice");
+        assert!(self.may_read(key), "{key} read again too soon");
+        self.read.insert(key.to_owned(), self.stores);
         self.order.retain(|k| k != key);
         self.order.push(key.to_owned());
     }
 
-    /// The keys not read since their last store, the least recently used first.
-    pub fn unread(&self) -> Vec<&str> {
+    fn may_read(&self, key: &str) -> bool {
+        self.read
+            .get(key)
+            .is_none_or(|&at| self.stores - at >= self.step)
+    }
+
+    /// The keys whose read ranks them: not read since their last store, or a step of
+    /// stores ago. The least recently used first.
+    pub fn readable(&self) -> Vec<&str> {
         self.order
             .iter()
-            .filter(|k| !self.read.contains(*k))
+            .filter(|k| self.may_read(k))
             .map(String::as_str)
             .collect()
     }
@@ -137,7 +160,7 @@ pub fn gen_of(v: &[u8]) -> u64 {
 /// sample all of it) with a random mix of stores and reads, none a tick apart, and checks
 /// that every evicting store takes exactly the key the LRU model says.
 pub fn lru_rounds(d: &SharedDict, rounds: usize, seed: u64, read: &mut dyn FnMut(&str)) {
-    let mut model = LruModel::default();
+    let mut model = LruModel::new(8);
     for i in 0..8 {
         let key = format!("k{i}");
         assert!(!d.set(&key, "v", NEVER).unwrap().forcible);
@@ -149,9 +172,9 @@ pub fn lru_rounds(d: &SharedDict, rounds: usize, seed: u64, read: &mut dyn FnMut
     let (mut reads, mut evictions) = (0, 0);
     for _ in 0..rounds {
         let r = super::fork::xorshift(&mut x) % 10;
-        let unread = model.unread();
-        if r < 4 && !last_was_read && !unread.is_empty() {
-            let key = unread[super::fork::xorshift(&mut x) as usize % unread.len()].to_owned();
+        let readable = model.readable();
+        if r < 4 && !last_was_read && !readable.is_empty() {
+            let key = readable[super::fork::xorshift(&mut x) as usize % readable.len()].to_owned();
             read(&key);
             model.read(&key);
             last_was_read = true;
