@@ -551,6 +551,28 @@ fn create_dict_zone_size_sizes_the_whole_file() {
     }
 }
 
+/// `unlock --force` takes no entry of the owner registry: it breaks a key while every
+/// entry is taken by a live process (here the one entry of `--max-processes 1`, by the
+/// holder), where another `run` is refused (75).
+#[test]
+fn unlock_force_works_while_every_registry_entry_is_taken() {
+    let file = TempPath::new("cli-unlock-full");
+    let made = output(shmlock(&file).args(["create", "--max-processes", "1"]));
+    assert!(made.status.success(), "{made:?}");
+    let mut holder = holding(&file, "k", "sleep 30", &[]);
+    let other = output(shmlock(&file).args(["run", "other", "--", "true"]));
+    assert_eq!(other.status.code(), Some(75), "{other:?}");
+    let out = output(shmlock(&file).args(["unlock", "--force", "k"]));
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("broke \"k\""),
+        "{out:?}"
+    );
+    assert!(!is_held(&file, "k"));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}
+
 /// A mode that does not let the owner read and write the file would make a table nobody
 /// but root can open: `create` refuses it (EX_USAGE), naming the mode, and makes nothing.
 #[test]

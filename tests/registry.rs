@@ -26,6 +26,10 @@ use shmlock::{Error, LockTable};
 
 const TESTS: &[Test] = &[
     Test::new(
+        "a_lazy_handle_breaks_holds_in_a_full_registry_and_registers_at_its_first_lock",
+        a_lazy_handle_breaks_holds_in_a_full_registry_and_registers_at_its_first_lock,
+    ),
+    Test::new(
         "a_process_with_no_registry_entry_takes_no_locks",
         a_process_with_no_registry_entry_takes_no_locks,
     ),
@@ -140,6 +144,65 @@ fn a_process_with_no_registry_entry_takes_no_locks() {
         "the entry was not freed"
     );
     note!("[full registry: TooManyProcesses; free again once the holder left] ");
+}
+
+/// `register_lazily`: a process that opens a table whose registry is full (its one
+/// entry taken by a live child that holds K) gets a handle all the same, breaks the
+/// child's hold (as `shmlock unlock --force` does), and lists holders; its own first lock
+/// is `TooManyProcesses` while the child lives, and takes the entry once the child left.
+fn a_lazy_handle_breaks_holds_in_a_full_registry_and_registers_at_its_first_lock() {
+    let path = TempPath::new("lazy");
+    drop(
+        LockTable::options()
+            .capacity(8)
+            .max_processes(1)
+            .open(&path)
+            .unwrap(),
+    );
+    let flag = Shared::new(2);
+    let child = fork(|| {
+        let t = LockTable::open(&path.0, 8).unwrap();
+        let g = t.lock(K, opts(60_000, 1_000)).unwrap();
+        flag.word(0).store(1, Ordering::SeqCst);
+        await_word(&flag, 1, Duration::from_secs(30));
+        i32::from(!matches!(g.unlock(), Err(Error::Expired)))
+    });
+    await_word(&flag, 0, Duration::from_secs(30));
+    assert!(matches!(
+        LockTable::open(&path.0, 8),
+        Err(Error::TooManyProcesses { max: 1, .. })
+    ));
+    let admin = LockTable::options()
+        .create(false)
+        .register_lazily(true)
+        .open(&path)
+        .unwrap();
+    assert_eq!(admin.holders().len(), 1);
+    let broken = admin.force_unlock_holders(K, None).unwrap();
+    assert_eq!(broken.len(), 1);
+    assert_eq!(broken[0].pid, child.0 as u32);
+    assert!(broken[0].owner_alive);
+    assert!(!admin.is_locked(K).unwrap());
+    // its own lock needs an entry: none while the child lives
+    let refused = admin.try_lock_with_lease(K, Duration::from_secs(60));
+    assert!(
+        matches!(refused, Err(Error::TooManyProcesses { max: 1, .. })),
+        "{refused:?}"
+    );
+    assert!(!admin.registered());
+    flag.word(1).store(1, Ordering::SeqCst);
+    assert_eq!(
+        child.wait(Duration::from_secs(30)),
+        0,
+        "the child kept its hold"
+    );
+    let g = admin
+        .try_lock_with_lease(K, Duration::from_secs(60))
+        .unwrap()
+        .expect("K is free");
+    assert!(admin.registered());
+    g.unlock().unwrap();
+    note!("[lazy handle: broke a live holder's key in a full registry, then registered] ");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -505,6 +505,7 @@ impl SharedDict {
 
     fn with_spec(path: &Path, spec: OpenSpec) -> Result<SharedDict, Error> {
         let opened = file::open(path, spec)?;
+        let spec_read_only = spec.read_only;
         let header = opened.header;
         let Layout::Dict {
             max_key,
@@ -542,6 +543,7 @@ impl SharedDict {
             opened.id,
             path.to_path_buf(),
             opened.registered,
+            spec_read_only,
             true,
         );
         Ok(SharedDict {

@@ -82,9 +82,9 @@ impl Attachment {
         id: FileId,
         path: PathBuf,
         registered: Option<(Anchor, OwnerId)>,
+        read_only: bool,
         judge: bool,
     ) -> Attachment {
-        let read_only = registered.is_none();
         // The registration belongs to the process image that made its anchor (a child
         // forked since, by a signal handler say, runs on from here with its parent's).
         let made = registered

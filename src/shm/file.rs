@@ -49,6 +49,10 @@ pub(crate) struct OpenSpec {
     pub create: bool,
     /// Map it read-only, register nothing (for inspection by anyone who can read it).
     pub read_only: bool,
+    /// Attach to an existing table without taking a registry entry: the handle takes one
+    /// at its first acquisition (as a forked child does), so that breaking or reaping
+    /// holds works while every entry is taken.
+    pub lazy: bool,
 }
 
 impl OpenSpec {
@@ -60,6 +64,7 @@ impl OpenSpec {
             mode: 0o600,
             create: true,
             read_only: false,
+            lazy: false,
         }
     }
 }
@@ -363,7 +368,9 @@ fn attach(path: &Path, file: File, created: bool, spec: OpenSpec) -> Result<Open
     // This description never holds a lock of ours: it is the probe lock tests go through.
     registry::mark_probe(&file).map_err(|e| Error::io(path, e))?;
     let map = Mapping::new(&file, &header, !spec.read_only).map_err(|e| Error::io(path, e))?;
-    if spec.read_only {
+    // (a table this call made registers now: its first registration is what marks it
+    // attached in this boot)
+    if spec.read_only || (spec.lazy && !created) {
         return Ok(Opened {
             map,
             header,

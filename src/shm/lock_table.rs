@@ -257,6 +257,32 @@ impl OpenOptions {
         self
     }
 
+    /// Attaches to an existing table without taking an entry of its owner registry: the
+    /// handle takes one at its first acquisition (default `false`: when opening, so that
+    /// a full registry is [`Error::TooManyProcesses`] at once). For tools that only
+    /// inspect, break ([`LockTable::force_unlock_holders`]) or reap holds: they then work
+    /// while every entry is taken by a live process, as `shmlock unlock --force` does. A
+    /// table this call creates is registered at once all the same.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("shmlock-doc-lazy-{}", std::process::id()));
+    /// # let _ = std::fs::remove_file(&path);
+    /// use shmlock::{Error, LockOptions, LockTable};
+    ///
+    /// let table = LockTable::options().max_processes(1).open(&path)?;
+    /// let guard = table.lock("job", LockOptions::default())?;
+    /// // what `shmlock unlock --force job` does, with or without a free entry
+    /// let admin = LockTable::options().register_lazily(true).open(&path)?;
+    /// assert_eq!(admin.force_unlock_holders("job", None)?.len(), 1);
+    /// assert!(matches!(guard.unlock(), Err(Error::Expired)));
+    /// # std::fs::remove_file(&path).unwrap();
+    /// # Ok::<(), shmlock::Error>(())
+    /// ```
+    pub fn register_lazily(mut self, lazily: bool) -> Self {
+        self.spec.lazy = lazily;
+        self
+    }
+
     /// Opens (and maybe creates) the table at `path`.
     pub fn open(self, path: impl AsRef<Path>) -> Result<LockTable, Error> {
         LockTable::with_options(path.as_ref(), self)
@@ -286,6 +312,7 @@ impl LockTable {
             opened.id,
             path.to_path_buf(),
             opened.registered,
+            options.spec.read_only,
             options.liveness,
         );
         let slots = MappedSlots::new(map, header.slot_count as usize);
@@ -323,8 +350,9 @@ impl LockTable {
     /// Whether this process has an entry in the table's owner registry, so that its keys
     /// are reclaimed at once if it dies. Always, for a handle that opened the file for
     /// writing (opening fails with [`Error::TooManyProcesses`] otherwise); `false` for a
-    /// read-only handle, or in a forked child that could not take an entry of its own
-    /// (its lock calls then say why).
+    /// read-only handle, or in a forked child (or with
+    /// [`register_lazily`](OpenOptions::register_lazily)) that could not take an entry of
+    /// its own (its lock calls then say why). A handle that has none tries to take one.
     pub fn registered(&self) -> bool {
         self.att().owner().is_ok()
     }

@@ -45,6 +45,7 @@ pub fn line_written(path: &TempPath) -> String {
 pub fn is_held(file: &TempPath, key: &str) -> bool {
     LockTable::options()
         .create(false)
+        .register_lazily(true)
         .open(file)
         .is_ok_and(|t| t.is_locked(key).unwrap())
 }
