@@ -1081,6 +1081,49 @@ fn a_zone_size_bounds_the_file_and_what_the_entries_leave_is_heap() {
         .open(&other);
     assert!(matches!(huge, Err(Error::InvalidLayout(_))), "{huge:?}");
     let many = SharedDict::options().zone_size(1 << 40).open(&other);
-    assert!(matches!(many, Err(Error::InvalidCapacity(_))), "{many:?}");
+    assert!(matches!(many, Err(Error::InvalidLayout(_))), "{many:?}");
+    // no overflow, no panic, at the top of the range
+    let top = SharedDict::options()
+        .zone_size(u64::MAX)
+        .capacity(1)
+        .max_processes(1)
+        .open(&other);
+    assert!(matches!(top, Err(Error::InvalidLayout(_))), "{top:?}");
+    // a zone of 0 is too small, not no zone; with a heap, two sizes
+    let zero = SharedDict::options().zone_size(0).open(&other);
+    assert!(
+        matches!(zero, Err(Error::ZoneTooSmall { size: 0, .. })),
+        "{zero:?}"
+    );
+    assert!(matches!(
+        SharedDict::options()
+            .zone_size(0)
+            .heap_size(1 << 20)
+            .open(&other),
+        Err(Error::InvalidOptions(_))
+    ));
+    // entries of more than 4 KiB each, with no capacity: no zone is large enough, and the
+    // error says to give one
+    let wide = SharedDict::options()
+        .zone_size(1 << 30)
+        .max_value_len(4000)
+        .open(&other);
+    match wide {
+        Err(Error::InvalidLayout(why)) => assert!(why.contains("capacity"), "{why}"),
+        other => panic!("{other:?}"),
+    }
     assert!(!other.0.exists(), "a refused zone made a file");
+    // an existing dict is attached with its own layout, whatever zone is asked
+    for o in [
+        SharedDict::options().zone_size(1),
+        SharedDict::options().zone_size(0),
+        SharedDict::options().zone_size(1 << 40),
+        SharedDict::options()
+            .zone_size(1 << 20)
+            .max_processes(65_535),
+    ] {
+        let d = o.open(&path).unwrap();
+        assert!(!d.created());
+        assert_eq!((d.zone_size(), d.capacity()), (needs, 1000));
+    }
 }

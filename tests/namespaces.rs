@@ -73,6 +73,10 @@ const TESTS: &[Test] = &[
     .needs_root("needs root: new pid namespaces"),
     Test::new("zombie_holder_frees_its_keys", zombie_holder_frees_its_keys),
     Test::new(
+        "a_lazy_handle_resets_a_table_of_an_earlier_boot_and_none_is_reset_under_it",
+        a_lazy_handle_resets_a_table_of_an_earlier_boot_and_none_is_reset_under_it,
+    ),
+    Test::new(
         "concurrent_attach_after_reboot_keeps_tokens_growing",
         concurrent_attach_after_reboot_keeps_tokens_growing,
     ),
@@ -434,6 +438,66 @@ fn ofd_lock(f: &fs::File, byte: i64, kind: i32) -> bool {
     fl.l_len = 1;
     // SAFETY: valid descriptor and flock.
     unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) == 0 }
+}
+
+/// A handle opened with `register_lazily` attaches as any writer does: the table of an
+/// earlier boot is reset when it opens (a key left to expire then is free, and tokens go
+/// on growing from above the old ones, its own too), and no other process resets the
+/// table under it while it is open, even before it registers.
+fn a_lazy_handle_resets_a_table_of_an_earlier_boot_and_none_is_reset_under_it() {
+    let path = TempPath::new("lazy-reboot");
+    let mut before = 0;
+    {
+        let t = LockTable::open(&path, 64).unwrap();
+        for _ in 0..200 {
+            let g = t.lock(K, opts(1_000, 1_000)).unwrap();
+            before = before.max(g.token().unwrap());
+        }
+        let old = t.lock("OLD", opts(3_600_000, 1_000)).unwrap();
+        before = before.max(old.leave_to_expire().unwrap());
+    }
+    set_boot_id_in_header(&path.0, [0x42; 16]);
+    let lazy = LockTable::options()
+        .create(false)
+        .register_lazily(true)
+        .open(&path)
+        .unwrap();
+    assert!(
+        !lazy.is_locked("OLD").unwrap(),
+        "an earlier boot's key outlived it"
+    );
+    let other = fork(|| {
+        let t = LockTable::open(&path.0, 64).unwrap();
+        let g = t.lock(K, opts(1_000, 1_000)).unwrap();
+        i32::from(g.token().unwrap() <= before)
+    });
+    assert_eq!(
+        other.wait(Duration::from_secs(20)),
+        0,
+        "a token went backwards"
+    );
+    let held = lazy
+        .try_lock_with_lease("HELD", Duration::from_secs(600))
+        .unwrap()
+        .expect("HELD is free");
+    let mine = held.token().unwrap();
+    assert!(mine > before, "the lazy handle's token {mine} <= {before}");
+    // Another reboot, as the file tells it, while the lazy handle is open: a newcomer
+    // must leave the table as it is.
+    set_boot_id_in_header(&path.0, [0x43; 16]);
+    let newcomer = fork(|| {
+        let t = LockTable::open(&path.0, 64).unwrap();
+        let kept = t.is_locked("HELD").unwrap();
+        let g = t.lock(K, opts(1_000, 1_000)).unwrap();
+        i32::from(!kept) + 2 * i32::from(g.token().unwrap() <= mine)
+    });
+    assert_eq!(
+        newcomer.wait(Duration::from_secs(20)),
+        0,
+        "the table was reset under a lazy handle (1: key lost, 2: token went back)"
+    );
+    held.unlock().unwrap();
+    note!("[lazy open reset the old boot's table; none under it] ");
 }
 
 /// After a reboot (the file names another boot), two processes attach at once. Both read

@@ -32,6 +32,9 @@ const EVICTION_SAMPLE: usize = 8;
 /// a page's, so that most of a zone is heap (a 64 MiB zone of values from 16 B to 64 KiB
 /// then holds more of them than nginx's 64m: `benches/dict_memory.rs`).
 const ZONE_PER_ENTRY: u64 = 4096;
+/// The largest [`DictOptions::zone_size`]: the largest dict body (so any zone up to it
+/// makes a dict that `Layout::check` takes).
+const MAX_ZONE: u64 = crate::shm::format::MAX_DICT_BODY;
 
 // Words of the control page.
 const WRITER: usize = 0;
@@ -245,7 +248,7 @@ pub struct DictOptions {
     max_key: usize,
     max_value: usize,
     heap: u64,
-    zone: u64,
+    zone: Option<u64>,
     entries_given: bool,
 }
 
@@ -257,7 +260,7 @@ impl Default for DictOptions {
             max_key: 250,
             max_value: 256,
             heap: 0,
-            zone: 0,
+            zone: None,
             entries_given: false,
         }
     }
@@ -330,8 +333,10 @@ impl DictOptions {
     /// [`max_value_len`](Self::max_value_len), plus 64 bytes, in whole cache lines) and 8
     /// bytes of filter. Unlike ngx's zone, a dict holds at most that many keys, however
     /// small their values: a zone for many small values (counters, flags) wants a
-    /// `capacity` too, and small rooms. A zone too small for its entries is
-    /// [`Error::ZoneTooSmall`], which says what they need.
+    /// `capacity` too, and small rooms (and entries of more than 4 KiB each need one). A
+    /// zone too small for its entries is [`Error::ZoneTooSmall`], which says what they
+    /// need; a zone is at most 64 GiB. Attaching to an existing dict keeps its layout,
+    /// whatever zone is asked.
     ///
     /// ```
     /// # let path = std::env::temp_dir().join(format!("shmlock-doc-zone-{}", std::process::id()));
@@ -352,7 +357,7 @@ impl DictOptions {
     /// # Ok::<(), shmlock::Error>(())
     /// ```
     pub fn zone_size(mut self, bytes: u64) -> Self {
-        self.zone = bytes;
+        self.zone = Some(bytes);
         self
     }
 
@@ -392,17 +397,41 @@ impl DictOptions {
             max_value: self.max_value as u32,
             heap_blocks,
         };
-        let heap_blocks = if self.zone > 0 {
+        let heap_blocks = if let Some(zone) = self.zone {
             if self.heap > 0 {
                 return Err(Error::InvalidOptions(
                     "zone_size sizes the heap itself: give zone_size or heap_size, not both",
                 ));
             }
+            // An existing dict is attached with its own layout, whatever the zone would
+            // make: the zone sizes only a file this call creates.
+            let attach = OpenSpec {
+                create: false,
+                layout: dict(0),
+                ..spec
+            };
+            match SharedDict::with_spec(path.as_ref(), attach) {
+                Err(Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound
+                        && spec.create
+                        && !spec.read_only => {}
+                attached => return attached,
+            }
+            if zone > MAX_ZONE {
+                return Err(Error::InvalidLayout("a dict's zone_size is at most 64 GiB"));
+            }
             if !self.entries_given {
-                spec.capacity = (self.zone / ZONE_PER_ENTRY).max(1);
+                if dict(0).slot_size() as u64 + 8 > ZONE_PER_ENTRY {
+                    return Err(Error::InvalidLayout(
+                        "an entry of these key and value lengths costs more than the 4 KiB of \
+                         the zone that zone_size gives each entry: give a capacity too (or \
+                         shorter max_key_len and max_value_len)",
+                    ));
+                }
+                spec.capacity = (zone / ZONE_PER_ENTRY).max(1);
             }
             dict(0).check(spec.capacity, spec.registry)?;
-            crate::shm::format::heap_for_zone(dict(0), spec.capacity, spec.registry, self.zone)?
+            crate::shm::format::heap_for_zone(dict(0), spec.capacity, spec.registry, zone)?
         } else {
             u32::try_from(self.heap.div_ceil(HEAP_BLOCK as u64))
                 .ok()
@@ -542,7 +571,7 @@ impl SharedDict {
             opened.file,
             opened.id,
             path.to_path_buf(),
-            opened.registered,
+            opened.pin,
             spec_read_only,
             true,
         );
@@ -1272,6 +1301,14 @@ impl SharedDict {
         }
     }
 
+    /// Writes the step of lock epoch `epoch` to `READ_STEP`, if it moved on.
+    fn note_step(&self, epoch: u32) {
+        let step = recency::step_of(epoch, self.inner.step_shift);
+        if self.control(READ_STEP).load(Ordering::Relaxed) != step {
+            self.control(READ_STEP).store(step, Ordering::Relaxed);
+        }
+    }
+
     /// Marks entry `i` read now (its LRU stamp), unless this handle is read-only.
     fn touch(&self, i: usize, now: u64) {
         if !self.inner.att.read_only() {
@@ -1329,10 +1366,7 @@ impl SharedDict {
         } else {
             self.control(HEAP_TAG).load(Ordering::Acquire) as u32
         };
-        let step = recency::step_of(writing.epoch(), self.inner.step_shift);
-        if self.control(READ_STEP).load(Ordering::Relaxed) != step {
-            self.control(READ_STEP).store(step, Ordering::Relaxed);
-        }
+        self.note_step(writing.epoch());
         let w = Locked {
             epoch: writing.epoch(),
             writing,
@@ -2522,9 +2556,12 @@ impl SharedDict {
         let mut done = true;
         for i in 0..self.capacity() {
             // A big dict takes a while: show the writers waiting that we are not stalled.
-            if i % 4096 == 4095 && !w.writing.heartbeat() {
-                done = false; // taken over: the new holder recovers
-                break;
+            if i % 4096 == 4095 {
+                if !w.writing.heartbeat() {
+                    done = false; // taken over: the new holder recovers
+                    break;
+                }
+                self.note_step(w.writing.epoch()); // (a heartbeat moves the epoch on)
             }
             w.pass_at.set(Some(i));
             let usable = self.clean(w, i);

@@ -14,10 +14,14 @@
 //! nothing, so that a key read over and over writes its entry's first line (which every
 //! reader of the key reads) once a tick or a step, not at every read. A step is a 64th of
 //! the dict's entries in holds, rounded down to a power of two (1 hold for a dict of up to
-//! 127 entries, 64 for 4,096, at most 1,024); every hold that starts a step writes it to a
-//! word of its own (`READ_STEP` in `api.rs`), which readers read (it changes once a step:
-//! reading the lock's word, which changes at every hold, would cost each read beside a
-//! busy writer a cache miss).
+//! 127 entries, 64 for 4,096, at most 1,024); every hold that starts a step (and a long
+//! recovery's heartbeat that moves the epoch on) writes it to a word of its own
+//! (`READ_STEP` in `api.rs`), which readers read (it changes once a step: reading the
+//! lock's word, which changes at every hold, would cost each read beside a busy writer a
+//! cache miss). A writer of an earlier version of the library leaves the word as it was:
+//! beside one, a read again reads the lock's word and stamps its key after any hold (or,
+//! where the stale word matches its stamp, once a tick, as before). A damaged word is
+//! mended by the next hold, and costs a load of the lock's word per read until then.
 //!
 //! So the least stamp is the least recently used entry, exactly but for these:
 //!

@@ -13,6 +13,7 @@ use crate::per_process::PerProcess;
 use crate::shm::anchor::Anchor;
 use crate::shm::clock::{raw_now, Clock, Monotonic};
 use crate::shm::deleted::Gone;
+use crate::shm::file::Pin;
 use crate::shm::mapping::Mapping;
 use crate::shm::process::fork_epoch;
 use crate::shm::registry::{self, FileId, FileLocks, Identity, OwnerId};
@@ -49,6 +50,9 @@ pub(crate) struct Attachment {
     /// process: a forked child gets a mutex of its own, never one that a thread of its
     /// parent held at the fork (that one would stay locked in the child for good).
     reg: PerProcess<Mutex<Option<(OwnerId, Anchor, u64)>>>,
+    /// A lazy handle's mark of this process attached (`OpenOptions::register_lazily`):
+    /// kept for the handle's life, so that no reset of the table starts under it.
+    _attached: Option<Anchor>,
     /// `fork epoch << 32 | owner bits` of the registration in use; 0 before any.
     cached: AtomicU64,
     /// The same, kept when `cached` is dropped (a table gone): what tells this process's
@@ -81,10 +85,15 @@ impl Attachment {
         file: File,
         id: FileId,
         path: PathBuf,
-        registered: Option<(Anchor, OwnerId)>,
+        pin: Pin,
         read_only: bool,
         judge: bool,
     ) -> Attachment {
+        let (registered, attached) = match pin {
+            Pin::Registered(anchor, owner) => (Some((anchor, owner)), None),
+            Pin::Attached(anchor) => (None, Some(anchor)),
+            Pin::None => (None, None),
+        };
         // The registration belongs to the process image that made its anchor (a child
         // forked since, by a signal handler say, runs on from here with its parent's).
         let made = registered
@@ -105,6 +114,7 @@ impl Attachment {
                 let epoch = anchor.epoch();
                 (owner, anchor, epoch)
             }))),
+            _attached: attached,
             cached: AtomicU64::new(cached),
             mine: AtomicU64::new(cached),
             generation: AtomicU64::new(u64::from(generation)),
@@ -275,8 +285,8 @@ impl Attachment {
     fn register_again(&self) -> Result<(Anchor, OwnerId), Error> {
         let probe = self.probe();
         let (anchor, _, owner) =
-            crate::shm::file::pin_registration(&self.path, probe, self.id, &self.map, None)?;
-        Ok((anchor, owner))
+            crate::shm::file::pin_registration(&self.path, probe, self.id, &self.map, None, true)?;
+        Ok((anchor, owner.expect("an entry was asked for")))
     }
 
     /// The probe: the number this attachment keeps, while it names the table's file through

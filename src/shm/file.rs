@@ -83,9 +83,19 @@ pub(crate) struct Opened {
     pub file: File,
     /// The file's device and inode, which every descriptor used later must still name.
     pub id: FileId,
-    /// This process's registration: what keeps it, and the owner id its entries carry
-    /// (`None`: read-only).
-    pub registered: Option<(Anchor, OwnerId)>,
+    /// What keeps this process attached, and registered.
+    pub pin: Pin,
+}
+
+/// What an open left pinned in the file (see `anchor.rs`).
+pub(crate) enum Pin {
+    /// Nothing: a read-only handle.
+    None,
+    /// This process marked attached, with no registry entry (a lazy handle): no reset can
+    /// start under it (see [`join`]).
+    Attached(Anchor),
+    /// This process's registration: what keeps it, and the owner id its entries carry.
+    Registered(Anchor, OwnerId),
 }
 
 pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
@@ -368,43 +378,51 @@ fn attach(path: &Path, file: File, created: bool, spec: OpenSpec) -> Result<Open
     // This description never holds a lock of ours: it is the probe lock tests go through.
     registry::mark_probe(&file).map_err(|e| Error::io(path, e))?;
     let map = Mapping::new(&file, &header, !spec.read_only).map_err(|e| Error::io(path, e))?;
-    // (a table this call made registers now: its first registration is what marks it
-    // attached in this boot)
-    if spec.read_only || (spec.lazy && !created) {
+    if spec.read_only {
         return Ok(Opened {
             map,
             header,
             created,
             file,
             id,
-            registered: None,
+            pin: Pin::None,
         });
     }
-    let (anchor, header, owner) = pin_registration(path, file.as_fd(), id, &map, Some(header))?;
+    // A lazy handle joins as any writer does (a table of an earlier boot is reset first,
+    // and none can be reset under it after), but takes no registry entry. (A table this
+    // call made registers now.)
+    let lazy = spec.lazy && !created;
+    let (anchor, header, owner) =
+        pin_registration(path, file.as_fd(), id, &map, Some(header), !lazy)?;
     let header = header.expect("given a header, a registration returns one");
+    let pin = match owner {
+        Some(owner) => Pin::Registered(anchor, owner),
+        None => Pin::Attached(anchor),
+    };
     Ok(Opened {
         map,
         header,
         created,
         file,
         id,
-        registered: Some((anchor, owner)),
+        pin,
     })
 }
 
 /// Registers this process in the file: marks it attached (after resetting a table left
-/// by an earlier boot, when `header` is given and the rule allows it) and takes a registry
-/// entry, through a description that only an anchor keeps (see `anchor.rs`). Waits while
-/// another process is resetting the table (up to 10 s), without holding anything.
-/// Returns the anchor, the header as it is once attached (if one was given), and the
-/// owner id.
+/// by an earlier boot, when `header` is given and the rule allows it) and, if `entry`,
+/// takes a registry entry, through a description that only an anchor keeps (see
+/// `anchor.rs`). Waits while another process is resetting the table (up to 10 s), without
+/// holding anything. Returns the anchor, the header as it is once attached (if one was
+/// given), and the owner id (if `entry`).
 pub(crate) fn pin_registration(
     path: &Path,
     file: BorrowedFd<'_>,
     id: FileId,
     map: &Mapping,
     header: Option<Header>,
-) -> Result<(Anchor, Option<Header>, OwnerId), Error> {
+    entry: bool,
+) -> Result<(Anchor, Option<Header>, Option<OwnerId>), Error> {
     let until = std::time::Instant::now() + ATTACH_PATIENCE;
     let mut header = header;
     loop {
@@ -412,10 +430,19 @@ pub(crate) fn pin_registration(
             let Joined::Attached(now) = join(path, file, lock_fd, map, header)? else {
                 return Ok(None);
             };
+            if !entry {
+                return Ok(Some((now, None)));
+            }
             let entries = map.registry().len() as u32;
-            Ok(Some((now, register(path, file, lock_fd, map, entries)?)))
+            Ok(Some((
+                now,
+                Some(register(path, file, lock_fd, map, entries)?),
+            )))
         })?;
-        if let Some((now, owner)) = joined {
+        if let Some((now, None)) = joined {
+            return Ok((anchor, now, None));
+        }
+        if let Some((now, Some(owner))) = joined {
             // A filesystem that maps another file than the one opened (overlayfs) lets the
             // locks go with the anchor's descriptor: refuse it rather than be judged dead.
             let locks = FileLocks {
@@ -438,7 +465,7 @@ pub(crate) fn pin_registration(
                     ),
                 ));
             }
-            return Ok((anchor, now, owner));
+            return Ok((anchor, now, Some(owner)));
         }
         // Someone is resetting the table right now.
         drop(anchor);

@@ -151,7 +151,7 @@ pub(crate) fn heap_for_zone(
     // 256 bytes a block and 64 bytes of map per 256 blocks: 1025/4 bytes a block but for
     // the map's rounding, which the steps below settle.
     let most = u64::from(u32::MAX - 1);
-    let mut blocks = ((zone - needs) * 4 / 1025).min(most) as u32;
+    let mut blocks = (u128::from(zone - needs) * 4 / 1025).min(u128::from(most)) as u32;
     while u64::from(blocks) < most && file(blocks + 1) <= zone {
         blocks += 1;
     }

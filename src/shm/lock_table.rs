@@ -259,7 +259,9 @@ impl OpenOptions {
 
     /// Attaches to an existing table without taking an entry of its owner registry: the
     /// handle takes one at its first acquisition (default `false`: when opening, so that
-    /// a full registry is [`Error::TooManyProcesses`] at once). For tools that only
+    /// a full registry is [`Error::TooManyProcesses`] at once). It attaches as any writer
+    /// does otherwise: a table of an earlier boot is reset first, and none is reset under
+    /// it while it is open. For tools that only
     /// inspect, break ([`LockTable::force_unlock_holders`]) or reap holds: they then work
     /// while every entry is taken by a live process, as `shmlock unlock --force` does. A
     /// table this call creates is registered at once all the same.
@@ -311,7 +313,7 @@ impl LockTable {
             opened.file,
             opened.id,
             path.to_path_buf(),
-            opened.registered,
+            opened.pin,
             options.spec.read_only,
             options.liveness,
         );
