@@ -17,8 +17,10 @@
 //! fixed seed); the dict's hash seed is drawn per file, so its figure moves a little from
 //! run to run.
 
+#[path = "support/shm_dir.rs"]
+mod shm_dir;
+
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use shmlock::SharedDict;
@@ -104,18 +106,9 @@ fn sampled_lru(stream: &[usize], capacity: usize, sample: usize) -> u64 {
     hits
 }
 
-fn dir() -> PathBuf {
-    let shm = PathBuf::from("/dev/shm");
-    if shm.is_dir() {
-        shm
-    } else {
-        std::env::temp_dir()
-    }
-}
-
 /// Hits of a `SharedDict` of `capacity` entries (and the time an operation took).
 fn dict(stream: &[usize], capacity: usize, names: &[String]) -> (u64, Duration) {
-    let path = dir().join(format!("shmlock-bench-dict-lru-{}", std::process::id()));
+    let path = shm_dir::dir().join(format!("shmlock-bench-dict-lru-{}", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let d = SharedDict::options()
         .capacity(capacity)

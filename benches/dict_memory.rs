@@ -27,6 +27,9 @@
 //!
 //! The file goes to /dev/shm (or the temp dir) and is removed at the end.
 
+#[path = "support/shm_dir.rs"]
+mod shm_dir;
+
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -53,15 +56,6 @@ impl Sizes {
         self.x = self.x * 48_271 % Sizes::MOD;
         let u = (self.x - 1) as f64 / (Sizes::MOD - 1) as f64;
         (16.0 * 4096f64.powf(u)).floor() as usize
-    }
-}
-
-fn dir() -> PathBuf {
-    let shm = PathBuf::from("/dev/shm");
-    if shm.is_dir() {
-        shm
-    } else {
-        std::env::temp_dir()
     }
 }
 
@@ -110,7 +104,7 @@ fn main() {
         (0..10).map(|_| s.next_size().to_string()).collect()
     };
     println!("first 10 sizes (seed 42): {}", first.join(" "));
-    let path = dir().join(format!("shmlock-bench-dict-memory-{}", std::process::id()));
+    let path = shm_dir::dir().join(format!("shmlock-bench-dict-memory-{}", std::process::id()));
     for (name, open) in [
         ("entries only", open_largest as fn(&PathBuf) -> SharedDict),
         ("a zone of 64 MiB (zone_size)", open_heap),
