@@ -551,6 +551,26 @@ fn create_dict_zone_size_sizes_the_whole_file() {
     }
 }
 
+/// A hold left to expire has no owner: `unlock --force` says so, not "pid 0 (alive)".
+#[test]
+fn unlock_force_of_a_hold_left_to_expire_names_no_process() {
+    let file = TempPath::new("cli-unlock-left");
+    let table = LockTable::open(&file, 16).unwrap();
+    let hold = table
+        .try_lock_with_lease("k", Duration::from_secs(600))
+        .unwrap()
+        .expect("k is free");
+    hold.leave_to_expire();
+    let out = output(shmlock(&file).args(["unlock", "--force", "k"]));
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("no process known here") && !said.contains("pid 0"),
+        "{said}"
+    );
+    assert!(!table.is_locked("k").unwrap());
+}
+
 /// `unlock --force` takes no entry of the owner registry: it breaks a key while every
 /// entry is taken by a live process (here the one entry of `--max-processes 1`, by the
 /// holder), where another `run` is refused (75).

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use shmlock::{HoldMode, LockTable, RedisLocks};
+use shmlock::{HoldMode, Holder, LockTable, RedisLocks};
 
 use crate::args::UnlockArgs;
 use crate::exit::{Fail, EX_USAGE};
@@ -94,15 +94,26 @@ pub fn unlock(file: &Path, a: UnlockArgs) -> Result<u8, Fail> {
     }
     for h in broken {
         println!(
-            "broke {}: held{} by pid {} ({}), for {:.3}s",
+            "broke {}: held{} by {}, for {:.3}s",
             quoted(&key),
             held_as(h.mode),
-            h.pid,
-            if h.owner_alive { "alive" } else { "dead" },
+            holder_of(&h),
             h.age.as_secs_f64()
         );
     }
     Ok(0)
+}
+
+/// Who held a broken hold, as its line says it. Pid 0 is no process: a hold left to
+/// expire has no owner, and a pid of another pid namespace is not shown.
+fn holder_of(h: &Holder) -> String {
+    match (h.pid, h.owner_alive) {
+        (0, true) => "no process known here (a hold left to expire, or one of another pid \
+                      namespace)"
+            .into(),
+        (0, false) => "a process of another pid namespace (dead)".into(),
+        (pid, alive) => format!("pid {pid} ({})", if alive { "alive" } else { "dead" }),
+    }
 }
 
 /// How a broken hold held its key, as its line says it: ` shared`, ` as one of N
