@@ -66,8 +66,9 @@ const SWEEP_DUE: usize = HEAP_TAG + 1;
 const MOVES: usize = SWEEP_DUE + 1;
 /// The writer lock's epoch in steps of a 64th of the entries' count (a power of two)
 /// of holds, as the last hold that crossed a step left it: a read of a key already read
-/// in this tick stamps it again once this moved (see `recency.rs`). A line of its own (every hold reads it, every reader of
-/// a key read before in the tick does). (A word that files made before it have zero.)
+/// in this tick stamps it again once this moved (see `recency.rs`). A line of its own
+/// (every hold reads it, every reader of a key read before in the tick does). (A word
+/// that files made before it have zero.)
 const READ_STEP: usize = 64;
 const CONTROL_WORDS: usize = crate::shm::format::DICT_CONTROL_SIZE / 8;
 
@@ -534,7 +535,6 @@ impl SharedDict {
 
     fn with_spec(path: &Path, spec: OpenSpec) -> Result<SharedDict, Error> {
         let opened = file::open(path, spec)?;
-        let spec_read_only = spec.read_only;
         let header = opened.header;
         let Layout::Dict {
             max_key,
@@ -572,7 +572,6 @@ impl SharedDict {
             opened.id,
             path.to_path_buf(),
             opened.pin,
-            spec_read_only,
             true,
         );
         Ok(SharedDict {
@@ -1313,8 +1312,14 @@ impl SharedDict {
     fn touch(&self, i: usize, now: u64) {
         if !self.inner.att.read_only() {
             let e = self.entry(i);
-            let step = self.control(READ_STEP).load(Ordering::Relaxed);
-            if recency::read_lately(e.used_at(), now, step, self.inner.step_shift) {
+            let old = e.used_at();
+            if recency::read_in_tick(old, now)
+                && recency::in_step(
+                    old,
+                    self.control(READ_STEP).load(Ordering::Relaxed),
+                    self.inner.step_shift,
+                )
+            {
                 return;
             }
             let epoch = self.writer_lock().epoch();

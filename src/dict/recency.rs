@@ -92,13 +92,16 @@ pub(crate) fn step_of(epoch: u32, shift: u32) -> u64 {
     u64::from(epoch >> shift)
 }
 
-/// Whether `stamp` is of a read in the tick of `now_ns` and in the step of the lock's
-/// epoch that the dict's `READ_STEP` word shows (`step`; steps of 2^`shift` holds).
-pub(crate) fn read_lately(stamp: u64, now_ns: u64, step: u64, shift: u32) -> bool {
+/// Whether `stamp` is of a read in the tick of `now_ns`.
+pub(crate) fn read_in_tick(stamp: u64, now_ns: u64) -> bool {
+    stamp & 1 == 1 && stamp >> TICK_AT == now_ns >> TICK_SHIFT
+}
+
+/// Whether `stamp` was made in the step of the lock's epoch that the dict's `READ_STEP`
+/// word shows (`step`; steps of 2^`shift` holds).
+pub(crate) fn in_step(stamp: u64, step: u64, shift: u32) -> bool {
     let mask = (1 << (EPOCH_BITS - shift)) - 1;
-    stamp & 1 == 1
-        && stamp >> TICK_AT == now_ns >> TICK_SHIFT
-        && (stamp >> 1 >> shift) & mask == step & mask
+    (stamp >> 1 >> shift) & mask == step & mask
 }
 
 #[cfg(test)]
@@ -123,20 +126,17 @@ mod tests {
         assert!(!from_the_future(of_read(t, 2), now));
         // A read's stamp holds for the tick and the step of holds it was made in.
         let read = of_read(t, 70);
-        assert!(read_lately(read, t + 1, step_of(70, 3), 3));
-        assert!(read_lately(read, t + 1, step_of(71, 3), 3)); // (70 and 71: step 8 of 8 holds)
-        assert!(!read_lately(read, t + 1, step_of(72, 3), 3)); // a step of stores since
-        assert!(!read_lately(read, t + (1 << TICK_SHIFT), step_of(70, 3), 3)); // a tick
-        assert!(!read_lately(of_store(t, 70), t, step_of(70, 3), 3)); // not a read
-                                                                      // steps wrap with the epoch's bits
+        assert!(read_in_tick(read, t + 1) && in_step(read, step_of(70, 3), 3));
+        // (70 and 71: step 8, of 8 holds)
+        assert!(in_step(read, step_of(71, 3), 3));
+        // a step of stores since, a tick since, not a read
+        assert!(!in_step(read, step_of(72, 3), 3));
+        assert!(!read_in_tick(read, t + (1 << TICK_SHIFT)));
+        assert!(!read_in_tick(of_store(t, 70), t));
+        // steps wrap with the epoch's bits
         let wrapped = of_read(t, (1 << EPOCH_BITS) + 70);
-        assert!(read_lately(
-            wrapped,
-            t,
-            step_of((1 << EPOCH_BITS) + 70, 3),
-            3
-        ));
-        assert!(read_lately(wrapped, t, step_of(70, 3), 3));
+        assert!(in_step(wrapped, step_of((1 << EPOCH_BITS) + 70, 3), 3));
+        assert!(in_step(wrapped, step_of(70, 3), 3));
         // a step is a 64th of the entries, from 1 hold to 1,024
         let steps: Vec<u32> = [1, 8, 127, 128, 4096, 65_536, 1 << 30]
             .iter()

@@ -86,9 +86,9 @@ impl Attachment {
         id: FileId,
         path: PathBuf,
         pin: Pin,
-        read_only: bool,
         judge: bool,
     ) -> Attachment {
+        let read_only = matches!(pin, Pin::None);
         let (registered, attached) = match pin {
             Pin::Registered(anchor, owner) => (Some((anchor, owner)), None),
             Pin::Attached(anchor) => (None, Some(anchor)),

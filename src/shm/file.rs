@@ -89,7 +89,7 @@ pub(crate) struct Opened {
 
 /// What an open left pinned in the file (see `anchor.rs`).
 pub(crate) enum Pin {
-    /// Nothing: a read-only handle.
+    /// Nothing: a read-only handle (and only such a one).
     None,
     /// This process marked attached, with no registry entry (a lazy handle): no reset can
     /// start under it (see [`join`]).

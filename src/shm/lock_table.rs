@@ -261,10 +261,10 @@ impl OpenOptions {
     /// handle takes one at its first acquisition (default `false`: when opening, so that
     /// a full registry is [`Error::TooManyProcesses`] at once). It attaches as any writer
     /// does otherwise: a table of an earlier boot is reset first, and none is reset under
-    /// it while it is open. For tools that only
-    /// inspect, break ([`LockTable::force_unlock_holders`]) or reap holds: they then work
-    /// while every entry is taken by a live process, as `shmlock unlock --force` does. A
-    /// table this call creates is registered at once all the same.
+    /// it while it is open. For tools that only inspect, break
+    /// ([`LockTable::force_unlock_holders`]) or reap holds: they then work while every
+    /// entry is taken by a live process, as `shmlock unlock --force` does. A table this
+    /// call creates is registered at once all the same.
     ///
     /// ```
     /// # let path = std::env::temp_dir().join(format!("shmlock-doc-lazy-{}", std::process::id()));
@@ -314,7 +314,6 @@ impl LockTable {
             opened.id,
             path.to_path_buf(),
             opened.pin,
-            options.spec.read_only,
             options.liveness,
         );
         let slots = MappedSlots::new(map, header.slot_count as usize);
