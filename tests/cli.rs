@@ -551,9 +551,10 @@ fn create_dict_zone_size_sizes_the_whole_file() {
     }
 }
 
-/// A hold left to expire has no owner: `unlock --force` says so, not "pid 0 (alive)".
+/// A hold left to expire has no owner: `inspect` and `unlock --force` say so, not
+/// "pid 0, alive" (its owner field names nobody; this process holds a key beside it).
 #[test]
-fn unlock_force_of_a_hold_left_to_expire_names_no_process() {
+fn a_hold_left_to_expire_is_shown_and_broken_as_nobodys() {
     let file = TempPath::new("cli-unlock-left");
     let table = LockTable::open(&file, 16).unwrap();
     let hold = table
@@ -561,11 +562,50 @@ fn unlock_force_of_a_hold_left_to_expire_names_no_process() {
         .unwrap()
         .expect("k is free");
     hold.leave_to_expire();
+    let _mine = table.lock("mine", LockOptions::default()).unwrap();
+    let json = inspect_json(&file, &[]);
+    let row = |key: &str| {
+        json["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["key"] == key)
+            .unwrap_or_else(|| panic!("no {key}: {json}"))
+            .clone()
+    };
+    let (left, mine) = (row("k"), row("mine"));
+    assert_eq!(
+        (&left["left_to_expire"], &left["pid"]),
+        (&serde_json::json!(true), &serde_json::json!(0)),
+        "{json}"
+    );
+    assert_eq!(
+        (&mine["left_to_expire"], &mine["pid"], &mine["alive"]),
+        (
+            &serde_json::json!(false),
+            &serde_json::json!(std::process::id()),
+            &serde_json::json!(true)
+        ),
+        "{json}"
+    );
+    let text = String::from_utf8(output(shmlock(&file).arg("inspect")).stdout).unwrap();
+    let line = |key: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(key))
+            .unwrap_or_else(|| panic!("no {key}: {text}"))
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(line("k"), ["k", "-", "-"], "{text}");
+    let me = std::process::id().to_string();
+    assert_eq!(line("mine"), ["mine", me.as_str(), "yes"], "{text}");
+
     let out = output(shmlock(&file).args(["unlock", "--force", "k"]));
     assert!(out.status.success(), "{out:?}");
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
-        said.contains("no process known here") && !said.contains("pid 0"),
+        said.contains("by no process (it was left to expire)") && !said.contains("pid 0"),
         "{said}"
     );
     assert!(!table.is_locked("k").unwrap());

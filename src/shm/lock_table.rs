@@ -564,6 +564,10 @@ pub struct Holder {
     pub expired: bool,
     /// How the key is held: alone, by a reader, or as one permit of a semaphore.
     pub mode: HoldMode,
+    /// The hold was left to expire ([`LockGuard::leave_to_expire`](crate::LockGuard::leave_to_expire)):
+    /// it has no owner, so only its lease (or a forced unlock) ends it. Its `pid` is 0 and
+    /// its `owner_alive` says nothing.
+    pub left_to_expire: bool,
 }
 
 /// How a [`Holder`] holds its key.
@@ -637,6 +641,7 @@ impl Holder {
                 (true, 0) => HoldMode::Shared,
                 (true, permits) => HoldMode::Permit { permits },
             },
+            left_to_expire: settled && e.word.owner() == OwnerId::UNKNOWN,
         }
     }
 }

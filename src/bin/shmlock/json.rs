@@ -33,6 +33,8 @@ struct TableEntry {
     truncated: bool,
     pid: u32,
     alive: bool,
+    /// No owner: only the lease ends the hold (`pid` is 0, `alive` means nothing).
+    left_to_expire: bool,
     state: &'static str,
     age_ms: u64,
     ttl_ms: Option<u64>,
@@ -68,6 +70,7 @@ pub fn write_table(
                 truncated: h.key_len > h.key_preview.len(),
                 pid: h.pid,
                 alive: h.owner_alive,
+                left_to_expire: h.left_to_expire,
                 state: state_name(h.state),
                 age_ms: h.age.as_millis() as u64,
                 ttl_ms: h.ttl.map(|d| d.as_millis() as u64),

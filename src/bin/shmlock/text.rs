@@ -61,8 +61,17 @@ pub fn write_table(
             // (a table's tokens have 19 digits)
             "{:<32} {:>8} {:>6} {:>9} {:>9.3}s {:>10} {:>19} {:>7} {:>10}",
             shown_key(h),
-            h.pid,
-            if h.owner_alive { "yes" } else { "no" },
+            // (no process known here: a hold left to expire, or one of another pid namespace)
+            if h.pid == 0 {
+                "-".to_string()
+            } else {
+                h.pid.to_string()
+            },
+            match (h.left_to_expire, h.owner_alive) {
+                (true, _) => "-",
+                (false, true) => "yes",
+                (false, false) => "no",
+            },
             state_name(h.state),
             h.age.as_secs_f64(),
             ttl,

@@ -104,15 +104,14 @@ pub fn unlock(file: &Path, a: UnlockArgs) -> Result<u8, Fail> {
     Ok(0)
 }
 
-/// Who held a broken hold, as its line says it. Pid 0 is no process: a hold left to
-/// expire has no owner, and a pid of another pid namespace is not shown.
+/// Who held a broken hold, as its line says it. A hold left to expire has no owner, and a
+/// pid of another pid namespace is not shown (pid 0).
 fn holder_of(h: &Holder) -> String {
-    match (h.pid, h.owner_alive) {
-        (0, true) => "no process known here (a hold left to expire, or one of another pid \
-                      namespace)"
-            .into(),
-        (0, false) => "a process of another pid namespace (dead)".into(),
-        (pid, alive) => format!("pid {pid} ({})", if alive { "alive" } else { "dead" }),
+    let alive = if h.owner_alive { "alive" } else { "dead" };
+    match h.pid {
+        _ if h.left_to_expire => "no process (it was left to expire)".into(),
+        0 => format!("a process of another pid namespace ({alive})"),
+        pid => format!("pid {pid} ({alive})"),
     }
 }
 
