@@ -469,9 +469,10 @@ impl fmt::Display for Error {
                 entries,
             } => write!(
                 f,
-                "a dict zone of {size} bytes is too small: its {entries} entries and fixed \
+                "a dict zone of {size} bytes is too small: its {entries} entr{} and fixed \
                  parts take {needs} bytes (give a larger zone, or fewer entries, smaller \
-                 ones or fewer processes)"
+                 ones or fewer processes)",
+                if *entries == 1 { "y" } else { "ies" }
             ),
             Error::ValueTooLong { key, len, max } => write!(
                 f,

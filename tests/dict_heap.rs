@@ -1089,6 +1089,17 @@ fn a_zone_size_bounds_the_file_and_what_the_entries_leave_is_heap() {
         .max_processes(1)
         .open(&other);
     assert!(matches!(top, Err(Error::InvalidLayout(_))), "{top:?}");
+    // (its message counts one entry as one)
+    let one = SharedDict::options()
+        .zone_size(4096)
+        .capacity(1)
+        .open(&other)
+        .unwrap_err();
+    assert!(
+        matches!(one, Error::ZoneTooSmall { entries: 1, .. })
+            && one.to_string().contains("its 1 entry and"),
+        "{one}"
+    );
     // a zone of 0 is too small, not no zone; with a heap, two sizes
     let zero = SharedDict::options().zone_size(0).open(&other);
     assert!(
