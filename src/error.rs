@@ -17,6 +17,8 @@ pub enum Error {
     /// [`SharedDict`](crate::SharedDict)'s longest key.
     #[non_exhaustive]
     KeyTooLong {
+        /// The key (its first bytes).
+        key: KeyPreview,
         /// The key's length, in bytes.
         len: usize,
         /// The longest key there: [`MAX_KEY_LEN`](crate::MAX_KEY_LEN), or the dict's `max_key_len`.
@@ -454,8 +456,12 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::EmptyKey => f.write_str("empty key"),
-            Error::KeyTooLong { len, max } => {
-                write!(f, "key of {len} bytes is too long (at most {max} bytes here)")
+            // (a preview cut short says the length itself)
+            Error::KeyTooLong { key, max, .. } if key.is_truncated() => {
+                write!(f, "key {key} is too long (at most {max} bytes here)")
+            }
+            Error::KeyTooLong { key, len, max } => {
+                write!(f, "key {key} of {len} bytes is too long (at most {max} bytes here)")
             }
             Error::InvalidKey { key, reason } => write!(f, "key {key} cannot be used: {reason}"),
             Error::InvalidOptions(why) => write!(f, "invalid options: {why}"),

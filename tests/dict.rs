@@ -671,7 +671,24 @@ fn limits_are_typed_errors() {
     ));
     assert_eq!(
         err.to_string(),
-        "key of 251 bytes is too long (at most 250 bytes here)"
+        format!(
+            "key \"{}\"... (251 bytes) is too long (at most 250 bytes here)",
+            "k".repeat(64)
+        )
+    );
+    // a key short enough to be shown whole is named, with its length
+    let p16 = TempPath::new("limits-key16");
+    let d16 = SharedDict::options()
+        .capacity(8)
+        .max_value_len(16)
+        .max_key_len(16)
+        .open(&p16)
+        .unwrap();
+    assert_eq!(
+        d16.set("0123456789abcdefg", "v", NEVER)
+            .unwrap_err()
+            .to_string(),
+        "key \"0123456789abcdefg\" of 17 bytes is too long (at most 16 bytes here)"
     );
     d.set("k".repeat(250), "v", NEVER).unwrap();
     assert!(matches!(

@@ -1253,10 +1253,7 @@ impl SharedDict {
             return Err(Error::EmptyKey);
         }
         if key.len() > self.max_key_len() {
-            return Err(Error::KeyTooLong {
-                len: key.len(),
-                max: self.max_key_len(),
-            });
+            return Err(crate::key::too_long(key, self.max_key_len()));
         }
         let hash = xxhash_rust::xxh3::xxh3_64_with_seed(key, self.inner.header.seed);
         Ok(PackedKey::new(key, hash))
