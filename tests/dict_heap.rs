@@ -70,6 +70,10 @@ const TESTS: &[Test] = &[
         "heap_writers_killed_or_stopped_mid_write_leave_whole_values_and_lose_no_block",
         heap_writers_killed_or_stopped_mid_write_leave_whole_values_and_lose_no_block,
     ),
+    Test::new(
+        "a_list_in_a_full_heap_is_never_dropped_by_its_pushes_and_pops",
+        a_list_in_a_full_heap_is_never_dropped_by_its_pushes_and_pops,
+    ),
 ];
 
 fn main() {
@@ -1137,4 +1141,98 @@ fn a_zone_size_bounds_the_file_and_what_the_entries_leave_is_heap() {
         assert!(!d.created());
         assert_eq!((d.zone_size(), d.capacity()), (needs, 1000));
     }
+}
+
+/// A list kept in the heap, in a heap full of other values: its pushes and pops write its
+/// new copy beside the old one (the heap evicts the least recently used values for it, as
+/// for a `set`), so a reader in another process never finds it gone, and a pusher
+/// SIGKILLed at any moment leaves it as it was or with its last push. (Freeing the list
+/// first, as the heap did when it had no room for both copies, showed readers no list
+/// during nearly every push, and lost the whole queue to a pusher killed in between.)
+fn a_list_in_a_full_heap_is_never_dropped_by_its_pushes_and_pops() {
+    const BASE: usize = 40;
+    let (_path, d) = heap_dict("heap-list", 256, 256 * 1024);
+    // (filled until a copy of the list, 41 elements of 105 bytes in 18 blocks, cannot fit)
+    let mut filled = 0u32;
+    let mut fill = |d: &SharedDict| {
+        while d.heap_free() >= 18 * BLOCK {
+            d.set(
+                format!("c{filled}"),
+                &make_value(filled, 1, 2000)[..],
+                Duration::ZERO,
+            )
+            .unwrap();
+            filled += 1;
+        }
+    };
+    let element = |i: u64| {
+        let mut v = vec![b'x'; 100];
+        v[..8].copy_from_slice(&i.to_le_bytes());
+        v
+    };
+    for i in 0..BASE as u64 {
+        d.rpush("q", &element(i)[..]).unwrap();
+    }
+    fill(&d);
+    let evicted = d.evictions();
+
+    // A reader beside a pusher and popper in another process.
+    let shared = Shared::new(2);
+    let child = fork(|| {
+        let mut i = 1_000_000;
+        while shared.word(0).load(Ordering::Relaxed) == 0 {
+            d.rpush("q", &element(i)[..]).unwrap();
+            d.lpop("q").unwrap();
+            shared.word(1).fetch_add(1, Ordering::Relaxed);
+            i += 1;
+        }
+        0
+    });
+    let (mut reads, mut short) = (0u64, 0u64);
+    let started = std::time::Instant::now();
+    while (reads < 20_000 || shared.word(1).load(Ordering::Relaxed) < 200)
+        && started.elapsed() < Duration::from_secs(30)
+    {
+        short += u64::from(d.llen("q").unwrap() < BASE);
+        reads += 1;
+    }
+    shared.word(0).store(1, Ordering::Relaxed);
+    assert_eq!(child.wait(Duration::from_secs(30)), 0, "the pusher failed");
+    let rounds = shared.word(1).load(Ordering::Relaxed);
+    assert!(rounds >= 200, "the pusher made only {rounds} rounds");
+    assert_eq!(
+        short, 0,
+        "{short} of {reads} reads found fewer than {BASE} elements ({rounds} pushes and pops)"
+    );
+    assert!(d.evictions() > evicted, "the pushes made room by evicting");
+
+    // Pushers SIGKILLed at random moments, the heap filled again before each.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for trial in 0..100 {
+        fill(&d);
+        let child = fork(|| {
+            for i in 0.. {
+                d.rpush("q", &element(i)[..]).unwrap();
+                d.lpop("q").unwrap();
+            }
+            0
+        });
+        std::thread::sleep(Duration::from_micros(xorshift(&mut seed) % 2000));
+        child.kill();
+        let n = d.llen("q").unwrap();
+        assert!(
+            n == BASE || n == BASE + 1,
+            "trial {trial}: a pusher killed left a list of {n} elements"
+        );
+        if n > BASE {
+            d.lpop("q").unwrap();
+        }
+    }
+    for _ in 0..BASE {
+        let Some(Value::Bytes(v)) = d.lpop("q").unwrap() else {
+            panic!("an element is missing or not bytes");
+        };
+        assert_eq!(v.len(), 100);
+    }
+    assert_eq!(d.llen("q").unwrap(), 0);
 }
