@@ -107,13 +107,15 @@ pub enum Error {
         /// The key (its first bytes).
         key: KeyPreview,
     },
-    /// A store found no room for the key: a `safe_` store (which evicts nothing) or a
-    /// list push found no free slot, or the push would grow the list past the dict's
-    /// `max_value_len`; or a store that may evict found nothing it could evict.
+    /// A store found no room for the key: a `safe_` store (which evicts nothing) or a new
+    /// list found no free entry, or the heap no room; a push would grow the list past the
+    /// dict's `max_value_len`; or a store that may evict found nothing it could evict.
     #[non_exhaustive]
     NoMemory {
         /// The key (its first bytes).
         key: KeyPreview,
+        /// Which of those it was, in words.
+        why: &'static str,
     },
     /// This [`Lock`](crate::Lock) already holds a key.
     Locked,
@@ -461,7 +463,10 @@ impl fmt::Display for Error {
                 write!(f, "key {key} is too long (at most {max} bytes here)")
             }
             Error::KeyTooLong { key, len, max } => {
-                write!(f, "key {key} of {len} bytes is too long (at most {max} bytes here)")
+                write!(
+                    f,
+                    "key {key} of {len} bytes is too long (at most {max} bytes here)"
+                )
             }
             Error::InvalidKey { key, reason } => write!(f, "key {key} cannot be used: {reason}"),
             Error::InvalidOptions(why) => write!(f, "invalid options: {why}"),
@@ -493,10 +498,7 @@ impl fmt::Display for Error {
                 f,
                 "key {key}: not an integer: the value is a float (add an f64 to it)"
             ),
-            Error::NoMemory { key } => write!(
-                f,
-                "no memory for key {key}: no free slot (without evicting), or a list past the dict's max_value_len"
-            ),
+            Error::NoMemory { key, why } => write!(f, "no memory for key {key}: {why}"),
             Error::Locked => f.write_str("locked: this lock already holds a key"),
             Error::Timeout {
                 key,

@@ -648,6 +648,12 @@ fn every_error_about_a_key_names_it() {
         matches!(&e, Error::NoMemory { key, .. } if key.as_bytes() == b"one-more"),
         "{e}"
     );
+    // and says why
+    assert_eq!(
+        e.to_string(),
+        "no memory for key \"one-more\": no free or expired entry near its home (a safe_ \
+         store, and a new list, evict no live key)"
+    );
 }
 
 #[test]

@@ -1593,9 +1593,19 @@ impl SharedDict {
         {
             return Ok(Taken::Fresh);
         }
-        let no_memory = || Error::NoMemory { key: key.preview() };
+        let no_memory = || Error::NoMemory {
+            key: key.preview(),
+            why: if evict {
+                "the heap has no room for the value, even evicting every other value"
+            } else {
+                "the heap has no room for the value without evicting (a safe_ store evicts nothing)"
+            },
+        };
         if n > heap.blocks() {
-            return Err(no_memory());
+            return Err(Error::NoMemory {
+                key: key.preview(),
+                why: "the value needs more than the whole heap",
+            });
         }
         if evict {
             if let Some(taken) = self.evict_ranked(w, n, i, now, hint, blocks)? {
@@ -2517,7 +2527,14 @@ impl SharedDict {
                 self.control(EVICTIONS).fetch_add(1, Ordering::Relaxed);
             }
         }
-        let (d, forcible) = chosen.ok_or_else(|| Error::NoMemory { key: k.preview() })?;
+        let (d, forcible) = chosen.ok_or_else(|| Error::NoMemory {
+            key: k.preview(),
+            why: if evict {
+                "every entry near its home is being written: none could be evicted"
+            } else {
+                "no free or expired entry near its home (a safe_ store, and a new list, evict no live key)"
+            },
+        })?;
         let at = self.at(home, d);
         if let Some(Some(hash)) = self.entry(at).stable_hash() {
             self.going(w, self.home_of(hash)); // an expired or evicted entry's key

@@ -86,7 +86,10 @@ impl SharedDict {
         let mut buf = [0u8; 8];
         let size = ELEMENT_HEAD + value.encode(&mut buf).1.len();
         if size > self.max_value_len() {
-            return Err(Error::NoMemory { key: k.preview() });
+            return Err(Error::NoMemory {
+                key: k.preview(),
+                why: "a list of this one element would be longer than the dict's max_value_len",
+            });
         }
         self.writing(|w| {
             let now = self.now();
@@ -104,7 +107,10 @@ impl SharedDict {
             };
             let mut list = List(list);
             if list.0.len() + size > self.max_value_len() {
-                return Err(Error::NoMemory { key: k.preview() });
+                return Err(Error::NoMemory {
+                    key: k.preview(),
+                    why: "the list would be longer than the dict's max_value_len",
+                });
             }
             list.push(value, front);
             let len = list.len();
