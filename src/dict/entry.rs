@@ -186,12 +186,8 @@ impl<'k> PackedKey<'k> {
         }
     }
 
-    fn words(&self) -> impl Iterator<Item = u64> + 'k {
-        packed(self.key)
-    }
-
     /// Whether `words` (at least as many as the key fills) hold this key: whole words
-    /// compared as words, the tail shifted in (see [`packed`]).
+    /// compared as words, the tail shifted in (see [`tail_word`]).
     #[inline(always)]
     fn matches(&self, words: &[AtomicU64]) -> bool {
         let Some(words) = words.get(..words_for(self.key.len())) else {
@@ -236,14 +232,29 @@ fn copy_words(words: &[AtomicU64], len: usize, out: &mut Vec<u8>) {
     unsafe { out.set_len(len) };
 }
 
-/// Bytes as little-endian words, the last one zero-padded (no allocation: the lookup path
-/// runs this for every key it compares).
-fn packed(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
+/// Stores `bytes` as little-endian words, the last one zero-padded, into the first words
+/// of `words` (as many as there are, if fewer), calling `after` after each. Whole words,
+/// then the tail: not an iterator chained onto the tail's `Option`, which tests at every
+/// word which half it is in (no allocation either: every store runs this).
+#[inline(always)]
+fn store_packed(words: &[AtomicU64], bytes: &[u8], after: impl Fn()) {
     let whole = bytes.chunks_exact(8);
-    let tail = (!whole.remainder().is_empty()).then(|| tail_word(bytes));
-    whole
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunk")))
-        .chain(tail)
+    let tail = whole.remainder();
+    let mut words = words.iter();
+    // (the chunks first: a zip that ran out of them must not have taken a word)
+    for (chunk, word) in whole.zip(words.by_ref()) {
+        word.store(
+            u64::from_le_bytes(chunk.try_into().expect("8-byte chunk")),
+            Ordering::Relaxed,
+        );
+        after();
+    }
+    if !tail.is_empty() {
+        if let Some(word) = words.next() {
+            word.store(tail_word(bytes), Ordering::Relaxed);
+            after();
+        }
+    }
 }
 
 /// The last partial word of `bytes` (its last `len % 8` bytes, which must be some),
@@ -686,9 +697,13 @@ impl<'a> Entry<'a> {
         } else {
             words_for(meta.value_len().min(self.g.max_value))
         };
-        for i in key.chain(at..at + value_words) {
-            dst.w[i].store(self.w[i].load(Ordering::Relaxed), Ordering::Relaxed);
-            crash_point();
+        // (two loops over slices, not one over a chain of ranges: a chained range checks
+        // which half it is in and indexes both entries at every word)
+        for range in [key, at..at + value_words] {
+            for (d, s) in dst.w[range.clone()].iter().zip(&self.w[range]) {
+                d.store(s.load(Ordering::Relaxed), Ordering::Relaxed);
+                crash_point();
+            }
         }
     }
 
@@ -809,16 +824,11 @@ impl<'a> Entry<'a> {
             // (inside the write: a writer stopped after it has the key's rank or none, and
             // one taken over writes its rank into a quarantined entry, as its other words)
             w[USED_AT].store(stamp, Ordering::Relaxed);
-            for (word, k) in w[HEAD_WORDS..].iter().zip(key.words()) {
-                word.store(k, Ordering::Relaxed);
-            }
+            store_packed(&w[HEAD_WORDS..], key.key, || {});
             if let ValueAt::Heap { first, .. } = value {
                 w[at].store(u64::from(first), Ordering::Relaxed);
             }
-            for (word, v) in w[at..].iter().zip(packed(inline)) {
-                word.store(v, Ordering::Relaxed);
-                crash_point();
-            }
+            store_packed(&w[at..], inline, crash_point);
         })?;
         Ok(())
     }
@@ -983,7 +993,7 @@ mod tests {
     }
 
     #[test]
-    fn packed_words_are_the_bytes_little_endian_zero_padded() {
+    fn stored_words_are_the_bytes_little_endian_zero_padded() {
         let bytes: Vec<u8> = (0..40u8)
             .map(|b| b.wrapping_mul(37).wrapping_add(11))
             .collect();
@@ -997,7 +1007,17 @@ mod tests {
                     u64::from_le_bytes(w)
                 })
                 .collect();
-            assert_eq!(packed(b).collect::<Vec<_>>(), want, "{len} bytes");
+            // stored over words that held something (one more than the bytes fill: kept)
+            let stored: Vec<AtomicU64> = (0..=want.len()).map(|_| AtomicU64::new(!0)).collect();
+            let calls = std::cell::Cell::new(0);
+            store_packed(&stored, b, || calls.set(calls.get() + 1));
+            let mut got: Vec<u64> = stored.iter().map(|w| w.load(Ordering::Relaxed)).collect();
+            assert_eq!(got.pop(), Some(!0), "{len} bytes: a word past them written");
+            assert_eq!(
+                (got, calls.get()),
+                (want.clone(), want.len()),
+                "{len} bytes"
+            );
             let words: Vec<AtomicU64> = want.iter().map(|&w| AtomicU64::new(w)).collect();
             assert!(PackedKey::new(b, 0).matches(&words), "{len} bytes");
             if let Some(last) = words.last() {
