@@ -74,6 +74,10 @@ const TESTS: &[Test] = &[
         "a_list_in_a_full_heap_is_never_dropped_by_its_pushes_and_pops",
         a_list_in_a_full_heap_is_never_dropped_by_its_pushes_and_pops,
     ),
+    Test::new(
+        "a_push_evicts_nothing_and_a_pop_evicts_only_values_that_are_not_lists",
+        a_push_evicts_nothing_and_a_pop_evicts_only_values_that_are_not_lists,
+    ),
 ];
 
 fn main() {
@@ -1143,46 +1147,60 @@ fn a_zone_size_bounds_the_file_and_what_the_entries_leave_is_heap() {
     }
 }
 
-/// A list kept in the heap, in a heap full of other values: its pushes and pops write its
-/// new copy beside the old one (the heap evicts the least recently used values for it, as
-/// for a `set`), so a reader in another process never finds it gone, and a pusher
-/// SIGKILLed at any moment leaves it as it was or with its last push. (Freeing the list
-/// first, as the heap did when it had no room for both copies, showed readers no list
-/// during nearly every push, and lost the whole queue to a pusher killed in between.)
+/// An element of the lists below: 100 bytes, numbered.
+fn element(i: u64) -> Vec<u8> {
+    let mut v = vec![b'x'; 100];
+    v[..8].copy_from_slice(&i.to_le_bytes());
+    v
+}
+
+/// Stores 2000-byte values `c0`, `c1`, ... (from `*next` on) until fewer than `blocks`
+/// blocks of the heap are free.
+fn fill_heap(d: &SharedDict, next: &mut u32, blocks: u64) {
+    while d.heap_free() >= blocks * BLOCK {
+        let n = *next;
+        d.set(format!("c{n}"), &make_value(n, 1, 2000)[..], Duration::ZERO)
+            .unwrap();
+        *next += 1;
+    }
+}
+
+/// A list kept in the heap, in a heap full of other values: a pop writes its shorter copy
+/// beside the list (evicting values that are not lists for it) and a push its longer one
+/// (or is `NoMemory`), so a reader in another process never finds the list gone, and a
+/// writer SIGKILLed at any moment leaves it as it was or with its last operation. (Freeing
+/// the list first, as the heap did when it had no room for both copies, showed readers no
+/// list during nearly every push and pop, and lost the whole queue to a writer killed in
+/// between.)
 fn a_list_in_a_full_heap_is_never_dropped_by_its_pushes_and_pops() {
     const BASE: usize = 40;
     let (_path, d) = heap_dict("heap-list", 256, 256 * 1024);
-    // (filled until a copy of the list, 41 elements of 105 bytes in 18 blocks, cannot fit)
-    let mut filled = 0u32;
-    let mut fill = |d: &SharedDict| {
-        while d.heap_free() >= 18 * BLOCK {
-            d.set(
-                format!("c{filled}"),
-                &make_value(filled, 1, 2000)[..],
-                Duration::ZERO,
-            )
-            .unwrap();
-            filled += 1;
-        }
-    };
-    let element = |i: u64| {
-        let mut v = vec![b'x'; 100];
-        v[..8].copy_from_slice(&i.to_le_bytes());
-        v
-    };
     for i in 0..BASE as u64 {
         d.rpush("q", &element(i)[..]).unwrap();
     }
-    fill(&d);
+    // (until a copy of the list, 40 elements of 105 bytes in 18 blocks, cannot fit)
+    let mut next = 0;
+    fill_heap(&d, &mut next, 18);
     let evicted = d.evictions();
+    // One element taken and one put back, over and over; a push that finds no room
+    // (another process's store took it) is tried again.
+    let cycle = |d: &SharedDict, i: u64| {
+        assert!(d.lpop("q").unwrap().is_some(), "the list was empty");
+        loop {
+            match d.rpush("q", &element(i)[..]) {
+                Ok(_) => return,
+                Err(Error::NoMemory { .. }) => std::thread::yield_now(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    };
 
-    // A reader beside a pusher and popper in another process.
+    // A reader beside another process's pops and pushes.
     let shared = Shared::new(2);
     let child = fork(|| {
         let mut i = 1_000_000;
         while shared.word(0).load(Ordering::Relaxed) == 0 {
-            d.rpush("q", &element(i)[..]).unwrap();
-            d.lpop("q").unwrap();
+            cycle(&d, i);
             shared.word(1).fetch_add(1, Ordering::Relaxed);
             i += 1;
         }
@@ -1193,27 +1211,28 @@ fn a_list_in_a_full_heap_is_never_dropped_by_its_pushes_and_pops() {
     while (reads < 20_000 || shared.word(1).load(Ordering::Relaxed) < 200)
         && started.elapsed() < Duration::from_secs(30)
     {
-        short += u64::from(d.llen("q").unwrap() < BASE);
+        short += u64::from(d.llen("q").unwrap() < BASE - 1);
         reads += 1;
     }
     shared.word(0).store(1, Ordering::Relaxed);
-    assert_eq!(child.wait(Duration::from_secs(30)), 0, "the pusher failed");
+    assert_eq!(child.wait(Duration::from_secs(30)), 0, "the writer failed");
     let rounds = shared.word(1).load(Ordering::Relaxed);
-    assert!(rounds >= 200, "the pusher made only {rounds} rounds");
+    assert!(rounds >= 200, "the writer made only {rounds} rounds");
     assert_eq!(
-        short, 0,
-        "{short} of {reads} reads found fewer than {BASE} elements ({rounds} pushes and pops)"
+        short,
+        0,
+        "{short} of {reads} reads found fewer than {} elements ({rounds} pops and pushes)",
+        BASE - 1
     );
-    assert!(d.evictions() > evicted, "the pushes made room by evicting");
+    assert!(d.evictions() > evicted, "the pops made room by evicting");
 
-    // Pushers SIGKILLed at random moments, the heap filled again before each.
+    // Writers SIGKILLed at random moments, the heap filled again before each.
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     for trial in 0..100 {
-        fill(&d);
+        fill_heap(&d, &mut next, 18);
         let child = fork(|| {
             for i in 0.. {
-                d.rpush("q", &element(i)[..]).unwrap();
-                d.lpop("q").unwrap();
+                cycle(&d, i);
             }
             0
         });
@@ -1221,11 +1240,16 @@ fn a_list_in_a_full_heap_is_never_dropped_by_its_pushes_and_pops() {
         child.kill();
         let n = d.llen("q").unwrap();
         assert!(
-            n == BASE || n == BASE + 1,
-            "trial {trial}: a pusher killed left a list of {n} elements"
+            n == BASE || n == BASE - 1,
+            "trial {trial}: a writer killed left a list of {n} elements"
         );
-        if n > BASE {
-            d.lpop("q").unwrap();
+        if n < BASE {
+            // (killed between its pop and its push: put it back, making room for it)
+            let mut k = 0;
+            while let Err(Error::NoMemory { .. }) = d.rpush("q", &element(0)[..]) {
+                d.delete(format!("c{k}")).unwrap();
+                k += 1;
+            }
         }
     }
     for _ in 0..BASE {
@@ -1235,4 +1259,62 @@ fn a_list_in_a_full_heap_is_never_dropped_by_its_pushes_and_pops() {
         assert_eq!(v.len(), 100);
     }
     assert_eq!(d.llen("q").unwrap(), 0);
+}
+
+/// What a list's push and pop may evict in a full heap: a push nothing (a new list, one
+/// growing out of its entry into the heap, one in the heap alike: `NoMemory`, as ngx's
+/// push in a full zone), and a pop the least recently used values that are not lists,
+/// never another list, even the least recently used.
+fn a_push_evicts_nothing_and_a_pop_evicts_only_values_that_are_not_lists() {
+    let (_path, d) = heap_dict("heap-list-room", 256, 64 * 1024);
+    // b: the least recently used value of all, a list of 60 elements (25 blocks)
+    for i in 0..60 {
+        d.rpush("b", &element(i)[..]).unwrap();
+    }
+    // a: a list of 30 (14 blocks); small: a list in its entry
+    for i in 0..30 {
+        d.rpush("a", &element(i)[..]).unwrap();
+    }
+    d.rpush("small", "s").unwrap();
+    let mut next = 0;
+    fill_heap(&d, &mut next, 1);
+    let evicted = d.evictions();
+    let no_memory = |r: Result<usize, Error>, what: &str| match r {
+        Err(Error::NoMemory { why, .. }) => assert!(why.contains("push"), "{what}: {why}"),
+        other => panic!("{what} in a full heap: {other:?}"),
+    };
+    no_memory(d.lpush("new", &[7u8; 3000][..]), "a new list");
+    no_memory(
+        d.rpush("small", &element(0)[..]),
+        "a list growing into the heap",
+    );
+    no_memory(
+        d.rpush("a", &element(30)[..]),
+        "a push on a list in the heap",
+    );
+    assert_eq!(d.evictions(), evicted, "a push evicted");
+    assert_eq!(d.llen("new").unwrap(), 0);
+    assert_eq!(d.llen("small").unwrap(), 1);
+
+    // a pop of a: its shorter copy (14 blocks) takes the least recently used values that
+    // are not lists (c0, c1, ...), never b
+    assert!(d.lpop("a").unwrap().is_some());
+    assert!(d.evictions() > evicted, "the pop made no room");
+    assert_eq!(d.llen("a").unwrap(), 29);
+    assert_eq!(d.llen("b").unwrap(), 60, "a pop evicted another list");
+    assert!(
+        d.get("c0").unwrap().is_none(),
+        "c0, the oldest value, was kept"
+    );
+    // pops of a until it is short enough: b is never taken
+    while d.llen("a").unwrap() > 1 {
+        d.rpop("a").unwrap();
+    }
+    assert_eq!(d.llen("b").unwrap(), 60);
+    for i in 0..60 {
+        let Some(Value::Bytes(v)) = d.lpop("b").unwrap() else {
+            panic!("b lost element {i}");
+        };
+        assert_eq!(v, element(i));
+    }
 }

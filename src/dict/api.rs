@@ -1034,9 +1034,12 @@ impl SharedDict {
                 Some((i, _)) => (i, Stored { forcible: false }),
                 None => self.place(w, &k, now, matches!(how, Put::Set | Put::Add))?,
             };
-            let evict = matches!(how, Put::Set | Put::Add | Put::Replace);
+            let room = match how {
+                Put::Set | Put::Add | Put::Replace => Room::Evict,
+                _ => Room::Expired,
+            };
             let written =
-                self.write(self.store_at(w, i, &k, (kind, bytes), flags, until, now, evict)?)?;
+                self.write(self.store_at(w, i, &k, (kind, bytes), flags, until, now, room)?)?;
             if matches!(written, Outcome::Done(())) {
                 self.count_set();
             }
@@ -1126,7 +1129,7 @@ impl SharedDict {
             };
             let mut buf = [0u8; 8];
             let (kind, bytes) = sum.value_ref().encode(&mut buf);
-            let stored = self.store_at(w, i, &k, (kind, bytes), flags, until, now, true)?;
+            let stored = self.store_at(w, i, &k, (kind, bytes), flags, until, now, Room::Evict)?;
             let written = self.write(stored)?;
             if matches!(written, Outcome::Done(())) {
                 self.count_set();
@@ -1421,7 +1424,7 @@ impl SharedDict {
         flags: u32,
         until: u64,
         now: u64,
-        evict: bool,
+        room: Room,
     ) -> Result<Result<(), Aborted>, Error> {
         if self.inner.geometry.heap_blocks == 0 {
             let at = ValueAt::Inline(value);
@@ -1438,7 +1441,7 @@ impl SharedDict {
             );
             return Ok(stored);
         }
-        self.store_with_heap(w, i, key, (kind, value), flags, until, now, evict)
+        self.store_with_heap(w, i, key, (kind, value), flags, until, now, room)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1452,7 +1455,7 @@ impl SharedDict {
         flags: u32,
         until: u64,
         now: u64,
-        evict: bool,
+        room: Room,
     ) -> Result<Result<(), Aborted>, Error> {
         let keep = self.keep(i);
         let e = self.entry(i);
@@ -1464,7 +1467,7 @@ impl SharedDict {
             if until != u64::MAX {
                 self.expiring(until);
             }
-            match self.take_blocks(w, key, n, i, evict, now, &mut blocks)? {
+            match self.take_blocks(w, key, n, i, room, now, &mut blocks)? {
                 Taken::Fresh => {}
                 // the key's own value made the room: its chain went back
                 Taken::OwnFreed => old = None,
@@ -1565,11 +1568,12 @@ impl SharedDict {
 
     /// Takes `n` blocks of the heap into `blocks` for a value to be stored in entry `i`:
     /// if the heap is short, sweeps it (when a sweep is due and safe), then frees the
-    /// expired values kept there and (if `evict`) the least recently used ones, never
-    /// entry `i`'s. If even that cannot make room but the key's own value (entry `i`'s)
-    /// would, that goes first ([`Taken::OwnFreed`]: the store then goes without the undo
-    /// copy's promise, as ngx frees a value before it stores its successor), and the
-    /// others only as far as still needed. [`Error::NoMemory`] if it cannot.
+    /// expired values kept there and the least recently used ones that `room` lets go,
+    /// never entry `i`'s. If even that cannot make room but the key's own value (entry
+    /// `i`'s) would, and `room` allows, that goes first ([`Taken::OwnFreed`]: the store
+    /// then goes without the undo copy's promise, as ngx frees a value before it stores
+    /// its successor), and the others only as far as still needed. [`Error::NoMemory`] if
+    /// it cannot.
     #[allow(clippy::too_many_arguments)]
     fn take_blocks(
         &self,
@@ -1577,7 +1581,7 @@ impl SharedDict {
         key: &PackedKey<'_>,
         n: usize,
         i: usize,
-        evict: bool,
+        room: Room,
         now: u64,
         blocks: &mut Vec<u32>,
     ) -> Result<Taken, Error> {
@@ -1593,13 +1597,22 @@ impl SharedDict {
         {
             return Ok(Taken::Fresh);
         }
-        let no_memory = || Error::NoMemory {
+        let no_memory = || {
+            Error::NoMemory {
             key: key.preview(),
-            why: if evict {
-                "the heap has no room for the value, even evicting every other value"
-            } else {
-                "the heap has no room for the value without evicting (a safe_ store evicts nothing)"
+            why: match room {
+                Room::Evict => "the heap has no room for the value, even evicting every other value",
+                Room::Expired => {
+                    "the heap has no room for the value without evicting (a safe_ store evicts nothing)"
+                }
+                Room::Push => {
+                    "the heap has no room for the list's new copy beside it (a push evicts nothing)"
+                }
+                Room::Pop => {
+                    "the heap has no room for the list's shorter copy, even evicting every value that is not a list"
+                }
             },
+        }
         };
         if n > heap.blocks() {
             return Err(Error::NoMemory {
@@ -1607,7 +1620,8 @@ impl SharedDict {
                 why: "the value needs more than the whole heap",
             });
         }
-        if evict {
+        // (the kept ranks are of every value: a pop, which spares lists, scans)
+        if room == Room::Evict {
             if let Some(taken) = self.evict_ranked(w, n, i, now, hint, blocks)? {
                 return Ok(taken);
             }
@@ -1630,7 +1644,7 @@ impl SharedDict {
                 if live {
                     made.next_expiry = made.next_expiry.min(deadline);
                 }
-                (e.is_stable() && (evict || !live)).then(|| Rank {
+                (e.is_stable() && (!live || room.may_evict(&e))).then(|| Rank {
                     live,
                     stamp: e.used_at(),
                     entry: j as u32,
@@ -1660,7 +1674,7 @@ impl SharedDict {
         if free + others < n {
             // Only the key's own value can make the room: it goes first, and no other
             // value goes for nothing.
-            if own.is_none_or(|b| free + others + b < n) {
+            if !room.own_first() || own.is_none_or(|b| free + others + b < n) {
                 return Err(no_memory());
             }
             taken = free_own()?;
@@ -1670,10 +1684,10 @@ impl SharedDict {
             free = heap.free_blocks();
         }
         // As few as make room, the least recently used first, and then (unless the key's
-        // own value went) until 1/64 of the heap is free besides: the next long values
-        // then need no scan of their own.
-        let slack = if matches!(taken, Taken::OwnFreed) {
-            0
+        // own value went, or for a pop) until 1/64 of the heap is free besides: the next
+        // long values then need no scan of their own.
+        let slack = if matches!(taken, Taken::OwnFreed) || room == Room::Pop {
+            0 // (a pop evicts no more than its own copy needs)
         } else {
             heap.blocks() / 64
         };
@@ -1693,7 +1707,7 @@ impl SharedDict {
                 }
             }
         }
-        if evict {
+        if room == Room::Evict {
             // The least recently used of what is left, for the next stores that need room.
             held.drain(..next);
             self.keep_ranked(held, heap.blocks() / 8, made);
@@ -1703,7 +1717,10 @@ impl SharedDict {
         }
         // Fewer went than were counted on (marked by a stale writer, or damaged): the key's
         // own value, if it is still there and makes the room.
-        if matches!(taken, Taken::Fresh) && own.is_some_and(|b| heap.free_blocks() + b >= n) {
+        if matches!(taken, Taken::Fresh)
+            && room.own_first()
+            && own.is_some_and(|b| heap.free_blocks() + b >= n)
+        {
             taken = free_own()?;
             if matches!(taken, Taken::Retry) || heap.take(n, hint, blocks) {
                 return Ok(taken);
@@ -2631,6 +2648,38 @@ impl Locked<'_> {
     /// The LRU stamp of a use of an entry by this hold, now.
     fn stamp(&self, now: u64) -> u64 {
         recency::of_store(now, self.writing.epoch())
+    }
+}
+
+/// What a store may do to find room in the heap for its value (see
+/// [`SharedDict::take_blocks`]). Expired values always go first.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Room {
+    /// `set`, `add`, `replace`, `incr`: the least recently used values go.
+    Evict,
+    /// The `safe_` stores: no live value goes.
+    Expired,
+    /// A list's push: no live value goes, and the list never goes first: its new copy is
+    /// written beside it, or the push is `NoMemory` (a full zone's answer in ngx too).
+    Push,
+    /// A list's pop: the least recently used values that are not lists go (a pop must not
+    /// cost another queue its elements), for the shorter copy beside the list.
+    Pop,
+}
+
+impl Room {
+    /// Whether the live value of entry `e` may go.
+    fn may_evict(self, e: &Entry<'_>) -> bool {
+        match self {
+            Room::Evict => true,
+            Room::Pop => !e.is_list(),
+            Room::Expired | Room::Push => false,
+        }
+    }
+
+    /// Whether the key's own value may go first, when only it can make the room.
+    fn own_first(self) -> bool {
+        self != Room::Push
     }
 }
 

@@ -602,6 +602,12 @@ impl<'a> Entry<'a> {
         })
     }
 
+    /// Whether the entry holds a list. Exact for a caller that holds the writer lock.
+    pub(crate) fn is_list(&self) -> bool {
+        let meta = Meta(self.w[META].load(Ordering::Relaxed));
+        meta.is_used() && meta.kind() == Kind::List
+    }
+
     /// The hash of the key held (meaningful with a used entry).
     pub(crate) fn hash(&self) -> u64 {
         self.w[HASH].load(Ordering::Relaxed)

@@ -10,11 +10,11 @@ impl SharedDict {
     /// Adds `value` at the head of the list under `key` and returns its length, as ngx's
     /// `lpush`. A key with no live value gets a new list (that never expires; `expire`
     /// sets a time to live, as for any value) in a free or expired entry: like ngx's, a
-    /// push never evicts a live key to make room for a new list, it is
-    /// [`Error::NoMemory`] when there is no entry. A list kept in the heap is written anew
-    /// beside the old one, which goes only once the new one is in place, so a push or pop
-    /// where the heap is short evicts the least recently used values of the heap, as a
-    /// `set` does, rather than drop the list meanwhile ([`heap_size`](crate::DictOptions::heap_size)).
+    /// push never evicts a live value, it is [`Error::NoMemory`] when there is no room. A
+    /// list kept in the heap ([`heap_size`](crate::DictOptions::heap_size)) is written
+    /// anew beside the old copy, which goes once the new one is in place: a push needs
+    /// room for both (where ngx's grows the list by a node), and a pop may evict the least
+    /// recently used values that are not lists for its shorter copy.
     /// [`Error::NotAList`] if the value is not a list; [`Error::NoMemory`] too if the list
     /// would be longer than the dict's `max_value_len` (each element takes 5 bytes besides
     /// its value).
@@ -114,9 +114,10 @@ impl SharedDict {
             }
             list.push(value, front);
             let len = list.len();
-            // (the heap evicts to make room for the new copy beside the old: dropping the
-            // old first would show readers no list, and leave none if the writer died)
-            let stored = self.store_at(w, i, &k, (Kind::List, &list.0), flags, until, now, true)?;
+            // (the new copy beside the old, or NoMemory: dropping the old first would show
+            // readers no list, and leave none if the writer died)
+            let at = (Kind::List, &list.0[..]);
+            let stored = self.store_at(w, i, &k, at, flags, until, now, Room::Push)?;
             let written = self.write(stored)?;
             if matches!(written, Outcome::Done(())) {
                 self.count_set();
@@ -151,8 +152,9 @@ impl SharedDict {
                 }));
             }
             let at = (Kind::List, &list.0[..]);
-            // (a shorter list, written beside the longer one: as for a push)
-            let stored = self.store_at(w, i, &k, at, c.flags, c.deadline, now, true)?;
+            // (a shorter list, written beside the longer one: values that are not lists
+            // may go for it)
+            let stored = self.store_at(w, i, &k, at, c.flags, c.deadline, now, Room::Pop)?;
             Ok(self.write(stored)?.map(|()| Some(value)))
         })
     }
