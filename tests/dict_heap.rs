@@ -1154,14 +1154,17 @@ fn element(i: u64) -> Vec<u8> {
     v
 }
 
-/// Stores 2000-byte values `c0`, `c1`, ... (from `*next` on) until fewer than `blocks`
-/// blocks of the heap are free.
+/// Stores values `c0`, `c1`, ... (from `*next` on) until fewer than `blocks` blocks of the
+/// heap are free: of 2000 bytes (9 blocks), then of 200 (2 blocks), each only where it
+/// fits, so that none evicts another.
 fn fill_heap(d: &SharedDict, next: &mut u32, blocks: u64) {
-    while d.heap_free() >= blocks * BLOCK {
-        let n = *next;
-        d.set(format!("c{n}"), &make_value(n, 1, 2000)[..], Duration::ZERO)
-            .unwrap();
-        *next += 1;
+    for (len, takes) in [(2000, 9), (200, 2)] {
+        while d.heap_free() >= blocks.max(takes) * BLOCK {
+            let n = *next;
+            d.set(format!("c{n}"), &make_value(n, 1, len)[..], Duration::ZERO)
+                .unwrap();
+            *next += 1;
+        }
     }
 }
 
@@ -1317,4 +1320,14 @@ fn a_push_evicts_nothing_and_a_pop_evicts_only_values_that_are_not_lists() {
         };
         assert_eq!(v, element(i));
     }
+
+    // A push onto a key whose expired value fills the heap: that value is no list to
+    // keep, and goes first (it was kept, and every push was NoMemory, for good).
+    let (_path, d) = heap_dict("heap-list-expired", 256, 64 * 1024);
+    d.set("q", &[1u8; 40_000][..], Duration::from_millis(50))
+        .unwrap();
+    fill_heap(&d, &mut 0, 21); // (the push's 5000 bytes take 21 blocks)
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(d.lpush("q", &[3u8; 5000][..]).unwrap(), 1);
+    assert_eq!(d.llen("q").unwrap(), 1);
 }

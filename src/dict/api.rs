@@ -1603,7 +1603,8 @@ impl SharedDict {
             why: match room {
                 Room::Evict => "the heap has no room for the value, even evicting every other value",
                 Room::Expired => {
-                    "the heap has no room for the value without evicting (a safe_ store evicts nothing)"
+                    "the heap has no room for the value without evicting (a safe_ store, and a \
+                     push, evict nothing)"
                 }
                 Room::Push => {
                     "the heap has no room for the list's new copy beside it (a push evicts nothing)"

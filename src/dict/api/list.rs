@@ -94,16 +94,21 @@ impl SharedDict {
         self.writing(|w| {
             let now = self.now();
             let mut bytes = Vec::new();
-            let (i, list, until, flags) = match self.lookup_locked(w, &k, Some(&mut bytes)) {
+            // (`live`: the entry holds the list itself, which must stay until its new copy
+            // is in place; an expired value there, the key's or another's, may go first)
+            let (i, list, until, flags, live) = match self.lookup_locked(w, &k, Some(&mut bytes)) {
                 Some((i, c)) if c.deadline > now && c.kind != Kind::List => {
                     self.used(w, i, now);
                     return Err(Error::NotAList { key: k.preview() });
                 }
-                Some((i, c)) if c.deadline > now => (i, bytes, c.deadline, c.flags),
+                Some((i, c)) if c.deadline > now => (i, bytes, c.deadline, c.flags, true),
                 // an expired value of the key: a new list in its place
-                Some((i, _)) => (i, Vec::new(), u64::MAX, 0),
+                Some((i, _)) => (i, Vec::new(), u64::MAX, 0, false),
                 // as ngx: room from a free or expired entry, never by evicting a live one
-                None => (self.place(w, &k, now, false)?.0, Vec::new(), u64::MAX, 0),
+                None => {
+                    let (i, _) = self.place(w, &k, now, false)?;
+                    (i, Vec::new(), u64::MAX, 0, false)
+                }
             };
             let mut list = List(list);
             if list.0.len() + size > self.max_value_len() {
@@ -117,7 +122,8 @@ impl SharedDict {
             // (the new copy beside the old, or NoMemory: dropping the old first would show
             // readers no list, and leave none if the writer died)
             let at = (Kind::List, &list.0[..]);
-            let stored = self.store_at(w, i, &k, at, flags, until, now, Room::Push)?;
+            let room = if live { Room::Push } else { Room::Expired };
+            let stored = self.store_at(w, i, &k, at, flags, until, now, room)?;
             let written = self.write(stored)?;
             if matches!(written, Outcome::Done(())) {
                 self.count_set();
