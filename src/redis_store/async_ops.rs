@@ -255,6 +255,7 @@ impl RedisLocks {
                 token,
                 taken: sent,
                 process,
+                first_token: Default::default(),
             }));
         }
     }

@@ -2,6 +2,7 @@
 //! key (with its deadline and its undo), releasing, renewing, fencing and checking it, and
 //! waiting on its release channel. The [`Backend`] implementation of [`RedisLocks`].
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
@@ -107,6 +108,10 @@ pub struct RedisHold {
     /// The process that asked for it (see `Backend::is_ours`): read before the attempt,
     /// so that a child forked in the middle of it does not take its parent's for its own.
     pub(crate) process: u64,
+    /// The token this hold was first given (0: none yet). A reader's token is the key's
+    /// fence counter as it first read it: the counter, lapsed while the hold lasts and set
+    /// again to the server's clock, would give a later one at the next ask.
+    pub(crate) first_token: Arc<AtomicU64>,
 }
 
 /// A busy attempt on Redis: the keys of the lock to wait for, or why the server could not
@@ -587,6 +592,7 @@ impl RedisLocks {
                         token,
                         taken: sent,
                         process,
+                        first_token: Arc::default(),
                     };
                     let verdict = match replicas {
                         Some(Err(e)) => Err(e),
@@ -675,7 +681,16 @@ impl RedisLocks {
             return Err(Error::Expired);
         };
         enough?;
-        Ok(t)
+        // (the hold is still ours: the script said so)
+        Ok(
+            match hold
+                .first_token
+                .compare_exchange(0, t, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => t,
+                Err(first) => first,
+            },
+        )
     }
 
     /// The call that tells whether `busy`'s waiter is still kept out (see
