@@ -3,7 +3,9 @@
 use crate::error::{Error, KeyPreview};
 use crate::limits::MAX_KEY_LEN;
 
-/// Keys are any bytes, 1 to [`MAX_KEY_LEN`] long.
+/// Keys are any bytes, 1 to [`MAX_KEY_LEN`] long. (Inlined: it is on every acquisition,
+/// and out of line its result comes back through memory.)
+#[inline(always)]
 pub(crate) fn check_key(key: &[u8]) -> Result<&[u8], Error> {
     if key.is_empty() {
         Err(Error::EmptyKey)
