@@ -1330,4 +1330,22 @@ fn a_push_evicts_nothing_and_a_pop_evicts_only_values_that_are_not_lists() {
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(d.lpush("q", &[3u8; 5000][..]).unwrap(), 1);
     assert_eq!(d.llen("q").unwrap(), 1);
+
+    // A new list placed in another key's expired entry, whose value fills the heap: that
+    // value goes first too, and no live one (8 entries: every key shares one window).
+    let (_path, d) = heap_dict("heap-list-placed", 8, 64 * 1024);
+    d.set("old", &[1u8; 40_000][..], Duration::from_millis(50))
+        .unwrap();
+    for n in 0..7 {
+        d.set(format!("v{n}"), &make_value(n, 1, 3000)[..], Duration::ZERO)
+            .unwrap();
+    }
+    assert!(d.heap_free() < 21 * BLOCK, "{} bytes free", d.heap_free());
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(d.rpush("new", &[3u8; 5000][..]).unwrap(), 1);
+    assert_eq!(d.evictions(), 0);
+    for n in 0..7 {
+        let v = bytes_of(&d, &format!("v{n}")).unwrap_or_else(|| panic!("v{n} went"));
+        assert!(verify(n, &v));
+    }
 }
