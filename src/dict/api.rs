@@ -1597,23 +1597,9 @@ impl SharedDict {
         {
             return Ok(Taken::Fresh);
         }
-        let no_memory = || {
-            Error::NoMemory {
+        let no_memory = || Error::NoMemory {
             key: key.preview(),
-            why: match room {
-                Room::Evict => "the heap has no room for the value, even evicting every other value",
-                Room::Expired => {
-                    "the heap has no room for the value without evicting (a safe_ store, and a \
-                     push, evict nothing)"
-                }
-                Room::Push => {
-                    "the heap has no room for the list's new copy beside it (a push evicts nothing)"
-                }
-                Room::Pop => {
-                    "the heap has no room for the list's shorter copy, even evicting every value that is not a list"
-                }
-            },
-        }
+            why: room.no_room(),
         };
         if n > heap.blocks() {
             return Err(Error::NoMemory {
@@ -2681,6 +2667,24 @@ impl Room {
     /// Whether the key's own value may go first, when only it can make the room.
     fn own_first(self) -> bool {
         self != Room::Push
+    }
+
+    /// `NoMemory`'s words when the heap cannot make the room this way.
+    fn no_room(self) -> &'static str {
+        match self {
+            Room::Evict => "the heap has no room for the value, even evicting every other value",
+            Room::Expired => {
+                "the heap has no room for the value without evicting (a safe_ store, and a \
+                 push, evict nothing)"
+            }
+            Room::Push => {
+                "the heap has no room for the list's new copy beside it (a push evicts nothing)"
+            }
+            Room::Pop => {
+                "the heap has no room for the list's shorter copy, even evicting every value \
+                 that is not a list"
+            }
+        }
     }
 }
 

@@ -681,7 +681,8 @@ impl RedisLocks {
             return Err(Error::Expired);
         };
         enough?;
-        // (the hold is still ours: the script said so)
+        // (the hold is still ours: the script said so; Relaxed: the word publishes nothing
+        // but itself, and every copy of the hold keeps whichever token came first)
         Ok(
             match hold
                 .first_token
