@@ -165,14 +165,18 @@ pub enum Error {
     },
     /// The hold belongs to another process: this is a copy inherited across `fork`.
     NotOwner,
-    /// The table has no room for the key among its live locks; none was evicted. At
-    /// least `capacity` keys can always be held at once.
+    /// The table has no room for the key among its live locks: every slot holds a live
+    /// hold (an exclusive lock, or one shared or permit holder each); none was evicted.
+    /// At least `capacity` keys can always be held at once, and up to `slots` holds.
     #[non_exhaustive]
     TableFull {
         /// The key that found no room (its first bytes).
         key: KeyPreview,
-        /// The table's capacity: how many keys it holds at once.
+        /// The table's capacity: how many keys it can always hold at once.
         capacity: usize,
+        /// The table's slots, every one of which held a live hold (four per unit of
+        /// capacity).
+        slots: usize,
     },
     /// The key is held in shared mode with another count than the one asked for: a
     /// [`Semaphore`](crate::Semaphore) of `held` permits where `asked` were asked for (or
@@ -541,10 +545,15 @@ impl fmt::Display for Error {
                  --force`, removes it)"
             ),
             Error::NotOwner => f.write_str("not owner: the hold belongs to the parent process"),
-            Error::TableFull { key, capacity } => write!(
+            Error::TableFull {
+                key,
+                capacity,
+                slots,
+            } => write!(
                 f,
-                "lock table full: no room for key {key} among live locks (capacity \
-                 {capacity}); none was evicted (create the table with a larger capacity)"
+                "lock table full: no room for key {key}: each of its {slots} slots holds a \
+                 live lock (capacity {capacity}: at least {capacity} keys can always be held \
+                 at once); none was evicted (create the table with a larger capacity)"
             ),
             Error::PermitsMismatch { key, held, asked } => {
                 let says = |n: &u32| match n {

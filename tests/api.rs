@@ -797,7 +797,7 @@ fn errors_name_the_key_and_the_limit() {
         t0.elapsed()
     );
 
-    // Fill the capacity, then one more: the message names the key and the capacity.
+    // Fill every slot, then one more: the message names the key, the capacity and the slots.
     let guards: Vec<_> = (0..8)
         .map_while(|i| {
             t.try_lock_with_lease(format!("fill:{i}"), Duration::ZERO)
@@ -808,13 +808,23 @@ fn errors_name_the_key_and_the_limit() {
     assert!(!guards.is_empty());
     let long = format!("{}\u{1b}[2J", "x".repeat(100));
     let err = t.try_lock_with_lease(&long, Duration::ZERO).unwrap_err();
-    let Error::TableFull { key, capacity, .. } = &err else {
+    let Error::TableFull {
+        key,
+        capacity,
+        slots,
+        ..
+    } = &err
+    else {
         panic!("{err:?}");
     };
-    assert_eq!((*capacity, key.len(), key.is_truncated()), (2, 104, true));
+    // Full with 8 holds (these and `held:a`) at a capacity of 2: the message says both,
+    // so that it does not read as a table that held 2.
+    assert_eq!(guards.len() + 1, 8);
+    assert_eq!((*capacity, *slots), (2, 8));
+    assert_eq!((key.len(), key.is_truncated()), (104, true));
     let msg = err.to_string();
     assert!(
-        msg.contains("capacity 2") && msg.contains("(104 bytes)"),
+        msg.contains("capacity 2") && msg.contains("its 8 slots") && msg.contains("(104 bytes)"),
         "{msg}"
     );
     // Escapes never reach a terminal raw, even when cut off.

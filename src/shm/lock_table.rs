@@ -722,6 +722,7 @@ impl LockTable {
                 Err(Error::TableFull {
                     key: KeyPreview::new(req.key),
                     capacity: self.capacity(),
+                    slots: self.inner.table.slots().len(),
                 })
             }
         }
