@@ -152,7 +152,9 @@ pub enum Error {
     },
     /// One of the Redis keys of the lock on `key` holds a value of a type this crate never
     /// writes there (a list where a hold's string goes, a string where the shared holds'
-    /// hash goes): something else wrote it. Nothing was changed;
+    /// hash goes), or its lock key holds a string that is not a hold's value (which starts
+    /// with the hold's 32 hex digits of token): something else wrote it, and a wait for it
+    /// could last for ever. Nothing was changed;
     /// [`RedisLocks::force_unlock`](crate::RedisLocks) removes it.
     #[non_exhaustive]
     WrongType {
@@ -540,9 +542,9 @@ impl fmt::Display for Error {
                 found,
             } => write!(
                 f,
-                "key {key}: its Redis key {redis_key} holds a {found}, which shmlock never \
-                 writes there (something else wrote it; force_unlock, `shmlock unlock \
-                 --force`, removes it)"
+                "key {key}: its Redis key {redis_key} holds a {found} shmlock did not write \
+                 (something else wrote it, or another program uses this prefix; \
+                 force_unlock, `shmlock unlock --force`, removes it)"
             ),
             Error::NotOwner => f.write_str("not owner: the hold belongs to the parent process"),
             Error::TableFull {

@@ -347,6 +347,85 @@ fn a_foreign_type_at_a_lock_key_is_a_typed_error() {
     );
 }
 
+/// A string at a lock key that is not a hold's value (something else wrote it, with no
+/// expiry) is a typed error for every kind of attempt, waits and async ones included: it
+/// read as a hold of an unknown process, and a wait for it lasted until its timeout, or
+/// for ever without one. A hold's own value still reads as a holder.
+#[test]
+fn a_string_at_a_lock_key_that_is_not_a_hold_is_a_typed_error() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    // (the waits' timeouts only end the test if the attempts wait, as they did)
+    let wait = LockOptions {
+        timeout: Duration::from_secs(30),
+        exptime: Duration::ZERO,
+        ..LockOptions::default()
+    };
+    #[cfg(feature = "tokio")]
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for value in ["garbage", "0123456789abcdef0123456789abcdefX 1 2 3 h", ""] {
+        server.cli(&["SET", "shmlock:{str}", value]);
+        let sem = redis.semaphore("str", 2).unwrap();
+        #[allow(unused_mut)]
+        let mut errs = vec![
+            redis
+                .try_lock_with_lease("str", Duration::from_secs(5))
+                .err(),
+            redis.lock("str", wait).err(),
+            redis.try_lock_shared("str", Duration::from_secs(5)).err(),
+            redis.lock_shared("str", wait).err(),
+            sem.acquire(wait).err(),
+        ];
+        #[cfg(feature = "tokio")]
+        errs.extend([
+            rt.block_on(redis.lock_async("str", &wait)).err(),
+            rt.block_on(redis.lock_shared_async("str", &wait)).err(),
+            rt.block_on(sem.acquire_async(&wait)).err(),
+        ]);
+        for (i, err) in errs.into_iter().enumerate() {
+            let err = err.unwrap_or_else(|| panic!("attempt {i} took a key {value:?} holds"));
+            assert!(
+                matches!(&err, Error::WrongType { key, redis_key, found, .. }
+                    if key.as_bytes() == b"str"
+                        && redis_key.as_bytes() == b"shmlock:{str}"
+                        && found == "string"),
+                "attempt {i} on {value:?}: {err:?}"
+            );
+            assert!(err.to_string().contains("shmlock did not write"), "{err}");
+        }
+        assert_eq!(
+            server.cli(&["GET", "shmlock:{str}"]).trim(),
+            value,
+            "replaced"
+        );
+        let holders = redis.holders().unwrap();
+        let h = holders.iter().find(|h| h.key == b"str").unwrap();
+        assert_eq!(h.foreign_type.as_deref(), Some("string"), "{h:?}");
+    }
+    // a hold's value is a holder, as before, named in the timeout
+    server.cli(&["DEL", "shmlock:{str}"]);
+    let _held = redis
+        .try_lock_with_lease("str", Duration::ZERO)
+        .unwrap()
+        .unwrap();
+    let quick = LockOptions {
+        timeout: Duration::from_millis(100),
+        ..LockOptions::default()
+    };
+    let err = RedisLocks::open(&server.url())
+        .unwrap()
+        .lock("str", quick)
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
+    let holders = redis.holders().unwrap();
+    let h = holders.iter().find(|h| h.key == b"str").unwrap();
+    assert_eq!(h.foreign_type, None, "{h:?}");
+    assert_eq!(h.pid, Some(std::process::id()), "{h:?}");
+}
+
 /// A foreign value at a lock's waiting marks (`:writer`, `:readers`) is named too: they
 /// were only looked at with `EXISTS`, so a list there kept every reader (or writer) out
 /// until its wait gave up, with no holder to name.

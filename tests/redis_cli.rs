@@ -454,7 +454,7 @@ fn unlock_force_says_whom_it_broke_the_key_from() {
     let out = output(shmlock(&url).args(["unlock", "--force", "foreign"]));
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "broke \"foreign\": held by an unknown holder (a value shmlock did not write)\n",
+        "broke \"foreign\": removed a string at shmlock:{foreign} (a value shmlock did not write)\n",
         "{out:?}"
     );
     // nothing left to break
@@ -629,6 +629,27 @@ fn a_foreign_value_at_a_lock_key_is_named_and_removed_truthfully() {
         "broke \"lst\": removed a list at shmlock:{lst} (a value shmlock did not write)\n"
     );
     assert_eq!(server.cli(&["EXISTS", "shmlock:{lst}"]).trim(), "0");
+
+    // a string at the lock key that is not a hold's value, with no expiry: `run` waited on
+    // it as on "an unknown process", silently and for ever (here until -w, which is only
+    // there to end the test if it waits)
+    server.cli(&["SET", "shmlock:{str}", "garbage"]);
+    let out = output(shmlock(&url).args(["run", "-w", "60", "str", "true"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(65), "{err}");
+    assert!(
+        err.contains("\"str\"") && err.contains("shmlock:{str}") && err.contains("string"),
+        "{err}"
+    );
+    let text = output(shmlock(&url).arg("inspect"));
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    let row = stdout.lines().find(|l| l.starts_with("str ")).unwrap();
+    assert!(row.ends_with(" string"), "{stdout}");
+    let out = output(shmlock(&url).args(["unlock", "--force", "str"]));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "broke \"str\": removed a string at shmlock:{str} (a value shmlock did not write)\n"
+    );
 
     // a shared key's hash replaced by a string
     server.cli(&["SET", "shmlock:{shw}:shared", "notahash"]);

@@ -23,7 +23,7 @@ use crate::redis_store::async_wait::Turn;
 use crate::redis_store::net::bounded;
 use crate::redis_store::net::{is_unanswered, Failed};
 use crate::redis_store::ops::{
-    answer, lapse_by, mark_step, mismatch, mode_arg, replicated, Answer, Names, RedisBusy,
+    answer, foreign, lapse_by, mark_step, mismatch, mode_arg, replicated, Answer, Names, RedisBusy,
     RedisHold,
 };
 use crate::redis_store::{identity, RedisLocks};
@@ -219,6 +219,11 @@ impl RedisLocks {
                     pending.armed = false;
                     self.give_back(exclusive, aio);
                     return Err(mismatch(key, held, mode));
+                }
+                Answer::Foreign => {
+                    pending.armed = false;
+                    self.give_back(exclusive, aio);
+                    return Err(foreign(key, &names.lock));
                 }
                 _ => {
                     pending.armed = false;

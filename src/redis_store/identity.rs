@@ -86,6 +86,14 @@ pub(crate) struct Identity {
     pub host: Option<String>,
 }
 
+/// Whether a lock key's value is a hold's, as this crate writes them: its token, a space,
+/// then who holds it (what `ACQUIRE` checks before it lets a waiter wait).
+pub(crate) fn is_hold(value: &[u8]) -> bool {
+    value.len() > TOKEN_LEN
+        && value[..TOKEN_LEN].iter().all(u8::is_ascii_hexdigit)
+        && value[TOKEN_LEN] == b' '
+}
+
 /// Reads a stored value; anything not in our format gives an empty identity.
 pub(crate) fn parse(value: &[u8]) -> Identity {
     let Ok(text) = std::str::from_utf8(value) else {

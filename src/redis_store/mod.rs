@@ -145,9 +145,9 @@ pub struct RedisHolder {
     pub node: String,
     /// How it holds the key: exclusively, as a reader, or as one of a semaphore's permits.
     pub mode: HoldMode,
-    /// The Redis type of the value at the lock key when it is not one this crate writes
-    /// there (`list`, `hash`, ...: something else wrote it; a foreign string is `None`,
-    /// with the identity fields `None`).
+    /// The Redis type of the value at the lock key when it is not a hold this crate wrote
+    /// there (`list`, `hash`, ..., or `string` for a string that is not a hold's value:
+    /// something else wrote it, and the identity fields are `None`).
     pub foreign_type: Option<String>,
 }
 
@@ -228,10 +228,15 @@ fn shared_entries(
     }
 }
 
-/// A lock key's `TYPE` reply, if it is not the string this crate writes there (nor `none`).
-fn foreign_type(kind: &Value) -> Option<String> {
+/// A lock key's `TYPE` reply, if its value (`value`, for a string) is not a hold this crate
+/// wrote there (nor `none`).
+fn foreign_type(kind: &Value, value: &Value) -> Option<String> {
     let kind: String = redis::from_redis_value(kind.clone()).ok()?;
-    (kind != "string" && kind != "none").then_some(kind)
+    let hold = match value {
+        Value::BulkString(v) => identity::is_hold(v),
+        _ => false,
+    };
+    (kind != "none" && !(kind == "string" && hold)).then_some(kind)
 }
 
 /// A reply of another shape than the command's (a server that is not Redis, or a script
@@ -559,7 +564,7 @@ impl RedisLocks {
                     bytes(&fence).as_deref(),
                     &node,
                 );
-                holder.foreign_type = foreign_type(&kind);
+                holder.foreign_type = foreign_type(&kind, &value);
                 out.push(holder);
             }
             self.shared_holders(&node, &mut conn, &mut out)?;
@@ -677,15 +682,11 @@ impl RedisLocks {
         let (s, us): (String, String) = redis::from_redis_value(time).map_err(|_| unexpected())?;
         let now = server_clock::server_us(&s, &us).unwrap_or(0) as f64;
         let mut out = Vec::new();
-        let foreign = foreign_type(&kind);
+        let foreign = foreign_type(&kind, &value);
         if let Value::BulkString(v) = &value {
-            out.push(exclusive_holder(
-                key.to_vec(),
-                v,
-                pttl,
-                fence.as_deref(),
-                "",
-            ));
+            let mut h = exclusive_holder(key.to_vec(), v, pttl, fence.as_deref(), "");
+            h.foreign_type = foreign;
+            out.push(h);
         } else if foreign.is_some() {
             // a value of another type, which the script removed all the same
             let mut h = exclusive_holder(key.to_vec(), b"", pttl, fence.as_deref(), "");

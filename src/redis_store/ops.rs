@@ -197,6 +197,8 @@ pub(crate) enum Answer {
     Kept(Option<HolderSeen>),
     /// The key's shared holds are of this other count.
     Mismatch(u32),
+    /// The lock key holds a string that is not a hold's value.
+    Foreign,
     /// The server ran it after its deadline: the bound on the server's clock was behind
     /// (corrected by this reply's clock).
     TooLate,
@@ -217,6 +219,7 @@ pub(crate) fn answer(reply: (i64, String, String, Vec<u8>)) -> (Answer, Option<i
                 .unwrap_or(u32::MAX),
         ),
         -2 => Answer::TooLate,
+        -5 => Answer::Foreign,
         _ => Answer::Cancelled,
     };
     (verdict, clock)
@@ -238,6 +241,15 @@ fn seen(after_token: &[u8], clock: Option<i64>) -> Option<HolderSeen> {
         host: id.host,
         held_for,
     })
+}
+
+/// The error of an attempt on a key whose lock key holds a string this crate did not write.
+pub(crate) fn foreign(key: &[u8], lock: &[u8]) -> Error {
+    Error::WrongType {
+        key: KeyPreview::new(key),
+        redis_key: KeyPreview::new(lock),
+        found: "string".into(),
+    }
 }
 
 /// The acquire script's mode argument: -1 exclusive, else the count (0: a reader).
@@ -616,6 +628,7 @@ impl RedisLocks {
                 Answer::Busy(seen) => return Ok(Err(RedisBusy::held_by(names.clone(), seen))),
                 Answer::Kept(seen) => return Ok(Err(RedisBusy::kept_by(names.clone(), seen))),
                 Answer::Mismatch(held) => return Err(mismatch(key, held, mode)),
+                Answer::Foreign => return Err(foreign(key, &names.lock)),
                 _ => return busy(),
             }
         }

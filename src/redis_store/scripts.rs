@@ -83,7 +83,9 @@ end
 /// `{-4, s, us, count}` the key's shared holds are of another count; `{-2, s, us, ''}`
 /// refused because the server runs it after the attempt's deadline (`ARGV[3]`, server µs;
 /// `0`: none); `{-3, s, us, ''}` refused because the attempt was cancelled before it
-/// arrived (its marker, `KEYS[2]`, exists). `s`, `us`: the server's clock when it ran. An
+/// arrived (its marker, `KEYS[2]`, exists); `{-5, s, us, ''}` the lock key holds a string
+/// that is not a hold's value (not its 32 hex digits of token and a space: something
+/// else wrote it). `s`, `us`: the server's clock when it ran. An
 /// attempt that finds its own token already holding the key (the same request delivered
 /// twice: redis-rs's cluster connection sends a request again after a timeout) is told it
 /// took the key, so the hold is never left without its asker.
@@ -108,7 +110,12 @@ local shared = marked and redis.call('EXISTS', KEYS[4]) == 1
 if shared and live(KEYS[4], tok, now) then return {1, t[1], t[2], ''} end
 if ARGV[3] ~= '0' and now > tonumber(ARGV[3]) then return {-2, t[1], t[2], ''} end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {-3, t[1], t[2], ''} end
-if v then return {0, t[1], t[2], string.sub(v, 34)} end
+if v then
+  -- (a value that is not a hold's, written by something else: waiting for it could be
+  -- for ever)
+  if not string.find(v, '^' .. string.rep('%x', 32) .. ' ') then return {-5, t[1], t[2], ''} end
+  return {0, t[1], t[2], string.sub(v, 34)}
+end
 local want = tonumber(ARGV[4])
 local n = 0
 if shared then n = prune(KEYS[3], KEYS[4], now) end
