@@ -881,3 +881,43 @@ fn a_read_only_table_reads_and_refuses_every_change() {
     assert!(held.check().is_ok());
     assert_eq!(t.reap().unwrap(), 1, "the lapsed entry was left for us");
 }
+
+/// `Duration::MAX` as a timeout is "as long as it takes", on every kind of wait: it
+/// panicked (`overflow when adding duration to instant`) once the key was held.
+#[test]
+fn a_timeout_of_duration_max_waits_as_long_as_it_takes() {
+    let (t, _p) = table("duration-max", 16);
+    let forever = LockOptions {
+        exptime: Duration::ZERO,
+        timeout: Duration::MAX,
+        ..LockOptions::default()
+    };
+    let sem = t.semaphore("permits", 1).unwrap();
+    for wait in [
+        "lock",
+        "lock_shared",
+        "acquire",
+        "Lock::lock",
+        "lock_with_timeout",
+    ] {
+        let guard = t.try_lock_with_lease("k", Duration::ZERO).unwrap().unwrap();
+        let permit = sem.try_acquire(Duration::ZERO).unwrap().unwrap();
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| match wait {
+                "lock" => t.lock("k", forever).map(drop),
+                "lock_shared" => t.lock_shared("k", forever).map(drop),
+                "acquire" => sem.acquire(forever).map(drop),
+                "Lock::lock" => Lock::new(&t, forever).unwrap().lock("k").map(drop),
+                _ => Lock::new(&t, forever)
+                    .unwrap()
+                    .lock_with_timeout("k", Duration::MAX)
+                    .map(drop),
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(!waiter.is_finished(), "{wait} did not wait");
+            drop(guard);
+            drop(permit);
+            waiter.join().unwrap().unwrap();
+        });
+    }
+}

@@ -479,3 +479,45 @@ fn a_foreign_type_at_a_waiting_mark_is_a_typed_error() {
         );
     }
 }
+
+/// `Duration::MAX` is "as long as it takes", never a panic: as a wait's timeout (it
+/// panicked adding it to the clock, on a free key too), as the command timeout (at the
+/// first command), as the replicas' timeout (in `with_replicas` itself), and as the
+/// fence grace (a raw "out of range" server error).
+#[test]
+fn duration_max_settings_are_as_long_as_it_takes() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url())
+        .unwrap()
+        .with_timeout(Duration::MAX)
+        .with_replicas(0, Duration::MAX)
+        .with_fence_grace(Duration::MAX);
+    let forever = LockOptions {
+        exptime: Duration::ZERO,
+        timeout: Duration::MAX,
+        ..LockOptions::default()
+    };
+    let guard = redis.lock("free", forever).unwrap();
+    assert!(guard.try_token().unwrap() > 0);
+    drop(guard);
+    let sem = redis.semaphore("permits", 1).unwrap();
+    drop(redis.lock_shared("free", forever).unwrap());
+    drop(sem.acquire(forever).unwrap());
+    // held: the waits wait, and end when it is released
+    let guard = redis.lock("held", forever).unwrap();
+    let permit = sem.acquire(forever).unwrap();
+    std::thread::scope(|s| {
+        let waiters = [
+            s.spawn(|| redis.lock("held", forever).map(drop)),
+            s.spawn(|| redis.lock_shared("held", forever).map(drop)),
+            s.spawn(|| sem.acquire(forever).map(drop)),
+        ];
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(waiters.iter().all(|w| !w.is_finished()), "a wait ended");
+        drop(guard);
+        drop(permit);
+        for w in waiters {
+            w.join().unwrap().unwrap();
+        }
+    });
+}

@@ -12,7 +12,7 @@ use crossbeam_utils::Backoff;
 use crate::error::Error;
 use crate::lock::options::Resolved;
 use crate::lock::slack::{TimerSlack, STEP_SLACK};
-use crate::lock::wait::Schedule;
+use crate::lock::wait::{instant_after, Schedule};
 
 /// Rounds of exponential spinning (crossbeam's `Backoff::spin`) before a waiter sleeps:
 /// about 1 µs in all. Spinning longer, or yielding, only steals the cache line from a
@@ -291,7 +291,7 @@ fn wait<B: Backend>(
 ) -> Result<(B::Hold, Duration), Error> {
     let budget = opts.timeout_for(timeout.unwrap_or(Duration::ZERO));
     // Attempts that wait for a server are held to the wait's end (none: try once).
-    let deadline = (!budget.is_zero()).then(|| started + budget);
+    let deadline = (!budget.is_zero()).then(|| instant_after(started, budget));
     let mut busy = match first {
         Some(busy) => busy,
         None => match backend.try_acquire(key, opts.exptime_ns, deadline)? {
@@ -410,7 +410,7 @@ where
 {
     let budget = opts.timeout_for(timeout);
     let started = Instant::now();
-    let deadline = (!budget.is_zero()).then(|| started + budget);
+    let deadline = (!budget.is_zero()).then(|| instant_after(started, budget));
     let notify = opts.notify;
     let elapsed = |slept| if notify { started.elapsed() } else { slept };
     let mut schedule = Schedule::new(opts, timeout);

@@ -6,11 +6,23 @@
 //! longest it sleeps on the futex; a waiter woken early gets the unslept part of the step
 //! back into its budget and reports the time it actually waited.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::lock::options::Resolved;
 
 const MIN_STEP: Duration = Duration::from_millis(1);
+
+/// A century: what a longer timeout or setting (`Duration::MAX` for "as long as it
+/// takes") is taken as, where it must be added to a time or sent to a server.
+pub(crate) const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `d` after `from`, or a century after it where `d` goes past what an `Instant` can
+/// hold (`Duration::MAX` as a timeout means "wait as long as it takes", not a panic).
+pub(crate) fn instant_after(from: Instant, d: Duration) -> Instant {
+    from.checked_add(d)
+        .or_else(|| from.checked_add(CENTURY))
+        .unwrap_or(from)
+}
 
 /// The sleeps of one `lock` call.
 #[derive(Clone, Debug)]

@@ -17,6 +17,7 @@ use redis::RedisResult;
 use crate::error::Error;
 use crate::lock::backend::Slept;
 use crate::lock::options::LockOptions;
+use crate::lock::wait::instant_after;
 use crate::lock::LockGuard;
 use crate::redis_store::aio::Aio;
 use crate::redis_store::async_wait::Turn;
@@ -279,7 +280,7 @@ impl RedisLocks {
         let names = &busy.names;
         let step = mark_step(&busy, step);
         let started = Instant::now();
-        let end = started + step;
+        let end = instant_after(started, step);
         let pool = &self.0.pool;
         // the place in the key's queue: kept from the last sleep, else at the back
         let mut turn = match place.flatten() {

@@ -29,6 +29,7 @@ use redis::{Connection, ConnectionLike, RedisResult};
 use crate::error::Error;
 #[cfg(feature = "tokio")]
 use crate::error::HolderSeen;
+use crate::lock::wait::instant_after;
 use crate::per_process::PerProcess;
 #[cfg(feature = "tokio")]
 use crate::redis_store::aio::Aio;
@@ -113,7 +114,7 @@ impl Pool {
     /// When a command started now must be done: within the command timeout, and by
     /// `deadline` if one is given.
     pub(crate) fn limit(&self, deadline: Option<Instant>) -> Instant {
-        let own = Instant::now() + self.timeout;
+        let own = instant_after(Instant::now(), self.timeout);
         deadline.map_or(own, |d| d.min(own))
     }
 

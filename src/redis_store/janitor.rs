@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use redis::RedisResult;
 
+use crate::lock::wait::instant_after;
 use crate::per_process::PerProcess;
 use crate::redis_store::scripts::Lua;
 use crate::redis_store::topology::Req;
@@ -190,7 +191,7 @@ fn run(
     if con.as_ref().is_some_and(|(_, tag)| !shared.current(tag)) {
         *con = None; // a master that was replaced
     }
-    let limit = Instant::now() + timeout;
+    let limit = instant_after(Instant::now(), timeout);
     let (c, _) = match con {
         Some(c) => c,
         None => {

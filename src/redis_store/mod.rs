@@ -45,6 +45,7 @@ use redis::{Client, IntoConnectionInfo, Value};
 
 use crate::error::Error;
 use crate::lock::options::LockOptions;
+use crate::lock::wait::CENTURY;
 use crate::lock::{self, LockGuard};
 use crate::shm::HoldMode;
 
@@ -407,9 +408,11 @@ impl RedisLocks {
 
     /// How long one command may take before it fails with a timeout (default 5 s): the
     /// connection it needs, a master lookup, the request and its reply. Returns a new
-    /// handle with connections of its own.
+    /// handle with connections of its own. Longer than a century (`Duration::MAX`) is a
+    /// century, as for [`with_fence_grace`](Self::with_fence_grace) and
+    /// [`with_replicas`](Self::with_replicas)' timeout.
     pub fn with_timeout(&self, timeout: Duration) -> Self {
-        let timeout = timeout.max(Duration::from_millis(1));
+        let timeout = timeout.clamp(Duration::from_millis(1), CENTURY);
         self.derive(|i| i.pool = Arc::new(i.pool.renew(timeout)))
     }
 
@@ -419,7 +422,7 @@ impl RedisLocks {
     /// server's clock in µs, so the next one is still greater than every earlier one (as
     /// long as the server's clock has not been set back by more than this grace).
     pub fn with_fence_grace(&self, grace: Duration) -> Self {
-        self.derive(|i| i.fence_grace = grace.max(Duration::from_millis(1)))
+        self.derive(|i| i.fence_grace = grace.clamp(Duration::from_millis(1), CENTURY))
     }
 
     /// Replicated grants: every acquisition, renewal and fencing token waits (`WAIT`)
@@ -439,7 +442,7 @@ impl RedisLocks {
     /// `WAIT` is not cut off by it. With a Cluster, the `WAIT` goes to every master and the
     /// fewest acknowledgements count.
     pub fn with_replicas(&self, replicas: u32, timeout: Duration) -> Self {
-        let timeout = timeout.max(Duration::from_millis(1));
+        let timeout = timeout.clamp(Duration::from_millis(1), CENTURY);
         self.derive(|i| {
             if i.pool.timeout < timeout + Duration::from_secs(1) {
                 i.pool = Arc::new(i.pool.renew(timeout + Duration::from_secs(1)));

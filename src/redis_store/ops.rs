@@ -11,6 +11,7 @@ use redis::RedisResult;
 use crate::error::{Error, HolderSeen, KeyPreview};
 use crate::lock::backend::{Backend, Sealed};
 use crate::lock::slack::TimerSlack;
+use crate::lock::wait::instant_after;
 use crate::redis_store::janitor::{Job, JobKind};
 use crate::redis_store::net::{is_broken, is_interrupted, Failed, MAX_INTERRUPTS};
 use crate::redis_store::scripts::Call;
@@ -727,7 +728,7 @@ impl RedisLocks {
     fn wait_for_release(&self, busy: &RedisBusy, step: Duration) -> (Duration, bool) {
         let step = mark_step(busy, step);
         let started = Instant::now();
-        let end = started + step;
+        let end = instant_after(started, step);
         let poll = |started: Instant| {
             std::thread::sleep(step.saturating_sub(started.elapsed()));
             (started.elapsed(), false)
