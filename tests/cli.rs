@@ -69,7 +69,9 @@ fn inspect_shows_the_holder_alive_then_dead_and_unlock_force_frees_it() {
     let file = TempPath::new("cli-inspect");
     let mut holder = holding(&file, "job:1", "sleep 30", &[]);
     let json = inspect_json(&file, &[]);
+    assert_eq!(json["kind"], "lock table");
     assert_eq!(json["capacity"], 1024);
+    assert_eq!(json["slots"], 4096);
     assert_eq!(json["format_version"], 15);
     assert_eq!(json["occupancy"], 1);
     let h = &json["holders"][0];
@@ -1519,5 +1521,40 @@ fn inspect_lists_every_shared_and_permit_holder_and_unlock_force_breaks_them_all
     for mut c in [r1, r2, p1] {
         c.kill().unwrap();
         c.wait().unwrap();
+    }
+}
+
+/// Odd numbers and flock habits get the option's own words: `--max-time 1e19` panicked
+/// (101) and ran nothing; a negative number got clap's tip to pass it after `--`, which
+/// makes it the key or the command; `-u` and `--fcntl` were "unexpected arguments".
+#[test]
+fn odd_numbers_and_flock_habits_get_the_options_own_words() {
+    let file = TempPath::new("cli-odd-numbers");
+    let out = output(shmlock(&file).args(["run", "--max-time", "1e19", "k", "echo", "ran"]));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+    for (args, says) in [
+        (&["run", "-w", "-1", "k", "true"][..], "--timeout"),
+        (&["run", "--exptime", "-1", "k", "true"], "--exptime"),
+        (&["run", "--exptime", "1e12", "k", "true"], "--exptime"),
+        (&["run", "--max-time", "-2", "k", "true"], "--max-time"),
+        (
+            &["run", "-u", "k", "true"],
+            "-u/--unlock has no meaning here",
+        ),
+        (
+            &["run", "--fcntl", "k", "true"],
+            "--fcntl has no meaning here",
+        ),
+        (&["unlock", "--force", "--pid", "-3", "k"], "--pid"),
+        (&["inspect", "--interval", "-1"], "--interval"),
+    ] {
+        let out = output(shmlock(&file).args(args));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert!(
+            err.contains(says) && !err.contains("tip:"),
+            "{args:?}: {err}"
+        );
     }
 }

@@ -750,5 +750,26 @@ for family in text_string_to_metric_families(sys.stdin.read()):
     assert!(first["per_second"].is_null(), "{first}");
     let rate = second["per_second"]["acquisitions"].as_f64().unwrap();
     assert!(rate > 0.0, "{second}");
+    // every count the text gives a rate has one in JSON too
+    let mut rated: Vec<&str> = second["per_second"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    rated.sort_unstable();
+    assert_eq!(
+        rated,
+        [
+            "acquisitions",
+            "contended",
+            "dead_owner_takeovers",
+            "expired_takeovers",
+            "lost",
+            "table_full",
+            "timeouts"
+        ],
+        "{second}"
+    );
     assert_eq!(second["acquisitions"], 37);
 }

@@ -477,6 +477,24 @@ impl LockTable {
         crate::stats::LockStats::from_totals(&Cells::of(&att.map).totals())
     }
 
+    /// How many holds fit at once: the table's slots, four per unit of
+    /// [`capacity`](Self::capacity). Each key held exclusively takes one, and each reader
+    /// or permit holder of a shared key one; past the capacity, a key finds room only
+    /// where the slots near its home are not all held, so only `capacity` keys are sure
+    /// to fit.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("shmlock-doc-slots-{}", std::process::id()));
+    /// # let _ = std::fs::remove_file(&path);
+    /// let table = shmlock::LockTable::open(&path, 8)?;
+    /// assert_eq!((table.capacity(), table.slots()), (8, 32));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), shmlock::Error>(())
+    /// ```
+    pub fn slots(&self) -> usize {
+        self.inner.table.slots().len()
+    }
+
     /// How many slots are occupied (held, being claimed, or expired and not yet reaped).
     pub fn occupancy(&self) -> usize {
         self.inner.table.entries().len()
@@ -722,7 +740,7 @@ impl LockTable {
                 Err(Error::TableFull {
                     key: KeyPreview::new(req.key),
                     capacity: self.capacity(),
-                    slots: self.inner.table.slots().len(),
+                    slots: self.slots(),
                 })
             }
         }

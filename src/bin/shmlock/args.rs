@@ -145,11 +145,17 @@ pub struct RunArgs {
         short = 'w',
         long = "timeout",
         visible_alias = "wait",
-        value_name = "SECS"
+        value_name = "SECS",
+        allow_negative_numbers = true
     )]
     pub timeout: Option<f64>,
     /// Lease length in seconds, at least 0.1; renewed every third of it while COMMAND runs
-    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 30.0,
+        allow_negative_numbers = true
+    )]
     pub exptime: f64,
     /// Do not wait: exit at once if the lock is held (same as -w 0; with -w, -n wins, as
     /// in flock(1))
@@ -164,7 +170,7 @@ pub struct RunArgs {
     pub shared: bool,
     /// One of N permits of KEY: at most N such commands run at once machine-wide (a
     /// jobserver); a dead one's permit comes back at once
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub permits: Option<u32>,
     /// Release the lock when COMMAND exits, even if processes it started still run
     #[arg(short = 'o', long)]
@@ -172,12 +178,24 @@ pub struct RunArgs {
     /// Refused, with the reason: a hold cannot outlive an exec of shmlock's own process
     #[arg(short = 'F', long, hide = true)]
     pub no_fork: bool,
+    /// Refused, with the reason: flock(1)'s -u unlocks a descriptor, and a hold is not one
+    #[arg(short = 'u', long, hide = true)]
+    pub unlock: bool,
+    /// Refused, with the reason: no file lock is taken
+    #[arg(long, hide = true)]
+    pub fcntl: bool,
     /// Exit code when the lock could not be taken
-    #[arg(short = 'E', long, value_name = "N", default_value_t = 1)]
+    #[arg(
+        short = 'E',
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        allow_negative_numbers = true
+    )]
     pub conflict_exit_code: u8,
     /// Stop renewing after this many seconds: COMMAND is terminated and the lock released
     /// [default: no limit]
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", allow_negative_numbers = true)]
     pub max_time: Option<f64>,
     /// Say on stderr who held the lock, how long it waited, and when it got it
     #[arg(long)]
@@ -202,8 +220,9 @@ pub struct RunArgs {
     "  shmlock inspect --all --json | jq '.holders[] | select(.alive | not)'\n",
     "\n",
     "--json prints one object:\n",
-    "  {\"file\", \"format_version\", \"capacity\", \"occupancy\", \"holders\": [{\"key\",\n",
-    "   \"key_hex\", \"key_len\", \"truncated\", \"pid\", \"alive\", \"left_to_expire\",\n",
+    "  {\"file\", \"kind\": \"lock table\", \"format_version\", \"capacity\", \"slots\",\n",
+    "   \"occupancy\", \"holders\": [{\"key\", \"key_hex\", \"key_len\", \"truncated\", \"pid\",\n",
+    "   \"alive\", \"left_to_expire\",\n",
     "   \"state\", \"age_ms\", \"ttl_ms\", \"expired\", \"token\", \"token_text\", \"waiters\",\n",
     "   \"mode\", \"permits\"}]}\n",
     "\"pid\" is 0 for no process known here: a hold left to expire (\"left_to_expire\": it\n",
@@ -239,7 +258,7 @@ pub struct InspectArgs {
     #[arg(short = 'w', long)]
     pub watch: bool,
     /// Seconds between two prints; implies --watch [default: 1]
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", allow_negative_numbers = true)]
     pub interval: Option<f64>,
 }
 
@@ -277,7 +296,7 @@ pub struct StatsArgs {
     #[arg(short = 'w', long)]
     pub watch: bool,
     /// Seconds between two prints; implies --watch [default: 1]
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", allow_negative_numbers = true)]
     pub interval: Option<f64>,
 }
 
@@ -300,7 +319,7 @@ pub struct UnlockArgs {
     pub force: bool,
     /// Break only the holds of this process (a shared key has a holder per reader or
     /// permit) [default: every holder of KEY]
-    #[arg(long, value_name = "PID")]
+    #[arg(long, value_name = "PID", allow_negative_numbers = true)]
     pub pid: Option<u32>,
     /// With --redis and --pid: the host of that process [default: this host]
     #[arg(long, value_name = "HOST", requires = "pid")]
@@ -317,8 +336,10 @@ pub struct UnlockArgs {
     "  shmlock --file /dev/shm/app-zone create --dict --zone-size 64m --max-key-len 32 --max-value-len 32",
 ))]
 pub struct CreateArgs {
-    /// How many keys can be held at once (with --dict: how many entries the dict holds;
-    /// with --zone-size, one per 4k of the zone by default) [default: 1024]
+    /// How many keys can always be held at once: the table has four slots per unit, so up
+    /// to four times as many holds may fit, but only this many are sure to (with --dict:
+    /// how many entries the dict holds; with --zone-size, one per 4k of the zone by
+    /// default) [default: 1024]
     #[arg(long)]
     pub capacity: Option<usize>,
     /// Make a SharedDict file (the key-value cache of the library's SharedDict) instead of
@@ -401,9 +422,13 @@ fn parse_mode(s: &str) -> Result<u32, String> {
 /// `v` seconds as a Duration; `what` names the option in the error.
 pub fn secs(v: f64, what: &str) -> Result<Duration, Fail> {
     Duration::try_from_secs_f64(v).map_err(|_| {
-        Fail(
-            format!("{what} must be a number of seconds, 0 or more and below 2^64"),
-            EX_USAGE,
-        )
+        let why = if v.is_nan() {
+            "a number of seconds"
+        } else if v < 0.0 {
+            "a number of seconds that is not negative"
+        } else {
+            "a number of seconds below 2^64"
+        };
+        Fail(format!("{what} must be {why}, not {v}"), EX_USAGE)
     })
 }

@@ -71,9 +71,10 @@ pub fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
         return Err(exists());
     }
     println!(
-        "created {} with capacity {}",
+        "created {} with capacity {} ({} slots)",
         file.display(),
-        table.capacity()
+        table.capacity(),
+        table.slots()
     );
     Ok(0)
 }

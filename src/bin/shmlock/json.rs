@@ -19,8 +19,10 @@ fn print_json(out: &mut impl Write, value: &impl serde::Serialize) -> std::io::R
 #[derive(serde::Serialize)]
 struct TableReport<'a> {
     file: Cow<'a, str>,
+    kind: &'static str,
     format_version: u32,
     capacity: usize,
+    slots: usize,
     occupancy: usize,
     holders: Vec<TableEntry>,
 }
@@ -58,8 +60,10 @@ pub fn write_table(
 ) -> std::io::Result<()> {
     let report = TableReport {
         file: file.to_string_lossy(),
+        kind: "lock table",
         format_version: t.format_version(),
         capacity: t.capacity(),
+        slots: t.slots(),
         occupancy: t.occupancy(),
         holders: hs
             .iter()

@@ -50,10 +50,36 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
             EX_USAGE,
         ));
     }
+    if a.unlock {
+        return Err(Fail(
+            "-u/--unlock has no meaning here: flock(1)'s -u unlocks a descriptor the shell \
+             holds, and a hold belongs to the `shmlock run` that took it. It ends when that \
+             run exits; `shmlock unlock --force KEY` breaks it from outside"
+                .into(),
+            EX_USAGE,
+        ));
+    }
+    if a.fcntl {
+        return Err(Fail(
+            "--fcntl has no meaning here: shmlock takes no file lock (its locks live in the \
+             table's shared memory), so there is no fcntl(2) lock to choose"
+                .into(),
+            EX_USAGE,
+        ));
+    }
     let exptime = secs(a.exptime, "--exptime")?;
     if exptime.is_zero() {
         return Err(Fail(
             "--exptime must be > 0: the lock is renewed while the command runs".into(),
+            EX_USAGE,
+        ));
+    }
+    if u64::try_from(exptime.as_nanos()).is_err() {
+        return Err(Fail(
+            format!(
+                "--exptime {} is too long: a lease is counted in nanoseconds, below 584 years",
+                a.exptime
+            ),
             EX_USAGE,
         ));
     }
@@ -366,7 +392,8 @@ fn supervise<B: Backend>(
     let margin = exptime / 10;
     let mut lease_end = locked_at + exptime - margin;
     let mut next_renewal = locked_at + every;
-    let stop_at = max_time.map(|m| locked_at + m);
+    // (past what an `Instant` holds, --max-time is no limit: 1e19 s is not a panic)
+    let stop_at = max_time.and_then(|m| locked_at.checked_add(m));
     let mut command_status = None;
     let terminate =
         |lock: &mut Lock<'_, B>, why: String| terminate(lock, why, exited, exptime, signals);

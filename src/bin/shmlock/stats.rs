@@ -228,6 +228,11 @@ fn json(out: &mut String, file: &Path, now: &Read, rates: Option<(&Read, f64)>) 
                     "acquisitions": per_s(s.acquisitions, b.acquisitions, secs),
                     "contended": per_s(s.contended, b.contended, secs),
                     "timeouts": per_s(s.timeouts, b.timeouts, secs),
+                    "dead_owner_takeovers":
+                        per_s(s.dead_owner_takeovers, b.dead_owner_takeovers, secs),
+                    "expired_takeovers": per_s(s.expired_takeovers, b.expired_takeovers, secs),
+                    "table_full": per_s(s.table_full, b.table_full, secs),
+                    "lost": per_s(s.lost, b.lost, secs),
                 })),
                 _ => None,
             };
@@ -252,6 +257,8 @@ fn json(out: &mut String, file: &Path, now: &Read, rates: Option<(&Read, f64)>) 
                     "hits": per_s(s.hits, b.hits, secs),
                     "misses": per_s(s.misses, b.misses, secs),
                     "sets": per_s(s.sets, b.sets, secs),
+                    "evictions": per_s(s.evictions, b.evictions, secs),
+                    "forcible_sets": per_s(s.forcible_sets, b.forcible_sets, secs),
                 })),
                 _ => None,
             };

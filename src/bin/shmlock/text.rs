@@ -27,10 +27,11 @@ pub fn write_table(
 ) -> std::io::Result<()> {
     writeln!(
         out,
-        "{}: format {}, capacity {}, occupancy {}",
+        "{}: format {}, capacity {} ({} slots), occupancy {}",
         file.display(),
         t.format_version(),
         t.capacity(),
+        t.slots(),
         t.occupancy()
     )?;
     if hs.is_empty() {
