@@ -676,3 +676,61 @@ fn a_key_a_cluster_cannot_use_is_a_usage_error() {
         assert!(err.contains("cannot be used"), "{args:?}: {err}");
     }
 }
+
+/// A `run` whose renewals hang on a silent link (a partition that keeps the connection
+/// open: each renewal then takes two command timeouts, 10 s, longer than the lease) stops
+/// its command when the lease could lapse, before the next holder starts, and exits 2.
+/// The supervisor waited in the renewal: the command ran on beside the next holder, to
+/// its end, and `run` exited with its status.
+#[test]
+fn a_run_whose_renewals_hang_stops_its_command_before_the_next_holder_starts() {
+    let server = RedisServer::start();
+    let link = common::proxy::Proxy::start(server.port);
+    let dir = std::env::temp_dir().join(format!("shmlock-run-hang-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let a_log = dir.join("a.log");
+    let b_log = dir.join("b.log");
+    // A stamps the time (ns, the realtime clock both read) every 20 ms while it runs.
+    let mut a = shmlock(&link.url())
+        .args(["run", "--exptime", "2", "job", "sh", "-c"])
+        .arg(format!(
+            "while :; do date +%s%N >> {}; sleep 0.02; done",
+            a_log.display()
+        ))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("A's command", Duration::from_secs(10), || a_log.exists());
+    std::thread::sleep(Duration::from_millis(300));
+    link.blackhole(true);
+    let b = output(
+        shmlock(&server.url())
+            .args(["run", "-w", "30", "job", "sh", "-c"])
+            .arg(format!("date +%s%N > {}", b_log.display())),
+    );
+    assert_eq!(b.status.code(), Some(0), "{b:?}");
+    // (A's run then finishes its renewal in flight and its release without waiting out
+    // their timeouts)
+    link.blackhole(false);
+    let a_exit = a.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut a.stderr.take().unwrap(), &mut stderr).unwrap();
+    let stamps = |p: &std::path::Path| -> Vec<u128> {
+        std::fs::read_to_string(p)
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    let a_last = *stamps(&a_log).iter().max().unwrap();
+    let b_start = stamps(&b_log)[0];
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        a_last < b_start,
+        "A's command ran {} ms beside B's; A: {a_exit:?} {stderr}",
+        (a_last - b_start) / 1_000_000
+    );
+    assert_eq!(a_exit.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("could not renew"), "{stderr}");
+}

@@ -6,7 +6,7 @@ use std::io;
 use std::ops::ControlFlow;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{SigSet, Signal};
@@ -36,7 +36,11 @@ const LOOKUP_EVERY: Duration = Duration::from_secs(1);
 const MIN_EXPTIME: Duration = Duration::from_millis(100);
 
 /// Takes `a.key`, runs the command, releases the key when it exits; the exit code.
-pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
+pub fn run<B>(backend: &B, a: RunArgs) -> Result<u8, Fail>
+where
+    B: Backend + WhoHolds + Sync,
+    B::Hold: Send,
+{
     let signals = SIGNALS
         .get()
         .ok_or_else(|| Fail("signal handling was not set up".into(), EX_SOFTWARE))?;
@@ -160,14 +164,19 @@ pub fn run<B: Backend + WhoHolds>(backend: &B, a: RunArgs) -> Result<u8, Fail> {
     *phase = Phase::Running(pid);
     drop(phase);
 
-    let exited = reap_on_thread(child, pid, inherit, signals);
+    let (events, happened) = mpsc::channel();
+    reap_on_thread(child, pid, inherit, signals, events.clone());
     let lease = Lease {
         exptime,
         locked_at,
         max_time,
     };
-    let status = supervise(&mut lock, &a.key, lease, &exited, a.verbose, signals)?;
-    match lock.unlock() {
+    let status = supervise(
+        &mut lock, &a.key, lease, &happened, events, a.verbose, signals,
+    );
+    let released = lock.unlock();
+    let status = status?;
+    match released {
         Ok(()) => {}
         // Broken (or lapsed) after the last renewal: the command ran on without the lock
         // for a while, which its status must not hide.
@@ -298,12 +307,17 @@ fn command(program: &str, args: &[String], shell: bool, blocked: SigSet) -> Comm
     cmd
 }
 
-/// What the reaping thread tells `supervise`.
-enum Reaped {
+/// What the reaping and the renewing threads tell `supervise`.
+enum Event {
     /// The command exited, with this status.
     Command(io::Result<ExitStatus>),
     /// The last of the processes it left running exited (with `inherit` only).
     Leftovers,
+    /// A renewal asked for, sent at `sent`, returned this.
+    Renewed {
+        sent: Instant,
+        result: Result<(), Error>,
+    },
 }
 
 /// Waits for the child on a helper thread, whose channel gets its exit status, then
@@ -315,8 +329,8 @@ fn reap_on_thread(
     pid: Pid,
     inherit: bool,
     signals: &'static Signals,
-) -> Receiver<Reaped> {
-    let (done, exited) = mpsc::channel();
+    done: Sender<Event>,
+) {
     std::thread::spawn(move || {
         let mut command = Some(child);
         loop {
@@ -337,7 +351,7 @@ fn reap_on_thread(
                             };
                             let status = child.wait();
                             drop(phase);
-                            let _ = done.send(Reaped::Command(status));
+                            let _ = done.send(Event::Command(status));
                             if !inherit {
                                 return;
                             }
@@ -354,11 +368,10 @@ fn reap_on_thread(
         *signals.phase() = Phase::Exited;
         if let Some(mut child) = command {
             // (not met: SIGCHLD is at its default, so the command is ours to reap)
-            let _ = done.send(Reaped::Command(child.wait()));
+            let _ = done.send(Event::Command(child.wait()));
         }
-        let _ = done.send(Reaped::Leftovers);
+        let _ = done.send(Event::Leftovers);
     });
-    exited
 }
 
 /// The lease `supervise` keeps, and for how long.
@@ -371,13 +384,65 @@ struct Lease {
 }
 
 /// Renews the lease on `key` every third of it until the command exits (its status
-/// comes on `exited`), and the processes it left running (if `run` waits for them). Stops
-/// them and fails when the lease is lost, cannot be renewed in time, or --max-time passes.
-fn supervise<B: Backend>(
+/// comes on `happened`), and the processes it left running (if `run` waits for them).
+/// Stops them and fails when the lease is lost, cannot be renewed in time, or --max-time
+/// passes. The caller releases the lock after.
+///
+/// Renewals run on a thread of their own, which sends their outcome on `renewed`: one
+/// that hangs on an unreachable server (a Redis call may take two command timeouts,
+/// longer than a lease) must not keep this thread from stopping the command when the
+/// lease could lapse.
+fn supervise<B>(
     lock: &mut Lock<'_, B>,
     key: &str,
     lease: Lease,
-    exited: &Receiver<Reaped>,
+    happened: &Receiver<Event>,
+    renewed: Sender<Event>,
+    verbose: bool,
+    signals: &Signals,
+) -> Result<ExitStatus, Fail>
+where
+    B: Backend + Sync,
+    B::Hold: Send,
+{
+    let (ask, asks) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            for () in asks {
+                let sent = Instant::now();
+                let result = lock.expire(None);
+                if renewed.send(Event::Renewed { sent, result }).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut renewals = Renewals { ask, busy: false };
+        // (the renewing thread ends with `renewals`, once a renewal in flight returns)
+        watch(key, lease, happened, &mut renewals, verbose, signals)
+    })
+}
+
+/// Asks the renewing thread for renewals, one at a time.
+struct Renewals {
+    ask: Sender<()>,
+    /// A renewal was asked for and has not returned.
+    busy: bool,
+}
+
+impl Renewals {
+    fn start(&mut self) {
+        if !self.busy {
+            self.busy = self.ask.send(()).is_ok();
+        }
+    }
+}
+
+/// `supervise`'s loop.
+fn watch(
+    key: &str,
+    lease: Lease,
+    happened: &Receiver<Event>,
+    renewals: &mut Renewals,
     verbose: bool,
     signals: &Signals,
 ) -> Result<ExitStatus, Fail> {
@@ -396,15 +461,32 @@ fn supervise<B: Backend>(
     let stop_at = max_time.and_then(|m| locked_at.checked_add(m));
     let mut command_status = None;
     let terminate =
-        |lock: &mut Lock<'_, B>, why: String| terminate(lock, why, exited, exptime, signals);
+        |why: String, renewals: &mut Renewals| terminate(why, happened, renewals, exptime, signals);
+    // An end seen after the lease could have lapsed: the lease may have been lost while
+    // they ran, which their status must not hide.
+    let unvouched = || {
+        Fail(
+            format!(
+                "could not renew the lock on {key:?} before the lease could lapse; the \
+                 command ended meanwhile"
+            ),
+            EX_TERMINATED,
+        )
+    };
     loop {
-        let wake = stop_at.map_or(next_renewal.min(lease_end), |s| {
-            s.min(next_renewal).min(lease_end)
-        });
-        match exited.recv_timeout(wake.saturating_duration_since(Instant::now())) {
-            Ok(Reaped::Command(status)) => {
+        let renew_at = if renewals.busy {
+            lease_end
+        } else {
+            next_renewal.min(lease_end)
+        };
+        let wake = stop_at.map_or(renew_at, |s| s.min(renew_at));
+        match happened.recv_timeout(wake.saturating_duration_since(Instant::now())) {
+            Ok(Event::Command(status)) => {
                 let status = status.map_err(|e| Fail(format!("wait: {e}"), EX_OSERR))?;
                 if !matches!(*signals.phase(), Phase::Leftovers) {
+                    if Instant::now() >= lease_end {
+                        return Err(unvouched());
+                    }
                     return Ok(status);
                 }
                 if verbose {
@@ -418,41 +500,46 @@ fn supervise<B: Backend>(
                 }
                 command_status = Some(status);
             }
-            Ok(Reaped::Leftovers) => {
+            Ok(Event::Leftovers) => {
+                if Instant::now() >= lease_end {
+                    return Err(unvouched());
+                }
                 return command_status
-                    .ok_or_else(|| Fail("lost track of the command".into(), EX_SOFTWARE))
+                    .ok_or_else(|| Fail("lost track of the command".into(), EX_SOFTWARE));
             }
-            Err(RecvTimeoutError::Timeout) => {
-                let now = Instant::now();
-                if stop_at.is_some_and(|s| now >= s) {
-                    return Err(terminate(lock, format!("{key:?} held for --max-time")));
-                }
-                if now >= lease_end {
-                    return Err(terminate(
-                        lock,
-                        format!("could not renew the lock on {key:?} in time"),
-                    ));
-                }
-                if now < next_renewal {
-                    continue;
-                }
-                let sent = Instant::now();
-                match lock.expire(None) {
+            Ok(Event::Renewed { sent, result }) => {
+                renewals.busy = false;
+                match result {
                     Ok(()) => {
                         lease_end = sent + exptime - margin;
                         next_renewal = sent + every;
                     }
                     // Broken by force, or gone with a server that restarted empty.
                     Err(Error::Expired) => {
-                        return Err(terminate(lock, format!("lost the lock on {key:?}")))
+                        return Err(terminate(format!("lost the lock on {key:?}"), renewals))
                     }
                     // Unreachable for now (a Redis outage, a failover, replicas missing):
                     // try again soon; the command is stopped if no renewal gets through
                     // before the lease could lapse.
                     Err(e) => {
                         eprintln!("shmlock: renewing {key:?}: {}", describe(&e));
-                        next_renewal = now + every / 4;
+                        next_renewal = Instant::now() + every / 4;
                     }
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                let now = Instant::now();
+                if stop_at.is_some_and(|s| now >= s) {
+                    return Err(terminate(format!("{key:?} held for --max-time"), renewals));
+                }
+                if now >= lease_end {
+                    return Err(terminate(
+                        format!("could not renew the lock on {key:?} in time"),
+                        renewals,
+                    ));
+                }
+                if now >= next_renewal {
+                    renewals.start();
                 }
             }
             Err(RecvTimeoutError::Disconnected) => {
@@ -464,12 +551,11 @@ fn supervise<B: Backend>(
 
 /// Stops the command and what it left running (SIGTERM, once to each, then SIGKILL to
 /// whatever is still there 5 s later, until nothing is), renewing the lease meanwhile if
-/// it is still ours (so that the key is not free while they end), then releases the lock
-/// and fails with `why`.
-fn terminate<B: Backend>(
-    lock: &mut Lock<'_, B>,
+/// it is still ours (so that the key is not free while they end), and fails with `why`.
+fn terminate(
     why: String,
-    exited: &Receiver<Reaped>,
+    happened: &Receiver<Event>,
+    renewals: &mut Renewals,
     exptime: Duration,
     signals: &Signals,
 ) -> Fail {
@@ -477,11 +563,12 @@ fn terminate<B: Backend>(
     let kill_at = Instant::now() + Duration::from_secs(5);
     let mut next_renewal = Instant::now() + exptime / 3;
     loop {
-        match exited.recv_timeout(Duration::from_millis(100)) {
+        match happened.recv_timeout(Duration::from_millis(100)) {
             // Without leftovers to wait for, the command's end is the end.
-            Ok(Reaped::Command(_)) if !matches!(*signals.phase(), Phase::Leftovers) => break,
-            Ok(Reaped::Leftovers) | Err(RecvTimeoutError::Disconnected) => break,
-            Ok(Reaped::Command(_)) | Err(RecvTimeoutError::Timeout) => {}
+            Ok(Event::Command(_)) if !matches!(*signals.phase(), Phase::Leftovers) => break,
+            Ok(Event::Leftovers) | Err(RecvTimeoutError::Disconnected) => break,
+            Ok(Event::Renewed { .. }) => renewals.busy = false,
+            Ok(Event::Command(_)) | Err(RecvTimeoutError::Timeout) => {}
         }
         let now = Instant::now();
         if now >= kill_at {
@@ -492,10 +579,9 @@ fn terminate<B: Backend>(
             termed.extend(more);
         }
         if now >= next_renewal {
-            let _ = lock.expire(None);
+            renewals.start();
             next_renewal = now + exptime / 3;
         }
     }
-    let _ = lock.unlock();
     Fail(format!("{why}; command terminated"), EX_TERMINATED)
 }
