@@ -102,8 +102,16 @@ fn worker(table: &LockTable, shared: &Shared, id: usize, iterations: u64) {
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
-    let workers: usize = args.next().map_or(4, |a| a.parse().expect("WORKERS"));
-    let iterations: u64 = args.next().map_or(2000, |a| a.parse().expect("ITERATIONS"));
+    let (workers, iterations): (usize, u64) = match (
+        args.next().map_or(Ok(4), |a| a.parse()),
+        args.next().map_or(Ok(2000), |a| a.parse()),
+    ) {
+        (Ok(w), Ok(i)) if w > 0 => (w, i),
+        _ => {
+            eprintln!("usage: prefork [WORKERS] [ITERATIONS]   (whole numbers; default 4 2000)");
+            return ExitCode::from(64);
+        }
+    };
 
     let dir = if std::path::Path::new("/dev/shm").is_dir() {
         PathBuf::from("/dev/shm")

@@ -608,7 +608,8 @@ impl fmt::Display for Error {
                         .join(", ")
                 )?;
                 if *unseen > 0 {
-                    write!(f, " ({unseen} processes could not be looked at)")?;
+                    let n = if *unseen == 1 { "process" } else { "processes" };
+                    write!(f, " ({unseen} other {n} could not be looked at)")?;
                 }
                 f.write_str(
                     ". Keep tables where cleaners do not reach them: /run/APP/ (systemd's \

@@ -100,6 +100,14 @@ fn inspect_shows_the_holder_alive_then_dead_and_unlock_force_frees_it() {
     let json = inspect_json(&file, &["--all"]);
     assert_eq!(json["holders"][0]["pid"], holder.id());
     assert_eq!(json["holders"][0]["alive"], false);
+    // (the text says that --all would show it, not just "no locks held")
+    let text = String::from_utf8(output(shmlock(&file).arg("inspect")).stdout).unwrap();
+    assert!(
+        text.ends_with(
+            "no locks held (1 expired or dead holder's entry, not yet reaped: --all lists it)\n"
+        ),
+        "{text}"
+    );
 
     let refused = output(shmlock(&file).args(["unlock", "job:1"]));
     assert_eq!(refused.status.code(), Some(64));
@@ -711,7 +719,11 @@ fn errors_are_one_line_on_stderr_with_a_sysexits_code() {
         );
     };
     // EX_NOINPUT, as flock(1) exits when it cannot open its file
-    one_line(output(shmlock(&file).arg("inspect")), 66, "No such file");
+    one_line(
+        output(shmlock(&file).arg("inspect")),
+        66,
+        "no table there yet",
+    );
     std::fs::write(&file, "not a table\n".repeat(500)).unwrap();
     // EX_DATAERR
     one_line(
@@ -1189,9 +1201,13 @@ fn verbose_says_who_held_the_key_how_long_it_waited_and_that_it_got_it() {
     let gave_up: f64 = err
         .split("gave up on \"k\" after waiting ")
         .nth(1)
-        .and_then(|rest| rest.trim_end().strip_suffix('s')?.parse().ok())
+        .and_then(|rest| rest.split("s; held by ").next()?.parse().ok())
         .unwrap_or_else(|| panic!("{err}"));
     assert!(gave_up >= 0.2, "{err}");
+    assert!(
+        err.contains(&format!("s; held by pid {} for ", holder.id())),
+        "{err}"
+    );
     release(holder);
 
     // (another key: the waiters flag of "k" may still be set by the run that gave up)

@@ -8,6 +8,25 @@ use shmlock::{LockTable, SharedDict};
 use crate::args::{CreateArgs, DEFAULT_CAPACITY};
 use crate::exit::{Fail, EX_CANTCREAT};
 
+/// The library's error, with its names of the settings (`max_value_len`) replaced by the
+/// options the user gave (`--max-value-len`).
+fn in_cli_words(e: shmlock::Error) -> Fail {
+    let Fail(mut msg, code) = Fail::from(e);
+    for (lib, cli) in [
+        ("max_value_len", "--max-value-len"),
+        ("max_key_len", "--max-key-len"),
+        ("max_processes", "--max-processes"),
+        ("heap_size", "--heap-size"),
+        ("zone_size", "--zone-size"),
+        ("options: mode ", "options: --mode "),
+        ("give a capacity", "give a --capacity"),
+        ("a smaller capacity", "a smaller --capacity or --zone-size"),
+    ] {
+        msg = msg.replace(lib, cli);
+    }
+    Fail(msg, code)
+}
+
 /// Creates the table (or dict) `file`; fails if it exists, also if it appeared meanwhile.
 pub fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
     let exists = || Fail(format!("{}: already exists", file.display()), EX_CANTCREAT);
@@ -35,7 +54,7 @@ pub fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
         if let Some(bytes) = a.zone_size {
             options = options.zone_size(bytes);
         }
-        let dict = options.open(file)?;
+        let dict = options.open(file).map_err(in_cli_words)?;
         if !dict.created() {
             return Err(exists());
         }
@@ -66,7 +85,8 @@ pub fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
         .capacity(a.capacity.unwrap_or(DEFAULT_CAPACITY))
         .max_processes(a.max_processes)
         .mode(a.mode)
-        .open(file)?;
+        .open(file)
+        .map_err(in_cli_words)?;
     if !table.created() {
         return Err(exists());
     }

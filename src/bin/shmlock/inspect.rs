@@ -33,6 +33,16 @@ pub fn open_inspected(file: &Path) -> Result<Inspected, Fail> {
         )),
         // nothing at the path to inspect: "cannot open", not "cannot create"
         Err(e @ Error::DeletedInUse { .. }) => Err(Fail(e.to_string(), EX_NOINPUT)),
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Err(Fail(
+                format!(
+                    "{}: no table there yet (the first `shmlock run` makes one, or `shmlock \
+                 create`; --file or $SHMLOCK_FILE names another)",
+                    file.display()
+                ),
+                EX_NOINPUT,
+            ))
+        }
         Err(e) => Err(e.into()),
     }
 }
@@ -176,16 +186,18 @@ fn utc_now() -> String {
 fn snapshot(out: &mut Vec<u8>, what: &Inspected, a: &InspectArgs) -> Result<(), Fail> {
     let written = match what {
         Inspected::Table(table, file) => {
-            let mut holders: Vec<Holder> = table
-                .holders()
+            let all = table.holders();
+            let listed = all.len();
+            let mut holders: Vec<Holder> = all
                 .into_iter()
                 .filter(|h| a.all || (!h.expired && h.owner_alive))
                 .collect();
+            let hidden = listed - holders.len();
             holders.sort_by(|x, y| x.key_preview.cmp(&y.key_preview));
             if a.json {
                 json::write_table(out, file, table, &holders)
             } else {
-                text::write_table(out, file, table, &holders)
+                text::write_table(out, file, table, &holders, hidden)
             }
         }
         Inspected::Dict(dict, file) => {

@@ -157,9 +157,12 @@ where
         let _ = lock.unlock();
         return Ok(128u8.wrapping_add(sig as u8));
     }
-    let child = cmd
-        .spawn()
-        .map_err(|e| Fail(format!("{program}: {e}"), spawn_error_code(&e)))?;
+    let child = cmd.spawn().map_err(|e| {
+        Fail(
+            format!("{:?}: {e}", printable(program.as_bytes())),
+            spawn_error_code(&e),
+        )
+    })?;
     let pid = Pid::from_raw(child.id() as libc::pid_t);
     *phase = Phase::Running(pid);
     drop(phase);
@@ -252,11 +255,14 @@ fn wait_for_lock<B: Backend + WhoHolds>(
         first = false;
         if wait_for.is_some_and(|w| waited >= w) {
             backend.waited(false, waited);
+            // A status line on a terminal is replaced by the reason, not just erased.
+            let shown = status.shown();
             status.clear();
-            if a.verbose {
+            if a.verbose || shown {
                 eprintln!(
-                    "shmlock: gave up on {shown_key:?} after waiting {:.3}s",
-                    waited.as_secs_f64()
+                    "shmlock: gave up on {shown_key:?} after waiting {:.3}s; held by {}",
+                    waited.as_secs_f64(),
+                    describe()
                 );
             }
             return Ok(ControlFlow::Break(a.conflict_exit_code));

@@ -125,6 +125,11 @@ impl StatusLine {
         self.shown = true;
     }
 
+    /// Whether a line is on the screen now.
+    pub fn shown(&self) -> bool {
+        self.shown
+    }
+
     pub fn clear(&mut self) {
         if self.shown {
             let mut err = std::io::stderr().lock();

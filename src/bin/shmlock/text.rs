@@ -18,12 +18,13 @@ fn shown_key(h: &Holder) -> String {
     k
 }
 
-/// `hs`: the holders to list, sorted.
+/// `hs`: the holders to list, sorted; `hidden`: how many more `--all` would list.
 pub fn write_table(
     out: &mut impl Write,
     file: &Path,
     t: &LockTable,
     hs: &[Holder],
+    hidden: usize,
 ) -> std::io::Result<()> {
     writeln!(
         out,
@@ -35,7 +36,16 @@ pub fn write_table(
         t.occupancy()
     )?;
     if hs.is_empty() {
-        return writeln!(out, "no locks held");
+        return match hidden {
+            0 => writeln!(out, "no locks held"),
+            n => writeln!(
+                out,
+                "no locks held ({n} expired or dead holder's entr{}, not yet reaped: --all \
+                 lists {})",
+                if n == 1 { "y" } else { "ies" },
+                if n == 1 { "it" } else { "them" }
+            ),
+        };
     }
     writeln!(
         out,

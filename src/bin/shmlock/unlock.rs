@@ -14,8 +14,18 @@ use crate::show::{held_for, hex, printable};
 fn refuse_without_force(a: &UnlockArgs) -> Result<Vec<u8>, Fail> {
     let key = if a.hex {
         from_hex(&a.key).ok_or_else(|| {
+            let k = &a.key;
+            let why = if k.starts_with("0x") || k.starts_with("0X") {
+                "give the digits without 0x".to_string()
+            } else if let Some(c) = k.chars().find(|c| !c.is_ascii_hexdigit()) {
+                format!("{c:?} is not a hex digit")
+            } else if k.is_empty() {
+                "no digits".to_string()
+            } else {
+                format!("an odd number of digits ({})", k.len())
+            };
             Fail(
-                format!("--hex: {:?} is not an even number of hex digits", a.key),
+                format!("--hex: {k:?} is not a key in hex (two digits a byte): {why}"),
                 EX_USAGE,
             )
         })?
