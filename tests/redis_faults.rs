@@ -804,3 +804,52 @@ fn the_look_after_a_wrongtype_reply_ends_by_the_callers_deadline() {
         proxy.freezes()
     );
 }
+
+/// `keep_alive`'s `is_lost` turns true once no renewal got through before the lease could
+/// have run out (a partition that keeps the connection open: each renewal hangs for two
+/// command timeouts), before another client takes the key. It stayed false while the
+/// renewal hung, and the work ran beside the next holder with no warning.
+#[test]
+fn keep_alive_says_lost_before_the_next_holder_gets_the_key_when_renewals_hang() {
+    let server = RedisServer::start();
+    let link = Proxy::start(server.port);
+    let a = RedisLocks::open(&link.url()).unwrap();
+    let b = RedisLocks::open(&server.url()).unwrap();
+    let lease = Duration::from_millis(1500);
+    let opts = LockOptions {
+        exptime: lease,
+        timeout: Duration::ZERO,
+        ..LockOptions::default()
+    };
+    let mut guard = a.lock("k", opts).unwrap();
+    let t0 = Instant::now();
+    let (lost_at, lease) = std::thread::scope(|s| {
+        let taken = s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            link.blackhole(true);
+            let wait = LockOptions {
+                timeout: Duration::from_secs(30),
+                ..LockOptions::default()
+            };
+            let held = b.lock("k", wait).unwrap();
+            let at = t0.elapsed();
+            drop(held);
+            link.blackhole(false);
+            at
+        });
+        let (lost_at, lease) = guard.keep_alive(|alive| {
+            while !alive.is_lost() && t0.elapsed() < Duration::from_secs(30) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            t0.elapsed()
+        });
+        let taken_at = taken.join().unwrap();
+        assert!(
+            lost_at < taken_at,
+            "is_lost at {lost_at:?}, the key taken by another at {taken_at:?}"
+        );
+        (lost_at, lease)
+    });
+    assert!(lost_at < Duration::from_secs(3), "{lost_at:?}");
+    assert!(lease.is_err(), "{lease:?}");
+}
