@@ -57,14 +57,20 @@ pub fn using_redis(shown: String) {
 /// `e` as the command says it: an error from Redis names the server.
 pub fn describe(e: &Error) -> String {
     one_line(&match (e, REDIS.get()) {
-        (Error::Redis(inner), Some(server)) => {
+        (Error::Redis(redis_error), Some(server)) => {
             // (the library names the server too, by host:port: said once)
-            let inner = inner.to_string();
+            let inner = redis_error.to_string();
             let rest = inner
                 .split_once(": ")
                 .filter(|(addr, _)| server.split(',').any(|url| authority(url) == *addr))
                 .map_or(inner.as_str(), |(_, rest)| rest);
-            format!("{server}: {rest}")
+            // a server that wants a password says only "Authentication required"
+            let hint = if redis_error.code() == Some("NOAUTH") {
+                " (give the password in the URL, redis://:PASSWORD@HOST:PORT/, or in $REDISCLI_AUTH)"
+            } else {
+                ""
+            };
+            format!("{server}: {rest}{hint}")
         }
         (Error::NotReplicated { .. }, Some(server)) => format!("{server}: {e}"),
         _ => e.to_string(),
