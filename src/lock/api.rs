@@ -3,7 +3,7 @@
 
 use std::borrow::Borrow;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
@@ -100,40 +100,16 @@ fn check<B: Backend>(backend: &B, holding: &Holding<B>) -> Result<(), Error> {
 }
 
 /// What [`LockGuard::keep_alive`] and [`Lock::keep_alive`] hand to the work they guard.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct KeepAlive {
     lost: AtomicBool,
-    /// Until when the last renewal that got through vouches for the lease: this process's
-    /// monotonic clock in ns, counted from before that renewal was sent (`u64::MAX`: a
-    /// lease that never expires).
-    until: AtomicU64,
-}
-
-impl Default for KeepAlive {
-    fn default() -> KeepAlive {
-        KeepAlive {
-            lost: AtomicBool::new(false),
-            until: AtomicU64::new(u64::MAX),
-        }
-    }
 }
 
 impl KeepAlive {
-    /// Whether the work should stop: a renewal found the lease lost (the work no longer
-    /// has the lock, and anything fenced should be refused by now), or no renewal got
-    /// through before the lease could have run out (a server that does not answer while
-    /// its lease lapses: the next holder may have the key now). A lease found lost stays
-    /// lost; one that could have run out is vouched for again if a later renewal gets
-    /// through, which proves it had not.
+    /// Whether a renewal found the lease lost: the work no longer has the lock and should
+    /// stop (anything fenced should be refused by now).
     pub fn is_lost(&self) -> bool {
         self.lost.load(Ordering::Acquire)
-            || crate::shm::clock::precise_now() >= self.until.load(Ordering::Acquire)
-    }
-
-    /// Notes a renewal sent at `sent` (ns, `precise_now`) that got through.
-    fn vouch(&self, sent: u64, exptime_ns: u64) {
-        self.until
-            .store(sent.saturating_add(exptime_ns), Ordering::Release);
     }
 }
 
@@ -162,18 +138,6 @@ where
     }
     let every = Duration::from_nanos(exptime_ns / 3);
     let status = KeepAlive::default();
-    // A renewal first, so that `is_lost` counts the lease from a time it knows (the hold
-    // may have been taken most of a lease ago).
-    let sent = crate::shm::clock::precise_now();
-    match backend.extend(&mut holding.hold, exptime_ns) {
-        Ok(()) => status.vouch(sent, exptime_ns),
-        Err(e @ (Error::Expired | Error::MaxHoldReached)) => {
-            status.lost.store(true, Ordering::Release);
-            return (work(&status), Err(e));
-        }
-        // unreachable for now: not vouched for until a renewal gets through
-        Err(_) => status.vouch(sent, 0),
-    }
     let done = (Mutex::new(false), Condvar::new());
     let hold = &mut holding.hold;
     let renew = || {
@@ -187,9 +151,8 @@ where
             if *stopped {
                 return Ok(());
             }
-            let sent = crate::shm::clock::precise_now();
             match backend.extend(hold, exptime_ns) {
-                Ok(()) => status.vouch(sent, exptime_ns),
+                Ok(()) => {}
                 // (NotOwner: this is a child that a signal handler forked on this thread,
                 // and the hold is its parent's, to leave alone; the thread ends, and with
                 // it the child)
