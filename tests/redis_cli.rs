@@ -681,9 +681,16 @@ fn a_key_a_cluster_cannot_use_is_a_usage_error() {
 /// open: each renewal then takes two command timeouts, 10 s, longer than the lease) stops
 /// its command when the lease could lapse, before the next holder starts, and exits 2.
 /// The supervisor waited in the renewal: the command ran on beside the next holder, to
-/// its end, and `run` exited with its status.
+/// its end, and `run` exited with its status. A command that traps SIGTERM is killed
+/// before the lease could lapse (it ran on for the 5 s before the SIGKILL).
 #[test]
 fn a_run_whose_renewals_hang_stops_its_command_before_the_next_holder_starts() {
+    for trap in ["", "trap 'echo TERM >&2' TERM; "] {
+        renewals_hang(trap);
+    }
+}
+
+fn renewals_hang(trap: &str) {
     let server = RedisServer::start();
     let link = common::proxy::Proxy::start(server.port);
     let dir = std::env::temp_dir().join(format!("shmlock-run-hang-{}", std::process::id()));
@@ -695,7 +702,7 @@ fn a_run_whose_renewals_hang_stops_its_command_before_the_next_holder_starts() {
     let mut a = shmlock(&link.url())
         .args(["run", "--exptime", "2", "job", "sh", "-c"])
         .arg(format!(
-            "while :; do date +%s%N >> {}; sleep 0.02; done",
+            "{trap}while :; do date +%s%N >> {}; sleep 0.02; done",
             a_log.display()
         ))
         .stderr(Stdio::piped())
@@ -728,7 +735,7 @@ fn a_run_whose_renewals_hang_stops_its_command_before_the_next_holder_starts() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(
         a_last < b_start,
-        "A's command ran {} ms beside B's; A: {a_exit:?} {stderr}",
+        "A's command ({trap:?}) ran {} ms beside B's; A: {a_exit:?} {stderr}",
         (a_last - b_start) / 1_000_000
     );
     assert_eq!(a_exit.code(), Some(2), "{stderr}");

@@ -121,7 +121,7 @@ pub enum Cmd {
     "with it (PR_SET_PDEATHSIG), and the key is free for the next run. If the lease cannot be\n",
     "renewed (the lock was broken, a Redis server restarted empty, or no renewal got through\n",
     "for most of a lease), or COMMAND outlives --max-time, COMMAND and what it left running\n",
-    "are sent SIGTERM (SIGKILL 5 s later) and run exits 2.\n",
+    "are sent SIGTERM (SIGKILL 5 s later, or before the lease could lapse) and run exits 2.\n",
     "\n",
     "Exit status (flock(1)'s, <sysexits.h> for errors):\n",
     "  COMMAND's own status, or 128+N if it was killed by signal N\n",

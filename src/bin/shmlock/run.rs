@@ -466,8 +466,9 @@ fn watch(
     // (past what an `Instant` holds, --max-time is no limit: 1e19 s is not a panic)
     let stop_at = max_time.and_then(|m| locked_at.checked_add(m));
     let mut command_status = None;
-    let terminate =
-        |why: String, renewals: &mut Renewals| terminate(why, happened, renewals, exptime, signals);
+    let terminate = |why: String, renewals: &mut Renewals, lease: Option<Instant>| {
+        terminate(why, happened, renewals, (exptime, margin, lease), signals)
+    };
     // An end seen after the lease could have lapsed: the lease may have been lost while
     // they ran, which their status must not hide.
     let unvouched = || {
@@ -522,7 +523,11 @@ fn watch(
                     }
                     // Broken by force, or gone with a server that restarted empty.
                     Err(Error::Expired) => {
-                        return Err(terminate(format!("lost the lock on {key:?}"), renewals))
+                        return Err(terminate(
+                            format!("lost the lock on {key:?}"),
+                            renewals,
+                            None,
+                        ))
                     }
                     // Unreachable for now (a Redis outage, a failover, replicas missing):
                     // try again soon; the command is stopped if no renewal gets through
@@ -536,12 +541,17 @@ fn watch(
             Err(RecvTimeoutError::Timeout) => {
                 let now = Instant::now();
                 if stop_at.is_some_and(|s| now >= s) {
-                    return Err(terminate(format!("{key:?} held for --max-time"), renewals));
+                    return Err(terminate(
+                        format!("{key:?} held for --max-time"),
+                        renewals,
+                        Some(lease_end),
+                    ));
                 }
                 if now >= lease_end {
                     return Err(terminate(
                         format!("could not renew the lock on {key:?} in time"),
                         renewals,
+                        Some(lease_end),
                     ));
                 }
                 if now >= next_renewal {
@@ -558,25 +568,26 @@ fn watch(
 /// Stops the command and what it left running (SIGTERM, once to each, then SIGKILL to
 /// whatever is still there 5 s later, until nothing is), renewing the lease meanwhile if
 /// it is still ours (so that the key is not free while they end), and fails with `why`.
+/// The SIGKILL comes sooner if the lease could lapse first: at once for a lease known
+/// lost (`lease` is `None`, or a renewal says so), else half a margin before the lease
+/// could lapse with no renewal through (`lease`, the time `watch` stops at, is a margin
+/// before that). A command that traps SIGTERM must not run on beside the key's next
+/// holder.
 fn terminate(
     why: String,
     happened: &Receiver<Event>,
     renewals: &mut Renewals,
-    exptime: Duration,
+    (exptime, margin, lease): (Duration, Duration, Option<Instant>),
     signals: &Signals,
 ) -> Fail {
     let mut termed = signals.signal_all(Signal::SIGTERM, &[]);
-    let kill_at = Instant::now() + Duration::from_secs(5);
-    let mut next_renewal = Instant::now() + exptime / 3;
+    let started = Instant::now();
+    let grace = started + Duration::from_secs(5);
+    let mut lapse = lease.map(|end| end + margin / 2);
+    let mut next_renewal = started + exptime / 3;
     loop {
-        match happened.recv_timeout(Duration::from_millis(100)) {
-            // Without leftovers to wait for, the command's end is the end.
-            Ok(Event::Command(_)) if !matches!(*signals.phase(), Phase::Leftovers) => break,
-            Ok(Event::Leftovers) | Err(RecvTimeoutError::Disconnected) => break,
-            Ok(Event::Renewed { .. }) => renewals.busy = false,
-            Ok(Event::Command(_)) | Err(RecvTimeoutError::Timeout) => {}
-        }
         let now = Instant::now();
+        let kill_at = lapse.map_or(now, |l| l.min(grace));
         if now >= kill_at {
             signals.signal_all(Signal::SIGKILL, &[]);
         } else {
@@ -587,6 +598,26 @@ fn terminate(
         if now >= next_renewal {
             renewals.start();
             next_renewal = now + exptime / 3;
+        }
+        let poll = Duration::from_millis(100);
+        let wait = match kill_at.checked_duration_since(now) {
+            Some(left) if !left.is_zero() => left.min(poll),
+            _ => poll,
+        };
+        match happened.recv_timeout(wait) {
+            // Without leftovers to wait for, the command's end is the end.
+            Ok(Event::Command(_)) if !matches!(*signals.phase(), Phase::Leftovers) => break,
+            Ok(Event::Leftovers) | Err(RecvTimeoutError::Disconnected) => break,
+            Ok(Event::Renewed { sent, result }) => {
+                renewals.busy = false;
+                match result {
+                    Ok(()) if lapse.is_some() => lapse = Some(sent + exptime - margin / 2),
+                    Ok(()) => {}
+                    Err(Error::Expired) => lapse = None,
+                    Err(_) => {}
+                }
+            }
+            Ok(Event::Command(_)) | Err(RecvTimeoutError::Timeout) => {}
         }
     }
     Fail(format!("{why}; command terminated"), EX_TERMINATED)
