@@ -488,7 +488,7 @@ impl LockTable {
     /// # let _ = std::fs::remove_file(&path);
     /// let table = shmlock::LockTable::open(&path, 8)?;
     /// assert_eq!((table.capacity(), table.slots()), (8, 32));
-    /// # std::fs::remove_file(&path)?;
+    /// # std::fs::remove_file(&path).unwrap();
     /// # Ok::<(), shmlock::Error>(())
     /// ```
     pub fn slots(&self) -> usize {
