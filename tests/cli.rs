@@ -1542,7 +1542,8 @@ fn inspect_lists_every_shared_and_permit_holder_and_unlock_force_breaks_them_all
 
 /// Odd numbers and flock habits get the option's own words: `--max-time 1e19` panicked
 /// (101) and ran nothing; a negative number got clap's tip to pass it after `--`, which
-/// makes it the key or the command; `-u` and `--fcntl` were "unexpected arguments".
+/// makes it the key or the command (`-inf`, `-.5` and `-1e-400` still did, and
+/// `--permits -1` said 0 was allowed); `-u` and `--fcntl` were "unexpected arguments".
 #[test]
 fn odd_numbers_and_flock_habits_get_the_options_own_words() {
     let file = TempPath::new("cli-odd-numbers");
@@ -1554,6 +1555,12 @@ fn odd_numbers_and_flock_habits_get_the_options_own_words() {
         (&["run", "--exptime", "-1", "k", "true"], "--exptime"),
         (&["run", "--exptime", "1e12", "k", "true"], "--exptime"),
         (&["run", "--max-time", "-2", "k", "true"], "--max-time"),
+        // (numbers clap does not take for negative ones)
+        (&["run", "-w", "-inf", "k", "true"], "--timeout"),
+        (&["run", "-w", "-.5", "k", "true"], "--timeout"),
+        (&["run", "--exptime", "-1e-400", "k", "true"], "--exptime"),
+        (&["run", "--permits", "-1", "k", "true"], "--permits"),
+        (&["run", "--permits", "0", "k", "true"], "--permits"),
         (
             &["run", "-u", "k", "true"],
             "-u/--unlock has no meaning here",

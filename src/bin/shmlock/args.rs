@@ -146,7 +146,7 @@ pub struct RunArgs {
         long = "timeout",
         visible_alias = "wait",
         value_name = "SECS",
-        allow_negative_numbers = true
+        allow_hyphen_values = true
     )]
     pub timeout: Option<f64>,
     /// Lease length in seconds, at least 0.1; renewed every third of it while COMMAND runs
@@ -154,7 +154,7 @@ pub struct RunArgs {
         long,
         value_name = "SECS",
         default_value_t = 30.0,
-        allow_negative_numbers = true
+        allow_hyphen_values = true
     )]
     pub exptime: f64,
     /// Do not wait: exit at once if the lock is held (same as -w 0; with -w, -n wins, as
@@ -170,7 +170,12 @@ pub struct RunArgs {
     pub shared: bool,
     /// One of N permits of KEY: at most N such commands run at once machine-wide (a
     /// jobserver); a dead one's permit comes back at once
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[arg(
+        long,
+        value_name = "N",
+        allow_hyphen_values = true,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
     pub permits: Option<u32>,
     /// Release the lock when COMMAND exits, even if processes it started still run
     #[arg(short = 'o', long)]
@@ -190,12 +195,12 @@ pub struct RunArgs {
         long,
         value_name = "N",
         default_value_t = 1,
-        allow_negative_numbers = true
+        allow_hyphen_values = true
     )]
     pub conflict_exit_code: u8,
     /// Stop renewing after this many seconds: COMMAND is terminated and the lock released
     /// [default: no limit]
-    #[arg(long, value_name = "SECS", allow_negative_numbers = true)]
+    #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
     pub max_time: Option<f64>,
     /// Say on stderr who held the lock, how long it waited, and when it got it
     #[arg(long)]
@@ -258,7 +263,7 @@ pub struct InspectArgs {
     #[arg(short = 'w', long)]
     pub watch: bool,
     /// Seconds between two prints; implies --watch [default: 1]
-    #[arg(long, value_name = "SECS", allow_negative_numbers = true)]
+    #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
     pub interval: Option<f64>,
 }
 
@@ -296,7 +301,7 @@ pub struct StatsArgs {
     #[arg(short = 'w', long)]
     pub watch: bool,
     /// Seconds between two prints; implies --watch [default: 1]
-    #[arg(long, value_name = "SECS", allow_negative_numbers = true)]
+    #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
     pub interval: Option<f64>,
 }
 
@@ -319,7 +324,7 @@ pub struct UnlockArgs {
     pub force: bool,
     /// Break only the holds of this process (a shared key has a holder per reader or
     /// permit) [default: every holder of KEY]
-    #[arg(long, value_name = "PID", allow_negative_numbers = true)]
+    #[arg(long, value_name = "PID", allow_hyphen_values = true)]
     pub pid: Option<u32>,
     /// With --redis and --pid: the host of that process [default: this host]
     #[arg(long, value_name = "HOST", requires = "pid")]
