@@ -657,6 +657,48 @@ fn foreign_truncated_and_corrupt_files_are_typed_errors() {
     let _ = t.try_lock_with_lease("after-garbage", Duration::from_secs(1));
 }
 
+/// What is not a file the library could ever have made says what it is, not a format
+/// error: a kernel's file read as "empty file (0 bytes) ... remove it", a Unix socket as
+/// ENXIO, and a FIFO or a device as the type it is. (Read-only handles, so that any uid
+/// may open the kernel's files; read-write ones take the same path once opened.)
+#[test]
+fn files_that_are_not_tables_say_what_they_are() {
+    let sock = TempPath::new("not-a-table-socket");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock.0).unwrap();
+    let fifo = TempPath::new("not-a-table-fifo");
+    let c = std::ffi::CString::new(fifo.0.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let cases: [(&std::path::Path, &str); 5] = [
+        (
+            "/proc/self/status".as_ref(),
+            "a file of the kernel's proc file system, not a table",
+        ),
+        (
+            "/sys/kernel/uevent_seqnum".as_ref(),
+            "a file of the kernel's sysfs, not a table",
+        ),
+        (&sock.0, "a Unix socket, not a table"),
+        (&fifo.0, "a FIFO, not a table"),
+        ("/dev/null".as_ref(), "not a regular file, not a table"),
+    ];
+    for (path, says) in cases {
+        let table = LockTable::options().read_only(true).open(path);
+        let dict = shmlock::SharedDict::options().read_only(true).open(path);
+        for (what, got) in [("table", table.map(drop)), ("dict", dict.map(drop))] {
+            match got {
+                Err(Error::Io {
+                    path: p, source, ..
+                }) => {
+                    assert_eq!(p, path, "{what}");
+                    assert_eq!(source.to_string(), says, "{what} at {path:?}");
+                }
+                other => panic!("{what} at {path:?}: {other:?}"),
+            }
+        }
+    }
+}
+
 #[test]
 fn files_are_private_by_default_and_take_the_mode_asked_for() {
     let path = TempPath::new("mode");

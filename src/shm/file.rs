@@ -150,6 +150,16 @@ pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
                 // (to inspect: the table of the path may be deleted and still in use)
                 return Err(deleted_in_use(path).unwrap_or_else(|| Error::io(path, e)));
             }
+            // (a Unix socket cannot be opened: ENXIO says nothing of why)
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                let socket = fs::metadata(path).is_ok_and(|m| m.file_type().is_socket());
+                let why = if socket {
+                    io::Error::other("a Unix socket, not a table")
+                } else {
+                    e
+                };
+                return Err(Error::io(path, why));
+            }
             Err(e) => return Err(Error::io(path, e)),
         }
     }
@@ -355,6 +365,12 @@ fn attach(path: &Path, file: File, created: bool, spec: OpenSpec) -> Result<Open
             io::Error::other(format!("{what}, not a table")),
         ));
     }
+    if let Some(fs) = kernel_fs(&file) {
+        return Err(Error::io(
+            path,
+            io::Error::other(format!("a file of the kernel's {fs}, not a table")),
+        ));
+    }
     let len = meta.len();
     let mut head = vec![0u8; HEADER_SIZE.min(len as usize)];
     file.read_exact_at(&mut head, 0)
@@ -407,6 +423,27 @@ fn attach(path: &Path, file: File, created: bool, spec: OpenSpec) -> Result<Open
         id,
         pin,
     })
+}
+
+/// The name of the kernel's file system `file` is on, if it is one whose files show the
+/// kernel's state (their sizes say nothing of what a read gets, so the format's own
+/// errors would be wrong: "empty file, remove it" of `/proc/self/status`).
+fn kernel_fs(file: &File) -> Option<&'static str> {
+    use nix::sys::statfs as fs;
+    let kind = fs::fstatfs(file).ok()?.filesystem_type();
+    [
+        (fs::PROC_SUPER_MAGIC, "proc file system"),
+        (fs::SYSFS_MAGIC, "sysfs"),
+        (fs::CGROUP_SUPER_MAGIC, "cgroup file system"),
+        (fs::CGROUP2_SUPER_MAGIC, "cgroup2 file system"),
+        (fs::DEBUGFS_MAGIC, "debugfs"),
+        (fs::TRACEFS_MAGIC, "tracefs"),
+        (fs::SECURITYFS_MAGIC, "securityfs"),
+        (fs::BPF_FS_MAGIC, "bpf file system"),
+    ]
+    .into_iter()
+    .find(|(magic, _)| *magic == kind)
+    .map(|(_, name)| name)
 }
 
 /// Registers this process in the file: marks it attached (after resetting a table left
