@@ -1581,3 +1581,29 @@ fn odd_numbers_and_flock_habits_get_the_options_own_words() {
         );
     }
 }
+
+/// `inspect`'s columns stay in line under keys whose characters are not one terminal
+/// column each: a CJK key (two columns a character) pushed its row's PID two columns per
+/// character to the right, and a combining accent (none) pulled it one to the left.
+#[test]
+fn inspect_columns_line_up_for_wide_and_combining_characters() {
+    let file = TempPath::new("cli-wide-keys");
+    let table = LockTable::open(&file, 16).unwrap();
+    let keys = ["plain", "日本語キー", "e\u{301}te"];
+    let _held: Vec<_> = keys
+        .iter()
+        .map(|k| table.lock(k, LockOptions::default()).unwrap())
+        .collect();
+    let out = output(shmlock(&file).arg("inspect"));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let pid = std::process::id().to_string();
+    // (the key column is 32 columns wide, then a space, then the PID right-aligned in 8)
+    for (key, columns) in [("plain", 5), ("日本語キー", 10), ("e\u{301}te", 3)] {
+        let row = text
+            .lines()
+            .find(|l| l.starts_with(key))
+            .unwrap_or_else(|| panic!("no row for {key}: {text}"));
+        let want = format!("{key}{} {pid:>8} ", " ".repeat(32 - columns));
+        assert!(row.starts_with(&want), "{key:?}: {row:?}\n{text}");
+    }
+}

@@ -13,6 +13,39 @@ pub fn printable(key: &[u8]) -> String {
         .collect()
 }
 
+/// `s` padded with spaces to `width` terminal columns (Rust's `{:<N}` counts chars, and a
+/// CJK character or an emoji takes two columns, a combining mark none: keys in those
+/// scripts shifted the columns after them). Longer text is left whole.
+pub fn column(s: &str, width: usize) -> String {
+    let used: usize = s.chars().map(columns).sum();
+    format!("{s}{}", " ".repeat(width.saturating_sub(used)))
+}
+
+/// Terminal columns of `c`, as terminals draw the common cases (East Asian wide and
+/// emoji ranges 2, combining marks and zero-width characters 0).
+fn columns(c: char) -> usize {
+    match u32::from(c) {
+        0x0300..=0x036F | 0x200B..=0x200F | 0x20D0..=0x20FF | 0xFE00..=0xFE0F | 0xFE20..=0xFE2F => {
+            0
+        }
+        0x1100..=0x115F
+        | 0x2E80..=0x303E
+        | 0x3041..=0x33FF
+        | 0x3400..=0x4DBF
+        | 0x4E00..=0x9FFF
+        | 0xA000..=0xA4CF
+        | 0xAC00..=0xD7A3
+        | 0xF900..=0xFAFF
+        | 0xFE30..=0xFE4F
+        | 0xFF00..=0xFF60
+        | 0xFFE0..=0xFFE6
+        | 0x1F300..=0x1F64F
+        | 0x1F900..=0x1F9FF
+        | 0x20000..=0x3FFFD => 2,
+        _ => 1,
+    }
+}
+
 /// Key bytes in hex, for JSON (the exact bytes, whatever they are).
 pub fn hex(key: &[u8]) -> String {
     key.iter().map(|b| format!("{b:02x}")).collect()

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use shmlock::{Holder, LockTable, RedisHolder, SharedDict, ValueInfo};
 
-use crate::show::{held_for, printable, state_name};
+use crate::show::{column, held_for, printable, state_name};
 
 /// A key as its row shows it: the preview, with `…` if the key is longer.
 fn shown_key(h: &Holder) -> String {
@@ -70,8 +70,8 @@ pub fn write_table(
         writeln!(
             out,
             // (a table's tokens have 19 digits)
-            "{:<32} {:>8} {:>6} {:>9} {:>9.3}s {:>10} {:>19} {:>7} {:>10}",
-            shown_key(h),
+            "{} {:>8} {:>6} {:>9} {:>9.3}s {:>10} {:>19} {:>7} {:>10}",
+            column(&shown_key(h), 32),
             // (no process known here: a hold left to expire, or one of another pid namespace)
             if h.pid == 0 {
                 "-".to_string()
@@ -128,8 +128,8 @@ pub fn write_dict(
             .map_or("never".to_string(), |d| format!("{:.3}s", d.as_secs_f64()));
         writeln!(
             out,
-            "{:<48} {:>6} {:>8} {:>10}",
-            printable(k),
+            "{} {:>6} {:>8} {:>10}",
+            column(&printable(k), 48),
             info.kind.name(),
             info.len,
             ttl
@@ -168,8 +168,8 @@ pub fn write_redis(out: &mut impl Write, url: &str, held: &[RedisHolder]) -> std
         };
         write!(
             out,
-            "{:<32} {:>24} {:>10} {:>10} {:>8} {:>10}",
-            printable(&h.key),
+            "{} {:>24} {:>10} {:>10} {:>8} {:>10}",
+            column(&printable(&h.key), 32),
             holder,
             secs(held_for(h), "?"),
             secs(h.ttl, "never"),
