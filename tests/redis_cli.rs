@@ -574,7 +574,8 @@ fn a_server_that_is_not_redis_is_said_so_in_one_line() {
 }
 
 /// `--redis-cluster` against a server that is no cluster node: `run` gives the server's
-/// reason, as `inspect` did (`run` said `No connections found - ClusterConnectionNotFound`).
+/// reason, as `inspect` did (`run` said `No connections found - ClusterConnectionNotFound`),
+/// and says it is the flag that is wrong: a usage error (64), not an unreachable server (69).
 #[test]
 fn a_cluster_flag_on_a_plain_server_gives_the_servers_reason() {
     let server = RedisServer::start();
@@ -585,9 +586,15 @@ fn a_cluster_flag_on_a_plain_server_gives_the_servers_reason() {
     ] {
         let out = output(shmlock(&server.url()).arg("--redis-cluster").args(args));
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(69), "{args:?}: {err}");
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
-        assert!(err.contains("cluster support disabled"), "{args:?}: {err}");
+        assert!(
+            err.contains("cluster support disabled")
+                && err.contains("not a Redis Cluster node")
+                && err.contains("without --redis-cluster")
+                && !err.contains("RedisLocks"),
+            "{args:?}: {err}"
+        );
     }
 }
 /// A value something else wrote at a lock's Redis key, of a type shmlock never writes

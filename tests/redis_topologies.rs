@@ -323,6 +323,25 @@ fn cluster_refuses_keys_that_would_empty_their_hash_tag() {
     round_trip(&single.with_prefix("app{}"), "k").unwrap();
 }
 
+/// `open_cluster` given a server without cluster support fails at once, saying so, as
+/// `open` does of a wrong address: it returned a handle whose every call failed.
+#[test]
+fn open_cluster_on_a_plain_server_says_so_at_once() {
+    let single = common::redis_server::RedisServer::start();
+    match RedisLocks::open_cluster(&[single.url()]) {
+        Err(Error::Redis(e)) => {
+            let said = e.to_string();
+            assert!(
+                said.contains("not a Redis Cluster node")
+                    && said.contains("cluster support disabled"),
+                "{said}"
+            );
+        }
+        Err(e) => panic!("not a Redis error: {e}"),
+        Ok(_) => panic!("open_cluster accepted a plain server"),
+    }
+}
+
 /// lock_async, a token and the release of the dropped guard, on a runtime of its own.
 #[cfg(feature = "tokio")]
 fn async_round_trip(redis: &RedisLocks, key: &str) {

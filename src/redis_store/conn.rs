@@ -140,6 +140,7 @@ impl Pool {
         let limit = self.limit(None);
         let conn = self.connect(limit)?;
         if let Topology::Cluster { .. } = self.shared.topology {
+            self.shared.check_cluster(limit)?;
             let _ = self.shared.plain(0, limit);
         }
         self.put_back(conn);

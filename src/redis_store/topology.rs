@@ -215,6 +215,32 @@ impl Shared {
         e
     }
 
+    /// For a cluster handle: an error if a seed node answers that it has no cluster
+    /// support (a plain server given to `open_cluster`), which redis-rs's client finds only
+    /// at the first command. Seeds that cannot be reached, or answer otherwise, are left to
+    /// the commands as before.
+    pub(crate) fn check_cluster(&self, limit: Instant) -> RedisResult<()> {
+        let Topology::Cluster { nodes, .. } = &self.topology else {
+            return Ok(());
+        };
+        for seed in nodes {
+            let info: RedisResult<String> = net::connect_within(seed, limit)
+                .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query(&mut c));
+            match info {
+                Err(why) if why.to_string().contains("cluster support disabled") => {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::InvalidClientConfig,
+                        "not a Redis Cluster node (RedisLocks::open opens a single server)",
+                        format!("{}: {why}", seed.addr()),
+                    )));
+                }
+                Ok(_) => return Ok(()),
+                Err(_) => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Reads the server's clock (`TIME`) on `con`, to bound deadlines by.
     pub(crate) fn read_clock(&self, con: &mut Connection) -> RedisResult<()> {
         let (secs, micros): (String, String) = redis::cmd("TIME").query(con)?;

@@ -95,7 +95,18 @@ pub fn dispatch(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -
     let urls: Vec<String> = url.split(',').map(with_env_password).collect();
     let redis = match topology {
         Topology::Single => RedisLocks::open(&urls[0])?, // (the only one: see above)
-        Topology::Cluster => RedisLocks::open_cluster(&urls)?,
+        // (a plain server: the library names its own call; here the flag is the mistake)
+        Topology::Cluster => RedisLocks::open_cluster(&urls).map_err(|e| match e {
+            shmlock::Error::Redis(r) if r.kind() == redis::ErrorKind::InvalidClientConfig => Fail(
+                format!(
+                    "{shown}: not a Redis Cluster node ({}): without --redis-cluster, a URL \
+                     names a single server",
+                    r.detail().unwrap_or_default()
+                ),
+                EX_USAGE,
+            ),
+            e => e.into(),
+        })?,
         Topology::Sentinel(master) => RedisLocks::open_sentinel(master, &urls)?,
     }
     .with_prefix(prefix);
