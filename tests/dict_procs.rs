@@ -46,6 +46,10 @@ const TESTS: &[(&str, TestFn)] = &[
         "a_writer_killed_holding_the_lock_leaves_the_entry_absent_or_whole",
         a_writer_killed_holding_the_lock_leaves_the_entry_absent_or_whole,
     ),
+    (
+        "a_fetch_stopped_past_its_lease_leaves_the_next_holders_value",
+        a_fetch_stopped_past_its_lease_leaves_the_next_holders_value,
+    ),
 ];
 
 fn main() {
@@ -427,4 +431,50 @@ fn role(args: &[String]) -> i32 {
             2
         }
     }
+}
+
+/// A `get_or_fetch` whose process is stopped (SIGSTOP) while it fetches, past its lease:
+/// the next holder fetches and stores, and the stopped one, once it runs on, leaves that
+/// value and returns it as `Filled`. It stored its own over it and said `Fetched`.
+fn a_fetch_stopped_past_its_lease_leaves_the_next_holders_value() {
+    let (dict_path, table_path) = (TempPath::new("fetch-stop-d"), TempPath::new("fetch-stop-t"));
+    let d = SharedDict::open(&dict_path, 64, 64).unwrap();
+    let locks = shmlock::LockTable::open(&table_path, 16).unwrap();
+    let lease = shmlock::LockOptions {
+        exptime: Duration::from_millis(300),
+        ..shmlock::LockOptions::default()
+    };
+    let fetching = Shared::new(1);
+    let first = fork(|| {
+        let got = d
+            .get_or_fetch_with(&locks, "item", NEVER, &lease, || {
+                fetching.word(0).store(1, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(200)); // (stopped in here)
+                Ok::<_, Error>("old")
+            })
+            .unwrap();
+        assert_eq!(got.source, shmlock::Source::Filled, "{got:?}");
+        assert_eq!(got.value, Value::from("new"));
+        0
+    });
+    let deadline = Instant::now() + LIMIT;
+    while fetching.word(0).load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the first never fetched");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    common::signal::send(first.0, libc::SIGSTOP);
+    while locks.is_locked("item").unwrap() {
+        assert!(
+            Instant::now() < deadline,
+            "the stopped one's lease never ran out"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let got = d
+        .get_or_fetch_with(&locks, "item", NEVER, &lease, || Ok::<_, Error>("new"))
+        .unwrap();
+    assert_eq!(got.source, shmlock::Source::Fetched);
+    common::signal::send(first.0, libc::SIGCONT);
+    assert_eq!(first.wait(LIMIT), 0, "the stopped one's result");
+    assert_eq!(d.get("item").unwrap().unwrap().value, Value::from("new"));
 }

@@ -14,7 +14,9 @@ use crate::lock::options::LockOptions;
 pub enum Source {
     /// The cache had it: no lock was taken.
     Cache,
-    /// Missing at first; another process stored it while this one waited for the lock.
+    /// Missing at first; another process stored it while this one waited for the lock
+    /// (or, where this one's lease ran out while it fetched, before it could store what it
+    /// fetched: the stored value, which a later holder fetched, is returned instead).
     Filled,
     /// This process called `fetch` and stored the result.
     Fetched,
@@ -44,6 +46,13 @@ impl SharedDict {
     /// Nothing is stored when `fetch` fails (or its value cannot be stored), so each
     /// waiter then takes the lock in turn and tries again, as in resty's recipe: one
     /// backend call at a time, never a stampede.
+    ///
+    /// A fetch that outlasts its lease (a stopped process, a slow backend) does not
+    /// overwrite what the next holder stored meanwhile: the lease is checked once `fetch`
+    /// returns (one more round trip on Redis), and a lost one stores only if the key has
+    /// no value yet (an [`add`](Self::add)), else returns the stored value as
+    /// [`Source::Filled`]. A process stopped between that check and its store can still
+    /// store over a successor's value: the dict does not fence stores.
     ///
     /// The default options wait 5 s for the process that is fetching and give it a 30 s
     /// lease; a slower backend needs [`get_or_fetch_with`](Self::get_or_fetch_with).
@@ -119,13 +128,50 @@ impl SharedDict {
             });
         }
         let value = fetch()?.into();
-        self.set(key, &value, ttl)?;
+        // (stored before the unlock: a waiter let in first would miss, and fetch again)
+        let stored = self.store_fetched(key, value, ttl, guard.check().is_ok(), waited);
         drop(guard);
-        Ok(Fetched {
+        Ok(stored?)
+    }
+
+    /// Stores what `fetch` returned: over anything if the lease was `held` until now; if
+    /// not, only where no later holder stored the key's value first (that one is newer,
+    /// and returned instead).
+    fn store_fetched(
+        &self,
+        key: &[u8],
+        value: Value,
+        ttl: Duration,
+        held: bool,
+        waited: Duration,
+    ) -> Result<Fetched, Error> {
+        let fetched = |value| Fetched {
             value,
             source: Source::Fetched,
             waited,
-        })
+        };
+        if held {
+            self.set(key, &value, ttl)?;
+            return Ok(fetched(value));
+        }
+        // (a value that lapses or is deleted between the `add` and the `get` is looked
+        // for again; a key churned that fast by others gets this value stored over it)
+        for _ in 0..8 {
+            match self.add(key, &value, ttl) {
+                Ok(_) => return Ok(fetched(value)),
+                Err(Error::Exists { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            if let Some(hit) = self.get(key)? {
+                return Ok(Fetched {
+                    value: hit.value,
+                    source: Source::Filled,
+                    waited,
+                });
+            }
+        }
+        self.set(key, &value, ttl)?;
+        Ok(fetched(value))
     }
 
     /// [`get_or_fetch`](Self::get_or_fetch) for async code (feature `tokio`): the lock is
@@ -211,12 +257,8 @@ impl SharedDict {
             });
         }
         let value = fetch().await?.into();
-        self.set(key, &value, ttl)?;
+        let stored = self.store_fetched(key, value, ttl, guard.check().is_ok(), waited);
         drop(guard);
-        Ok(Fetched {
-            value,
-            source: Source::Fetched,
-            waited,
-        })
+        Ok(stored?)
     }
 }
