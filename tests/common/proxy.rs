@@ -153,6 +153,9 @@ impl Drop for Proxy {
     }
 }
 
+/// Bytes of a connection's requests kept to match patterns across reads.
+const KEPT: usize = 4096;
+
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
 }
@@ -177,16 +180,21 @@ fn pipe(
     };
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 * 1024];
+        // The end of what came before, so that a pattern split between two reads is seen
+        // (a loaded machine delivers a long request in pieces).
+        let mut seen: Vec<u8> = Vec::new();
         loop {
             let n = match c_in.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
+            seen.extend_from_slice(&buf[..n]);
+            let window = &seen[..];
             await_passage(&f, &s);
             let cut = {
                 let mut f = lock(&f);
                 if let Some((p, d)) = &f.freeze_after {
-                    if contains(&buf[..n], p) {
+                    if contains(window, p) {
                         // frozen from before the request is written: its reply is held too
                         f.frozen_until = Some(Instant::now() + *d);
                         f.freeze_after = None;
@@ -194,13 +202,17 @@ fn pipe(
                     }
                 }
                 match &f.cut_after {
-                    Some(p) if contains(&buf[..n], p) => {
+                    Some(p) if contains(window, p) => {
                         f.cut_after = None;
                         true
                     }
                     _ => false,
                 }
             };
+            // (patterns are far shorter than what is kept; a match is not seen twice, as
+            // each fault is cleared once it fires)
+            let keep = seen.len().saturating_sub(KEPT);
+            seen.drain(..keep);
             if s.load(Ordering::Relaxed) || s_out.write_all(&buf[..n]).is_err() {
                 break;
             }
