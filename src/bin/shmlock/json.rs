@@ -169,7 +169,8 @@ struct RedisEntry {
     host: Option<String>,
     pid: Option<u32>,
     age_ms: Option<u64>,
-    node: String,
+    /// (the master that holds it, in a Cluster; null elsewhere)
+    node: Option<String>,
     mode: &'static str,
     permits: Option<u32>,
     foreign_type: Option<String>,
@@ -190,7 +191,7 @@ pub fn write_redis(out: &mut impl Write, url: &str, held: &[RedisHolder]) -> std
                 host: h.host.clone(),
                 pid: h.pid,
                 age_ms: held_for(h).map(|d| d.as_millis() as u64),
-                node: h.node.clone(),
+                node: (!h.node.is_empty()).then(|| h.node.clone()),
                 mode: h.mode.name(),
                 permits: match h.mode {
                     shmlock::HoldMode::Permit { permits } => Some(permits),
