@@ -819,6 +819,27 @@ fn many_keys_fill_the_table_and_stay_findable() {
     assert!(present >= n * 97 / 100, "only {present} of {n} kept");
 }
 
+/// `get_or_fetch` under a lock that lets several holders in (a view of readers, a
+/// semaphore of several permits) is refused: nested, it fetched the same miss twice.
+/// A semaphore of one permit keeps others out, and does the recipe.
+#[test]
+fn get_or_fetch_refuses_locks_that_let_several_fetch() {
+    let (_p, d) = dict("fetch-shared", 64, 64);
+    let locks_path = TempPath::new("fetch-shared-locks");
+    let locks = LockTable::open(&locks_path, 64).unwrap();
+    let never = || -> Result<Value, Error> { panic!("fetched under a shared lock") };
+    let refused = |got: Result<shmlock::Fetched, Error>| matches!(got, Err(Error::InvalidOptions(why)) if why.contains("exclusive lock"));
+    assert!(refused(d.get_or_fetch(locks.shared(), "k", NEVER, never)));
+    let two = locks.semaphore("pool", 2).unwrap();
+    assert!(refused(d.get_or_fetch(&two, "k", NEVER, never)));
+    let one = locks.semaphore("single", 1).unwrap();
+    let got = d
+        .get_or_fetch(&one, "k", NEVER, || Ok::<_, Error>("v"))
+        .unwrap();
+    assert_eq!((got.source, got.value), (Source::Fetched, Value::from("v")));
+    assert!(!locks.is_locked("k").unwrap(), "the hold was released");
+}
+
 #[test]
 fn get_or_fetch_fetches_once_and_reports_where_values_came_from() {
     let (_p, d) = dict("fetch", 64, 64);

@@ -43,6 +43,8 @@ impl SharedDict {
     ///
     /// Errors of the dict or the lock (a lock [`Timeout`](Error::Timeout), a value longer
     /// than the dict's limit) come back through `E: From<Error>`, as do `fetch`'s own.
+    /// `locks` must keep other holders out: a view of readers (`table.shared()`) or a
+    /// semaphore of several permits is [`Error::InvalidOptions`].
     /// Nothing is stored when `fetch` fails (or its value cannot be stored), so each
     /// waiter then takes the lock in turn and tries again, as in resty's recipe: one
     /// backend call at a time, never a stampede.
@@ -110,6 +112,14 @@ impl SharedDict {
         V: Into<Value>,
     {
         let key = key.as_ref();
+        if !locks.exclusive() {
+            return Err(Error::InvalidOptions(
+                "get_or_fetch needs an exclusive lock (a LockTable or RedisLocks, or a \
+                 semaphore of 1 permit): under a shared view, or a semaphore of several \
+                 permits, several processes would fetch the same miss at once",
+            )
+            .into());
+        }
         if let Some(hit) = self.get(key)? {
             return Ok(Fetched {
                 value: hit.value,

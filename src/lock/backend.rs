@@ -75,6 +75,13 @@ pub trait Backend: Sealed {
         deadline: Option<Instant>,
     ) -> Result<Result<Self::Hold, Self::Busy>, Error>;
 
+    /// Whether a hold keeps every other holder of its key out: false for a view of
+    /// readers or a semaphore of several permits (`get_or_fetch` refuses those).
+    #[doc(hidden)]
+    fn exclusive(&self) -> bool {
+        true
+    }
+
     /// Releases a hold; [`Error::Expired`] if it was lost meanwhile.
     #[doc(hidden)]
     fn release(&self, hold: &Self::Hold) -> Result<(), Error>;

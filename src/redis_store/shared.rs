@@ -286,6 +286,10 @@ impl<'r> RedisSemaphore<'r> {
 /// else as the handle's (the scripts tell a shared hold from an exclusive one by its token).
 macro_rules! as_the_handle {
     ($locks:ident) => {
+        fn exclusive(&self) -> bool {
+            matches!(self.mode(), Mode::Shared { limit: 1 })
+        }
+
         fn is_ours(&self, hold: &RedisHold) -> bool {
             self.$locks().is_ours(hold)
         }

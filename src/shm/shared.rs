@@ -281,6 +281,10 @@ impl<'t> Semaphore<'t> {
 /// everything else as the table's.
 macro_rules! as_the_table {
     ($table:ident) => {
+        fn exclusive(&self) -> bool {
+            matches!(self.mode(), Mode::Shared { limit: 1 })
+        }
+
         #[inline(always)]
         fn is_ours(&self, hold: &ShmHold) -> bool {
             self.$table().is_ours(hold)
