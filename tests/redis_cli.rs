@@ -749,3 +749,48 @@ fn renewals_hang(trap: &str) {
     assert_eq!(a_exit.code(), Some(2), "{stderr}");
     assert!(stderr.contains("could not renew"), "{stderr}");
 }
+
+/// A `run` cut off from its server for good (a partition that keeps the connection open)
+/// exits 2 once it has stopped its command, without waiting out the renewal that hangs
+/// (two command timeouts, 10 s) nor a release that would hang as long: the lease lapses
+/// on its own within a tenth of it. It exited about 20 s after the stop.
+#[test]
+fn a_run_cut_off_for_good_exits_once_its_command_is_stopped() {
+    let server = RedisServer::start();
+    let link = common::proxy::Proxy::start(server.port);
+    let started = std::env::temp_dir().join(format!("shmlock-run-cut-off-{}", std::process::id()));
+    let _ = std::fs::remove_file(&started);
+    let mut a = shmlock(&link.url())
+        .args(["run", "--exptime", "2", "job", "sh", "-c"])
+        .arg(format!("touch {}; sleep 60", started.display()))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("A's command", Duration::from_secs(10), || started.exists());
+    link.blackhole(true);
+    let cut = Instant::now();
+    // (a hang guard far above the lease, and below the 20 s of the old wait)
+    let exited = loop {
+        if let Some(status) = a.try_wait().unwrap() {
+            break status;
+        }
+        if cut.elapsed() > Duration::from_secs(12) {
+            let _ = a.kill();
+            let _ = a.wait();
+            let _ = std::fs::remove_file(&started);
+            panic!("run still waits {:?} after the cut", cut.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    link.blackhole(false);
+    let _ = std::fs::remove_file(&started);
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut a.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(exited.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("could not renew"), "{stderr}");
+    // the hold was left to its lease, which lapses on its own
+    let direct = RedisLocks::open(&server.url()).unwrap();
+    eventually("the lease lapsed", Duration::from_secs(10), || {
+        !direct.is_locked("job").unwrap()
+    });
+}

@@ -174,9 +174,17 @@ where
         locked_at,
         max_time,
     };
-    let status = supervise(
+    let (status, vouched) = supervise(
         &mut lock, &a.key, lease, &happened, events, a.verbose, signals,
     );
+    if !vouched {
+        // The lease lapses within a tenth of it: a release would only wait on the
+        // server that could not renew it (two command timeouts in a partition).
+        let _ = lock.leave_to_expire();
+        return Err(status
+            .err()
+            .unwrap_or_else(|| Fail("lost track of the lease".into(), EX_SOFTWARE)));
+    }
     let released = lock.unlock();
     let status = status?;
     match released {
@@ -397,7 +405,9 @@ struct Lease {
 /// Renewals run on a thread of their own, which sends their outcome on `renewed`: one
 /// that hangs on an unreachable server (a Redis call may take two command timeouts,
 /// longer than a lease) must not keep this thread from stopping the command when the
-/// lease could lapse.
+/// lease could lapse. Also says whether the lease is still vouched for (a renewal got
+/// through in time): if not, the caller leaves the hold to lapse; and if a renewal still
+/// hangs then, the process exits here with the failure, without waiting for it.
 fn supervise<B>(
     lock: &mut Lock<'_, B>,
     key: &str,
@@ -406,7 +416,7 @@ fn supervise<B>(
     renewed: Sender<Event>,
     verbose: bool,
     signals: &Signals,
-) -> Result<ExitStatus, Fail>
+) -> (Result<ExitStatus, Fail>, bool)
 where
     B: Backend + Sync,
     B::Hold: Send,
@@ -422,9 +432,22 @@ where
                 }
             }
         });
-        let mut renewals = Renewals { ask, busy: false };
+        let mut renewals = Renewals {
+            ask,
+            busy: false,
+            lease_end: Some(lease.locked_at + lease.exptime - lease.exptime / 10),
+        };
+        let watched = watch(key, lease, happened, &mut renewals, verbose, signals);
+        // (a command's status is returned only while the lease was vouched for)
+        let vouched = watched.is_ok() || renewals.lease_end.is_some_and(|end| Instant::now() < end);
+        if let (Err(Fail(msg, code)), false, true) = (&watched, vouched, renewals.busy) {
+            // The command has ended; the scope would wait for the renewal in flight (up to
+            // two command timeouts on a silent server) only to leave the hold to lapse.
+            eprintln!("shmlock: {}", crate::exit::one_line(msg));
+            std::process::exit(i32::from(*code));
+        }
         // (the renewing thread ends with `renewals`, once a renewal in flight returns)
-        watch(key, lease, happened, &mut renewals, verbose, signals)
+        (watched, vouched)
     })
 }
 
@@ -433,6 +456,9 @@ struct Renewals {
     ask: Sender<()>,
     /// A renewal was asked for and has not returned.
     busy: bool,
+    /// When the command is stopped unless a renewal gets through (a tenth of a lease
+    /// before the last renewed lease could lapse); `None` once the hold is known lost.
+    lease_end: Option<Instant>,
 }
 
 impl Renewals {
@@ -519,15 +545,17 @@ fn watch(
                 match result {
                     Ok(()) => {
                         lease_end = sent + exptime - margin;
+                        renewals.lease_end = Some(lease_end);
                         next_renewal = sent + every;
                     }
                     // Broken by force, or gone with a server that restarted empty.
                     Err(Error::Expired) => {
+                        renewals.lease_end = None;
                         return Err(terminate(
                             format!("lost the lock on {key:?}"),
                             renewals,
                             None,
-                        ))
+                        ));
                     }
                     // Unreachable for now (a Redis outage, a failover, replicas missing):
                     // try again soon; the command is stopped if no renewal gets through
@@ -611,9 +639,15 @@ fn terminate(
             Ok(Event::Renewed { sent, result }) => {
                 renewals.busy = false;
                 match result {
-                    Ok(()) if lapse.is_some() => lapse = Some(sent + exptime - margin / 2),
+                    Ok(()) if lapse.is_some() => {
+                        lapse = Some(sent + exptime - margin / 2);
+                        renewals.lease_end = Some(sent + exptime - margin);
+                    }
                     Ok(()) => {}
-                    Err(Error::Expired) => lapse = None,
+                    Err(Error::Expired) => {
+                        lapse = None;
+                        renewals.lease_end = None;
+                    }
                     Err(_) => {}
                 }
             }
