@@ -731,6 +731,27 @@ fn limits_are_typed_errors() {
             .open(&path),
         Err(Error::InvalidLayout(_))
     ));
+    // A heap that holds no value longer than an entry's room (it made a heap of 256 B
+    // that stored nothing, and said "values up to 256 B in a heap of 256 B")...
+    let small = |heap: u64, value: usize| {
+        SharedDict::options()
+            .capacity(16)
+            .max_value_len(value)
+            .heap_size(heap)
+    };
+    for (heap, value) in [(1, 16), (100, 16), (256, 16), (512, 256), (768, 512)] {
+        match small(heap, value).open(&path) {
+            Err(Error::InvalidLayout(why)) => assert!(why.contains("heap_size"), "{why}"),
+            other => panic!("heap {heap}, values {value}: {:?}", other.map(|_| ())),
+        }
+        assert!(!path.0.exists(), "nothing is left behind");
+    }
+    // ...while the smallest that holds one longer does, and so does what attaches
+    let d = small(512, 16).open(&path).unwrap();
+    assert_eq!(d.max_value_len(), 256);
+    let _ = d.set("k", &[7u8; 200], NEVER).unwrap();
+    let again = small(100, 16).open(&path).unwrap();
+    assert_eq!(bytes(&again, "k").unwrap(), [7u8; 200]);
 }
 
 #[test]

@@ -434,16 +434,47 @@ impl DictOptions {
             dict(0).check(spec.capacity, spec.registry)?;
             crate::shm::format::heap_for_zone(dict(0), spec.capacity, spec.registry, zone)?
         } else {
-            u32::try_from(self.heap.div_ceil(HEAP_BLOCK as u64))
+            let blocks = u32::try_from(self.heap.div_ceil(HEAP_BLOCK as u64))
                 .ok()
                 .filter(|&b| b < u32::MAX)
                 .ok_or(Error::InvalidLayout(
                     "the heap would be larger than a dict can be (64 GiB)",
-                ))?
+                ))?;
+            if blocks > 0 && longest_heap_value(blocks as usize) <= self.max_value {
+                // A heap that holds no value an entry could not: refused for a dict this
+                // call would create; an existing dict is attached with its own layout.
+                let attach = OpenSpec {
+                    create: false,
+                    layout: dict(0),
+                    ..spec
+                };
+                return match SharedDict::with_spec(path.as_ref(), attach) {
+                    Err(Error::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound
+                            && spec.create
+                            && !spec.read_only =>
+                    {
+                        Err(Error::InvalidLayout(
+                            "heap_size is too small to hold a value longer than an entry's \
+                             room (max_value_len): a value there takes whole blocks of 256 \
+                             bytes and an index block, so give at least max_value_len + 512 \
+                             bytes (or no heap)",
+                        ))
+                    }
+                    attached => attached,
+                };
+            }
+            blocks
         };
         spec.layout = dict(heap_blocks);
         SharedDict::with_spec(path.as_ref(), spec)
     }
+}
+
+/// The longest value a heap of `blocks` holds: its chain takes data blocks and an index
+/// block per 62 of them.
+fn longest_heap_value(blocks: usize) -> usize {
+    ((blocks - blocks.div_ceil(63)) * HEAP_BLOCK).min(MAX_HEAP_VALUE as usize)
 }
 
 /// A key-value cache shared by processes through a memory-mapped file: `lua_shared_dict`
@@ -546,9 +577,7 @@ impl SharedDict {
         };
         let entry_words = header.layout.slot_size() / 8;
         let heap_blocks = heap_blocks as usize;
-        // the longest value whose chain (data and index blocks) the heap holds
-        let max_heap =
-            ((heap_blocks - heap_blocks.div_ceil(63)) * HEAP_BLOCK).min(MAX_HEAP_VALUE as usize);
+        let max_heap = longest_heap_value(heap_blocks);
         let slots = header.slot_count as usize;
         // after the entries, the two undo copies and the home filters
         let heap_map = CONTROL_WORDS
