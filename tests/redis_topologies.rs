@@ -108,6 +108,80 @@ fn sentinel_failover_with_replicas_required_keeps_the_lock_and_its_token() {
     next.unlock().unwrap();
 }
 
+/// A planned failover (`SENTINEL FAILOVER`) keeps the old master serving while the
+/// promoted replica already is one: with every replica required, the renewals it
+/// serves then are refused (the promoted replica no longer acknowledges), so nobody else
+/// gets the key before the last lease its holder was told it has is over. (With fewer
+/// replicas required than there are, the other replica acknowledged those renewals,
+/// then followed the new master without them: another client held the key for 333-420
+/// ms of a lease the first was told it had. docs/redis.md says so.)
+#[test]
+fn a_planned_failover_with_every_replica_required_never_gives_the_key_twice() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let setup = SentinelSetup::start();
+    let urls = setup.sentinel_urls();
+    let required = |r: RedisLocks| r.with_replicas(2, Duration::from_millis(500));
+    let a = required(RedisLocks::open_sentinel(MASTER_NAME, &urls).unwrap());
+    let b = required(RedisLocks::open_sentinel(MASTER_NAME, &urls).unwrap());
+    let exptime = Duration::from_millis(1500);
+    let mut lock = Lock::new(&a, lease(exptime)).unwrap();
+    let sent = Instant::now();
+    lock.lock("k").unwrap();
+    // the end of the last lease A was told it has (a lease runs from before its request)
+    let mut vouched = sent + exptime;
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let taker = s.spawn(|| {
+            while !stop.load(Ordering::SeqCst) {
+                if let Ok(Some(g)) = b.try_lock_with_lease("k", Duration::from_secs(30)) {
+                    let at = Instant::now();
+                    let _ = g.unlock();
+                    return Some(at);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            None
+        });
+        let old = setup.master.port;
+        let failover = setup.sentinels[0].cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
+        assert!(failover.starts_with("OK"), "{failover}");
+        let mut refused = 0;
+        let mut promoted = None;
+        // A renews every 100 ms through the failover, and 3 s past it, then stops
+        while promoted.is_none_or(|at: Instant| at.elapsed() < Duration::from_secs(3)) {
+            let sent = Instant::now();
+            match lock.expire(None) {
+                Ok(()) => vouched = sent + exptime,
+                Err(_) => refused += 1,
+            }
+            if promoted.is_none() && setup.master_port().is_some_and(|p| p != old) {
+                promoted = Some(Instant::now());
+            }
+            assert!(
+                sent.duration_since(vouched - exptime) < Duration::from_secs(40),
+                "hang"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(refused > 0, "no renewal was refused around the failover");
+        // A has stopped renewing: the other client gets the key once A's lease is over
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !taker.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stop.store(true, Ordering::SeqCst);
+        let took = taker
+            .join()
+            .unwrap()
+            .expect("the other client never got the key");
+        assert!(
+            took >= vouched,
+            "the other client got the key {:?} into the lease A was told it had",
+            vouched - took
+        );
+    });
+}
+
 /// The same failover without replicas required, when the replicas had not yet received
 /// the writes (they are stopped for the few milliseconds of the grant): the promoted
 /// replica never saw the hold, so a second client takes the key at once, and the fence

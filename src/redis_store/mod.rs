@@ -430,13 +430,17 @@ impl RedisLocks {
     /// acknowledge it in time the request fails with [`Error::NotReplicated`]; an
     /// acquisition then releases the key it took, and a token is not handed out.
     ///
-    /// What this buys, with Sentinel (see the README's "Many machines"): a hold or token
-    /// handed out is on `replicas` replicas, so if the master dies and one of those is
-    /// promoted, the key is still held for the rest of its lease and the fence counter
-    /// does not go backwards. Require every replica (or set `min-replicas-to-write` on
-    /// the servers) for that to hold whichever replica is promoted. It does not make
-    /// Redis a consensus system: a holder paused past its lease still believes it holds
-    /// the key, which is what fencing tokens are for.
+    /// What this buys, with Sentinel (see docs/redis.md, "Replicated grants"): a hold or
+    /// token handed out is on `replicas` replicas, so if the master dies and one of those
+    /// is promoted, the key is still held for the rest of its lease and the fence counter
+    /// does not go backwards. Require every replica for that to hold whichever replica is
+    /// promoted, and for "never two holders" across a failover that leaves the old master
+    /// serving for a while (a planned `SENTINEL FAILOVER`): with fewer, a renewal the old
+    /// master serves after the promotion can be acknowledged by a replica that then
+    /// follows the new master without it, and another client gets the key during a lease
+    /// its holder was told it has. It does not make Redis a consensus system: a holder
+    /// paused past its lease still believes it holds the key, which is what fencing
+    /// tokens are for.
     ///
     /// The command timeout is raised to `timeout` + 1 s if it is shorter, so that the
     /// `WAIT` is not cut off by it. With a Cluster, the `WAIT` goes to every master and the
