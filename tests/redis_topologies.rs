@@ -397,6 +397,34 @@ fn cluster_refuses_keys_that_would_empty_their_hash_tag() {
     round_trip(&single.with_prefix("app{}"), "k").unwrap();
 }
 
+/// A Cluster master that stops answering (SIGSTOP) makes a call on its keys fail with
+/// the documented timeout (`did not answer within`, `is_timeout`), as on one server: it
+/// was the socket's raw `Resource temporarily unavailable (os error 11)`.
+#[test]
+fn a_silent_cluster_master_is_a_named_timeout() {
+    let cluster = ClusterSetup::start();
+    let redis = RedisLocks::open_cluster(&cluster.urls())
+        .unwrap()
+        .with_timeout(Duration::from_millis(300));
+    round_trip_once(&redis, "silent");
+    let node = &cluster.nodes[cluster.node_of("shmlock:{silent}")];
+    node.pause(true);
+    let got = redis.try_lock_with_lease("silent", Duration::from_secs(5));
+    node.pause(false);
+    match got {
+        Err(Error::Redis(e)) => {
+            assert!(e.is_timeout(), "{e}");
+            assert!(e.to_string().contains("did not answer within"), "{e}");
+        }
+        other => panic!("{:?}", other.map(|g| g.is_some())),
+    }
+}
+
+fn round_trip_once(redis: &RedisLocks, key: &str) {
+    let g = redis.lock(key, lease(Duration::from_secs(5))).unwrap();
+    g.unlock().unwrap();
+}
+
 /// `open_cluster` given a server without cluster support fails at once, saying so, as
 /// `open` does of a wrong address: it returned a handle whose every call failed.
 #[test]

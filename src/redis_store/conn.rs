@@ -189,6 +189,10 @@ impl Pool {
                 let unknown = is_unanswered(&e);
                 let e = match &tag.server {
                     Some(server) => net::at_server(e, server, self.allowed(started, limit)),
+                    // (redis-rs does not say which node: the socket's EAGAIN said nothing)
+                    None if e.is_timeout() => {
+                        net::at_server(e, "a Cluster node", self.allowed(started, limit))
+                    }
                     None => self.shared.why_no_cluster(e, limit),
                 };
                 if is_broken(&e) {
