@@ -523,3 +523,23 @@ fn a_redis_handle_used_in_an_idle_runtime_serves_another() {
     );
     drop(idle);
 }
+
+/// `get_or_fetch_async` under Redis read locks (`redis.shared()`) is refused, as the sync
+/// form is: every process fetched each miss (4 processes, 10 keys: 40 fetches).
+#[test]
+fn an_async_fetch_under_redis_read_locks_is_refused() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    let path = TempPath::new("async-fetch-shared");
+    let dict = shmlock::SharedDict::open(&path, 16, 16).unwrap();
+    let got = runtime().block_on(dict.get_or_fetch_async(
+        redis.shared(),
+        "k",
+        Duration::ZERO,
+        || async { panic!("fetched under read locks") as Result<Vec<u8>, Error> },
+    ));
+    assert!(
+        matches!(&got, Err(Error::InvalidOptions(why)) if why.contains("exclusive lock")),
+        "{got:?}"
+    );
+}

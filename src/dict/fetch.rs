@@ -33,6 +33,19 @@ pub struct Fetched {
     pub waited: Duration,
 }
 
+/// [`Error::InvalidOptions`] for a lock that lets several holders in: under it, several
+/// processes would fetch one miss.
+fn refuse_shared<B: Backend>(locks: &B) -> Result<(), Error> {
+    if locks.exclusive() {
+        return Ok(());
+    }
+    Err(Error::InvalidOptions(
+        "get_or_fetch needs an exclusive lock (a LockTable or RedisLocks, or a semaphore of \
+         1 permit): under a shared view, or a semaphore of several permits, several \
+         processes would fetch the same miss at once",
+    ))
+}
+
 impl SharedDict {
     /// Reads `key` through the cache, so that of all the processes that miss it at once
     /// only one calls `fetch`: resty.lock's recipe. On a miss, takes `key` in `locks`
@@ -112,14 +125,7 @@ impl SharedDict {
         V: Into<Value>,
     {
         let key = key.as_ref();
-        if !locks.exclusive() {
-            return Err(Error::InvalidOptions(
-                "get_or_fetch needs an exclusive lock (a LockTable or RedisLocks, or a \
-                 semaphore of 1 permit): under a shared view, or a semaphore of several \
-                 permits, several processes would fetch the same miss at once",
-            )
-            .into());
-        }
+        refuse_shared(locks)?;
         if let Some(hit) = self.get(key)? {
             return Ok(Fetched {
                 value: hit.value,
@@ -249,6 +255,7 @@ impl SharedDict {
         V: Into<Value>,
     {
         let key = key.as_ref();
+        refuse_shared(locks)?;
         if let Some(hit) = self.get(key)? {
             return Ok(Fetched {
                 value: hit.value,

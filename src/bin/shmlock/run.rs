@@ -179,8 +179,10 @@ where
     );
     if !vouched {
         // The lease lapses within a tenth of it: a release would only wait on the
-        // server that could not renew it (two command timeouts in a partition).
-        let _ = lock.leave_to_expire();
+        // server that could not renew it (two command timeouts in a partition). Not
+        // `leave_to_expire` either, which asks a Redis server for the hold's token; the
+        // process exits next, and nothing of the hold is needed before.
+        std::mem::forget(lock);
         return Err(status
             .err()
             .unwrap_or_else(|| Fail("lost track of the lease".into(), EX_SOFTWARE)));
