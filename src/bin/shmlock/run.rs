@@ -437,7 +437,7 @@ where
         let mut renewals = Renewals {
             ask,
             busy: false,
-            lease_end: Some(lease.locked_at + lease.exptime - lease.exptime / 10),
+            lease_end: None, // (`watch` sets it first)
         };
         let watched = watch(key, lease, happened, &mut renewals, verbose, signals);
         // (a command's status is returned only while the lease was vouched for)
@@ -490,6 +490,7 @@ fn watch(
     // is stopped a tenth of a lease before the last one could lapse.
     let margin = exptime / 10;
     let mut lease_end = locked_at + exptime - margin;
+    renewals.lease_end = Some(lease_end);
     let mut next_renewal = locked_at + every;
     // (past what an `Instant` holds, --max-time is no limit: 1e19 s is not a panic)
     let stop_at = max_time.and_then(|m| locked_at.checked_add(m));
