@@ -139,10 +139,7 @@ impl Pool {
     pub(crate) fn check(&self) -> Result<(), Error> {
         let limit = self.limit(None);
         let conn = self.connect(limit)?;
-        if let Topology::Cluster { .. } = self.shared.topology {
-            self.shared.check_cluster(limit)?;
-            let _ = self.shared.plain(0, limit);
-        }
+        self.shared.check_cluster(limit)?;
         self.put_back(conn);
         Ok(())
     }

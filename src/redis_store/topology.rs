@@ -215,28 +215,30 @@ impl Shared {
         e
     }
 
-    /// For a cluster handle: an error if a seed node answers that it has no cluster
-    /// support (a plain server given to `open_cluster`), which redis-rs's client finds only
-    /// at the first command. Seeds that cannot be reached, or answer otherwise, are left to
-    /// the commands as before.
+    /// For a cluster handle: reads the clock through the first seed node that answers
+    /// (see [`plain`](Self::plain)), and is an error if that node says it has no cluster
+    /// support (a plain server given to `open_cluster`), which redis-rs's client finds
+    /// only at the first command. Seeds that cannot be reached are left to the commands,
+    /// as are other answers.
     pub(crate) fn check_cluster(&self, limit: Instant) -> RedisResult<()> {
         let Topology::Cluster { nodes, .. } = &self.topology else {
             return Ok(());
         };
-        for seed in nodes {
-            let info: RedisResult<String> = net::connect_within(seed, limit)
-                .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query(&mut c));
-            match info {
+        for (i, seed) in nodes.iter().enumerate() {
+            let Ok((mut con, _)) = self.plain(i, limit) else {
+                continue;
+            };
+            let info: RedisResult<String> = redis::cmd("CLUSTER").arg("INFO").query(&mut con);
+            return match info {
                 Err(why) if why.to_string().contains("cluster support disabled") => {
-                    return Err(redis::RedisError::from((
+                    Err(redis::RedisError::from((
                         redis::ErrorKind::InvalidClientConfig,
                         "not a Redis Cluster node (RedisLocks::open opens a single server)",
                         format!("{}: {why}", seed.addr()),
-                    )));
+                    )))
                 }
-                Ok(_) => return Ok(()),
-                Err(_) => {}
-            }
+                _ => Ok(()),
+            };
         }
         Ok(())
     }
