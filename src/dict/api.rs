@@ -1414,7 +1414,11 @@ impl SharedDict {
             pass_at: Spot::none(),
             behind: std::cell::Cell::new(0),
         };
-        self.tag_len(&w);
+        if took_over {
+            // Before the recount: a writer taken over changes the count no more. (A hold
+            // that took the lock free tags the count at its first change of it.)
+            self.tag_len(&w);
+        }
         // The undo copy first: the entry it covers must get its value back before any
         // write looks for room or for the key.
         self.settle_journal(&w);
@@ -2101,7 +2105,7 @@ impl SharedDict {
             let w = self.lock_as(owner);
             let outcome = op(&w);
             let placed = w.placed.take();
-            if let Ok(Outcome::Done(_)) = &outcome {
+            if let (Ok(Outcome::Done(_)), 1..) = (&outcome, placed) {
                 // (a store that was not made, to be tried again or given up, took no entry)
                 self.update_len(&w, |c| c + placed);
             }
@@ -2336,16 +2340,21 @@ impl SharedDict {
     }
 
     /// Changes the entry count, if this hold still owns it: the count's word carries the
-    /// epoch of the hold that last wrote it (see [`tag_len`](Self::tag_len)). A writer that
-    /// was taken over changes nothing (its successor recounted, and moved the tag on), so
-    /// the count does not drift with stalled writers' late additions (an `evict` decision
-    /// rests on it).
+    /// epoch of the hold that last wrote it. A writer that was taken over changes nothing
+    /// (its successor tagged the count and recounted), so the count does not drift with
+    /// stalled writers' late additions (an `evict` decision rests on it).
+    ///
+    /// A hold tags the count at its first change of it, as [`tag_len`](Self::tag_len)
+    /// does (a takeover's at once): an overwrite, which changes no count, pays no
+    /// read-modify-write for it.
     fn update_len(&self, w: &Locked<'_>, f: impl Fn(u64) -> u64) {
         let word = self.control(LEN);
         let tag = u64::from(w.epoch) << 32;
         let mut cur = word.load(Ordering::Relaxed);
         loop {
-            if cur & !COUNT_BITS != tag {
+            // Another hold's tag: an earlier one's (this hold's first change), or a
+            // successor's, when the lock check says this hold was taken over.
+            if cur & !COUNT_BITS != tag && !w.writing.still_mine() {
                 return; // taken over: the count is the successor's
             }
             let next = tag | f(count_of(cur)).min(self.capacity() as u64);
@@ -2356,10 +2365,12 @@ impl SharedDict {
         }
     }
 
-    /// Makes the entry count this hold's. Whatever tag is there is an earlier hold's (or
-    /// damage, or a file written before the tag): a later hold's would mean this one was
-    /// taken over, which the lock check says; and a successor that wrote the word after
-    /// that check wrote it after the load the CAS is from, so the CAS fails.
+    /// Makes the entry count this hold's, for a hold that took the lock over (before its
+    /// recount). Whatever tag is there is an earlier hold's (or damage, or a file written
+    /// before the tag): a later hold's would mean this one was taken over, which the lock
+    /// check says; and a successor that wrote the word after that check wrote it after
+    /// the load the CAS is from, so the CAS fails. [`update_len`](Self::update_len) tags
+    /// it the same way at a free hold's first change of the count.
     fn tag_len(&self, w: &Locked<'_>) {
         let word = self.control(LEN);
         let epoch = w.epoch;
