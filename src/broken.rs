@@ -1,8 +1,8 @@
 //! The deliberately broken variants of the protocols, which the loom models must catch
-//! (`scripts/test.sh` checks that each fails the models listed for it). Only a build with
-//! `--cfg shmlock_broken` has them, and there the variable `SHMLOCK_BROKEN` picks the one
-//! that runs, so that one build serves every check; in every other build
-//! [`broken`] is `false` and the variants compile away.
+//! (`scripts/test.sh` checks that each fails the models listed for it). Only a loom build
+//! (`--cfg loom`) has them, and there the variable `SHMLOCK_BROKEN` picks the one that
+//! runs (none when it is unset), so that one build serves the models and every check of
+//! them; in every other build [`broken`] is `false` and the variants compile away.
 
 /// Which variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,7 +21,7 @@ pub(crate) enum Broken {
 /// Whether this build runs the variant `which`. Without `SHMLOCK_BROKEN`, or with a name
 /// it does not know, none: the models then pass, and the check that they fail says so (a
 /// panic here would fail every model, and pass that check).
-#[cfg(shmlock_broken)]
+#[cfg(loom)]
 pub(crate) fn broken(which: Broken) -> bool {
     static CHOSEN: std::sync::OnceLock<Option<Broken>> = std::sync::OnceLock::new();
     *CHOSEN.get_or_init(|| match std::env::var("SHMLOCK_BROKEN").as_deref() {
@@ -33,7 +33,7 @@ pub(crate) fn broken(which: Broken) -> bool {
 }
 
 /// Whether this build runs the variant `which`: never.
-#[cfg(not(shmlock_broken))]
+#[cfg(not(loom))]
 #[inline(always)]
 pub(crate) const fn broken(_which: Broken) -> bool {
     false
