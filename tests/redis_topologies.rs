@@ -85,7 +85,8 @@ fn sentinel_failover_with_replicas_required_keeps_the_lock_and_its_token() {
     assert!(checks > 0, "the failover took the whole lease");
     // The old handle follows the master too (after at most one error on a connection to
     // the dead master) and finds its hold; but one replica is left, so a renewal that
-    // requires two is refused.
+    // requires two is refused. (That replica acknowledges only once it follows the new
+    // master and has synced with it: a loaded CI run saw 0 acknowledgements here.)
     let renewal = match lock.expire(None) {
         Err(Error::Redis(_)) => lock.expire(None),
         other => other,
@@ -94,7 +95,7 @@ fn sentinel_failover_with_replicas_required_keeps_the_lock_and_its_token() {
         matches!(
             renewal,
             Err(Error::NotReplicated {
-                acked: 1,
+                acked: 0 | 1,
                 wanted: 2,
                 ..
             })
