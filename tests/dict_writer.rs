@@ -245,14 +245,15 @@ fn a_writer_stopped_mid_write_and_taken_over_leaves_the_count_exact() {
 }
 
 /// Forks W, which sets `key` in `d` and then says in word 2 of `shared` how it went (1:
-/// `Ok`, 2: an error), and holds W (gdb) at its second read of the word at `offset` bytes
-/// into the dict's mapping (which starts after the header: file offset 4096).
-fn set_held_at_second_read(
+/// `Ok`, 2: an error), and holds W (gdb) at its read number `hit` of the word at `offset`
+/// bytes into the dict's mapping (which starts after the header: file offset 4096).
+fn set_held_at_read(
     d: &shmlock::SharedDict,
     path: &TempPath,
     shared: &Shared,
     offset: u64,
     key: &str,
+    hit: usize,
 ) -> (Proc, GdbStop) {
     let w = Proc::new(fork(|| {
         let base = mapping_base(&path.0) as u64;
@@ -267,12 +268,12 @@ fn set_held_at_second_read(
     let addr = await_word(shared, 1, Duration::from_secs(10));
     let gdb = GdbStop::attach_stages(
         w.pid(),
-        &[Stage::new(&[format!("rwatch *(long*){addr:#x}")]).at_hit(2)],
+        &[Stage::new(&[format!("rwatch *(long*){addr:#x}")]).at_hit(hit)],
     );
     shared.word(0).store(1, Ordering::SeqCst);
     assert!(
         gdb.stopped(Duration::from_secs(30)),
-        "W never read the word twice"
+        "W never read the word {hit} time(s)"
     );
     (w, gdb)
 }
@@ -283,7 +284,19 @@ fn set_held_at_second_read(
 /// (its store fails: it was taken over, and the entry stays free). A count one too high
 /// made a full-looking dict evict a live key from a set whose window had a free entry
 /// (the adversarial review of the full-dict eviction found it: 7 of 7 runs).
+///
+/// Then the same with W stopped at its next read of the count, after its store, where it
+/// is about to count the entry (and, its hold having taken the lock free, to tag the
+/// count as its own); P takes over with a delete: P's recount has W's entry, and W must
+/// not add it a second time.
 fn a_writer_taken_over_before_it_counts_its_entry_leaves_the_count_exact() {
+    // the count's reads in a set of a new key: place's "is the dict full" (1), then the
+    // change of the count once the entry is stored (2)
+    count_exact_after_a_takeover_at_read(1);
+    count_exact_after_a_takeover_at_read(2);
+}
+
+fn count_exact_after_a_takeover_at_read(hit: usize) {
     require_gdb();
     let path = TempPath::new("dict-count");
     let d = shmlock::SharedDict::open(&path, 64, 16).unwrap();
@@ -303,19 +316,34 @@ fn a_writer_taken_over_before_it_counts_its_entry_leaves_the_count_exact() {
     let b = (0..).map(|i| format!("b{i}")).find(|k| far(k)).unwrap();
     let before: Vec<Vec<u8>> = d.keys(0).unwrap();
     let shared = Shared::new(4);
-    // the count's reads: the hold's tag (1), place's "is the dict full" (2)
     let count = l.control() - 4096 + 2 * 8;
-    let (mut w, gdb) = set_held_at_second_read(&d, &path, &shared, count, "a-new-key");
+    let (mut w, gdb) = set_held_at_read(&d, &path, &shared, count, "a-new-key", hit);
     assert_eq!(d.writer_pid(), Some(w.pid() as u32), "W holds the lock");
-    d.set("f0", "v2", never).unwrap(); // takes the lock over (an overwrite: no count change)
+    if hit == 1 {
+        d.set("f0", "v2", never).unwrap(); // takes the lock over (an overwrite: no count change)
+    } else {
+        // takes the lock over, and takes the count below the capacity, which bounds it: a
+        // second count of W's entry would show
+        assert!(d.delete("f1").unwrap());
+    }
     gdb.release();
     let said = await_word(&shared, 2, Duration::from_secs(10));
     w.wait(Duration::from_secs(10));
     let stored = d.keys(0).unwrap().len();
+    note!(
+        "[read {hit}: W said {said}, count {} for {stored} keys] ",
+        d.len()
+    );
     assert_eq!(
         d.len(),
         stored,
         "the count drifted (W said {said}: 2 is Stalled)"
+    );
+    // (so that each stop is where it says: before W's store, or after it)
+    let expected = if hit == 1 { 2 } else { 1 };
+    assert_eq!(
+        said, expected,
+        "W stopped at read {hit} said {said} (1: its set stood, 2: Stalled)"
     );
     assert!(
         !l.used(&path.0, f) || said == 1,
@@ -371,7 +399,7 @@ fn a_dict_writer_stopped_inside_place_never_lowers_reach() {
     let shared = Shared::new(4);
     // W is held at its second read of the reach.
     let reach = registry_len + 4096 + h * slot_size + 6 * 8; // past the control page
-    let (mut w, gdb) = set_held_at_second_read(&d, &path, &shared, reach, k1);
+    let (mut w, gdb) = set_held_at_read(&d, &path, &shared, reach, k1, 2);
     assert_eq!(
         d.writer_pid(),
         Some(w.pid() as u32),
