@@ -657,7 +657,11 @@ impl SharedDict {
 
     /// Bytes of the heap free now: ngx's `free_space`, for the values longer than an
     /// entry's room. A value of `n` bytes needs `n` rounded up to 256, and 256 more per
-    /// 62 blocks of those.
+    /// 62 blocks of those. Blocks that a writer killed in the middle of a store had
+    /// taken count as free once the next write has taken its lock over (a sweep runs
+    /// then), unless a writer taken over is still alive in the middle of its own store:
+    /// then once a later sweep can run (`flush_expired` runs one, and so does a store
+    /// that finds the heap short).
     pub fn heap_free(&self) -> u64 {
         (self.heap().free_blocks() * HEAP_BLOCK) as u64
     }
@@ -1267,6 +1271,7 @@ impl SharedDict {
             if all {
                 self.control(FLUSHED).store(0, Ordering::Relaxed);
             }
+            self.sweep_if_due(w);
             Ok(Outcome::Done(removed))
         })
     }
@@ -2603,6 +2608,20 @@ impl SharedDict {
         if let Some(used) = used {
             self.update_len(w, |_| used);
             self.control(REPAIRS).fetch_add(1, Ordering::Relaxed);
+            self.sweep_if_due(w);
+        }
+    }
+
+    /// Sweeps the heap if blocks may be lost (to a writer that died holding them, or was
+    /// taken over), and no writer taken over may still write into its own: after a
+    /// takeover, and at `flush_expired`, so that `heap_free` counts what dead writers took
+    /// as free at once rather than at the next store that finds the heap short.
+    #[cold]
+    fn sweep_if_due(&self, w: &Locked<'_>) {
+        if self.inner.geometry.heap_blocks != 0
+            && self.control(SWEEP_DUE).load(Ordering::Relaxed) != 0
+        {
+            self.sweep(w);
         }
     }
 
