@@ -214,7 +214,11 @@ pub enum Error {
     /// beside the value it replaces (even once every other value it may evict is gone)
     /// replaces it only after freeing it, so the key may then have no value (see
     /// [`DictOptions::heap_size`](crate::DictOptions::heap_size)).
-    Stalled,
+    Stalled {
+        /// The key the write was for (its first bytes); `None` for an operation on the
+        /// whole dict (`flush_all`, `flush_expired`).
+        key: Option<KeyPreview>,
+    },
     /// The file at `path` is not a usable lock table.
     #[non_exhaustive]
     Format {
@@ -577,7 +581,12 @@ impl fmt::Display for Error {
                  --max-processes N`, or the options' `max_processes`)",
                 path.display()
             ),
-            Error::Stalled => f.write_str(
+            Error::Stalled { key: Some(key) } => write!(
+                f,
+                "key {key}: stalled: this writer held the dict's writer lock past the bound \
+                 and was taken over; the write was not made"
+            ),
+            Error::Stalled { key: None } => f.write_str(
                 "stalled: this writer held the dict's writer lock past the bound and was \
                  taken over; the write was not made",
             ),

@@ -739,7 +739,7 @@ fn heap_writers_killed_or_stopped_mid_write_leave_whole_values_and_lose_no_block
                 shared.word(3).store(1, Ordering::SeqCst);
                 for (k, v) in values.iter().cycle() {
                     match d.set(format!("h{k}"), &v[..], Duration::ZERO) {
-                        Ok(_) | Err(Error::Stalled) => {}
+                        Ok(_) | Err(Error::Stalled { .. }) => {}
                         Err(_) => return 1,
                     }
                     if shared.word(4).load(Ordering::SeqCst) != 0 {

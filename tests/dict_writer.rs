@@ -245,7 +245,7 @@ fn a_writer_stopped_mid_write_and_taken_over_leaves_the_count_exact() {
 }
 
 /// Forks W, which sets `key` in `d` and then says in word 2 of `shared` how it went (1:
-/// `Ok`, 2: an error), and holds W (gdb) at its read number `hit` of the word at `offset`
+/// `Ok`, 2: `Stalled` naming the key, 3: another error), and holds W (gdb) at its read number `hit` of the word at `offset`
 /// bytes into the dict's mapping (which starts after the header: file offset 4096).
 fn set_held_at_read(
     d: &shmlock::SharedDict,
@@ -259,10 +259,12 @@ fn set_held_at_read(
         let base = mapping_base(&path.0) as u64;
         shared.word(1).store(base + offset, Ordering::SeqCst);
         await_word(shared, 0, Duration::from_secs(60));
-        let r = d.set(key, "w", Duration::ZERO);
-        shared
-            .word(2)
-            .store(if r.is_ok() { 1 } else { 2 }, Ordering::SeqCst);
+        let said = match d.set(key, "w", Duration::ZERO) {
+            Ok(_) => 1,
+            Err(Error::Stalled { key: Some(k) }) if k.as_bytes() == key.as_bytes() => 2,
+            Err(_) => 3, // another error, or a Stalled that does not name the key
+        };
+        shared.word(2).store(said, Ordering::SeqCst);
         0
     }));
     let addr = await_word(shared, 1, Duration::from_secs(10));
@@ -343,7 +345,7 @@ fn count_exact_after_a_takeover_at_read(hit: usize) {
     let expected = if hit == 1 { 2 } else { 1 };
     assert_eq!(
         said, expected,
-        "W stopped at read {hit} said {said} (1: its set stood, 2: Stalled)"
+        "W stopped at read {hit} said {said} (1: its set stood, 2: Stalled naming its key, 3: another error)"
     );
     assert!(
         !l.used(&path.0, f) || said == 1,
@@ -467,7 +469,7 @@ fn a_writer_taken_over_after_its_write_reports_what_it_did() {
         await_word(&shared, 0, Duration::from_secs(60));
         let said = match d.rpop("q") {
             Ok(Some(shmlock::Value::Bytes(b))) if b == b"b" => 1,
-            Err(Error::Stalled) => 2,
+            Err(Error::Stalled { .. }) => 2,
             _ => 3,
         };
         shared.word(1).store(said, Ordering::SeqCst);
@@ -563,12 +565,12 @@ fn a_writer_killed_or_stopped_mid_write_leaves_the_previous_value() {
                 shared.word(1).store(1, Ordering::SeqCst);
                 for value in values.iter().cycle() {
                     match d.set("big", value, Duration::ZERO) {
-                        Ok(_) | Err(Error::Stalled) => {}
+                        Ok(_) | Err(Error::Stalled { .. }) => {}
                         Err(_) => return 1,
                     }
                     match d.incr("n", 1i64, None, Duration::ZERO) {
                         Ok(n) => shared.word(0).store(n as u64, Ordering::SeqCst),
-                        Err(Error::Stalled) => {}
+                        Err(Error::Stalled { .. }) => {}
                         Err(_) => return 2,
                     }
                 }
@@ -648,7 +650,7 @@ fn a_key_restored_after_a_takeover_keeps_its_rank() {
                 shared.word(0).store(1, Ordering::SeqCst);
                 loop {
                     match d.set("k7", &value[..], Duration::ZERO) {
-                        Ok(_) | Err(Error::Stalled) => {}
+                        Ok(_) | Err(Error::Stalled { .. }) => {}
                         Err(_) => return 1,
                     }
                 }
@@ -784,7 +786,7 @@ fn dict_chaos_with_sigstop_and_sigkill() {
                     Ok(_) => {
                         k.word(0).fetch_add(1, Ordering::Relaxed);
                     }
-                    Err(Error::Stalled) => {
+                    Err(Error::Stalled { .. }) => {
                         k.word(9).fetch_add(1, Ordering::Relaxed);
                     }
                     Err(e) => {
@@ -799,7 +801,7 @@ fn dict_chaos_with_sigstop_and_sigkill() {
                         }
                         k.word(3).fetch_add(1, Ordering::Relaxed);
                     }
-                    Err(Error::Stalled) => {
+                    Err(Error::Stalled { .. }) => {
                         k.word(9).fetch_add(1, Ordering::Relaxed);
                     }
                     Err(e) => {

@@ -127,7 +127,7 @@ impl<T> Outcome<T> {
 
 impl From<Aborted> for Error {
     fn from(_: Aborted) -> Error {
-        Error::Stalled
+        Error::Stalled { key: None } // (`writing` names the key)
     }
 }
 
@@ -1044,7 +1044,7 @@ impl SharedDict {
         let k = self.pack(key)?;
         let mut int = [0u8; 8];
         let (kind, bytes) = self.encode(&k, value.into(), &mut int)?;
-        self.writing(|w| {
+        self.writing(Some(&k), |w| {
             let now = self.now();
             let until = deadline(now, ttl_ns(ttl));
             let existing = self.find_locked(w, &k);
@@ -1128,7 +1128,7 @@ impl SharedDict {
                 max: self.max_value_len(),
             });
         }
-        self.writing(|w| {
+        self.writing(Some(&k), |w| {
             let now = self.now();
             let mut value = Vec::new();
             let existing = self.lookup_locked(w, &k, Some(&mut value));
@@ -1176,7 +1176,7 @@ impl SharedDict {
     pub fn expire(&self, key: impl AsRef<[u8]>, ttl: Duration) -> Result<(), Error> {
         let key = key.as_ref();
         let k = self.pack(key)?;
-        self.writing(|w| {
+        self.writing(Some(&k), |w| {
             let now = self.now();
             match self.find_locked(w, &k) {
                 Some((i, d)) if d > now => {
@@ -1197,7 +1197,7 @@ impl SharedDict {
     /// Removes `key`'s entry. Returns whether it had a live value.
     pub fn delete(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
         let k = self.pack(key.as_ref())?;
-        self.writing(|w| {
+        self.writing(Some(&k), |w| {
             let now = self.now();
             match self.find_locked(w, &k) {
                 Some((i, d)) => {
@@ -1219,7 +1219,7 @@ impl SharedDict {
     /// having stalled past the bound, stops where it was.) `Err(ReadOnly)` on a read-only
     /// handle.
     pub fn flush_all(&self) -> Result<(), Error> {
-        self.writing(|w| {
+        self.writing(None, |w| {
             self.control(FLUSHED).store(1, Ordering::Relaxed);
             for i in 0..self.capacity() {
                 let e = self.entry(i);
@@ -1238,7 +1238,7 @@ impl SharedDict {
     /// Removes up to `max` expired entries (0: all) and returns how many it removed.
     /// `Err(ReadOnly)` on a read-only handle.
     pub fn flush_expired(&self, max: usize) -> Result<usize, Error> {
-        self.writing(|w| {
+        self.writing(None, |w| {
             let now = self.now();
             let mut removed = 0;
             // (every expired entry freed: `flush_all`'s are gone)
@@ -1689,7 +1689,7 @@ impl SharedDict {
                 w.placed.set(w.placed.get() + 1);
                 Ok(Taken::OwnFreed)
             }
-            Err(Aborted::TakenOver) => Err(Error::Stalled),
+            Err(Aborted::TakenOver) => Err(Error::Stalled { key: None }),
             Err(Aborted::NotStable) => Ok(Taken::Retry),
         };
         let mut taken = Taken::Fresh;
@@ -1768,7 +1768,7 @@ impl SharedDict {
                 }
                 Ok(true)
             }
-            Err(Aborted::TakenOver) => Err(Error::Stalled),
+            Err(Aborted::TakenOver) => Err(Error::Stalled { key: None }),
             Err(Aborted::NotStable) => Ok(false),
         }
     }
@@ -2100,11 +2100,16 @@ impl SharedDict {
     /// Runs `op` under the writer lock, starting over (a few times) when a write found its
     /// entry marked by a writer that was taken over. [`Error::Stalled`] if this writer was
     /// taken over itself before its writes were made: it stalled past the bound while
-    /// holding the lock (taken over after them, it has done the operation).
+    /// holding the lock (taken over after them, it has done the operation); it names
+    /// `key`, the operation's.
     fn writing<T>(
         &self,
+        key: Option<&PackedKey<'_>>,
         mut op: impl FnMut(&Locked<'_>) -> Result<Outcome<T>, Error>,
     ) -> Result<T, Error> {
+        let stalled = || Error::Stalled {
+            key: key.map(PackedKey::preview),
+        };
         let owner = self.writer()?;
         for _ in 0..RETRIES {
             let w = self.lock_as(owner);
@@ -2118,16 +2123,18 @@ impl SharedDict {
                 self.refilter(&w, home);
             }
             let released = w.writing.release();
-            match outcome? {
+            match outcome {
                 // Every write of the operation was made, each checked under this writer's
                 // mark: a takeover after them (the release finds the lock taken over)
                 // changes none of them, so the operation happened.
-                Outcome::Done(t) => return Ok(t),
-                Outcome::Retry if released.is_err() => return Err(Error::Stalled),
-                Outcome::Retry => {}
+                Ok(Outcome::Done(t)) => return Ok(t),
+                Ok(Outcome::Retry) if released.is_err() => return Err(stalled()),
+                Ok(Outcome::Retry) => {}
+                Err(Error::Stalled { key: None }) => return Err(stalled()),
+                Err(e) => return Err(e),
             }
         }
-        Err(Error::Stalled)
+        Err(stalled())
     }
 
     /// What an entry write under the lock came to: done, start over (its entry was marked
@@ -2136,7 +2143,7 @@ impl SharedDict {
         match done {
             Ok(()) => Ok(Outcome::Done(())),
             Err(Aborted::NotStable) => Ok(Outcome::Retry),
-            Err(Aborted::TakenOver) => Err(Error::Stalled),
+            Err(Aborted::TakenOver) => Err(Error::Stalled { key: None }),
         }
     }
 

@@ -91,7 +91,7 @@ impl SharedDict {
                 why: "a list of this one element would be longer than the dict's max_value_len",
             });
         }
-        self.writing(|w| {
+        self.writing(Some(&k), |w| {
             let now = self.now();
             let mut bytes = Vec::new();
             // (`live`: the entry holds the list itself, which must stay until its new copy
@@ -134,7 +134,7 @@ impl SharedDict {
 
     fn pop(&self, key: &[u8], front: bool) -> Result<Option<Value>, Error> {
         let k = self.pack(key)?;
-        self.writing(|w| {
+        self.writing(Some(&k), |w| {
             let now = self.now();
             let mut value = Vec::new();
             let (i, c) = match self.lookup_locked(w, &k, Some(&mut value)) {
