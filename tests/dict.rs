@@ -1204,3 +1204,31 @@ fn a_read_only_handle_reads_and_changes_nothing() {
         "the expired entry was left for us"
     );
 }
+
+/// An existing dict is attached with its own layout whatever the opener asks, lengths that
+/// could not make a dict included (`open(path, 0, 0)` was `InvalidLayout`); a missing
+/// file is not created from them, and that error names what is wrong.
+#[test]
+fn an_existing_dict_is_attached_whatever_lengths_are_asked() {
+    let path = TempPath::new("dict-attach-any");
+    let made = SharedDict::open(&path, 64, 16).unwrap();
+    made.set("k", "v", NEVER).unwrap();
+    for (capacity, max_value) in [(0, 0), (0, 16), (64, 0), (64, 2 << 20)] {
+        let d = SharedDict::open(&path, capacity, max_value)
+            .unwrap_or_else(|e| panic!("open({capacity}, {max_value}): {e}"));
+        assert_eq!((d.capacity(), d.entry_value_len()), (64, 16));
+        assert_eq!(bytes(&d, "k").as_deref(), Some(&b"v"[..]));
+    }
+    let missing = TempPath::new("dict-attach-none");
+    for (capacity, max_value) in [(64, 0), (64, 2 << 20)] {
+        let e = SharedDict::open(&missing, capacity, max_value).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidLayout(_)) && e.to_string().contains("max_value_len"),
+            "{e}"
+        );
+        assert!(
+            !missing.0.exists(),
+            "a file was made from lengths it refused"
+        );
+    }
+}

@@ -391,8 +391,26 @@ impl DictOptions {
 
     /// Opens (and maybe creates) the dict at `path`.
     pub fn open(self, path: impl AsRef<Path>) -> Result<SharedDict, Error> {
-        crate::shm::format::check_dict_limits(self.max_key, self.max_value)?;
         let mut spec = self.spec;
+        if let Err(invalid) = crate::shm::format::check_dict_limits(self.max_key, self.max_value) {
+            // Only a dict this call creates takes these lengths: an existing one is
+            // attached with its own, whatever was asked, as with valid ones.
+            let attach = OpenSpec {
+                create: false,
+                layout: Layout::Dict {
+                    max_key: 1,
+                    max_value: 1,
+                    heap_blocks: 0,
+                },
+                ..spec
+            };
+            return match SharedDict::with_spec(path.as_ref(), attach) {
+                Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                    Err(invalid)
+                }
+                attached => attached,
+            };
+        }
         let dict = |heap_blocks| Layout::Dict {
             max_key: self.max_key as u32,
             max_value: self.max_value as u32,
