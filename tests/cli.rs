@@ -3,6 +3,7 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,10 +19,9 @@ fn run_passes_the_exit_status_through() {
         3
     );
     assert_eq!(code(shmlock(&file).args(["run", "k", "--", "true"])), 0);
-    assert_eq!(
-        code(shmlock(&file).args(["run", "k", "--", "sh", "-c", "kill -TERM $$"])),
-        128 + 15
-    );
+    // a command killed by a signal: run dies of it too (a_command_killed_by_a_signal_...)
+    let out = output(shmlock(&file).args(["run", "k", "--", "sh", "-c", "kill -TERM $$"]));
+    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{out:?}");
     // the key is free after each run
     assert!(!LockTable::open(&file, 1).unwrap().is_locked("k").unwrap());
 }
@@ -1300,12 +1300,52 @@ fn a_signal_while_waiting_ends_run_without_running_the_command() {
     let pid = nix::unistd::Pid::from_raw(waiter.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
     let out = waiter.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(128 + 2), "{out:?}");
+    // run died of it, as flock(1) would have at a terminal's Ctrl-C
+    assert_eq!(out.status.signal(), Some(libc::SIGINT), "{out:?}");
     assert!(!ran.0.exists());
     // the holder was not disturbed
     assert!(LockTable::open(&file, 1).unwrap().is_locked("k").unwrap());
     release(holder);
     assert!(!ran.0.exists());
+}
+
+/// A command killed by a signal ends `run` by the same signal once the key is released, so
+/// that a shell sees it (bash ends `while :; do shmlock run k -- cmd; done` on Ctrl-C only
+/// if its child died of SIGINT). SIGPIPE too, which Rust's runtime ignores; and a SIGQUIT
+/// dumps no core of shmlock.
+#[test]
+fn a_command_killed_by_a_signal_ends_run_by_that_signal() {
+    let file = TempPath::new("cli-die-of");
+    let cwd = TempPath::new("cli-die-of-cwd");
+    std::fs::create_dir(&cwd.0).unwrap();
+    for (sig, name) in [
+        (libc::SIGINT, "INT"),
+        (libc::SIGPIPE, "PIPE"),
+        (libc::SIGQUIT, "QUIT"),
+    ] {
+        // (the shell dumps no core of its own, and shmlock would be let to dump one)
+        let script = format!("ulimit -c 0; kill -{name} $$");
+        let mut c = shmlock(&file);
+        c.args(["run", "k", "--", "sh", "-c", &script])
+            .current_dir(&cwd.0);
+        // SAFETY: setrlimit is async-signal-safe, and the struct lives across the call.
+        unsafe {
+            c.pre_exec(|| {
+                let core = libc::rlimit {
+                    rlim_cur: libc::RLIM_INFINITY,
+                    rlim_max: libc::RLIM_INFINITY,
+                };
+                libc::setrlimit(libc::RLIMIT_CORE, &core);
+                Ok(())
+            });
+        }
+        let out = output(&mut c);
+        assert_eq!(out.status.signal(), Some(sig), "{name}: {out:?}");
+        assert!(!out.status.core_dumped(), "{name}: {out:?}");
+        assert!(!is_held(&file, "k"), "{name}: the key is still held");
+    }
+    let left: Vec<_> = std::fs::read_dir(&cwd.0).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 #[test]

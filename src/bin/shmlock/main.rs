@@ -101,7 +101,13 @@ fn main() -> ExitCode {
         }
     };
     match result {
-        Ok(code) => ExitCode::from(code),
+        Ok(code) => {
+            // (the lock is released, and every table and connection dropped, by now)
+            if let Some(sig) = run::to_die_of() {
+                signals::die_of(sig);
+            }
+            ExitCode::from(code)
+        }
         Err(Fail(msg, code)) => {
             eprintln!("shmlock: {}", exit::one_line(&msg));
             ExitCode::from(code)

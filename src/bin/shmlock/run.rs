@@ -7,6 +7,7 @@ use std::ops::ControlFlow;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{SigSet, Signal};
@@ -34,6 +35,22 @@ const LOOKUP_EVERY: Duration = Duration::from_secs(1);
 /// the command's start and a busy machine's ordinary scheduling delays stop it (measured:
 /// docs/cli.md).
 const MIN_EXPTIME: Duration = Duration::from_millis(100);
+
+/// The signal `run` ends by: the command's, or one that came while `run` waited. `main`
+/// raises it once every table and connection is dropped.
+static DIE_OF: OnceLock<i32> = OnceLock::new();
+
+/// Records that `run` is to die of `sig` (`main` does it, `signals::die_of`); the exit code
+/// if it survives it, 128 + `sig`.
+fn died_of(sig: i32) -> u8 {
+    let _ = DIE_OF.set(sig);
+    128u8.wrapping_add(sig as u8)
+}
+
+/// The signal `run` is to die of, if it is.
+pub fn to_die_of() -> Option<i32> {
+    DIE_OF.get().copied()
+}
 
 /// Takes `a.key`, runs the command, releases the key when it exits; the exit code.
 pub fn run<B>(backend: &B, a: RunArgs) -> Result<u8, Fail>
@@ -155,7 +172,7 @@ where
     if let Phase::Waiting(Some(sig)) = *phase {
         drop(phase);
         let _ = lock.unlock();
-        return Ok(128u8.wrapping_add(sig as u8));
+        return Ok(died_of(sig as i32));
     }
     let child = cmd.spawn().map_err(|e| {
         Fail(
@@ -206,7 +223,7 @@ where
     }
     Ok(match (status.code(), status.signal()) {
         (Some(code), _) => code as u8,
-        (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
+        (None, Some(sig)) => died_of(sig),
         _ => 2,
     })
 }
@@ -245,7 +262,7 @@ fn wait_for_lock<B: Backend + WhoHolds>(
                     "shmlock: got {sig} while waiting for {shown_key:?}; not running the command"
                 );
             }
-            return Ok(ControlFlow::Break(128u8.wrapping_add(sig as u8)));
+            return Ok(ControlFlow::Break(died_of(sig as i32)));
         }
         let waited = started.elapsed();
         let stale = holder

@@ -183,3 +183,38 @@ fn next_signal(set: &SigSet) -> Option<(Signal, bool)> {
     let sig = Signal::try_from(n).ok()?;
     Some((sig, info.si_code == libc::SI_KERNEL))
 }
+
+/// Ends this process by `sig`, as its command ended (or as it would have ended itself had
+/// it not waited for the signal): a shell sees a death by signal (bash stops a loop only
+/// when its child died of SIGINT) where an exit with 128 + N reads as an ordinary status,
+/// as timeout(1) and sudo do. Returns only if `sig` does not end a process by default.
+pub fn die_of(sig: i32) {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    // A SIGQUIT or SIGSEGV of the command must not dump shmlock's core.
+    let no_core = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: setrlimit only reads the struct, which lives across the call.
+    unsafe { libc::setrlimit(libc::RLIMIT_CORE, &no_core) };
+    // The default action, which ends the process: Rust's runtime ignores SIGPIPE, and
+    // FORWARDED have no handler (the signal thread waits for them). Fails, harmlessly,
+    // for SIGKILL and SIGSTOP, which are always at their default.
+    // SAFETY: SIG_DFL installs no handler, so no code of ours runs on the signal.
+    unsafe { libc::signal(sig, libc::SIG_DFL) };
+    // FORWARDED are blocked in every thread and the signal thread takes them with
+    // sigwaitinfo, which takes only signals pending on the process or on its own thread:
+    // a signal sent to this thread (raise is tgkill to the caller) stays pending here
+    // until this thread unblocks it, and is then delivered here, to its default action.
+    // SAFETY: raise sends a signal to the calling thread; nothing is handed to it.
+    unsafe { libc::raise(sig) };
+    let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigemptyset initialises the set it points to, which lives across these
+    // calls; sigaddset and pthread_sigmask read it only after that.
+    unsafe {
+        libc::sigemptyset(set.as_mut_ptr());
+        libc::sigaddset(set.as_mut_ptr(), sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, set.as_ptr(), std::ptr::null_mut());
+    }
+}
