@@ -1348,6 +1348,39 @@ fn a_command_killed_by_a_signal_ends_run_by_that_signal() {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// A closed stderr (a pipe nobody reads: EPIPE, as Rust ignores SIGPIPE) drops `run`'s
+/// messages and changes nothing else; a closed stdout fails a command that prints there
+/// with 74 (EX_IOERR), not a panic (101).
+#[test]
+fn a_broken_stderr_or_stdout_is_no_panic() {
+    let file = TempPath::new("cli-broken-pipe");
+    let ran = TempPath::new("cli-broken-pipe-ran");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = shmlock(&file)
+        .args(["run", "--verbose", "k", "--", "touch"])
+        .arg(&ran.0)
+        .stdin(Stdio::null())
+        .stderr(writer.try_clone().unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(ran.0.exists());
+
+    let made = TempPath::new("cli-broken-pipe-made");
+    let out = shmlock(&made)
+        .arg("create")
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(74), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).starts_with("shmlock: stdout: "),
+        "{out:?}"
+    );
+}
+
 #[test]
 fn a_status_line_shows_on_a_terminal_while_run_waits() {
     use std::io::Read;

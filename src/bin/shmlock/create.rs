@@ -59,7 +59,7 @@ pub fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
             return Err(exists());
         }
         if dict.heap_size() > 0 {
-            println!(
+            tell!(
                 "created {}: a shared dict of {} B, {} entries, keys up to {} B, values up \
                  to {} B in the entry and up to {} B in a heap of {} B",
                 file.display(),
@@ -69,15 +69,15 @@ pub fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
                 dict.entry_value_len(),
                 dict.max_value_len(),
                 dict.heap_size()
-            );
+            )?;
         } else {
-            println!(
+            tell!(
                 "created {}: a shared dict of {} entries, keys up to {} B, values up to {} B",
                 file.display(),
                 dict.capacity(),
                 dict.max_key_len(),
                 dict.max_value_len()
-            );
+            )?;
         }
         return Ok(0);
     }
@@ -90,11 +90,11 @@ pub fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
     if !table.created() {
         return Err(exists());
     }
-    println!(
+    tell!(
         "created {} with capacity {} ({} slots)",
         file.display(),
         table.capacity(),
         table.slots()
-    );
+    )?;
     Ok(0)
 }

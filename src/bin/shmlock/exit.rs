@@ -36,6 +36,11 @@ pub const EX_NOT_FOUND: u8 = 127;
 /// `run` stopped its command: the lease was lost or --max-time passed.
 pub const EX_TERMINATED: u8 = 2;
 
+/// A write to stdout that failed (a closed pipe, a full disk).
+pub fn stdout_failed(e: std::io::Error) -> Fail {
+    Fail(format!("stdout: {e}"), EX_IOERR)
+}
+
 /// The exit code for an operating-system error, as flock(1) chooses it for its lock file.
 fn os_error_code(e: &std::io::Error) -> u8 {
     match e.raw_os_error() {

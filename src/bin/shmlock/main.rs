@@ -4,6 +4,25 @@
 //! Built on the public API only. This file parses the command line, sets up `run`'s signal
 //! handling, picks the table file or Redis, and turns the result into the exit code.
 
+/// A message to stderr, as `eprintln!` writes it. A write that fails is dropped, where
+/// `eprintln!` panics (a closed pipe, EPIPE, as Rust ignores SIGPIPE): there is nowhere
+/// else to report it, and `run` must not die of its `--verbose` lines.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// A line of the command's output to stdout, as `println!` writes it; a write that fails
+/// is an error (`Err(Fail)`, 74 EX_IOERR, as `inspect` and `stats` fail), not a panic.
+macro_rules! tell {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*).map_err(crate::exit::stdout_failed)
+    }};
+}
+
 mod args;
 mod create;
 mod exit;
@@ -41,13 +60,13 @@ fn main() -> ExitCode {
     if let Cmd::Run(a) = &cli.command {
         // Before anything could start a thread.
         if let Err(Fail(msg, code)) = Signals::start(a.verbose, !a.close) {
-            eprintln!("shmlock: {msg}");
+            say!("shmlock: {msg}");
             return ExitCode::from(code);
         }
     }
     if cli.redis.is_none() && cli.redis_prefix.is_some() {
         // (not clap's `requires`, which --file, conflicting with --redis, turns off)
-        eprintln!(
+        say!(
             "shmlock: --redis-prefix needs --redis: it names keys in Redis, and a table file \
              has no prefix"
         );
@@ -109,7 +128,7 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
         Err(Fail(msg, code)) => {
-            eprintln!("shmlock: {}", exit::one_line(&msg));
+            say!("shmlock: {}", exit::one_line(&msg));
             ExitCode::from(code)
         }
     }

@@ -148,7 +148,7 @@ where
         return Ok(code);
     }
     if a.verbose {
-        eprintln!("shmlock: running {program}");
+        say!("shmlock: running {program}");
     }
 
     // The lease was set by the server a round trip at most before this (far less than the
@@ -219,7 +219,7 @@ where
                 EX_TERMINATED,
             ))
         }
-        Err(e) => eprintln!("shmlock: releasing {:?}: {}", a.key, describe(&e)),
+        Err(e) => say!("shmlock: releasing {:?}: {}", a.key, describe(&e)),
     }
     Ok(match (status.code(), status.signal()) {
         (Some(code), _) => code as u8,
@@ -258,9 +258,7 @@ fn wait_for_lock<B: Backend + WhoHolds>(
         if let Phase::Waiting(Some(sig)) = *signals.phase() {
             status.clear();
             if a.verbose {
-                eprintln!(
-                    "shmlock: got {sig} while waiting for {shown_key:?}; not running the command"
-                );
+                say!("shmlock: got {sig} while waiting for {shown_key:?}; not running the command");
             }
             return Ok(ControlFlow::Break(died_of(sig as i32)));
         }
@@ -277,7 +275,7 @@ fn wait_for_lock<B: Backend + WhoHolds>(
                 .map_or("someone".to_string(), HolderInfo::describe)
         };
         if first && a.verbose {
-            eprintln!("shmlock: {shown_key:?} is held by {}", describe());
+            say!("shmlock: {shown_key:?} is held by {}", describe());
         }
         first = false;
         if wait_for.is_some_and(|w| waited >= w) {
@@ -286,7 +284,7 @@ fn wait_for_lock<B: Backend + WhoHolds>(
             let shown = status.shown();
             status.clear();
             if a.verbose || shown {
-                eprintln!(
+                say!(
                     "shmlock: gave up on {shown_key:?} after waiting {:.3}s; held by {}",
                     waited.as_secs_f64(),
                     describe()
@@ -305,7 +303,7 @@ fn wait_for_lock<B: Backend + WhoHolds>(
         backend.waited(true, started.elapsed());
     }
     if a.verbose {
-        eprintln!(
+        say!(
             "shmlock: got {shown_key:?} after waiting {:.3}s",
             started.elapsed().as_secs_f64()
         );
@@ -462,7 +460,7 @@ where
         if let (Err(Fail(msg, code)), false, true) = (&watched, vouched, renewals.busy) {
             // The command has ended; the scope would wait for the renewal in flight (up to
             // two command timeouts on a silent server) only to leave the hold to lapse.
-            eprintln!("shmlock: {}", crate::exit::one_line(msg));
+            say!("shmlock: {}", crate::exit::one_line(msg));
             std::process::exit(i32::from(*code));
         }
         // (the renewing thread ends with `renewals`, once a renewal in flight returns)
@@ -545,7 +543,7 @@ fn watch(
                 if verbose {
                     let left = children().len();
                     if left > 0 {
-                        eprintln!(
+                        say!(
                             "shmlock: the command exited; {key:?} stays held until the {left} \
                              process(es) it left running exit"
                         );
@@ -581,7 +579,7 @@ fn watch(
                     // try again soon; the command is stopped if no renewal gets through
                     // before the lease could lapse.
                     Err(e) => {
-                        eprintln!("shmlock: renewing {key:?}: {}", describe(&e));
+                        say!("shmlock: renewing {key:?}: {}", describe(&e));
                         next_renewal = Instant::now() + every / 4;
                     }
                 }

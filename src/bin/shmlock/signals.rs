@@ -97,7 +97,7 @@ impl Signals {
             let pass_on = |pid: Pid| {
                 if !has_it(pid) {
                     if self.verbose {
-                        eprintln!("shmlock: passing {sig} on to pid {pid}");
+                        say!("shmlock: passing {sig} on to pid {pid}");
                     }
                     let _ = kill(pid, sig);
                 }

@@ -103,13 +103,13 @@ pub fn unlock(file: &Path, a: UnlockArgs) -> Result<u8, Fail> {
         return Err(Fail(why, 1));
     }
     for h in broken {
-        println!(
+        tell!(
             "broke {}: held{} by {}, for {:.3}s",
             quoted(&key),
             held_as(h.mode),
             holder_of(&h),
             h.age.as_secs_f64()
-        );
+        )?;
     }
     Ok(0)
 }
@@ -151,7 +151,7 @@ pub fn unlock_redis(redis: &RedisLocks, prefix: &str, a: UnlockArgs) -> Result<u
                 1,
             ));
         }
-        println!("broke {n} hold(s) of {} by {whose}", quoted(&key));
+        tell!("broke {n} hold(s) of {} by {whose}", quoted(&key))?;
         return Ok(0);
     }
     let broken = redis.force_unlock_holders(&key)?;
@@ -162,12 +162,12 @@ pub fn unlock_redis(redis: &RedisLocks, prefix: &str, a: UnlockArgs) -> Result<u
     // dead, and a value written by something else tells nothing of its holder.
     for h in broken {
         if let Some(kind) = &h.foreign_type {
-            println!(
+            tell!(
                 "broke {}: removed a {kind} at {}{{{}}} (a value shmlock did not write)",
                 quoted(&key),
                 printable(prefix.as_bytes()),
                 printable(&key)
-            );
+            )?;
             continue;
         }
         let whose = match (h.pid, &h.host) {
@@ -177,11 +177,11 @@ pub fn unlock_redis(redis: &RedisLocks, prefix: &str, a: UnlockArgs) -> Result<u
         };
         let since =
             held_for(&h).map_or(String::new(), |d| format!(", for {:.3}s", d.as_secs_f64()));
-        println!(
+        tell!(
             "broke {}: held{} by {whose}{since}",
             quoted(&key),
             held_as(h.mode)
-        );
+        )?;
     }
     Ok(0)
 }
