@@ -1680,3 +1680,46 @@ fn inspect_columns_line_up_for_wide_and_combining_characters() {
         assert!(row.starts_with(&want), "{key:?}: {row:?}\n{text}");
     }
 }
+
+/// A key longer than its column is cut short with `…` within it: the columns after it
+/// start where the header's do, in every row (a lock table's 32-byte preview, a dict's
+/// whole key at 48 columns).
+#[test]
+fn inspect_cuts_a_long_key_to_its_column() {
+    let file = TempPath::new("cli-long-key");
+    let table = LockTable::open(&file, 16).unwrap();
+    let long = "x".repeat(40);
+    let _held: Vec<_> = [long.as_str(), "short"]
+        .iter()
+        .map(|k| table.lock(k, LockOptions::default()).unwrap())
+        .collect();
+    let text = String::from_utf8(output(shmlock(&file).arg("inspect")).stdout).unwrap();
+    let pid = std::process::id().to_string();
+    // where the PID column ends, in characters (each one column here)
+    let end_of = |line: &str, field: &str| {
+        let at = line
+            .find(field)
+            .unwrap_or_else(|| panic!("{field}: {text}"));
+        line[..at].chars().count() + field.len()
+    };
+    let lines: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    let header = end_of(lines[0], "PID");
+    for row in &lines[1..] {
+        assert_eq!(end_of(row, &pid), header, "{row:?}\n{text}");
+    }
+    let cut = format!("{}… ", "x".repeat(31));
+    assert!(lines.iter().any(|l| l.starts_with(&cut)), "{text}");
+
+    let dict_file = TempPath::new("cli-long-dict-key");
+    let dict = SharedDict::open(&dict_file, 16, 32).unwrap();
+    dict.set("k".repeat(60), "v", Duration::ZERO).unwrap();
+    dict.set("short", "v", Duration::ZERO).unwrap();
+    let text = String::from_utf8(output(shmlock(&dict_file).arg("inspect")).stdout).unwrap();
+    let lines: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    let header = end_of(lines[0], "KIND");
+    for row in &lines[1..] {
+        assert_eq!(end_of(row, "bytes"), header, "{row:?}\n{text}");
+    }
+}

@@ -21,6 +21,27 @@ pub fn column(s: &str, width: usize) -> String {
     format!("{s}{}", " ".repeat(width.saturating_sub(used)))
 }
 
+/// `s` in exactly `width` terminal columns: padded as `column` pads it, or, if it is wider
+/// or `cut` (only the start of the key is known), cut to `width - 1` columns and ended
+/// with `…`, so that a long key does not push the columns after it to the right.
+pub fn fitted(s: &str, width: usize, cut: bool) -> String {
+    let used: usize = s.chars().map(columns).sum();
+    if !cut && used <= width {
+        return column(s, width);
+    }
+    let mut kept = String::new();
+    let mut taken = 0;
+    for c in s.chars() {
+        if taken + columns(c) > width.saturating_sub(1) {
+            break;
+        }
+        taken += columns(c);
+        kept.push(c);
+    }
+    kept.push('…');
+    column(&kept, width)
+}
+
 /// Terminal columns of `c`, as terminals draw the common cases (East Asian wide and
 /// emoji ranges 2, combining marks and zero-width characters 0).
 fn columns(c: char) -> usize {

@@ -7,15 +7,16 @@ use std::time::Duration;
 
 use shmlock::{Holder, LockTable, RedisHolder, SharedDict, ValueInfo};
 
-use crate::show::{column, held_for, printable, state_name};
+use crate::show::{fitted, held_for, printable, state_name};
 
-/// A key as its row shows it: the preview, with `…` if the key is longer.
-fn shown_key(h: &Holder) -> String {
-    let mut k = printable(&h.key_preview);
-    if h.key_len > h.key_preview.len() {
-        k.push('…');
-    }
-    k
+/// A key as its row shows it, in `width` columns: the preview, cut short and ended with
+/// `…` if the key is longer.
+fn shown_key(h: &Holder, width: usize) -> String {
+    fitted(
+        &printable(&h.key_preview),
+        width,
+        h.key_len > h.key_preview.len(),
+    )
 }
 
 /// `hs`: the holders to list, sorted; `hidden`: how many more `--all` would list.
@@ -71,7 +72,7 @@ pub fn write_table(
             out,
             // (a table's tokens have 19 digits)
             "{} {:>8} {:>6} {:>9} {:>9.3}s {:>10} {:>19} {:>7} {:>10}",
-            column(&shown_key(h), 32),
+            shown_key(h, 32),
             // (no process known here: a hold left to expire, or one of another pid namespace)
             if h.pid == 0 {
                 "-".to_string()
@@ -129,7 +130,7 @@ pub fn write_dict(
         writeln!(
             out,
             "{} {:>6} {:>8} {:>10}",
-            column(&printable(k), 48),
+            fitted(&printable(k), 48, false),
             info.kind.name(),
             info.len,
             ttl
@@ -169,7 +170,7 @@ pub fn write_redis(out: &mut impl Write, url: &str, held: &[RedisHolder]) -> std
         write!(
             out,
             "{} {:>24} {:>10} {:>10} {:>8} {:>10}",
-            column(&printable(&h.key), 32),
+            fitted(&printable(&h.key), 32, false),
             holder,
             secs(held_for(h), "?"),
             secs(h.ttl, "never"),
