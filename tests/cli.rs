@@ -1723,3 +1723,81 @@ fn inspect_cuts_a_long_key_to_its_column() {
         assert_eq!(end_of(row, "bytes"), header, "{row:?}\n{text}");
     }
 }
+
+/// While `run` waits for what its command left running, with stderr on a terminal, a
+/// status line says why the key is still held, and by which processes; it is drawn again
+/// when one of them exits, and erased at the end.
+#[test]
+fn a_status_line_shows_on_a_terminal_while_leftovers_hold_the_key() {
+    use std::io::Read;
+    let file = TempPath::new("cli-leftovers-line");
+    let pids = TempPath::new("cli-leftovers-pids");
+    let size = nix::pty::Winsize {
+        ws_row: 24,
+        ws_col: 400,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(Some(&size), None).unwrap();
+    let script = format!(
+        "sleep 30 & a=$!; sleep 30 & echo $a $! > {}",
+        pids.0.display()
+    );
+    let run = shmlock(&file)
+        .args(["run", "k", "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(pty.slave))
+        .spawn()
+        .unwrap();
+    let mut master = std::fs::File::from(pty.master);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0; 4096];
+        // EIO once every copy of the slave is closed (run and the sleeps exited)
+        while let Ok(n @ 1..) = master.read(&mut buf) {
+            if tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let left = line_written(&pids);
+    let left: Vec<i32> = left.split(' ').map(|p| p.parse().unwrap()).collect();
+    let mut seen = Vec::new();
+    let mut read_until = |expected: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !String::from_utf8_lossy(&seen).contains(expected) {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(wait) {
+                Ok(chunk) => seen.extend(chunk),
+                Err(_) => panic!("no {expected:?} in {:?}", String::from_utf8_lossy(&seen)),
+            }
+        }
+    };
+    read_until(&format!(
+        "\r\x1b[2Kshmlock: sh exited (status 0); \"k\" held until the 2 process(es) it left \
+         running exit (pids {} {}); -o releases at the command's exit",
+        left[0].min(left[1]),
+        left[0].max(left[1])
+    ));
+    let kill = |pid: i32| {
+        let pid = nix::unistd::Pid::from_raw(pid);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    };
+    kill(left[0]);
+    read_until(&format!(
+        "\r\x1b[2Kshmlock: sh exited (status 0); \"k\" held until the 1 process(es) it left \
+         running exit (pids {}); -o",
+        left[1]
+    ));
+    assert!(is_held(&file, "k"));
+    kill(left[1]);
+    let out = run.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    reader.join().unwrap();
+    seen.extend(rx.try_iter().flatten());
+    let text = String::from_utf8_lossy(&seen).into_owned();
+    assert!(text.ends_with("\r\x1b[2K"), "{text:?}");
+    assert!(!text.contains('\n'), "{text:?}");
+    assert!(!is_held(&file, "k"));
+}

@@ -113,6 +113,7 @@ pub enum Cmd {
     "\n",
     "While shmlock waits with stderr on a terminal, a status line there shows who holds KEY\n",
     "(pid, how long) and how long it has waited; --verbose says the same in plain lines.\n",
+    "Another, while it waits for what COMMAND left running, names those processes.\n",
     "\n",
     "While COMMAND runs the lease is renewed every EXPTIME/3, so a live job keeps the lock\n",
     "however long it runs and a dead one loses it within EXPTIME. SIGINT, SIGTERM, SIGHUP and\n",

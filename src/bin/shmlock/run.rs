@@ -192,7 +192,13 @@ where
         max_time,
     };
     let (status, vouched) = supervise(
-        &mut lock, &a.key, lease, &happened, events, a.verbose, signals,
+        &mut lock,
+        (&a.key, program),
+        lease,
+        &happened,
+        events,
+        a.verbose,
+        signals,
     );
     if !vouched {
         // The lease lapses within a tenth of it: a release would only wait on the
@@ -427,7 +433,7 @@ struct Lease {
 /// hangs then, the process exits here with the failure, without waiting for it.
 fn supervise<B>(
     lock: &mut Lock<'_, B>,
-    key: &str,
+    (key, program): (&str, &str),
     lease: Lease,
     happened: &Receiver<Event>,
     renewed: Sender<Event>,
@@ -454,7 +460,14 @@ where
             busy: false,
             lease_end: None, // (`watch` sets it first)
         };
-        let watched = watch(key, lease, happened, &mut renewals, verbose, signals);
+        let watched = watch(
+            (key, program),
+            lease,
+            happened,
+            &mut renewals,
+            verbose,
+            signals,
+        );
         // (a command's status is returned only while the lease was vouched for)
         let vouched = watched.is_ok() || renewals.lease_end.is_some_and(|end| Instant::now() < end);
         if let (Err(Fail(msg, code)), false, true) = (&watched, vouched, renewals.busy) {
@@ -486,9 +499,10 @@ impl Renewals {
     }
 }
 
-/// `supervise`'s loop.
+/// `supervise`'s loop. While it waits for what the command left running, a status line
+/// on a terminal says so (the command's own end may look like the end of `run`'s work).
 fn watch(
-    key: &str,
+    (key, program): (&str, &str),
     lease: Lease,
     happened: &Receiver<Event>,
     renewals: &mut Renewals,
@@ -509,7 +523,10 @@ fn watch(
     let mut next_renewal = locked_at + every;
     // (past what an `Instant` holds, --max-time is no limit: 1e19 s is not a panic)
     let stop_at = max_time.and_then(|m| locked_at.checked_add(m));
-    let mut command_status = None;
+    let mut command_status: Option<ExitStatus> = None;
+    let mut status_line = StatusLine::new();
+    // (the leftovers the line names: redrawn when they change)
+    let mut shown: Vec<Pid> = Vec::new();
     let terminate = |why: String, renewals: &mut Renewals, lease: Option<Instant>| {
         terminate(why, happened, renewals, (exptime, margin, lease), signals)
     };
@@ -530,7 +547,16 @@ fn watch(
         } else {
             next_renewal.min(lease_end)
         };
-        let wake = stop_at.map_or(renew_at, |s| s.min(renew_at));
+        let mut wake = stop_at.map_or(renew_at, |s| s.min(renew_at));
+        if let (Some(status), true) = (&command_status, status_line.on) {
+            let left = children();
+            if left != shown && !left.is_empty() {
+                status_line.show(&leftovers_line(program, key, status, &left));
+                shown = left;
+            }
+            // (no event says that one of them exited: look again soon)
+            wake = wake.min(Instant::now() + SLICE);
+        }
         match happened.recv_timeout(wake.saturating_duration_since(Instant::now())) {
             Ok(Event::Command(status)) => {
                 let status = status.map_err(|e| Fail(format!("wait: {e}"), EX_OSERR))?;
@@ -569,6 +595,7 @@ fn watch(
                     // Broken by force, or gone with a server that restarted empty.
                     Err(Error::Expired) => {
                         renewals.lease_end = None;
+                        status_line.clear();
                         return Err(terminate(
                             format!("lost the lock on {key:?}"),
                             renewals,
@@ -579,6 +606,8 @@ fn watch(
                     // try again soon; the command is stopped if no renewal gets through
                     // before the lease could lapse.
                     Err(e) => {
+                        status_line.clear();
+                        shown.clear();
                         say!("shmlock: renewing {key:?}: {}", describe(&e));
                         next_renewal = Instant::now() + every / 4;
                     }
@@ -587,6 +616,7 @@ fn watch(
             Err(RecvTimeoutError::Timeout) => {
                 let now = Instant::now();
                 if stop_at.is_some_and(|s| now >= s) {
+                    status_line.clear();
                     return Err(terminate(
                         format!("{key:?} held for --max-time"),
                         renewals,
@@ -594,6 +624,7 @@ fn watch(
                     ));
                 }
                 if now >= lease_end {
+                    status_line.clear();
                     return Err(terminate(
                         format!("could not renew the lock on {key:?} in time"),
                         renewals,
@@ -609,6 +640,27 @@ fn watch(
             }
         }
     }
+}
+
+/// The status line while `run` waits for the processes `left` its command left running.
+fn leftovers_line(program: &str, key: &str, status: &ExitStatus, left: &[Pid]) -> String {
+    let how = match (status.code(), status.signal()) {
+        (Some(code), _) => format!("status {code}"),
+        (None, Some(sig)) => match Signal::try_from(sig) {
+            Ok(sig) => format!("killed by {sig}"),
+            Err(_) => format!("killed by signal {sig}"),
+        },
+        _ => format!("{status}"),
+    };
+    let pids: Vec<String> = left.iter().map(Pid::to_string).collect();
+    format!(
+        "shmlock: {} exited ({how}); {:?} held until the {} process(es) it left running \
+         exit (pids {}); -o releases at the command's exit",
+        printable(program.as_bytes()),
+        printable(key.as_bytes()),
+        left.len(),
+        pids.join(" ")
+    )
 }
 
 /// Stops the command and what it left running (SIGTERM, once to each, then SIGKILL to
