@@ -1801,3 +1801,110 @@ fn a_status_line_shows_on_a_terminal_while_leftovers_hold_the_key() {
     assert!(!text.contains('\n'), "{text:?}");
     assert!(!is_held(&file, "k"));
 }
+
+/// A pseudo-terminal's master and slave, both close-on-exec from the start (openpty's are
+/// not: a child would keep the master open, and the terminal would not hang up when the
+/// test closes it).
+fn cloexec_pty() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    use nix::fcntl::OFlag;
+    let flags = OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
+    let master = nix::pty::posix_openpt(flags).unwrap();
+    nix::pty::grantpt(&master).unwrap();
+    nix::pty::unlockpt(&master).unwrap();
+    let name = nix::pty::ptsname_r(&master).unwrap();
+    let slave = nix::fcntl::open(name.as_str(), flags, nix::sys::stat::Mode::empty()).unwrap();
+    (master.into(), slave)
+}
+
+/// `shmlock run k -- sh -c TRAPS`, its stdin the pty slave `tty`, started by a `sh -c
+/// OUTER` that `pre_exec` makes a session leader with `tty` as its controlling terminal.
+/// The command writes `hup` or `term` to `count` on each of those, and its parent's (run's)
+/// pid to `ready` once its traps are set; OUTER finds `run --verbose`'s stderr in `$E`.
+fn on_a_terminal(
+    file: &TempPath,
+    tty: std::os::fd::OwnedFd,
+    outer: &str,
+    [ready, count, said]: [&TempPath; 3],
+) -> Child {
+    let traps = r#"trap 'echo hup >> "$C"' HUP
+trap 'echo term >> "$C"; exit 0' TERM
+echo $PPID > "$R"
+while :; do sleep 0.05; done"#;
+    let mut c = Command::new("sh");
+    c.args(["-c", outer])
+        .env("SHMLOCK", env!("CARGO_BIN_EXE_shmlock"))
+        .env("F", &file.0)
+        .env("CMD", traps)
+        .env("C", &count.0)
+        .env("R", &ready.0)
+        .env("E", &said.0)
+        .stdin(Stdio::from(tty))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: setsid and ioctl are async-signal-safe; fd 0 is the pty slave by now.
+    unsafe {
+        c.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    c.spawn().unwrap()
+}
+
+/// The kernel's SIGHUP reaches the command once, as a terminal's Ctrl-C does: when the
+/// session leader exits, the kernel sends it to the terminal's whole foreground process
+/// group (run and its command here), and run does not pass it on again. When run is the
+/// session leader, a hangup of the terminal signals run alone, and run passes it on.
+/// (What run passes on is read from its `--verbose` lines: a second SIGHUP sent while the
+/// first is still pending at the command merges with it, so the command's trap cannot
+/// count it.)
+#[test]
+fn a_terminal_hangup_reaches_the_command_once() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    // the session leader (a shell that started run) exits once the command is ready
+    let file = TempPath::new("cli-hup-leader");
+    let ready = TempPath::new("cli-hup-leader-ready");
+    let count = TempPath::new("cli-hup-leader-count");
+    let said = TempPath::new("cli-hup-leader-said");
+    let (master, slave) = cloexec_pty();
+    let outer = r#""$SHMLOCK" --file "$F" run --verbose k -- sh -c "$CMD" 2> "$E" &
+while [ ! -s "$R" ]; do sleep 0.05; done"#;
+    let mut leader = on_a_terminal(&file, slave, outer, [&ready, &count, &said]);
+    let run: i32 = line_written(&ready).parse().unwrap();
+    assert!(leader.wait().unwrap().success());
+    // (the kernel's SIGHUP is pending at run by now, and a lower signal than SIGTERM:
+    // run takes it first, and passes SIGTERM on after whatever it did with it)
+    kill(Pid::from_raw(run), Signal::SIGTERM).unwrap();
+    eventually("the command got SIGTERM", || {
+        std::fs::read_to_string(&count).is_ok_and(|s| s.ends_with("term\n"))
+    });
+    assert_eq!(std::fs::read_to_string(&count).unwrap(), "hup\nterm\n");
+    eventually("the key is free", || !is_held(&file, "k"));
+    let passed = std::fs::read_to_string(&said).unwrap();
+    assert!(passed.contains("passing SIGTERM on"), "{passed}");
+    assert!(!passed.contains("passing SIGHUP on"), "{passed}");
+    drop(master);
+
+    // run is the session leader: a hangup (the master closed) signals run only
+    let file = TempPath::new("cli-hup-run");
+    let ready = TempPath::new("cli-hup-run-ready");
+    let count = TempPath::new("cli-hup-run-count");
+    let said = TempPath::new("cli-hup-run-said");
+    let (master, slave) = cloexec_pty();
+    let outer = r#"exec "$SHMLOCK" --file "$F" run --verbose k -- sh -c "$CMD" 2> "$E""#;
+    let run = on_a_terminal(&file, slave, outer, [&ready, &count, &said]);
+    line_written(&ready);
+    drop(master);
+    eventually("the command got SIGHUP", || {
+        std::fs::read_to_string(&count).is_ok_and(|s| s.ends_with("hup\n"))
+    });
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGTERM).unwrap();
+    let out = run.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(std::fs::read_to_string(&count).unwrap(), "hup\nterm\n");
+    let passed = std::fs::read_to_string(&said).unwrap();
+    assert!(passed.contains("passing SIGHUP on"), "{passed}");
+}

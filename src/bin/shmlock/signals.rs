@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use nix::sys::signal::{kill, signal, SigHandler, SigSet, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
-use nix::unistd::{getpgid, getpgrp, Pid};
+use nix::unistd::{getpgid, getpgrp, getpid, getsid, Pid};
 
 use crate::exit::{Fail, EX_OSERR};
 
@@ -87,12 +87,17 @@ impl Signals {
             };
             let mut phase = self.phase();
             // A terminal sends the signals of its INTR and QUIT characters to its whole
-            // foreground process group: a process still in ours has it already, and a
-            // second one could cut its cleanup short.
+            // foreground process group, and so does the kernel SIGHUP when the session
+            // leader exits: a process still in ours has it already, and a second one could
+            // cut its cleanup short. But a terminal's hangup sends SIGHUP to the session
+            // leader alone: if that is `run`, the command has not got it.
+            let to_group = match sig {
+                Signal::SIGINT | Signal::SIGQUIT => true,
+                Signal::SIGHUP => getsid(None).is_ok_and(|s| s != getpid()),
+                _ => false,
+            };
             let has_it = |pid: Pid| {
-                by_kernel
-                    && matches!(sig, Signal::SIGINT | Signal::SIGQUIT)
-                    && getpgid(Some(pid)).is_ok_and(|g| g == getpgrp())
+                by_kernel && to_group && getpgid(Some(pid)).is_ok_and(|g| g == getpgrp())
             };
             let pass_on = |pid: Pid| {
                 if !has_it(pid) {
