@@ -4,13 +4,17 @@
 //! Built on the public API only. This file parses the command line, sets up `run`'s signal
 //! handling, picks the table file or Redis, and turns the result into the exit code.
 
-/// A message to stderr, as `eprintln!` writes it. A write that fails is dropped, where
-/// `eprintln!` panics (a closed pipe, EPIPE, as Rust ignores SIGPIPE): there is nowhere
-/// else to report it, and `run` must not die of its `--verbose` lines.
+/// A line to stderr. A write that fails is dropped, where `eprintln!` panics (a closed
+/// pipe, EPIPE, as Rust ignores SIGPIPE): there is nowhere else to report it, and `run`
+/// must not die of its `--verbose` lines. The line goes in one write, where `eprintln!`
+/// writes it piece by piece, between which the command's own output on the same stderr
+/// could land.
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        let mut line = format!($($arg)*);
+        line.push('\n');
+        let _ = std::io::stderr().write_all(line.as_bytes());
     }};
 }
 
