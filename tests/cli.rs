@@ -1730,15 +1730,20 @@ fn inspect_cuts_a_long_key_to_its_column() {
 #[test]
 fn a_status_line_shows_on_a_terminal_while_leftovers_hold_the_key() {
     use std::io::Read;
+    use std::os::fd::AsRawFd;
     let file = TempPath::new("cli-leftovers-line");
     let pids = TempPath::new("cli-leftovers-pids");
-    let size = nix::pty::Winsize {
+    let (master, slave) = cloexec_pty();
+    // (wide enough for the whole line, which is cut to the terminal's width)
+    let size = libc::winsize {
         ws_row: 24,
         ws_col: 400,
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
-    let pty = nix::pty::openpty(Some(&size), None).unwrap();
+    // SAFETY: TIOCSWINSZ reads one winsize from the struct, which lives across the call.
+    let set = unsafe { libc::ioctl(slave.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+    assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
     let script = format!(
         "sleep 30 & a=$!; sleep 30 & echo $a $! > {}",
         pids.0.display()
@@ -1747,10 +1752,10 @@ fn a_status_line_shows_on_a_terminal_while_leftovers_hold_the_key() {
         .args(["run", "k", "--", "sh", "-c", &script])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::from(pty.slave))
+        .stderr(Stdio::from(slave))
         .spawn()
         .unwrap();
-    let mut master = std::fs::File::from(pty.master);
+    let mut master = std::fs::File::from(master);
     let (tx, rx) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         let mut buf = [0; 4096];
