@@ -1231,4 +1231,35 @@ fn an_existing_dict_is_attached_whatever_lengths_are_asked() {
             "a file was made from lengths it refused"
         );
     }
+    // The options' own conflict is said first, whatever the lengths; a call that may not
+    // create (or only reads) a missing dict says that it is missing.
+    let both = SharedDict::options()
+        .max_value_len(0)
+        .zone_size(1 << 20)
+        .heap_size(1 << 20)
+        .open(&path)
+        .unwrap_err();
+    assert!(matches!(both, Error::InvalidOptions(_)), "{both}");
+    for opts in [
+        SharedDict::options().max_value_len(0).create(false),
+        SharedDict::options().max_value_len(0).read_only(true),
+        SharedDict::options().max_value_len(2 << 20).create(false),
+    ] {
+        let e = opts.open(&missing).unwrap_err();
+        assert!(
+            matches!(&e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound),
+            "{e}"
+        );
+        assert!(!missing.0.exists());
+    }
+    let attached = SharedDict::options()
+        .max_value_len(0)
+        .read_only(true)
+        .open(&path)
+        .unwrap();
+    assert_eq!(bytes(&attached, "k").as_deref(), Some(&b"v"[..]));
+    assert!(matches!(
+        attached.set("k", "w", NEVER),
+        Err(Error::ReadOnly)
+    ));
 }

@@ -391,51 +391,57 @@ impl DictOptions {
 
     /// Opens (and maybe creates) the dict at `path`.
     pub fn open(self, path: impl AsRef<Path>) -> Result<SharedDict, Error> {
-        let mut spec = self.spec;
-        if let Err(invalid) = crate::shm::format::check_dict_limits(self.max_key, self.max_value) {
-            // Only a dict this call creates takes these lengths: an existing one is
-            // attached with its own, whatever was asked, as with valid ones.
-            let attach = OpenSpec {
-                create: false,
-                layout: Layout::Dict {
-                    max_key: 1,
-                    max_value: 1,
-                    heap_blocks: 0,
-                },
-                ..spec
-            };
-            return match SharedDict::with_spec(path.as_ref(), attach) {
-                Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                    Err(invalid)
-                }
-                attached => attached,
-            };
+        let path = path.as_ref();
+        if self.zone.is_some() && self.heap > 0 {
+            return Err(Error::InvalidOptions(
+                "zone_size sizes the heap itself: give zone_size or heap_size, not both",
+            ));
         }
+        match self.layout() {
+            Ok((layout, capacity)) => SharedDict::with_spec(
+                path,
+                OpenSpec {
+                    layout,
+                    capacity,
+                    ..self.spec
+                },
+            ),
+            // Only a dict this call creates takes the layout asked: an existing one is
+            // attached with its own, whatever was asked.
+            Err(refused) => {
+                let attach = OpenSpec {
+                    create: false,
+                    layout: Layout::Dict {
+                        max_key: 1,
+                        max_value: 1,
+                        heap_blocks: 0,
+                    },
+                    ..self.spec
+                };
+                match SharedDict::with_spec(path, attach) {
+                    Err(Error::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound
+                            && self.spec.create
+                            && !self.spec.read_only =>
+                    {
+                        Err(refused)
+                    }
+                    attached => attached,
+                }
+            }
+        }
+    }
+
+    /// The layout and capacity of a dict this call would create, or why it cannot.
+    fn layout(&self) -> Result<(Layout, u64), Error> {
+        crate::shm::format::check_dict_limits(self.max_key, self.max_value)?;
         let dict = |heap_blocks| Layout::Dict {
             max_key: self.max_key as u32,
             max_value: self.max_value as u32,
             heap_blocks,
         };
+        let mut capacity = self.spec.capacity;
         let heap_blocks = if let Some(zone) = self.zone {
-            if self.heap > 0 {
-                return Err(Error::InvalidOptions(
-                    "zone_size sizes the heap itself: give zone_size or heap_size, not both",
-                ));
-            }
-            // An existing dict is attached with its own layout, whatever the zone would
-            // make: the zone sizes only a file this call creates.
-            let attach = OpenSpec {
-                create: false,
-                layout: dict(0),
-                ..spec
-            };
-            match SharedDict::with_spec(path.as_ref(), attach) {
-                Err(Error::Io { source, .. })
-                    if source.kind() == std::io::ErrorKind::NotFound
-                        && spec.create
-                        && !spec.read_only => {}
-                attached => return attached,
-            }
             if zone > MAX_ZONE {
                 return Err(Error::InvalidLayout("a dict's zone_size is at most 64 GiB"));
             }
@@ -447,10 +453,10 @@ impl DictOptions {
                          shorter max_key_len and max_value_len)",
                     ));
                 }
-                spec.capacity = (zone / ZONE_PER_ENTRY).max(1);
+                capacity = (zone / ZONE_PER_ENTRY).max(1);
             }
-            dict(0).check(spec.capacity, spec.registry)?;
-            crate::shm::format::heap_for_zone(dict(0), spec.capacity, spec.registry, zone)?
+            dict(0).check(capacity, self.spec.registry)?;
+            crate::shm::format::heap_for_zone(dict(0), capacity, self.spec.registry, zone)?
         } else {
             let blocks = u32::try_from(self.heap.div_ceil(HEAP_BLOCK as u64))
                 .ok()
@@ -459,33 +465,16 @@ impl DictOptions {
                     "the heap would be larger than a dict can be (64 GiB)",
                 ))?;
             if blocks > 0 && longest_heap_value(blocks as usize) <= self.max_value {
-                // A heap that holds no value an entry could not: refused for a dict this
-                // call would create; an existing dict is attached with its own layout.
-                let attach = OpenSpec {
-                    create: false,
-                    layout: dict(0),
-                    ..spec
-                };
-                return match SharedDict::with_spec(path.as_ref(), attach) {
-                    Err(Error::Io { source, .. })
-                        if source.kind() == std::io::ErrorKind::NotFound
-                            && spec.create
-                            && !spec.read_only =>
-                    {
-                        Err(Error::InvalidLayout(
-                            "heap_size is too small to hold a value longer than an entry's \
-                             room (max_value_len): a value there takes whole blocks of 256 \
-                             bytes and an index block, so give at least max_value_len + 512 \
-                             bytes (or no heap)",
-                        ))
-                    }
-                    attached => attached,
-                };
+                // A heap that holds no value an entry could not.
+                return Err(Error::InvalidLayout(
+                    "heap_size is too small to hold a value longer than an entry's room \
+                     (max_value_len): a value there takes whole blocks of 256 bytes and an \
+                     index block, so give at least max_value_len + 512 bytes (or no heap)",
+                ));
             }
             blocks
         };
-        spec.layout = dict(heap_blocks);
-        SharedDict::with_spec(path.as_ref(), spec)
+        Ok((dict(heap_blocks), capacity))
     }
 }
 
