@@ -1429,7 +1429,7 @@ impl SharedDict {
         if took_over {
             // Before the recount: a writer taken over changes the count no more. (A hold
             // that took the lock free tags the count at its first change of it.)
-            self.tag_len(&w);
+            self.update_len(&w, |count| count);
         }
         // The undo copy first: the entry it covers must get its value back before any
         // write looks for room or for the key.
@@ -2363,9 +2363,12 @@ impl SharedDict {
     /// (its successor tagged the count and recounted), so the count does not drift with
     /// stalled writers' late additions (an `evict` decision rests on it).
     ///
-    /// A hold tags the count at its first change of it, as [`tag_len`](Self::tag_len)
-    /// does (a takeover's at once): an overwrite, which changes no count, pays no
-    /// read-modify-write for it.
+    /// A hold tags the count at its first change of it (a takeover's at once, with the
+    /// count as it is): an overwrite, which changes no count, pays no read-modify-write
+    /// for it. The tag it replaces is an earlier hold's (or damage, or a file written
+    /// before the tag): a later hold's would mean this one was taken over, which the lock
+    /// check says; and a successor that wrote the word after that check wrote it after
+    /// the load the CAS is from, so the CAS fails.
     fn update_len(&self, w: &Locked<'_>, f: impl Fn(u64) -> u64) {
         let word = self.control(LEN);
         let tag = u64::from(w.epoch) << 32;
@@ -2377,28 +2380,6 @@ impl SharedDict {
                 return; // taken over: the count is the successor's
             }
             let next = tag | f(count_of(cur)).min(self.capacity() as u64);
-            match word.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return,
-                Err(seen) => cur = seen,
-            }
-        }
-    }
-
-    /// Makes the entry count this hold's, for a hold that took the lock over (before its
-    /// recount). Whatever tag is there is an earlier hold's (or damage, or a file written
-    /// before the tag): a later hold's would mean this one was taken over, which the lock
-    /// check says; and a successor that wrote the word after that check wrote it after
-    /// the load the CAS is from, so the CAS fails. [`update_len`](Self::update_len) tags
-    /// it the same way at a free hold's first change of the count.
-    fn tag_len(&self, w: &Locked<'_>) {
-        let word = self.control(LEN);
-        let epoch = w.epoch;
-        let mut cur = word.load(Ordering::Relaxed);
-        loop {
-            if (cur >> 32) as u32 == epoch || !w.writing.still_mine() {
-                return;
-            }
-            let next = u64::from(epoch) << 32 | count_of(cur);
             match word.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => return,
                 Err(seen) => cur = seen,
