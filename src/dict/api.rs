@@ -1637,7 +1637,7 @@ impl SharedDict {
             return Ok(Taken::Fresh);
         }
         if self.control(SWEEP_DUE).load(Ordering::Relaxed) != 0
-            && self.sweep(w) > 0
+            && self.sweep(w, false) > 0
             && heap.take(n, hint, blocks)
         {
             return Ok(Taken::Fresh);
@@ -1885,8 +1885,12 @@ impl SharedDict {
     /// Gives back the heap's blocks that no entry and no undo copy names (a writer that
     /// died between taking them and publishing, or before it freed an old value's), if no
     /// writer taken over may still write into its own (see [`HeapOps`]); how many.
+    /// `fresh`: whether such a writer lives is asked of the registry now (a writer killed
+    /// a moment ago reads as alive for a millisecond otherwise): for the sweeps that run
+    /// once (a takeover's, `flush_expired`'s), not for a store's, which may come again
+    /// and again while one lives.
     #[cold]
-    fn sweep(&self, w: &Locked<'_>) -> usize {
+    fn sweep(&self, w: &Locked<'_>, fresh: bool) -> usize {
         let due = self.control(SWEEP_DUE).load(Ordering::Acquire);
         let heap = self.heap();
         let reg = self.inner.att.map.registry();
@@ -1894,8 +1898,14 @@ impl SharedDict {
         for j in 0..reg.len() {
             let under_way = reg.ops(j).load(Ordering::SeqCst) >> 32;
             let alive = || {
-                reg.owner_at(j)
-                    .is_some_and(|(o, g)| !self.inner.att.is_dead_at(o, Some(g)))
+                reg.owner_at(j).is_some_and(|(o, g)| {
+                    let att = &self.inner.att;
+                    !if fresh {
+                        att.is_dead_now(o, Some(g))
+                    } else {
+                        att.is_dead_at(o, Some(g))
+                    }
+                })
             };
             if (j == me && under_way > 1) || (j != me && under_way > 0 && alive()) {
                 return 0;
@@ -2616,7 +2626,7 @@ impl SharedDict {
         if self.inner.geometry.heap_blocks != 0
             && self.control(SWEEP_DUE).load(Ordering::Relaxed) != 0
         {
-            self.sweep(w);
+            self.sweep(w, true);
         }
     }
 
