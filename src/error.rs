@@ -214,6 +214,7 @@ pub enum Error {
     /// beside the value it replaces (even once every other value it may evict is gone)
     /// replaces it only after freeing it, so the key may then have no value (see
     /// [`DictOptions::heap_size`](crate::DictOptions::heap_size)).
+    #[non_exhaustive]
     Stalled {
         /// The key the write was for (its first bytes); `None` for an operation on the
         /// whole dict (`flush_all`, `flush_expired`).

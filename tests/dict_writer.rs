@@ -261,7 +261,7 @@ fn set_held_at_read(
         await_word(shared, 0, Duration::from_secs(60));
         let said = match d.set(key, "w", Duration::ZERO) {
             Ok(_) => 1,
-            Err(Error::Stalled { key: Some(k) }) if k.as_bytes() == key.as_bytes() => 2,
+            Err(Error::Stalled { key: Some(k), .. }) if k.as_bytes() == key.as_bytes() => 2,
             Err(_) => 3, // another error, or a Stalled that does not name the key
         };
         shared.word(2).store(said, Ordering::SeqCst);
