@@ -1387,15 +1387,16 @@ fn a_status_line_shows_on_a_terminal_while_run_waits() {
     let file = TempPath::new("cli-status-line");
     let holder = held_until_stdin_closes(&file, "job:7");
     let holder_pid = holder.id();
-    let pty = nix::pty::openpty(None, None).unwrap();
+    // (close-on-exec: what other tests spawn meanwhile must not keep it)
+    let (master, slave) = cloexec_pty();
     let waiter = shmlock(&file)
         .args(["run", "job:7", "--", "true"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::from(pty.slave)) // the Command, and this copy, are dropped here
+        .stderr(Stdio::from(slave)) // the Command, and this copy, are dropped here
         .spawn()
         .unwrap();
-    let mut master = std::fs::File::from(pty.master);
+    let mut master = std::fs::File::from(master);
     let (tx, rx) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         let mut buf = [0; 4096];
