@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use shmlock::{Error, FormatError, Holder, LockTable, RedisLocks, SharedDict, ValueInfo};
 
 use crate::args::{secs, InspectArgs};
-use crate::exit::{Fail, EX_IOERR, EX_NOINPUT, EX_USAGE};
+use crate::exit::{stdout_failed, Fail, EX_NOINPUT, EX_USAGE};
 use crate::{json, text};
 
 /// What `inspect` looks at.
@@ -49,7 +49,6 @@ pub fn open_inspected(file: &Path) -> Result<Inspected, Fail> {
 
 /// Prints what `what` holds, once or (--watch) until interrupted.
 pub fn inspect(what: &Inspected, a: &InspectArgs) -> Result<u8, Fail> {
-    let stdout_err = |e: std::io::Error| Fail(format!("stdout: {e}"), EX_IOERR);
     if a.all && !matches!(what, Inspected::Table(..)) {
         return Err(Fail(
             "--all adds a lock table's expired entries and dead owners' holds: a dict lists \
@@ -61,7 +60,7 @@ pub fn inspect(what: &Inspected, a: &InspectArgs) -> Result<u8, Fail> {
     let mut buf = Vec::new();
     snapshot(&mut buf, what, a)?;
     if !a.watch && a.interval.is_none() {
-        std::io::stdout().write_all(&buf).map_err(stdout_err)?;
+        std::io::stdout().write_all(&buf).map_err(stdout_failed)?;
         return Ok(0);
     }
     let interval = secs(a.interval.unwrap_or(1.0), "--interval")?;
@@ -104,7 +103,7 @@ pub fn inspect(what: &Inspected, a: &InspectArgs) -> Result<u8, Fail> {
             Ok(()) => {}
             // The reader went away (`| head`): that is the end of watching, not an error.
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(0),
-            Err(e) => return Err(stdout_err(e)),
+            Err(e) => return Err(stdout_failed(e)),
         }
     }
 }
@@ -225,5 +224,5 @@ fn snapshot(out: &mut Vec<u8>, what: &Inspected, a: &InspectArgs) -> Result<(), 
             }
         }
     };
-    written.map_err(|e| Fail(format!("stdout: {e}"), EX_IOERR))
+    written.map_err(stdout_failed)
 }

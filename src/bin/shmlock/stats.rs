@@ -9,7 +9,7 @@ use std::time::Instant;
 use shmlock::{DictStats, Histogram, LockStats};
 
 use crate::args::{secs, StatsArgs};
-use crate::exit::{Fail, EX_IOERR, EX_USAGE};
+use crate::exit::{stdout_failed, Fail, EX_USAGE};
 use crate::inspect::Inspected;
 
 /// What one read of the counters gave.
@@ -75,7 +75,7 @@ pub fn stats(what: &Inspected, file: &Path, a: &StatsArgs) -> Result<u8, Fail> {
         {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(0),
-            Err(e) => return Err(Fail(format!("stdout: {e}"), EX_IOERR)),
+            Err(e) => return Err(stdout_failed(e)),
         }
         if !watch {
             return Ok(0);
