@@ -1781,8 +1781,8 @@ fn a_status_line_shows_on_a_terminal_while_leftovers_hold_the_key() {
         }
     };
     read_until(&format!(
-        "\r\x1b[2Kshmlock: sh exited (status 0); \"k\" held until the 2 process(es) it left \
-         running exit (pids {} {}); -o releases at the command's exit",
+        "\r\x1b[2Kshmlock: \"k\" held until what sh left running exits: pids {} {} (sh \
+         exited, status 0; -o releases at its exit)",
         left[0].min(left[1]),
         left[0].max(left[1])
     ));
@@ -1792,8 +1792,7 @@ fn a_status_line_shows_on_a_terminal_while_leftovers_hold_the_key() {
     };
     kill(left[0]);
     read_until(&format!(
-        "\r\x1b[2Kshmlock: sh exited (status 0); \"k\" held until the 1 process(es) it left \
-         running exit (pids {}); -o",
+        "\r\x1b[2Kshmlock: \"k\" held until what sh left running exits: pid {} (sh",
         left[1]
     ));
     assert!(is_held(&file, "k"));
@@ -1913,4 +1912,62 @@ while [ ! -s "$R" ]; do sleep 0.05; done"#;
     assert_eq!(std::fs::read_to_string(&count).unwrap(), "hup\nterm\n");
     let passed = std::fs::read_to_string(&said).unwrap();
     assert!(passed.contains("passing SIGHUP on"), "{passed}");
+}
+
+/// A `run` in the background of its terminal, under `stty tostop`, is not stopped by its
+/// own output (SIGTTOU would stop it, and its lease could lapse while its command runs),
+/// and draws no status line over the foreground: it waits for the key, gets it when the
+/// holder lets go, and exits 0. (Before, it was stopped at its first status line: the
+/// shell's `wait` said 150, 128 + SIGTTOU.)
+#[test]
+fn a_background_run_under_tostop_is_not_stopped_by_its_status_line() {
+    use std::io::Read;
+    let file = TempPath::new("cli-tostop");
+    let holder = held_until_stdin_closes(&file, "k");
+    let (master, slave) = cloexec_pty();
+    // A shell with job control (`set -m`): its `&` job gets a process group of its own,
+    // in the terminal's background.
+    let script = r#"set -m; stty tostop
+"$SHMLOCK" --file "$F" run k -- true & job=$!
+while [ ! -e "$G" ]; do sleep 0.05; done
+wait $job; echo "exit $?""#;
+    let go = TempPath::new("cli-tostop-go");
+    let mut c = Command::new("sh");
+    c.args(["-c", script])
+        .env("SHMLOCK", env!("CARGO_BIN_EXE_shmlock"))
+        .env("F", &file.0)
+        .env("G", &go.0)
+        .stdin(Stdio::from(slave.try_clone().unwrap()))
+        .stdout(Stdio::from(slave.try_clone().unwrap()))
+        .stderr(Stdio::from(slave));
+    // SAFETY: setsid and ioctl are async-signal-safe; fd 0 is the pty slave by now.
+    unsafe {
+        c.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut shell = c.spawn().unwrap();
+    drop(c); // (the Command's copies of the slave)
+    let mut master = std::fs::File::from(master);
+    let reader = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        // EIO once every copy of the slave is closed
+        let mut buf = [0; 4096];
+        while let Ok(n @ 1..) = master.read(&mut buf) {
+            seen.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&seen).into_owned()
+    });
+    // the background run waits (several status line slices), then the holder lets go
+    eventually("the background run waits", || someone_waits(&file, "k"));
+    std::thread::sleep(Duration::from_millis(600));
+    release(holder);
+    std::fs::write(&go, "").unwrap();
+    assert!(shell.wait().unwrap().success());
+    let text = reader.join().unwrap();
+    assert!(text.contains("exit 0"), "{text:?}");
+    assert!(!text.contains("waiting for"), "{text:?}");
 }

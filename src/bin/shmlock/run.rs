@@ -154,7 +154,12 @@ where
     // The lease was set by the server a round trip at most before this (far less than the
     // margin `supervise` keeps).
     let locked_at = Instant::now();
-    let mut cmd = command(program, args, a.shell_command.is_some(), signals.set);
+    let mut cmd = command(
+        program,
+        args,
+        a.shell_command.is_some(),
+        signals.for_command(),
+    );
     cmd.env("SHMLOCK_KEY", &a.key);
     match lock.token() {
         Some(token) => cmd.env("SHMLOCK_TOKEN", token.to_string()),
@@ -653,12 +658,14 @@ fn leftovers_line(program: &str, key: &str, status: &ExitStatus, left: &[Pid]) -
         _ => format!("{status}"),
     };
     let pids: Vec<String> = left.iter().map(Pid::to_string).collect();
+    // What matters first, for a line cut to the terminal's width: the key, and whom it
+    // waits for.
+    let program = printable(program.as_bytes());
     format!(
-        "shmlock: {} exited ({how}); {:?} held until the {} process(es) it left running \
-         exit (pids {}); -o releases at the command's exit",
-        printable(program.as_bytes()),
+        "shmlock: {:?} held until what {program} left running exits: pid{} {} ({program} \
+         exited, {how}; -o releases at its exit)",
         printable(key.as_bytes()),
-        left.len(),
+        if left.len() == 1 { "" } else { "s" },
         pids.join(" ")
     )
 }

@@ -111,7 +111,9 @@ impl StatusLine {
     }
 
     pub fn show(&mut self, text: &str) {
-        if !self.on {
+        // Drawn only in the terminal's foreground: a background job's line would be
+        // drawn over whatever the foreground shows.
+        if !self.on || !in_foreground() {
             return;
         }
         // One line that never wraps, or the carriage return would not get back to its start.
@@ -144,6 +146,16 @@ impl Drop for StatusLine {
     fn drop(&mut self) {
         self.clear();
     }
+}
+
+/// Whether this process's group is the foreground one of the terminal on stderr, or that
+/// terminal is not this process's controlling terminal (then no job of ours is in its
+/// background).
+fn in_foreground() -> bool {
+    // SAFETY: tcgetpgrp takes a descriptor number and returns a number; -1 (ENOTTY: not
+    // our controlling terminal) says no group of ours.
+    let group = unsafe { libc::tcgetpgrp(libc::STDERR_FILENO) };
+    group <= 0 || group == nix::unistd::getpgrp().as_raw()
 }
 
 /// Columns of the terminal on stderr (80 if it does not say).
