@@ -1383,7 +1383,6 @@ fn a_broken_stderr_or_stdout_is_no_panic() {
 
 #[test]
 fn a_status_line_shows_on_a_terminal_while_run_waits() {
-    use std::io::Read;
     let file = TempPath::new("cli-status-line");
     let holder = held_until_stdin_closes(&file, "job:7");
     let holder_pid = holder.id();
@@ -1396,17 +1395,8 @@ fn a_status_line_shows_on_a_terminal_while_run_waits() {
         .stderr(Stdio::from(slave)) // the Command, and this copy, are dropped here
         .spawn()
         .unwrap();
-    let mut master = std::fs::File::from(master);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        let mut buf = [0; 4096];
-        // EIO once every copy of the slave is closed (the waiter exited)
-        while let Ok(n @ 1..) = master.read(&mut buf) {
-            if tx.send(buf[..n].to_vec()).is_err() {
-                break;
-            }
-        }
-    });
+    // (EIO once every copy of the slave is closed: the waiter exited)
+    let (rx, reader) = read_pty(master);
     let mut seen = Vec::new();
     let expected = format!("waiting for \"job:7\", held by pid {holder_pid} for ");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -1730,7 +1720,6 @@ fn inspect_cuts_a_long_key_to_its_column() {
 /// when one of them exits, and erased at the end.
 #[test]
 fn a_status_line_shows_on_a_terminal_while_leftovers_hold_the_key() {
-    use std::io::Read;
     use std::os::fd::AsRawFd;
     let file = TempPath::new("cli-leftovers-line");
     let pids = TempPath::new("cli-leftovers-pids");
@@ -1756,17 +1745,8 @@ fn a_status_line_shows_on_a_terminal_while_leftovers_hold_the_key() {
         .stderr(Stdio::from(slave))
         .spawn()
         .unwrap();
-    let mut master = std::fs::File::from(master);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        let mut buf = [0; 4096];
-        // EIO once every copy of the slave is closed (run and the sleeps exited)
-        while let Ok(n @ 1..) = master.read(&mut buf) {
-            if tx.send(buf[..n].to_vec()).is_err() {
-                break;
-            }
-        }
-    });
+    // (EIO once every copy of the slave is closed: run and the sleeps exited)
+    let (rx, reader) = read_pty(master);
     let left = line_written(&pids);
     let left: Vec<i32> = left.split(' ').map(|p| p.parse().unwrap()).collect();
     let mut seen = Vec::new();
@@ -1805,6 +1785,28 @@ fn a_status_line_shows_on_a_terminal_while_leftovers_hold_the_key() {
     assert!(text.ends_with("\r\x1b[2K"), "{text:?}");
     assert!(!text.contains('\n'), "{text:?}");
     assert!(!is_held(&file, "k"));
+}
+
+/// Reads the pty `master` on a thread, sending what it reads, until every copy of the slave
+/// is closed (EIO); the thread's handle, to join.
+fn read_pty(
+    master: std::os::fd::OwnedFd,
+) -> (
+    std::sync::mpsc::Receiver<Vec<u8>>,
+    std::thread::JoinHandle<()>,
+) {
+    use std::io::Read;
+    let mut master = std::fs::File::from(master);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0; 4096];
+        while let Ok(n @ 1..) = master.read(&mut buf) {
+            if tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    (rx, reader)
 }
 
 /// A pseudo-terminal's master and slave, both close-on-exec from the start (openpty's are

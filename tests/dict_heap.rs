@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::dict::{gen_of, keys_of, make_value, verify, LruModel};
-use common::fork::{fork, xorshift, Shared};
+use common::fork::{fork, xorshift, Child, Shared};
 use common::harness::Test;
 use common::probe::{await_word, cont, Proc};
 use common::TempPath;
@@ -851,24 +851,7 @@ fn blocks_a_killed_writer_took_are_free_once_the_next_write_takes_over() {
     let (mut x, mut held) = (0x4ea9_u64, 0);
     let shared = Shared::new(1);
     for round in 0..ROUNDS {
-        shared.word(0).store(0, Ordering::SeqCst);
-        let child = {
-            let (d, shared) = (&d, &shared);
-            fork(move || {
-                let values = [make_value(1, 1, 300_000), make_value(2, 1, 300_000)];
-                shared.word(0).store(1, Ordering::SeqCst);
-                for i in 0.. {
-                    if d.set(format!("a{}", i % 2), &values[i % 2][..], Duration::ZERO)
-                        .is_err()
-                    {
-                        return 1;
-                    }
-                }
-                0
-            })
-        };
-        await_word(&shared, 0, Duration::from_secs(30));
-        std::thread::sleep(Duration::from_micros(2000 + xorshift(&mut x) % 20_000));
+        let child = rewriting_two_long_values(&d, &shared, &mut x);
         child.kill();
         held += usize::from(d.writer_pid() == Some(child.0 as u32));
         d.delete("a0").unwrap();
@@ -899,24 +882,7 @@ fn blocks_a_stopped_writer_took_are_free_at_flush_expired_once_it_is_killed() {
     let (mut x, mut held) = (0x51ab_u64, 0);
     let shared = Shared::new(1);
     for round in 0..ROUNDS {
-        shared.word(0).store(0, Ordering::SeqCst);
-        let child = {
-            let (d, shared) = (&d, &shared);
-            fork(move || {
-                let values = [make_value(1, 1, 300_000), make_value(2, 1, 300_000)];
-                shared.word(0).store(1, Ordering::SeqCst);
-                for i in 0.. {
-                    if d.set(format!("a{}", i % 2), &values[i % 2][..], Duration::ZERO)
-                        .is_err()
-                    {
-                        return 1;
-                    }
-                }
-                0
-            })
-        };
-        await_word(&shared, 0, Duration::from_secs(30));
-        std::thread::sleep(Duration::from_micros(2000 + xorshift(&mut x) % 20_000));
+        let child = rewriting_two_long_values(&d, &shared, &mut x);
         common::signal::send(child.0, libc::SIGSTOP);
         let holding = d.writer_pid() == Some(child.0 as u32);
         held += usize::from(holding);
@@ -938,6 +904,27 @@ fn blocks_a_stopped_writer_took_are_free_at_flush_expired_once_it_is_killed() {
         d.repairs()
     );
     assert!(held >= ROUNDS / 3, "too few stops landed inside a write");
+}
+
+/// A child that rewrites the keys `a0` and `a1` with 300 KB values (in the heap) without
+/// pause, returned 2-22 ms after it began (word 0 of `shared` says when).
+fn rewriting_two_long_values(d: &SharedDict, shared: &Shared, x: &mut u64) -> Child {
+    shared.word(0).store(0, Ordering::SeqCst);
+    let child = fork(move || {
+        let values = [make_value(1, 1, 300_000), make_value(2, 1, 300_000)];
+        shared.word(0).store(1, Ordering::SeqCst);
+        for i in 0.. {
+            if d.set(format!("a{}", i % 2), &values[i % 2][..], Duration::ZERO)
+                .is_err()
+            {
+                return 1;
+            }
+        }
+        0
+    });
+    await_word(shared, 0, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_micros(2000 + xorshift(x) % 20_000));
+    child
 }
 
 /// The file's words, mapped apart from the library, to damage a dict on purpose.
