@@ -1916,29 +1916,18 @@ while [ ! -s "$R" ]; do sleep 0.05; done"#;
     assert!(passed.contains("passing SIGHUP on"), "{passed}");
 }
 
-/// A `run` in the background of its terminal, under `stty tostop`, is not stopped by its
-/// own output (SIGTTOU would stop it, and its lease could lapse while its command runs),
-/// and draws no status line over the foreground: it waits for the key, gets it when the
-/// holder lets go, and exits 0. (Before, it was stopped at its first status line: the
-/// shell's `wait` said 150, 128 + SIGTTOU.)
-#[test]
-fn a_background_run_under_tostop_is_not_stopped_by_its_status_line() {
-    use std::io::Read;
-    let file = TempPath::new("cli-tostop");
-    let holder = held_until_stdin_closes(&file, "k");
+/// `sh -c SCRIPT` with job control (`set -m`: each `&` job gets a process group of its own,
+/// in the terminal's background) as the session leader of a new pty, with `env`; the
+/// shell, and a thread that returns all the terminal showed once the shell has exited.
+fn job_control_shell(
+    script: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> (Child, std::thread::JoinHandle<String>) {
     let (master, slave) = cloexec_pty();
-    // A shell with job control (`set -m`): its `&` job gets a process group of its own,
-    // in the terminal's background.
-    let script = r#"set -m; stty tostop
-"$SHMLOCK" --file "$F" run k -- true & job=$!
-while [ ! -e "$G" ]; do sleep 0.05; done
-wait $job; echo "exit $?""#;
-    let go = TempPath::new("cli-tostop-go");
     let mut c = Command::new("sh");
-    c.args(["-c", script])
+    c.args(["-c", &format!("set -m; stty tostop\n{script}")])
         .env("SHMLOCK", env!("CARGO_BIN_EXE_shmlock"))
-        .env("F", &file.0)
-        .env("G", &go.0)
+        .envs(env.iter().copied())
         .stdin(Stdio::from(slave.try_clone().unwrap()))
         .stdout(Stdio::from(slave.try_clone().unwrap()))
         .stderr(Stdio::from(slave));
@@ -1951,25 +1940,64 @@ wait $job; echo "exit $?""#;
             Ok(())
         });
     }
-    let mut shell = c.spawn().unwrap();
+    let shell = c.spawn().unwrap();
     drop(c); // (the Command's copies of the slave)
-    let mut master = std::fs::File::from(master);
-    let reader = std::thread::spawn(move || {
-        let mut seen = Vec::new();
-        // EIO once every copy of the slave is closed
-        let mut buf = [0; 4096];
-        while let Ok(n @ 1..) = master.read(&mut buf) {
-            seen.extend_from_slice(&buf[..n]);
-        }
+    let (rx, reader) = read_pty(master);
+    let text = std::thread::spawn(move || {
+        let seen: Vec<u8> = rx.iter().flatten().collect();
+        reader.join().unwrap();
         String::from_utf8_lossy(&seen).into_owned()
     });
+    (shell, text)
+}
+
+/// A `run` in the background of its terminal, under `stty tostop`, draws no status line:
+/// it would be drawn over the foreground, and its write would stop the job (`run` with
+/// it: the lease could lapse meanwhile). It waits for the key, gets it when the holder
+/// lets go, and exits 0. (Before, it was stopped at its first status line: the shell's
+/// `wait` said 150, 128 + SIGTTOU.)
+#[test]
+fn a_background_run_under_tostop_draws_no_status_line_and_is_not_stopped() {
+    let file = TempPath::new("cli-tostop");
+    let go = TempPath::new("cli-tostop-go");
+    let holder = held_until_stdin_closes(&file, "k");
+    let script = r#""$SHMLOCK" --file "$F" run k -- true & job=$!
+while [ ! -e "$G" ]; do sleep 0.05; done
+wait $job; echo "exit $?""#;
+    let env = [("F", file.0.as_os_str()), ("G", go.0.as_os_str())];
+    let (mut shell, text) = job_control_shell(script, &env);
     // the background run waits (several status line slices), then the holder lets go
     eventually("the background run waits", || someone_waits(&file, "k"));
     std::thread::sleep(Duration::from_millis(600));
     release(holder);
     std::fs::write(&go, "").unwrap();
     assert!(shell.wait().unwrap().success());
-    let text = reader.join().unwrap();
+    let text = text.join().unwrap();
     assert!(text.contains("exit 0"), "{text:?}");
     assert!(!text.contains("waiting for"), "{text:?}");
+}
+
+/// Job control is as without `run`: a command that writes to the terminal from the
+/// background under `stty tostop` stops its job, and `run` with it, so that the shell says
+/// the job stopped (with `run` not stopping, the shell said it ran, and bash's `fg`, which
+/// sends no SIGCONT to a running job, hung holding the key). Brought to the foreground, it
+/// ends.
+#[test]
+fn a_background_command_writing_under_tostop_stops_its_job_run_included() {
+    let file = TempPath::new("cli-tostop-cmd");
+    let script = r#""$SHMLOCK" --file "$F" run k -- sh -c 'echo said-hi' & job=$!
+i=0; while jobs > "$J" && ! grep -q Stopped "$J" && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
+jobs; ps -o stat= -p $job
+fg %1 > /dev/null; echo "exit $?""#;
+    let jobs = TempPath::new("cli-tostop-jobs");
+    let env = [("F", file.0.as_os_str()), ("J", jobs.0.as_os_str())];
+    let (mut shell, text) = job_control_shell(script, &env);
+    assert!(shell.wait().unwrap().success());
+    let text = text.join().unwrap();
+    assert!(text.contains("Stopped"), "{text:?}");
+    assert!(
+        text.contains("said-hi") && text.contains("exit 0"),
+        "{text:?}"
+    );
+    assert!(!is_held(&file, "k"));
 }

@@ -154,12 +154,7 @@ where
     // The lease was set by the server a round trip at most before this (far less than the
     // margin `supervise` keeps).
     let locked_at = Instant::now();
-    let mut cmd = command(
-        program,
-        args,
-        a.shell_command.is_some(),
-        signals.for_command(),
-    );
+    let mut cmd = command(program, args, a.shell_command.is_some(), signals.set);
     cmd.env("SHMLOCK_KEY", &a.key);
     match lock.token() {
         Some(token) => cmd.env("SHMLOCK_TOKEN", token.to_string()),
@@ -555,8 +550,11 @@ fn watch(
         let mut wake = stop_at.map_or(renew_at, |s| s.min(renew_at));
         if let (Some(status), true) = (&command_status, status_line.on) {
             let left = children();
-            if left != shown && !left.is_empty() {
-                status_line.show(&leftovers_line(program, key, status, &left));
+            // (drawn again when they change, or once `run` is back in the foreground)
+            if left != shown
+                && !left.is_empty()
+                && status_line.show(&leftovers_line(program, key, status, &left))
+            {
                 shown = left;
             }
             // (no event says that one of them exited: look again soon)

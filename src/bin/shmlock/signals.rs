@@ -57,14 +57,6 @@ impl Signals {
         }
         set.thread_block()
             .map_err(|e| Fail(format!("blocking signals: {e}"), EX_OSERR))?;
-        // A write to the terminal from a background job under `stty tostop` stops its
-        // process group with SIGTTOU unless the writer blocks it: `run` stopped by its
-        // own status line or `--verbose` line would let the lease lapse while the command
-        // runs on. Blocked, the write is made (and the status line is drawn only in the
-        // foreground); the command gets it unblocked (`Signals::for_command`).
-        SigSet::from(Signal::SIGTTOU)
-            .thread_block()
-            .map_err(|e| Fail(format!("blocking signals: {e}"), EX_OSERR))?;
         // An ignored SIGCHLD, inherited from whoever started us, would have the kernel
         // reap the command and what it leaves, and `run` could not wait for them.
         // SAFETY: SIG_DFL installs no handler; no other thread exists yet.
@@ -81,13 +73,6 @@ impl Signals {
             .spawn(|| signals.forward())
             .map_err(|e| Fail(format!("starting a thread: {e}"), EX_OSERR))?;
         Ok(signals)
-    }
-
-    /// The signals `run` blocks, which the command is to get unblocked.
-    pub fn for_command(&self) -> SigSet {
-        let mut all = self.set;
-        all.add(Signal::SIGTTOU);
-        all
     }
 
     pub fn phase(&self) -> MutexGuard<'_, Phase> {

@@ -110,11 +110,18 @@ impl StatusLine {
         }
     }
 
-    pub fn show(&mut self, text: &str) {
-        // Drawn only in the terminal's foreground: a background job's line would be
-        // drawn over whatever the foreground shows.
-        if !self.on || !in_foreground() {
-            return;
+    /// Draws `text` in place of the line shown; whether it was drawn. Only in the
+    /// terminal's foreground: a background job's line would be drawn over whatever the
+    /// foreground shows, and under `stty tostop` its write would stop the job (`run` and
+    /// its command with it). A line drawn before `run` went to the background is left as
+    /// it is, part of the terminal's history by now.
+    pub fn show(&mut self, text: &str) -> bool {
+        if !self.on {
+            return false;
+        }
+        if !in_foreground() {
+            self.shown = false;
+            return false;
         }
         // One line that never wraps, or the carriage return would not get back to its start.
         let text: String = text
@@ -125,6 +132,7 @@ impl StatusLine {
         let _ = write!(err, "\r\x1b[2K{text}");
         let _ = err.flush();
         self.shown = true;
+        true
     }
 
     /// Whether a line is on the screen now.
@@ -132,13 +140,15 @@ impl StatusLine {
         self.shown
     }
 
+    /// Erases the line shown, if `run` is still in the foreground (else it is left: see
+    /// `show`).
     pub fn clear(&mut self) {
-        if self.shown {
+        if self.shown && in_foreground() {
             let mut err = std::io::stderr().lock();
             let _ = write!(err, "\r\x1b[2K");
             let _ = err.flush();
-            self.shown = false;
         }
+        self.shown = false;
     }
 }
 
