@@ -332,17 +332,18 @@ impl Attachment {
     /// [`is_dead`](Self::is_dead) for an owner whose full registry generation is known
     /// (a hold's lease records it).
     pub(crate) fn is_dead_at(&self, owner: OwnerId, generation: Option<u32>) -> bool {
-        self.is_dead_since(owner, generation, true)
+        self.is_dead_asking(owner, generation, true)
     }
 
     /// [`is_dead_at`](Self::is_dead_at) asked of the registry now, not answered "alive"
     /// from a check of the last millisecond: for a rare pass (the dict's heap sweep) that
     /// a just-killed owner would otherwise put off, where no loop waits on the answer.
     pub(crate) fn is_dead_now(&self, owner: OwnerId, generation: Option<u32>) -> bool {
-        self.is_dead_since(owner, generation, false)
+        self.is_dead_asking(owner, generation, false)
     }
 
-    fn is_dead_since(&self, owner: OwnerId, generation: Option<u32>, cached: bool) -> bool {
+    /// `cached`: an "alive" answered within the last millisecond stands.
+    fn is_dead_asking(&self, owner: OwnerId, generation: Option<u32>, cached: bool) -> bool {
         if owner.is_unknown() || self.is_ours(owner, generation) {
             return false;
         }

@@ -78,8 +78,8 @@ impl Mapping {
     pub(crate) fn words(&self) -> &[AtomicU64] {
         // SAFETY: as for `all`, of which the body is a part: `body_words` words from word
         // `body_at` (8-byte aligned), inside the mapping. Made directly rather than sliced
-        // from `all`: every access to the table goes through here, and the slice's bounds
-        // checks cost a get of the dict ~10 instructions a call.
+        // from `all`: a dict reaches its words through here several times an operation,
+        // and the slice's bounds checks cost ~10 instructions a call.
         unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(self.body_at), self.body_words) }
     }
 
