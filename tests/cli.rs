@@ -1680,7 +1680,9 @@ fn inspect_cuts_a_long_key_to_its_column() {
     let file = TempPath::new("cli-long-key");
     let table = LockTable::open(&file, 16).unwrap();
     let long = "x".repeat(40);
-    let _held: Vec<_> = [long.as_str(), "short"]
+    // 41 bytes: the stored preview of 32 ends inside the 16th "é"
+    let accented = format!("y{}", "é".repeat(20));
+    let _held: Vec<_> = [long.as_str(), "short", accented.as_str()]
         .iter()
         .map(|k| table.lock(k, LockOptions::default()).unwrap())
         .collect();
@@ -1694,13 +1696,23 @@ fn inspect_cuts_a_long_key_to_its_column() {
         line[..at].chars().count() + field.len()
     };
     let lines: Vec<&str> = text.lines().skip(1).collect();
-    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines.len(), 4, "{text}");
     let header = end_of(lines[0], "PID");
     for row in &lines[1..] {
         assert_eq!(end_of(row, &pid), header, "{row:?}\n{text}");
     }
     let cut = format!("{}… ", "x".repeat(31));
     assert!(lines.iter().any(|l| l.starts_with(&cut)), "{text}");
+    // a character the preview cuts is left out, not shown as a replacement character
+    let cut = format!("y{}… ", "é".repeat(15));
+    assert!(lines.iter().any(|l| l.starts_with(&cut)), "{text}");
+    let json =
+        String::from_utf8(output(shmlock(&file).args(["inspect", "--json"])).stdout).unwrap();
+    assert!(json.contains(&format!("\"y{}\"", "é".repeat(15))), "{json}");
+    assert!(
+        !text.contains('\u{FFFD}') && !json.contains('\u{FFFD}'),
+        "{text}{json}"
+    );
 
     let dict_file = TempPath::new("cli-long-dict-key");
     let dict = SharedDict::open(&dict_file, 16, 32).unwrap();

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use shmlock::{Holder, LockTable, RedisHolder, SharedDict, ValueInfo};
 
-use crate::show::{held_for, hex, state_name};
+use crate::show::{held_for, hex, state_name, whole_chars};
 
 /// One JSON object on a line, as `--json` promises.
 fn print_json(out: &mut impl Write, value: &impl serde::Serialize) -> std::io::Result<()> {
@@ -68,7 +68,11 @@ pub fn write_table(
         holders: hs
             .iter()
             .map(|h| TableEntry {
-                key: String::from_utf8_lossy(&h.key_preview).into_owned(),
+                key: String::from_utf8_lossy(whole_chars(
+                    &h.key_preview,
+                    h.key_len > h.key_preview.len(),
+                ))
+                .into_owned(),
                 key_hex: hex(&h.key_preview),
                 key_len: h.key_len,
                 truncated: h.key_len > h.key_preview.len(),

@@ -13,6 +13,35 @@ pub fn printable(key: &[u8]) -> String {
         .collect()
 }
 
+/// The bytes of a key's stored preview that hold whole characters: a preview of a longer
+/// key (`cut`) may end inside a UTF-8 character, which would show as `�`. Other invalid
+/// bytes are left to `printable`.
+pub fn whole_chars(preview: &[u8], cut: bool) -> &[u8] {
+    let n = preview.len();
+    if !cut {
+        return preview;
+    }
+    // the lead byte of the last character, within its last 3 bytes
+    for back in 1..=n.min(3) {
+        let lead = preview[n - back];
+        if lead & 0xC0 == 0x80 {
+            continue;
+        }
+        let len = match lead {
+            0xF0.. => 4,
+            0xE0.. => 3,
+            0xC0.. => 2,
+            _ => 1,
+        };
+        return if len > back {
+            &preview[..n - back]
+        } else {
+            preview
+        };
+    }
+    preview
+}
+
 /// `s` padded with spaces to `width` terminal columns (Rust's `{:<N}` counts chars, and a
 /// CJK character or an emoji takes two columns, a combining mark none: keys in those
 /// scripts shifted the columns after them). Longer text is left whole.

@@ -7,16 +7,13 @@ use std::time::Duration;
 
 use shmlock::{Holder, LockTable, RedisHolder, SharedDict, ValueInfo};
 
-use crate::show::{fitted, held_for, printable, state_name};
+use crate::show::{fitted, held_for, printable, state_name, whole_chars};
 
 /// A key as its row shows it, in `width` columns: the preview, cut short and ended with
 /// `…` if the key is longer.
 fn shown_key(h: &Holder, width: usize) -> String {
-    fitted(
-        &printable(&h.key_preview),
-        width,
-        h.key_len > h.key_preview.len(),
-    )
+    let cut = h.key_len > h.key_preview.len();
+    fitted(&printable(whole_chars(&h.key_preview, cut)), width, cut)
 }
 
 /// `hs`: the holders to list, sorted; `hidden`: how many more `--all` would list.
