@@ -1799,6 +1799,72 @@ fn a_status_line_shows_on_a_terminal_while_leftovers_hold_the_key() {
     assert!(!is_held(&file, "k"));
 }
 
+/// A `--verbose` line written while the status line is shown (here: a signal passed on to
+/// what the command left running) takes the status line's place instead of being written
+/// into it, and the status line is drawn again below it.
+#[test]
+fn a_verbose_line_replaces_the_status_line_and_it_comes_back() {
+    use std::os::fd::AsRawFd;
+    let file = TempPath::new("cli-verbose-over-line");
+    let pids = TempPath::new("cli-verbose-over-line-pid");
+    let (master, slave) = cloexec_pty();
+    let size = libc::winsize {
+        ws_row: 24,
+        ws_col: 400,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one winsize from the struct, which lives across the call.
+    let set = unsafe { libc::ioctl(slave.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+    assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
+    // (the sleep ignores SIGTERM, as the shell set it before starting it)
+    let script = format!("trap '' TERM; sleep 30 & echo $! > {}", pids.0.display());
+    let run = shmlock(&file)
+        .args(["run", "--verbose", "k", "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(slave))
+        .spawn()
+        .unwrap();
+    let (rx, reader) = read_pty(master);
+    let left: i32 = line_written(&pids).parse().unwrap();
+    let mut seen = Vec::new();
+    let mut read_until = |expected: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = String::from_utf8_lossy(&seen).into_owned();
+            if let Some(at) = text.find(expected) {
+                return (text, at);
+            }
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(wait) {
+                Ok(chunk) => seen.extend(chunk),
+                Err(_) => panic!("no {expected:?} in {text:?}"),
+            }
+        }
+    };
+    let line = format!("shmlock: \"k\" held until what sh left running exits: pid {left} (sh");
+    read_until(&line);
+    let run_pid = nix::unistd::Pid::from_raw(run.id() as i32);
+    nix::sys::signal::kill(run_pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let passing = format!("shmlock: passing SIGTERM on to pid {left}\r\n"); // (the pty makes \\n \\r\\n)
+    let (text, at) = read_until(&passing);
+    assert!(text[..at].ends_with("\r\x1b[2K"), "{text:?}");
+    // drawn again after it
+    let (text, again) = read_until(&format!("{passing}\r\x1b[2K{line}"));
+    assert_eq!(again, at, "{text:?}");
+    assert!(is_held(&file, "k"));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(left),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let out = run.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    reader.join().unwrap();
+    assert!(!is_held(&file, "k"));
+}
+
 /// Reads the pty `master` on a thread, sending what it reads, until every copy of the slave
 /// is closed (EIO); the thread's handle, to join.
 fn read_pty(

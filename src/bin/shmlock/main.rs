@@ -8,13 +8,12 @@
 /// pipe, EPIPE, as Rust ignores SIGPIPE): there is nowhere else to report it, and `run`
 /// must not die of its `--verbose` lines. The line goes in one write, where `eprintln!`
 /// writes it piece by piece, between which the command's own output on the same stderr
-/// could land.
+/// could land; a status line on the screen is erased first (`status::say_line`).
 macro_rules! say {
     ($($arg:tt)*) => {{
-        use std::io::Write as _;
         let mut line = format!($($arg)*);
         line.push('\n');
-        let _ = std::io::stderr().write_all(line.as_bytes());
+        crate::status::say_line(&line);
     }};
 }
 

@@ -550,8 +550,9 @@ fn watch(
         let mut wake = stop_at.map_or(renew_at, |s| s.min(renew_at));
         if let (Some(status), true) = (&command_status, status_line.on) {
             let left = children();
-            // (drawn again when they change, or once `run` is back in the foreground)
-            if left != shown
+            // (drawn again when they change, once `run` is back in the foreground, or
+            // after a line of its own took its place)
+            if (left != shown || !status_line.shown())
                 && !left.is_empty()
                 && status_line.show(&leftovers_line(program, key, status, &left))
             {

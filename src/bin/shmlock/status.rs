@@ -2,6 +2,7 @@
 //! in Redis), shown on stderr in one line rewritten in place while stderr is a terminal.
 
 use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use shmlock::{LockTable, RedisLocks};
@@ -95,18 +96,33 @@ impl WhoHolds for shmlock::RedisSemaphore<'_> {
     }
 }
 
+/// Whether a status line is on the screen, ending where the cursor is: a line of `run`'s
+/// own (`say!`, from any thread) erases it first, or would be written into it. Read and
+/// written under the lock of stderr.
+static ON_SCREEN: AtomicBool = AtomicBool::new(false);
+
+/// Writes `line` (ending in a newline) to stderr in one write, in place of the status line
+/// if one is shown (the status line's next drawing puts it back below); a failed write is
+/// dropped.
+pub fn say_line(line: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = if ON_SCREEN.swap(false, Relaxed) {
+        err.write_all(format!("\r\x1b[2K{line}").as_bytes())
+    } else {
+        err.write_all(line.as_bytes())
+    };
+}
+
 /// The live line on stderr while `run` waits, if stderr is a terminal: rewritten in place
 /// (carriage return, ANSI erase-line), erased when done.
 pub struct StatusLine {
     pub on: bool,
-    shown: bool,
 }
 
 impl StatusLine {
     pub fn new() -> StatusLine {
         StatusLine {
             on: std::io::stderr().is_terminal(),
-            shown: false,
         }
     }
 
@@ -120,7 +136,8 @@ impl StatusLine {
             return false;
         }
         if !in_foreground() {
-            self.shown = false;
+            let _err = std::io::stderr().lock();
+            ON_SCREEN.store(false, Relaxed);
             return false;
         }
         // One line that never wraps, or the carriage return would not get back to its start.
@@ -131,24 +148,25 @@ impl StatusLine {
         let mut err = std::io::stderr().lock();
         let _ = write!(err, "\r\x1b[2K{text}");
         let _ = err.flush();
-        self.shown = true;
+        ON_SCREEN.store(true, Relaxed);
         true
     }
 
-    /// Whether a line is on the screen now.
+    /// Whether a line is on the screen now (not since erased, or written over by a line
+    /// of `say!`).
     pub fn shown(&self) -> bool {
-        self.shown
+        let _err = std::io::stderr().lock();
+        ON_SCREEN.load(Relaxed)
     }
 
     /// Erases the line shown, if `run` is still in the foreground (else it is left: see
     /// `show`).
     pub fn clear(&mut self) {
-        if self.shown && in_foreground() {
-            let mut err = std::io::stderr().lock();
+        let mut err = std::io::stderr().lock();
+        if ON_SCREEN.swap(false, Relaxed) && in_foreground() {
             let _ = write!(err, "\r\x1b[2K");
             let _ = err.flush();
         }
-        self.shown = false;
     }
 }
 
