@@ -151,6 +151,16 @@ fn downgrade_lets_readers_in_and_keeps_writers_out() {
     // a lost hold cannot be downgraded
     t.force_unlock("k").unwrap();
     assert!(matches!(next.downgrade(), Err(Error::Expired)));
+    // nor one whose lease ran out, though nobody took it yet: a writer could come at any
+    // moment, so it is no reader's either; it is released
+    let lapsed = t
+        .try_lock_with_lease("e", Duration::from_millis(50))
+        .unwrap()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(120));
+    assert!(matches!(lapsed.downgrade(), Err(Error::Expired)));
+    assert!(!t.is_locked("e").unwrap());
+    assert!(t.try_lock_with_lease("e", LONG).unwrap().is_some());
 }
 
 /// A reader of a key no writer ever held takes the counter's first value as its token,

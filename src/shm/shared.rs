@@ -204,7 +204,8 @@ impl<'t> LockGuard<'t, LockTable> {
     /// Turns this exclusive hold into a read hold, atomically: no writer can take the key
     /// in between, and the readers waiting for it are let in. The lease, its deadline and
     /// the entry stay; the token becomes a reader's (see [`LockGuard::token`]).
-    /// [`Error::Expired`] if the hold was lost already.
+    /// [`Error::Expired`] if the hold was lost already, or if its lease has run out (then
+    /// it is released: a writer could take the key at any moment).
     pub fn downgrade(self) -> Result<LockGuard<'t, Shared>, Error> {
         let shared = self.backend().shared();
         self.rebind(shared, |table, hold| table.downgrade_hold(hold))

@@ -241,12 +241,13 @@ impl<S: Slots, E: Env> Table<S, E> {
 
     /// Turns an exclusive hold into a shared one (a reader's) in one CAS: no other holder
     /// can come between, and the readers waiting for it are woken. `Err(Lost)` if the hold
-    /// was taken from us.
+    /// was taken from us, or if its lease has run out: a writer may take the key at any
+    /// moment, so the caller does not hold it as a reader either (as `check` says).
     pub(crate) fn downgrade(&self, held: &mut Held) -> Result<(), Lost> {
         let slot = &self.slots()[held.slot];
         loop {
             let c = self.holder_word(slot, held);
-            if !self.owns(slot, c, held) {
+            if !self.owns(slot, c, held) || slot.deadline.load(Ordering::Relaxed) <= self.now() {
                 return Err(Lost);
             }
             if c.is_shared() {
