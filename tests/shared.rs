@@ -271,6 +271,26 @@ fn a_resty_lock_object_reads_over_the_shared_view() {
     w.lock("k").unwrap();
 }
 
+/// A semaphore as a `Lock` object's backend takes permits of its own key, and refuses
+/// another: that would be a semaphore of as many permits its `held()` does not count.
+#[test]
+fn a_resty_lock_object_over_a_semaphore_takes_its_key_only() {
+    let (_p, t) = table("semaphore-lock-object");
+    let gpus = t.semaphore("gpu", 2).unwrap();
+    let mut a = Lock::new(&gpus, opts(1000, 0)).unwrap();
+    assert!(matches!(a.lock("other"), Err(Error::InvalidOptions(_))));
+    assert!(!t.is_locked("other").unwrap());
+    a.lock("gpu").unwrap();
+    assert_eq!(gpus.held(), 1);
+    let mut b = Lock::new(&gpus, opts(1000, 0)).unwrap();
+    b.lock(b"gpu".to_vec()).unwrap();
+    assert_eq!(gpus.held(), 2);
+    assert!(matches!(
+        Lock::new(&gpus, opts(1000, 0)).unwrap().lock("gpu"),
+        Err(Error::Timeout { .. })
+    ));
+}
+
 #[test]
 fn force_unlock_breaks_every_holder_of_a_key() {
     let (_p, t) = table("shared-force");
