@@ -169,12 +169,14 @@ pub enum Error {
     NotOwner,
     /// The table has no room for the key among its live locks: every slot holds a live
     /// hold (an exclusive lock, or one shared or permit holder each); none was evicted.
-    /// At least `capacity` keys can always be held at once, and up to `slots` holds.
+    /// At least `capacity` holds always fit at once, and up to `slots`: each reader and
+    /// each permit holder is a hold of its own, so readers of one key leave fewer keys
+    /// room.
     #[non_exhaustive]
     TableFull {
         /// The key that found no room (its first bytes).
         key: KeyPreview,
-        /// The table's capacity: how many keys it can always hold at once.
+        /// The table's capacity: how many holds always fit at once.
         capacity: usize,
         /// The table's slots, every one of which held a live hold (four per unit of
         /// capacity).
@@ -559,8 +561,9 @@ impl fmt::Display for Error {
             } => write!(
                 f,
                 "lock table full: no room for key {key}: each of its {slots} slots holds a \
-                 live lock (capacity {capacity}: at least {capacity} keys can always be held \
-                 at once); none was evicted (create the table with a larger capacity)"
+                 live lock (capacity {capacity}: at least {capacity} holds always fit at once, \
+                 each reader or permit holder one); none was evicted (create the table with a \
+                 larger capacity)"
             ),
             Error::PermitsMismatch { key, held, asked } => {
                 let says = |n: &u32| match n {

@@ -346,8 +346,9 @@ pub struct UnlockArgs {
     "  shmlock --file /dev/shm/app-zone create --dict --zone-size 64m --max-key-len 32 --max-value-len 32",
 ))]
 pub struct CreateArgs {
-    /// How many keys can always be held at once: the table has four slots per unit, so up
-    /// to four times as many holds may fit, but only this many are sure to (with --dict:
+    /// How many holds always fit at once (a key locked, or each reader or permit holder of
+    /// a key): the table has four slots per unit, so up to four times as many may fit, but
+    /// only this many are sure to (with --dict:
     /// how many entries the dict holds; with --zone-size, one per 4k of the zone by
     /// default) [default: 1024]
     #[arg(long)]
