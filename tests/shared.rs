@@ -283,7 +283,7 @@ fn a_resty_lock_object_over_a_semaphore_takes_its_key_only() {
     a.lock("gpu").unwrap();
     assert_eq!(gpus.held(), 1);
     let mut b = Lock::new(&gpus, opts(1000, 0)).unwrap();
-    b.lock(b"gpu".to_vec()).unwrap();
+    b.lock(&b"gpu"[..]).unwrap();
     assert_eq!(gpus.held(), 2);
     assert!(matches!(
         Lock::new(&gpus, opts(1000, 0)).unwrap().lock("gpu"),

@@ -1125,11 +1125,17 @@ impl Backend for LockTable {
                 let end = start.saturating_add(nanos(step));
                 let until = clock::on_tick(end, end.saturating_add(nanos(late)));
                 futex::wait_low_until(table.wait_word(&busy.0), low, until);
-                let used = Duration::from_nanos(clock::precise_now().saturating_sub(start));
+                let mut used = Duration::from_nanos(clock::precise_now().saturating_sub(start));
                 // Woken early, or refused the sleep: moved on only if the key may be free
                 // now (a holder that took it straight back still holds, and may be dead
                 // by the next look).
-                (used, used < step && table.moved_on(&busy.0))
+                let moved = used < step && table.moved_on(&busy.0);
+                if moved && table.behind_a_writer(&busy.0) {
+                    let head = table::WRITER_HEAD_START.min(step - used);
+                    std::thread::sleep(head);
+                    used += head;
+                }
+                (used, moved)
             }
             Prepared::Changed => (Duration::ZERO, true),
             // A claim, a renewal or a check in progress lasts microseconds, and nobody sleeps

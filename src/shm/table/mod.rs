@@ -162,6 +162,14 @@ pub(crate) trait Env {
 /// (its sleeps are cut to this); a mark unrefreshed for the stall bound has lapsed.
 pub(crate) const WRITER_REFRESH: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// How long a reader woken by the release of a hold a writer marked waits before it tries
+/// again: the writer, woken by the same release, takes the key meanwhile, and the reader
+/// then waits for it. Without it the woken readers raced the writer, and a reader that
+/// won started a hold the writer had to wait out too (with 6 readers looping on one key,
+/// most writer waits lasted several holds). Not a bound: a reader that arrives in the
+/// writer's wake-up still races it, as one whose wait did not sleep.
+pub(crate) const WRITER_HEAD_START: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// How a claim holds its key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Mode {

@@ -79,6 +79,13 @@ impl<S: Slots, E: Env> Table<S, E> {
         Prepared::Sleep(c.0 as u32)
     }
 
+    /// Whether `b` is a reader's wait on a shared hold that a writer marked: the release
+    /// of that hold wakes the writer and such readers at once (see
+    /// [`WRITER_HEAD_START`](super::WRITER_HEAD_START)).
+    pub(crate) fn behind_a_writer(&self, b: &Busy) -> bool {
+        b.wait == WaitFor::Entry && b.word.is_shared() && b.word.writer_waits()
+    }
+
     /// Whether the key may be free now: the busy slot no longer holds a hold of it (one
     /// read, no write). A holder that released and took the key again counts as holding.
     #[inline]
