@@ -804,3 +804,39 @@ fn the_look_after_a_wrongtype_reply_ends_by_the_callers_deadline() {
         proxy.freezes()
     );
 }
+
+/// An attempt of exptime 0 (a hold that never expires) whose grant the client never heard
+/// of, on a link that then stalls for longer than 30 s: the handle's thread goes on
+/// undoing it until the link is back, and the key is free then. It gave up after 30 s, and
+/// the grant stayed on the server for good (readers, permits and writers alike).
+#[test]
+fn a_lost_grant_without_a_lease_is_undone_after_a_long_partition() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let via = RedisLocks::open(&proxy.url())
+        .unwrap()
+        .with_timeout(Duration::from_millis(300));
+    // the scripts cached, a connection made through the proxy
+    via.lock_shared("r", LockOptions::default())
+        .unwrap()
+        .unlock()
+        .unwrap();
+    let stall = Duration::from_secs(36);
+    proxy.freeze_after(b"EVALSHA", stall);
+    let t = Instant::now();
+    let got = via.lock_shared("r", opts(Duration::ZERO, Duration::from_secs(1)));
+    assert_eq!(proxy.freezes(), 1, "the link never stalled");
+    assert!(got.is_err(), "granted through a frozen link");
+    // granted on the server, unknown to the client
+    assert_eq!(server.cli(&["ZCARD", "shmlock:{r}:leases"]).trim(), "1");
+    std::thread::sleep(stall.saturating_sub(t.elapsed()));
+    eventually("the grant undone", Duration::from_secs(10), || {
+        server.cli(&["ZCARD", "shmlock:{r}:leases"]).trim() == "0"
+    });
+    let other = RedisLocks::open(&server.url()).unwrap();
+    other
+        .lock("r", opts(Duration::from_secs(5), Duration::from_secs(2)))
+        .unwrap()
+        .unlock()
+        .unwrap();
+}

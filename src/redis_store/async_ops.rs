@@ -36,13 +36,16 @@ struct Pending<'a> {
     names: Arc<Names>,
     token: String,
     not_after: i64,
+    /// The attempt's lease (0: none).
+    ttl: u64,
     armed: bool,
 }
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.locks.cancel(&self.names, &self.token, self.not_after);
+            self.locks
+                .cancel(&self.names, &self.token, self.not_after, self.ttl);
         }
     }
 }
@@ -168,6 +171,7 @@ impl RedisLocks {
                 names: names.clone(),
                 token,
                 not_after,
+                ttl,
                 armed: true,
             };
             let sent = Instant::now();

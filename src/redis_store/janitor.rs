@@ -28,6 +28,10 @@ pub(crate) struct Job {
     pub(crate) keys: [Vec<u8>; 5],
     pub(crate) token: String,
     pub(crate) kind: JobKind,
+    /// Until when the job is worth trying: when the hold it undoes has lapsed by itself
+    /// anyway. `None`: as long as the process lives (a hold that never expires, or one
+    /// whose lease is not known here), or it would be left on the server for good.
+    pub(crate) until: Option<Instant>,
 }
 
 pub(crate) enum JobKind {
@@ -82,8 +86,20 @@ extern "C" fn flush_at_exit() {
     }
 }
 
-/// How long a job is tried before it is given up (the hold's lease ends it anyway).
-const GIVE_UP: Duration = Duration::from_secs(30);
+/// How long past the lease of the hold it undoes a job is still tried: a lease is counted
+/// on the server's clock from a request's arrival, which may come that much after the
+/// job was made.
+const PAST_THE_LEASE: Duration = Duration::from_secs(30);
+
+/// Until when a job for a hold of a lease of `ttl_ms` (0: none) is tried.
+pub(crate) fn until(ttl_ms: u64) -> Option<Instant> {
+    (ttl_ms != 0).then(|| {
+        instant_after(
+            Instant::now(),
+            Duration::from_millis(ttl_ms) + PAST_THE_LEASE,
+        )
+    })
+}
 
 impl Janitor {
     pub(crate) fn new() -> Janitor {
@@ -154,7 +170,6 @@ fn work(shared: &Shared, timeout: Duration, jobs: &Receiver<Job>, pending: &Atom
                 continue;
             }
         }
-        let give_up = Instant::now() + GIVE_UP;
         let mut pause = Duration::from_millis(20);
         let call = match job.kind {
             JobKind::Release { .. } => release.call(),
@@ -170,7 +185,7 @@ fn work(shared: &Shared, timeout: Duration, jobs: &Receiver<Job>, pending: &Atom
             let done = run(shared, timeout, &mut con, &mut node, |r| {
                 r.call::<i64>(&call).map(drop)
             });
-            if done.is_ok() || Instant::now() >= give_up {
+            if done.is_ok() || job.until.is_some_and(|u| Instant::now() >= u) {
                 break;
             }
             std::thread::sleep(pause);

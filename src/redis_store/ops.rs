@@ -12,7 +12,7 @@ use crate::error::{Error, HolderSeen, KeyPreview};
 use crate::lock::backend::{Backend, Sealed};
 use crate::lock::slack::TimerSlack;
 use crate::lock::wait::instant_after;
-use crate::redis_store::janitor::{Job, JobKind};
+use crate::redis_store::janitor::{self, Job, JobKind};
 use crate::redis_store::net::{is_broken, is_interrupted, Failed, MAX_INTERRUPTS};
 use crate::redis_store::scripts::Call;
 use crate::redis_store::server_clock::server_us;
@@ -424,7 +424,8 @@ impl RedisLocks {
 
     /// Undoes an attempt whose outcome is unknown (or a grant that must not stand), by
     /// its token, on the janitor's thread (see `scripts::CANCEL`).
-    pub(crate) fn cancel(&self, names: &Names, token: &str, not_after: i64) {
+    /// `ttl_ms`: the attempt's lease (0: none), after which a grant lapses by itself.
+    pub(crate) fn cancel(&self, names: &Names, token: &str, not_after: i64, ttl_ms: u64) {
         self.0.pool.janitor(Job {
             keys: [
                 names.lock.clone(),
@@ -438,12 +439,19 @@ impl RedisLocks {
                 not_after,
                 cap_ms: self.marker_cap_ms(),
             },
+            until: janitor::until(ttl_ms),
         });
     }
 
     /// [`cancel`](Self::cancel) made in place, by `limit`, so that the caller's error comes
     /// after the key is free again; left to the janitor if the server does not answer.
-    fn cancel_now(&self, names: &Names, token: &str, not_after: i64, limit: Instant) {
+    fn cancel_now(
+        &self,
+        names: &Names,
+        token: &str,
+        (not_after, ttl_ms): (i64, u64),
+        limit: Instant,
+    ) {
         let marker = names.cancel_marker(token);
         let done = self
             .0
@@ -466,7 +474,7 @@ impl RedisLocks {
                 )
             });
         if done.is_err() {
-            self.cancel(names, token, not_after);
+            self.cancel(names, token, not_after, ttl_ms);
         }
     }
 
@@ -574,9 +582,9 @@ impl RedisLocks {
                     let again =
                         cut && cuts < MAX_INTERRUPTS && deadline.is_none_or(|d| Instant::now() < d);
                     if unknown && again {
-                        self.cancel_now(names, &token, not_after, limit);
+                        self.cancel_now(names, &token, (not_after, ttl), limit);
                     } else if unknown {
-                        self.cancel(names, &token, not_after);
+                        self.cancel(names, &token, not_after, ttl);
                     }
                     if again {
                         cuts += 1;
@@ -615,12 +623,12 @@ impl RedisLocks {
                         Ok(Some(())) => Ok(Ok(hold)),
                         // granted by a master that was replaced meanwhile: not a hold
                         Ok(None) => {
-                            self.cancel_now(names, &hold.token, not_after, limit);
+                            self.cancel_now(names, &hold.token, (not_after, ttl), limit);
                             busy()
                         }
                         // not granted after all (too few replicas): given back first
                         Err(e) => {
-                            self.cancel_now(names, &hold.token, not_after, limit);
+                            self.cancel_now(names, &hold.token, (not_after, ttl), limit);
                             Err(e)
                         }
                     };
@@ -902,6 +910,8 @@ impl Backend for RedisLocks {
                     mark_ms: self.mark_ms(),
                     unless: Some((Instant::now() + RELEASE_FALLBACK, done.clone())),
                 },
+                // (its lease may have been renewed to none since it was taken)
+                until: None,
             });
             let (locks, hold) = (self.clone(), hold.clone());
             runtime.spawn(async move {
