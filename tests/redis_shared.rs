@@ -238,16 +238,6 @@ fn each_shared_holder_has_its_own_lease_renewal_and_owner_checked_release() {
     assert!(matches!(lock.unlock(), Err(Error::Expired)));
     assert!(matches!(kept.unlock(), Err(Error::Expired)));
     assert!(!redis.is_locked("r").unwrap());
-    // a semaphore as a Lock object's backend takes its own key only
-    let gpus = redis.semaphore("gpu", 2).unwrap();
-    let mut on_sem = Lock::new(&gpus, LockOptions::default()).unwrap();
-    assert!(matches!(
-        on_sem.lock("other"),
-        Err(Error::InvalidOptions(_))
-    ));
-    assert!(!redis.is_locked("other").unwrap());
-    on_sem.lock("gpu").unwrap();
-    assert_eq!(gpus.held().unwrap(), 1);
 }
 
 #[test]

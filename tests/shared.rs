@@ -271,23 +271,25 @@ fn a_resty_lock_object_reads_over_the_shared_view() {
     w.lock("k").unwrap();
 }
 
-/// A semaphore as a `Lock` object's backend takes permits of its own key, and refuses
-/// another: that would be a semaphore of as many permits its `held()` does not count.
+/// A semaphore as a `Lock` object's backend (or `get_or_fetch`'s) is a semaphore of as
+/// many permits on whichever key it is given, each key with its own count; its `held()`
+/// counts its own key's.
 #[test]
-fn a_resty_lock_object_over_a_semaphore_takes_its_key_only() {
+fn a_resty_lock_object_over_a_semaphore_counts_permits_per_key() {
     let (_p, t) = table("semaphore-lock-object");
     let gpus = t.semaphore("gpu", 2).unwrap();
-    let mut a = Lock::new(&gpus, opts(1000, 0)).unwrap();
-    assert!(matches!(a.lock("other"), Err(Error::InvalidOptions(_))));
-    assert!(!t.is_locked("other").unwrap());
-    a.lock("gpu").unwrap();
+    let lock = || Lock::new(&gpus, opts(1000, 0)).unwrap();
+    let (mut a, mut b, mut c) = (lock(), lock(), lock());
+    a.lock("other").unwrap();
+    b.lock("other").unwrap();
+    assert!(matches!(c.lock("other"), Err(Error::Timeout { .. })));
+    assert_eq!((t.semaphore("other", 2).unwrap().held(), gpus.held()), (2, 0));
+    c.lock("gpu").unwrap();
     assert_eq!(gpus.held(), 1);
-    let mut b = Lock::new(&gpus, opts(1000, 0)).unwrap();
-    b.lock(&b"gpu"[..]).unwrap();
-    assert_eq!(gpus.held(), 2);
+    // another count on a key in use is refused, naming both
     assert!(matches!(
-        Lock::new(&gpus, opts(1000, 0)).unwrap().lock("gpu"),
-        Err(Error::Timeout { .. })
+        t.semaphore("other", 3).unwrap().try_acquire(LONG),
+        Err(Error::PermitsMismatch { held: 2, asked: 3, .. })
     ));
 }
 

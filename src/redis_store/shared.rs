@@ -168,12 +168,6 @@ impl RedisShared {
         Mode::Shared { limit: 0 }
     }
 
-    /// Any key: a view of readers takes whichever key it is given.
-    #[inline(always)]
-    fn own_key(&self, _key: &[u8]) -> Result<(), Error> {
-        Ok(())
-    }
-
     /// The handle these read locks belong to.
     pub fn locks(&self) -> &RedisLocks {
         &self.0
@@ -286,20 +280,6 @@ impl<'r> RedisSemaphore<'r> {
             limit: self.permits,
         }
     }
-
-    /// As a [`Backend`] (for a `Lock` object, or code generic over backends), a semaphore
-    /// takes permits of its own key only: another key would be a semaphore of as many
-    /// permits that `held()` and the semaphore's name know nothing of.
-    #[inline(always)]
-    fn own_key(&self, key: &[u8]) -> Result<(), Error> {
-        if std::ptr::eq(key, &*self.key) || *key == *self.key {
-            Ok(())
-        } else {
-            Err(Error::InvalidOptions(
-                "a semaphore takes permits of its own key only (make a semaphore of the other key)",
-            ))
-        }
-    }
 }
 
 /// The [`Backend`] of a view of the handle: its attempts in the view's mode, everything
@@ -328,7 +308,6 @@ macro_rules! as_the_handle {
             exptime_ns: u64,
             deadline: Option<Instant>,
         ) -> Result<Result<RedisHold, RedisBusy>, Error> {
-            self.own_key(key)?;
             self.$locks()
                 .try_acquire_in(key, exptime_ns, deadline, self.mode())
         }

@@ -158,12 +158,6 @@ impl Shared {
         Mode::Shared { limit: 0 }
     }
 
-    /// Any key: a view of readers takes whichever key it is given.
-    #[inline(always)]
-    fn own_key(&self, _key: &[u8]) -> Result<(), Error> {
-        Ok(())
-    }
-
     /// Takes `key` for reading, for async code (see [`LockTable::lock_shared_async`]).
     #[cfg(feature = "tokio")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
@@ -282,20 +276,6 @@ impl<'t> Semaphore<'t> {
             limit: self.permits,
         }
     }
-
-    /// As a [`Backend`] (for a `Lock` object, or code generic over backends), a semaphore
-    /// takes permits of its own key only: another key would be a semaphore of as many
-    /// permits that `held()` and the semaphore's name know nothing of.
-    #[inline(always)]
-    fn own_key(&self, key: &[u8]) -> Result<(), Error> {
-        if std::ptr::eq(key, &*self.key) || *key == *self.key {
-            Ok(())
-        } else {
-            Err(Error::InvalidOptions(
-                "a semaphore takes permits of its own key only (make a semaphore of the other key)",
-            ))
-        }
-    }
 }
 
 /// The [`Backend`] of a view of the table: its attempts in the view's mode (`mode()`),
@@ -317,7 +297,6 @@ macro_rules! as_the_table {
             key: &[u8],
             exptime_ns: u64,
         ) -> Result<Result<ShmHold, Option<ShmBusy>>, Error> {
-            self.own_key(key)?;
             self.$table().acquire_fast_in(key, exptime_ns, self.mode())
         }
 
@@ -327,7 +306,6 @@ macro_rules! as_the_table {
             exptime_ns: u64,
             _deadline: Option<Instant>,
         ) -> Result<Result<ShmHold, ShmBusy>, Error> {
-            self.own_key(key)?;
             self.$table().try_acquire_in(key, exptime_ns, self.mode())
         }
 
