@@ -69,6 +69,10 @@ const TESTS: &[Test] = &[
         "big_dict_takeover_recovery_versus_the_bound",
         big_dict_takeover_recovery_versus_the_bound,
     ),
+    Test::new(
+        "a_flush_all_longer_than_the_bound_is_not_taken_over",
+        a_flush_all_longer_than_the_bound_is_not_taken_over,
+    ),
 ];
 
 fn main() {
@@ -1068,5 +1072,53 @@ fn big_dict_takeover_recovery_versus_the_bound() {
     assert!(
         w(0) + w(1) > 100,
         "writers livelock taking the lock over from each other"
+    );
+}
+
+/// `flush_all` walks every entry in one hold of the writer lock; on a dict of a million
+/// entries that is longer than the stall bound, and a writer waiting meanwhile took the
+/// working holder for a stalled one: the flush stopped half done with `Stalled` (on 12 M
+/// entries in a release build too). A long pass now moves the lock's word on as it goes.
+fn a_flush_all_longer_than_the_bound_is_not_taken_over() {
+    use shmlock::SharedDict;
+    let path = TempPath::new("flush-all-long");
+    let n = 1_500_000;
+    let d = SharedDict::options()
+        .capacity(n)
+        .max_key_len(8)
+        .max_value_len(8)
+        .open(&path)
+        .unwrap();
+    let keys = n * 9 / 10;
+    for i in 0..keys {
+        d.set(format!("{i:x}"), "v", Duration::ZERO).unwrap();
+    }
+    // (a window that fills evicts: most of them are there)
+    assert!(d.len() > keys * 9 / 10, "{} of {keys} keys stored", d.len());
+    let started = Shared::new(1);
+    let other = {
+        let (d, started) = (&d, &started);
+        fork(move || loop {
+            let _ = d.set("other", "x", Duration::ZERO);
+            started.word(0).store(1, Ordering::SeqCst);
+        })
+    };
+    await_word(&started, 0, Duration::from_secs(10));
+    let t = Instant::now();
+    let flushed = d.flush_all();
+    let took = t.elapsed();
+    other.kill();
+    note!("[flush_all of about {keys} keys beside a writer: {took:.2?}] ");
+    flushed.unwrap_or_else(|e| panic!("flush_all after {took:?}: {e}"));
+    // (else the test proves nothing: the flush must outlast the bound)
+    assert!(
+        took > Duration::from_millis(550),
+        "flush_all took {took:?}: a dict of {n} entries is too small here"
+    );
+    let live = d.keys(0).unwrap();
+    assert!(
+        live.iter().all(|k| k == b"other"),
+        "{} keys left live",
+        live.len()
     );
 }

@@ -283,13 +283,20 @@ fn a_resty_lock_object_over_a_semaphore_counts_permits_per_key() {
     a.lock("other").unwrap();
     b.lock("other").unwrap();
     assert!(matches!(c.lock("other"), Err(Error::Timeout { .. })));
-    assert_eq!((t.semaphore("other", 2).unwrap().held(), gpus.held()), (2, 0));
+    assert_eq!(
+        (t.semaphore("other", 2).unwrap().held(), gpus.held()),
+        (2, 0)
+    );
     c.lock("gpu").unwrap();
     assert_eq!(gpus.held(), 1);
     // another count on a key in use is refused, naming both
     assert!(matches!(
         t.semaphore("other", 3).unwrap().try_acquire(LONG),
-        Err(Error::PermitsMismatch { held: 2, asked: 3, .. })
+        Err(Error::PermitsMismatch {
+            held: 2,
+            asked: 3,
+            ..
+        })
     ));
 }
 

@@ -78,6 +78,11 @@ const RECHECK: Duration = Duration::from_millis(10);
 /// writer (one taken over) marked its entry meanwhile.
 const RETRIES: usize = 8;
 
+/// A pass over every entry under the writer lock (a recovery, `flush_all`,
+/// `flush_expired`) moves the lock's word on after each this many, so that the writers
+/// waiting for it do not take a big dict's working holder for a stalled one.
+const BEAT_ENTRIES: usize = 4096;
+
 /// The writer lock's world for one writer that wants it: this process's registration,
 /// what it saw of the lock's word and since when (a writer waits until it has the lock,
 /// so it watches the holder for the whole stall bound itself), and the futex.
@@ -1229,6 +1234,10 @@ impl SharedDict {
         self.writing(None, |w| {
             self.control(FLUSHED).store(1, Ordering::Relaxed);
             for i in 0..self.capacity() {
+                // (a dict of millions of entries takes longer than the stall bound)
+                if i % BEAT_ENTRIES == BEAT_ENTRIES - 1 && !self.beat(w) {
+                    return Err(Error::Stalled { key: None });
+                }
                 let e = self.entry(i);
                 if e.is_stable() && e.is_used() && e.deadline() != 0 {
                     if let Outcome::Retry =
@@ -1252,6 +1261,10 @@ impl SharedDict {
             let mut all = max == 0;
             for i in 0..self.capacity() {
                 if max != 0 && removed >= max {
+                    break;
+                }
+                if i % BEAT_ENTRIES == BEAT_ENTRIES - 1 && !self.beat(w) {
+                    all = false; // taken over: what is left is the next holder's
                     break;
                 }
                 let e = self.entry(i);
@@ -1342,6 +1355,24 @@ impl SharedDict {
     }
 
     /// Writes the step of lock epoch `epoch` to `READ_STEP`, if it moved on.
+    /// Moves the lock's word on (see [`Writing::heartbeat`]), for a hold that works long:
+    /// the writers waiting for it see that it is not stalled. `false` if it was taken over.
+    fn beat(&self, w: &Locked<'_>) -> bool {
+        let beat = w.writing.heartbeat();
+        if beat {
+            self.note_step(w.writing.epoch()); // (a heartbeat moves the epoch on)
+        }
+        beat
+    }
+
+    /// [`beat`](Self::beat) after a step over a value of `len` bytes that may have taken
+    /// a while (a list's copy, read or rewritten whole); a short one moves nothing.
+    fn beat_if_big(&self, w: &Locked<'_>, len: usize) {
+        if len >= super::heap::BEAT_BYTES {
+            self.beat(w);
+        }
+    }
+
     fn note_step(&self, epoch: u32) {
         let step = recency::step_of(epoch, self.inner.step_shift);
         if self.control(READ_STEP).load(Ordering::Relaxed) != step {
@@ -1519,7 +1550,10 @@ impl SharedDict {
                 Taken::Retry => return Ok(Err(Aborted::NotStable)),
             }
             ValueAt::Heap {
-                first: heap.write(&blocks, value, key.hash as u32),
+                // (a big value takes a while: its copy shows that the lock's holder works)
+                first: heap.write_beating(&blocks, value, key.hash as u32, || {
+                    self.beat(w);
+                }),
                 len: value.len(),
             }
         } else {
@@ -2643,12 +2677,9 @@ impl SharedDict {
         let mut done = true;
         for i in 0..self.capacity() {
             // A big dict takes a while: show the writers waiting that we are not stalled.
-            if i % 4096 == 4095 {
-                if !w.writing.heartbeat() {
-                    done = false; // taken over: the new holder recovers
-                    break;
-                }
-                self.note_step(w.writing.epoch()); // (a heartbeat moves the epoch on)
+            if i % BEAT_ENTRIES == BEAT_ENTRIES - 1 && !self.beat(w) {
+                done = false; // taken over: the new holder recovers
+                break;
             }
             w.pass_at.set(Some(i));
             let usable = self.clean(w, i);

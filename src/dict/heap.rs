@@ -48,6 +48,10 @@ use crate::shm::primitive::{fence, AtomicU64, Ordering};
 pub(crate) const BLOCK: usize = crate::shm::format::HEAP_BLOCK;
 /// Words of a block.
 pub(crate) const BLOCK_WORDS: usize = BLOCK / 8;
+
+/// How much of a value [`Heap::write_beating`] copies between two beats: 4 MiB, a few
+/// milliseconds, far inside the stall bound even in a debug build.
+pub(crate) const BEAT_BYTES: usize = 4 << 20;
 /// Data blocks an index block names (two to a word, after the word of the next index
 /// block and the count).
 pub(crate) const PER_INDEX: usize = 2 * (BLOCK_WORDS - 1);
@@ -222,7 +226,20 @@ impl<'a> Heap<'a> {
     /// Writes `bytes` into `blocks` (from [`take`](Self::take), `blocks_for(bytes.len())`
     /// of them) as a chain whose index blocks carry `owner`: index blocks first in
     /// `blocks`, then data blocks. Returns the chain's first block, for the entry to name.
+    #[cfg(any(test, loom))]
     pub(crate) fn write(&self, blocks: &[u32], bytes: &[u8], owner: u32) -> u32 {
+        self.write_beating(blocks, bytes, owner, || {})
+    }
+
+    /// [`write`](Self::write), calling `beat` after each [`BEAT_BYTES`] of data: a writer
+    /// copying a big value shows the writers waiting for its lock that it is not stalled.
+    pub(crate) fn write_beating(
+        &self,
+        blocks: &[u32],
+        bytes: &[u8],
+        owner: u32,
+        mut beat: impl FnMut(),
+    ) -> u32 {
         debug_assert_eq!(blocks.len(), blocks_for(bytes.len()));
         // Orders the take (and, through it, the free and the entry's move before it)
         // before these writes: see the module's head.
@@ -230,7 +247,10 @@ impl<'a> Heap<'a> {
         let data_n = bytes.len().div_ceil(BLOCK);
         let index_n = blocks.len() - data_n;
         let (index, data) = blocks.split_at(index_n);
-        for (chunk, &b) in bytes.chunks(BLOCK).zip(data) {
+        for (n, (chunk, &b)) in bytes.chunks(BLOCK).zip(data).enumerate() {
+            if n % (BEAT_BYTES / BLOCK) == BEAT_BYTES / BLOCK - 1 {
+                beat();
+            }
             for (word, bytes8) in self.block(b).iter().zip(chunk.chunks(8)) {
                 let mut w = [0u8; 8];
                 w[..bytes8.len()].copy_from_slice(bytes8);

@@ -117,6 +117,7 @@ impl SharedDict {
                     why: "the list would be longer than the dict's max_value_len",
                 });
             }
+            self.beat_if_big(w, list.0.len());
             list.push(value, front);
             let len = list.len();
             // (the new copy beside the old, or NoMemory: dropping the old first would show
@@ -145,6 +146,7 @@ impl SharedDict {
                 self.used(w, i, now);
                 return Err(Error::NotAList { key: k.preview() });
             }
+            self.beat_if_big(w, value.len());
             let mut list = List(value);
             let Some(value) = list.pop(front) else {
                 return Ok(Outcome::Done(None));
@@ -157,6 +159,7 @@ impl SharedDict {
                     Some(value)
                 }));
             }
+            self.beat_if_big(w, list.0.len());
             let at = (Kind::List, &list.0[..]);
             // (a shorter list, written beside the longer one: values that are not lists
             // may go for it)
