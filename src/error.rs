@@ -263,6 +263,9 @@ pub enum Error {
     /// "replaced by another file"): a process that opens the path gets another table, so
     /// this one takes no new holds. Holds already taken are renewed and released as usual
     /// (the processes that share the file still exclude each other); `check` says this.
+    /// A [`SharedDict`](crate::SharedDict) whose path no longer leads to its file makes no
+    /// more writes and no more `get`s of it (within 100 ms: the path is looked at no more
+    /// often), where it would read and write what the other processes no longer see.
     #[non_exhaustive]
     TableGone {
         /// The path.
@@ -631,8 +634,9 @@ impl fmt::Display for Error {
             }
             Error::TableGone { path, how } => write!(
                 f,
-                "{}: the table file was {how} while in use; a process that opens the path \
-                 gets another table, so this one takes no new holds (open the path again)",
+                "{}: the file was {how} while in use; a process that opens the path gets \
+                 the other file, so this handle takes no new holds (a lock table) and \
+                 makes no more reads or writes (a dict) of this one (open the path again)",
                 path.display()
             ),
             Error::Io { path, source } => write!(f, "{}: {source}", path.display()),

@@ -1263,3 +1263,29 @@ fn an_existing_dict_is_attached_whatever_lengths_are_asked() {
         Err(Error::ReadOnly)
     ));
 }
+
+/// A dict file replaced under its path (a new one renamed over it) is written and read no
+/// more by a handle of the old one: the processes that open the path use the new file, and
+/// the old handle's `set`s and `get`s went on there with no error, each side blind to the
+/// other's. Deleting the path is caught the same way.
+#[test]
+fn a_dict_replaced_under_its_path_is_used_no_more() {
+    let (path, old) = dict("replaced", 64, 64);
+    old.set("k", "old", NEVER).unwrap();
+    let other = TempPath::new("replaced-new");
+    SharedDict::open(&other, 64, 64).unwrap();
+    std::fs::rename(&other.0, &path.0).unwrap();
+    let new = SharedDict::open(&path, 64, 64).unwrap();
+    new.set("k", "new", NEVER).unwrap();
+    // (the path is looked at every 100 ms at most)
+    sleep(Duration::from_millis(150));
+    let gone = |e: Error| matches!(e, Error::TableGone { how, .. } if how.contains("replaced"));
+    assert!(gone(old.set("k", "late", NEVER).unwrap_err()));
+    assert!(gone(old.get("k").unwrap_err()));
+    assert_eq!(new.get("k").unwrap().unwrap().value, Value::from("new"));
+    let (path, d) = dict("deleted", 64, 64);
+    std::fs::remove_file(&path.0).unwrap();
+    sleep(Duration::from_millis(150));
+    let deleted = |e: Error| matches!(e, Error::TableGone { how: "deleted", .. });
+    assert!(deleted(d.set("k", "v", NEVER).unwrap_err()));
+}

@@ -856,6 +856,8 @@ impl SharedDict {
         // (the clock first: its call overlaps the lookup's loads, 3 ns less a hit, where a
         // miss, which needs no clock, pays 3 ns more)
         let now = self.now();
+        // (a dict replaced under its path holds what the others no longer read or write)
+        self.inner.att.look_at_path(now)?;
         let at = self.lookup(k, Some(value), &mut c);
         let found = match at.map(|i| (i, now)) {
             Some((_, now)) if c.deadline > now && c.kind == Kind::List => {
@@ -1057,7 +1059,7 @@ impl SharedDict {
         let mut int = [0u8; 8];
         let (kind, bytes) = self.encode(&k, value.into(), &mut int)?;
         self.writing(Some(&k), |w| {
-            let now = self.now();
+            let now = w.now.get();
             let until = deadline(now, ttl_ns(ttl));
             let existing = self.find_locked(w, &k);
             let live = existing.as_ref().is_some_and(|(_, d)| *d > now);
@@ -1141,7 +1143,7 @@ impl SharedDict {
             });
         }
         self.writing(Some(&k), |w| {
-            let now = self.now();
+            let now = w.now.get();
             let mut value = Vec::new();
             let existing = self.lookup_locked(w, &k, Some(&mut value));
             let (i, sum, until, flags) = match existing {
@@ -1189,7 +1191,7 @@ impl SharedDict {
         let key = key.as_ref();
         let k = self.pack(key)?;
         self.writing(Some(&k), |w| {
-            let now = self.now();
+            let now = w.now.get();
             match self.find_locked(w, &k) {
                 Some((i, d)) if d > now => {
                     self.used(w, i, now);
@@ -1210,7 +1212,7 @@ impl SharedDict {
     pub fn delete(&self, key: impl AsRef<[u8]>) -> Result<bool, Error> {
         let k = self.pack(key.as_ref())?;
         self.writing(Some(&k), |w| {
-            let now = self.now();
+            let now = w.now.get();
             match self.find_locked(w, &k) {
                 Some((i, d)) => {
                     Ok(self
@@ -1255,7 +1257,7 @@ impl SharedDict {
     /// `Err(ReadOnly)` on a read-only handle.
     pub fn flush_expired(&self, max: usize) -> Result<usize, Error> {
         self.writing(None, |w| {
-            let now = self.now();
+            let now = w.now.get();
             let mut removed = 0;
             // (every expired entry freed: `flush_all`'s are gone)
             let mut all = max == 0;
@@ -1456,6 +1458,7 @@ impl SharedDict {
             recovering: std::cell::Cell::new(false),
             pass_at: Spot::none(),
             behind: std::cell::Cell::new(0),
+            now: std::cell::Cell::new(0),
         };
         if took_over {
             // Before the recount: a writer taken over changes the count no more. (A hold
@@ -1468,6 +1471,7 @@ impl SharedDict {
         if took_over {
             self.recover(&w);
         }
+        w.now.set(self.now());
         w
     }
 
@@ -2164,6 +2168,9 @@ impl SharedDict {
         let owner = self.writer()?;
         for _ in 0..RETRIES {
             let w = self.lock_as(owner);
+            // A dict whose path now leads to another file (replaced by a rename) is
+            // written no more: the processes that open the path use the other one.
+            self.inner.att.look_at_path(w.now.get())?;
             let outcome = op(&w);
             let placed = w.placed.take();
             if let (Ok(Outcome::Done(_)), 1..) = (&outcome, placed) {
@@ -2724,6 +2731,9 @@ struct Locked<'a> {
     /// Where a counting pass (`clean_all`) is, and the entries a restore took behind it.
     pass_at: Spot,
     behind: std::cell::Cell<u64>,
+    /// The clock once the lock was taken (and a takeover's recovery done): what the
+    /// operation calls now.
+    now: std::cell::Cell<u64>,
 }
 
 impl Locked<'_> {

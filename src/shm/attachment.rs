@@ -130,7 +130,17 @@ impl Attachment {
     /// [`LOOK_AT_PATH_EVERY`] (`now`: the table's clock, ns). Once it does not, every later
     /// call and every acquisition of this process says so ([`Error::TableGone`]): the
     /// cached registration is dropped, so that even the fast path goes the cold way.
+    #[inline(always)]
     pub(crate) fn look_at_path(&self, now: u64) -> Result<(), Error> {
+        if self.gone.load(Ordering::Relaxed) == 0 && now < self.next_look.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.look_at_path_now(now)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn look_at_path_now(&self, now: u64) -> Result<(), Error> {
         if self.gone.load(Ordering::Relaxed) == 0 {
             if now < self.next_look.load(Ordering::Relaxed) {
                 return Ok(());

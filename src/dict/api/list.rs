@@ -92,7 +92,7 @@ impl SharedDict {
             });
         }
         self.writing(Some(&k), |w| {
-            let now = self.now();
+            let now = w.now.get();
             let mut bytes = Vec::new();
             // (`live`: the entry holds the list itself, which must stay until its new copy
             // is in place; an expired value there, the key's or another's, may go first)
@@ -136,7 +136,7 @@ impl SharedDict {
     fn pop(&self, key: &[u8], front: bool) -> Result<Option<Value>, Error> {
         let k = self.pack(key)?;
         self.writing(Some(&k), |w| {
-            let now = self.now();
+            let now = w.now.get();
             let mut value = Vec::new();
             let (i, c) = match self.lookup_locked(w, &k, Some(&mut value)) {
                 Some((i, c)) if c.deadline > now => (i, c),
