@@ -1076,6 +1076,7 @@ fn inspect_shows_a_shared_dicts_counters_and_live_keys() {
     );
     assert_eq!(json["repairs"], 0);
     assert_eq!(json["writer_pid"], serde_json::Value::Null);
+    assert_eq!(json["writer_alive"], serde_json::Value::Null);
     assert_eq!(
         json["keys"][0],
         serde_json::json!({"key": "item:1", "key_hex": "6974656d3a31", "value_kind": "bytes",

@@ -387,7 +387,10 @@ fn a_writer_killed_holding_the_lock_leaves_the_entry_absent_or_whole() {
         }
         common::signal::send(writer.0, libc::SIGCONT);
     }
+    assert_eq!(d.writer_alive(), Some(true), "a stopped writer lives");
     writer.kill();
+    // dead holding the lock, on the kernel's word (what `inspect` shows)
+    assert_eq!(d.writer_alive(), Some(false));
     assert_eq!(d.repairs(), 0);
     // Another process reads: it must get a whole value or nothing, and not hang. Then it
     // writes: if its read did not already take the lock over (the writer may have died
@@ -404,7 +407,7 @@ fn a_writer_killed_holding_the_lock_leaves_the_entry_absent_or_whole() {
     });
     // Someone took the lock over from the dead writer and repaired after it.
     assert_eq!(d.repairs(), 1);
-    assert_eq!(d.writer_pid(), None);
+    assert_eq!((d.writer_pid(), d.writer_alive()), (None, None));
     assert_eq!(d.len(), d.keys(0).unwrap().len());
     d.set("big", &make_value(7, 99, 100), NEVER).unwrap();
     assert!(verify(7, &bytes(&d, "big").unwrap()));

@@ -779,6 +779,14 @@ impl SharedDict {
         )
     }
 
+    /// Whether the process holding the writer lock right now lives (`None`: nobody holds
+    /// it). `Some(false)`: it died holding it, on the kernel's word, and the next write
+    /// takes the lock over (the value it was writing keeps its previous one).
+    pub fn writer_alive(&self) -> Option<bool> {
+        let owner = self.writer_lock().holder()?;
+        Some(!self.inner.att.is_dead_now(owner, None))
+    }
+
     /// The file this dict lives in.
     pub fn path(&self) -> &Path {
         &self.inner.path

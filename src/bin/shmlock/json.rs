@@ -110,6 +110,8 @@ struct DictReport<'a> {
     evictions: u64,
     repairs: u64,
     writer_pid: Option<u32>,
+    /// Whether the writer lock's holder lives (`null`: nobody holds it).
+    writer_alive: Option<bool>,
     keys: Vec<DictKey>,
 }
 
@@ -142,6 +144,7 @@ pub fn write_dict(
         evictions: dict.evictions(),
         repairs: dict.repairs(),
         writer_pid: dict.writer_pid(),
+        writer_alive: dict.writer_alive(),
         keys: keys
             .iter()
             .map(|(k, info)| DictKey {

@@ -110,7 +110,11 @@ pub fn write_dict(
         dict.max_value_len(),
         dict.evictions(),
         dict.repairs(),
-        dict.writer_pid().map_or("none".to_string(), |p| format!("pid {p}"))
+        match (dict.writer_pid(), dict.writer_alive()) {
+            (None, _) => "none".to_string(),
+            (Some(p), Some(false)) => format!("pid {p} (dead: the next write takes over)"),
+            (Some(p), _) => format!("pid {p}"),
+        }
     )?;
     if keys.is_empty() {
         return writeln!(out, "no live keys");
