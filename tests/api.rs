@@ -672,15 +672,18 @@ fn files_that_are_not_tables_say_what_they_are() {
     let cases: [(&std::path::Path, &str); 5] = [
         (
             "/proc/self/status".as_ref(),
-            "a file of the kernel's proc file system, not a table",
+            "a file of the kernel's proc file system, not a shmlock file",
         ),
         (
             "/sys/kernel/uevent_seqnum".as_ref(),
-            "a file of the kernel's sysfs, not a table",
+            "a file of the kernel's sysfs, not a shmlock file",
         ),
-        (&sock.0, "a Unix socket, not a table"),
-        (&fifo.0, "a FIFO, not a table"),
-        ("/dev/null".as_ref(), "not a regular file, not a table"),
+        (&sock.0, "a Unix socket, not a shmlock file"),
+        (&fifo.0, "a FIFO, not a shmlock file"),
+        (
+            "/dev/null".as_ref(),
+            "not a regular file, not a shmlock file",
+        ),
     ];
     for (path, says) in cases {
         let table = LockTable::options().read_only(true).open(path);

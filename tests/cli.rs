@@ -472,7 +472,7 @@ fn create_dict_makes_a_shared_dict_that_inspect_and_stats_read() {
     let stats = output(shmlock(&file).args(["stats", "--json"]));
     assert!(stats.status.success(), "{stats:?}");
     let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
-    assert_eq!(stats["kind"], "shared dict", "{stats}");
+    assert_eq!(stats["kind"], "dict", "{stats}");
     assert_eq!(stats["entries"], 0, "{stats}");
     // the library attaches with the file's own layout, whatever it asks for
     let dict = SharedDict::open(&file, 1, 1).unwrap();
@@ -1683,7 +1683,7 @@ fn inspect_cuts_a_long_key_to_its_column() {
     let long = "x".repeat(40);
     // 41 bytes: the stored preview of 32 ends inside the 16th "é"
     let accented = format!("y{}", "é".repeat(20));
-    let _held: Vec<_> = [long.as_str(), "short", accented.as_str()]
+    let _held: Vec<_> = [long.as_str(), "short", accented.as_str(), "rtl\u{202E}key"]
         .iter()
         .map(|k| table.lock(k, LockOptions::default()).unwrap())
         .collect();
@@ -1697,7 +1697,9 @@ fn inspect_cuts_a_long_key_to_its_column() {
         line[..at].chars().count() + field.len()
     };
     let lines: Vec<&str> = text.lines().skip(1).collect();
-    assert_eq!(lines.len(), 4, "{text}");
+    assert_eq!(lines.len(), 5, "{text}");
+    // a right-to-left override would reorder the rest of its row on a terminal
+    assert!(text.contains("rtl?key") && !text.contains('\u{202E}'), "{text}");
     let header = end_of(lines[0], "PID");
     for row in &lines[1..] {
         assert_eq!(end_of(row, &pid), header, "{row:?}\n{text}");

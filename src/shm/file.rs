@@ -154,7 +154,7 @@ pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
             Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
                 let socket = fs::metadata(path).is_ok_and(|m| m.file_type().is_socket());
                 let why = if socket {
-                    io::Error::other("a Unix socket, not a table")
+                    io::Error::other("a Unix socket, not a shmlock file")
                 } else {
                     e
                 };
@@ -362,13 +362,13 @@ fn attach(path: &Path, file: File, created: bool, spec: OpenSpec) -> Result<Open
         };
         return Err(Error::io(
             path,
-            io::Error::other(format!("{what}, not a table")),
+            io::Error::other(format!("{what}, not a shmlock file")),
         ));
     }
     if let Some(fs) = kernel_fs(&file) {
         return Err(Error::io(
             path,
-            io::Error::other(format!("a file of the kernel's {fs}, not a table")),
+            io::Error::other(format!("a file of the kernel's {fs}, not a shmlock file")),
         ));
     }
     let len = meta.len();

@@ -437,9 +437,12 @@ impl fmt::Display for FormatError {
                  `shmlock create`",
             ),
             FormatError::Truncated { len, expected } => {
-                write!(f, "truncated table: {len} bytes, expected {expected}")
+                write!(
+                    f,
+                    "truncated shmlock file: {len} bytes, expected {expected}"
+                )
             }
-            FormatError::Corrupt(why) => write!(f, "corrupt table: {why}"),
+            FormatError::Corrupt(why) => write!(f, "corrupt shmlock file: {why}"),
             FormatError::WrongKind { found, expected } => {
                 write!(f, "this file is a shmlock {found}, not a {expected}")
             }

@@ -5,12 +5,25 @@ use std::time::{Duration, SystemTime};
 
 use shmlock::{HolderState, RedisHolder};
 
-/// Key bytes for a terminal: UTF-8 with invalid bytes replaced, control characters as `?`.
+/// Key bytes for a terminal: UTF-8 with invalid bytes replaced, control characters as `?`,
+/// and so the bidirectional controls (a right-to-left override in a key reordered the rest
+/// of its row).
 pub fn printable(key: &[u8]) -> String {
     String::from_utf8_lossy(key)
         .chars()
-        .map(|c| if c.is_control() { '?' } else { c })
+        .map(|c| {
+            if c.is_control() || is_bidi_control(c) {
+                '?'
+            } else {
+                c
+            }
+        })
         .collect()
+}
+
+/// Unicode's explicit bidirectional formatting characters (UAX #9).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 /// The bytes of a key's stored preview that hold whole characters: a preview of a longer

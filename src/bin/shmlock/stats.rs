@@ -264,7 +264,7 @@ fn json(out: &mut String, file: &Path, now: &Read, rates: Option<(&Read, f64)>) 
             };
             serde_json::json!({
                 "file": file,
-                "kind": "shared dict",
+                "kind": "dict",
                 "hits": s.hits,
                 "misses": s.misses,
                 "sets": s.sets,
