@@ -361,3 +361,33 @@ fn one_handle_serves_runtime_after_runtime() {
         );
     }
 }
+
+/// An async wait whose deadline passes while its request is unanswered (the link stalled
+/// right after it) fails with an error that names the server, as every other connection
+/// error does: it said "the deadline passed".
+#[test]
+fn a_deadline_passed_mid_request_names_the_server() {
+    let server = RedisServer::start();
+    let proxy = common::proxy::Proxy::start(server.port);
+    let redis = RedisLocks::open(&proxy.url()).unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        // the scripts cached, the async connection made
+        drop(redis.lock_async("k", LockOptions::default()).await.unwrap());
+        proxy.freeze_after(b"EVALSHA", Duration::from_secs(3));
+        let opts = LockOptions {
+            timeout: Duration::from_millis(500),
+            ..LockOptions::default()
+        };
+        let err = match redis.lock_shared_async("k", &opts).await {
+            Ok(_) => panic!("granted through a frozen link"),
+            Err(e) => e,
+        };
+        assert_eq!(proxy.freezes(), 1, "the link never stalled");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("127.0.0.1:{}", proxy.port)),
+            "{text}"
+        );
+    });
+}

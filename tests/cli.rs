@@ -1699,7 +1699,10 @@ fn inspect_cuts_a_long_key_to_its_column() {
     let lines: Vec<&str> = text.lines().skip(1).collect();
     assert_eq!(lines.len(), 5, "{text}");
     // a right-to-left override would reorder the rest of its row on a terminal
-    assert!(text.contains("rtl?key") && !text.contains('\u{202E}'), "{text}");
+    assert!(
+        text.contains("rtl?key") && !text.contains('\u{202E}'),
+        "{text}"
+    );
     let header = end_of(lines[0], "PID");
     for row in &lines[1..] {
         assert_eq!(end_of(row, &pid), header, "{row:?}\n{text}");

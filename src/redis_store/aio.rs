@@ -200,7 +200,12 @@ async fn connect(shared: &Arc<Shared>, timeout: Duration, limit: Instant) -> Red
                     crate::redis_store::net::allowed(started, limit),
                 )
             })?;
-            (AsyncConn::Plain(c), Tag::default())
+            // (the server named by the errors of its requests, as on a plain connection)
+            let tag = Tag {
+                server: Some(server.into()),
+                ..Tag::default()
+            };
+            (AsyncConn::Plain(c), tag)
         }
         Topology::Sentinel(_) => {
             // Asking the sentinels is a few blocking round trips, made only when
@@ -223,8 +228,8 @@ async fn connect(shared: &Arc<Shared>, timeout: Duration, limit: Instant) -> Red
                 AsyncConn::Plain(c),
                 Tag {
                     epoch,
+                    server: Some(format!("{}:{}", addr.0, addr.1).into()),
                     addr: Some(addr),
-                    ..Tag::default()
                 },
             )
         }

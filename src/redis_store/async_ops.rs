@@ -387,6 +387,17 @@ impl RedisLocks {
     ) -> Error {
         self.0.pool.aio_failed(aio, &e);
         pending.armed = took || is_unanswered(&e);
+        // A wait's deadline that passed mid-request names the server, as every other
+        // connection error does.
+        let e = match &aio.tag.server {
+            Some(server) if e.is_timeout() && !e.to_string().contains(&**server) => {
+                redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("{server} did not answer before the deadline"),
+                ))
+            }
+            _ => e,
+        };
         Failed {
             unknown: pending.armed,
             error: e.into(),

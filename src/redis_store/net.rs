@@ -90,6 +90,8 @@ fn os_error(text: &str) -> Option<i32> {
 pub(crate) fn shown(d: Duration) -> String {
     let ms = (d.as_secs_f64() * 1000.0).round() as u64;
     match ms {
+        // (what an earlier step left of a wait: "within 0s" read as no time at all)
+        0 if !d.is_zero() => "under 1ms".to_string(),
         ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
         ms if ms < 1000 => format!("{ms}ms"),
         ms => format!("{}s", ms as f64 / 1000.0),
@@ -218,6 +220,8 @@ mod tests {
         );
         assert_eq!(shown(Duration::from_millis(300)), "300ms");
         assert_eq!(shown(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(shown(Duration::from_micros(300)), "under 1ms");
+        assert_eq!(shown(Duration::ZERO), "0s");
     }
 
     #[test]
