@@ -837,9 +837,15 @@ impl LockTable {
             None => step,
         };
         let woken = crate::lock::backend::first_of(&mut wake, tokio::time::sleep(step)).await;
+        let moved = woken && self.inner.table.moved_on(&busy);
+        if moved && self.inner.table.behind_a_writer(&busy) {
+            // the writer woken by the same release goes first (see `WRITER_HEAD_START`)
+            let left = step.saturating_sub(started.elapsed());
+            tokio::time::sleep(table::WRITER_HEAD_START.min(left)).await;
+        }
         Slept {
             used: started.elapsed(),
-            moved: woken && self.inner.table.moved_on(&busy),
+            moved,
             // a step that ran out: only the first of the queue tries (a dead holder wakes
             // nobody), the others keep their turn
             attempt: woken || wake.is_first(),
