@@ -13,6 +13,10 @@
 //!    rwlock's two readers.
 //! 3. The last reader leaving while a writer sleeps waiting: release-to-acquire time,
 //!    median, vs the rwlock.
+//! 4. A writer under a stream of readers: 10 reader processes each hold the key 20 ms and
+//!    come back 0-3 ms after each release; how long the writer's `lock` waits, in holds
+//!    (median and longest of its waits). The writer goes first once it waits, but its
+//!    mark is on the readers' holds, not the key (docs/semantics.md, "Writers first").
 //!
 //! Goals (docs/benchmarks.md): the read pair and the permit pair within 1.5x of the
 //! kernel's; two readers at least as fast as the rwlock's; the writer's wake-up median
@@ -219,6 +223,16 @@ fn main() {
         ours / theirs <= 1.2,
     );
 
+    let waits = if quick { 8 } else { 30 };
+    println!("\n4. a writer under 10 looping readers holding 20 ms ({waits} waits, in holds)");
+    let (median_holds, longest) = writer_under_readers(&table, waits);
+    println!("  {:<44} {median_holds:.2}", "median wait");
+    println!("  {:<44} {longest:.2}", "longest wait");
+    goals.check(
+        format!("a writer's longest wait <= 3 holds ({longest:.2})"),
+        longest <= 3.0,
+    );
+
     let _ = std::fs::remove_dir_all(&dir);
     let missed = goals.0.iter().filter(|(_, met)| !met).count();
     println!("\n{} goals, {missed} missed", goals.0.len());
@@ -262,4 +276,43 @@ fn handoff<'a>(
             .map(|l| l.load(Ordering::SeqCst) as f64 / 1e3)
             .collect(),
     )
+}
+
+/// Section 4: the median and the longest of a writer's `waits` waits for a key that 10
+/// reader processes take in turn, each for `HOLD`, in holds.
+fn writer_under_readers(table: &LockTable, waits: usize) -> (f64, f64) {
+    const HOLD: Duration = Duration::from_millis(20);
+    let stop = shared_words(1);
+    let readers: Vec<_> = (0..10u64)
+        .map(|i| {
+            fork(move || {
+                let mut x = 0x9e37_79b9_7f4a_7c15 ^ i;
+                std::thread::sleep(HOLD * i as u32 / 10);
+                while stop[0].load(Ordering::SeqCst) == 0 {
+                    let g = table.lock_shared("bench:stream", opts()).unwrap();
+                    std::thread::sleep(HOLD);
+                    drop(g);
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    std::thread::sleep(Duration::from_micros(x % 3000));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(HOLD * 5);
+    let mut held = Vec::new();
+    for _ in 0..waits {
+        let t = Instant::now();
+        let g = table.lock("bench:stream", opts()).unwrap();
+        held.push(t.elapsed().as_secs_f64() / HOLD.as_secs_f64());
+        drop(g);
+        std::thread::sleep(HOLD * 2);
+    }
+    stop[0].store(1, Ordering::SeqCst);
+    for r in readers {
+        wait(r);
+    }
+    let longest = held.iter().copied().fold(0.0, f64::max);
+    (median(held), longest)
 }
