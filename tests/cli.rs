@@ -1738,20 +1738,9 @@ fn inspect_cuts_a_long_key_to_its_column() {
 /// when one of them exits, and erased at the end.
 #[test]
 fn a_status_line_shows_on_a_terminal_while_leftovers_hold_the_key() {
-    use std::os::fd::AsRawFd;
     let file = TempPath::new("cli-leftovers-line");
     let pids = TempPath::new("cli-leftovers-pids");
-    let (master, slave) = cloexec_pty();
-    // (wide enough for the whole line, which is cut to the terminal's width)
-    let size = libc::winsize {
-        ws_row: 24,
-        ws_col: 400,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCSWINSZ reads one winsize from the struct, which lives across the call.
-    let set = unsafe { libc::ioctl(slave.as_raw_fd(), libc::TIOCSWINSZ, &size) };
-    assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
+    let (master, slave) = wide_pty();
     let script = format!(
         "sleep 30 & a=$!; sleep 30 & echo $a $! > {}",
         pids.0.display()
@@ -1768,16 +1757,7 @@ fn a_status_line_shows_on_a_terminal_while_leftovers_hold_the_key() {
     let left = line_written(&pids);
     let left: Vec<i32> = left.split(' ').map(|p| p.parse().unwrap()).collect();
     let mut seen = Vec::new();
-    let mut read_until = |expected: &str| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !String::from_utf8_lossy(&seen).contains(expected) {
-            let wait = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(wait) {
-                Ok(chunk) => seen.extend(chunk),
-                Err(_) => panic!("no {expected:?} in {:?}", String::from_utf8_lossy(&seen)),
-            }
-        }
-    };
+    let mut read_until = |expected: &str| pty_until(&rx, &mut seen, expected);
     read_until(&format!(
         "\r\x1b[2Kshmlock: \"k\" held until what sh left running exits: pids {} {} (sh \
          exited, status 0; -o releases at its exit)",
@@ -1810,19 +1790,9 @@ fn a_status_line_shows_on_a_terminal_while_leftovers_hold_the_key() {
 /// into it, and the status line is drawn again below it.
 #[test]
 fn a_verbose_line_replaces_the_status_line_and_it_comes_back() {
-    use std::os::fd::AsRawFd;
     let file = TempPath::new("cli-verbose-over-line");
     let pids = TempPath::new("cli-verbose-over-line-pid");
-    let (master, slave) = cloexec_pty();
-    let size = libc::winsize {
-        ws_row: 24,
-        ws_col: 400,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCSWINSZ reads one winsize from the struct, which lives across the call.
-    let set = unsafe { libc::ioctl(slave.as_raw_fd(), libc::TIOCSWINSZ, &size) };
-    assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
+    let (master, slave) = wide_pty();
     // (the sleep ignores SIGTERM, as the shell set it before starting it)
     let script = format!("trap '' TERM; sleep 30 & echo $! > {}", pids.0.display());
     let run = shmlock(&file)
@@ -1835,20 +1805,7 @@ fn a_verbose_line_replaces_the_status_line_and_it_comes_back() {
     let (rx, reader) = read_pty(master);
     let left: i32 = line_written(&pids).parse().unwrap();
     let mut seen = Vec::new();
-    let mut read_until = |expected: &str| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let text = String::from_utf8_lossy(&seen).into_owned();
-            if let Some(at) = text.find(expected) {
-                return (text, at);
-            }
-            let wait = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(wait) {
-                Ok(chunk) => seen.extend(chunk),
-                Err(_) => panic!("no {expected:?} in {text:?}"),
-            }
-        }
-    };
+    let mut read_until = |expected: &str| pty_until(&rx, &mut seen, expected);
     let line = format!("shmlock: \"k\" held until what sh left running exits: pid {left} (sh");
     read_until(&line);
     let run_pid = nix::unistd::Pid::from_raw(run.id() as i32);
@@ -1869,6 +1826,43 @@ fn a_verbose_line_replaces_the_status_line_and_it_comes_back() {
     assert!(out.status.success(), "{out:?}");
     reader.join().unwrap();
     assert!(!is_held(&file, "k"));
+}
+
+/// A pty 400 columns wide, so that a status line is not cut to the terminal's width.
+fn wide_pty() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    let (master, slave) = cloexec_pty();
+    let size = libc::winsize {
+        ws_row: 24,
+        ws_col: 400,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one winsize from the struct, which lives across the call.
+    let set = unsafe { libc::ioctl(slave.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+    assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
+    (master, slave)
+}
+
+/// Adds what `rx` (from [`read_pty`]) sends to `seen` until its text holds `expected` (10 s
+/// at most): that text, and where `expected` starts in it.
+fn pty_until(
+    rx: &std::sync::mpsc::Receiver<Vec<u8>>,
+    seen: &mut Vec<u8>,
+    expected: &str,
+) -> (String, usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = String::from_utf8_lossy(seen).into_owned();
+        if let Some(at) = text.find(expected) {
+            return (text, at);
+        }
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(wait) {
+            Ok(chunk) => seen.extend(chunk),
+            Err(_) => panic!("no {expected:?} in {text:?}"),
+        }
+    }
 }
 
 /// Reads the pty `master` on a thread, sending what it reads, until every copy of the slave
