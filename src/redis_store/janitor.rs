@@ -8,7 +8,7 @@
 //! already given to it; a process that exits waits for them (see [`flush_at_exit`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -16,6 +16,7 @@ use redis::RedisResult;
 
 use crate::lock::wait::instant_after;
 use crate::per_process::PerProcess;
+use crate::redis_store::net::is_broken;
 use crate::redis_store::scripts::Lua;
 use crate::redis_store::topology::Req;
 use crate::redis_store::topology::{Shared, SyncConn, Tag};
@@ -67,19 +68,22 @@ type Live = Mutex<Vec<(Weak<AtomicUsize>, Duration)>>;
 static AT_EXIT: AtomicU64 = AtomicU64::new(0);
 
 /// At `exit` (main returning, `std::process::exit`), waits for the janitors' pending jobs,
-/// for at most their command timeout (and 2 s): a guard dropped inside a runtime just
-/// before the process ends is still released. Not on `_exit` or a signal, where a hold
-/// lapses with its lease.
+/// for at most the longest of their command timeouts (and 2 s) in all: a guard dropped
+/// inside a runtime just before the process ends is still released. Not on `_exit` or a
+/// signal, where a hold lapses with its lease.
 extern "C" fn flush_at_exit() {
     // (a mutex another thread holds now is not waited for)
     let Ok(live) = LIVE.get(Default::default).try_lock() else {
         return;
     };
-    for (pending, timeout) in live.iter() {
+    // One bound for them all: each janitor waited for in turn made an exit with many
+    // handles whose server is gone wait that long for each.
+    let longest = live.iter().map(|(_, t)| *t).max().unwrap_or_default();
+    let until = Instant::now() + longest.min(Duration::from_secs(2));
+    for (pending, _) in live.iter() {
         let Some(pending) = pending.upgrade() else {
             continue;
         };
-        let until = Instant::now() + (*timeout).min(Duration::from_secs(2));
         while pending.load(Ordering::Acquire) > 0 && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -153,46 +157,121 @@ impl Janitor {
     }
 }
 
+/// A job given to the thread and not done yet.
+struct Queued {
+    job: Job,
+    /// When it is tried next.
+    next: Instant,
+    /// How long it waits after a failure (doubling, up to a second).
+    pause: Duration,
+}
+
+/// The thread: tries each job as it comes, and again after a pause while the server cannot
+/// be reached, newer jobs meanwhile (one that keeps failing holds up none of them), until
+/// it is done or `until` has passed. When the handle is gone, a job kept for as long as
+/// the process lives is kept [`PAST_THE_LEASE`] more, and the thread ends with its last
+/// job.
 fn work(shared: &Shared, timeout: Duration, jobs: &Receiver<Job>, pending: &AtomicUsize) {
     let release = Lua::new(crate::redis_store::scripts::RELEASE);
     let cancel = Lua::new(crate::redis_store::scripts::CANCEL);
     let mut con: Option<(SyncConn, Tag)> = None;
     let mut node = 0usize;
-    while let Ok(job) = jobs.recv() {
-        if let JobKind::Release {
-            unless: Some((at, done)),
-            ..
-        } = &job.kind
-        {
-            std::thread::sleep(at.saturating_duration_since(Instant::now()));
-            if done.load(Ordering::Acquire) {
-                pending.fetch_sub(1, Ordering::AcqRel);
+    let mut queue: Vec<Queued> = Vec::new();
+    let mut open = true;
+    loop {
+        let due = queue.iter().map(|q| q.next).min();
+        let wait = due.map(|d| d.saturating_duration_since(Instant::now()));
+        if open {
+            let got = match wait {
+                None => jobs.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(wait) => jobs.recv_timeout(wait),
+            };
+            match got {
+                Ok(job) => {
+                    let next = match &job.kind {
+                        JobKind::Release {
+                            unless: Some((at, _)),
+                            ..
+                        } => *at,
+                        _ => Instant::now(),
+                    };
+                    queue.push(Queued {
+                        job,
+                        next,
+                        pause: Duration::from_millis(20),
+                    });
+                    continue; // (any other job given meanwhile first)
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    open = false;
+                    let until = instant_after(Instant::now(), PAST_THE_LEASE);
+                    for q in &mut queue {
+                        q.job.until.get_or_insert(until);
+                    }
+                }
+            }
+        } else {
+            match wait {
+                None => return,
+                Some(wait) => std::thread::sleep(wait),
+            }
+        }
+        let mut i = 0;
+        while i < queue.len() {
+            let now = Instant::now();
+            let q = &mut queue[i];
+            if q.next > now {
+                i += 1;
                 continue;
             }
-        }
-        let mut pause = Duration::from_millis(20);
-        let call = match job.kind {
-            JobKind::Release { .. } => release.call(),
-            JobKind::Cancel { .. } => cancel.call(),
-        }
-        .key(&job.keys[..])
-        .arg(&job.token);
-        let call = match job.kind {
-            JobKind::Release { mark_ms, .. } => call.arg(mark_ms),
-            JobKind::Cancel { not_after, cap_ms } => call.arg(not_after).arg(cap_ms),
-        };
-        loop {
-            let done = run(shared, timeout, &mut con, &mut node, |r| {
-                r.call::<i64>(&call).map(drop)
-            });
-            if done.is_ok() || job.until.is_some_and(|u| Instant::now() >= u) {
+            let job = &q.job;
+            let finished = match &job.kind {
+                // released by a task of the runtime meanwhile
+                JobKind::Release {
+                    unless: Some((_, done)),
+                    ..
+                } if done.load(Ordering::Acquire) => Ok(()),
+                kind => {
+                    let call = match kind {
+                        JobKind::Release { .. } => release.call(),
+                        JobKind::Cancel { .. } => cancel.call(),
+                    }
+                    .key(&job.keys[..])
+                    .arg(&job.token);
+                    let call = match kind {
+                        JobKind::Release { mark_ms, .. } => call.arg(*mark_ms),
+                        JobKind::Cancel { not_after, cap_ms } => call.arg(*not_after).arg(*cap_ms),
+                    };
+                    run(shared, timeout, &mut con, &mut node, |r| {
+                        r.call::<i64>(&call).map(drop)
+                    })
+                }
+            };
+            let again = match &finished {
+                Ok(()) => false,
+                // the server answered with an error that trying again will not change
+                Err(e) if e.code().is_some() && !is_broken(e) && !is_transient(e) => false,
+                Err(_) => job.until.is_none_or(|u| now < u),
+            };
+            if again {
+                // (the server is out of reach: every job due now waits as long)
+                let next = now + q.pause;
+                q.pause = (q.pause * 2).min(Duration::from_secs(1));
+                for q in queue.iter_mut().filter(|q| q.next <= now) {
+                    q.next = next;
+                }
                 break;
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_secs(1));
+            queue.swap_remove(i);
+            pending.fetch_sub(1, Ordering::AcqRel);
         }
-        pending.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// A server's error reply that says to try again later.
+fn is_transient(e: &redis::RedisError) -> bool {
+    matches!(e.code(), Some("TRYAGAIN" | "CLUSTERDOWN" | "BUSY"))
 }
 
 /// Runs `f` on the janitor's connection, made anew after an error or a failover.
