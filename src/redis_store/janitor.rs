@@ -30,8 +30,9 @@ pub(crate) struct Job {
     pub(crate) token: String,
     pub(crate) kind: JobKind,
     /// Until when the job is worth trying: when the hold it undoes has lapsed by itself
-    /// anyway. `None`: as long as the process lives (a hold that never expires, or one
-    /// whose lease is not known here), or it would be left on the server for good.
+    /// anyway. `None`: as long as the handle lives, and [`PAST_THE_LEASE`] after (a hold
+    /// that never expires, or one whose lease is not known here, would otherwise be left
+    /// on the server for good).
     pub(crate) until: Option<Instant>,
 }
 
