@@ -1364,7 +1364,6 @@ impl SharedDict {
         }
     }
 
-    /// Writes the step of lock epoch `epoch` to `READ_STEP`, if it moved on.
     /// Moves the lock's word on (see [`Writing::heartbeat`]), for a hold that works long:
     /// the writers waiting for it see that it is not stalled. `false` if it was taken over.
     fn beat(&self, w: &Locked<'_>) -> bool {
@@ -1383,6 +1382,7 @@ impl SharedDict {
         }
     }
 
+    /// Writes the step of lock epoch `epoch` to `READ_STEP`, if it moved on.
     fn note_step(&self, epoch: u32) {
         let step = recency::step_of(epoch, self.inner.step_shift);
         if self.control(READ_STEP).load(Ordering::Relaxed) != step {

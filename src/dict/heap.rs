@@ -223,16 +223,17 @@ impl<'a> Heap<'a> {
         }
     }
 
-    /// Writes `bytes` into `blocks` (from [`take`](Self::take), `blocks_for(bytes.len())`
-    /// of them) as a chain whose index blocks carry `owner`: index blocks first in
-    /// `blocks`, then data blocks. Returns the chain's first block, for the entry to name.
+    /// [`write_beating`](Self::write_beating) with no beat, for the tests.
     #[cfg(any(test, loom))]
     pub(crate) fn write(&self, blocks: &[u32], bytes: &[u8], owner: u32) -> u32 {
         self.write_beating(blocks, bytes, owner, || {})
     }
 
-    /// [`write`](Self::write), calling `beat` after each [`BEAT_BYTES`] of data: a writer
-    /// copying a big value shows the writers waiting for its lock that it is not stalled.
+    /// Writes `bytes` into `blocks` (from [`take`](Self::take), `blocks_for(bytes.len())`
+    /// of them) as a chain whose index blocks carry `owner`: index blocks first in
+    /// `blocks`, then data blocks. Returns the chain's first block, for the entry to name.
+    /// Calls `beat` after each [`BEAT_BYTES`] of data: a writer copying a big value shows
+    /// the writers waiting for its lock that it is not stalled.
     pub(crate) fn write_beating(
         &self,
         blocks: &[u32],
