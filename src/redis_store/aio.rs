@@ -228,7 +228,7 @@ async fn connect(shared: &Arc<Shared>, timeout: Duration, limit: Instant) -> Red
                 AsyncConn::Plain(c),
                 Tag {
                     epoch,
-                    server: Some(format!("{}:{}", addr.0, addr.1).into()),
+                    server: Some(crate::redis_store::sentinel::server_name(&addr).into()),
                     addr: Some(addr),
                 },
             )

@@ -22,7 +22,7 @@ use crate::lock::LockGuard;
 use crate::redis_store::aio::Aio;
 use crate::redis_store::async_wait::Turn;
 use crate::redis_store::net::bounded;
-use crate::redis_store::net::{is_unanswered, Failed};
+use crate::redis_store::net::{allowed, is_unanswered, Failed};
 use crate::redis_store::ops::{
     answer, foreign, lapse_by, mark_step, mismatch, mode_arg, replicated, Answer, Names, RedisBusy,
     RedisHold,
@@ -194,7 +194,7 @@ impl RedisLocks {
             let reply = match reply {
                 Ok(reply) => reply,
                 Err(e) => {
-                    let e = self.failed(&aio, e, &mut pending, false);
+                    let e = self.failed(&aio, e, &mut pending, false, allowed(sent, limit));
                     return RedisBusy::or_error(&names, e, deadline).map(Err);
                 }
             };
@@ -248,7 +248,9 @@ impl RedisLocks {
                 match acked {
                     // not granted after all: the guard gives back what was taken
                     Ok(acked) => replicated(acked, n)?,
-                    Err(e) => return Err(self.failed(&aio, e, &mut pending, true)),
+                    Err(e) => {
+                        return Err(self.failed(&aio, e, &mut pending, true, allowed(sent, limit)))
+                    }
                 }
             }
             if !self.vouch_async(&aio, sent, limit).await? {
@@ -377,26 +379,23 @@ impl RedisLocks {
     }
 
     /// An error on `aio`: the connection is forgotten if it broke, and the attempt stays
-    /// armed for cancelling if it `took` the key or the server may have run it.
+    /// armed for cancelling if it `took` the key or the server may have run it; the error
+    /// names the server and, for a timeout, the time the request was `allowed`.
     fn failed(
         &self,
         aio: &Aio,
         e: redis::RedisError,
         pending: &mut Pending<'_>,
         took: bool,
+        allowed: Duration,
     ) -> Error {
         self.0.pool.aio_failed(aio, &e);
         pending.armed = took || is_unanswered(&e);
-        // A wait's deadline that passed mid-request names the server, as every other
-        // connection error does.
+        // named by its server, as a plain connection's errors are (a deadline that passed
+        // mid-request said "the deadline passed")
         let e = match &aio.tag.server {
-            Some(server) if e.is_timeout() && !e.to_string().contains(&**server) => {
-                redis::RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("{server} did not answer before the deadline"),
-                ))
-            }
-            _ => e,
+            Some(server) => crate::redis_store::net::at_server(e, server, allowed),
+            None => e,
         };
         Failed {
             unknown: pending.armed,

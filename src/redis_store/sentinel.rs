@@ -50,6 +50,11 @@ const EVENTS: [&str; 3] = ["+odown", "+promoted-slave", "+switch-master"];
 /// A master's address as the sentinels give it.
 pub(crate) type Addr = (String, u16);
 
+/// `host:port`, as errors name a server.
+pub(crate) fn server_name(addr: &Addr) -> String {
+    format!("{}:{}", addr.0, addr.1)
+}
+
 /// What one sentinel said of the master: its address and configuration epoch, or `None`
 /// if it knows no master of that name.
 type Answer = RedisResult<Option<(Addr, u64)>>;
@@ -217,10 +222,7 @@ impl Sentinel {
         let epoch = self.view().epoch();
         let (addr, info) = self.ask(limit)?;
         let started = Instant::now();
-        let named = |e| {
-            let server = format!("{}:{}", addr.0, addr.1);
-            at_server(e, &server, allowed(started, limit))
-        };
+        let named = |e| at_server(e, &server_name(&addr), allowed(started, limit));
         let mut con = connect_within(&info, limit).map_err(named)?;
         let role: Vec<Value> = redis::cmd("ROLE").query(&mut con).map_err(named)?;
         match role.first() {

@@ -143,7 +143,7 @@ impl Shared {
             Topology::Single(c) => direct(c.get_connection_info())?,
             Topology::Sentinel(s) => {
                 let (con, epoch, addr) = s.connect_master(limit)?;
-                let server = format!("{}:{}", addr.0, addr.1).into();
+                let server = crate::redis_store::sentinel::server_name(&addr).into();
                 (
                     con,
                     Tag {
