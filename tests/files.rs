@@ -75,11 +75,6 @@ const TESTS: &[Test] = &[
         a_table_replaced_by_a_rename_is_left_by_its_users,
     ),
     Test::new(
-        "a_table_and_a_dict_used_from_a_chroot_are_not_gone",
-        a_table_and_a_dict_used_from_a_chroot_are_not_gone,
-    )
-    .needs_root("chroot(2)"),
-    Test::new(
         "a_hold_kept_alive_outlives_the_deletion_of_its_file",
         a_hold_kept_alive_outlives_the_deletion_of_its_file,
     ),
@@ -576,45 +571,6 @@ fn a_table_replaced_by_a_rename_is_left_by_its_users() {
         "replaced by another file"
     ));
     held.unlock().unwrap();
-}
-
-/// A process that `chroot`s after opening a table and a dict (a privilege drop) finds
-/// their paths leading nowhere: that is not a deletion (the file still has its name, and
-/// every other process uses it), so both go on working. A dict looks at its path at every
-/// write and read: it said `TableGone { how: "deleted" }` to all of them.
-fn a_table_and_a_dict_used_from_a_chroot_are_not_gone() {
-    let path = TempPath::new("chrooted");
-    let dict_path = TempPath::new("chrooted-dict");
-    let table = LockTable::open(&path, 64).unwrap();
-    let dict = SharedDict::open(&dict_path, 64, 64).unwrap();
-    let jail = TempPath::new("chroot-jail");
-    fs::create_dir(&jail.0).unwrap();
-    let child = fork(|| {
-        // (registered first: a process that starts using a table needs /proc)
-        dict.set("before", "v", Duration::ZERO).unwrap();
-        table
-            .lock("before", opts(1000, 0))
-            .unwrap()
-            .unlock()
-            .unwrap();
-        nix::unistd::chroot(&jail.0).unwrap();
-        std::env::set_current_dir("/").unwrap();
-        // (past the 100 ms between two looks at the path)
-        std::thread::sleep(Duration::from_millis(150));
-        dict.set("k", "v", Duration::ZERO).unwrap();
-        assert!(dict.get("k").unwrap().is_some());
-        let held = table.lock(K, opts(60_000, 0)).unwrap();
-        std::thread::sleep(Duration::from_millis(150));
-        held.check().unwrap();
-        held.unlock().unwrap();
-        0
-    });
-    assert_eq!(child.wait(Duration::from_secs(30)), 0);
-    assert!(
-        dict.get("k").unwrap().is_some(),
-        "the child wrote the same dict"
-    );
-    fs::remove_dir(&jail.0).unwrap();
 }
 
 /// A hold kept alive (`keep_alive`, a 300 ms lease renewed under 1.2 s of work) while its

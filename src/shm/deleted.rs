@@ -41,15 +41,13 @@ impl Gone {
 }
 
 /// Whether `path` still leads to the file `fd` (of id `id`) is: `None` if it does. A path
-/// that cannot be looked at (a directory made unreadable), or that leads nowhere, counts
-/// as leading to it unless the file has no name left at all: after a `chroot` or in a new
-/// mount namespace the path may lead nowhere while the file is still everyone else's (and
-/// a file renamed away, with nothing at its path, is still the one others use until a new
-/// one is made there, which the next look sees as a replacement).
+/// that cannot be looked at (a directory made unreadable) counts as leading to it, unless
+/// the file has no name left at all.
 pub(crate) fn left(path: &Path, fd: impl AsFd, id: FileId) -> Option<Gone> {
     match fs::metadata(path) {
         Ok(m) if m.dev() == id.dev && m.ino() == id.ino => None,
         Ok(_) => Some(Gone::Replaced),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Some(Gone::Deleted),
         Err(_) => {
             let st = nix::sys::stat::fstat(fd).ok()?;
             let ours = st.st_dev == id.dev && st.st_ino == id.ino;
