@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use common::fork::{fork, Child, Shared};
 use common::harness::Test;
 use common::probe::{
-    await_word, flagging_waiter, header_u64, mapping_base, mono_ns, place, registry_len, GdbStop,
-    Proc, Spawned, Watch,
+    await_word, coarse_ns, flagging_waiter, header_u64, mapping_base, mono_ns, place, registry_len,
+    GdbStop, Proc, Spawned, Watch,
 };
 use common::{fresh_table, opts, TempPath};
 use shmlock::{LockOptions, LockTable};
@@ -278,15 +278,32 @@ fn stray_flag_syscalls() {
         await_word(&sh, 0, Duration::from_secs(60));
         // renew a few times (the flag stays), then 300 times towards one end 60 s away
         // (the deadline then moves back and forth within a tick of the coarse clock), then
-        // unlock, then 1000 uncontended cycles
+        // unlock, then 1000 uncontended cycles.
+        //
+        // A renewal delayed between the reading of `Instant::now()` and the table's clock
+        // (preempted: a loaded machine, strace's stops) really moves the deadline later,
+        // and the next one really moves it back by more than a tick, which wakes sleepers
+        // by design (`end_extension`). Each renewal's deadline lies within [coarse clock
+        // before + exptime, coarse clock after + exptime]: a pair whose bounds allow such
+        // a move back is counted, and allowed one wake.
+        let mut bounds = Vec::with_capacity(305);
+        let mut renew = |g: &mut shmlock::LockGuard<'_>, exptime: Duration| {
+            let before = coarse_ns();
+            g.expire(Some(exptime)).unwrap();
+            let e = exptime.as_nanos() as u64;
+            bounds.push((before + e, coarse_ns() + e));
+        };
         for _ in 0..5 {
-            g.expire(Some(Duration::from_secs(60))).unwrap();
+            renew(&mut g, Duration::from_secs(60));
         }
         let end = Instant::now() + Duration::from_secs(60);
         for _ in 0..300 {
             std::thread::sleep(Duration::from_micros(100));
-            g.expire(Some(end - Instant::now())).unwrap();
+            renew(&mut g, end - Instant::now());
         }
+        let tick = 4_000_000; // the table clock's tick (src/shm/clock.rs)
+        let moved_back = bounds.windows(2).filter(|w| w[0].1 > w[1].0 + tick).count();
+        sh.word(3).store(moved_back as u64, Ordering::SeqCst);
         drop(g);
         for _ in 0..1000 {
             drop(t.lock("S", opts(60_000, 1000)).unwrap());
@@ -299,6 +316,10 @@ fn stray_flag_syscalls() {
     let t = LockTable::open(&path, 64).unwrap();
     assert!(t.lock("S", opts(60_000, 20)).is_err());
     let flagged = t.holders().iter().any(|e| e.waiters);
+    assert!(
+        flagged,
+        "the timed-out waiter left no flag: nothing to test"
+    );
     let out = TempPath::new("strace-out");
     let mut st = Spawned(
         std::process::Command::new("strace")
@@ -328,12 +349,13 @@ fn stray_flag_syscalls() {
         .lines()
         .filter(|l| l.contains("FUTEX_WAKE") && !l.contains("PRIVATE"))
         .count();
-    note!("[flag left on the hold: {flagged}; shared FUTEX_WAKEs by the holder over 305 renewals + 1001 unlocks: {wakes}] ");
+    let moved_back = sh.word(3).load(Ordering::SeqCst) as usize;
+    note!("[flag left on the hold: {flagged}; shared FUTEX_WAKEs by the holder over 305 renewals + 1001 unlocks: {wakes}; renewals that may have moved the deadline back by more than a tick: {moved_back}] ");
     drop(h);
     let shown: Vec<&str> = text.lines().filter(|l| l.contains("FUTEX_WAKE")).collect();
     assert!(
-        wakes <= 1,
-        "a stray flag costs a system call per unlock:\n{}",
+        wakes <= 1 + moved_back,
+        "a stray flag costs a system call per unlock or renewal:\n{}",
         shown.join("\n")
     );
 }
