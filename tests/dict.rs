@@ -1192,6 +1192,27 @@ fn a_read_only_handle_reads_and_changes_nothing() {
         Err(Error::ReadOnly)
     ));
     assert!(matches!(ro.lpop("q"), Err(Error::ReadOnly)));
+    // get_or_fetch: a hit is read; a miss is refused before the fetch (it called the
+    // fetcher, then could not store what it fetched)
+    let locks_path = TempPath::new("read-only-locks");
+    let locks = LockTable::open(&locks_path, 64).unwrap();
+    let hit = ro
+        .get_or_fetch(&locks, "dog", NEVER, || -> Result<&str, Error> {
+            panic!("fetched a hit")
+        })
+        .unwrap();
+    assert_eq!(hit.value.as_bytes(), Some(&b"bark"[..]));
+    let mut fetched = false;
+    let miss = ro.get_or_fetch(&locks, "cat", NEVER, || {
+        fetched = true;
+        Ok::<_, Error>("meow")
+    });
+    assert!(matches!(miss, Err(Error::ReadOnly)), "{miss:?}");
+    assert!(
+        !fetched,
+        "the fetcher ran for a value that could not be stored"
+    );
+    assert!(locks.holders().is_empty());
     // the flushes too (they did nothing and said nothing)
     assert!(matches!(ro.flush_all(), Err(Error::ReadOnly)));
     d.set("gone", "x", Duration::from_millis(1)).unwrap();

@@ -1421,6 +1421,14 @@ impl SharedDict {
         Ok(self.lock_as(self.writer()?))
     }
 
+    /// [`Error::ReadOnly`] for a read-only handle.
+    pub(crate) fn refuse_read_only(&self) -> Result<(), Error> {
+        if self.inner.att.read_only() {
+            return Err(Error::ReadOnly);
+        }
+        Ok(())
+    }
+
     /// The owner id this process writes as: [`Error::ReadOnly`] for a read-only handle.
     fn writer(&self) -> Result<OwnerId, Error> {
         if self.inner.att.read_only() {

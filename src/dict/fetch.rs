@@ -57,7 +57,10 @@ impl SharedDict {
     /// Errors of the dict or the lock (a lock [`Timeout`](Error::Timeout), a value longer
     /// than the dict's limit) come back through `E: From<Error>`, as do `fetch`'s own.
     /// `locks` must keep other holders out: a view of readers (`table.shared()`) or a
-    /// semaphore of several permits is [`Error::InvalidOptions`].
+    /// semaphore of several permits is [`Error::InvalidOptions`]. On a handle opened
+    /// [`read_only`](crate::DictOptions::read_only), a hit is returned and a miss is
+    /// [`Error::ReadOnly`] before the lock is taken or `fetch` called: the value could not
+    /// be stored.
     /// Nothing is stored when `fetch` fails (or its value cannot be stored), so each
     /// waiter then takes the lock in turn and tries again, as in resty's recipe: one
     /// backend call at a time, never a stampede.
@@ -133,6 +136,7 @@ impl SharedDict {
                 waited: Duration::ZERO,
             });
         }
+        self.refuse_read_only()?;
         let guard = lock::guard(locks, key, opts, Some(opts.timeout))?;
         let waited = guard.elapsed();
         // The double check: whoever held the lock before us may have stored the value.
@@ -263,6 +267,7 @@ impl SharedDict {
                 waited: Duration::ZERO,
             });
         }
+        self.refuse_read_only()?;
         let guard = locks.lock_boxed(key, opts).await?;
         let waited = guard.elapsed();
         // The double check, as in `get_or_fetch_with`.
