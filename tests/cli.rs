@@ -1851,11 +1851,21 @@ fn pty_until(
     seen: &mut Vec<u8>,
     expected: &str,
 ) -> (String, usize) {
+    pty_until_from(rx, seen, expected, 0)
+}
+
+/// [`pty_until`] for an `expected` that starts at `from` or later in the text.
+fn pty_until_from(
+    rx: &std::sync::mpsc::Receiver<Vec<u8>>,
+    seen: &mut Vec<u8>,
+    expected: &str,
+    from: usize,
+) -> (String, usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let text = String::from_utf8_lossy(seen).into_owned();
-        if let Some(at) = text.find(expected) {
-            return (text, at);
+        if let Some(at) = text.get(from..).and_then(|t| t.find(expected)) {
+            return (text, from + at);
         }
         let wait = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(wait) {
@@ -2001,6 +2011,26 @@ fn job_control_shell(
     script: &str,
     env: &[(&str, &std::ffi::OsStr)],
 ) -> (Child, std::thread::JoinHandle<String>) {
+    let (shell, _keys, rx, reader) = job_control_shell_on_pty(script, env);
+    let text = std::thread::spawn(move || {
+        let seen: Vec<u8> = rx.iter().flatten().collect();
+        reader.join().unwrap();
+        String::from_utf8_lossy(&seen).into_owned()
+    });
+    (shell, text)
+}
+
+/// [`job_control_shell`] with the terminal's keyboard (the master, to type on) and what
+/// its screen shows as it comes (see [`read_pty`]).
+fn job_control_shell_on_pty(
+    script: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> (
+    Child,
+    std::fs::File,
+    std::sync::mpsc::Receiver<Vec<u8>>,
+    std::thread::JoinHandle<()>,
+) {
     let (master, slave) = cloexec_pty();
     let mut c = Command::new("sh");
     c.args(["-c", &format!("set -m; stty tostop\n{script}")])
@@ -2020,13 +2050,9 @@ fn job_control_shell(
     }
     let shell = c.spawn().unwrap();
     drop(c); // (the Command's copies of the slave)
+    let keys = std::fs::File::from(master.try_clone().unwrap());
     let (rx, reader) = read_pty(master);
-    let text = std::thread::spawn(move || {
-        let seen: Vec<u8> = rx.iter().flatten().collect();
-        reader.join().unwrap();
-        String::from_utf8_lossy(&seen).into_owned()
-    });
-    (shell, text)
+    (shell, keys, rx, reader)
 }
 
 /// A `run` in the background of its terminal, under `stty tostop`, draws no status line:
@@ -2053,6 +2079,43 @@ wait $job; echo "exit $?""#;
     let text = text.join().unwrap();
     assert!(text.contains("exit 0"), "{text:?}");
     assert!(!text.contains("waiting for"), "{text:?}");
+}
+
+/// Ctrl-Z while `run` waits: the status line is erased before `run` stops (the terminal's
+/// `^Z` and what the shell says come on a clean line, not at the end of the line), the job
+/// is stopped as by SIGTSTP (status 128 + 20), and once in the foreground again (`fg`)
+/// `run` draws its line again, gets the key when the holder lets go and exits 0. (Before,
+/// the line was left on the screen with `^Z` at its end.)
+#[test]
+fn ctrl_z_while_waiting_erases_the_status_line_then_stops_run() {
+    use std::io::Write;
+    let file = TempPath::new("cli-ctrl-z");
+    let holder = held_until_stdin_closes(&file, "k");
+    let script = r#""$SHMLOCK" --file "$F" run k -- true; echo "stopped $?"
+fg %1 > /dev/null; echo "exit $?""#;
+    let env = [("F", file.0.as_os_str())];
+    let (mut shell, mut keys, rx, reader) = job_control_shell_on_pty(script, &env);
+    let mut seen = Vec::new();
+    pty_until(&rx, &mut seen, "waiting for");
+    keys.write_all(b"\x1a").unwrap();
+    let (text, at) = pty_until(&rx, &mut seen, "stopped ");
+    let before = &text[..at];
+    let line = before.rfind("waiting for").unwrap();
+    assert!(
+        before[line..].contains("\r\x1b[2K"),
+        "the status line was left on the screen: {:?}",
+        &before[line..]
+    );
+    let (_, stopped) = pty_until(&rx, &mut seen, "stopped 148");
+    // back in the foreground, it draws its line again
+    pty_until_from(&rx, &mut seen, "waiting for", stopped);
+    release(holder);
+    pty_until_from(&rx, &mut seen, "exit 0", stopped);
+    drop(keys);
+    assert!(shell.wait().unwrap().success());
+    drop(rx);
+    let _ = reader.join();
+    assert!(!is_held(&file, "k"));
 }
 
 /// Job control is as without `run`: a command that writes to the terminal from the

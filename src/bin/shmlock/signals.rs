@@ -1,7 +1,8 @@
 //! `run`'s signal forwarding: SIGINT, SIGTERM, SIGHUP and SIGQUIT are blocked in every
 //! thread and taken by one thread of their own, which remembers the first while `run`
 //! waits for the lock and passes each on to the command once it runs (and once it has
-//! exited, to the processes it left running, which `run` adopted).
+//! exited, to the processes it left running, which `run` adopted). SIGTSTP is taken by
+//! that thread too, only to erase the status line before `run` stops as it would have.
 
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
@@ -55,6 +56,7 @@ impl Signals {
         for sig in FORWARDED {
             set.add(sig);
         }
+        set.add(Signal::SIGTSTP);
         set.thread_block()
             .map_err(|e| Fail(format!("blocking signals: {e}"), EX_OSERR))?;
         // An ignored SIGCHLD, inherited from whoever started us, would have the kernel
@@ -85,6 +87,11 @@ impl Signals {
             let Some((sig, by_kernel)) = next_signal(&self.set) else {
                 continue;
             };
+            if sig == Signal::SIGTSTP {
+                // (a terminal's SUSP sends it to the command too, if it runs: not passed on)
+                crate::status::erase_then(stop_this_process);
+                continue;
+            }
             let mut phase = self.phase();
             // A terminal sends the signals of its INTR and QUIT characters to its whole
             // foreground process group, and so does the kernel SIGHUP when the session
@@ -144,6 +151,21 @@ impl Signals {
         }
         to
     }
+}
+
+/// Stops this process as a SIGTSTP at its default action does (a shell then reports the
+/// job "Stopped", not "Stopped (signal)"), and returns once it is continued. Called by the
+/// signal thread, which took the SIGTSTP that asked for it.
+fn stop_this_process() {
+    // A signal raised here (tgkill to this thread), where SIGTSTP is blocked, stays pending
+    // on this thread, and is delivered here, to its default action, once this thread
+    // unblocks it; blocked again once continued, for the next sigwaitinfo.
+    // SAFETY: raise sends a signal to the calling thread; nothing is handed to it.
+    unsafe { libc::raise(libc::SIGTSTP) };
+    let mut tstp = SigSet::empty();
+    tstp.add(Signal::SIGTSTP);
+    let _ = tstp.thread_unblock();
+    let _ = tstp.thread_block();
 }
 
 /// Whether the child `pid`, not yet reaped, has exited.

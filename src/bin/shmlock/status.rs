@@ -170,6 +170,20 @@ impl StatusLine {
     }
 }
 
+/// Erases the status line if one is shown (as `clear` does), then runs `stop`, which stops
+/// `run` (Ctrl-Z: the shell's "Stopped" then comes on a clean line, not at the end of the
+/// status line); the line is drawn again once `run` is back in the foreground. The lock
+/// of stderr is held throughout, so that no line is drawn between the erase and the stop.
+pub fn erase_then(stop: impl FnOnce()) {
+    let mut err = std::io::stderr().lock();
+    if ON_SCREEN.swap(false, Relaxed) && in_foreground() {
+        let _ = write!(err, "\r\x1b[2K");
+        let _ = err.flush();
+    }
+    stop();
+    drop(err);
+}
+
 impl Drop for StatusLine {
     fn drop(&mut self) {
         self.clear();
