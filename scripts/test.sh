@@ -9,7 +9,7 @@ mkdir -p target
 bash scripts/redis-server.sh
 bash scripts/test-tools.sh
 
-# The models must be able to catch a bug. The loom build holds three deliberately broken
+# The models must be able to catch a bug. The loom build holds four deliberately broken
 # variants of the protocols (`src/broken.rs`; SHMLOCK_BROKEN picks one at run time, none
 # when unset), and each must fail every model listed for it. Only those run: the others
 # pass against it, which proves nothing. The same build then runs every model with none.
@@ -44,6 +44,10 @@ broken_idle=(
     shm::loom_tests::idle::a_readers_reentry_and_a_writer_never_both_win
     shm::loom_tests::idle::a_waiting_writer_keeps_idle_readers_out
 )
+broken_reserve=(
+    shm::loom_tests::shared::a_key_kept_for_a_writer_goes_to_the_writer
+    shm::loom_tests::shared::the_last_marked_readers_release_keeps_the_key_for_the_writer
+)
 must_fail() {
     local variant=$1 log=target/loom-broken-$1.log
     shift
@@ -60,6 +64,7 @@ must_fail() {
 must_fail protocol "${broken_protocol[@]}"
 must_fail shared "${broken_shared[@]}"
 must_fail idle "${broken_idle[@]}"
+must_fail reserve "${broken_reserve[@]}"
 
 started=$SECONDS
 env -u SHMLOCK_BROKEN LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" RUSTFLAGS="--cfg loom" \

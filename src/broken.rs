@@ -16,6 +16,9 @@ pub(crate) enum Broken {
     /// `SHMLOCK_BROKEN=idle`: claims pass idle entries of their key by, and a waiting
     /// writer leaves them.
     Idle,
+    /// `SHMLOCK_BROKEN=reserve`: the release of the last hold a writer waits for frees
+    /// its slot instead of keeping the key for the writer.
+    Reserve,
 }
 
 /// Whether this build runs the variant `which`. Without `SHMLOCK_BROKEN`, or with a name
@@ -28,6 +31,7 @@ pub(crate) fn broken(which: Broken) -> bool {
         Ok("protocol") => Some(Broken::Protocol),
         Ok("shared") => Some(Broken::Shared),
         Ok("idle") => Some(Broken::Idle),
+        Ok("reserve") => Some(Broken::Reserve),
         _ => None,
     }) == Some(which)
 }

@@ -198,3 +198,88 @@ fn a_permits_release_wakes_its_waiter() {
         m.table.release(&o).unwrap();
     });
 }
+
+/// Model S7 — the last reader a writer waits for leaves while a new reader claims: the
+/// key is kept for the writer (the release leaves a reservation), so the new reader never
+/// gets in before it, and the writer then takes the key.
+#[test]
+fn the_last_marked_readers_release_keeps_the_key_for_the_writer() {
+    loom::model(|| {
+        let m = model(4);
+        let k = key(0, 4, 1, 7);
+        let first = take_shared(&m.table, k, 9, 1, 0).unwrap();
+        let b = busy(m.table.try_acquire(&req(k, 2, 11)).unwrap()).unwrap();
+        m.table.prepare_wait(&b); // the writer marks `first`
+        let t = m.table.clone();
+        let leaving = thread::spawn(move || t.release(&first).unwrap());
+        let t = m.table.clone();
+        let reader = thread::spawn(move || take_shared(&t, k, 3, 12, 0));
+        assert!(!leaving.join().unwrap(), "kept idle for its reader");
+        assert!(
+            reader.join().unwrap().is_none(),
+            "a reader got in between the readers a writer waited for and the writer"
+        );
+        assert!(take(&m.table, k, 2, 13).is_some(), "the writer kept out");
+    });
+}
+
+/// Model S8 — the writer and a new reader claim a key kept for the writer at once: the
+/// writer always gets it, the reader never.
+#[test]
+fn a_key_kept_for_a_writer_goes_to_the_writer() {
+    loom::model(|| {
+        let m = model(4);
+        let k = key(0, 4, 1, 7);
+        let first = take_shared(&m.table, k, 9, 1, 0).unwrap();
+        let b = busy(m.table.try_acquire(&req(k, 2, 11)).unwrap()).unwrap();
+        m.table.prepare_wait(&b);
+        m.table.release(&first).unwrap();
+        let t = m.table.clone();
+        let writer = thread::spawn(move || take(&t, k, 2, 13));
+        let t = m.table.clone();
+        let reader = thread::spawn(move || take_shared(&t, k, 3, 12, 0));
+        let w = writer.join().unwrap();
+        let r = reader.join().unwrap();
+        assert!(r.is_none(), "a reader took the key kept for a writer");
+        assert!(w.is_some(), "the writer did not get the key kept for it");
+        let (x, s) = modes_of(&m.table, k);
+        assert_eq!((x, s), (1, 0));
+    });
+}
+
+/// Model S9 — a reader asleep on a key kept for a writer is woken when the writer takes
+/// it (or, having looked after that, when the writer lets it go): never left asleep.
+#[test]
+fn a_reader_asleep_on_a_key_kept_for_a_writer_is_woken() {
+    loom::model(|| {
+        let m = model(4);
+        let k = key(0, 4, 1, 7);
+        let first = take_shared(&m.table, k, 9, 1, 0).unwrap();
+        let b = busy(m.table.try_acquire(&req(k, 2, 11)).unwrap()).unwrap();
+        m.table.prepare_wait(&b);
+        m.table.release(&first).unwrap();
+        let (t, env) = (m.table.clone(), m.env.clone());
+        let reader = thread::spawn(move || {
+            let r = shared_req(k, 3, 12, 0);
+            match t.try_acquire(&r).unwrap() {
+                Attempt::Acquired(h) => Some(h),
+                Attempt::Busy(b) => {
+                    if let Prepared::Sleep(low) = t.prepare_wait(&b) {
+                        env.futex_wait(t.wait_word(&b), low);
+                    }
+                    None
+                }
+                a => panic!("{a:?}"),
+            }
+        });
+        let t = m.table.clone();
+        let writer = thread::spawn(move || {
+            let h = take(&t, k, 2, 13).expect("the writer got the key kept for it");
+            t.release(&h).unwrap();
+        });
+        writer.join().unwrap();
+        if let Some(h) = reader.join().unwrap() {
+            m.table.release(&h).unwrap();
+        }
+    });
+}

@@ -362,6 +362,10 @@ impl<S: Slots, E: Env> Table<S, E> {
                 continue 'restart;
             }
             crash_point();
+            if fc.state() == State::Idle && fc.has_waiters() {
+                // readers asleep on the reservation this claim took: they wait for it now
+                self.wake(fi);
+            }
             // Count the claim at the home (an RMW of one word every slow claim of this
             // home's keys makes: they are totally ordered, and each reads the one before).
             // Of two claimers of a key, the later count reads the earlier, so its rescan
@@ -459,6 +463,24 @@ impl<S: Slots, E: Env> Table<S, E> {
             let i = self.at(home, d);
             let c = self.word(i, Ordering::SeqCst);
             match self.examine(&slots[i], c, hash, now) {
+                // The key kept for a writer: a writer claims it as its slot (the key is
+                // never without an entry readers defer to), a reader waits for it.
+                Seen::Idle { ours: true }
+                    if (mode != Mode::Exclusive || own.is_none()) && self.reserved(i, c) =>
+                {
+                    match mode {
+                        Mode::Exclusive => {
+                            own = Some((d, c));
+                        }
+                        Mode::Shared { limit: 0 } => return Scan::Busy(busy(i, home, c, hash)),
+                        // (a permit's claim on a reader's key takes it back, as any idle
+                        // entry of its key)
+                        Mode::Shared { .. } => {
+                            self.take_back(i, c);
+                            continue;
+                        }
+                    }
+                }
                 // (before the reach test: an idle entry of the key may be re-entered)
                 Seen::Idle { ours: true } if takes_back(c, mode) => {
                     self.take_back(i, c);

@@ -79,7 +79,17 @@ impl<S: Slots, E: Env> Table<S, E> {
                 return Err(Lost);
             }
             let idle = may_idle && c.is_shared() && c.0 & FLAGS == 0;
-            let to = if idle { c.next(State::Idle) } else { c.freed() };
+            // A reader's hold a writer waits for: the key is kept for the writer (an IDLE
+            // entry marked as the hold was, which new readers defer to; see `idle.rs`).
+            let reserve =
+                !idle && may_idle && c.writer_waits() && self.keeps_for_writer(held.slot, c);
+            let to = if idle {
+                c.next(State::Idle)
+            } else if reserve {
+                Word(c.next(State::Idle).0 | WRITER_WAITS)
+            } else {
+                c.freed()
+            };
             if slot
                 .control
                 .compare_exchange(c.0, to.0, Ordering::SeqCst, Ordering::Relaxed)

@@ -56,7 +56,10 @@ impl<S: Slots, E: Env> Table<S, E> {
         let slot = self.slots().get(i)?;
         let c = Word(slot.control.load(Ordering::Acquire));
         // (a process forked since keeps its parent's slot numbers, not its entries)
-        if c.state() != State::Idle || c.owner() != req.owner || c.mark() != req.mode.mark(req.hash)
+        if c.state() != State::Idle
+            || c.owner() != req.owner
+            || c.mark() != req.mode.mark(req.hash)
+            || c.writer_waits()
         {
             return None;
         }
@@ -141,6 +144,8 @@ impl<S: Slots, E: Env> Table<S, E> {
             return;
         }
         self.walk_range(hash, |i, c, seen| match seen {
+            // (a reservation is left for the writer, who takes it as its slot)
+            Seen::Idle { ours: true } if self.reserved(i, c) => true,
             // (look again: free now, or moved on)
             Seen::Idle { ours: true } => {
                 self.take_back(i, c);

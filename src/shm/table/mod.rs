@@ -466,6 +466,25 @@ impl<S: Slots, E: Env> Table<S, E> {
         c.state() == State::Held && self.env.writer_gone(&self.cold(i).seen, self.hold_id(i, c))
     }
 
+    /// Whether the IDLE entry `c` of slot `i` is a reservation: the last hold of a reader
+    /// that a writer waited for, left for the writer (see `idle.rs`), while the writer's
+    /// mark has not lapsed.
+    pub(super) fn reserved(&self, i: usize, c: Word) -> bool {
+        c.state() == State::Idle
+            && c.writer_waits()
+            && !self.env.writer_gone(&self.cold(i).seen, self.hold_id(i, c))
+    }
+
+    /// Whether the release of the hold `c` of slot `i` leaves a reservation: a reader's
+    /// hold (not a permit's) that a writer marked and still waits for.
+    #[cold]
+    pub(super) fn keeps_for_writer(&self, i: usize, c: Word) -> bool {
+        c.is_shared()
+            && !c.is_permit()
+            && !broken(Broken::Reserve)
+            && !self.env.writer_gone(&self.cold(i).seen, self.hold_id(i, c))
+    }
+
     /// A writer waiting for the shared hold `c` of slot `i`: marks it (if it is still
     /// that hold) and says it still waits.
     pub(super) fn mark_for_writer(&self, i: usize, c: Word) {

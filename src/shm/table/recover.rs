@@ -138,7 +138,9 @@ impl<S: Slots, E: Env> Table<S, E> {
                 self.resolve_steal(b.slot, c);
                 true
             }
-            State::Free | State::Broken | State::Idle => true,
+            // (a reservation stands for its writer: nothing to recover)
+            State::Idle => !self.reserved(b.slot, c),
+            State::Free | State::Broken => true,
         }
     }
 

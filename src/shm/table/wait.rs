@@ -62,6 +62,18 @@ impl<S: Slots, E: Env> Table<S, E> {
         let c = Word(slot.control.load(Ordering::SeqCst));
         match c.state() {
             State::Held => {}
+            // The key kept for a writer: slept on while it stands (the writer's claim of
+            // it, or anyone's take-back, wakes the sleepers); once the writer's mark
+            // lapsed, a reader takes it as any idle entry.
+            State::Idle
+                if c.ident() == b.word.ident() && c.writer_waits() && self.reserved(b.slot, c) =>
+            {
+                return if c.has_waiters() {
+                    Prepared::Sleep(c.0 as u32)
+                } else {
+                    Prepared::Changed
+                };
+            }
             // A claim, a renewal or a check in progress: look again soon.
             State::Claiming | State::Extending | State::Stealing => return Prepared::Poll,
             State::Free | State::Broken | State::Idle => return Prepared::Changed,
@@ -94,6 +106,10 @@ impl<S: Slots, E: Env> Table<S, E> {
             return true; // any permit may have been given back: only an attempt tells
         }
         let w = self.word(b.slot, Ordering::Relaxed);
+        if b.word.state() == State::Idle {
+            // a reservation: until it moves (or its writer's mark lapses)
+            return w.ident() != b.word.ident() || !self.reserved(b.slot, w);
+        }
         w.state() != State::Held || w.tag() != b.word.tag()
     }
 
