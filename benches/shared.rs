@@ -15,8 +15,9 @@
 //!    median, vs the rwlock.
 //! 4. A writer under a stream of readers: 10 reader processes each hold the key 20 ms and
 //!    come back 0-3 ms after each release; how long the writer's `lock` waits, in holds
-//!    (median and longest of its waits). The writer goes first once it waits, but its
-//!    mark is on the readers' holds, not the key (docs/semantics.md, "Writers first").
+//!    (median and longest of its waits). The writer goes first once it waits: it waits
+//!    for the readers already in, whose last release keeps the key for it
+//!    (docs/semantics.md, "Writers first"), so no wait should last much over one hold.
 //!
 //! Goals (docs/benchmarks.md): the read pair and the permit pair within 1.5x of the
 //! kernel's; two readers at least as fast as the rwlock's; the writer's wake-up median
@@ -229,8 +230,8 @@ fn main() {
     println!("  {:<44} {median_holds:.2}", "median wait");
     println!("  {:<44} {longest:.2}", "longest wait");
     goals.check(
-        format!("a writer's longest wait <= 3 holds ({longest:.2})"),
-        longest <= 3.0,
+        format!("a writer's longest wait <= 1.5 holds ({longest:.2})"),
+        longest <= 1.5,
     );
 
     let _ = std::fs::remove_dir_all(&dir);

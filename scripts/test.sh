@@ -32,8 +32,10 @@ broken_protocol=(
     shm::loom_tests::shared::readers_share_while_a_writer_claims
     shm::loom_tests::idle::a_permits_reentry_never_exceeds_the_count
     shm::loom_tests::idle::a_readers_reentry_and_a_writer_never_both_win
-    shm::loom_tests::idle::a_waiting_writer_keeps_idle_readers_out
 )
+# (idle::a_waiting_writer_keeps_idle_readers_out caught this variant too while the marked
+# reader's release freed its slot, where the broken scan stopped; the release now keeps
+# the key for the writer, and the idle variant below is the one that model is for.)
 broken_shared=(
     shm::loom_tests::shared::a_reader_and_a_writer_never_both_win
     shm::loom_tests::shared::a_semaphore_never_lets_in_more_than_its_count

@@ -29,6 +29,21 @@
 //! holds (see `wait.rs`), so that no reader comes back without seeing its mark. An IDLE
 //! entry whose owner died is freed like any of a dead owner, and a table with no free slot
 //! left takes IDLE entries as free ones: an IDLE entry never makes a claim fail.
+//!
+//! # The key kept for a writer (a reservation)
+//!
+//! A reader's hold that a writer marked (and still waits for: its mark is fresh) is not
+//! freed at its release but left IDLE with the writer's bit: the key stays with an entry
+//! that readers defer to, where a free slot would let the readers woken by the same
+//! release race the writer. A reader's claim that meets it waits, asleep on its word; a
+//! writer's claim takes it as its slot, in place (the CAS from the reservation is the
+//! claim's, counted and rescanned as any), and wakes the readers asleep on it, who then
+//! wait for the writer's hold. Its reader never re-enters it (the release does not give it
+//! to the idle cache, and a re-entry refuses the writer's bit), a waiting writer does not
+//! take it back, and it lapses with the writer's mark (a second unrefreshed: the writer
+//! gave up, was cancelled or died); then it is an IDLE entry like any. It is a preference,
+//! never a guard of exclusion: that rests on the claims alone, which is why a claim of
+//! another key with no free slot in its range may still take it as an idle slot.
 
 use super::{Env, Held, KeyHash, Mode, Request, Seen, Slots, Table};
 use crate::broken::{broken, Broken};

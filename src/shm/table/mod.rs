@@ -166,8 +166,10 @@ pub(crate) const WRITER_REFRESH: std::time::Duration = std::time::Duration::from
 /// again: the writer, woken by the same release, takes the key meanwhile, and the reader
 /// then waits for it. Without it the woken readers raced the writer, and a reader that
 /// won started a hold the writer had to wait out too (with 6 readers looping on one key,
-/// most writer waits lasted several holds). Not a bound: a reader that arrives in the
-/// writer's wake-up still races it, as one whose wait did not sleep.
+/// most writer waits lasted several holds). The release now keeps the key for the writer
+/// (see `idle.rs`), so a reader that tries at once waits anyway; the head start is left
+/// for the key no longer kept (the writer's mark lapsed, or another key's claim took the
+/// slot in a full range), and costs nothing else: the writer holds the key by then.
 pub(crate) const WRITER_HEAD_START: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// How a claim holds its key.
