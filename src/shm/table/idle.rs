@@ -146,7 +146,8 @@ impl<S: Slots, E: Env> Table<S, E> {
             return;
         };
         let c = Word(slot.control.load(Ordering::Acquire));
-        if c.state() == State::Idle && c.owner() == owner {
+        // (a reservation is the writer's now, not this process's idle entry)
+        if c.state() == State::Idle && c.owner() == owner && !c.writer_waits() {
             self.take_back(i, c);
         }
     }
