@@ -283,6 +283,12 @@ impl<S: Slots, E: Env> Table<S, E> {
                 Seen::Key => true,
                 // A claim that may be of this key (by tag): breaking it is always safe.
                 Seen::Claiming => false,
+                // The key kept for a writer (no hold: not reported), which its readers
+                // would wait behind until the writer's mark lapses.
+                Seen::Idle { ours: true } if self.reserved(i, c) => {
+                    self.force_release(i, c);
+                    continue;
+                }
                 _ => {
                     d += 1;
                     continue;
