@@ -116,6 +116,11 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// How long the busy entry's lease has left on the table clock (`None`: it never
     /// expires): a sleeper need not sleep past it, as nobody wakes anyone at expiry.
     pub(crate) fn lease_left(&self, b: &Busy) -> Option<Duration> {
+        if b.word.state() == State::Idle {
+            // the key kept for a writer: no lease (its fields are its last reader's), and
+            // its end (the writer's claim, a take-back) wakes the sleepers
+            return None;
+        }
         let mut deadline = self.slots()[b.slot].deadline.load(Ordering::Relaxed);
         if let WaitFor::Permits { .. } = b.wait {
             // the first permit whose lease runs out frees one
