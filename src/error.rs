@@ -264,8 +264,10 @@ pub enum Error {
     /// this one takes no new holds. Holds already taken are renewed and released as usual
     /// (the processes that share the file still exclude each other); `check` says this.
     /// A [`SharedDict`](crate::SharedDict) whose path no longer leads to its file makes no
-    /// more writes and no more `get`s of it (within 100 ms: the path is looked at no more
-    /// often), where it would read and write what the other processes no longer see.
+    /// more writes and no more reads of it (`get`, `get_with`, `get_stale`, `ttl`,
+    /// `describe`, `llen`, `keys`; within 100 ms: the path is looked at no more often),
+    /// where it would read and write what the other processes no longer see. (`len`,
+    /// `free_slots` and the other counts, which return no `Result`, still read it.)
     #[non_exhaustive]
     TableGone {
         /// The path.

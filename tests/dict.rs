@@ -1303,10 +1303,18 @@ fn a_dict_replaced_under_its_path_is_used_no_more() {
     let gone = |e: Error| matches!(e, Error::TableGone { how, .. } if how.contains("replaced"));
     assert!(gone(old.set("k", "late", NEVER).unwrap_err()));
     assert!(gone(old.get("k").unwrap_err()));
+    // every read of a key, not only get: get_stale handed out "old" as fresh
+    assert!(gone(old.get_stale("k").unwrap_err()));
+    assert!(gone(old.ttl("k").unwrap_err()));
+    assert!(gone(old.describe("k").unwrap_err()));
+    assert!(gone(old.keys(0).unwrap_err()));
+    assert!(gone(old.llen("k").unwrap_err()));
+    assert!(gone(old.get_with("k", |_| ()).unwrap_err()));
     assert_eq!(new.get("k").unwrap().unwrap().value, Value::from("new"));
     let (path, d) = dict("deleted", 64, 64);
     std::fs::remove_file(&path.0).unwrap();
     sleep(Duration::from_millis(150));
     let deleted = |e: Error| matches!(e, Error::TableGone { how: "deleted", .. });
     assert!(deleted(d.set("k", "v", NEVER).unwrap_err()));
+    assert!(deleted(d.get_stale("k").unwrap_err()));
 }

@@ -886,6 +886,7 @@ impl SharedDict {
     pub fn get_stale(&self, key: impl AsRef<[u8]>) -> Result<Option<(Item, bool)>, Error> {
         let k = self.pack(key.as_ref())?;
         let now = self.now();
+        self.inner.att.look_at_path(now)?;
         let mut value = Vec::new();
         let mut c = Copied::NONE;
         let found = match self.lookup(&k, Some(&mut value), &mut c) {
@@ -910,6 +911,7 @@ impl SharedDict {
         let key = key.as_ref();
         let k = self.pack(key)?;
         let now = self.now();
+        self.inner.att.look_at_path(now)?;
         let mut c = Copied::NONE;
         let found = self.lookup(&k, None, &mut c);
         if let Some(i) = found.filter(|_| c.deadline > now) {
@@ -949,6 +951,7 @@ impl SharedDict {
         let mut value = Vec::new();
         let mut c = Copied::NONE;
         let now = self.now();
+        self.inner.att.look_at_path(now)?;
         if self.lookup(&k, Some(&mut value), &mut c).is_none() || c.deadline <= now {
             return Ok(None);
         }
@@ -971,6 +974,7 @@ impl SharedDict {
     /// the whole table: not for a hot path.
     pub fn keys(&self, max: usize) -> Result<Vec<Vec<u8>>, Error> {
         let now = self.now();
+        self.inner.att.look_at_path(now)?;
         let mut out = Vec::new();
         for i in 0..self.capacity() {
             if max != 0 && out.len() >= max {

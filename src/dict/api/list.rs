@@ -66,6 +66,7 @@ impl SharedDict {
     pub fn llen(&self, key: impl AsRef<[u8]>) -> Result<usize, Error> {
         let k = self.pack(key.as_ref())?;
         let now = self.now();
+        self.inner.att.look_at_path(now)?;
         let mut value = Vec::new();
         let mut c = Copied::NONE;
         let found = self.lookup(&k, Some(&mut value), &mut c);
