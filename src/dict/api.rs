@@ -689,7 +689,10 @@ impl SharedDict {
         self.len() == 0
     }
 
-    /// Slots not holding an entry: ngx's `free_space`, counted in entries.
+    /// Slots not holding an entry: ngx's `free_space`, counted in entries. A key can use
+    /// only those within 64 slots of its home, so a store that evicts nothing
+    /// ([`safe_set`](Self::safe_set)) may be refused while this is not 0 (a table filled
+    /// with distinct keys holds about 96 % of its capacity before stores evict).
     pub fn free_slots(&self) -> usize {
         self.capacity() - self.len()
     }
