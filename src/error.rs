@@ -342,6 +342,8 @@ impl fmt::Display for HolderSeen {
 ///
 /// let p = KeyPreview::new(b"user:42\x1b[2J");
 /// assert_eq!(p.to_string(), r#""user:42\x1b[2J""#);
+/// assert_eq!(KeyPreview::new("café\u{202e}".as_bytes()).to_string(), r#""café\u{202e}""#);
+/// assert_eq!(KeyPreview::new(b"\xff\"q\"").to_string(), r#""\xff\"q\"""#);
 /// assert_eq!(p.as_bytes(), b"user:42\x1b[2J");
 /// let long = KeyPreview::new(&[b'k'; 300]);
 /// assert_eq!((long.as_bytes().len(), long.len(), long.is_truncated()), (KeyPreview::MAX, 300, true));
@@ -384,12 +386,35 @@ impl KeyPreview {
 
 impl fmt::Display for KeyPreview {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "\"{}\"", self.bytes.escape_ascii())?;
+        // UTF-8 shown as its characters (a key "café" reads so, not as "caf\xc3\xa9"),
+        // controls and bidirectional overrides escaped (they would rewrite the line
+        // shown), other bytes as `\xNN`.
+        f.write_str("\"")?;
+        for chunk in self.bytes.utf8_chunks() {
+            for c in chunk.valid().chars() {
+                match c {
+                    '"' | '\\' => write!(f, "\\{c}")?,
+                    ' '..='~' => write!(f, "{c}")?,
+                    c if c.is_ascii() => write!(f, "{}", [c as u8].escape_ascii())?,
+                    c if c.is_control() || is_bidi_control(c) => {
+                        write!(f, "{}", c.escape_unicode())?
+                    }
+                    c => write!(f, "{c}")?,
+                }
+            }
+            write!(f, "{}", chunk.invalid().escape_ascii())?;
+        }
+        f.write_str("\"")?;
         if self.is_truncated() {
             write!(f, "... ({} bytes)", self.len)?;
         }
         Ok(())
     }
+}
+
+/// The characters that reorder the text around them (Unicode's bidirectional controls).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 impl fmt::Debug for KeyPreview {
