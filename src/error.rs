@@ -641,7 +641,7 @@ impl fmt::Display for Error {
             Error::DeletedInUse { path, pids, unseen } => {
                 write!(
                     f,
-                    "{}: a table of this path was deleted while processes {} still use it; \
+                    "{}: a shmlock file of this path was deleted while processes {} still use it; \
                      one made here now would not be theirs (a key could be held twice): \
                      stop them first, or use another path",
                     path.display(),

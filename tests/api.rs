@@ -603,7 +603,7 @@ fn foreign_truncated_and_corrupt_files_are_typed_errors() {
     // not "truncated": nothing makes a table in place, so it says what to do instead
     let said = empty.to_string();
     assert!(
-        said.starts_with("empty file (0 bytes), not a shmlock table") && said.contains("remove it"),
+        said.starts_with("empty file (0 bytes), not a shmlock file") && said.contains("remove it"),
         "{said}"
     );
 

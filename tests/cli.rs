@@ -729,12 +729,12 @@ fn errors_are_one_line_on_stderr_with_a_sysexits_code() {
     one_line(
         output(shmlock(&file).arg("inspect")),
         65,
-        "not a shmlock table",
+        "not a shmlock file",
     );
     one_line(
         output(shmlock(&file).args(["run", "k", "--", "true"])),
         65,
-        "not a shmlock table",
+        "not a shmlock file",
     );
     // EX_USAGE for values the parser let through
     let other = TempPath::new("cli-errors-2");

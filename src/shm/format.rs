@@ -418,7 +418,9 @@ impl Header {
 impl fmt::Display for FormatError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FormatError::NotATable => f.write_str("not a shmlock table (bad magic)"),
+            FormatError::NotATable => {
+                f.write_str("not a shmlock file (bad magic): neither a lock table nor a dict")
+            }
             FormatError::UnsupportedVersion(v) => {
                 write!(
                     f,
@@ -430,7 +432,7 @@ impl fmt::Display for FormatError {
             // Never a table being made: one appears at its path only once whole (built in
             // an unnamed file, then linked; see `file.rs`).
             FormatError::Truncated { len: 0, .. } => f.write_str(
-                "empty file (0 bytes), not a shmlock table: no shmlock process is making it \
+                "empty file (0 bytes), not a shmlock file: no shmlock process is making it \
                  (a table appears at its path only once whole), so something else made or \
                  emptied it (touch?): remove it, and the next open creates the table \
                  (`shmlock run`, `LockTable::open`, `SharedDict::open`), or make one with \
@@ -504,7 +506,7 @@ mod tests {
     fn rejects_damage_to(good: [u8; HEADER_SIZE]) {
         let err = |b: &[u8]| Header::decode(b).unwrap_err().to_string();
 
-        assert!(err(&[0u8; HEADER_SIZE]).contains("not a shmlock table"));
+        assert!(err(&[0u8; HEADER_SIZE]).contains("not a shmlock file"));
         assert!(err(&good[..10]).contains("truncated"));
         assert!(err(&good[..100]).contains("truncated"));
 
