@@ -1514,10 +1514,19 @@ fn inspect_watch_prints_the_table_again_until_killed() {
         assert_eq!(json["holders"][0]["pid"], holder.id());
     }
     release(holder);
-    assert_eq!(
-        code(shmlock(&file).args(["inspect", "--interval", "0"])),
-        64
-    );
+    // zero, and anything below 10 ms (1e-9 printed 48,000 tables in 10 s)
+    for short in ["0", "1e-9", "0.005"] {
+        for cmd in ["inspect", "stats"] {
+            let out = output(shmlock(&file).args([cmd, "--interval", short]));
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                out.status.code(),
+                Some(64),
+                "{cmd} --interval {short}: {err}"
+            );
+            assert!(err.contains("at least 0.01"), "{err}");
+        }
+    }
 }
 
 /// Out of descriptors: `run` under limits that leave it one, two, ... descriptors short

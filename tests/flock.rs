@@ -53,7 +53,7 @@ fn non_block() {
 }
 
 /// upstream `shared`: `--shared --nonblock` runs beside the general (shared) lock; so do
-/// `-s` and `-sn`; an exclusive one does not, and `-s` with `-x` is a usage error.
+/// `-s` and `-sn`; an exclusive one does not.
 #[test]
 fn shared() {
     let file = TempPath::new("flock-shared");
@@ -66,9 +66,10 @@ fn shared() {
     assert_eq!(got, (0, "Have shared lock\n".into()));
     assert_eq!(do_lock(&file, &["-sn"], "too"), (0, "too\n".into()));
     assert_eq!(do_lock(&file, &["-xn"], "never"), (1, String::new()));
+    // (`-s -x`: the last counts, as in flock: see the_last_of_an_option_given_again_counts)
     assert_eq!(
-        code(shmlock(&file).args(["run", "-s", "-x", "lockfile", "true"])),
-        64
+        code(shmlock(&file).args(["run", "-n", "-s", "-x", "lockfile", "true"])),
+        1
     );
     end(holder);
 }
@@ -176,6 +177,47 @@ fn exclusive() {
     end(holder);
     // and with the key free, each of them runs its command
     assert_eq!(do_lock(&file, &["-xn"], "ran"), (0, "ran\n".into()));
+}
+
+/// An option given again, or `-s` and `-x` both, as flock(1) takes them: no error, the
+/// last one counts (a wrapper's default before the user's own). The general lock is a
+/// shared one: `-x -s` joins it, `-s -x` conflicts; a repeated `-E` or `-w` is its last
+/// value. (They were usage errors, 64.)
+#[test]
+fn the_last_of_an_option_given_again_counts() {
+    let file = TempPath::new("flock-last-wins");
+    let holder = general_lock(&file);
+    assert_eq!(
+        do_lock(&file, &["-n", "-x", "-s"], "shared"),
+        (0, "shared\n".into())
+    );
+    assert_eq!(
+        do_lock(&file, &["-n", "-s", "-x"], "never"),
+        (1, String::new())
+    );
+    assert_eq!(
+        do_lock(&file, &["-n", "-s", "-s", "-e", "-x"], "never"),
+        (1, String::new())
+    );
+    assert_eq!(
+        do_lock(&file, &["-n", "-n", "-E", "3", "-E", "4", "-x"], "never"),
+        (4, String::new())
+    );
+    let started = std::time::Instant::now();
+    assert_eq!(
+        do_lock(&file, &["-w", "30", "-w", "0.01"], "never"),
+        (1, String::new())
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "waited {:?}",
+        started.elapsed()
+    );
+    end(holder);
+    assert_eq!(
+        do_lock(&file, &["-o", "-o", "-x", "-x"], "ran"),
+        (0, "ran\n".into())
+    );
 }
 
 /// `-n` with `-w`, in either order: as flock(1) (whose `-n` makes its flock(2) call

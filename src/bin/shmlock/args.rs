@@ -88,6 +88,9 @@ pub enum Cmd {
 #[derive(Args)]
 #[command(
     group(ArgGroup::new("what").required(true).args(["shell_command", "args"])),
+    // as flock(1): an option given again (a wrapper's default, then the user's) is no
+    // error, the last one counts
+    args_override_self = true,
     override_usage = "shmlock run [OPTIONS] KEY [--] COMMAND [ARGS]...\n       \
                       shmlock run [OPTIONS] KEY -c STRING",
     after_help = concat!(
@@ -167,11 +170,22 @@ pub struct RunArgs {
     #[arg(short = 'n', long, visible_aliases = ["nonblocking", "nb"])]
     pub nonblock: bool,
     /// An exclusive lock (the default), as flock(1)'s -x/-e
-    #[arg(short = 'x', short_alias = 'e', long, conflicts_with_all = ["shared", "permits"])]
+    #[arg(
+        short = 'x',
+        short_alias = 'e',
+        long,
+        conflicts_with = "permits",
+        overrides_with = "shared"
+    )]
     pub exclusive: bool,
     /// A shared (read) lock: held beside other shared holders of KEY, never beside an
     /// exclusive one; a waiting exclusive holder goes first
-    #[arg(short = 's', long, conflicts_with = "permits")]
+    #[arg(
+        short = 's',
+        long,
+        conflicts_with = "permits",
+        overrides_with = "exclusive"
+    )]
     pub shared: bool,
     /// One of N permits of KEY: at most N such commands run at once machine-wide (a
     /// jobserver); a dead one's permit comes back at once

@@ -11,6 +11,11 @@ use crate::args::{secs, InspectArgs};
 use crate::exit::{stdout_failed, Fail, EX_NOINPUT, EX_USAGE};
 use crate::{json, text};
 
+/// The shortest `--interval` of `inspect` and `stats`: 1e-9 printed tens of thousands of
+/// tables a second, a busy loop.
+pub const MIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
+pub const TOO_SHORT: &str = "--interval must be at least 0.01 (seconds)";
+
 /// What `inspect` looks at.
 pub enum Inspected {
     Table(LockTable, PathBuf),
@@ -64,8 +69,8 @@ pub fn inspect(what: &Inspected, a: &InspectArgs) -> Result<u8, Fail> {
         return Ok(0);
     }
     let interval = secs(a.interval.unwrap_or(1.0), "--interval")?;
-    if interval.is_zero() {
-        return Err(Fail("--interval must be > 0".into(), EX_USAGE));
+    if interval < MIN_INTERVAL {
+        return Err(Fail(TOO_SHORT.into(), EX_USAGE));
     }
     let terminal = std::io::stdout().is_terminal();
     let watched = what.watched();

@@ -39,8 +39,8 @@ pub fn stats(what: &Inspected, file: &Path, a: &StatsArgs) -> Result<u8, Fail> {
     }
     let watch = a.watch || a.interval.is_some();
     let interval = secs(a.interval.unwrap_or(1.0), "--interval")?;
-    if watch && interval.is_zero() {
-        return Err(Fail("--interval must be > 0".into(), EX_USAGE));
+    if watch && interval < crate::inspect::MIN_INTERVAL {
+        return Err(Fail(crate::inspect::TOO_SHORT.into(), EX_USAGE));
     }
     let terminal = std::io::stdout().is_terminal();
     let mut before: Option<(Read, Instant)> = None;
