@@ -628,6 +628,8 @@ fn a_foreign_value_at_a_lock_key_is_named_and_removed_truthfully() {
     let h = &v["holders"][0];
     assert_eq!(h["key"], "lst", "{v}");
     assert_eq!(h["foreign_type"], "list", "{v}");
+    // a foreign value tells no mode (it said "exclusive")
+    assert!(h["mode"].is_null(), "{v}");
 
     let out = output(shmlock(&url).args(["unlock", "--force", "lst"]));
     let said = String::from_utf8_lossy(&out.stdout);

@@ -178,7 +178,8 @@ struct RedisEntry {
     age_ms: Option<u64>,
     /// (the master that holds it, in a Cluster; null elsewhere)
     node: Option<String>,
-    mode: &'static str,
+    /// (null for a foreign value, which tells no mode)
+    mode: Option<&'static str>,
     permits: Option<u32>,
     foreign_type: Option<String>,
 }
@@ -199,7 +200,7 @@ pub fn write_redis(out: &mut impl Write, url: &str, held: &[RedisHolder]) -> std
                 pid: h.pid,
                 age_ms: held_for(h).map(|d| d.as_millis() as u64),
                 node: (!h.node.is_empty()).then(|| h.node.clone()),
-                mode: h.mode.name(),
+                mode: h.foreign_type.is_none().then(|| h.mode.name()),
                 permits: match h.mode {
                     shmlock::HoldMode::Permit { permits } => Some(permits),
                     _ => None,

@@ -156,7 +156,8 @@ pub fn write_redis(out: &mut impl Write, url: &str, held: &[RedisHolder]) -> std
     let cluster = held.iter().any(|h| !h.node.is_empty());
     write!(
         out,
-        "{:<32} {:>24} {:>10} {:>10} {:>8} {:>10}",
+        // (a Redis token is the server's clock in µs, 16 digits, once its counter lapsed)
+        "{:<32} {:>24} {:>10} {:>10} {:>16} {:>10}",
         "KEY", "HOLDER", "AGE", "TTL", "TOKEN", "MODE"
     )?;
     writeln!(out, "{}", if cluster { "  NODE" } else { "" })?;
@@ -170,7 +171,7 @@ pub fn write_redis(out: &mut impl Write, url: &str, held: &[RedisHolder]) -> std
         };
         write!(
             out,
-            "{} {:>24} {:>10} {:>10} {:>8} {:>10}",
+            "{} {:>24} {:>10} {:>10} {:>16} {:>10}",
             fitted(&printable(&h.key), 32, false),
             holder,
             secs(held_for(h), "?"),
