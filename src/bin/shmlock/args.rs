@@ -380,8 +380,9 @@ pub struct CreateArgs {
     #[arg(long, value_name = "BYTES", requires = "dict")]
     pub max_value_len: Option<usize>,
     /// With --dict: bytes of the heap for values longer than --max-value-len: 10m, 512k,
-    /// 1g or a number of bytes; a value may take all of it (at most 64m) [default: none,
-    /// or what --zone-size leaves]
+    /// 1g or a number of bytes; a value may take all of it but its index blocks (one
+    /// 256-byte block per 62), and values are at most 64m whatever the heap [default:
+    /// none, or what --zone-size leaves]
     #[arg(long, value_name = "SIZE", requires = "dict", value_parser = parse_size)]
     pub heap_size: Option<u64>,
     /// With --dict: the whole file's size, as nginx sizes a zone (10m, 512k, 1g or bytes):
