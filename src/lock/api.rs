@@ -420,8 +420,14 @@ impl<'b, B: Backend> Lock<'b, B> {
 
     /// Stops holding the key without unlocking it: it stays taken until its lease runs out
     /// (see [`LockGuard::leave_to_expire`]). Returns the fencing token of the hold;
-    /// [`Error::Unlocked`] if nothing is held.
+    /// [`Error::Unlocked`] if nothing is held; [`Error::NotOwner`] in a process forked
+    /// from the holder (the hold is the parent's, left alone; this object still names it,
+    /// as after [`expire`](Lock::expire)'s refusal).
     pub fn leave_to_expire(&mut self) -> Result<Option<u64>, Error> {
+        self.holding
+            .as_ref()
+            .ok_or(Error::Unlocked)?
+            .ours(self.backend)?;
         let holding = self.holding.take().ok_or(Error::Unlocked)?;
         Ok(leave(self.backend, &holding))
     }
