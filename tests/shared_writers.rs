@@ -50,6 +50,10 @@ const TESTS: &[Test] = &[
         "force_unlock_frees_a_key_kept_for_a_writer",
         force_unlock_of_a_kept_key,
     ),
+    Test::new(
+        "a_writer_that_gives_up_takes_its_marks_back",
+        writer_gives_up,
+    ),
 ];
 
 fn main() {
@@ -278,6 +282,89 @@ fn force_unlock_of_a_kept_key() {
         assert!(got, "force_unlock left the key kept for the writer");
         return;
     }
+}
+
+/// A writer that gives up waiting for a reader, by its timeout or by its `lock_async`
+/// future being dropped, takes back what it left: its mark on the reader's hold (a new
+/// reader got in only once the mark lapsed, a second after the writer's last look) and
+/// the key kept for it at that hold's end (a reader waited a second for a free key: the
+/// review's finding, under "try to write, else go on" loops reader holds halved).
+fn writer_gives_up() {
+    for asynchronous in [false, true] {
+        if asynchronous && !cfg!(feature = "tokio") {
+            continue;
+        }
+        let path = TempPath::new("writer-gives-up");
+        let table = LockTable::open(&path, 64).unwrap();
+        let (held, shared) = (Gate::new(), Shared::new(1));
+        let mut r = Proc::new(fork(|| {
+            let g = table.lock_shared("K", opts(60_000, 1_000)).unwrap();
+            held.signal();
+            while shared.word(0).load(Ordering::SeqCst) == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            drop(g);
+            0
+        }));
+        held.await_signals(1);
+        let mut w = Proc::new(fork(|| {
+            let gave_up = if asynchronous {
+                lock_dropped_after(&table, Duration::from_millis(150))
+            } else {
+                matches!(
+                    table.lock("K", opts(60_000, 150)),
+                    Err(Error::Timeout { .. })
+                )
+            };
+            i32::from(!gave_up)
+        }));
+        assert_eq!(
+            w.wait(HANG),
+            0,
+            "the writer did not give up (async: {asynchronous})"
+        );
+        let t = Instant::now();
+        let beside = table.try_lock_shared("K", Duration::from_secs(60)).unwrap();
+        let beside_ok = beside.is_some();
+        drop(beside);
+        shared.word(0).store(1, Ordering::SeqCst);
+        assert_eq!(r.wait(HANG), 0);
+        let after = table.try_lock_shared("K", Duration::from_secs(60)).unwrap();
+        note!(
+            "[{}: a reader beside the held one {beside_ok}, after its release {}, {} ms after the writer gave up] ",
+            if asynchronous { "dropped future" } else { "timeout" },
+            after.is_some(),
+            t.elapsed().as_millis()
+        );
+        assert!(
+            beside_ok,
+            "a gone writer's mark kept a new reader out (async: {asynchronous})"
+        );
+        assert!(
+            after.is_some(),
+            "the key was kept for a writer that gave up (async: {asynchronous})"
+        );
+    }
+}
+
+/// A writer's `lock_async` dropped after `after` (by `tokio::time::timeout`): whether it
+/// was still waiting then.
+#[cfg(feature = "tokio")]
+fn lock_dropped_after(table: &LockTable, after: Duration) -> bool {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(after, table.lock_async("K", opts(60_000, 30_000)))
+            .await
+            .is_err()
+    })
+}
+
+#[cfg(not(feature = "tokio"))]
+fn lock_dropped_after(_: &LockTable, _: Duration) -> bool {
+    unreachable!("only with tokio")
 }
 
 // ---------------------------------------------------------------------------------------

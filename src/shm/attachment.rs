@@ -464,6 +464,16 @@ pub(crate) fn writer_gone(seen: &AtomicU64, hold: u64) -> bool {
         && now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff < WRITER_LAPSE_MS)
 }
 
+/// A writer that gave up takes its mark for the shared hold `hold` back (see
+/// `Table::writer_withdraws`): only a writer's mark for that very hold, not the stall
+/// watch of a renewal in progress.
+pub(crate) fn writer_withdraws(seen: &AtomicU64, hold: u64) {
+    let c = seen.load(Ordering::Relaxed);
+    if c >> 32 == writer_hash(hold) {
+        let _ = seen.compare_exchange(c, 0, Ordering::Relaxed, Ordering::Relaxed);
+    }
+}
+
 fn mark_hash(ident: u64) -> u64 {
     xxhash_rust::xxh3::xxh3_64(&ident.to_le_bytes()) >> 32 | 1
 }

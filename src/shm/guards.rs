@@ -76,6 +76,13 @@ impl LockTable {
     ) -> Result<(ShmHold, std::time::Duration, u64), Error> {
         let resolved = opts.resolve()?;
         let started = std::time::Instant::now();
+        // A writer's wait dropped while it waited for readers (it marked them) takes its
+        // marks back, as one that times out does (see `Table::writer_withdraws`).
+        let marked = WriterMarks {
+            table: self,
+            marked: std::sync::OnceLock::new(),
+            ended: std::sync::atomic::AtomicBool::new(false),
+        };
         let r = acquire_async(
             key,
             &resolved,
@@ -83,10 +90,17 @@ impl LockTable {
             || self.ticket_async(key),
             |_| std::future::ready(self.try_acquire_in(key, resolved.exptime_ns, mode)),
             |busy: &ShmBusy| Backend::reap(self, busy),
-            |busy: &ShmBusy, step, place| self.sleep_async(busy, step, place),
+            |busy: &ShmBusy, step, place| {
+                marked.saw(busy);
+                self.sleep_async(busy, step, place)
+            },
             |busy, key, waited| Backend::gave_up(self, busy, key, waited),
         )
         .await;
+        // (ended: acquired, or gave up and took them back)
+        marked
+            .ended
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         crate::lock::backend::note_wait(self, &r, started);
         let (hold, elapsed) = r?;
         Ok((hold, elapsed, resolved.exptime_ns))
@@ -128,5 +142,38 @@ impl crate::lock::AsyncBackend for LockTable {
         Box<dyn std::future::Future<Output = Result<LockGuard<'a>, Error>> + Send + 'a>,
     > {
         Box::pin(self.lock_async(key, opts))
+    }
+}
+
+/// The readers an async writer's wait marked, taken back if the wait is dropped before
+/// it ends (a cancelled `lock_async`): otherwise new readers would wait for the marks to
+/// lapse, and for the keys their holds' ends kept for a writer that is gone.
+#[cfg(feature = "tokio")]
+struct WriterMarks<'a> {
+    table: &'a LockTable,
+    /// The key's hash, once the wait slept waiting for readers.
+    marked: std::sync::OnceLock<crate::shm::table::KeyHash>,
+    /// The wait ended (not dropped).
+    ended: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(feature = "tokio")]
+impl WriterMarks<'_> {
+    fn saw(&self, busy: &ShmBusy) {
+        if busy.waits_for_readers() {
+            let _ = self.marked.set(busy.hash());
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Drop for WriterMarks<'_> {
+    fn drop(&mut self) {
+        if self.ended.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        if let Some(&hash) = self.marked.get() {
+            self.table.writer_withdraws(hash);
+        }
     }
 }

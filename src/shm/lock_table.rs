@@ -111,6 +111,9 @@ impl table::Env for ShmEnv {
     fn writer_gone(&self, seen: &AtomicU64, hold: u64) -> bool {
         crate::shm::attachment::writer_gone(seen, hold)
     }
+    fn writer_withdraws(&self, seen: &AtomicU64, hold: u64) {
+        crate::shm::attachment::writer_withdraws(seen, hold);
+    }
     #[cold]
     #[inline(never)]
     fn released_to_waiters(&self, acquired_at: u64) {
@@ -716,6 +719,26 @@ pub struct ShmHold {
 #[derive(Debug)]
 pub struct ShmBusy(Busy);
 
+#[cfg(feature = "tokio")]
+impl ShmBusy {
+    /// Whether this is a writer's wait for readers (which marks them).
+    pub(crate) fn waits_for_readers(&self) -> bool {
+        self.0.wait == table::WaitFor::Readers
+    }
+
+    pub(crate) fn hash(&self) -> table::KeyHash {
+        self.0.hash
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl LockTable {
+    /// See `Table::writer_withdraws`.
+    pub(crate) fn writer_withdraws(&self, hash: table::KeyHash) {
+        self.inner.table.writer_withdraws(hash);
+    }
+}
+
 impl LockTable {
     // Inlined: a general claim's result is then moved straight into the caller's (52
     // instructions fewer a claim; 1.5-2 ns a pair at 90 % load).
@@ -1088,6 +1111,11 @@ impl Backend for LockTable {
     /// after the deadline: no cost while waiting).
     fn gave_up(&self, busy: ShmBusy, key: &[u8], waited: Duration) -> Error {
         let table = &self.inner.table;
+        if busy.0.wait == table::WaitFor::Readers && !waited.is_zero() {
+            // (a writer that waited marked the readers: see `writer_withdraws`; one that
+            // only tried marked nothing, and takes nobody's marks back)
+            table.writer_withdraws(busy.0.hash);
+        }
         let seen = table.entry_of(busy.0.hash).map(|e| {
             let h = self.holder(&e, table.now(), true);
             HolderSeen {

@@ -156,6 +156,11 @@ pub(crate) trait Env {
         let _ = (seen, hold);
         false
     }
+    /// A writer that gave up waiting for the shared hold `hold` takes back its mark in
+    /// `seen`, if the mark is still a writer's for that hold.
+    fn writer_withdraws(&self, seen: &AtomicU64, hold: u64) {
+        let _ = (seen, hold);
+    }
 }
 
 /// How often, at least, a writer waiting for readers refreshes its mark on their holds
@@ -485,6 +490,26 @@ impl<S: Slots, E: Env> Table<S, E> {
             && !c.is_permit()
             && !broken(Broken::Reserve)
             && !self.env.writer_gone(&self.cold(i).seen, self.hold_id(i, c))
+    }
+
+    /// A writer that gave up waiting for `hash`'s readers (its timeout ran out, its
+    /// future was dropped) takes back what it left: its marks on their holds, which would
+    /// keep new readers out until they lapsed, and the keys kept for it by the holds that
+    /// ended (their sleepers woken). Another writer waiting for the same readers loses its
+    /// marks until its next look (within [`WRITER_REFRESH`]).
+    pub(crate) fn writer_withdraws(&self, hash: KeyHash) {
+        self.walk_range(hash, |i, c, seen| match seen {
+            Seen::Key | Seen::Expired if c.is_shared() && c.writer_waits() => {
+                self.env
+                    .writer_withdraws(&self.cold(i).seen, self.hold_id(i, c));
+                true
+            }
+            Seen::Idle { ours: true } if c.writer_waits() => {
+                self.take_back(i, c);
+                false
+            }
+            _ => true,
+        });
     }
 
     /// A writer waiting for the shared hold `c` of slot `i`: marks it (if it is still
