@@ -199,6 +199,14 @@ fn a_permits_release_wakes_its_waiter() {
     });
 }
 
+/// A reader's hold of `k` (pid 9) that a waiting writer (pid 2) has marked.
+fn marked_reader(m: &Model, k: KeyHash) -> Held {
+    let first = take_shared(&m.table, k, 9, 1, 0).unwrap();
+    let b = busy(m.table.try_acquire(&req(k, 2, 11)).unwrap()).unwrap();
+    m.table.prepare_wait(&b); // the writer marks `first`
+    first
+}
+
 /// Model S7 — the last reader a writer waits for leaves while a new reader claims: the
 /// key is kept for the writer (the release leaves a reservation), so the new reader never
 /// gets in before it, and the writer then takes the key.
@@ -207,9 +215,7 @@ fn the_last_marked_readers_release_keeps_the_key_for_the_writer() {
     loom::model(|| {
         let m = model(4);
         let k = key(0, 4, 1, 7);
-        let first = take_shared(&m.table, k, 9, 1, 0).unwrap();
-        let b = busy(m.table.try_acquire(&req(k, 2, 11)).unwrap()).unwrap();
-        m.table.prepare_wait(&b); // the writer marks `first`
+        let first = marked_reader(&m, k);
         let t = m.table.clone();
         let leaving = thread::spawn(move || t.release(&first).unwrap());
         let t = m.table.clone();
@@ -230,9 +236,7 @@ fn a_key_kept_for_a_writer_goes_to_the_writer() {
     loom::model(|| {
         let m = model(4);
         let k = key(0, 4, 1, 7);
-        let first = take_shared(&m.table, k, 9, 1, 0).unwrap();
-        let b = busy(m.table.try_acquire(&req(k, 2, 11)).unwrap()).unwrap();
-        m.table.prepare_wait(&b);
+        let first = marked_reader(&m, k);
         m.table.release(&first).unwrap();
         let t = m.table.clone();
         let writer = thread::spawn(move || take(&t, k, 2, 13));
@@ -254,9 +258,7 @@ fn a_reader_asleep_on_a_key_kept_for_a_writer_is_woken() {
     loom::model(|| {
         let m = model(4);
         let k = key(0, 4, 1, 7);
-        let first = take_shared(&m.table, k, 9, 1, 0).unwrap();
-        let b = busy(m.table.try_acquire(&req(k, 2, 11)).unwrap()).unwrap();
-        m.table.prepare_wait(&b);
+        let first = marked_reader(&m, k);
         m.table.release(&first).unwrap();
         let (t, env) = (m.table.clone(), m.env.clone());
         let reader = thread::spawn(move || {
