@@ -724,6 +724,14 @@ fn errors_are_one_line_on_stderr_with_a_sysexits_code() {
         66,
         "no table there yet",
     );
+    // a directory that is not there: no `run` would make a table in it (the advice to run
+    // one led to a second error)
+    let nowhere = TempPath(TempPath::new("cli-no-dir").0.join("table"));
+    one_line(
+        output(shmlock(&nowhere).arg("inspect")),
+        66,
+        "no such directory",
+    );
     std::fs::write(&file, "not a table\n".repeat(500)).unwrap();
     // EX_DATAERR
     one_line(

@@ -39,14 +39,25 @@ pub fn open_inspected(file: &Path) -> Result<Inspected, Fail> {
         // nothing at the path to inspect: "cannot open", not "cannot create"
         Err(e @ Error::DeletedInUse { .. }) => Err(Fail(e.to_string(), EX_NOINPUT)),
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            Err(Fail(
+            let dir = match file.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            let why = if dir.is_dir() {
                 format!(
                     "{}: no table there yet (the first `shmlock run` makes one, or `shmlock \
-                 create`; --file or $SHMLOCK_FILE names another)",
+                     create`; --file or $SHMLOCK_FILE names another)",
                     file.display()
-                ),
-                EX_NOINPUT,
-            ))
+                )
+            } else {
+                // (nothing would make one there: `run` cannot create the directory)
+                format!(
+                    "{}: no such directory as {} (--file or $SHMLOCK_FILE names the table)",
+                    file.display(),
+                    dir.display()
+                )
+            };
+            Err(Fail(why, EX_NOINPUT))
         }
         Err(e) => Err(e.into()),
     }
