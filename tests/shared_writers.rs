@@ -2,7 +2,8 @@
 //! processes: a timed-out or killed writer's mark lapses even while a reader renews its
 //! lease (a renewal moves the hold's word, not the hold the mark is kept for); the last
 //! reader a writer waits for leaves the key to it (kept from readers while the writer is
-//! stopped, theirs once a killed writer's mark lapses); chaos of readers, writers and permit holders with renewals and downgrades, on keys
+//! stopped, theirs soon after a killed writer's last word; none kept for a writer that
+//! gave up); chaos of readers, writers and permit holders with renewals and downgrades, on keys
 //! displaced 15 or more slots from home (the reach in the home's overflow word), under
 //! SIGKILL and SIGSTOP.
 //!
@@ -43,7 +44,7 @@ const TESTS: &[Test] = &[
         key_kept_for_a_stopped_writer,
     ),
     Test::new(
-        "a_killed_writers_kept_key_goes_to_readers_once_its_mark_lapses",
+        "a_killed_writers_kept_key_goes_to_readers",
         key_kept_for_a_killed_writer,
     ),
     Test::new(
@@ -51,7 +52,7 @@ const TESTS: &[Test] = &[
         force_unlock_of_a_kept_key,
     ),
     Test::new(
-        "a_writer_that_gives_up_takes_its_marks_back",
+        "a_writer_that_gives_up_leaves_no_key_kept_for_it",
         writer_gives_up,
     ),
 ];
@@ -148,11 +149,13 @@ fn renewing_reader_killed_writer() {
 //    the race a reader used to win whenever it came before the woken writer. R's release
 //    keeps the key for W: R itself (whose release is not kept idle for it) and another
 //    process are refused it, W takes it once continued, and readers get it after W. If W
-//    is killed instead, its mark lapses (1 s unrefreshed) and a reader gets the key.
+//    is killed instead, the key stays kept only while W's last word is recent (300 ms),
+//    then a reader gets it.
 
-/// The writer's mark lapses 1 s after its last refresh (`WRITER_LAPSE_MS`); a round whose
-/// refusals were not all seen well within that is inconclusive, and run again.
-const WELL_WITHIN_LAPSE: Duration = Duration::from_millis(700);
+/// A key is kept for a writer that said within 300 ms that it waits (`WRITER_ACTIVE_MS`;
+/// a waiting writer says so every 100 ms at least); a round whose refusals were not all
+/// seen well within that of the writer's stop is inconclusive, and run again.
+const WELL_WITHIN_LAPSE: Duration = Duration::from_millis(200);
 
 /// Sets up R holding K and W waiting for it, stopped; then R leaves and tries again at
 /// once. Returns W (stopped), the instant it was stopped, and whether R was refused.
@@ -285,10 +288,11 @@ fn force_unlock_of_a_kept_key() {
 }
 
 /// A writer that gives up waiting for a reader, by its timeout or by its `lock_async`
-/// future being dropped, takes back what it left: its mark on the reader's hold (a new
-/// reader got in only once the mark lapsed, a second after the writer's last look) and
-/// the key kept for it at that hold's end (a reader waited a second for a free key: the
-/// review's finding, under "try to write, else go on" loops reader holds halved).
+/// future being dropped, leaves no key kept for it: the reader's release frees the key
+/// (a reader waited a second for a free key: the review's finding, under "try to write,
+/// else go on" loops reader holds halved). Its mark on the reader's hold, aged, is left to
+/// lapse (a mark is no writer's in particular: another writer waiting for the same reader
+/// keeps it fresh, and clearing it took that writer's preference away).
 fn writer_gives_up() {
     for asynchronous in [false, true] {
         if asynchronous && !cfg!(feature = "tokio") {
@@ -335,10 +339,6 @@ fn writer_gives_up() {
             if asynchronous { "dropped future" } else { "timeout" },
             after.is_some(),
             t.elapsed().as_millis()
-        );
-        assert!(
-            beside_ok,
-            "a gone writer's mark kept a new reader out (async: {asynchronous})"
         );
         assert!(
             after.is_some(),

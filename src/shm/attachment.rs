@@ -464,13 +464,39 @@ pub(crate) fn writer_gone(seen: &AtomicU64, hold: u64) -> bool {
         && now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff < WRITER_LAPSE_MS)
 }
 
-/// A writer that gave up takes its mark for the shared hold `hold` back (see
-/// `Table::writer_withdraws`): only a writer's mark for that very hold, not the stall
-/// watch of a renewal in progress.
-pub(crate) fn writer_withdraws(seen: &AtomicU64, hold: u64) {
+/// How recently a writer must have said that it waits for the shared hold `hold` for the
+/// hold's end to keep the key for it, and for that key to stay kept (see `idle.rs`): a
+/// waiting writer says so at least every `WRITER_REFRESH` (100 ms), and is woken by the
+/// release it waits for.
+const WRITER_ACTIVE_MS: u64 = 300;
+
+/// Whether a writer has said, within [`WRITER_ACTIVE_MS`], that it waits for the shared
+/// hold `hold`.
+pub(crate) fn writer_active(seen: &AtomicU64, hold: u64) -> bool {
+    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
     let c = seen.load(Ordering::Relaxed);
-    if c >> 32 == writer_hash(hold) {
-        let _ = seen.compare_exchange(c, 0, Ordering::Relaxed, Ordering::Relaxed);
+    c >> 32 == writer_hash(hold)
+        && now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff < WRITER_ACTIVE_MS
+}
+
+/// A writer that gave up ages its mark for the shared hold `hold` (see
+/// `Table::writer_withdraws`): dated [`WRITER_ACTIVE_MS`] back, so that the hold's end
+/// keeps the key for nobody, while new readers still defer to the hold (until the mark
+/// lapses, or for as long as another writer waiting for it refreshes it, which a
+/// cleared mark would have taken from that writer). Only a writer's mark for that very
+/// hold, not the stall watch of a renewal in progress, and never made younger.
+pub(crate) fn writer_withdraws(seen: &AtomicU64, hold: u64) {
+    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
+    let aged = now.wrapping_sub(WRITER_ACTIVE_MS) & 0xffff_ffff;
+    let c = seen.load(Ordering::Relaxed);
+    let age = now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff;
+    if c >> 32 == writer_hash(hold) && age < WRITER_ACTIVE_MS {
+        let _ = seen.compare_exchange(
+            c,
+            writer_hash(hold) << 32 | aged,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
     }
 }
 

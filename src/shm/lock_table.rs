@@ -111,6 +111,9 @@ impl table::Env for ShmEnv {
     fn writer_gone(&self, seen: &AtomicU64, hold: u64) -> bool {
         crate::shm::attachment::writer_gone(seen, hold)
     }
+    fn writer_active(&self, seen: &AtomicU64, hold: u64) -> bool {
+        crate::shm::attachment::writer_active(seen, hold)
+    }
     fn writer_withdraws(&self, seen: &AtomicU64, hold: u64) {
         crate::shm::attachment::writer_withdraws(seen, hold);
     }

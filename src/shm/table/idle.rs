@@ -41,8 +41,9 @@
 //! wait for the writer's hold. Its reader never re-enters it (the release does not give it
 //! to the idle cache, and a re-entry refuses the writer's bit), a waiting writer does not
 //! take it back, a writer that gives up takes it back (see `Table::writer_withdraws`), and
-//! it lapses with the writer's mark (a second unrefreshed: the writer died or was
-//! stopped); then it is an IDLE entry like any. It is a preference,
+//! it stands only while the writer is active (it refreshed its mark within 300 ms: a
+//! waiting writer does every 100 ms, and is woken by the release; one that died or is
+//! stopped is not); then it is an IDLE entry like any. It is a preference,
 //! never a guard of exclusion: that rests on the claims alone, which is why a claim of
 //! another key with no free slot in its range may still take it as an idle slot.
 

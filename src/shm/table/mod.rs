@@ -156,8 +156,13 @@ pub(crate) trait Env {
         let _ = (seen, hold);
         false
     }
-    /// A writer that gave up waiting for the shared hold `hold` takes back its mark in
-    /// `seen`, if the mark is still a writer's for that hold.
+    /// Whether a writer has said very lately (within a few of its refreshes) that it
+    /// waits for the shared hold `hold`: the hold's end then keeps the key for it.
+    fn writer_active(&self, seen: &AtomicU64, hold: u64) -> bool {
+        !self.writer_gone(seen, hold)
+    }
+    /// A writer that gave up waiting for the shared hold `hold` ages its mark in `seen`
+    /// (if the mark is still a writer's for that hold): no longer active, not yet gone.
     fn writer_withdraws(&self, seen: &AtomicU64, hold: u64) {
         let _ = (seen, hold);
     }
@@ -474,29 +479,37 @@ impl<S: Slots, E: Env> Table<S, E> {
     }
 
     /// Whether the IDLE entry `c` of slot `i` is a reservation: the last hold of a reader
-    /// that a writer waited for, left for the writer (see `idle.rs`), while the writer's
-    /// mark has not lapsed.
+    /// that a writer waited for, left for the writer (see `idle.rs`), while the writer is
+    /// active (it said lately that it waits: see `Env::writer_active`).
     pub(super) fn reserved(&self, i: usize, c: Word) -> bool {
         c.state() == State::Idle
             && c.writer_waits()
-            && !self.env.writer_gone(&self.cold(i).seen, self.hold_id(i, c))
+            && self
+                .env
+                .writer_active(&self.cold(i).seen, self.hold_id(i, c))
     }
 
     /// Whether the release of the hold `c` of slot `i` leaves a reservation: a reader's
-    /// hold (not a permit's) that a writer marked and still waits for.
+    /// hold (not a permit's) that a writer marked and is waiting for now.
     #[cold]
     pub(super) fn keeps_for_writer(&self, i: usize, c: Word) -> bool {
         c.is_shared()
             && !c.is_permit()
             && !broken(Broken::Reserve)
-            && !self.env.writer_gone(&self.cold(i).seen, self.hold_id(i, c))
+            && self
+                .env
+                .writer_active(&self.cold(i).seen, self.hold_id(i, c))
     }
 
     /// A writer that gave up waiting for `hash`'s readers (its timeout ran out, its
-    /// future was dropped) takes back what it left: its marks on their holds, which would
-    /// keep new readers out until they lapsed, and the keys kept for it by the holds that
-    /// ended (their sleepers woken). Another writer waiting for the same readers loses its
-    /// marks until its next look (within [`WRITER_REFRESH`]).
+    /// future was dropped) takes back the keys kept for it: its marks on the readers'
+    /// holds are aged so that their ends keep nothing (they still keep new readers out
+    /// while they stand, until they lapse: a mark is no writer's in particular, and
+    /// another writer waiting for the same readers keeps it fresh), and the keys already
+    /// kept are taken back (their sleepers woken). Another writer waiting meanwhile has
+    /// its holds' ends keep the key for it again from its next look (within
+    /// [`WRITER_REFRESH`]); until then, it races the readers for the key as before
+    /// reservations.
     pub(crate) fn writer_withdraws(&self, hash: KeyHash) {
         self.walk_range(hash, |i, c, seen| match seen {
             Seen::Key | Seen::Expired if c.is_shared() && c.writer_waits() => {
