@@ -178,8 +178,9 @@ pub(crate) const WRITER_REFRESH: std::time::Duration = std::time::Duration::from
 /// won started a hold the writer had to wait out too (with 6 readers looping on one key,
 /// most writer waits lasted several holds). The release now keeps the key for the writer
 /// (see `idle.rs`), so a reader that tries at once waits anyway; the head start is left
-/// for the key no longer kept (the writer's mark lapsed, or another key's claim took the
-/// slot in a full range), and costs nothing else: the writer holds the key by then.
+/// for the key not kept (the writer not active: stopped, or its marks aged by another
+/// writer's give-up; or another key's claim took the slot in a full range), and costs
+/// nothing else: the writer holds the key by then.
 pub(crate) const WRITER_HEAD_START: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// How a claim holds its key.
