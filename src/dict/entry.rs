@@ -45,6 +45,7 @@
 
 use super::heap::{Chain, Heap};
 use super::recency;
+use super::words::{copy_words, store_packed, tail_word, words_for};
 use super::writer::Writing;
 use crate::broken::{broken, Broken};
 use crate::shm::primitive::{crash_point, fence, AtomicU64, Ordering};
@@ -207,85 +208,6 @@ impl<'k> PackedKey<'k> {
                 .next()
                 .is_some_and(|w| w.load(Ordering::Relaxed) == tail_word(self.key))
     }
-}
-
-/// Copies the first `len` bytes of `words` (little-endian; `words` holds at least
-/// `len.div_ceil(8)` of them, else this panics) into `out`, replacing what it held: a word
-/// per store.
-#[inline(always)]
-fn copy_words(words: &[AtomicU64], len: usize, out: &mut Vec<u8>) {
-    let words = &words[..words_for(len)];
-    let n = words.len() * 8;
-    out.clear();
-    if out.capacity() < n {
-        *out = Vec::with_capacity(n); // (straight to the allocator: no growth policy)
-    }
-    let dst = out.spare_capacity_mut()[..n].as_mut_ptr().cast::<u8>();
-    for (j, word) in words.iter().enumerate() {
-        let bytes = word.load(Ordering::Relaxed).to_le_bytes();
-        // SAFETY: `dst` points at `n` = 8 * `words.len()` bytes of the buffer's spare
-        // capacity (the slice just taken), so bytes 8j..8j+8 are inside it for every `j`;
-        // an unaligned write of plain bytes needs no alignment nor initialised target.
-        unsafe { dst.add(8 * j).cast::<[u8; 8]>().write_unaligned(bytes) };
-    }
-    // SAFETY: the loop wrote all `n` bytes of the spare capacity's start; `len` <= `n`.
-    unsafe { out.set_len(len) };
-}
-
-/// Stores `bytes` as little-endian words, the last one zero-padded, into the first words
-/// of `words` (as many as there are, if fewer), calling `after` after each. Whole words,
-/// then the tail: not an iterator chained onto the tail's `Option`, which tests at every
-/// word which half it is in (no allocation either: every store runs this).
-#[inline(always)]
-fn store_packed(words: &[AtomicU64], bytes: &[u8], after: impl Fn()) {
-    let whole = bytes.chunks_exact(8);
-    let tail = whole.remainder();
-    let mut words = words.iter();
-    // (the chunks first: a zip that ran out of them must not have taken a word)
-    for (chunk, word) in whole.zip(words.by_ref()) {
-        word.store(
-            u64::from_le_bytes(chunk.try_into().expect("8-byte chunk")),
-            Ordering::Relaxed,
-        );
-        after();
-    }
-    if !tail.is_empty() {
-        if let Some(word) = words.next() {
-            word.store(tail_word(bytes), Ordering::Relaxed);
-            after();
-        }
-    }
-}
-
-/// The last partial word of `bytes` (its last `len % 8` bytes, which must be some),
-/// zero-padded. Read with loads that end at the last byte and shifted into place, not
-/// copied into a zeroed array (whose 8-byte load after a byte-wise copy stalls on store
-/// forwarding, a third of a short key's lookup), nor shifted in a byte at a time (a chain
-/// of a dependent shift per byte).
-#[inline(always)]
-fn tail_word(bytes: &[u8]) -> u64 {
-    let len = bytes.len();
-    let rem = len % 8;
-    debug_assert!(rem != 0);
-    let load4 = |at: usize| {
-        u64::from(u32::from_le_bytes(
-            bytes[at..at + 4].try_into().expect("4 bytes"),
-        ))
-    };
-    if len >= 8 {
-        // The last 8 bytes, the whole words' part shifted out.
-        u64::from_le_bytes(bytes[len - 8..].try_into().expect("8 bytes")) >> (8 * (8 - rem))
-    } else if len >= 4 {
-        // Two 4-byte loads that overlap (or meet) in the middle: the bytes they share
-        // land on the same bits with the same values.
-        load4(0) | load4(len - 4) << (8 * (len - 4))
-    } else {
-        bytes.iter().rev().fold(0, |w, &b| w << 8 | u64::from(b))
-    }
-}
-
-const fn words_for(len: usize) -> usize {
-    len.div_ceil(8)
 }
 
 /// What a read found besides the value's bytes (those go to the caller's buffer, so that a

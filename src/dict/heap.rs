@@ -42,6 +42,7 @@
 //!   chain between an undo copy and an entry without touching the map). Takes and frees
 //!   leave the tag as it is. Model `heap_a_sweeper_taken_over_frees_nothing_its_successor_names`.
 
+use super::words::{load_packed, store_packed};
 use crate::shm::primitive::{fence, AtomicU64, Ordering};
 
 /// Bytes of a block.
@@ -252,11 +253,7 @@ impl<'a> Heap<'a> {
             if n % (BEAT_BYTES / BLOCK) == BEAT_BYTES / BLOCK - 1 {
                 beat();
             }
-            for (word, bytes8) in self.block(b).iter().zip(chunk.chunks(8)) {
-                let mut w = [0u8; 8];
-                w[..bytes8.len()].copy_from_slice(bytes8);
-                word.store(u64::from_le_bytes(w), Ordering::Relaxed);
-            }
+            store_packed(self.block(b), chunk, || {});
         }
         for (i, (&ib, names)) in index.iter().zip(data.chunks(PER_INDEX)).enumerate() {
             let words = self.block(ib);
@@ -318,17 +315,14 @@ impl<'a> Heap<'a> {
     pub(crate) fn read(&self, chain: Chain, out: &mut Vec<u8>) -> Result<(), Moved> {
         let len = chain.len;
         out.clear();
-        out.reserve(len);
+        out.resize(len, 0);
         self.walk(
             chain,
             |_| {},
             |i, b| {
-                let n = (len - i * BLOCK).min(BLOCK);
-                for word in &self.block(b)[..n.div_ceil(8)] {
-                    let bytes = word.load(Ordering::Relaxed).to_le_bytes();
-                    let room = len - out.len();
-                    out.extend_from_slice(&bytes[..room.min(8)]);
-                }
+                // (`walk` names no more blocks than the length fills)
+                let to = &mut out[i * BLOCK..(i * BLOCK + BLOCK).min(len)];
+                load_packed(self.block(b), to);
             },
         )
     }

@@ -26,6 +26,8 @@ mod loom_tests;
 mod recency;
 #[cfg(not(loom))]
 mod value;
+// Bytes packed into atomic words and back.
+mod words;
 mod writer;
 
 #[cfg(not(loom))]
