@@ -963,7 +963,7 @@ impl SharedDict {
             Kind::Int => (ValueKind::Int, value.len()),
             Kind::Float => (ValueKind::Float, value.len()),
             Kind::Bool => (ValueKind::Bool, value.len()),
-            Kind::List => (ValueKind::List, super::value::List(value).len()),
+            Kind::List => (ValueKind::List, super::value::List::new(value).len()),
         };
         Ok(Some(ValueInfo {
             kind,

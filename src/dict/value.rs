@@ -325,65 +325,191 @@ impl Number for f64 {
 }
 
 /// A list's value: its elements one after the other, each a kind byte, its length (4 bytes,
-/// little-endian) and its bytes as [`ValueRef::encode`] lays them out.
-pub(crate) struct List(pub Vec<u8>);
+/// little-endian) and its bytes as [`ValueRef::encode`] lays them out. The elements are
+/// those that fit whole from the start: a reader stops at the first that does not (a
+/// damaged file), so it never reads past the value.
+///
+/// Each operation walks the element heads once and allocates only for what it adds or
+/// takes: a list of 50,000 elements is copied in and out of the heap by every push and
+/// pop, and that copy, not the walk, should be their cost.
+pub(crate) struct List {
+    bytes: Vec<u8>,
+    /// Where the list starts in `bytes` (a pop at the front moves it on rather than
+    /// shifting every byte after the element).
+    from: usize,
+}
 
 /// Bytes of an element besides its value.
 pub(crate) const ELEMENT_HEAD: usize = 5;
 
+/// The end of the element that starts at `at` in `bytes`, if it fits whole.
+fn element_end(bytes: &[u8], at: usize) -> Option<usize> {
+    let head = bytes.get(at..at.checked_add(ELEMENT_HEAD)?)?;
+    let len = u32::from_le_bytes(head[1..].try_into().expect("4 bytes"));
+    let end = at + ELEMENT_HEAD + len as usize;
+    (end <= bytes.len()).then_some(end)
+}
+
+/// What one walk of a list finds: how many whole elements, where the last one starts and
+/// where it ends (0 and 0 for none).
+struct Walk {
+    count: usize,
+    last: usize,
+    end: usize,
+}
+
 impl List {
-    /// The elements' places: (start of the element, end of it). Stops at the first that
-    /// does not fit (a damaged file), so a reader never reads past the value.
-    fn places(&self) -> Vec<(usize, usize)> {
-        let mut at = 0;
-        let mut out = Vec::new();
-        while at + ELEMENT_HEAD <= self.0.len() {
-            let len = u32::from_le_bytes(self.0[at + 1..at + 5].try_into().expect("4 bytes"));
-            let end = at + ELEMENT_HEAD + len as usize;
-            if end > self.0.len() {
-                break;
-            }
-            out.push((at, end));
-            at = end;
+    pub(crate) fn new(bytes: Vec<u8>) -> List {
+        List { bytes, from: 0 }
+    }
+
+    /// The list's bytes, as they are to be stored.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.bytes[self.from..]
+    }
+
+    fn walk(&self) -> Walk {
+        let bytes = self.bytes();
+        let mut walk = Walk {
+            count: 0,
+            last: 0,
+            end: 0,
+        };
+        while let Some(end) = element_end(bytes, walk.end) {
+            walk.count += 1;
+            walk.last = walk.end;
+            walk.end = end;
         }
-        out
+        walk
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.places().len()
+        self.walk().count
     }
 
-    /// Adds an element at the front or the back.
-    pub(crate) fn push(&mut self, value: ValueRef<'_>, front: bool) {
+    /// Adds an element at the front or the back, and returns the new length.
+    pub(crate) fn push(&mut self, value: ValueRef<'_>, front: bool) -> usize {
         let mut buf = [0u8; 8];
         let (kind, bytes) = value.encode(&mut buf);
-        let mut element = Vec::with_capacity(ELEMENT_HEAD + bytes.len());
-        element.push(kind as u8);
-        element.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        element.extend_from_slice(bytes);
-        // drop what a damaged file left past the last whole element
-        let whole = self.places().last().map_or(0, |&(_, end)| end);
-        self.0.truncate(whole);
+        let walk = self.walk();
+        // (what a damaged file left past the last whole element goes)
+        let whole = self.from + walk.end;
+        let head = |out: &mut Vec<u8>| {
+            out.push(kind as u8);
+            out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            out.extend_from_slice(bytes);
+        };
         if front {
-            self.0.splice(0..0, element);
+            let mut out = Vec::with_capacity(ELEMENT_HEAD + bytes.len() + walk.end);
+            head(&mut out);
+            out.extend_from_slice(&self.bytes[self.from..whole]);
+            *self = List::new(out);
         } else {
-            self.0.extend_from_slice(&element);
+            self.bytes.truncate(whole);
+            head(&mut self.bytes);
         }
+        walk.count + 1
     }
 
-    /// Takes the element at the front or the back.
+    /// Takes the element at the front or the back; `None` if the list has none.
     pub(crate) fn pop(&mut self, front: bool) -> Option<Value> {
-        let places = self.places();
-        let &(start, end) = if front { places.first() } else { places.last() }?;
+        let (start, end) = if front {
+            (0, element_end(self.bytes(), 0)?)
+        } else {
+            let walk = self.walk();
+            if walk.count == 0 {
+                return None;
+            }
+            (walk.last, walk.end)
+        };
+        let (start, end) = (self.from + start, self.from + end);
         // (an element is never a list: a damaged kind reads as a boolean, as before)
-        let kind = match Kind::of(u64::from(self.0[start])) {
+        let kind = match Kind::of(u64::from(self.bytes[start])) {
             Kind::List => Kind::Bool,
             kind => kind,
         };
-        let value = Value::decode(kind, self.0[start + ELEMENT_HEAD..end].to_vec());
-        let whole = places.last().map_or(0, |&(_, end)| end);
-        self.0.truncate(whole);
-        self.0.drain(start..end);
+        let value = Value::decode(kind, self.bytes[start + ELEMENT_HEAD..end].to_vec());
+        if front {
+            self.from = end;
+        } else {
+            self.bytes.truncate(start);
+        }
         Some(value)
+    }
+
+    /// Whether the list has no whole element left.
+    pub(crate) fn is_empty(&self) -> bool {
+        element_end(self.bytes(), 0).is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(v: &[u8]) -> Option<Value> {
+        Some(Value::Bytes(v.to_vec()))
+    }
+
+    #[test]
+    fn a_list_pushes_and_pops_at_both_ends_and_counts_its_elements() {
+        let mut list = List::new(Vec::new());
+        assert!(list.is_empty());
+        assert_eq!(list.pop(true), None);
+        assert_eq!(list.pop(false), None);
+        assert_eq!(list.push(ValueRef::Bytes(b"b"), false), 1);
+        assert_eq!(list.push(ValueRef::Bytes(b"a"), true), 2);
+        assert_eq!(list.push(ValueRef::Int(7), false), 3);
+        assert_eq!(list.push(ValueRef::Bytes(b""), true), 4);
+        assert_eq!(list.len(), 4);
+        assert_eq!(list.pop(true), bytes(b""));
+        assert_eq!(list.pop(false), Some(Value::Int(7)));
+        // what a pop at the front leaves is what is stored, and reads back as such
+        let stored = List::new(list.bytes().to_vec());
+        assert_eq!(stored.len(), 2);
+        assert_eq!(list.push(ValueRef::Bool(true), false), 3);
+        assert_eq!(list.pop(true), bytes(b"a"));
+        assert_eq!(list.pop(true), bytes(b"b"));
+        assert!(!list.is_empty());
+        assert_eq!(list.pop(false), Some(Value::Bool(true)));
+        assert!(list.is_empty());
+        assert_eq!(list.bytes(), b"");
+    }
+
+    #[test]
+    fn a_damaged_list_reads_as_its_whole_elements_and_never_past_its_bytes() {
+        let mut whole = List::new(Vec::new());
+        whole.push(ValueRef::Bytes(b"one"), false);
+        whole.push(ValueRef::Bytes(b"two"), false);
+        let mut damaged = whole.bytes().to_vec();
+        // an element whose length runs past the value, then stray bytes
+        damaged.extend_from_slice(&[0, 0xff, 0xff, 0, 0, b'x', b'y']);
+        let list = List::new(damaged.clone());
+        assert_eq!(list.len(), 2);
+        // a push at the back drops the stray bytes, one at the front keeps only the whole
+        let mut back = List::new(damaged.clone());
+        assert_eq!(back.push(ValueRef::Bytes(b"three"), false), 3);
+        let mut front = List::new(damaged.clone());
+        assert_eq!(front.push(ValueRef::Bytes(b"zero"), true), 3);
+        for mut l in [back, front] {
+            let mut n = 0;
+            while l.pop(true).is_some() {
+                n += 1;
+            }
+            assert_eq!(n, 3);
+            assert!(l.is_empty());
+        }
+        let mut popped = List::new(damaged);
+        assert_eq!(popped.pop(false), bytes(b"two"));
+        assert_eq!(popped.pop(true), bytes(b"one"));
+        assert!(popped.is_empty());
+        // a head cut short, or nothing but stray bytes: no element
+        for cut in [&[0u8, 3, 0][..], &[1, 2, 0, 0, 0, 9]] {
+            let mut l = List::new(cut.to_vec());
+            assert!(l.is_empty());
+            assert_eq!(l.len(), 0);
+            assert_eq!(l.pop(true), None);
+            assert_eq!(l.pop(false), None);
+        }
     }
 }

@@ -77,7 +77,7 @@ impl SharedDict {
             Some(_) if c.deadline > now && c.kind != Kind::List => {
                 Err(Error::NotAList { key: k.preview() })
             }
-            Some(_) if c.deadline > now => Ok(List(value).len()),
+            Some(_) if c.deadline > now => Ok(List::new(value).len()),
             _ => Ok(0),
         }
     }
@@ -111,19 +111,18 @@ impl SharedDict {
                     (i, Vec::new(), u64::MAX, 0, false)
                 }
             };
-            let mut list = List(list);
-            if list.0.len() + size > self.max_value_len() {
+            let mut list = List::new(list);
+            if list.bytes().len() + size > self.max_value_len() {
                 return Err(Error::NoMemory {
                     key: k.preview(),
                     why: "the list would be longer than the dict's max_value_len",
                 });
             }
-            self.beat_if_big(w, list.0.len());
-            list.push(value, front);
-            let len = list.len();
+            self.beat_if_big(w, list.bytes().len());
+            let len = list.push(value, front);
             // (the new copy beside the old, or NoMemory: dropping the old first would show
             // readers no list, and leave none if the writer died)
-            let at = (Kind::List, &list.0[..]);
+            let at = (Kind::List, list.bytes());
             let room = if live { Room::Push } else { Room::Expired };
             let stored = self.store_at(w, i, &k, at, flags, until, now, room)?;
             let written = self.write(stored)?;
@@ -148,11 +147,11 @@ impl SharedDict {
                 return Err(Error::NotAList { key: k.preview() });
             }
             self.beat_if_big(w, value.len());
-            let mut list = List(value);
+            let mut list = List::new(value);
             let Some(value) = list.pop(front) else {
                 return Ok(Outcome::Done(None));
             };
-            if list.len() == 0 {
+            if list.is_empty() {
                 let freed = self.write(self.free_at(w, i, Some(&self.keep(i))))?;
                 return Ok(freed.map(|()| {
                     self.uncount(w, 1);
@@ -160,8 +159,8 @@ impl SharedDict {
                     Some(value)
                 }));
             }
-            self.beat_if_big(w, list.0.len());
-            let at = (Kind::List, &list.0[..]);
+            self.beat_if_big(w, list.bytes().len());
+            let at = (Kind::List, list.bytes());
             // (a shorter list, written beside the longer one: values that are not lists
             // may go for it)
             let stored = self.store_at(w, i, &k, at, c.flags, c.deadline, now, Room::Pop)?;
