@@ -5,7 +5,7 @@
 //! cargo bench --bench dict --all-features        # the whole table (about 20 s)
 //! cargo bench --bench dict -- quick              # fewer, shorter rounds (a smoke run)
 //! SHMLOCK_BENCH_QUICK=1 cargo bench --bench dict # the same
-//! cargo bench --bench dict -- single full        # only the sections named (procs, single, full)
+//! cargo bench --bench dict -- single full        # only the sections named (single, procs, full, big, lists)
 //! ```
 //!
 //! 1. One process, one thread, 1024 keys, 64-byte values: `get` of a present key (and
@@ -28,6 +28,11 @@
 //! 3. A full dict: `set` of never-seen keys (each evicts the least recently used entry of
 //!    its neighbourhood) against `set` overwriting present keys, plus `get` hit and miss
 //!    (never-seen keys) on the full dict.
+//! 4. A big dict (65,536 entries, past the caches): `get` hit against `get` miss.
+//! 5. A list as a queue: `rpush` + `lpop` of a 16-byte element on a list kept at 0, 1,000
+//!    and 50,000 elements (in the heap), beside a `Mutex<VecDeque<Vec<u8>>>`. A list is
+//!    one value written whole (docs/dict.md), so its pair costs its length: this shows
+//!    how much.
 //!
 //! The Redis rows need `redis-server` on the PATH (`bash scripts/redis-server.sh`); without
 //! it they are skipped. Files go to /dev/shm (or the temp dir) and are removed at the end.
@@ -820,6 +825,57 @@ fn big_dict(r: &mut Report, s: &Scale) {
     r.ratio(S, "get: miss / hit", m[1].median / m[0].median);
 }
 
+// 5. Lists
+
+fn lists(r: &mut Report, s: &Scale) {
+    println!(
+        "\n5. a list as a queue: rpush + lpop of 16 bytes at a length kept (median of {} \
+         interleaved samples)",
+        s.samples
+    );
+    let path = scratch("list");
+    let dict = SharedDict::options()
+        .capacity(64)
+        .max_value_len(64)
+        .heap_size(8 << 20)
+        .open(&path)
+        .expect("create the list dict");
+    let element = [b'e'; 16];
+    const S: &str = "5. lists";
+    for len in [0usize, 1_000, 50_000] {
+        let key = format!("q{len}");
+        for _ in 0..len {
+            dict.rpush(&key, &element[..]).unwrap();
+        }
+        let queue = std::sync::Mutex::new(std::collections::VecDeque::new());
+        for _ in 0..len {
+            queue.lock().unwrap().push_back(element.to_vec());
+        }
+        let mut pair = |_| {
+            dict.rpush(&key, &element[..]).unwrap();
+            black_box(dict.lpop(&key).unwrap());
+        };
+        let mut deque = |_| {
+            queue.lock().unwrap().push_back(black_box(element.to_vec()));
+            black_box(queue.lock().unwrap().pop_front());
+        };
+        // (about 1 ms a pair at 50,000: fewer of them)
+        let iters = (s.iters / (1 + len as u64 / 50)).max(4);
+        let m = interleaved(
+            s.samples,
+            &mut [
+                Candidate::new(iters, &mut pair),
+                Candidate::new(iters, &mut deque),
+            ],
+        );
+        assert_eq!(dict.llen(&key).unwrap(), len);
+        r.op(S, format!("rpush + lpop, length {len}"), &m[0]);
+        r.op(S, format!("Mutex<VecDeque>, length {len}"), &m[1]);
+    }
+    drop(dict);
+    let _ = std::fs::remove_file(&path);
+}
+
 fn main() {
     // cargo bench passes --bench; "quick" (or SHMLOCK_BENCH_QUICK=1) shortens everything.
     let quick = std::env::args().any(|a| a == "quick")
@@ -843,7 +899,8 @@ fn main() {
     };
     let started = Instant::now();
     let mut r = Report::default();
-    // Section names on the command line (`procs`, `single`, `full`, `big`) pick sections; none: all.
+    // Section names on the command line (`procs`, `single`, `full`, `big`, `lists`) pick
+    // sections; none: all.
     let picked: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-') && a != "quick")
@@ -862,6 +919,9 @@ fn main() {
     }
     if run("big") {
         big_dict(&mut r, &s);
+    }
+    if run("lists") {
+        lists(&mut r, &s);
     }
 
     println!("\n| section | what | median | spread |\n|---|---|---|---|");
