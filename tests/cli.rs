@@ -1388,6 +1388,41 @@ fn a_broken_stderr_or_stdout_is_no_panic() {
         String::from_utf8_lossy(&out.stderr).starts_with("shmlock: stdout: "),
         "{out:?}"
     );
+
+    // a help that cannot be written fails; one whose reader went away does not
+    for (args, full) in [
+        (&["--help"][..], true),
+        (&["run", "--help"], true),
+        (&["--version"], true),
+        (&["--help"], false),
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let stdout = if full {
+            Stdio::from(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open("/dev/full")
+                    .unwrap(),
+            )
+        } else {
+            Stdio::from(writer)
+        };
+        let out = shmlock(&made)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        if full {
+            assert_eq!(out.status.code(), Some(74), "{args:?}: {out:?}");
+            assert!(said.starts_with("shmlock: stdout: "), "{args:?}: {out:?}");
+        } else {
+            assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+            assert!(said.is_empty(), "{args:?}: {out:?}");
+        }
+    }
 }
 
 #[test]

@@ -40,6 +40,7 @@ mod status;
 mod text;
 mod unlock;
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -56,8 +57,20 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             // --help and --version go to stdout with 0; errors to stderr with EX_USAGE.
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { EX_USAGE } else { 0 });
+            let printed = e.print().and_then(|()| std::io::stdout().flush());
+            if e.use_stderr() {
+                return ExitCode::from(EX_USAGE);
+            }
+            // A help that could not be written fails as any output does; a reader that
+            // went away (`shmlock --help | head`) had what it wanted.
+            return match printed {
+                Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => {
+                    let Fail(msg, code) = exit::stdout_failed(err);
+                    say!("shmlock: {msg}");
+                    ExitCode::from(code)
+                }
+                _ => ExitCode::SUCCESS,
+            };
         }
     };
     if let Cmd::Run(a) = &cli.command {
