@@ -464,21 +464,18 @@ impl<S: Slots, E: Env> Table<S, E> {
             let c = self.word(i, Ordering::SeqCst);
             match self.examine(&slots[i], c, hash, now) {
                 // The key kept for a writer: a writer claims it as its slot (the key is
-                // never without an entry readers defer to), a reader waits for it.
+                // never without an entry readers defer to), a reader waits for it. (A
+                // permit's claim takes it back below, as any idle entry of its key.)
                 Seen::Idle { ours: true }
-                    if (mode != Mode::Exclusive || own.is_none()) && self.reserved(i, c) =>
+                    if match mode {
+                        Mode::Exclusive => own.is_none(),
+                        Mode::Shared { limit } => limit == 0,
+                    } && self.reserved(i, c) =>
                 {
-                    match mode {
-                        Mode::Exclusive => {
-                            own = Some((d, c));
-                        }
-                        Mode::Shared { limit: 0 } => return Scan::Busy(busy(i, home, c, hash)),
-                        // (a permit's claim on a reader's key takes it back, as any idle
-                        // entry of its key)
-                        Mode::Shared { .. } => {
-                            self.take_back(i, c);
-                            continue;
-                        }
+                    if mode == Mode::Exclusive {
+                        own = Some((d, c));
+                    } else {
+                        return Scan::Busy(busy(i, home, c, hash));
                     }
                 }
                 // (before the reach test: an idle entry of the key may be re-entered)

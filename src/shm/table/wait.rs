@@ -65,9 +65,7 @@ impl<S: Slots, E: Env> Table<S, E> {
             // The key kept for a writer: slept on while it stands (the writer's claim of
             // it, or anyone's take-back, wakes the sleepers); once the writer's mark
             // lapsed, a reader takes it as any idle entry.
-            State::Idle
-                if c.ident() == b.word.ident() && c.writer_waits() && self.reserved(b.slot, c) =>
-            {
+            State::Idle if c.ident() == b.word.ident() && self.reserved(b.slot, c) => {
                 return if c.has_waiters() {
                     Prepared::Sleep(c.0 as u32)
                 } else {
