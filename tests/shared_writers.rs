@@ -197,45 +197,63 @@ fn reader_leaves_a_stopped_writer(table: &LockTable, shared: &Shared) -> (Proc, 
     (w, stopped, refused)
 }
 
-fn key_kept_for_a_stopped_writer() {
-    for round in 0.. {
-        let path = TempPath::new("kept-for-writer");
+/// Runs rounds of [`reader_leaves_a_stopped_writer`] in a table of their own until one
+/// is conclusive: `round` returns `None` when it looked too late to tell (its writer's
+/// mark may have lapsed by itself), which a slow machine is allowed three times. The
+/// writer (`w`, stopped) is continued and waited for after each round, if the round did
+/// not.
+fn until_conclusive(
+    name: &str,
+    mut round: impl FnMut(usize, &LockTable, &Shared, &Proc, Instant, bool) -> Option<()>,
+) {
+    for n in 0.. {
+        let path = TempPath::new(name);
         let table = LockTable::open(&path, 64).unwrap();
         let shared = Shared::new(2);
         let (mut w, stopped, r_refused) = reader_leaves_a_stopped_writer(&table, &shared);
-        let other = table.try_lock_shared("K", Duration::from_secs(60)).unwrap();
-        let looked = stopped.elapsed();
-        let other_refused = other.is_none();
-        drop(other);
-        note!("[round {round}: R refused {r_refused}, another reader refused {other_refused}, {} ms after the writer stopped] ", looked.as_millis());
-        if looked > WELL_WITHIN_LAPSE && round < 3 {
-            cont(w.pid());
-            assert_eq!(w.wait(HANG), 0);
-            continue; // too slow a machine to tell: the writer's mark may have lapsed
-        }
-        assert!(
-            r_refused,
-            "the reader that left took the key again before the writer"
-        );
-        assert!(
-            other_refused,
-            "a new reader took the key before the writer waiting for it"
-        );
+        let done = round(n, &table, &shared, &w, stopped, r_refused);
         cont(w.pid());
-        // the writer takes it, then readers get it after the writer
-        let t = Instant::now();
-        let after = table.lock_shared("K", opts(60_000, 20_000));
-        assert!(after.is_ok(), "{:?}", after.err());
-        assert_eq!(
-            shared.word(1).load(Ordering::SeqCst),
-            1,
-            "a reader got the key before the continued writer ({:?} after SIGCONT)",
-            t.elapsed()
-        );
-        drop(after);
         assert_eq!(w.wait(HANG), 0);
-        return;
+        if done.is_some() || n >= 3 {
+            return;
+        }
     }
+}
+
+fn key_kept_for_a_stopped_writer() {
+    until_conclusive(
+        "kept-for-writer",
+        |round, table, shared, w, stopped, r_refused| {
+            let other = table.try_lock_shared("K", Duration::from_secs(60)).unwrap();
+            let looked = stopped.elapsed();
+            let other_refused = other.is_none();
+            drop(other);
+            note!("[round {round}: R refused {r_refused}, another reader refused {other_refused}, {} ms after the writer stopped] ", looked.as_millis());
+            if looked > WELL_WITHIN_LAPSE && round < 3 {
+                return None; // too slow a machine to tell: the writer's mark may have lapsed
+            }
+            assert!(
+                r_refused,
+                "the reader that left took the key again before the writer"
+            );
+            assert!(
+                other_refused,
+                "a new reader took the key before the writer waiting for it"
+            );
+            cont(w.pid());
+            // the writer takes it, then readers get it after the writer
+            let t = Instant::now();
+            let after = table.lock_shared("K", opts(60_000, 20_000));
+            assert!(after.is_ok(), "{:?}", after.err());
+            assert_eq!(
+                shared.word(1).load(Ordering::SeqCst),
+                1,
+                "a reader got the key before the continued writer ({:?} after SIGCONT)",
+                t.elapsed()
+            );
+            Some(())
+        },
+    );
 }
 
 fn key_kept_for_a_killed_writer() {
@@ -262,11 +280,7 @@ fn key_kept_for_a_killed_writer() {
 /// `force_unlock` breaks whatever keeps a key busy: a key kept for a (stopped) writer
 /// goes to the next reader at once, not once the writer's mark lapses.
 fn force_unlock_of_a_kept_key() {
-    for round in 0.. {
-        let path = TempPath::new("kept-forced");
-        let table = LockTable::open(&path, 64).unwrap();
-        let shared = Shared::new(2);
-        let (mut w, stopped, _) = reader_leaves_a_stopped_writer(&table, &shared);
+    until_conclusive("kept-forced", |round, table, _, _, stopped, _| {
         let before = table.try_lock_shared("K", Duration::from_secs(60)).unwrap();
         let refused = before.is_none();
         drop(before);
@@ -274,17 +288,16 @@ fn force_unlock_of_a_kept_key() {
         let after = table.try_lock_shared("K", Duration::from_secs(60)).unwrap();
         let looked = stopped.elapsed();
         note!("[round {round}: refused before {refused}, holders broken {}, a reader after: {}, {} ms after the writer stopped] ", broken.is_some(), after.is_some(), looked.as_millis());
-        let got = after.is_some();
-        drop(after);
-        cont(w.pid());
-        assert_eq!(w.wait(HANG), 0);
         if looked > WELL_WITHIN_LAPSE && round < 3 {
-            continue; // the mark may have lapsed by itself
+            return None; // the mark may have lapsed by itself
         }
         assert!(refused, "a reader took a key kept for a writer");
-        assert!(got, "force_unlock left the key kept for the writer");
-        return;
-    }
+        assert!(
+            after.is_some(),
+            "force_unlock left the key kept for the writer"
+        );
+        Some(())
+    });
 }
 
 /// A writer that gives up waiting for a reader, by its timeout or by its `lock_async`
