@@ -3,7 +3,7 @@
 //! lease (a renewal moves the hold's word, not the hold the mark is kept for); the last
 //! reader a writer waits for leaves the key to it (kept from readers while the writer is
 //! stopped, theirs soon after a killed writer's last word; none kept for a writer that
-//! gave up); chaos of readers, writers and permit holders with renewals and downgrades, on keys
+//! gave up, and no reader kept out by one that gives up again and again); chaos of readers, writers and permit holders with renewals and downgrades, on keys
 //! displaced 15 or more slots from home (the reach in the home's overflow word), under
 //! SIGKILL and SIGSTOP.
 //!
@@ -54,6 +54,10 @@ const TESTS: &[Test] = &[
     Test::new(
         "a_writer_that_gives_up_leaves_no_key_kept_for_it",
         writer_gives_up,
+    ),
+    Test::new(
+        "a_writer_giving_up_again_and_again_keeps_no_reader_out",
+        writer_gives_up_again_and_again,
     ),
 ];
 
@@ -639,4 +643,72 @@ fn far_chaos() {
     assert_eq!(v, 0, "violations");
     assert_eq!(failed, 0);
     assert!(left.is_empty(), "left: {left:?}");
+}
+
+/// A writer that tries for 5 ms every 300 ms and gives up each time, beside a reader that
+/// holds the key throughout: new readers come in between its tries. (Its marks, aged by
+/// each give-up only to 300 ms, kept them out until they lapsed at 1 s, which its next try
+/// never let happen: a review's run, one other reader's hold in 6 s; docs/semantics.md.)
+fn writer_gives_up_again_and_again() {
+    let path = TempPath::new("gives-up-again");
+    let table = LockTable::open(&path, 64).unwrap();
+    let (held, stop) = (Gate::new(), Shared::new(1));
+    let mut reader = Proc::new(fork(|| {
+        let g = table.lock_shared("K", opts(120_000, 1_000)).unwrap();
+        held.signal();
+        while stop.word(0).load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(g);
+        0
+    }));
+    held.await_signals(1);
+    let mut writer = Proc::new(fork(|| {
+        let mut tries = 0;
+        while stop.word(0).load(Ordering::SeqCst) == 0 {
+            match table.lock("K", opts(60_000, 5)) {
+                Err(Error::Timeout { .. }) => tries += 1,
+                other => {
+                    eprintln!("the writer's try: {:?}", other.map(|_| ()));
+                    return 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        i32::from(tries < 3) * 2
+    }));
+    // (the writer's first try marked the hold)
+    std::thread::sleep(Duration::from_millis(100));
+    // looks every 20 ms at most, so that no window between the writer's tries is slept over
+    let look = shmlock::LockOptions {
+        max_step: Duration::from_millis(20),
+        ..opts(60_000, 3_000)
+    };
+    let mut longest = Duration::ZERO;
+    for n in 0..6 {
+        let t = Instant::now();
+        let got = table.lock_shared("K", look);
+        let waited = t.elapsed();
+        longest = longest.max(waited);
+        if got.is_err() {
+            stop.word(0).store(1, Ordering::SeqCst);
+            let _ = (reader.wait(HANG), writer.wait(HANG));
+        }
+        assert!(
+            got.is_ok(),
+            "hold {n}: a writer giving up every 300 ms kept a new reader out for {waited:?}: \
+             {:?}",
+            got.err()
+        );
+        drop(got);
+        std::thread::sleep(Duration::from_millis(50 + 37 * n));
+    }
+    note!("[6 holds beside the held key, longest wait {longest:.1?}] ");
+    stop.word(0).store(1, Ordering::SeqCst);
+    assert_eq!(reader.wait(HANG), 0);
+    assert_eq!(
+        writer.wait(HANG),
+        0,
+        "the writer gave up fewer than 3 times"
+    );
 }

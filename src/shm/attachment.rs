@@ -479,18 +479,26 @@ pub(crate) fn writer_active(seen: &AtomicU64, hold: u64) -> bool {
         && now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff < WRITER_ACTIVE_MS
 }
 
+/// How old a writer that gives up makes its marks: a refresh period (`WRITER_REFRESH`,
+/// 100 ms) short of lapsing. Another writer still waiting for the hold refreshes it within
+/// that (so it keeps its preference, which a cleared mark took from it); with none, new
+/// readers come in 100 ms after the give-up. Dated only [`WRITER_ACTIVE_MS`] back, a mark
+/// kept new readers out for 700 ms more, and a writer that tried again within that (a
+/// 5 ms `lock` every 500 ms) kept them out for as long as one reader held the key.
+const WITHDRAWN_MS: u64 = WRITER_LAPSE_MS - 100;
+
 /// A writer that gave up ages its mark for the shared hold `hold` (see
-/// `Table::writer_withdraws`): dated [`WRITER_ACTIVE_MS`] back, so that the hold's end
-/// keeps the key for nobody, while new readers still defer to the hold (until the mark
-/// lapses, or for as long as another writer waiting for it refreshes it, which a
-/// cleared mark would have taken from that writer). Only a writer's mark for that very
-/// hold, not the stall watch of a renewal in progress, and never made younger.
+/// `Table::writer_withdraws`) to [`WITHDRAWN_MS`]: past [`WRITER_ACTIVE_MS`], so that the
+/// hold's end keeps the key for nobody, and 100 ms from lapsing, so that new readers defer
+/// to the hold only until then, or for as long as another writer waiting for it refreshes
+/// it. Only a writer's mark for that very hold, not the stall watch of a renewal in
+/// progress, and never made younger.
 pub(crate) fn writer_withdraws(seen: &AtomicU64, hold: u64) {
     let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
-    let aged = now.wrapping_sub(WRITER_ACTIVE_MS) & 0xffff_ffff;
+    let aged = now.wrapping_sub(WITHDRAWN_MS) & 0xffff_ffff;
     let c = seen.load(Ordering::Relaxed);
     let age = now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff;
-    if c >> 32 == writer_hash(hold) && age < WRITER_ACTIVE_MS {
+    if c >> 32 == writer_hash(hold) && age < WITHDRAWN_MS {
         let _ = seen.compare_exchange(
             c,
             writer_hash(hold) << 32 | aged,
