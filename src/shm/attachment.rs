@@ -479,13 +479,14 @@ pub(crate) fn writer_active(seen: &AtomicU64, hold: u64) -> bool {
         && now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff < WRITER_ACTIVE_MS
 }
 
-/// How old a writer that gives up makes its marks: a refresh period (`WRITER_REFRESH`,
-/// 100 ms) short of lapsing. Another writer still waiting for the hold refreshes it within
-/// that (so it keeps its preference, which a cleared mark took from it); with none, new
-/// readers come in 100 ms after the give-up. Dated only [`WRITER_ACTIVE_MS`] back, a mark
+/// How old a writer that gives up makes its marks: a refresh period
+/// ([`WRITER_REFRESH`](crate::shm::table::WRITER_REFRESH), 100 ms) short of lapsing.
+/// Another writer still waiting for the hold refreshes it within that (so it keeps its
+/// preference, which a cleared mark took from it); with none, new readers come in 100 ms
+/// after the give-up. Dated only [`WRITER_ACTIVE_MS`] back, a mark
 /// kept new readers out for 700 ms more, and a writer that tried again within that (a
 /// 5 ms `lock` every 500 ms) kept them out for as long as one reader held the key.
-const WITHDRAWN_MS: u64 = WRITER_LAPSE_MS - 100;
+const WITHDRAWN_MS: u64 = WRITER_LAPSE_MS - crate::shm::table::WRITER_REFRESH.as_millis() as u64;
 
 /// A writer that gave up ages its mark for the shared hold `hold` (see
 /// `Table::writer_withdraws`) to [`WITHDRAWN_MS`]: past [`WRITER_ACTIVE_MS`], so that the
