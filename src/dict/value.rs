@@ -394,19 +394,19 @@ impl List {
         let walk = self.walk();
         // (what a damaged file left past the last whole element goes)
         let whole = self.from + walk.end;
-        let head = |out: &mut Vec<u8>| {
+        let put_element = |out: &mut Vec<u8>| {
             out.push(kind as u8);
             out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
             out.extend_from_slice(bytes);
         };
         if front {
             let mut out = Vec::with_capacity(ELEMENT_HEAD + bytes.len() + walk.end);
-            head(&mut out);
+            put_element(&mut out);
             out.extend_from_slice(&self.bytes[self.from..whole]);
             *self = List::new(out);
         } else {
             self.bytes.truncate(whole);
-            head(&mut self.bytes);
+            put_element(&mut self.bytes);
         }
         walk.count + 1
     }
