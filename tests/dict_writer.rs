@@ -1081,18 +1081,34 @@ fn big_dict_takeover_recovery_versus_the_bound() {
 /// entries in a release build too). A long pass now moves the lock's word on as it goes.
 fn a_flush_all_longer_than_the_bound_is_not_taken_over() {
     use shmlock::SharedDict;
-    let path = TempPath::new("flush-all-long");
-    let n = 1_500_000;
-    let d = SharedDict::options()
-        .capacity(n)
-        .max_key_len(8)
-        .max_value_len(8)
-        .open(&path)
-        .unwrap();
+    let filled = |name: &str, n: usize| {
+        let path = TempPath::new(name);
+        let d = SharedDict::options()
+            .capacity(n)
+            .max_key_len(8)
+            .max_value_len(8)
+            .open(&path)
+            .unwrap();
+        for i in 0..n * 9 / 10 {
+            d.set(format!("{i:x}"), "v", Duration::ZERO).unwrap();
+        }
+        (path, d)
+    };
+    // The flush must outlast the bound: sized by a small flush's pace (1.5 M entries in
+    // the debug build the suite uses, the most a dict takes, 16 M, in a release build).
+    let pace = {
+        let (_path, d) = filled("flush-all-pace", 200_000);
+        let t = Instant::now();
+        d.flush_all().unwrap();
+        t.elapsed().max(Duration::from_millis(1))
+    };
+    let wanted = 200_000.0 * 0.9 / pace.as_secs_f64();
+    let n = wanted.clamp(1.5e6, 1.6e7) as usize;
+    let (_path, d) = filled("flush-all-long", n);
+    // Faster still (a release build): the flush shares its CPU with spinners, as a
+    // holder on a busy machine does.
+    let _crowd = Crowd::of((wanted / n as f64).ceil() as usize - 1);
     let keys = n * 9 / 10;
-    for i in 0..keys {
-        d.set(format!("{i:x}"), "v", Duration::ZERO).unwrap();
-    }
     // (a window that fills evicts: most of them are there)
     assert!(d.len() > keys * 9 / 10, "{} of {keys} keys stored", d.len());
     let started = Shared::new(1);
@@ -1121,4 +1137,57 @@ fn a_flush_all_longer_than_the_bound_is_not_taken_over() {
         "{} keys left live",
         live.len()
     );
+}
+
+/// `k` spinning children sharing this process's CPU (both pinned to the one it runs on),
+/// so that what it does takes about `k + 1` times as long on the wall clock. Dropped, they
+/// are killed and the process runs anywhere again.
+struct Crowd {
+    spinners: Vec<Child>,
+    was: Option<libc::cpu_set_t>,
+}
+
+impl Crowd {
+    fn of(k: usize) -> Crowd {
+        if k == 0 {
+            return Crowd {
+                spinners: Vec::new(),
+                was: None,
+            };
+        }
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        // SAFETY: a zeroed cpu_set_t is an empty set; the calls write within `size` bytes
+        // of sets we own.
+        let was = unsafe {
+            let mut was: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(libc::sched_getaffinity(0, size, &mut was), 0);
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(libc::sched_getcpu().max(0) as usize, &mut one);
+            assert_eq!(libc::sched_setaffinity(0, size, &one), 0);
+            was
+        };
+        let spinners = (0..k)
+            .map(|_| {
+                fork(|| loop {
+                    std::hint::spin_loop();
+                })
+            })
+            .collect();
+        Crowd {
+            spinners,
+            was: Some(was),
+        }
+    }
+}
+
+impl Drop for Crowd {
+    fn drop(&mut self) {
+        for s in &self.spinners {
+            s.kill();
+        }
+        if let Some(was) = &self.was {
+            // SAFETY: `was` is the set read in `of`.
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), was) };
+        }
+    }
 }
