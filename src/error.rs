@@ -315,10 +315,25 @@ pub struct HolderSeen {
     /// 250 Hz, short at most); on Redis, by the server's clock against the time the
     /// holder's clock wrote (clocks that disagree shift it).
     pub held_for: Option<Duration>,
+    /// A reader's wait: a writer waited for the key too, and new readers defer to it
+    /// (lock table). With no `pid` and no `held_for`, nobody held the key: its last reader
+    /// had left, and it was kept for the writer
+    /// ([`HolderState::Kept`](crate::HolderState::Kept)).
+    pub writer_waits: bool,
+}
+
+impl HolderSeen {
+    /// Nobody held the key: it was kept for a waiting writer.
+    fn kept(&self) -> bool {
+        self.writer_waits && self.pid.is_none() && self.held_for.is_none()
+    }
 }
 
 impl fmt::Display for HolderSeen {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.kept() {
+            return f.write_str("kept for a waiting writer");
+        }
         f.write_str("held by ")?;
         match self.pid {
             Some(pid) => write!(f, "pid {pid}")?,
@@ -329,6 +344,9 @@ impl fmt::Display for HolderSeen {
         }
         if let Some(d) = self.held_for {
             write!(f, " for {:.1?}", d)?;
+        }
+        if self.writer_waits {
+            f.write_str(", with a writer waiting, which new readers defer to")?;
         }
         Ok(())
     }
@@ -548,6 +566,18 @@ impl fmt::Display for Error {
                 timeout,
                 holder,
             } => {
+                if holder.as_ref().is_some_and(HolderSeen::kept) {
+                    // nobody's hold to name
+                    return if timeout.is_zero() {
+                        write!(f, "timeout: key {key} is kept for a waiting writer")
+                    } else {
+                        write!(
+                            f,
+                            "timeout: key {key} stayed busy for the whole {timeout:?} (at the \
+                             end, kept for a waiting writer)"
+                        )
+                    };
+                }
                 if timeout.is_zero() {
                     write!(f, "timeout: key {key} is held by someone else")?;
                 } else {

@@ -24,7 +24,7 @@ use common::fork::{fork, xorshift, Gate, Shared};
 use common::harness::Test;
 use common::probe::{cont, header_u64, place, Proc};
 use common::{opts, TempPath};
-use shmlock::{Error, LockTable};
+use shmlock::{Error, HoldMode, HolderState, LockTable};
 
 const TESTS: &[Test] = &[
     Test::new(
@@ -50,6 +50,10 @@ const TESTS: &[Test] = &[
     Test::new(
         "force_unlock_frees_a_key_kept_for_a_writer",
         force_unlock_of_a_kept_key,
+    ),
+    Test::new(
+        "a_reader_kept_out_for_a_writer_is_told_why",
+        reader_told_why,
     ),
     Test::new(
         "a_writer_that_gives_up_leaves_no_key_kept_for_it",
@@ -279,6 +283,97 @@ fn key_kept_for_a_killed_writer() {
         got.err()
     );
     assert_eq!(shared.word(1).load(Ordering::SeqCst), 0);
+}
+
+/// A reader refused for a writer's sake hears why (its `Timeout` says a writer waits), and
+/// `holders()` shows it: the marked readers' holds, then the key kept for the writer (a
+/// review's finding: readers were refused for up to 300 ms with nothing to show for it).
+fn reader_told_why() {
+    let refused = |table: &LockTable| match table.lock_shared("K", opts(60_000, 0)) {
+        Err(e @ Error::Timeout { .. }) => {
+            let Error::Timeout {
+                holder: Some(h), ..
+            } = &e
+            else {
+                panic!("no holder seen: {e}")
+            };
+            (h.clone(), e.to_string())
+        }
+        other => panic!("a reader beside a waiting writer: {other:?}"),
+    };
+    // A reader holds K, a writer waits for it.
+    let path = TempPath::new("told-why");
+    let table = LockTable::open(&path, 64).unwrap();
+    let (held, go) = (Gate::new(), Shared::new(1));
+    let mut r = Proc::new(fork(|| {
+        let g = table.lock_shared("K", opts(60_000, 1_000)).unwrap();
+        held.signal();
+        while go.word(0).load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(g);
+        0
+    }));
+    held.await_signals(1);
+    let mut w = Proc::new(fork(|| {
+        drop(table.lock("K", opts(60_000, 30_000)).unwrap());
+        0
+    }));
+    let t = Instant::now();
+    while !table.holders().iter().any(|h| h.writer_waits) {
+        assert!(
+            t.elapsed() < HANG,
+            "the writer never marked the reader's hold"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let (h, said) = refused(&table);
+    note!("[{said}] ");
+    assert!(h.writer_waits && h.pid == Some(r.pid() as u32), "{h:?}");
+    assert!(said.contains("a writer waiting"), "{said}");
+    let rows = table.holders();
+    assert!(
+        rows.iter()
+            .any(|h| h.pid == r.pid() as u32 && h.writer_waits && h.mode == HoldMode::Shared),
+        "{rows:?}"
+    );
+    go.word(0).store(1, Ordering::SeqCst);
+    assert_eq!(r.wait(HANG), 0);
+    assert_eq!(w.wait(HANG), 0);
+    // Once the writer has held and released it, nothing says a writer waits.
+    assert!(table.holders().iter().all(|h| !h.writer_waits));
+    drop(table.lock_shared("K", opts(60_000, 0)).unwrap());
+
+    // The reader left while the writer was stopped: the key is kept for the writer.
+    until_conclusive("told-why-kept", |round, table, _, _, stopped, r_refused| {
+        let rows = table.holders();
+        let (h, said) = refused(table);
+        let looked = stopped.elapsed();
+        note!(
+            "[round {round}: {said}, {} ms after the writer stopped] ",
+            looked.as_millis()
+        );
+        if looked > WELL_WITHIN_LAPSE && round < 3 {
+            return None; // the writer's mark may have lapsed by itself
+        }
+        assert!(r_refused);
+        assert_eq!((h.pid, h.held_for, h.writer_waits), (None, None, true));
+        assert_eq!(h.to_string(), "kept for a waiting writer");
+        assert!(said.ends_with("is kept for a waiting writer"), "{said}");
+        let kept: Vec<_> = rows
+            .iter()
+            .filter(|h| h.state == HolderState::Kept)
+            .collect();
+        assert_eq!(kept.len(), 1, "{rows:?}");
+        let k = kept[0];
+        assert_eq!(k.key_preview, b"K");
+        assert!(
+            k.writer_waits && k.pid == 0 && k.mode == HoldMode::Exclusive,
+            "{k:?}"
+        );
+        assert_eq!(rows.len(), 1, "nobody else holds K: {rows:?}");
+        Some(())
+    });
 }
 
 /// `force_unlock` breaks whatever keeps a key busy: a key kept for a (stopped) writer

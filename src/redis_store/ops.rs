@@ -241,6 +241,7 @@ fn seen(after_token: &[u8], clock: Option<i64>) -> Option<HolderSeen> {
         pid: id.pid,
         host: id.host,
         held_for,
+        writer_waits: false,
     })
 }
 

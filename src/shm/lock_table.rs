@@ -386,20 +386,33 @@ impl LockTable {
         Ok(self.inner.table.find(self.hash(key)).is_some())
     }
 
-    /// Who holds what: one entry per occupied slot, including expired ones not yet reaped.
-    /// Judges each owner's liveness (a system call or two per entry).
+    /// Who holds what: one entry per occupied slot, including expired ones not yet reaped,
+    /// and the keys kept for a waiting writer ([`HolderState::Kept`]). Judges each owner's
+    /// liveness (a system call or two per entry).
     pub fn holders(&self) -> Vec<Holder> {
         let table = &self.inner.table;
         let now = table.now();
-        table
+        let mut all: Vec<Holder> = table
             .entries()
             .into_iter()
             .map(|e| self.holder(&e, now, !table.is_owner_dead(&e)))
-            .collect()
+            .collect();
+        all.extend(
+            table
+                .kept_for_writers()
+                .iter()
+                .map(|e| self.holder(e, now, true)),
+        );
+        all
     }
 
     fn holder(&self, e: &Entry, now: u64, owner_alive: bool) -> Holder {
         let mut h = Holder::from_entry(e, now, owner_alive, self.inner.header.token_base);
+        h.writer_waits = self.inner.table.writer_waits_for(e);
+        if h.state == HolderState::Kept {
+            // nobody's hold: its word's owner is the reader that left last
+            return h;
+        }
         // A published hold records its owner's whole registry generation in its lease.
         let generation = matches!(
             e.word.state(),
@@ -578,6 +591,10 @@ pub struct Holder {
     /// renewal keeps it); a new hold starts without it. No waiter can clear it when it
     /// leaves, as it cannot tell whether others still sleep on it.
     pub waiters: bool,
+    /// A writer waits for this reader's hold to end (it marked the hold lately): new
+    /// readers of the key defer to it until it has taken and released the key. Also set
+    /// on a key [kept](HolderState::Kept) for a writer. Never on other holds.
+    pub writer_waits: bool,
     /// The fencing token, if the holder asked for one.
     pub token: Option<u64>,
     /// Time since the key was taken.
@@ -633,6 +650,12 @@ pub enum HolderState {
     /// A claim or renewal that stalled past the bound and was broken: the key is free,
     /// but the slot stays out of use until its owner resumes (and frees it) or dies.
     Broken,
+    /// Nobody holds the key: its last reader left while a writer waited, and the key is
+    /// kept for that writer, which takes it next. New readers wait meanwhile (at most
+    /// 300 ms past the writer's last sign of life: a writer that died or stopped loses it).
+    /// Such a row has no pid, age, lease or token, and its mode is the writer's
+    /// ([`HoldMode::Exclusive`]).
+    Kept,
 }
 
 impl Holder {
@@ -641,8 +664,26 @@ impl Holder {
             State::Claiming => HolderState::Claiming,
             State::Extending => HolderState::Extending,
             State::Broken => HolderState::Broken,
+            State::Idle => HolderState::Kept,
             _ => HolderState::Held,
         };
+        if state == HolderState::Kept {
+            return Holder {
+                key_preview: e.preview.clone(),
+                key_len: e.key_len as usize,
+                pid: 0,
+                owner_alive: true,
+                state,
+                waiters: e.word.has_waiters(),
+                writer_waits: true,
+                token: None,
+                age: Duration::ZERO,
+                ttl: None,
+                expired: false,
+                mode: HoldMode::Exclusive,
+                left_to_expire: false,
+            };
+        }
         // a claim's fields may still be the previous occupant's
         let settled = matches!(state, HolderState::Held | HolderState::Extending);
         Holder {
@@ -652,6 +693,7 @@ impl Holder {
             owner_alive,
             state,
             waiters: e.word.has_waiters(),
+            writer_waits: false,
             token: e
                 .token
                 .filter(|_| settled)
@@ -1119,14 +1161,24 @@ impl Backend for LockTable {
             // only tried marked nothing, and takes nobody's marks back)
             table.writer_withdraws(busy.0.hash);
         }
-        let seen = table.entry_of(busy.0.hash).map(|e| {
-            let h = self.holder(&e, table.now(), true);
-            HolderSeen {
-                pid: (h.pid != 0).then_some(h.pid),
-                host: None,
-                held_for: Some(h.age),
+        // (a writer's own marks, aged as it gave up, are no other writer's wait)
+        let reader = busy.0.wait == table::WaitFor::Entry;
+        let seen = match table.entry_of(busy.0.hash) {
+            Some(e) => {
+                let h = self.holder(&e, table.now(), true);
+                Some(HolderSeen {
+                    pid: (h.pid != 0).then_some(h.pid),
+                    host: None,
+                    held_for: Some(h.age),
+                    writer_waits: reader && h.writer_waits,
+                })
             }
-        });
+            // nobody holds it: a reader kept out by the key kept for a writer, or let go
+            None => (reader && table.is_kept(&busy.0)).then(|| HolderSeen {
+                writer_waits: true,
+                ..HolderSeen::default()
+            }),
+        };
         Error::timeout(key, waited, seen)
     }
 

@@ -47,6 +47,9 @@ struct TableEntry {
     token_text: Option<String>,
     /// A waiter flagged the hold since it was taken: not that one waits now.
     waiters: bool,
+    /// A writer waits for this reader's hold (new readers defer to it), or the key is
+    /// kept for it (`state` "kept").
+    writer_waits: bool,
     mode: &'static str,
     permits: Option<u32>,
 }
@@ -86,6 +89,7 @@ pub fn write_table(
                 token: h.token,
                 token_text: h.token.map(|t| t.to_string()),
                 waiters: h.waiters,
+                writer_waits: h.writer_waits,
                 mode: h.mode.name(),
                 permits: match h.mode {
                     shmlock::HoldMode::Permit { permits } => Some(permits),

@@ -119,6 +119,8 @@ pub fn state_name(s: HolderState) -> &'static str {
     match s {
         HolderState::Claiming => "claiming",
         HolderState::Extending => "extending",
+        HolderState::Broken => "broken",
+        HolderState::Kept => "kept",
         _ => "held",
     }
 }

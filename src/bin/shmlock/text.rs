@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
-use shmlock::{Holder, LockTable, RedisHolder, SharedDict, ValueInfo};
+use shmlock::{Holder, HolderState, LockTable, RedisHolder, SharedDict, ValueInfo};
 
 use crate::show::{fitted, held_for, printable, state_name, whole_chars};
 
@@ -48,7 +48,8 @@ pub fn write_table(
     writeln!(
         out,
         "{:<32} {:>8} {:>6} {:>9} {:>10} {:>10} {:>19} {:>7} {:>10}",
-        // WAITED: a waiter flagged the hold since it was taken (it may have left since)
+        // WAITED: a waiter flagged the hold since it was taken (it may have left since);
+        // "writer": a writer waits for it now, and new readers defer to it
         "KEY",
         "PID",
         "ALIVE",
@@ -60,7 +61,9 @@ pub fn write_table(
         "MODE"
     )?;
     for h in hs {
+        let kept = h.state == HolderState::Kept;
         let ttl = match h.ttl {
+            _ if kept => "-".to_string(),
             _ if h.expired => "expired".to_string(),
             Some(d) => format!("{:.3}s", d.as_secs_f64()),
             None => "never".to_string(),
@@ -68,7 +71,7 @@ pub fn write_table(
         writeln!(
             out,
             // (a table's tokens have 19 digits)
-            "{} {:>8} {:>6} {:>9} {:>9.3}s {:>10} {:>19} {:>7} {:>10}",
+            "{} {:>8} {:>6} {:>9} {:>10} {:>10} {:>19} {:>7} {:>10}",
             shown_key(h, 32),
             // (no process known here: a hold left to expire, or one of another pid namespace)
             if h.pid == 0 {
@@ -76,16 +79,24 @@ pub fn write_table(
             } else {
                 h.pid.to_string()
             },
-            match (h.left_to_expire, h.owner_alive) {
+            match (h.left_to_expire || kept, h.owner_alive) {
                 (true, _) => "-",
                 (false, true) => "yes",
                 (false, false) => "no",
             },
             state_name(h.state),
-            h.age.as_secs_f64(),
+            if kept {
+                "-".to_string()
+            } else {
+                format!("{:.3}s", h.age.as_secs_f64())
+            },
             ttl,
             h.token.map_or("-".to_string(), |t| t.to_string()),
-            if h.waiters { "yes" } else { "no" },
+            match (h.writer_waits, h.waiters) {
+                (true, _) => "writer",
+                (false, true) => "yes",
+                (false, false) => "no",
+            },
             mode_name(h.mode),
         )?;
     }

@@ -60,15 +60,48 @@ impl<S: Slots, E: Env> Table<S, E> {
             .collect()
     }
 
+    /// Snapshots of the keys kept for a writer (see `idle.rs`): no holds, but what keeps
+    /// new readers out meanwhile, which inspection shows.
+    pub(crate) fn kept_for_writers(&self) -> Vec<Entry> {
+        (0..self.slots().len())
+            .filter_map(|i| {
+                let c = self.word(i, Ordering::Acquire);
+                self.reserved(i, c).then(|| self.read_entry(i, c)).flatten()
+            })
+            .collect()
+    }
+
+    /// Whether the busy key of `b` is kept for a writer now (the entry `b` saw still is).
+    pub(crate) fn is_kept(&self, b: &Busy) -> bool {
+        let c = self.word(b.slot, Ordering::Acquire);
+        c.ident() == b.word.ident() && self.reserved(b.slot, c)
+    }
+
+    /// Whether a writer waits for the entry `e` now: a reader's hold whose writer's mark is
+    /// fresh (new readers of its key defer to it), or a key kept for a writer.
+    pub(crate) fn writer_waits_for(&self, e: &Entry) -> bool {
+        let i = e.slot as usize;
+        match e.word.state() {
+            State::Idle => self.reserved(i, e.word),
+            _ => e.word.is_shared() && e.word.writer_waits() && !self.writer_gone(i, e.word),
+        }
+    }
+
     /// A consistent snapshot of slot `i`, if it is occupied.
     pub(super) fn entry(&self, i: usize) -> Option<Entry> {
-        let slot = &self.slots()[i];
-        let cold = self.cold(i);
-        let c = Word(slot.control.load(Ordering::Acquire));
+        let c = self.word(i, Ordering::Acquire);
         // (an idle entry is nobody's hold: see `idle.rs`)
         if matches!(c.state(), State::Free | State::Idle) {
             return None;
         }
+        self.read_entry(i, c)
+    }
+
+    /// A snapshot of slot `i` as its word `c` (read with acquire) says, if it still does
+    /// after the fields are read.
+    fn read_entry(&self, i: usize, c: Word) -> Option<Entry> {
+        let slot = &self.slots()[i];
+        let cold = self.cold(i);
         let hash = KeyHash {
             lo: slot.hash_lo.load(Ordering::Relaxed),
             hi: slot.hash_hi.load(Ordering::Relaxed),

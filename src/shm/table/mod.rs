@@ -475,7 +475,7 @@ impl<S: Slots, E: Env> Table<S, E> {
 
     /// Whether the writer's mark on the shared hold `c` of slot `i` has lapsed. A renewal
     /// in progress keeps it (the renewal's own watch may have overwritten the mark).
-    fn writer_gone(&self, i: usize, c: Word) -> bool {
+    pub(super) fn writer_gone(&self, i: usize, c: Word) -> bool {
         c.state() == State::Held && self.env.writer_gone(&self.cold(i).seen, self.hold_id(i, c))
     }
 
