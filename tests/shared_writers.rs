@@ -59,6 +59,11 @@ const TESTS: &[Test] = &[
         "a_writer_that_gives_up_leaves_no_key_kept_for_it",
         writer_gives_up,
     ),
+    #[cfg(feature = "tokio")]
+    Test::new(
+        "a_forked_copy_of_a_waiting_async_writer_dropped_takes_nothing",
+        forked_copy_of_a_waiting_writer,
+    ),
     Test::new(
         "a_writer_giving_up_again_and_again_keeps_no_reader_out",
         writer_gives_up_again_and_again,
@@ -477,6 +482,107 @@ fn lock_dropped_after(table: &LockTable, after: Duration) -> bool {
 #[cfg(not(feature = "tokio"))]
 fn lock_dropped_after(_: &LockTable, _: Duration) -> bool {
     unreachable!("only with tokio")
+}
+
+/// A `lock_async` writer waiting for a reader, its future copied into a forked child that
+/// drops it: the child takes back nothing of its parent's wait (before, the drop aged the
+/// parent's marks, so the reader's release kept nothing for the parent, and a new reader
+/// went first). With the tokio feature only.
+#[cfg(feature = "tokio")]
+fn forked_copy_of_a_waiting_writer() {
+    for round in 0.. {
+        match forked_copy_round(round) {
+            Some(()) => return,
+            None if round < 3 => continue,
+            None => panic!("4 rounds too slow to tell"),
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+fn forked_copy_round(round: usize) -> Option<()> {
+    // words: [0] R may leave, [1] R has left, [2] the writer holds or held K
+    let path = TempPath::new("forked-async-writer");
+    let table = LockTable::open(&path, 64).unwrap();
+    let shared = Shared::new(3);
+    let held = Gate::new();
+    let mut r = Proc::new(fork(|| {
+        let g = table.lock_shared("K", opts(60_000, 1_000)).unwrap();
+        held.signal();
+        while shared.word(0).load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(g);
+        shared.word(1).store(1, Ordering::SeqCst);
+        0
+    }));
+    held.await_signals(1);
+    // N: a new reader, trying from R's release on; 0 if it got K only after the writer
+    let mut n = Proc::new(fork(|| {
+        while shared.word(1).load(Ordering::SeqCst) == 0 {
+            std::hint::spin_loop();
+        }
+        let t = Instant::now();
+        loop {
+            let writer_first = shared.word(2).load(Ordering::SeqCst) == 1;
+            if table
+                .try_lock_shared("K", Duration::from_secs(60))
+                .unwrap()
+                .is_some()
+            {
+                return if writer_first { 0 } else { 1 };
+            }
+            assert!(t.elapsed() < HANG);
+        }
+    }));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let looked = rt.block_on(async {
+        let mut fut = Some(Box::pin(table.lock_async("K", opts(60_000, 30_000))));
+        let t = Instant::now();
+        while !table.holders().iter().any(|h| h.writer_waits) {
+            let f = fut.as_mut().unwrap();
+            assert!(tokio::time::timeout(Duration::from_millis(5), f)
+                .await
+                .is_err());
+            assert!(
+                t.elapsed() < HANG,
+                "the writer never marked the reader's hold"
+            );
+        }
+        // (the writer's last look, which refreshed its mark)
+        let polled = Instant::now();
+        let mut child = Proc::new(fork(|| {
+            drop(fut.take());
+            0
+        }));
+        assert_eq!(child.wait(HANG), 0);
+        // R leaves, and N tries, while this process's writer is not polled
+        shared.word(0).store(1, Ordering::SeqCst);
+        while shared.word(1).load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        let looked = polled.elapsed();
+        let g = fut.take().unwrap().await.unwrap();
+        shared.word(2).store(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(20));
+        drop(g);
+        looked
+    });
+    assert_eq!(r.wait(HANG), 0);
+    let n_after = n.wait(HANG);
+    note!("[round {round}: R left {} ms after the writer's last look; the new reader got K {} the writer] ", looked.as_millis(), if n_after == 0 { "after" } else { "before" });
+    if looked > WELL_WITHIN_LAPSE && n_after != 0 {
+        return None; // too slow to tell: the writer's own mark may no longer keep the key
+    }
+    assert_eq!(
+        n_after, 0,
+        "a new reader took K before the writer: the child's drop took the parent's wait"
+    );
+    Some(())
 }
 
 // ---------------------------------------------------------------------------------------

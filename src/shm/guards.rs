@@ -151,8 +151,10 @@ impl crate::lock::AsyncBackend for LockTable {
 #[cfg(feature = "tokio")]
 struct WriterMarks<'a> {
     table: &'a LockTable,
-    /// The key's hash, once the wait slept waiting for readers.
-    marked: std::sync::OnceLock<crate::shm::table::KeyHash>,
+    /// The key's hash, once the wait slept waiting for readers, and the process whose
+    /// wait it was (`process::token`): a forked child that drops its copy of the future
+    /// takes nothing of its parent's, which still waits.
+    marked: std::sync::OnceLock<(crate::shm::table::KeyHash, u64)>,
     /// The wait ended (not dropped).
     ended: std::sync::atomic::AtomicBool,
 }
@@ -160,8 +162,8 @@ struct WriterMarks<'a> {
 #[cfg(feature = "tokio")]
 impl WriterMarks<'_> {
     fn saw(&self, busy: &ShmBusy) {
-        if busy.waits_for_readers() {
-            let _ = self.marked.set(busy.hash());
+        if busy.waits_for_readers() && self.marked.get().is_none() {
+            let _ = self.marked.set((busy.hash(), crate::shm::process::token()));
         }
     }
 }
@@ -172,8 +174,11 @@ impl Drop for WriterMarks<'_> {
         if self.ended.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
-        if let Some(&hash) = self.marked.get() {
-            self.table.writer_withdraws(hash);
+        match self.marked.get() {
+            Some(&(hash, process)) if process == crate::shm::process::token() => {
+                self.table.writer_withdraws(hash);
+            }
+            _ => {}
         }
     }
 }
