@@ -170,25 +170,34 @@ fn renewing_reader_killed_writer() {
 /// seen well within that of the writer's stop is inconclusive, and run again.
 const WELL_WITHIN_LAPSE: Duration = Duration::from_millis(200);
 
-/// Sets up R holding K and W waiting for it, stopped; then R leaves and tries again at
-/// once. Returns W (stopped), the instant it was stopped, and whether R was refused.
-fn reader_leaves_a_stopped_writer(table: &LockTable, shared: &Shared) -> (Proc, Instant, bool) {
+/// A reader process holding K (it does when this returns) until `shared`'s word 0 is set;
+/// then it releases K and ends with what `then` returns.
+fn reader_holding(table: &LockTable, shared: &Shared, then: impl FnOnce() -> i32) -> Proc {
     let held = Gate::new();
-    let mut r = Proc::new(fork(|| {
+    let r = Proc::new(fork(|| {
         let g = table.lock_shared("K", opts(60_000, 1_000)).unwrap();
         held.signal();
         while shared.word(0).load(Ordering::SeqCst) == 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
         drop(g);
+        then()
+    }));
+    held.await_signals(1);
+    r
+}
+
+/// Sets up R holding K and W waiting for it, stopped; then R leaves and tries again at
+/// once. Returns W (stopped), the instant it was stopped, and whether R was refused.
+fn reader_leaves_a_stopped_writer(table: &LockTable, shared: &Shared) -> (Proc, Instant, bool) {
+    let mut r = reader_holding(table, shared, || {
         // at once again: the release kept nothing idle for this process
         match table.try_lock_shared("K", Duration::from_secs(60)) {
             Ok(None) => 0,
             Ok(Some(_)) => 3,
             Err(_) => 1,
         }
-    }));
-    held.await_signals(1);
+    });
     let w = Proc::new(fork(|| {
         let g = table.lock("K", opts(60_000, 30_000)).unwrap();
         shared.word(1).store(1, Ordering::SeqCst);
@@ -309,17 +318,8 @@ fn reader_told_why() {
     // A reader holds K, a writer waits for it.
     let path = TempPath::new("told-why");
     let table = LockTable::open(&path, 64).unwrap();
-    let (held, go) = (Gate::new(), Shared::new(1));
-    let mut r = Proc::new(fork(|| {
-        let g = table.lock_shared("K", opts(60_000, 1_000)).unwrap();
-        held.signal();
-        while go.word(0).load(Ordering::SeqCst) == 0 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        drop(g);
-        0
-    }));
-    held.await_signals(1);
+    let go = Shared::new(1);
+    let mut r = reader_holding(&table, &go, || 0);
     let mut w = Proc::new(fork(|| {
         drop(table.lock("K", opts(60_000, 30_000)).unwrap());
         0
@@ -417,17 +417,8 @@ fn writer_gives_up() {
         }
         let path = TempPath::new("writer-gives-up");
         let table = LockTable::open(&path, 64).unwrap();
-        let (held, shared) = (Gate::new(), Shared::new(1));
-        let mut r = Proc::new(fork(|| {
-            let g = table.lock_shared("K", opts(60_000, 1_000)).unwrap();
-            held.signal();
-            while shared.word(0).load(Ordering::SeqCst) == 0 {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            drop(g);
-            0
-        }));
-        held.await_signals(1);
+        let shared = Shared::new(1);
+        let mut r = reader_holding(&table, &shared, || 0);
         let mut w = Proc::new(fork(|| {
             let gave_up = if asynchronous {
                 lock_dropped_after(&table, Duration::from_millis(150))
@@ -505,18 +496,10 @@ fn forked_copy_round(round: usize) -> Option<()> {
     let path = TempPath::new("forked-async-writer");
     let table = LockTable::open(&path, 64).unwrap();
     let shared = Shared::new(3);
-    let held = Gate::new();
-    let mut r = Proc::new(fork(|| {
-        let g = table.lock_shared("K", opts(60_000, 1_000)).unwrap();
-        held.signal();
-        while shared.word(0).load(Ordering::SeqCst) == 0 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        drop(g);
+    let mut r = reader_holding(&table, &shared, || {
         shared.word(1).store(1, Ordering::SeqCst);
         0
-    }));
-    held.await_signals(1);
+    });
     // N: a new reader, trying from R's release on; 0 if it got K only after the writer
     let mut n = Proc::new(fork(|| {
         while shared.word(1).load(Ordering::SeqCst) == 0 {
