@@ -27,6 +27,7 @@ broken_protocol=(
     shm::loom_tests::two_claimers_in_a_raised_reach
     shm::loom_tests::two_claimers_one_key
     shm::loom_tests::shared::a_dead_readers_share_is_taken_back
+    shm::loom_tests::shared::a_key_kept_for_readers_never_lets_a_writer_beside_them
     shm::loom_tests::shared::a_reader_and_a_writer_never_both_win
     shm::loom_tests::shared::a_semaphore_never_lets_in_more_than_its_count
     shm::loom_tests::shared::readers_share_while_a_writer_claims
@@ -37,6 +38,7 @@ broken_protocol=(
 # reader's release freed its slot, where the broken scan stopped; the release now keeps
 # the key for the writer, and the idle variant below is the one that model is for.)
 broken_shared=(
+    shm::loom_tests::shared::a_key_kept_for_readers_never_lets_a_writer_beside_them
     shm::loom_tests::shared::a_reader_and_a_writer_never_both_win
     shm::loom_tests::shared::a_semaphore_never_lets_in_more_than_its_count
     shm::loom_tests::shared::readers_share_while_a_writer_claims
@@ -49,6 +51,7 @@ broken_idle=(
 broken_reserve=(
     shm::loom_tests::shared::a_key_kept_for_a_writer_goes_to_the_writer
     shm::loom_tests::shared::the_last_marked_readers_release_keeps_the_key_for_the_writer
+    shm::loom_tests::shared::a_writers_release_keeps_the_key_for_waiting_readers
 )
 must_fail() {
     local variant=$1 log=target/loom-broken-$1.log

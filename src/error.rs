@@ -320,19 +320,30 @@ pub struct HolderSeen {
     /// had left, and it was kept for the writer
     /// ([`HolderState::Kept`](crate::HolderState::Kept)).
     pub writer_waits: bool,
+    /// A writer's wait: nobody held the key, which was kept for readers waiting for it
+    /// (lock table, [`HolderState::Kept`](crate::HolderState::Kept)).
+    pub readers_wait: bool,
 }
 
 impl HolderSeen {
-    /// Nobody held the key: it was kept for a waiting writer.
+    /// Nobody held the key: it was kept for a waiting writer, or waiting readers.
     fn kept(&self) -> bool {
-        self.writer_waits && self.pid.is_none() && self.held_for.is_none()
+        (self.writer_waits || self.readers_wait) && self.pid.is_none() && self.held_for.is_none()
+    }
+
+    fn kept_for(&self) -> &'static str {
+        if self.readers_wait {
+            "kept for waiting readers"
+        } else {
+            "kept for a waiting writer"
+        }
     }
 }
 
 impl fmt::Display for HolderSeen {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.kept() {
-            return f.write_str("kept for a waiting writer");
+            return f.write_str(self.kept_for());
         }
         f.write_str("held by ")?;
         match self.pid {
@@ -566,15 +577,16 @@ impl fmt::Display for Error {
                 timeout,
                 holder,
             } => {
-                if holder.as_ref().is_some_and(HolderSeen::kept) {
+                if let Some(h) = holder.as_ref().filter(|h| h.kept()) {
                     // nobody's hold to name
+                    let kept = h.kept_for();
                     return if timeout.is_zero() {
-                        write!(f, "timeout: key {key} is kept for a waiting writer")
+                        write!(f, "timeout: key {key} is {kept}")
                     } else {
                         write!(
                             f,
                             "timeout: key {key} stayed busy for the whole {timeout:?} (at the \
-                             end, kept for a waiting writer)"
+                             end, {kept})"
                         )
                     };
                 }

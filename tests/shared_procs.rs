@@ -47,6 +47,10 @@ const TESTS: &[Test] = &[
         reader_under_writers,
     ),
     Test::new(
+        "a_reader_behind_looping_writers_gets_in_at_the_next_release",
+        reader_behind_looping_writers,
+    ),
+    Test::new(
         "chaos_readers_writers_and_permits_with_stop_and_kill",
         chaos,
     ),
@@ -371,6 +375,64 @@ fn reader_under_writers() {
     for w in &writers {
         assert_eq!(w.wait(HANG), 0);
     }
+}
+
+/// Six writer processes take K in turn, holding it 10 ms and asking again 0-1 ms after
+/// each release, so that some of them always wait: a reader that comes to wait gets the
+/// key at the next release (the writer's release keeps the key for the readers waiting
+/// for it: `table/idle.rs`), not when it happens to win a race against five writers (it
+/// waited up to 41 holds, median 3, before).
+fn reader_behind_looping_writers() {
+    let path = TempPath::new("shared-procs-reader-behind-writers");
+    let table = LockTable::open(&path, 64).unwrap();
+    // [0] stop, [1] writer holds so far
+    let words = Shared::new(2);
+    let writers: Vec<_> = (0..6u64)
+        .map(|i| {
+            let (table, words) = (&table, &words);
+            fork(move || {
+                let mut x = 0x5eed + i;
+                while words.word(0).load(Ordering::SeqCst) == 0 {
+                    let g = table.lock("K", opts(60_000, 30_000)).unwrap();
+                    words.word(1).fetch_add(1, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(10));
+                    drop(g);
+                    std::thread::sleep(Duration::from_micros(xorshift(&mut x) % 1_000));
+                }
+                0
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut x = 0x2545_f491;
+    let mut holds = Vec::new();
+    for _ in 0..20 {
+        let before = words.word(1).load(Ordering::SeqCst);
+        let r = table
+            .lock_shared("K", opts(60_000, 20_000))
+            .unwrap_or_else(|e| panic!("the reader starved: {e}"));
+        holds.push(words.word(1).load(Ordering::SeqCst) - before);
+        drop(r);
+        // (at a random point of a hold)
+        std::thread::sleep(Duration::from_micros(20_000 + xorshift(&mut x) % 10_000));
+    }
+    words.word(0).store(1, Ordering::SeqCst);
+    for w in &writers {
+        assert_eq!(w.wait(HANG), 0);
+    }
+    holds.sort();
+    note!(
+        "[writer holds begun while the reader waited: median {}, most {}] ",
+        holds[10],
+        holds[19]
+    );
+    // The hold it found, and one begun between its look and its mark (a writer woken by
+    // that hold's release may go first: the reader marks the hold it sleeps on).
+    assert!(
+        holds[19] <= 2,
+        "a reader waited while {} writer holds began: {holds:?}",
+        holds[19]
+    );
 }
 
 // ---------------------------------------------------------------------------------------

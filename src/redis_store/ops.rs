@@ -242,6 +242,7 @@ fn seen(after_token: &[u8], clock: Option<i64>) -> Option<HolderSeen> {
         host: id.host,
         held_for,
         writer_waits: false,
+        readers_wait: false,
     })
 }
 

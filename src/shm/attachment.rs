@@ -479,6 +479,48 @@ pub(crate) fn writer_active(seen: &AtomicU64, hold: u64) -> bool {
         && now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff < WRITER_ACTIVE_MS
 }
 
+/// The hash readers' mark on the exclusive hold `ident` is kept under (see
+/// [`readers_wait_still`]): another than the stall mark's and a writer's.
+fn readers_hash(ident: u64) -> u64 {
+    mark_hash(ident ^ 0x5245_4144_4552_5321) // "READERS!"
+}
+
+/// A reader waiting for the exclusive hold `hold` says so in its slot's mark, as a writer
+/// does for a reader's hold: the hold's end then keeps the key for readers (see
+/// `idle.rs`), while a reader said so within [`WRITER_ACTIVE_MS`].
+pub(crate) fn readers_wait_still(seen: &AtomicU64, hold: u64) {
+    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
+    seen.store(readers_hash(hold) << 32 | now, Ordering::Relaxed);
+}
+
+/// Whether a reader has said, within [`WRITER_ACTIVE_MS`], that it waits for the
+/// exclusive hold `hold`.
+pub(crate) fn readers_active(seen: &AtomicU64, hold: u64) -> bool {
+    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
+    let c = seen.load(Ordering::Relaxed);
+    c >> 32 == readers_hash(hold)
+        && now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff < WRITER_ACTIVE_MS
+}
+
+/// A reader that gave up waiting for the exclusive hold `hold` ages the readers' mark to
+/// [`WRITER_ACTIVE_MS`]: the hold's end keeps the key for nobody, unless another reader
+/// still waiting says so again first (within 100 ms). A readers' mark keeps nobody out
+/// while the hold stands, so nothing is gained by aging it less.
+pub(crate) fn readers_withdraw(seen: &AtomicU64, hold: u64) {
+    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
+    let c = seen.load(Ordering::Relaxed);
+    let age = now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff;
+    if c >> 32 == readers_hash(hold) && age < WRITER_ACTIVE_MS {
+        let aged = now.wrapping_sub(WRITER_ACTIVE_MS) & 0xffff_ffff;
+        let _ = seen.compare_exchange(
+            c,
+            readers_hash(hold) << 32 | aged,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+}
+
 /// How old a writer that gives up makes its marks: a refresh period
 /// ([`WRITER_REFRESH`](crate::shm::table::WRITER_REFRESH), 100 ms) short of lapsing.
 /// Another writer still waiting for the hold refreshes it within that (so it keeps its

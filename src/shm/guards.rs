@@ -76,9 +76,10 @@ impl LockTable {
     ) -> Result<(ShmHold, std::time::Duration, u64), Error> {
         let resolved = opts.resolve()?;
         let started = std::time::Instant::now();
-        // A writer's wait dropped while it waited for readers (it marked them) takes its
-        // marks back, as one that times out does (see `Table::writer_withdraws`).
-        let marked = WriterMarks {
+        // A writer's wait dropped while it waited for readers (it marked them), or a
+        // reader's for a writer, takes its marks back, as one that times out does (see
+        // `Table::writer_withdraws`, `Table::readers_withdraw`).
+        let marked = WaitMarks {
             table: self,
             marked: std::sync::OnceLock::new(),
             ended: std::sync::atomic::AtomicBool::new(false),
@@ -145,38 +146,46 @@ impl crate::lock::AsyncBackend for LockTable {
     }
 }
 
-/// The readers an async writer's wait marked, taken back if the wait is dropped before
-/// it ends (a cancelled `lock_async`): otherwise new readers would wait for the marks to
-/// lapse, and for the keys their holds' ends kept for a writer that is gone.
+/// The holds an async wait marked (a writer's, the readers'; a reader's, the writer's),
+/// taken back if the wait is dropped before it ends (a cancelled `lock_async`): otherwise
+/// the others would wait for the marks to lapse, and for the keys the holds' ends kept
+/// for a waiter that is gone.
 #[cfg(feature = "tokio")]
-struct WriterMarks<'a> {
+struct WaitMarks<'a> {
     table: &'a LockTable,
-    /// The key's hash, once the wait slept waiting for readers, and the process whose
-    /// wait it was (`process::token`): a forked child that drops its copy of the future
-    /// takes nothing of its parent's, which still waits.
-    marked: std::sync::OnceLock<(crate::shm::table::KeyHash, u64)>,
+    /// The key's hash once the wait slept marking holds, whether it was a reader's, and
+    /// the process whose wait it was (`process::token`): a forked child that drops its
+    /// copy of the future takes nothing of its parent's, which still waits.
+    marked: std::sync::OnceLock<(crate::shm::table::KeyHash, bool, u64)>,
     /// The wait ended (not dropped).
     ended: std::sync::atomic::AtomicBool,
 }
 
 #[cfg(feature = "tokio")]
-impl WriterMarks<'_> {
+impl WaitMarks<'_> {
     fn saw(&self, busy: &ShmBusy) {
-        if busy.waits_for_readers() && self.marked.get().is_none() {
-            let _ = self.marked.set((busy.hash(), crate::shm::process::token()));
+        if busy.marks() && self.marked.get().is_none() {
+            let reader = busy.waits_for_writer();
+            let _ = self
+                .marked
+                .set((busy.hash(), reader, crate::shm::process::token()));
         }
     }
 }
 
 #[cfg(feature = "tokio")]
-impl Drop for WriterMarks<'_> {
+impl Drop for WaitMarks<'_> {
     fn drop(&mut self) {
         if self.ended.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
         match self.marked.get() {
-            Some(&(hash, process)) if process == crate::shm::process::token() => {
-                self.table.writer_withdraws(hash);
+            Some(&(hash, reader, process)) if process == crate::shm::process::token() => {
+                if reader {
+                    self.table.readers_withdraw(hash);
+                } else {
+                    self.table.writer_withdraws(hash);
+                }
             }
             _ => {}
         }

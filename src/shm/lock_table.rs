@@ -117,6 +117,15 @@ impl table::Env for ShmEnv {
     fn writer_withdraws(&self, seen: &AtomicU64, hold: u64) {
         crate::shm::attachment::writer_withdraws(seen, hold);
     }
+    fn readers_wait_still(&self, seen: &AtomicU64, hold: u64) {
+        crate::shm::attachment::readers_wait_still(seen, hold);
+    }
+    fn readers_active(&self, seen: &AtomicU64, hold: u64) -> bool {
+        crate::shm::attachment::readers_active(seen, hold)
+    }
+    fn readers_withdraw(&self, seen: &AtomicU64, hold: u64) {
+        crate::shm::attachment::readers_withdraw(seen, hold);
+    }
     #[cold]
     #[inline(never)]
     fn released_to_waiters(&self, acquired_at: u64) {
@@ -397,12 +406,7 @@ impl LockTable {
             .into_iter()
             .map(|e| self.holder(&e, now, !table.is_owner_dead(&e)))
             .collect();
-        all.extend(
-            table
-                .kept_for_writers()
-                .iter()
-                .map(|e| self.holder(e, now, true)),
-        );
+        all.extend(table.kept_keys().iter().map(|e| self.holder(e, now, true)));
         all
     }
 
@@ -651,10 +655,12 @@ pub enum HolderState {
     /// but the slot stays out of use until its owner resumes (and frees it) or dies.
     Broken,
     /// Nobody holds the key: its last reader left while a writer waited, and the key is
-    /// kept for that writer, which takes it next. New readers wait meanwhile (at most
-    /// 300 ms past the writer's last sign of life: a writer that died or stopped loses it).
-    /// Such a row has no pid, age, lease or token, and its mode is the writer's
-    /// ([`HoldMode::Exclusive`]).
+    /// kept for that writer, which takes it next (new readers wait meanwhile); or its
+    /// writer left while readers waited, and the key is kept for them (writers wait). At
+    /// most 300 ms past the last sign of life of those it is kept for: a waiter that died
+    /// or stopped loses it. Such a row has no pid, age, lease or token; its mode is theirs
+    /// ([`HoldMode::Exclusive`] for a writer, with `writer_waits`; [`HoldMode::Shared`]
+    /// for readers).
     Kept,
 }
 
@@ -668,6 +674,8 @@ impl Holder {
             _ => HolderState::Held,
         };
         if state == HolderState::Kept {
+            // kept for a writer (a reader's entry, marked) or for readers (a writer's)
+            let for_writer = e.word.is_shared();
             return Holder {
                 key_preview: e.preview.clone(),
                 key_len: e.key_len as usize,
@@ -675,12 +683,16 @@ impl Holder {
                 owner_alive: true,
                 state,
                 waiters: e.word.has_waiters(),
-                writer_waits: true,
+                writer_waits: for_writer,
                 token: None,
                 age: Duration::ZERO,
                 ttl: None,
                 expired: false,
-                mode: HoldMode::Exclusive,
+                mode: if for_writer {
+                    HoldMode::Exclusive
+                } else {
+                    HoldMode::Shared
+                },
                 left_to_expire: false,
             };
         }
@@ -766,9 +778,18 @@ pub struct ShmBusy(Busy);
 
 #[cfg(feature = "tokio")]
 impl ShmBusy {
-    /// Whether this is a writer's wait for readers (which marks them).
-    pub(crate) fn waits_for_readers(&self) -> bool {
-        self.0.wait == table::WaitFor::Readers
+    /// Whether this is a writer's wait for readers, or a reader's for a writer (which
+    /// marks the holds).
+    pub(crate) fn marks(&self) -> bool {
+        matches!(
+            self.0.wait,
+            table::WaitFor::Readers | table::WaitFor::Writer
+        )
+    }
+
+    /// Whether this is a reader's wait for a writer.
+    pub(crate) fn waits_for_writer(&self) -> bool {
+        self.0.wait == table::WaitFor::Writer
     }
 
     pub(crate) fn hash(&self) -> table::KeyHash {
@@ -778,6 +799,11 @@ impl ShmBusy {
 
 #[cfg(feature = "tokio")]
 impl LockTable {
+    /// See `Table::readers_withdraw`.
+    pub(crate) fn readers_withdraw(&self, hash: table::KeyHash) {
+        self.inner.table.readers_withdraw(hash);
+    }
+
     /// See `Table::writer_withdraws`.
     pub(crate) fn writer_withdraws(&self, hash: table::KeyHash) {
         self.inner.table.writer_withdraws(hash);
@@ -1156,10 +1182,14 @@ impl Backend for LockTable {
     /// after the deadline: no cost while waiting).
     fn gave_up(&self, busy: ShmBusy, key: &[u8], waited: Duration) -> Error {
         let table = &self.inner.table;
-        if busy.0.wait == table::WaitFor::Readers && !waited.is_zero() {
-            // (a writer that waited marked the readers: see `writer_withdraws`; one that
-            // only tried marked nothing, and takes nobody's marks back)
-            table.writer_withdraws(busy.0.hash);
+        // (a waiter that waited marked the holds: see `writer_withdraws`; one that only
+        // tried marked nothing, and takes nobody's marks back)
+        if !waited.is_zero() {
+            match busy.0.wait {
+                table::WaitFor::Readers => table.writer_withdraws(busy.0.hash),
+                table::WaitFor::Writer => table.readers_withdraw(busy.0.hash),
+                _ => {}
+            }
         }
         // (a writer's own marks, aged as it gave up, are no other writer's wait)
         let reader = busy.0.wait == table::WaitFor::Entry;
@@ -1171,11 +1201,14 @@ impl Backend for LockTable {
                     host: None,
                     held_for: Some(h.age),
                     writer_waits: reader && h.writer_waits,
+                    readers_wait: false,
                 })
             }
-            // nobody holds it: a reader kept out by the key kept for a writer, or let go
-            None => (reader && table.is_kept(&busy.0)).then(|| HolderSeen {
-                writer_waits: true,
+            // nobody holds it: a reader kept out by the key kept for a writer, a writer
+            // kept out by the key kept for readers, or let go
+            None => table.is_kept(&busy.0).then(|| HolderSeen {
+                writer_waits: busy.0.word.is_shared(),
+                readers_wait: !busy.0.word.is_shared(),
                 ..HolderSeen::default()
             }),
         };
@@ -1190,9 +1223,12 @@ impl Backend for LockTable {
         slack: &mut TimerSlack,
     ) -> (Duration, bool) {
         let table = &self.inner.table;
-        // a writer waiting for readers looks again often enough to keep its mark fresh
+        // A writer waiting for readers (or readers for a writer) looks again often enough
+        // to keep its mark fresh; a key kept for someone is looked at as often, so that
+        // the end of their wait is seen (it wakes nobody).
         let step = match busy.0.wait {
-            table::WaitFor::Readers => step.min(table::WRITER_REFRESH),
+            table::WaitFor::Readers | table::WaitFor::Writer => step.min(table::WRITER_REFRESH),
+            _ if busy.0.word.state() == State::Idle => step.min(table::WRITER_REFRESH),
             _ => step,
         };
         match table.prepare_wait(&busy.0) {

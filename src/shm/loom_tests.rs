@@ -41,6 +41,8 @@ struct ModelEnv {
     dead: Arc<AtomicU64>,
     stalled: Arc<AtomicBool>,
     wakes: Arc<AtomicU64>,
+    /// Readers waiting for an exclusive hold have stopped saying so (their mark lapsed).
+    readers_gone: Arc<AtomicBool>,
 }
 
 impl ModelEnv {
@@ -80,6 +82,9 @@ impl Env for ModelEnv {
     fn stalled(&self, _seen: &AtomicU64, _word: Word) -> bool {
         self.stalled.load(Ordering::SeqCst)
     }
+    fn readers_active(&self, _seen: &AtomicU64, _hold: u64) -> bool {
+        !self.readers_gone.load(Ordering::SeqCst)
+    }
 }
 
 type T = Table<Heap, ModelEnv>;
@@ -97,6 +102,7 @@ fn model(slots: usize) -> Model {
         dead: Arc::new(AtomicU64::new(0)),
         stalled: Arc::new(AtomicBool::new(false)),
         wakes: Arc::new(AtomicU64::new(0)),
+        readers_gone: Arc::new(AtomicBool::new(false)),
     };
     let heap = Heap(
         (0..slots).map(|_| Slot::default()).collect(),

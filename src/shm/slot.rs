@@ -170,7 +170,9 @@ pub(crate) enum State {
 ///   stand side by side; an exclusive one stands alone. `permit` tells a semaphore's
 ///   permit (whose count is in [`Slot::limit`]) from a reader, also while it is claimed.
 /// * `ww` (writer waits) is set on a shared hold by a writer waiting for it to end: new
-///   shared claims of the key defer to it (writer preference). Like the waiters bit it is
+///   shared claims of the key defer to it (writer preference). On an exclusive hold it
+///   is set by readers waiting for it ([`READERS_WAIT`]): its release keeps the key for
+///   them (see `table/idle.rs`). Like the waiters bit it is
 ///   not part of the entry's identity (which is then masked by one sign-extended 32-bit
 ///   immediate, as it was before shared holds), a renewal keeps it and a new hold never
 ///   starts with it.
@@ -190,6 +192,8 @@ const REACH_MASK: u64 = 0xf << REACH_SHIFT;
 /// A reach this large or more is kept in [`Slot::reach`].
 pub(crate) const REACH_OVERFLOW: u32 = 15;
 pub(crate) const WRITER_WAITS: u64 = 1 << 8;
+/// The same bit on an exclusive hold: readers wait for it.
+pub(crate) const READERS_WAIT: u64 = WRITER_WAITS;
 const GEN_LOW_SHIFT: u32 = 9;
 const GEN_LOW_BITS: u32 = 23;
 const GEN_LOW_MASK: u64 = (1 << GEN_LOW_BITS) - 1;
@@ -258,6 +262,12 @@ impl Word {
     #[inline]
     pub(crate) fn writer_waits(self) -> bool {
         self.0 & WRITER_WAITS != 0
+    }
+
+    /// Readers wait for this exclusive hold.
+    #[inline]
+    pub(crate) fn readers_wait(self) -> bool {
+        self.0 & (SHARED | READERS_WAIT) == READERS_WAIT
     }
 
     /// The reach bits (see [`REACH_OVERFLOW`]).

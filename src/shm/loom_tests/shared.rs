@@ -285,3 +285,73 @@ fn a_reader_asleep_on_a_key_kept_for_a_writer_is_woken() {
         }
     });
 }
+
+/// Model S8 — a writer's release keeps the key for the reader waiting for it (`idle.rs`),
+/// while a second reader claims the key and a writer, which finds the readers' mark
+/// lapsed, takes the kept key back and claims: the writer never stands beside a reader,
+/// and a writer that finds the key kept for readers (their mark fresh) waits. The key's
+/// home holds another key and a free slot lies before the kept one, so that a claim that
+/// passed the kept entry by would stand beside the reader who claimed it in place.
+#[test]
+fn a_key_kept_for_readers_never_lets_a_writer_beside_them() {
+    loom::model(|| {
+        let m = model(4);
+        let k = key(0, 4, 1, 7);
+        let other = take(&m.table, key(0, 4, 2, 7), 9, 1).unwrap();
+        let between = take(&m.table, key(0, 4, 3, 7), 8, 2).unwrap();
+        let w1 = take(&m.table, k, 3, 3).unwrap();
+        assert_eq!(w1.slot, 2);
+        m.table.release(&between).unwrap();
+        // a reader waits for the writer: it marks the hold
+        let b = busy(m.table.try_acquire(&shared_req(k, 4, 4, 0)).unwrap()).unwrap();
+        assert_eq!(b.wait, crate::shm::table::WaitFor::Writer);
+        m.table.prepare_wait(&b);
+        let t = m.table.clone();
+        let release = thread::spawn(move || t.release_exclusive(&w1).unwrap());
+        let t = m.table.clone();
+        let reader = thread::spawn(move || take_shared(&t, k, 4, 10, 0));
+        let (t, env) = (m.table.clone(), m.env.clone());
+        let writer = thread::spawn(move || {
+            env.readers_gone.store(true, Ordering::SeqCst);
+            take(&t, k, 5, 11)
+        });
+        release.join().unwrap();
+        let r = reader.join().unwrap();
+        let w = writer.join().unwrap();
+        assert!(!(r.is_some() && w.is_some()), "a writer beside a reader");
+        let (x, s) = modes_of(&m.table, k);
+        assert!(x == 0 || s == 0, "{x} writers beside {s} readers");
+        for h in r.iter().chain(w.iter()) {
+            m.table.release(h).unwrap();
+        }
+        m.table.release(&other).unwrap();
+        assert!(take(&m.table, k, 6, 20).is_some(), "the key left kept");
+    });
+}
+
+/// Model S9 — a writer's release keeps the key for the readers waiting for it: a writer
+/// that looks while they are still waiting is refused (kept or held), a reader gets in.
+#[test]
+fn a_writers_release_keeps_the_key_for_waiting_readers() {
+    loom::model(|| {
+        let m = model(3);
+        let k = key(0, 3, 1, 7);
+        let other = take(&m.table, key(0, 3, 2, 7), 9, 1).unwrap();
+        let w1 = take(&m.table, k, 3, 3).unwrap();
+        let b = busy(m.table.try_acquire(&shared_req(k, 4, 4, 0)).unwrap()).unwrap();
+        m.table.prepare_wait(&b);
+        let t = m.table.clone();
+        let release = thread::spawn(move || t.release_exclusive(&w1).unwrap());
+        let t = m.table.clone();
+        let writer = thread::spawn(move || take(&t, k, 5, 11));
+        release.join().unwrap();
+        assert!(
+            writer.join().unwrap().is_none(),
+            "a writer went before the readers"
+        );
+        let r = take_shared(&m.table, k, 4, 10, 0).expect("the kept key refused a reader");
+        assert_eq!(r.slot, w1.slot, "the reader took the kept entry");
+        m.table.release(&r).unwrap();
+        m.table.release(&other).unwrap();
+    });
+}

@@ -118,12 +118,12 @@ impl Permits {
 }
 
 /// The busy of a live entry that stands in the way of a claim in `mode`: a writer waits
-/// for readers in its own way.
+/// for readers, and a reader for a writer, in their own ways.
 fn blocked(i: usize, home: usize, c: Word, hash: KeyHash, mode: Mode) -> Busy {
-    let wait = if mode == Mode::Exclusive && c.is_shared() {
-        WaitFor::Readers
-    } else {
-        WaitFor::Entry
+    let wait = match mode {
+        Mode::Exclusive if c.is_shared() => WaitFor::Readers,
+        Mode::Shared { limit: 0 } if !c.is_shared() => WaitFor::Writer,
+        _ => WaitFor::Entry,
     };
     Busy {
         wait,
@@ -363,7 +363,8 @@ impl<S: Slots, E: Env> Table<S, E> {
             }
             crash_point();
             if fc.state() == State::Idle && fc.has_waiters() {
-                // readers asleep on the reservation this claim took: they wait for it now
+                // asleep on the reservation this claim took (readers behind a writer's,
+                // writers behind readers'): they wait for it now
                 self.wake(fi);
             }
             // Count the claim at the home (an RMW of one word every slow claim of this
@@ -477,6 +478,23 @@ impl<S: Slots, E: Env> Table<S, E> {
                     } else {
                         return Scan::Busy(busy(i, home, c, hash));
                     }
+                }
+                // The key kept for readers: a reader claims it as its slot (the key is
+                // never without an entry writers defer to, and the readers woken with it
+                // join that reader), a writer waits for it. (A permit's claim takes it
+                // back below, as any idle entry of its key.)
+                Seen::Idle { ours: true }
+                    if !c.is_shared()
+                        && match mode {
+                            Mode::Exclusive => true,
+                            Mode::Shared { limit } => limit == 0 && own.is_none(),
+                        }
+                        && self.kept_for_readers(i, c) =>
+                {
+                    if mode == Mode::Exclusive {
+                        return Scan::Busy(busy(i, home, c, hash));
+                    }
+                    own = Some((d, c));
                 }
                 // (before the reach test: an idle entry of the key may be re-entered)
                 Seen::Idle { ours: true } if takes_back(c, mode) => {

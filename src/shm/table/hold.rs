@@ -78,15 +78,45 @@ impl<S: Slots, E: Env> Table<S, E> {
             if !self.owns(slot, c, held) {
                 return Err(Lost);
             }
-            let idle = may_idle && c.is_shared() && c.0 & FLAGS == 0;
+            if c.0 & FLAGS != 0 {
+                return self.release_flagged(held, may_idle);
+            }
+            // Nobody waits: a shared hold is kept idle for its process (see `idle.rs`).
+            let idle = may_idle && c.is_shared();
+            let to = if idle { c.next(State::Idle) } else { c.freed() };
+            if slot
+                .control
+                .compare_exchange(c.0, to.0, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+            {
+                crash_point();
+                return Ok(idle);
+            }
+            // Only the waiters and reach bits can change under a live hold: retry.
+        }
+    }
+
+    /// [`release_to`](Self::release_to) of a hold someone waited for (flagged or
+    /// marked): the key is kept for a writer or readers waiting now, else freed, and the
+    /// sleepers are woken. Out of line (a whole release of its own), so that the
+    /// uncontended release keeps nothing for it.
+    #[cold]
+    #[inline(never)]
+    fn release_flagged(&self, held: &Held, may_idle: bool) -> Result<bool, Lost> {
+        let slot = &self.slots()[held.slot];
+        loop {
+            let c = self.holder_word(slot, held);
+            if !self.owns(slot, c, held) {
+                return Err(Lost);
+            }
             // A reader's hold a writer waits for: the key is kept for the writer (an IDLE
-            // entry marked as the hold was, which new readers defer to; see `idle.rs`).
-            let reserve =
-                !idle && may_idle && c.writer_waits() && self.keeps_for_writer(held.slot, c);
-            let to = if idle {
-                c.next(State::Idle)
-            } else if reserve {
+            // entry marked as the hold was, which new readers defer to). A writer's hold
+            // readers wait for: the key is kept for them (an IDLE entry with the writer's
+            // mark, which writers defer to and a reader claims). See `idle.rs`.
+            let to = if may_idle && c.writer_waits() && self.keeps_for_writer(held.slot, c) {
                 Word(c.next(State::Idle).0 | WRITER_WAITS)
+            } else if c.readers_wait() && self.keeps_for_readers(held.slot, c) {
+                c.next(State::Idle)
             } else {
                 c.freed()
             };
@@ -99,9 +129,8 @@ impl<S: Slots, E: Env> Table<S, E> {
                 if c.has_waiters() {
                     self.released_to_waiters(held, c);
                 }
-                return Ok(idle);
+                return Ok(false);
             }
-            // Only the waiters and reach bits can change under a live hold: retry.
         }
     }
 

@@ -47,6 +47,26 @@
 //! never a guard of exclusion: that rests on the claims alone, which is why a claim of
 //! another key with no free slot in its range may still take it as an idle slot.
 
+//!
+//! # The key kept for readers
+//!
+//! The other way round: readers that wait for a writer's hold mark it (the writer-waits
+//! bit, which on an exclusive hold means that readers wait, and a mark in the slot's
+//! cold line that they refresh every 100 ms as a writer does), and the hold's release,
+//! while they are active (one refreshed within 300 ms), leaves the slot IDLE with the
+//! writer's (exclusive) mark instead of free: an entry writers defer to (a writer's claim
+//! that meets it waits, asleep on its word, looking again every 100 ms), which the first
+//! reader's claim takes as its slot, in place (counted and rescanned as any claim), waking
+//! the writers asleep on it; the readers woken by the same release join that reader
+//! beside it before a writer, woken twice (by the release, then by that claim), has marked
+//! it. So a writer's hold that readers wait for is followed by readers, never by another
+//! writer that won a race with them: without it, six looping writers kept a reader
+//! waiting for up to 41 holds (median 3). Only a reader's claim takes it in place; a
+//! permit's claim, and any claim once the readers stopped saying that they wait (they gave
+//! up, died or were stopped 300 ms), take it back as any idle entry, and a reader that
+//! gives up ages the readers' mark (see `Table::readers_withdraw`). Like the writer's, it
+//! is a preference, never a guard of exclusion.
+
 use super::{Env, Held, KeyHash, Mode, Request, Seen, Slots, Table};
 use crate::broken::{broken, Broken};
 use crate::shm::clock::deadline;
@@ -148,8 +168,8 @@ impl<S: Slots, E: Env> Table<S, E> {
             return;
         };
         let c = Word(slot.control.load(Ordering::Acquire));
-        // (a reservation is the writer's now, not this process's idle entry)
-        if c.state() == State::Idle && c.owner() == owner && !c.writer_waits() {
+        // (a reservation is the writer's, or the readers', not this process's idle entry)
+        if c.state() == State::Idle && c.owner() == owner && c.is_shared() && !c.writer_waits() {
             self.take_back(i, c);
         }
     }

@@ -60,21 +60,22 @@ impl<S: Slots, E: Env> Table<S, E> {
             .collect()
     }
 
-    /// Snapshots of the keys kept for a writer (see `idle.rs`): no holds, but what keeps
-    /// new readers out meanwhile, which inspection shows.
-    pub(crate) fn kept_for_writers(&self) -> Vec<Entry> {
+    /// Snapshots of the keys kept for a writer or for readers (see `idle.rs`): no holds,
+    /// but what keeps the others out meanwhile, which inspection shows.
+    pub(crate) fn kept_keys(&self) -> Vec<Entry> {
         (0..self.slots().len())
             .filter_map(|i| {
                 let c = self.word(i, Ordering::Acquire);
-                self.reserved(i, c).then(|| self.read_entry(i, c)).flatten()
+                self.kept(i, c).then(|| self.read_entry(i, c)).flatten()
             })
             .collect()
     }
 
-    /// Whether the busy key of `b` is kept for a writer now (the entry `b` saw still is).
+    /// Whether the busy key of `b` is kept for a writer or readers now (the entry `b` saw
+    /// still is).
     pub(crate) fn is_kept(&self, b: &Busy) -> bool {
         let c = self.word(b.slot, Ordering::Acquire);
-        c.ident() == b.word.ident() && self.reserved(b.slot, c)
+        c.ident() == b.word.ident() && self.kept(b.slot, c)
     }
 
     /// Whether a writer waits for the entry `e` now: a reader's hold whose writer's mark is

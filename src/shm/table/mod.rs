@@ -29,7 +29,9 @@
 //! A shared hold released with nobody waiting goes to IDLE instead of FREE (release CAS,
 //! owner), and its owner takes it again from there (re-entry CAS, to HELD or CLAIMING);
 //! anyone frees an IDLE entry (take-back CAS), and a claim may claim it as a free slot:
-//! `idle.rs` says why that is safe.
+//! `idle.rs` says why that is safe. A hold released while a writer waits for it (a
+//! reader's), or readers wait for it (a writer's), goes IDLE too, keeping the key for them
+//! (`idle.rs`: the key kept for a writer, for readers).
 //!
 //! Ownership is decided by CAS on the control [`Word`] alone, and every transition an
 //! owner makes is a CAS from the exact entry it owns ([`Word::ident`]: the waiters and
@@ -64,7 +66,9 @@
 use crate::broken::{broken, Broken};
 use crate::shm::primitive::{fence, AtomicU64, Ordering};
 use crate::shm::registry::OwnerId;
-use crate::shm::slot::{Cold, Slot, State, Word, PERMIT, REACH_OVERFLOW, SHARED, WRITER_WAITS};
+use crate::shm::slot::{
+    Cold, Slot, State, Word, PERMIT, REACH_OVERFLOW, READERS_WAIT, SHARED, WRITER_WAITS,
+};
 
 mod claim;
 mod hold;
@@ -166,6 +170,22 @@ pub(crate) trait Env {
     fn writer_withdraws(&self, seen: &AtomicU64, hold: u64) {
         let _ = (seen, hold);
     }
+    /// A reader waiting for the exclusive hold `hold` notes in `seen` that it still waits
+    /// (as [`writer_waits_still`](Self::writer_waits_still) for a writer).
+    fn readers_wait_still(&self, seen: &AtomicU64, hold: u64) {
+        let _ = (seen, hold);
+    }
+    /// Whether a reader has said very lately that it waits for the exclusive hold `hold`:
+    /// the hold's end then keeps the key for readers.
+    fn readers_active(&self, seen: &AtomicU64, hold: u64) -> bool {
+        let _ = (seen, hold);
+        true
+    }
+    /// A reader that gave up waiting for the exclusive hold `hold` ages the readers' mark
+    /// in `seen`: no longer active.
+    fn readers_withdraw(&self, seen: &AtomicU64, hold: u64) {
+        let _ = (seen, hold);
+    }
 }
 
 /// How often, at least, a writer waiting for readers refreshes its mark on their holds
@@ -259,6 +279,9 @@ pub(crate) enum WaitFor {
     /// A writer, for the shared holds of the key: it marks them all as waited for by a
     /// writer (so that no new reader joins them) and sleeps on the one at `slot`.
     Readers,
+    /// A reader, for an exclusive hold: it marks the hold as waited for by readers (so
+    /// that its release keeps the key for them) and sleeps on it.
+    Writer,
     /// One of a semaphore's `limit` permits, all taken: sleeps on the home's claim count,
     /// which the release of any of them moves.
     Permits { limit: u32 },
@@ -488,6 +511,62 @@ impl<S: Slots, E: Env> Table<S, E> {
             && self
                 .env
                 .writer_active(&self.cold(i).seen, self.hold_id(i, c))
+    }
+
+    /// Whether the IDLE entry `c` of slot `i` is kept for readers: the end of an exclusive
+    /// hold that readers waited for (see `idle.rs`), while they are active (one said
+    /// lately that it waits: see `Env::readers_active`).
+    pub(super) fn kept_for_readers(&self, i: usize, c: Word) -> bool {
+        c.state() == State::Idle
+            && !c.is_shared()
+            && self
+                .env
+                .readers_active(&self.cold(i).seen, self.hold_id(i, c))
+    }
+
+    /// Whether the IDLE entry `c` of slot `i` keeps its key for someone: a writer
+    /// ([`reserved`](Self::reserved)) or readers
+    /// ([`kept_for_readers`](Self::kept_for_readers)).
+    pub(super) fn kept(&self, i: usize, c: Word) -> bool {
+        self.reserved(i, c) || self.kept_for_readers(i, c)
+    }
+
+    /// Whether the release of the exclusive hold `c` of slot `i`, which readers marked,
+    /// keeps the key for them: they are waiting now.
+    #[cold]
+    pub(super) fn keeps_for_readers(&self, i: usize, c: Word) -> bool {
+        !broken(Broken::Reserve)
+            && self
+                .env
+                .readers_active(&self.cold(i).seen, self.hold_id(i, c))
+    }
+
+    /// A reader waiting for the exclusive hold `c` of slot `i`: marks it (if it is still
+    /// that hold) and says it still waits.
+    pub(super) fn mark_for_readers(&self, i: usize, c: Word) {
+        if self.flag(i, c, READERS_WAIT) && c.state() == State::Held {
+            self.env
+                .readers_wait_still(&self.cold(i).seen, self.hold_id(i, c));
+        }
+    }
+
+    /// A reader that gave up waiting for `hash`'s exclusive holder: the readers' mark on
+    /// the hold is aged so that its end keeps nothing for them (another reader still
+    /// waiting says so again within [`WRITER_REFRESH`]), and a key already kept for
+    /// readers is taken back (its sleepers, writers, woken).
+    pub(crate) fn readers_withdraw(&self, hash: KeyHash) {
+        self.walk_range(hash, |i, c, seen| match seen {
+            Seen::Key | Seen::Expired if c.readers_wait() => {
+                self.env
+                    .readers_withdraw(&self.cold(i).seen, self.hold_id(i, c));
+                true
+            }
+            Seen::Idle { ours: true } if !c.is_shared() => {
+                self.take_back(i, c);
+                false
+            }
+            _ => true,
+        });
     }
 
     /// Whether the release of the hold `c` of slot `i` leaves a reservation: a reader's

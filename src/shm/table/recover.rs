@@ -138,8 +138,8 @@ impl<S: Slots, E: Env> Table<S, E> {
                 self.resolve_steal(b.slot, c);
                 true
             }
-            // (a reservation stands for its writer: nothing to recover)
-            State::Idle => !self.reserved(b.slot, c),
+            // (a reservation stands for its writer or readers: nothing to recover)
+            State::Idle => !self.kept(b.slot, c),
             State::Free | State::Broken => true,
         }
     }
@@ -283,9 +283,9 @@ impl<S: Slots, E: Env> Table<S, E> {
                 Seen::Key => true,
                 // A claim that may be of this key (by tag): breaking it is always safe.
                 Seen::Claiming => false,
-                // The key kept for a writer (no hold: not reported), which its readers
-                // would wait behind until the writer's mark lapses.
-                Seen::Idle { ours: true } if self.reserved(i, c) => {
+                // The key kept for a writer or readers (no hold: not reported), which
+                // others would wait behind until those it is kept for stop waiting.
+                Seen::Idle { ours: true } if self.kept(i, c) => {
                     self.force_release(i, c);
                     continue;
                 }

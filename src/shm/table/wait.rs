@@ -28,6 +28,9 @@ impl<S: Slots, E: Env> Table<S, E> {
     pub(crate) fn prepare_wait(&self, b: &Busy) -> Prepared {
         match b.wait {
             WaitFor::Entry => {}
+            // (marked before the waiters bit: a release that wakes this reader keeps the
+            // key for it)
+            WaitFor::Writer => self.mark_for_readers(b.slot, b.word),
             WaitFor::Readers => {
                 // Idle entries taken back before the marks and after them: a reader that
                 // left in between (idle, unmarked) does not come back unmarked.
@@ -62,10 +65,10 @@ impl<S: Slots, E: Env> Table<S, E> {
         let c = Word(slot.control.load(Ordering::SeqCst));
         match c.state() {
             State::Held => {}
-            // The key kept for a writer: slept on while it stands (the writer's claim of
-            // it, or anyone's take-back, wakes the sleepers); once the writer's mark
-            // lapsed, a reader takes it as any idle entry.
-            State::Idle if c.ident() == b.word.ident() && self.reserved(b.slot, c) => {
+            // The key kept for a writer, or for readers: slept on while it stands (the
+            // claim of it, or anyone's take-back, wakes the sleepers); once those it is
+            // kept for stopped saying that they wait, anyone takes it as an idle entry.
+            State::Idle if c.ident() == b.word.ident() && self.kept(b.slot, c) => {
                 return if c.has_waiters() {
                     Prepared::Sleep(c.0 as u32)
                 } else {
@@ -105,8 +108,8 @@ impl<S: Slots, E: Env> Table<S, E> {
         }
         let w = self.word(b.slot, Ordering::Relaxed);
         if b.word.state() == State::Idle {
-            // a reservation: until it moves (or its writer's mark lapses)
-            return w.ident() != b.word.ident() || !self.reserved(b.slot, w);
+            // a reservation: until it moves (or those it is kept for stop waiting)
+            return w.ident() != b.word.ident() || !self.kept(b.slot, w);
         }
         w.state() != State::Held || w.tag() != b.word.tag()
     }
@@ -115,8 +118,8 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// expires): a sleeper need not sleep past it, as nobody wakes anyone at expiry.
     pub(crate) fn lease_left(&self, b: &Busy) -> Option<Duration> {
         if b.word.state() == State::Idle {
-            // the key kept for a writer: no lease (its fields are its last reader's), and
-            // its end (the writer's claim, a take-back) wakes the sleepers
+            // the key kept for a writer or readers: no lease (its fields are its last
+            // holder's), and its end (their claim, a take-back) wakes the sleepers
             return None;
         }
         let mut deadline = self.slots()[b.slot].deadline.load(Ordering::Relaxed);
