@@ -464,6 +464,21 @@ pub(crate) fn writer_gone(seen: &AtomicU64, hold: u64) -> bool {
         && now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff < WRITER_LAPSE_MS)
 }
 
+/// How long the writer's mark on the shared hold `hold` keeps new readers out if nobody
+/// refreshes it (`None`: no writer's mark for that hold). A reader waiting behind the mark
+/// sleeps no longer: nothing wakes it when the mark lapses (a writer that gave up aged it).
+pub(crate) fn writer_mark_left(seen: &AtomicU64, hold: u64) -> Option<std::time::Duration> {
+    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
+    let c = seen.load(Ordering::Relaxed);
+    if c >> 32 != writer_hash(hold) {
+        return None;
+    }
+    let age = now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff;
+    Some(std::time::Duration::from_millis(
+        WRITER_LAPSE_MS.saturating_sub(age),
+    ))
+}
+
 /// How recently a writer must have said that it waits for the shared hold `hold` for the
 /// hold's end to keep the key for it, and for that key to stay kept (see `idle.rs`): a
 /// waiting writer says so at least every `WRITER_REFRESH` (100 ms), and is woken by the
@@ -521,14 +536,19 @@ pub(crate) fn readers_withdraw(seen: &AtomicU64, hold: u64) {
     }
 }
 
-/// How old a writer that gives up makes its marks: a refresh period
+/// How old a writer that gives up makes its marks: two refresh periods
 /// ([`WRITER_REFRESH`](crate::shm::table::WRITER_REFRESH), 100 ms) short of lapsing.
 /// Another writer still waiting for the hold refreshes it within that (so it keeps its
-/// preference, which a cleared mark took from it); with none, new readers come in 100 ms
-/// after the give-up. Dated only [`WRITER_ACTIVE_MS`] back, a mark
-/// kept new readers out for 700 ms more, and a writer that tried again within that (a
-/// 5 ms `lock` every 500 ms) kept them out for as long as one reader held the key.
-const WITHDRAWN_MS: u64 = WRITER_LAPSE_MS - crate::shm::table::WRITER_REFRESH.as_millis() as u64;
+/// preference, which a cleared mark took from it, even if one refresh comes late); with
+/// none, new readers come in 200 ms after the give-up (waiting readers wake when the mark
+/// lapses: see [`writer_mark_left`]). Dated only [`WRITER_ACTIVE_MS`] back, a mark kept
+/// new readers out for 700 ms more, and a writer that tried again within that (a 5 ms
+/// `lock` every 500 ms) kept them out for as long as one reader held the key; one refresh
+/// period short, the waiting writer's next refresh (100 ms, plus a clock tick and its
+/// wake-up) came after the lapse often enough to let readers in beside it (a review's
+/// run: 89 reader holds in 30 s, 172 give-ups).
+const WITHDRAWN_MS: u64 =
+    WRITER_LAPSE_MS - 2 * crate::shm::table::WRITER_REFRESH.as_millis() as u64;
 
 /// A writer that gave up ages its mark for the shared hold `hold` (see
 /// `Table::writer_withdraws`) to [`WITHDRAWN_MS`]: past [`WRITER_ACTIVE_MS`], so that the

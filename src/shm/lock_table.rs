@@ -117,6 +117,9 @@ impl table::Env for ShmEnv {
     fn writer_withdraws(&self, seen: &AtomicU64, hold: u64) {
         crate::shm::attachment::writer_withdraws(seen, hold);
     }
+    fn writer_mark_left(&self, seen: &AtomicU64, hold: u64) -> Option<Duration> {
+        crate::shm::attachment::writer_mark_left(seen, hold)
+    }
     fn readers_wait_still(&self, seen: &AtomicU64, hold: u64) {
         crate::shm::attachment::readers_wait_still(seen, hold);
     }
@@ -724,6 +727,12 @@ impl Holder {
     }
 }
 
+thread_local! {
+    /// The key whose holds this thread's wait marked last (and whether as a reader), so
+    /// that a wait that gives up takes its marks back whatever its last look found.
+    static MARKED: Cell<Option<(table::KeyHash, bool)>> = const { Cell::new(None) };
+}
+
 /// How long a waiter sleeps before looking again at a claim or renewal in progress.
 const TRANSIENT_POLL: Duration = Duration::from_millis(1);
 
@@ -1183,11 +1192,21 @@ impl Backend for LockTable {
     fn gave_up(&self, busy: ShmBusy, key: &[u8], waited: Duration) -> Error {
         let table = &self.inner.table;
         // (a waiter that waited marked the holds: see `writer_withdraws`; one that only
-        // tried marked nothing, and takes nobody's marks back)
+        // tried marked nothing, and takes nobody's marks back). Its last look may have
+        // found something else (a claim in progress): what it marked before counts.
         if !waited.is_zero() {
-            match busy.0.wait {
-                table::WaitFor::Readers => table.writer_withdraws(busy.0.hash),
-                table::WaitFor::Writer => table.readers_withdraw(busy.0.hash),
+            let marked = MARKED
+                .try_with(Cell::take)
+                .ok()
+                .flatten()
+                .filter(|&(hash, _)| hash == busy.0.hash);
+            match (busy.0.wait, marked) {
+                (table::WaitFor::Readers, _) | (_, Some((_, false))) => {
+                    table.writer_withdraws(busy.0.hash)
+                }
+                (table::WaitFor::Writer, _) | (_, Some((_, true))) => {
+                    table.readers_withdraw(busy.0.hash)
+                }
                 _ => {}
             }
         }
@@ -1223,6 +1242,10 @@ impl Backend for LockTable {
         slack: &mut TimerSlack,
     ) -> (Duration, bool) {
         let table = &self.inner.table;
+        if let table::WaitFor::Readers | table::WaitFor::Writer = busy.0.wait {
+            let reader = busy.0.wait == table::WaitFor::Writer;
+            let _ = MARKED.try_with(|m| m.set(Some((busy.0.hash, reader))));
+        }
         // A writer waiting for readers (or readers for a writer) looks again often enough
         // to keep its mark fresh; a key kept for someone is looked at as often, so that
         // the end of their wait is seen (it wakes nobody).

@@ -170,6 +170,12 @@ pub(crate) trait Env {
     fn writer_withdraws(&self, seen: &AtomicU64, hold: u64) {
         let _ = (seen, hold);
     }
+    /// How long the writer's mark on the shared hold `hold` keeps new readers out unless
+    /// it is refreshed (`None`: no such mark, or time is not modelled).
+    fn writer_mark_left(&self, seen: &AtomicU64, hold: u64) -> Option<std::time::Duration> {
+        let _ = (seen, hold);
+        None
+    }
     /// A reader waiting for the exclusive hold `hold` notes in `seen` that it still waits
     /// (as [`writer_waits_still`](Self::writer_waits_still) for a writer).
     fn readers_wait_still(&self, seen: &AtomicU64, hold: u64) {

@@ -115,7 +115,8 @@ impl<S: Slots, E: Env> Table<S, E> {
     }
 
     /// How long the busy entry's lease has left on the table clock (`None`: it never
-    /// expires): a sleeper need not sleep past it, as nobody wakes anyone at expiry.
+    /// expires): a sleeper need not sleep past it, as nobody wakes anyone at expiry. For a
+    /// reader behind a writer's mark, no longer than the mark has left.
     pub(crate) fn lease_left(&self, b: &Busy) -> Option<Duration> {
         if b.word.state() == State::Idle {
             // the key kept for a writer or readers: no lease (its fields are its last
@@ -129,7 +130,20 @@ impl<S: Slots, E: Env> Table<S, E> {
                 deadline = deadline.min(self.slots()[i].deadline.load(Ordering::Relaxed));
             });
         }
-        (deadline != u64::MAX).then(|| Duration::from_nanos(deadline.saturating_sub(self.now())))
+        let lease = (deadline != u64::MAX)
+            .then(|| Duration::from_nanos(deadline.saturating_sub(self.now())));
+        if !self.behind_a_writer(b) {
+            return lease;
+        }
+        // A reader behind a writer's mark: no later than the mark lapses (a writer that
+        // gave up aged it, and its lapse wakes nobody).
+        let mark = self
+            .env
+            .writer_mark_left(&self.cold(b.slot).seen, self.hold_id(b.slot, b.word));
+        match (lease, mark) {
+            (Some(l), Some(m)) => Some(l.min(m)),
+            (l, m) => l.or(m),
+        }
     }
 
     /// The word a waiter for `b` sleeps on (see [`Prepared::Sleep`]): the busy slot's
