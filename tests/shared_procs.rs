@@ -19,7 +19,7 @@ use common::fork::{fork, xorshift, Child, Gate, Shared};
 use common::harness::Test;
 use common::probe::{cont, Proc};
 use common::{opts, TempPath};
-use shmlock::{Error, HoldMode, LockTable};
+use shmlock::{Error, HoldMode, HolderState, LockTable};
 
 const TESTS: &[Test] = &[
     Test::new(
@@ -50,6 +50,7 @@ const TESTS: &[Test] = &[
         "a_reader_behind_looping_writers_gets_in_at_the_next_release",
         reader_behind_looping_writers,
     ),
+    Test::new("a_writer_kept_out_for_readers_is_told_why", writer_told_why),
     Test::new(
         "chaos_readers_writers_and_permits_with_stop_and_kill",
         chaos,
@@ -433,6 +434,80 @@ fn reader_behind_looping_writers() {
         "a reader waited while {} writer holds began: {holds:?}",
         holds[19]
     );
+}
+
+/// A writer W holds K and a reader R waits for it: `holders()` shows W's hold as waited
+/// for by readers; R is stopped and W leaves: the key is kept for R (a `kept` row of mode
+/// shared), and another writer is refused with a `Timeout` that says so. R, continued,
+/// gets the key. A round that looked too late to tell (R's mark may have lapsed: it says
+/// it waits every 100 ms, and a key is kept for 300 ms after that) is run again.
+fn writer_told_why() {
+    for round in 0..4 {
+        let path = TempPath::new("shared-procs-writer-told-why");
+        let table = LockTable::open(&path, 64).unwrap();
+        let words = Shared::new(2); // [0] W may leave, [1] R got K
+        let held = Gate::new();
+        let mut w = Proc::new(fork(|| {
+            let g = table.lock("K", opts(60_000, 1_000)).unwrap();
+            held.signal();
+            while words.word(0).load(Ordering::SeqCst) == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            drop(g);
+            0
+        }));
+        held.await_signals(1);
+        let mut r = Proc::new(fork(|| {
+            drop(table.lock_shared("K", opts(60_000, 30_000)).unwrap());
+            words.word(1).store(1, Ordering::SeqCst);
+            0
+        }));
+        let t = Instant::now();
+        while !table.holders().iter().any(|h| h.readers_wait) {
+            assert!(
+                t.elapsed() < HANG,
+                "the reader never marked the writer's hold"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let rows = table.holders();
+        assert!(
+            rows.iter()
+                .any(|h| h.pid == w.pid() as u32 && h.readers_wait && !h.writer_waits),
+            "{rows:?}"
+        );
+        common::probe::stop(r.pid());
+        let stopped = Instant::now();
+        words.word(0).store(1, Ordering::SeqCst);
+        assert_eq!(w.wait(HANG), 0);
+        let refused = table.lock("K", opts(60_000, 0));
+        let rows = table.holders();
+        let looked = stopped.elapsed();
+        cont(r.pid());
+        assert_eq!(r.wait(HANG), 0);
+        note!(
+            "[round {round}: {:?}, {} ms after the reader stopped] ",
+            refused.as_ref().err().map(|e| e.to_string()),
+            looked.as_millis()
+        );
+        if looked > Duration::from_millis(150) && round < 3 {
+            continue; // too slow to tell: R's mark may have lapsed
+        }
+        let said = refused.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(said.ends_with("is kept for waiting readers"), "{said:?}");
+        let kept: Vec<_> = rows
+            .iter()
+            .filter(|h| h.state == HolderState::Kept)
+            .collect();
+        assert_eq!(kept.len(), 1, "{rows:?}");
+        assert!(
+            kept[0].readers_wait && !kept[0].writer_waits && kept[0].mode == HoldMode::Shared,
+            "{:?}",
+            kept[0]
+        );
+        assert_eq!(words.word(1).load(Ordering::SeqCst), 1);
+        return;
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -416,6 +416,7 @@ impl LockTable {
     fn holder(&self, e: &Entry, now: u64, owner_alive: bool) -> Holder {
         let mut h = Holder::from_entry(e, now, owner_alive, self.inner.header.token_base);
         h.writer_waits = self.inner.table.writer_waits_for(e);
+        h.readers_wait = self.inner.table.readers_wait_for(e);
         if h.state == HolderState::Kept {
             // nobody's hold: its word's owner is the reader that left last
             return h;
@@ -602,6 +603,10 @@ pub struct Holder {
     /// readers of the key defer to it until it has taken and released the key. Also set
     /// on a key [kept](HolderState::Kept) for a writer. Never on other holds.
     pub writer_waits: bool,
+    /// Readers wait for this writer's hold to end (they marked it lately): its release
+    /// keeps the key for them. Also set on a key [kept](HolderState::Kept) for readers.
+    /// Never on other holds.
+    pub readers_wait: bool,
     /// The fencing token, if the holder asked for one.
     pub token: Option<u64>,
     /// Time since the key was taken.
@@ -687,6 +692,7 @@ impl Holder {
                 state,
                 waiters: e.word.has_waiters(),
                 writer_waits: for_writer,
+                readers_wait: !for_writer,
                 token: None,
                 age: Duration::ZERO,
                 ttl: None,
@@ -709,6 +715,7 @@ impl Holder {
             state,
             waiters: e.word.has_waiters(),
             writer_waits: false,
+            readers_wait: false,
             token: e
                 .token
                 .filter(|_| settled)

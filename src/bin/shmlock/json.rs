@@ -50,6 +50,9 @@ struct TableEntry {
     /// A writer waits for this reader's hold (new readers defer to it), or the key is
     /// kept for it (`state` "kept").
     writer_waits: bool,
+    /// Readers wait for this writer's hold (its release keeps the key for them), or the
+    /// key is kept for them (`state` "kept").
+    readers_wait: bool,
     mode: &'static str,
     permits: Option<u32>,
 }
@@ -90,6 +93,7 @@ pub fn write_table(
                 token_text: h.token.map(|t| t.to_string()),
                 waiters: h.waiters,
                 writer_waits: h.writer_waits,
+                readers_wait: h.readers_wait,
                 mode: h.mode.name(),
                 permits: match h.mode {
                     shmlock::HoldMode::Permit { permits } => Some(permits),

@@ -49,7 +49,8 @@ pub fn write_table(
         out,
         "{:<32} {:>8} {:>6} {:>9} {:>10} {:>10} {:>19} {:>7} {:>10}",
         // WAITED: a waiter flagged the hold since it was taken (it may have left since);
-        // "writer": a writer waits for it now, and new readers defer to it
+        // "writer": a writer waits for it now, and new readers defer to it; "readers":
+        // readers wait for this writer's hold now, and go next
         "KEY",
         "PID",
         "ALIVE",
@@ -92,10 +93,11 @@ pub fn write_table(
             },
             ttl,
             h.token.map_or("-".to_string(), |t| t.to_string()),
-            match (h.writer_waits, h.waiters) {
-                (true, _) => "writer",
-                (false, true) => "yes",
-                (false, false) => "no",
+            match (h.writer_waits, h.readers_wait, h.waiters) {
+                (true, _, _) => "writer",
+                (_, true, _) => "readers",
+                (_, _, true) => "yes",
+                _ => "no",
             },
             mode_name(h.mode),
         )?;
