@@ -449,8 +449,7 @@ const WRITER_LAPSE_MS: u64 = 1_000;
 /// A writer waiting for the shared hold `hold` (its acquisition time and owner: what a
 /// renewal keeps) says so in its slot's mark (see [`writer_gone`]).
 pub(crate) fn writer_waits_still(seen: &AtomicU64, hold: u64) {
-    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
-    seen.store(writer_hash(hold) << 32 | now, Ordering::Relaxed);
+    say(seen, writer_hash(hold));
 }
 
 /// Whether no writer has said, within [`WRITER_LAPSE_MS`], that it waits for the shared
@@ -458,22 +457,14 @@ pub(crate) fn writer_waits_still(seen: &AtomicU64, hold: u64) {
 /// watch of a renewal, which costs a writer's preference until its next refresh, never
 /// more).
 pub(crate) fn writer_gone(seen: &AtomicU64, hold: u64) -> bool {
-    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
-    let c = seen.load(Ordering::Relaxed);
-    !(c >> 32 == writer_hash(hold)
-        && now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff < WRITER_LAPSE_MS)
+    age(seen, writer_hash(hold)).is_none_or(|a| a >= WRITER_LAPSE_MS)
 }
 
 /// How long the writer's mark on the shared hold `hold` keeps new readers out if nobody
 /// refreshes it (`None`: no writer's mark for that hold). A reader waiting behind the mark
 /// sleeps no longer: nothing wakes it when the mark lapses (a writer that gave up aged it).
 pub(crate) fn writer_mark_left(seen: &AtomicU64, hold: u64) -> Option<std::time::Duration> {
-    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
-    let c = seen.load(Ordering::Relaxed);
-    if c >> 32 != writer_hash(hold) {
-        return None;
-    }
-    let age = now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff;
+    let age = age(seen, writer_hash(hold))?;
     Some(std::time::Duration::from_millis(
         WRITER_LAPSE_MS.saturating_sub(age),
     ))
@@ -488,10 +479,7 @@ const WRITER_ACTIVE_MS: u64 = 300;
 /// Whether a writer has said, within [`WRITER_ACTIVE_MS`], that it waits for the shared
 /// hold `hold`.
 pub(crate) fn writer_active(seen: &AtomicU64, hold: u64) -> bool {
-    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
-    let c = seen.load(Ordering::Relaxed);
-    c >> 32 == writer_hash(hold)
-        && now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff < WRITER_ACTIVE_MS
+    age(seen, writer_hash(hold)).is_some_and(|a| a < WRITER_ACTIVE_MS)
 }
 
 /// The hash readers' mark on the exclusive hold `ident` is kept under (see
@@ -504,17 +492,13 @@ fn readers_hash(ident: u64) -> u64 {
 /// does for a reader's hold: the hold's end then keeps the key for readers (see
 /// `idle.rs`), while a reader said so within [`WRITER_ACTIVE_MS`].
 pub(crate) fn readers_wait_still(seen: &AtomicU64, hold: u64) {
-    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
-    seen.store(readers_hash(hold) << 32 | now, Ordering::Relaxed);
+    say(seen, readers_hash(hold));
 }
 
 /// Whether a reader has said, within [`WRITER_ACTIVE_MS`], that it waits for the
 /// exclusive hold `hold`.
 pub(crate) fn readers_active(seen: &AtomicU64, hold: u64) -> bool {
-    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
-    let c = seen.load(Ordering::Relaxed);
-    c >> 32 == readers_hash(hold)
-        && now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff < WRITER_ACTIVE_MS
+    age(seen, readers_hash(hold)).is_some_and(|a| a < WRITER_ACTIVE_MS)
 }
 
 /// A reader that gave up waiting for the exclusive hold `hold` ages the readers' mark to
@@ -522,18 +506,7 @@ pub(crate) fn readers_active(seen: &AtomicU64, hold: u64) -> bool {
 /// still waiting says so again first (within 100 ms). A readers' mark keeps nobody out
 /// while the hold stands, so nothing is gained by aging it less.
 pub(crate) fn readers_withdraw(seen: &AtomicU64, hold: u64) {
-    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
-    let c = seen.load(Ordering::Relaxed);
-    let age = now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff;
-    if c >> 32 == readers_hash(hold) && age < WRITER_ACTIVE_MS {
-        let aged = now.wrapping_sub(WRITER_ACTIVE_MS) & 0xffff_ffff;
-        let _ = seen.compare_exchange(
-            c,
-            readers_hash(hold) << 32 | aged,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
-    }
+    age_to(seen, readers_hash(hold), WRITER_ACTIVE_MS);
 }
 
 /// How old a writer that gives up makes its marks: two refresh periods
@@ -552,22 +525,40 @@ const WITHDRAWN_MS: u64 =
 
 /// A writer that gave up ages its mark for the shared hold `hold` (see
 /// `Table::writer_withdraws`) to [`WITHDRAWN_MS`]: past [`WRITER_ACTIVE_MS`], so that the
-/// hold's end keeps the key for nobody, and 100 ms from lapsing, so that new readers defer
+/// hold's end keeps the key for nobody, and 200 ms from lapsing, so that new readers defer
 /// to the hold only until then, or for as long as another writer waiting for it refreshes
 /// it. Only a writer's mark for that very hold, not the stall watch of a renewal in
 /// progress, and never made younger.
 pub(crate) fn writer_withdraws(seen: &AtomicU64, hold: u64) {
-    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
-    let aged = now.wrapping_sub(WITHDRAWN_MS) & 0xffff_ffff;
+    age_to(seen, writer_hash(hold), WITHDRAWN_MS);
+}
+
+/// The clock marks are dated by: host monotonic milliseconds, 32 bits (every process
+/// reads the same clock; ages are taken with a wrapping subtraction).
+fn mark_now() -> u64 {
+    (Monotonic.now() / 1_000_000) & 0xffff_ffff
+}
+
+/// Dates the mark `hash` in `seen` now.
+fn say(seen: &AtomicU64, hash: u64) {
+    seen.store(hash << 32 | mark_now(), Ordering::Relaxed);
+}
+
+/// How old the mark `hash` in `seen` is, in ms (`None`: another mark, or none, is there).
+fn age(seen: &AtomicU64, hash: u64) -> Option<u64> {
+    let c = seen.load(Ordering::Relaxed);
+    (c >> 32 == hash).then(|| mark_now().wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff)
+}
+
+/// Makes the mark `hash` in `seen` `ms` old, if it is younger (never younger, and only
+/// that mark: another one there is left alone).
+fn age_to(seen: &AtomicU64, hash: u64, ms: u64) {
+    let now = mark_now();
     let c = seen.load(Ordering::Relaxed);
     let age = now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff;
-    if c >> 32 == writer_hash(hold) && age < WITHDRAWN_MS {
-        let _ = seen.compare_exchange(
-            c,
-            writer_hash(hold) << 32 | aged,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
+    if c >> 32 == hash && age < ms {
+        let aged = now.wrapping_sub(ms) & 0xffff_ffff;
+        let _ = seen.compare_exchange(c, hash << 32 | aged, Ordering::Relaxed, Ordering::Relaxed);
     }
 }
 
@@ -578,12 +569,16 @@ fn mark_hash(ident: u64) -> u64 {
 /// Whether the mark `hash` has stood in `seen` for the stall bound; starts it if another
 /// mark (or none) is there.
 fn stood(seen: &AtomicU64, hash: u64) -> bool {
-    let now = (Monotonic.now() / 1_000_000) & 0xffff_ffff;
     let c = seen.load(Ordering::Relaxed);
     if c >> 32 == hash {
-        let since = now.wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff;
+        let since = mark_now().wrapping_sub(c & 0xffff_ffff) & 0xffff_ffff;
         return since >= STALL_BOUND.as_millis() as u64;
     }
-    let _ = seen.compare_exchange(c, hash << 32 | now, Ordering::Relaxed, Ordering::Relaxed);
+    let _ = seen.compare_exchange(
+        c,
+        hash << 32 | mark_now(),
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
     false
 }
