@@ -190,7 +190,8 @@ impl<S: Slots, E: Env> Table<S, E> {
         extending: Word,
         shortened: bool,
     ) -> Result<(), Lost> {
-        // Nobody flags an EXTENDING word; only the reach may change meanwhile.
+        // Waiters may flag an EXTENDING word meanwhile (the flags are carried over), and a
+        // claim may raise the reach: anything but the entry itself.
         let mut cur = extending;
         loop {
             let back = Word(cur.next(State::Held).0 | (cur.0 & FLAGS));
