@@ -46,7 +46,6 @@
 //! stopped is not); then it is an IDLE entry like any. It is a preference,
 //! never a guard of exclusion: that rests on the claims alone, which is why a claim of
 //! another key with no free slot in its range may still take it as an idle slot.
-
 //!
 //! # The key kept for readers
 //!
