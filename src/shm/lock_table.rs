@@ -399,7 +399,7 @@ impl LockTable {
     }
 
     /// Who holds what: one entry per occupied slot, including expired ones not yet reaped,
-    /// and the keys kept for a waiting writer ([`HolderState::Kept`]). Judges each owner's
+    /// and the keys kept for a waiting writer or waiting readers ([`HolderState::Kept`]). Judges each owner's
     /// liveness (a system call or two per entry).
     pub fn holders(&self) -> Vec<Holder> {
         let table = &self.inner.table;
@@ -415,12 +415,13 @@ impl LockTable {
 
     fn holder(&self, e: &Entry, now: u64, owner_alive: bool) -> Holder {
         let mut h = Holder::from_entry(e, now, owner_alive, self.inner.header.token_base);
-        h.writer_waits = self.inner.table.writer_waits_for(e);
-        h.readers_wait = self.inner.table.readers_wait_for(e);
         if h.state == HolderState::Kept {
-            // nobody's hold: its word's owner is the reader that left last
+            // nobody's hold (its word's owner is the holder that left last): the entry
+            // says whom it is kept for
             return h;
         }
+        h.writer_waits = self.inner.table.writer_waits_for(e);
+        h.readers_wait = self.inner.table.readers_wait_for(e);
         // A published hold records its owner's whole registry generation in its lease.
         let generation = matches!(
             e.word.state(),

@@ -78,29 +78,16 @@ impl<S: Slots, E: Env> Table<S, E> {
         c.ident() == b.word.ident() && self.kept(b.slot, c)
     }
 
-    /// Whether readers wait for the entry `e` now: a writer's hold they marked lately (its
-    /// release keeps the key for them), or a key kept for them.
+    /// Whether readers wait for the hold `e` now: a writer's hold they marked lately (its
+    /// release keeps the key for them).
     pub(crate) fn readers_wait_for(&self, e: &Entry) -> bool {
-        let i = e.slot as usize;
-        match e.word.state() {
-            State::Idle => self.kept_for_readers(i, e.word),
-            _ => {
-                e.word.readers_wait()
-                    && self
-                        .env
-                        .readers_active(&self.cold(i).seen, self.hold_id(i, e.word))
-            }
-        }
+        e.word.readers_wait() && self.readers_active(e.slot as usize, e.word)
     }
 
-    /// Whether a writer waits for the entry `e` now: a reader's hold whose writer's mark is
-    /// fresh (new readers of its key defer to it), or a key kept for a writer.
+    /// Whether a writer waits for the hold `e` now: a reader's hold whose writer's mark is
+    /// fresh (new readers of its key defer to it).
     pub(crate) fn writer_waits_for(&self, e: &Entry) -> bool {
-        let i = e.slot as usize;
-        match e.word.state() {
-            State::Idle => self.reserved(i, e.word),
-            _ => e.word.is_shared() && e.word.writer_waits() && !self.writer_gone(i, e.word),
-        }
+        e.word.is_shared() && e.word.writer_waits() && !self.writer_gone(e.slot as usize, e.word)
     }
 
     /// A consistent snapshot of slot `i`, if it is occupied.

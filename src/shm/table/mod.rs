@@ -523,11 +523,14 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// hold that readers waited for (see `idle.rs`), while they are active (one said
     /// lately that it waits: see `Env::readers_active`).
     pub(super) fn kept_for_readers(&self, i: usize, c: Word) -> bool {
-        c.state() == State::Idle
-            && !c.is_shared()
-            && self
-                .env
-                .readers_active(&self.cold(i).seen, self.hold_id(i, c))
+        c.state() == State::Idle && !c.is_shared() && self.readers_active(i, c)
+    }
+
+    /// Whether a reader said lately that it waits for the writer's hold `c` of slot `i`
+    /// (kept under the hold, so also under the IDLE entry its release left).
+    pub(super) fn readers_active(&self, i: usize, c: Word) -> bool {
+        self.env
+            .readers_active(&self.cold(i).seen, self.hold_id(i, c))
     }
 
     /// Whether the IDLE entry `c` of slot `i` keeps its key for someone: a writer
@@ -541,10 +544,7 @@ impl<S: Slots, E: Env> Table<S, E> {
     /// keeps the key for them: they are waiting now.
     #[cold]
     pub(super) fn keeps_for_readers(&self, i: usize, c: Word) -> bool {
-        !broken(Broken::Reserve)
-            && self
-                .env
-                .readers_active(&self.cold(i).seen, self.hold_id(i, c))
+        !broken(Broken::Reserve) && self.readers_active(i, c)
     }
 
     /// A reader waiting for the exclusive hold `c` of slot `i`: marks it (if it is still
