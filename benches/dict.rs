@@ -30,9 +30,9 @@
 //!    (never-seen keys) on the full dict.
 //! 4. A big dict (65,536 entries, past the caches): `get` hit against `get` miss.
 //! 5. A list as a queue: `rpush` + `lpop` of a 16-byte element on a list kept at 0, 1,000
-//!    and 50,000 elements (in the heap), beside a `Mutex<VecDeque<Vec<u8>>>`. A list is
-//!    one value written whole (docs/dict.md), so its pair costs its length: this shows
-//!    how much.
+//!    and 50,000 elements (in the heap), beside a `Mutex<VecDeque<Vec<u8>>>`. A list in
+//!    the heap changes at its edges, but a push writes it a new index (4 bytes for each
+//!    256 of the list: docs/dict.md): this shows what that costs.
 //!
 //! The Redis rows need `redis-server` on the PATH (`bash scripts/redis-server.sh`); without
 //! it they are skipped. Files go to /dev/shm (or the temp dir) and are removed at the end.

@@ -778,6 +778,34 @@ fn files_of_the_other_kind_or_damaged_are_refused() {
             ..
         })
     ));
+    // a dict of the format before this one (15: lists written whole, elements with one
+    // length) is refused with both versions named; a lock table of 15 is today's
+    let mut old = std::fs::read(&path).unwrap();
+    assert_eq!(old[8], 16, "a dict's format version");
+    old[8] = 15;
+    let old_path = TempPath::new("kind-v15");
+    std::fs::write(&old_path, &old).unwrap();
+    let err = SharedDict::open(&old_path, 8, 8).err().unwrap();
+    assert!(
+        matches!(
+            err,
+            Error::Format {
+                source: FormatError::UnsupportedVersion(15),
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let said = err.to_string();
+    assert!(
+        said.contains("version 15 is not supported") && said.contains("16 for dicts"),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read(&locks).unwrap()[8],
+        15,
+        "a lock table's format version"
+    );
     // truncated: an error, not a SIGBUS
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     let len = f.metadata().unwrap().len();
@@ -1126,8 +1154,8 @@ fn lists_push_pop_and_keep_to_their_bounds() {
     assert_eq!(d.lpop("q").unwrap(), Some(Value::Bytes(b"b".to_vec())));
     assert!(d.keys(0).unwrap().iter().all(|k| k != b"q"));
     assert_eq!(d.len(), 1);
-    // bounded by max_value_len (5 bytes an element besides its value)
-    for n in 1..=6 {
+    // bounded by max_value_len (9 bytes an element besides its value)
+    for n in 1..=4 {
         assert_eq!(d.rpush("full", "12345").unwrap(), n);
     }
     assert!(matches!(
@@ -1138,7 +1166,7 @@ fn lists_push_pop_and_keep_to_their_bounds() {
         d.rpush("big", vec![0u8; 60].as_slice()),
         Err(Error::NoMemory { .. })
     ));
-    assert_eq!(d.llen("full").unwrap(), 6);
+    assert_eq!(d.llen("full").unwrap(), 4);
     // expiry: a push onto an expired list starts a new one
     d.expire("full", SHORT).unwrap();
     sleep(PAST_SHORT);

@@ -86,6 +86,14 @@ const TESTS: &[Test] = &[
         "a_push_evicts_nothing_and_a_pop_evicts_only_values_that_are_not_lists",
         a_push_evicts_nothing_and_a_pop_evicts_only_values_that_are_not_lists,
     ),
+    Test::new(
+        "a_list_in_the_heap_changes_at_both_ends_as_a_deque_and_gives_its_blocks_back",
+        a_list_in_the_heap_changes_at_both_ends_as_a_deque_and_gives_its_blocks_back,
+    ),
+    Test::new(
+        "a_queue_writer_killed_at_any_moment_leaves_the_queue_in_order",
+        a_queue_writer_killed_at_any_moment_leaves_the_queue_in_order,
+    ),
 ];
 
 fn main() {
@@ -1264,20 +1272,20 @@ fn fill_heap(d: &SharedDict, next: &mut u32, blocks: u64) {
     }
 }
 
-/// A list kept in the heap, in a heap full of other values: a pop writes its shorter copy
-/// beside the list (evicting values that are not lists for it) and a push its longer one
-/// (or is `NoMemory`), so a reader in another process never finds the list gone, and a
-/// writer SIGKILLed at any moment leaves it as it was or with its last operation. (Freeing
-/// the list first, as the heap did when it had no room for both copies, showed readers no
-/// list during nearly every push and pop, and lost the whole queue to a writer killed in
-/// between.)
+/// A list kept in the heap, in a heap full of other values: a pop and a push change the
+/// list at its edges (a new index and a block or two, never a whole copy: nothing is
+/// evicted for them while a few blocks are free), so a reader in another process never
+/// finds the list gone, and a writer SIGKILLed at any moment leaves it as it was or with
+/// its last operation. (Freeing the list first, as the heap did when it had no room for
+/// both copies of the whole list, showed readers no list during nearly every push and
+/// pop, and lost the whole queue to a writer killed in between.)
 fn a_list_in_a_full_heap_is_never_dropped_by_its_pushes_and_pops() {
     const BASE: usize = 40;
     let (_path, d) = heap_dict("heap-list", 256, 256 * 1024);
     for i in 0..BASE as u64 {
         d.rpush("q", &element(i)[..]).unwrap();
     }
-    // (until a copy of the list, 40 elements of 105 bytes in 18 blocks, cannot fit)
+    // (until a copy of the list, 40 elements of 109 bytes in 19 blocks, cannot fit)
     let mut next = 0;
     fill_heap(&d, &mut next, 18);
     let evicted = d.evictions();
@@ -1323,7 +1331,13 @@ fn a_list_in_a_full_heap_is_never_dropped_by_its_pushes_and_pops() {
         "{short} of {reads} reads found fewer than {} elements ({rounds} pops and pushes)",
         BASE - 1
     );
-    assert!(d.evictions() > evicted, "the pops made room by evicting");
+    // (a pop and a push change the list at its edges: a new index and a block or two,
+    // never a whole copy, so the few blocks left free serve them)
+    assert_eq!(
+        d.evictions(),
+        evicted,
+        "a pop or a push evicted for a whole copy"
+    );
 
     // Writers SIGKILLed at random moments, the heap filled again before each.
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -1395,11 +1409,16 @@ fn a_push_evicts_nothing_and_a_pop_evicts_only_values_that_are_not_lists() {
     assert_eq!(d.llen("new").unwrap(), 0);
     assert_eq!(d.llen("small").unwrap(), 1);
 
-    // a pop of a: its shorter copy (14 blocks) takes the least recently used values that
-    // are not lists (c0, c1, ...), never b
-    assert!(d.lpop("a").unwrap().is_some());
+    // pops of a at its front: the two within its first block keep its index and need no
+    // room; the third drops that block and writes a new index (a block: the heap has
+    // none free), which takes the least recently used value that is not a list (c0),
+    // never b
+    for n in 1..=3 {
+        assert_eq!(d.evictions(), evicted, "pop {n} evicted");
+        assert!(d.lpop("a").unwrap().is_some());
+    }
     assert!(d.evictions() > evicted, "the pop made no room");
-    assert_eq!(d.llen("a").unwrap(), 29);
+    assert_eq!(d.llen("a").unwrap(), 27);
     assert_eq!(d.llen("b").unwrap(), 60, "a pop evicted another list");
     assert!(
         d.get("c0").unwrap().is_none(),
@@ -1444,4 +1463,170 @@ fn a_push_evicts_nothing_and_a_pop_evicts_only_values_that_are_not_lists() {
         let v = bytes_of(&d, &format!("v{n}")).unwrap_or_else(|| panic!("v{n} went"));
         assert!(verify(n, &v));
     }
+}
+
+/// An element of the deque test: its number in its first 8 bytes, then bytes derived from
+/// it, `len` in all (at least 8), or an `i64` / `bool` for some numbers.
+fn deque_element(n: u64, len: usize) -> Value {
+    match n % 17 {
+        3 => Value::Int(n as i64),
+        5 => Value::Bool(n.is_multiple_of(2)),
+        _ => {
+            let mut v = n.to_le_bytes().to_vec();
+            v.extend((8..len.max(8)).map(|i| (i as u64 ^ n) as u8));
+            Value::Bytes(v)
+        }
+    }
+}
+
+fn push_value(d: &SharedDict, key: &str, v: &Value, front: bool) -> Result<usize, Error> {
+    let r: ValueRef<'_> = match v {
+        Value::Bytes(b) => ValueRef::Bytes(b),
+        Value::Int(i) => ValueRef::Int(*i),
+        Value::Bool(b) => ValueRef::Bool(*b),
+        other => panic!("{other:?}"),
+    };
+    if front {
+        d.lpush(key, r)
+    } else {
+        d.rpush(key, r)
+    }
+}
+
+/// A list kept in the heap changes at its edges (a pop names the old blocks from a new
+/// front, a push adds a block or two): 30,000 random pushes and pops at both ends, of
+/// elements from 8 bytes to several blocks long, give back what a `VecDeque` does, the
+/// list growing into the heap and shrinking back into its entry again and again; `llen`
+/// counts right in this process and in a forked one; once the list is gone, every block
+/// is free again.
+fn a_list_in_the_heap_changes_at_both_ends_as_a_deque_and_gives_its_blocks_back() {
+    let (_path, d) = heap_dict("heap-deque", 64, 4 << 20);
+    let free = d.heap_free();
+    let mut model = std::collections::VecDeque::new();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let (mut in_heap, mut back_in_entry, mut was_in_heap) = (0u64, 0u64, false);
+    for n in 0..30_000u64 {
+        let r = xorshift(&mut seed);
+        // (lengths: mostly short, some across a block, a few of several blocks)
+        let len = match r % 100 {
+            0..=79 => 8 + (r >> 8) as usize % 40,
+            80..=96 => 200 + (r >> 8) as usize % 400,
+            _ => 1000 + (r >> 8) as usize % 3000,
+        };
+        // (a walk that grows to ~1,500 elements, then drifts down to empty and back)
+        let phase = (n / 5_000) % 2 == 0;
+        let push = model.is_empty() || (r >> 40) % 100 < if phase { 60 } else { 40 };
+        let front = (r >> 50).is_multiple_of(2);
+        if push {
+            let v = deque_element(n, len);
+            let got = push_value(&d, "q", &v, front).unwrap();
+            if front {
+                model.push_front(v);
+            } else {
+                model.push_back(v);
+            }
+            assert_eq!(got, model.len(), "op {n}: the push's length");
+        } else {
+            let got = if front { d.lpop("q") } else { d.rpop("q") }.unwrap();
+            let want = if front {
+                model.pop_front()
+            } else {
+                model.pop_back()
+            };
+            assert_eq!(
+                got,
+                want,
+                "op {n}: pop at the {}",
+                ["back", "front"][front as usize]
+            );
+        }
+        let heap_now = d.heap_free() < free;
+        in_heap += u64::from(heap_now);
+        back_in_entry += u64::from(was_in_heap && !heap_now && !model.is_empty());
+        was_in_heap = heap_now;
+        if n % 1_000 == 0 {
+            assert_eq!(d.llen("q").unwrap(), model.len(), "op {n}");
+        }
+    }
+    let len = model.len();
+    let child = fork(|| i32::from(d.llen("q").unwrap() != len));
+    assert_eq!(
+        child.wait(Duration::from_secs(30)),
+        0,
+        "the child counted otherwise"
+    );
+    assert!(
+        in_heap > 20_000,
+        "the list was in the heap for {in_heap} operations only"
+    );
+    assert!(back_in_entry > 0, "the list never went back into its entry");
+    while let Some(want) = model.pop_front() {
+        assert_eq!(d.lpop("q").unwrap(), Some(want));
+    }
+    assert_eq!(d.lpop("q").unwrap(), None);
+    assert_eq!(d.llen("q").unwrap(), 0);
+    assert_eq!(d.heap_free(), free, "blocks lost to the list");
+    eprint!("[{in_heap} operations in the heap; back in its entry {back_in_entry} times] ");
+}
+
+/// A queue in the heap (elements numbered in order, 40 to 3,000 bytes) worked by a
+/// process taking from the front and adding at the back, SIGKILLed at random moments:
+/// after each kill the list is a run of consecutive numbers, each element whole, one
+/// shorter at most (killed between its pop and its push); once the list is gone and a
+/// sweep has run, no block is lost.
+fn a_queue_writer_killed_at_any_moment_leaves_the_queue_in_order() {
+    const BASE: u64 = 60;
+    let (_path, d) = heap_dict("heap-queue-kill", 64, 8 << 20);
+    let free = d.heap_free();
+    let item = |n: u64| {
+        let mut v = n.to_le_bytes().to_vec();
+        v.extend((8..40 + (n * 7919 % 3000) as usize).map(|i| (i as u64 ^ n) as u8));
+        v
+    };
+    let number = |v: &[u8]| u64::from_le_bytes(v[..8].try_into().unwrap());
+    for n in 0..BASE {
+        d.rpush("q", &item(n)[..]).unwrap();
+    }
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let (mut short, mut moved) = (0, 0);
+    let mut head = 0;
+    for trial in 0..150 {
+        let child = fork(|| loop {
+            let Some(Value::Bytes(v)) = d.lpop("q").unwrap() else {
+                return 2;
+            };
+            d.rpush("q", &item(number(&v) + BASE)[..]).unwrap();
+        });
+        std::thread::sleep(Duration::from_micros(xorshift(&mut seed) % 3000));
+        child.kill();
+        let mut items = Vec::new();
+        while let Some(v) = d.lpop("q").unwrap() {
+            let Value::Bytes(v) = v else {
+                panic!("trial {trial}: not bytes")
+            };
+            items.push(v);
+        }
+        let n = items.len() as u64;
+        assert!(n == BASE || n == BASE - 1, "trial {trial}: {n} elements");
+        let first = number(&items[0]);
+        for (k, v) in items.iter().enumerate() {
+            assert!(
+                *v == item(first + k as u64),
+                "trial {trial}: element {k} is not number {} whole",
+                first + k as u64
+            );
+        }
+        assert!(first >= head, "trial {trial}: the queue went back");
+        moved += u64::from(first > head);
+        short += u64::from(n < BASE);
+        head = first;
+        for k in 0..BASE {
+            d.rpush("q", &item(first + k)[..]).unwrap();
+        }
+    }
+    assert!(moved > 100, "the writer got going in {moved} trials only");
+    while d.lpop("q").unwrap().is_some() {}
+    d.flush_expired(0).unwrap(); // (runs the sweep the kills left due)
+    assert_eq!(d.heap_free(), free, "blocks lost to the killed writers");
+    eprint!("[150 kills; {short} between a pop and its push] ");
 }

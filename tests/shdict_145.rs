@@ -9,7 +9,7 @@
 //! `None`, and an exptime of 0.2 s is a short `Duration` with a sleep well past it.
 //!
 //! Translations of sizes: upstream fills a zone of so many KiB; a `SharedDict` counts its
-//! room in entries, and bounds one list by its `max_value_len` (each element costs 5 bytes
+//! room in entries, and bounds one list by its `max_value_len` (each element costs 9 bytes
 //! besides its value).
 //!
 //! * 15, 16: a dict of at most 64 entries (every key's window is the whole table, so the
@@ -328,9 +328,9 @@ fn t145_021_push_to_an_expired_list_then_pop_more_than_its_len() {
 
 #[test]
 fn t145_022_lpush_return_nil() {
-    /// Elements of "bar" that fill the list: 5 bytes each besides the value's 3.
+    /// Elements of "bar" that fill the list: 9 bytes each besides the value's 3.
     const N: usize = 100;
-    let (_p, dogs) = dict("t145-022", 64, N * (5 + 3));
+    let (_p, dogs) = dict("t145-022", 64, N * (9 + 3));
     for i in 1..=N {
         assert_eq!(dogs.lpush("foo", "bar").unwrap(), i);
     }

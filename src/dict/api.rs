@@ -1582,6 +1582,11 @@ impl SharedDict {
                     self.beat(w);
                 }),
                 len: value.len(),
+                skip: 0,
+                count: match kind {
+                    Kind::List => crate::dict::value::count_elements(value) as u32,
+                    _ => 0,
+                },
             }
         } else {
             ValueAt::Inline(value)
@@ -1742,13 +1747,13 @@ impl SharedDict {
                     stamp: e.used_at(),
                     entry: j as u32,
                     first: chain.first,
-                    blocks: blocks_for(chain.len) as u32,
+                    blocks: chain.blocks() as u32,
                 })
             })
             .collect();
         held.sort_unstable();
         let others: usize = held.iter().map(|h| h.blocks as usize).sum();
-        let own = self.entry(i).heap_value().map(|c| blocks_for(c.len));
+        let own = self.entry(i).heap_value().map(|c| c.blocks());
         // Frees the key's own value (counted again once the store is made, as a free
         // entry's).
         let free_own = || match self.free_at(w, i, None) {
@@ -2135,6 +2140,8 @@ impl SharedDict {
                         Some(c) => ValueAt::Heap {
                             first: c.first,
                             len: c.len,
+                            skip: c.skip,
+                            count: j.copy.heap_count(),
                         },
                         None => ValueAt::Inline(&value),
                     };
@@ -2780,6 +2787,9 @@ pub(super) enum Room {
     /// A list's pop: the least recently used values that are not lists go (a pop must not
     /// cost another queue its elements), for the shorter copy beside the list.
     Pop,
+    /// A pop at the edge of a list in the heap, for its new index: as `Pop`, but the list
+    /// itself never goes (the new index names its blocks).
+    Shrink,
 }
 
 impl Room {
@@ -2787,14 +2797,14 @@ impl Room {
     fn may_evict(self, e: &Entry<'_>) -> bool {
         match self {
             Room::Evict => true,
-            Room::Pop => !e.is_list(),
+            Room::Pop | Room::Shrink => !e.is_list(),
             Room::Expired | Room::Push => false,
         }
     }
 
     /// Whether the key's own value may go first, when only it can make the room.
     fn own_first(self) -> bool {
-        self != Room::Push
+        !matches!(self, Room::Push | Room::Shrink)
     }
 
     /// `NoMemory`'s words when the heap cannot make the room this way.
@@ -2808,7 +2818,7 @@ impl Room {
             Room::Push => {
                 "the heap has no room for the list's new copy beside it (a push evicts nothing)"
             }
-            Room::Pop => {
+            Room::Pop | Room::Shrink => {
                 "the heap has no room for the list's shorter copy, even evicting every value \
                  that is not a list"
             }

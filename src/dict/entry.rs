@@ -326,8 +326,34 @@ impl Geometry {
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum ValueAt<'v> {
     Inline(&'v [u8]),
-    Heap { first: u32, len: usize },
+    /// A chain (its first block, its value's length and its skip, see [`Chain`]) and, for
+    /// a list, its elements (else 0).
+    Heap {
+        first: u32,
+        len: usize,
+        skip: usize,
+        count: u32,
+    },
 }
+
+/// The word an entry names its heap chain with: the first block (32 bits), the skip
+/// (8 bits: under a block), and a list's elements (24 bits: a list of the longest heap
+/// value has fewer, at 9 bytes an element at least).
+pub(crate) fn chain_word(first: u32, skip: usize, count: u32) -> u64 {
+    debug_assert!(skip < super::heap::BLOCK && count < 1 << 24);
+    u64::from(first) | (skip as u64) << 32 | u64::from(count) << 40
+}
+
+/// A chain word's first block, skip and count.
+pub(crate) fn chain_parts(word: u64) -> (u32, usize, u32) {
+    (
+        word as u32,
+        (word >> 32) as usize & 0xff,
+        (word >> 40) as u32,
+    )
+}
+
+const _: () = assert!(super::heap::BLOCK <= 256);
 
 /// One entry's words.
 #[derive(Clone, Copy)]
@@ -408,6 +434,28 @@ impl<'a> Entry<'a> {
         }
     }
 
+    /// The elements of `key`'s list if the entry keeps it in the heap (its chain word counts
+    /// them), lock-free like [`read`](Self::read): `Found` with `Some(count)`, or with
+    /// `None` for any other value (a list in the entry itself is short: its reader walks
+    /// it).
+    pub(crate) fn read_count(&self, key: &PackedKey) -> (Look, Option<u32>) {
+        let s1 = self.w[SEQ].load(Ordering::Acquire);
+        match Seq(s1).state() {
+            STABLE => {}
+            WRITING => return (Look::Busy, None),
+            _ => return (Look::Parked, None),
+        }
+        let look = self.peek(key, None);
+        let meta = Meta(self.w[META].load(Ordering::Relaxed));
+        let count = (meta.in_heap() && meta.kind() == Kind::List)
+            .then(|| chain_parts(self.w[self.g.value_at()].load(Ordering::Relaxed)).2);
+        if self.validate(s1) {
+            (look, count)
+        } else {
+            (Look::Changed, None)
+        }
+    }
+
     /// The reads between the two loads of `seq` (or of the journal's word, for the undo
     /// copy). Their results mean nothing until validated: they may mix two writes.
     /// The value's bytes go to `value` (replacing what it held), when it is given.
@@ -428,10 +476,12 @@ impl<'a> Entry<'a> {
         if let Some(out) = value {
             let at = self.g.value_at();
             if meta.in_heap() {
+                let (first, skip, _) = chain_parts(self.w[at].load(Ordering::Relaxed));
                 let chain = Chain {
-                    first: self.w[at].load(Ordering::Relaxed) as u32,
+                    first,
                     len: meta.value_len().min(self.g.max_heap),
                     owner: key.hash as u32,
+                    skip,
                 };
                 if self.g.heap(self.all).read(chain, out).is_err() {
                     return Look::Damaged; // moved on under us, unless `seq` did not
@@ -517,11 +567,21 @@ impl<'a> Entry<'a> {
     /// taken).
     pub(crate) fn heap_value(&self) -> Option<Chain> {
         let meta = Meta(self.w[META].load(Ordering::Relaxed));
-        (meta.is_used() && meta.in_heap()).then(|| Chain {
-            first: self.w[self.g.value_at()].load(Ordering::Relaxed) as u32,
-            len: self.value_len(meta),
-            owner: self.w[HASH].load(Ordering::Relaxed) as u32,
+        (meta.is_used() && meta.in_heap()).then(|| {
+            let (first, skip, _) = chain_parts(self.w[self.g.value_at()].load(Ordering::Relaxed));
+            Chain {
+                first,
+                len: self.value_len(meta),
+                owner: self.w[HASH].load(Ordering::Relaxed) as u32,
+                skip,
+            }
         })
+    }
+
+    /// The elements of the list the entry keeps in the heap, as the entry counts them.
+    /// Exact for a caller that holds the writer lock.
+    pub(crate) fn heap_count(&self) -> u32 {
+        chain_parts(self.w[self.g.value_at()].load(Ordering::Relaxed)).2
     }
 
     /// Whether the entry holds a list. Exact for a caller that holds the writer lock.
@@ -753,8 +813,11 @@ impl<'a> Entry<'a> {
             // one taken over writes its rank into a quarantined entry, as its other words)
             w[USED_AT].store(stamp, Ordering::Relaxed);
             store_packed(&w[HEAD_WORDS..], key.key, || {});
-            if let ValueAt::Heap { first, .. } = value {
-                w[at].store(u64::from(first), Ordering::Relaxed);
+            if let ValueAt::Heap {
+                first, skip, count, ..
+            } = value
+            {
+                w[at].store(chain_word(first, skip, count), Ordering::Relaxed);
             }
             store_packed(&w[at..], inline, crash_point);
         })?;

@@ -96,6 +96,22 @@ pub(crate) struct Chain {
     pub first: u32,
     pub len: usize,
     pub owner: u32,
+    /// Bytes of the first data block before the value (a list's front, popped: see
+    /// `api/list.rs`; 0 for every other value).
+    pub skip: usize,
+}
+
+impl Chain {
+    /// Data blocks the chain names.
+    pub(crate) fn data_blocks(&self) -> usize {
+        (self.skip + self.len).div_ceil(BLOCK)
+    }
+
+    /// Blocks the chain takes, index blocks included.
+    pub(crate) fn blocks(&self) -> usize {
+        let data = self.data_blocks();
+        data + data.div_ceil(PER_INDEX)
+    }
 }
 
 /// What a [`Heap::sweep`] did: blocks freed, and words where it left lost blocks.
@@ -255,16 +271,7 @@ impl<'a> Heap<'a> {
             }
             store_packed(self.block(b), chunk, || {});
         }
-        for (i, (&ib, names)) in index.iter().zip(data.chunks(PER_INDEX)).enumerate() {
-            let words = self.block(ib);
-            let next = index.get(i + 1).copied().unwrap_or(NONE);
-            words[0].store(u64::from(owner) << 32 | u64::from(next), Ordering::Relaxed);
-            for (word, pair) in words[1..].iter().zip(names.chunks(2)) {
-                let lo = u64::from(pair[0]);
-                let hi = u64::from(pair.get(1).copied().unwrap_or(NONE));
-                word.store(lo | hi << 32, Ordering::Relaxed);
-            }
-        }
+        self.write_names(index, data, owner);
         index.first().copied().unwrap_or(NONE)
     }
 
@@ -277,7 +284,7 @@ impl<'a> Heap<'a> {
         mut index: impl FnMut(u32),
         mut data: impl FnMut(usize, u32),
     ) -> Result<(), Moved> {
-        let data_n = chain.len.div_ceil(BLOCK);
+        let data_n = chain.data_blocks();
         let mut at = chain.first;
         let mut seen = 0;
         while seen < data_n {
@@ -313,18 +320,114 @@ impl<'a> Heap<'a> {
     /// Copies the bytes of `chain` into `out` (replacing what it held). Unvalidated: the
     /// caller validates the entry that named the chain afterwards.
     pub(crate) fn read(&self, chain: Chain, out: &mut Vec<u8>) -> Result<(), Moved> {
-        let len = chain.len;
+        let (skip, len) = (chain.skip, chain.len);
         out.clear();
         out.resize(len, 0);
+        let mut part = [0u8; BLOCK];
         self.walk(
             chain,
             |_| {},
             |i, b| {
-                // (`walk` names no more blocks than the length fills)
-                let to = &mut out[i * BLOCK..(i * BLOCK + BLOCK).min(len)];
-                load_packed(self.block(b), to);
+                // (`walk` names no more blocks than the value fills)
+                let from = (i * BLOCK).max(skip);
+                let to = (i * BLOCK + BLOCK).min(skip + len);
+                if from == i * BLOCK {
+                    load_packed(self.block(b), &mut out[from - skip..to - skip]);
+                } else {
+                    // (the first block of a chain with a skip: its words that hold the
+                    // part, then the part)
+                    let (lo, hi) = (from - i * BLOCK, to - i * BLOCK);
+                    let (w0, w1) = (lo / 8, hi.div_ceil(8));
+                    load_packed(&self.block(b)[w0..w1], &mut part[w0 * 8..w1 * 8]);
+                    out[..to - from].copy_from_slice(&part[lo..hi]);
+                }
             },
         )
+    }
+
+    /// The index blocks of `chain`, and its data blocks at positions `from..to` (only the
+    /// index blocks that name those have their names read: a list's pop at one end costs
+    /// a load an index block, not one a data block). Caller holds the writer lock.
+    pub(crate) fn parts_in(
+        &self,
+        chain: Chain,
+        (from, to): (usize, usize),
+        index: &mut Vec<u32>,
+        data: &mut Vec<u32>,
+    ) -> Result<(), Moved> {
+        index.clear();
+        data.clear();
+        let data_n = chain.data_blocks();
+        let mut at = chain.first;
+        for k in 0..data_n.div_ceil(PER_INDEX) {
+            if at as usize >= self.blocks() {
+                return Err(Moved);
+            }
+            let words = self.block(at);
+            let head = words[0].load(Ordering::Relaxed);
+            if (head >> 32) as u32 != chain.owner {
+                return Err(Moved);
+            }
+            index.push(at);
+            let (lo, hi) = (k * PER_INDEX, ((k + 1) * PER_INDEX).min(data_n));
+            for n in lo.max(from)..hi.min(to) {
+                let pair = words[1 + (n - lo) / 2].load(Ordering::Relaxed);
+                let b = if (n - lo) % 2 == 0 {
+                    pair as u32
+                } else {
+                    (pair >> 32) as u32
+                };
+                if b as usize >= self.blocks() {
+                    return Err(Moved);
+                }
+                data.push(b);
+            }
+            at = head as u32;
+        }
+        Ok(())
+    }
+
+    /// Block `b`'s bytes.
+    pub(crate) fn load_block(&self, b: u32) -> [u8; BLOCK] {
+        let mut bytes = [0u8; BLOCK];
+        load_packed(self.block(b), &mut bytes);
+        bytes
+    }
+
+    /// Writes a chain that names `data` (blocks already written, or named by another
+    /// chain of the same value: they are only named here, never written) with the index
+    /// blocks `index` (from [`take`](Self::take), `data.len().div_ceil(PER_INDEX)` of
+    /// them), and `fresh`'s bytes into its blocks first (taken too, each in `data`).
+    /// Returns the chain's first block.
+    pub(crate) fn write_index(
+        &self,
+        index: &[u32],
+        data: &[u32],
+        fresh: &[(u32, [u8; BLOCK])],
+        owner: u32,
+    ) -> u32 {
+        debug_assert_eq!(index.len(), data.len().div_ceil(PER_INDEX));
+        // Orders the take before these writes, as in `write_beating`.
+        fence(Ordering::Release);
+        for (b, bytes) in fresh {
+            store_packed(self.block(*b), bytes, || {});
+        }
+        self.write_names(index, data, owner);
+        index.first().copied().unwrap_or(NONE)
+    }
+
+    /// The index blocks `index`, naming `data` in order.
+    fn write_names(&self, index: &[u32], data: &[u32], owner: u32) {
+        for (i, (&ib, names)) in index.iter().zip(data.chunks(PER_INDEX)).enumerate() {
+            let words = self.block(ib);
+            let next = index.get(i + 1).copied().unwrap_or(NONE);
+            words[0].store(u64::from(owner) << 32 | u64::from(next), Ordering::Relaxed);
+            for (word, pair) in words[1..].iter().zip(names.chunks(2)) {
+                let lo = u64::from(pair[0]);
+                let hi = u64::from(pair.get(1).copied().unwrap_or(NONE));
+                word.store(lo | hi << 32, Ordering::Relaxed);
+            }
+        }
     }
 
     /// The blocks of `chain` (to free them once the entry that named them moved on).
@@ -475,6 +578,7 @@ mod tests {
                     first,
                     len,
                     owner: 9,
+                    skip: 0,
                 },
                 &mut out,
             )
@@ -486,6 +590,7 @@ mod tests {
                     first,
                     len,
                     owner: 9,
+                    skip: 0,
                 },
                 &mut chain,
             )
@@ -528,6 +633,7 @@ mod tests {
                 first,
                 len,
                 owner: 9,
+                skip: 0,
             },
             &mut out,
         )
@@ -551,6 +657,7 @@ mod tests {
                 first,
                 len: 5000,
                 owner: 9,
+                skip: 0,
             },
             &mut named,
         );
@@ -560,6 +667,7 @@ mod tests {
                 first,
                 len: 5000,
                 owner: 9,
+                skip: 0,
             },
             &mut chain,
         )
@@ -590,6 +698,7 @@ mod tests {
                 first,
                 len: 5000,
                 owner: 9,
+                skip: 0,
             },
             &mut out,
         )
@@ -624,6 +733,7 @@ mod tests {
             first,
             len: 5000,
             owner: 8,
+            skip: 0,
         };
         assert_eq!(h.read(other, &mut out), Err(Moved));
         assert_eq!(h.blocks_of(other, &mut Vec::new()), Err(Moved));
@@ -638,6 +748,7 @@ mod tests {
                 first,
                 len: 5000,
                 owner: 7,
+                skip: 0,
             },
             &mut out,
         )
@@ -674,7 +785,8 @@ mod tests {
                 Chain {
                     first: 0,
                     len: 10_000,
-                    owner: 9
+                    owner: 9,
+                    skip: 0,
                 },
                 &mut out
             ),
@@ -685,7 +797,8 @@ mod tests {
                 Chain {
                     first: 64,
                     len: 10,
-                    owner: 9
+                    owner: 9,
+                    skip: 0,
                 },
                 &mut out
             ),
@@ -697,7 +810,8 @@ mod tests {
                 Chain {
                     first: 0,
                     len: 10_000,
-                    owner: 9
+                    owner: 9,
+                    skip: 0,
                 },
                 &mut chain
             ),

@@ -589,6 +589,7 @@ fn heap_a_reader_never_accepts_a_block_reused_under_it() {
                 first,
                 len: LEN,
                 owner: 1,
+                skip: 0,
             };
             self.heap().read(chain, &mut out).ok()?;
             loom::sync::atomic::fence(Ordering::Acquire);
@@ -617,6 +618,121 @@ fn heap_a_reader_never_accepts_a_block_reused_under_it() {
             assert_eq!(value, vec![n; LEN], "a copy of another value was accepted");
         }
         assert_eq!(w.read(), Some((3, vec![3; LEN])));
+    });
+}
+
+/// Model H4 — a list in the heap popped at its front (`api/list.rs`): the list's 16 bytes
+/// lie across two data blocks (from a skip of 248); the pop of its first 8 makes a chain
+/// that names the second data block alone, with a fresh index, and the old index and the
+/// first data block go back; another value takes them (and a third) and writes them at
+/// once, laid out as the list was. A reader that
+/// copied the chain it saw (the skip included), then validated the entry, accepts only
+/// whole values: the list before the pop or after it. The entry is a `seq` word, the
+/// first block, the skip, the length and the value's number, written with
+/// `Entry::write`'s orderings.
+#[test]
+fn heap_a_reader_of_a_list_popped_at_its_front_never_accepts_a_reused_block() {
+    use super::heap::{Chain, Heap, BLOCK, BLOCK_WORDS};
+    const SKIP: usize = BLOCK - 8;
+    #[derive(Clone)]
+    struct World {
+        map: Arc<Vec<AtomicU64>>,
+        data: Arc<Vec<AtomicU64>>,
+        /// seq, first block, skip, length, the value's number
+        head: Arc<Vec<AtomicU64>>,
+    }
+    impl World {
+        fn heap(&self) -> Heap<'_> {
+            Heap::new(&self.map, &self.data)
+        }
+        fn publish(&self, first: u32, skip: usize, len: usize, n: u8) {
+            let s = self.head[0].load(Ordering::Relaxed);
+            self.head[0]
+                .compare_exchange(s, s + 1, Ordering::Relaxed, Ordering::Relaxed)
+                .unwrap();
+            loom::sync::atomic::fence(Ordering::Release);
+            self.head[1].store(u64::from(first), Ordering::Relaxed);
+            self.head[2].store(skip as u64, Ordering::Relaxed);
+            self.head[3].store(len as u64, Ordering::Relaxed);
+            self.head[4].store(u64::from(n), Ordering::Relaxed);
+            self.head[0]
+                .compare_exchange(s + 1, s + 2, Ordering::Release, Ordering::Relaxed)
+                .unwrap();
+        }
+        fn read(&self) -> Option<(u8, Vec<u8>)> {
+            let s1 = self.head[0].load(Ordering::Acquire);
+            if s1 % 2 == 1 {
+                return None;
+            }
+            let chain = Chain {
+                first: self.head[1].load(Ordering::Relaxed) as u32,
+                skip: self.head[2].load(Ordering::Relaxed) as usize % BLOCK,
+                len: (self.head[3].load(Ordering::Relaxed) as usize).min(16),
+                owner: 1,
+            };
+            let n = self.head[4].load(Ordering::Relaxed) as u8;
+            let mut out = Vec::new();
+            self.heap().read(chain, &mut out).ok()?;
+            loom::sync::atomic::fence(Ordering::Acquire);
+            (self.head[0].load(Ordering::Relaxed) == s1).then_some((n, out))
+        }
+    }
+    let list = || {
+        let mut v = vec![1u8; 8];
+        v.extend([2u8; 8]);
+        v
+    };
+    model_with(3, move || {
+        let w = World {
+            map: Arc::new(vec![AtomicU64::new(0)]),
+            data: Arc::new((0..5 * BLOCK_WORDS).map(|_| AtomicU64::new(0)).collect()),
+            head: Arc::new((0..5).map(|_| AtomicU64::new(0)).collect()),
+        };
+        let heap = w.heap();
+        // the list: an index block and two data blocks, its bytes the last word of the
+        // first and the first word of the second
+        let mut old = Vec::new();
+        assert!(heap.take(3, &mut 0, &mut old));
+        let (index, data) = (old[0], [old[1], old[2]]);
+        let first = heap.write_index(&[index], &data, &[], 1);
+        let word = |b: u32, at: usize| &w.data[b as usize * BLOCK_WORDS + at];
+        let lay_out = |data: &[u32], bytes: [u8; 2]| {
+            word(data[0], BLOCK_WORDS - 1)
+                .store(u64::from_le_bytes([bytes[0]; 8]), Ordering::Relaxed);
+            word(data[1], 0).store(u64::from_le_bytes([bytes[1]; 8]), Ordering::Relaxed);
+        };
+        lay_out(&data, [1, 2]);
+        w.publish(first, SKIP, 16, 1);
+        let reader = {
+            let w = w.clone();
+            thread::spawn(move || w.read())
+        };
+        // a pop of its first 8 bytes: a new index naming the second data block alone
+        let mut fresh = Vec::new();
+        assert!(heap.take(1, &mut 0, &mut fresh));
+        let popped = heap.write_index(&fresh, &data[1..], &[], 1);
+        w.publish(popped, 0, 8, 2);
+        heap.free(&[index, data[0]]);
+        // another value takes the two blocks given back and a third, and writes them as
+        // the list was laid out (its index where the list's was, naming the list's first
+        // data block and the third)
+        let mut other = Vec::new();
+        assert!(heap.take(3, &mut 0, &mut other));
+        assert_eq!(
+            other[..2],
+            [index, data[0]],
+            "the other value took what the pop freed"
+        );
+        heap.write_index(&other[..1], &other[1..], &[], 1);
+        lay_out(&other[1..], [3, 3]);
+        if let Some((n, value)) = reader.join().unwrap() {
+            let want = match n {
+                1 => list(),
+                _ => list()[8..].to_vec(),
+            };
+            assert_eq!(value, want, "a copy of another value was accepted");
+        }
+        assert_eq!(w.read(), Some((2, list()[8..].to_vec())));
     });
 }
 
@@ -656,6 +772,7 @@ fn heap_two_writers_never_take_one_block() {
                 first: my_first,
                 len: LEN,
                 owner: 1,
+                skip: 0,
             },
             &mut out,
         )
@@ -666,6 +783,7 @@ fn heap_two_writers_never_take_one_block() {
                 first: their_first,
                 len: LEN,
                 owner: 1,
+                skip: 0,
             },
             &mut out,
         )
@@ -714,6 +832,7 @@ fn heap_a_sweeper_taken_over_frees_nothing_its_successor_names() {
                                 first: f as u32,
                                 len: LEN,
                                 owner: 1,
+                                skip: 0,
                             },
                             &mut named,
                         );
@@ -734,6 +853,7 @@ fn heap_a_sweeper_taken_over_frees_nothing_its_successor_names() {
                 first,
                 len: LEN,
                 owner: 1,
+                skip: 0,
             },
             &mut chain,
         )
@@ -749,6 +869,7 @@ fn heap_a_sweeper_taken_over_frees_nothing_its_successor_names() {
                 first,
                 len: LEN,
                 owner: 1,
+                skip: 0,
             },
             &mut out,
         )

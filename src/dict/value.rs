@@ -325,13 +325,15 @@ impl Number for f64 {
 }
 
 /// A list's value: its elements one after the other, each a kind byte, its length (4 bytes,
-/// little-endian) and its bytes as [`ValueRef::encode`] lays them out. The elements are
-/// those that fit whole from the start: a reader stops at the first that does not (a
-/// damaged file), so it never reads past the value.
+/// little-endian), its bytes as [`ValueRef::encode`] lays them out, and its length again
+/// (so that the last element is found from the end, as a pop at the back of a list kept
+/// in the heap does without reading the rest: see `api/list.rs`). The elements are those
+/// that fit whole from the start, with both lengths the same: a reader stops at the first
+/// that does not (a damaged file), so it never reads past the value.
 ///
 /// Each operation walks the element heads once and allocates only for what it adds or
-/// takes: a list of 50,000 elements is copied in and out of the heap by every push and
-/// pop, and that copy, not the walk, should be their cost.
+/// takes. This is the whole-value form, for a list kept in its entry (or moving between
+/// the entry and the heap); a list in the heap changes by its edge blocks.
 pub(crate) struct List {
     bytes: Vec<u8>,
     /// Where the list starts in `bytes` (a pop at the front moves it on rather than
@@ -339,15 +341,72 @@ pub(crate) struct List {
     from: usize,
 }
 
-/// Bytes of an element besides its value.
+/// Bytes of an element before its value: the kind and the length.
 pub(crate) const ELEMENT_HEAD: usize = 5;
+/// Bytes of an element after its value: the length again.
+pub(crate) const ELEMENT_TAIL: usize = 4;
+/// Bytes of an element besides its value.
+pub(crate) const ELEMENT_EXTRA: usize = ELEMENT_HEAD + ELEMENT_TAIL;
+
+// (a list's count fits the 24 bits its entry's chain word keeps it in)
+const _: () = assert!(crate::shm::format::MAX_HEAP_VALUE / ELEMENT_EXTRA as u64 <= 1 << 24);
+
+/// The element `value` as a list holds it.
+pub(crate) fn element(value: ValueRef<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_element(&mut out, value);
+    out
+}
+
+/// Appends the element `value` to `out`.
+fn put_element(out: &mut Vec<u8>, value: ValueRef<'_>) {
+    let mut buf = [0u8; 8];
+    let (kind, bytes) = value.encode(&mut buf);
+    let len = (bytes.len() as u32).to_le_bytes();
+    out.reserve(ELEMENT_EXTRA + bytes.len());
+    out.push(kind as u8);
+    out.extend_from_slice(&len);
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(&len);
+}
+
+/// The value length an element's head (its first [`ELEMENT_HEAD`] bytes) or tail (its
+/// last [`ELEMENT_TAIL`]) names.
+pub(crate) fn element_len(head_or_tail: &[u8]) -> usize {
+    let at = head_or_tail.len() - 4;
+    u32::from_le_bytes(head_or_tail[at..].try_into().expect("4 bytes")) as usize
+}
+
+/// The value of a whole element (its head, bytes and tail, as [`element`] made it).
+pub(crate) fn element_value(element: &[u8]) -> Value {
+    // (an element is never a list: a damaged kind reads as a boolean, as before)
+    let kind = match Kind::of(u64::from(element[0])) {
+        Kind::List => Kind::Bool,
+        kind => kind,
+    };
+    Value::decode(
+        kind,
+        element[ELEMENT_HEAD..element.len() - ELEMENT_TAIL].to_vec(),
+    )
+}
 
 /// The end of the element that starts at `at` in `bytes`, if it fits whole.
 fn element_end(bytes: &[u8], at: usize) -> Option<usize> {
     let head = bytes.get(at..at.checked_add(ELEMENT_HEAD)?)?;
-    let len = u32::from_le_bytes(head[1..].try_into().expect("4 bytes"));
-    let end = at + ELEMENT_HEAD + len as usize;
-    (end <= bytes.len()).then_some(end)
+    let len = element_len(head);
+    let end = at.checked_add(ELEMENT_EXTRA)?.checked_add(len)?;
+    let tail = bytes.get(end - ELEMENT_TAIL..end)?;
+    (element_len(tail) == len).then_some(end)
+}
+
+/// How many whole elements the list `bytes` holds.
+pub(crate) fn count_elements(bytes: &[u8]) -> usize {
+    let (mut n, mut at) = (0, 0);
+    while let Some(end) = element_end(bytes, at) {
+        n += 1;
+        at = end;
+    }
+    n
 }
 
 /// What one walk of a list finds: how many whole elements, where the last one starts and
@@ -389,24 +448,17 @@ impl List {
 
     /// Adds an element at the front or the back, and returns the new length.
     pub(crate) fn push(&mut self, value: ValueRef<'_>, front: bool) -> usize {
-        let mut buf = [0u8; 8];
-        let (kind, bytes) = value.encode(&mut buf);
         let walk = self.walk();
         // (what a damaged file left past the last whole element goes)
         let whole = self.from + walk.end;
-        let put_element = |out: &mut Vec<u8>| {
-            out.push(kind as u8);
-            out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-            out.extend_from_slice(bytes);
-        };
         if front {
-            let mut out = Vec::with_capacity(ELEMENT_HEAD + bytes.len() + walk.end);
-            put_element(&mut out);
+            let mut out = Vec::with_capacity(ELEMENT_EXTRA + 8 + walk.end);
+            put_element(&mut out, value);
             out.extend_from_slice(&self.bytes[self.from..whole]);
             *self = List::new(out);
         } else {
             self.bytes.truncate(whole);
-            put_element(&mut self.bytes);
+            put_element(&mut self.bytes, value);
         }
         walk.count + 1
     }
@@ -423,12 +475,7 @@ impl List {
             (walk.last, walk.end)
         };
         let (start, end) = (self.from + start, self.from + end);
-        // (an element is never a list: a damaged kind reads as a boolean, as before)
-        let kind = match Kind::of(u64::from(self.bytes[start])) {
-            Kind::List => Kind::Bool,
-            kind => kind,
-        };
-        let value = Value::decode(kind, self.bytes[start + ELEMENT_HEAD..end].to_vec());
+        let value = element_value(&self.bytes[start..end]);
         if front {
             self.from = end;
         } else {
@@ -503,8 +550,9 @@ mod tests {
         assert_eq!(popped.pop(false), bytes(b"two"));
         assert_eq!(popped.pop(true), bytes(b"one"));
         assert!(popped.is_empty());
-        // a head cut short, or nothing but stray bytes: no element
-        for cut in [&[0u8, 3, 0][..], &[1, 2, 0, 0, 0, 9]] {
+        // a head cut short, stray bytes, a tail that names another length: no element
+        let tail_differs = [0, 1, 0, 0, 0, b'x', 2, 0, 0, 0];
+        for cut in [&[0u8, 3, 0][..], &[1, 2, 0, 0, 0, 9], &tail_differs] {
             let mut l = List::new(cut.to_vec());
             assert!(l.is_empty());
             assert_eq!(l.len(), 0);

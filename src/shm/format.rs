@@ -3,7 +3,7 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic  "SHMLOCK\0" (lock table) or "SHMDICT\0" (shared dict)
-//!      8     4  format version (13, `VERSION`)
+//!      8     4  format version (lock table: `VERSION`, 15; shared dict: `DICT_VERSION`, 16)
 //!     12     4  header size (4096)
 //!     16     8  slot count
 //!     24     4  slot size (lock table: 64)
@@ -43,6 +43,9 @@ use crate::limits;
 pub(crate) const MAGIC: [u8; 8] = *b"SHMLOCK\0";
 pub(crate) const DICT_MAGIC: [u8; 8] = *b"SHMDICT\0";
 pub(crate) const VERSION: u32 = 15;
+/// A shared dict's format version (16: a list's elements carry their length at both ends,
+/// and a list in the heap is named with its skip and count, see `dict/api/list.rs`).
+pub(crate) const DICT_VERSION: u32 = 16;
 pub(crate) const HEADER_SIZE: usize = 4096;
 const PAGE: u64 = 4096;
 /// Bytes of a lock table's hot slot, and of its cold one.
@@ -166,6 +169,14 @@ impl Layout {
         match self {
             Layout::Locks => MAGIC,
             Layout::Dict { .. } => DICT_MAGIC,
+        }
+    }
+
+    /// The format version of a file of this layout.
+    pub(crate) fn version(self) -> u32 {
+        match self {
+            Layout::Locks => VERSION,
+            Layout::Dict { .. } => DICT_VERSION,
         }
     }
 
@@ -306,7 +317,7 @@ impl Header {
     pub(crate) fn encode(&self) -> [u8; HEADER_SIZE] {
         let mut b = [0u8; HEADER_SIZE];
         b[0..8].copy_from_slice(&self.layout.magic());
-        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        b[8..12].copy_from_slice(&self.layout.version().to_le_bytes());
         b[12..16].copy_from_slice(&(HEADER_SIZE as u32).to_le_bytes());
         b[16..24].copy_from_slice(&self.slot_count.to_le_bytes());
         b[24..28].copy_from_slice(&(self.layout.slot_size() as u32).to_le_bytes());
@@ -355,7 +366,7 @@ impl Header {
             return Err(FormatError::NotATable.into());
         };
         let version = u32_at(8);
-        if version != VERSION {
+        if version != if dict { DICT_VERSION } else { VERSION } {
             return Err(FormatError::UnsupportedVersion(version).into());
         }
         if bytes.len() < HEADER_SIZE {
@@ -424,9 +435,9 @@ impl fmt::Display for FormatError {
             FormatError::UnsupportedVersion(v) => {
                 write!(
                     f,
-                    "shmlock table format version {v} is not supported (this build uses \
-                     version {}: remove the file once no process uses it)",
-                    VERSION
+                    "shmlock file format version {v} is not supported (this build uses \
+                     version {VERSION} for lock tables, {DICT_VERSION} for dicts: remove the \
+                     file once no process uses it)"
                 )
             }
             // Never a table being made: one appears at its path only once whole (built in

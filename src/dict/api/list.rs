@@ -2,21 +2,40 @@
 //! whose value holds its elements (see [`List`]), written under the dict's writer lock like
 //! any value, so lists are bounded by the dict's `max_value_len` as ngx's are by its zone,
 //! and expire, evict and delete as any entry.
+//!
+//! A list short enough for its entry's own room is written whole. A longer one lives in
+//! the heap, and a push or a pop there changes it at its edge: the new chain names the
+//! old one's data blocks (never written again while named: see `heap.rs`) and, for a
+//! push, a fresh block or two holding the element and what the edge block held of the
+//! list, under a fresh index; a pop at the front moves the chain's skip on, one at the
+//! back its length. The entry's chain word counts the elements, so `llen` reads none. The
+//! old index and the data blocks the new chain no longer names go back once the entry
+//! names the new one, as any value's blocks. A writer stopped or killed before that
+//! leaves the old chain whole (the undo copy names it: the key keeps its list) and what it
+//! took to a sweep. So a push or a pop costs its element, a block or two and the index (4
+//! bytes for each 256 of the list: 1/64 of it), not the list. The whole-value path still
+//! serves a list moving between its entry and the heap, an element of megabytes (whose
+//! copy beats), a damaged element, and a pop that finds the heap too full for an index
+//! without letting the list itself go.
 
 use super::*;
-use crate::dict::value::{List, ELEMENT_HEAD};
+use crate::dict::entry::Copied as Found;
+use crate::dict::heap::{Chain, BEAT_BYTES, BLOCK, PER_INDEX};
+use crate::dict::value::{
+    element, element_len, element_value, List, ELEMENT_EXTRA, ELEMENT_HEAD, ELEMENT_TAIL,
+};
 
 impl SharedDict {
     /// Adds `value` at the head of the list under `key` and returns its length, as ngx's
     /// `lpush`. A key with no live value gets a new list (that never expires; `expire`
     /// sets a time to live, as for any value) in a free or expired entry: like ngx's, a
     /// push never evicts a live value, it is [`Error::NoMemory`] when there is no room. A
-    /// list kept in the heap ([`heap_size`](crate::DictOptions::heap_size)) is written
-    /// anew beside the old copy, which goes once the new one is in place: a push needs
-    /// room for both (where ngx's grows the list by a node), and a pop may evict the least
-    /// recently used values that are not lists for its shorter copy.
+    /// list kept in the heap ([`heap_size`](crate::DictOptions::heap_size)) changes at its
+    /// edge: a push takes a block or two and a new index (4 bytes for each 256 of the
+    /// list) beside the old one, which goes once the new one is in place, and a pop may
+    /// evict the least recently used values that are not lists for its new index.
     /// [`Error::NotAList`] if the value is not a list; [`Error::NoMemory`] too if the list
-    /// would be longer than the dict's `max_value_len` (each element takes 5 bytes besides
+    /// would be longer than the dict's `max_value_len` (each element takes 9 bytes besides
     /// its value).
     ///
     /// ```
@@ -67,6 +86,9 @@ impl SharedDict {
         let k = self.pack(key.as_ref())?;
         let now = self.now();
         self.inner.att.look_at_path(now)?;
+        if let Some(n) = self.heap_list_len(&k, now) {
+            return Ok(n);
+        }
         let mut value = Vec::new();
         let mut c = Copied::NONE;
         let found = self.lookup(&k, Some(&mut value), &mut c);
@@ -85,19 +107,19 @@ impl SharedDict {
     fn push(&self, key: &[u8], value: ValueRef<'_>, front: bool) -> Result<usize, Error> {
         let k = self.pack(key)?;
         let mut buf = [0u8; 8];
-        let size = ELEMENT_HEAD + value.encode(&mut buf).1.len();
-        if size > self.max_value_len() {
-            return Err(Error::NoMemory {
-                key: k.preview(),
-                why: "a list of this one element would be longer than the dict's max_value_len",
-            });
-        }
+        let size = ELEMENT_EXTRA + value.encode(&mut buf).1.len();
         self.writing(Some(&k), |w| {
             let now = w.now.get();
+            let found = self.lookup_locked(w, &k, None);
+            if let Some(old) = self.list_in_heap(found, now) {
+                if let Some(done) = self.push_at_edge(w, &k, old, value, size, front, now)? {
+                    return Ok(done);
+                }
+            }
             let mut bytes = Vec::new();
             // (`live`: the entry holds the list itself, which must stay until its new copy
             // is in place; an expired value there, the key's or another's, may go first)
-            let (i, list, until, flags, live) = match self.lookup_locked(w, &k, Some(&mut bytes)) {
+            let (i, list, until, flags, live) = match self.list_of(w, &k, found, now, &mut bytes) {
                 Some((i, c)) if c.deadline > now && c.kind != Kind::List => {
                     self.used(w, i, now);
                     return Err(Error::NotAList { key: k.preview() });
@@ -115,7 +137,12 @@ impl SharedDict {
             if list.bytes().len() + size > self.max_value_len() {
                 return Err(Error::NoMemory {
                     key: k.preview(),
-                    why: "the list would be longer than the dict's max_value_len",
+                    why: if list.is_empty() {
+                        "a list of this one element would be longer than the dict's \
+                         max_value_len"
+                    } else {
+                        "the list would be longer than the dict's max_value_len"
+                    },
                 });
             }
             self.beat_if_big(w, list.bytes().len());
@@ -137,8 +164,14 @@ impl SharedDict {
         let k = self.pack(key)?;
         self.writing(Some(&k), |w| {
             let now = w.now.get();
+            let found = self.lookup_locked(w, &k, None);
+            if let Some(old) = self.list_in_heap(found, now) {
+                if let Some(done) = self.pop_at_edge(w, &k, old, front, now)? {
+                    return Ok(done);
+                }
+            }
             let mut value = Vec::new();
-            let (i, c) = match self.lookup_locked(w, &k, Some(&mut value)) {
+            let (i, c) = match self.list_of(w, &k, found, now, &mut value) {
                 Some((i, c)) if c.deadline > now => (i, c),
                 _ => return Ok(Outcome::Done(None)),
             };
@@ -167,4 +200,376 @@ impl SharedDict {
             Ok(self.write(stored)?.map(|()| Some(value)))
         })
     }
+
+    /// `llen` of a live list kept in the heap, from its entry's count (no element read),
+    /// the entry marked used; `None` if the key holds something else (or nothing), or the
+    /// entry changed under both looks: the reader that copies the value answers then.
+    fn heap_list_len(&self, k: &PackedKey<'_>, now: u64) -> Option<usize> {
+        let mut c = Copied::NONE;
+        for _ in 0..2 {
+            let i = self.lookup(k, None, &mut c)?;
+            if c.kind != Kind::List || c.deadline <= now {
+                return None;
+            }
+            match self.entry(i).read_count(k) {
+                (Look::Found(c), Some(n)) if c.kind == Kind::List && c.deadline > now => {
+                    self.touch(i, now); // (ngx's look-up makes the key the most recently used)
+                    return Some(n as usize);
+                }
+                (Look::Found(_), _) => return None,
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// What a writer's lookup `found` found, with its value's bytes in `out` if it is a
+    /// live list (the only value a push or a pop reads); the entry is read again, not
+    /// looked up (a stale writer's mark on it meanwhile: looked up anew).
+    fn list_of(
+        &self,
+        w: &Locked<'_>,
+        k: &PackedKey<'_>,
+        found: Option<(usize, Found)>,
+        now: u64,
+        out: &mut Vec<u8>,
+    ) -> Option<(usize, Found)> {
+        match found {
+            Some((i, c)) if c.deadline > now && c.kind == Kind::List => {
+                let again = self.read_locked(w, i, |e| match e.read(k, Some(&mut *out)) {
+                    Look::Found(c) => Ok(Some(c)),
+                    Look::Free | Look::Other | Look::Parked => Ok(None),
+                    busy => Err(busy),
+                });
+                match again {
+                    Some(c) => Some((i, c)),
+                    None => self.lookup_locked(w, k, Some(out)),
+                }
+            }
+            found => found,
+        }
+    }
+
+    /// The live list that a writer's lookup `found` found, if it is kept in the heap, with
+    /// its chain's blocks: else the whole-value path serves.
+    fn list_in_heap(&self, found: Option<(usize, Found)>, now: u64) -> Option<Old> {
+        let (i, c) = found?;
+        if c.deadline <= now || c.kind != Kind::List {
+            return None;
+        }
+        let e = self.entry(i);
+        Some(Old {
+            i,
+            c,
+            chain: e.heap_value()?,
+            count: e.heap_count(),
+            index: Vec::new(),
+            data: Vec::new(),
+            data_from: 0,
+        })
+    }
+
+    /// Reads `old`'s index blocks and its data blocks at positions `from..to` (all with
+    /// `0..usize::MAX`); `false` if the chain does not walk (a damaged file: the
+    /// whole-value path deals).
+    fn fetch(&self, old: &mut Old, from: usize, to: usize) -> bool {
+        old.data_from = from;
+        let parts = (&mut old.index, &mut old.data);
+        self.heap()
+            .parts_in(old.chain, (from, to), parts.0, parts.1)
+            .is_ok()
+    }
+
+    /// `push` at the edge of a list kept in the heap: `None` if the key holds no such
+    /// list.
+    #[allow(clippy::too_many_arguments)]
+    fn push_at_edge(
+        &self,
+        w: &Locked<'_>,
+        k: &PackedKey<'_>,
+        old: Old,
+        value: ValueRef<'_>,
+        size: usize,
+        front: bool,
+        now: u64,
+    ) -> Result<Option<Outcome<usize>>, Error> {
+        // (an element of megabytes is copied by the whole-value path, which shows the
+        // writers waiting that the lock's holder works as it copies)
+        if size >= BEAT_BYTES {
+            return Ok(None);
+        }
+        let element = element(value);
+        let mut old = old;
+        if !self.fetch(&mut old, 0, usize::MAX) {
+            return Ok(None);
+        }
+        let (chain, data) = (old.chain, &old.data[..]);
+        if chain.len + size > self.max_value_len() {
+            return Err(Error::NoMemory {
+                key: k.preview(),
+                why: "the list would be longer than the dict's max_value_len",
+            });
+        }
+        let heap = self.heap();
+        let (skip, end) = (chain.skip, chain.skip + chain.len);
+        let mut bytes = element.to_vec();
+        let edge = if front {
+            // The element, then what the first block holds of the list, on fresh blocks
+            // that end where the second block begins (or the list ends).
+            let (shared, kept) = match data.len() {
+                1 => (0..0, skip..end),
+                n if skip == 0 => (0..n, 0..0),
+                n => (1..n, skip..BLOCK),
+            };
+            bytes.extend_from_slice(&heap.load_block(data[0])[kept]);
+            let pad = bytes.len().next_multiple_of(BLOCK) - bytes.len();
+            let mut padded = vec![0u8; pad];
+            padded.extend_from_slice(&bytes);
+            Edge::new(&padded, shared, true, pad, chain.len + element.len())
+        } else {
+            // What the last block holds (unless it is full), then the element.
+            let last = data.len() - 1;
+            let shared = if end % BLOCK == 0 {
+                0..data.len()
+            } else {
+                let mut tail = heap.load_block(data[last])[..end - last * BLOCK].to_vec();
+                tail.extend_from_slice(&element);
+                bytes = tail;
+                0..last
+            };
+            Edge::new(&bytes, shared, false, skip, chain.len + element.len())
+        };
+        let stored = self.store_edge(w, k, &old, edge, old.count + 1, Room::Push, now)?;
+        let written = self.write(stored)?;
+        if matches!(written, Outcome::Done(())) {
+            self.count_set();
+        }
+        Ok(Some(written.map(|()| old.count as usize + 1)))
+    }
+
+    /// `pop` at the edge of a list kept in the heap: `None` if the key holds no such list,
+    /// if what the pop leaves is short enough for its entry (the whole-value path moves it
+    /// there) or nothing, if the element there is damaged, or if the heap has no room
+    /// for the new index without letting the list itself go.
+    fn pop_at_edge(
+        &self,
+        w: &Locked<'_>,
+        k: &PackedKey<'_>,
+        old: Old,
+        front: bool,
+        now: u64,
+    ) -> Result<Option<Outcome<Option<Value>>>, Error> {
+        let mut old = old;
+        let chain = old.chain;
+        if chain.len < ELEMENT_EXTRA {
+            return Ok(None);
+        }
+        // Only the blocks of the element taken are read: first those of its length (the
+        // head at the front, the tail at the back), then those of the whole element.
+        let blocks = |from: usize, len: usize| {
+            let at = chain.skip + from;
+            (at / BLOCK, (at + len).div_ceil(BLOCK))
+        };
+        let near = if front { 0 } else { chain.len - ELEMENT_TAIL };
+        let near_len = if front { ELEMENT_HEAD } else { ELEMENT_TAIL };
+        let (lo, hi) = blocks(near, near_len);
+        if !self.fetch(&mut old, lo, hi) {
+            return Ok(None);
+        }
+        let heap = self.heap();
+        let size = ELEMENT_EXTRA + element_len(&read_span(&heap, &old, near, near_len));
+        let left = match chain.len.checked_sub(size) {
+            Some(left)
+                if left > self.inner.geometry.max_value && old.count >= 2 && size < BEAT_BYTES =>
+            {
+                left
+            }
+            _ => return Ok(None),
+        };
+        let at = if front { 0 } else { left };
+        // (at the back, every block from the element's first on: the blocks dropped)
+        let (lo, hi) = blocks(at, size);
+        if !self.fetch(&mut old, lo, if front { hi } else { usize::MAX }) {
+            return Ok(None);
+        }
+        let whole = read_span(&heap, &old, at, size);
+        let value_len = size - ELEMENT_EXTRA;
+        if element_len(&whole[..ELEMENT_HEAD]) != value_len
+            || element_len(&whole[size - ELEMENT_TAIL..]) != value_len
+        {
+            return Ok(None);
+        }
+        let value = element_value(&whole);
+        let n = chain.data_blocks();
+        let (skip, from, to) = if front {
+            let start = chain.skip + size;
+            (start % BLOCK, start / BLOCK, n)
+        } else {
+            (chain.skip, 0, (chain.skip + left).div_ceil(BLOCK))
+        };
+        // (a pop at the front that drops a block writes a new index: it names them all)
+        if from > 0 && !self.fetch(&mut old, 0, usize::MAX) {
+            return Ok(None);
+        }
+        let edge = Edge::new(&[], from..to, false, skip, left);
+        let stored = self.store_edge(w, k, &old, edge, old.count - 1, Room::Shrink, now);
+        let stored = match stored {
+            Err(Error::NoMemory { .. }) => return Ok(None),
+            stored => stored?,
+        };
+        Ok(Some(self.write(stored)?.map(|()| Some(value))))
+    }
+
+    /// Stores the list `edge` makes in entry `i` (copied aside first), with `count`
+    /// elements: a new index (and the fresh blocks) taken and written, the entry's write,
+    /// then the old index and the data blocks dropped go back (or, if the write was not
+    /// made, what was taken).
+    #[allow(clippy::too_many_arguments)]
+    fn store_edge(
+        &self,
+        w: &Locked<'_>,
+        k: &PackedKey<'_>,
+        old: &Old,
+        edge: Edge,
+        count: u32,
+        room: Room,
+        now: u64,
+    ) -> Result<Result<(), Aborted>, Error> {
+        let heap = self.heap();
+        let (i, c) = (old.i, &old.c);
+        // (positions of the old data blocks, in what `old` read of them)
+        let at = |n: usize| n - old.data_from;
+        let fresh = edge.fresh.len();
+        let index = (edge.shared.len() + fresh).div_ceil(PER_INDEX);
+        // A pop that leaves the list's first data block where it was (the front moved
+        // within it, or the end back) keeps the index: the new chain is the old one's
+        // beginning, and what lies past its end is never read (every walk stops at the
+        // length). The index blocks past that end go, as the data blocks do.
+        let reuse = fresh == 0 && edge.shared.start == 0;
+        let mut blocks = Vec::new();
+        if !reuse {
+            match self.take_blocks(w, k, index + fresh, i, room, now, &mut blocks)? {
+                Taken::Fresh => {}
+                // (neither room lets the list itself go: a stale writer's mark, start over)
+                Taken::OwnFreed | Taken::Retry => {
+                    heap.free(&blocks);
+                    return Ok(Err(Aborted::NotStable));
+                }
+            }
+        }
+        let (index_blocks, fresh_blocks) = blocks.split_at(index.min(blocks.len()));
+        let written: Vec<(u32, [u8; BLOCK])> = fresh_blocks
+            .iter()
+            .zip(&edge.fresh)
+            .map(|(&b, bytes)| (b, *bytes))
+            .collect();
+        let first = if reuse {
+            old.chain.first
+        } else {
+            // (a new index names them all: `old` read every data block)
+            let shared = &old.data[edge.shared.clone()];
+            let named: Vec<u32> = if edge.front {
+                fresh_blocks.iter().chain(shared).copied().collect()
+            } else {
+                shared.iter().chain(fresh_blocks).copied().collect()
+            };
+            heap.write_index(index_blocks, &named, &written, k.hash as u32)
+        };
+        let keep = self.keep(i);
+        let stored = self.entry(i).store(
+            &w.writing,
+            Some(&keep),
+            k,
+            Kind::List,
+            ValueAt::Heap {
+                first,
+                len: edge.len,
+                skip: edge.skip,
+                count,
+            },
+            c.flags,
+            c.deadline,
+            w.stamp(now),
+        );
+        if stored.is_ok() {
+            // (with the data blocks the new chain does not name: before and after its run)
+            heap.free(&old.index[if reuse { index } else { 0 }..]);
+            let n = old.chain.data_blocks();
+            for gone in [0..edge.shared.start, edge.shared.end..n] {
+                if !gone.is_empty() {
+                    heap.free(&old.data[at(gone.start)..at(gone.end)]);
+                }
+            }
+        } else {
+            heap.free(&blocks); // never named by a stable entry
+        }
+        Ok(stored)
+    }
+}
+
+/// A list kept in the heap, before a change at its edge.
+struct Old {
+    /// The list's entry, and what the writer's lookup found there.
+    i: usize,
+    c: Found,
+    chain: Chain,
+    /// The elements, as the entry counts them.
+    count: u32,
+    /// Its index blocks, and the data blocks read (from position `data_from` on).
+    index: Vec<u32>,
+    data: Vec<u32>,
+    data_from: usize,
+}
+
+/// What a change at a list's edge makes of its chain: the run of the old data blocks it
+/// names again (`shared`: the others go), fresh blocks' bytes before them (`front`) or
+/// after, and the new skip and length.
+struct Edge {
+    shared: std::ops::Range<usize>,
+    fresh: Vec<[u8; BLOCK]>,
+    front: bool,
+    skip: usize,
+    len: usize,
+}
+
+impl Edge {
+    /// `bytes` cut into fresh blocks (the last one zero-padded), beside `shared`.
+    fn new(
+        bytes: &[u8],
+        shared: std::ops::Range<usize>,
+        front: bool,
+        skip: usize,
+        len: usize,
+    ) -> Edge {
+        let fresh = bytes
+            .chunks(BLOCK)
+            .map(|chunk| {
+                let mut block = [0u8; BLOCK];
+                block[..chunk.len()].copy_from_slice(chunk);
+                block
+            })
+            .collect();
+        Edge {
+            shared,
+            fresh,
+            front,
+            skip,
+            len,
+        }
+    }
+}
+
+/// `len` bytes of `old`'s list from its byte `from` (the skip not counted). Caller holds
+/// the writer lock and has read the data blocks they lie in.
+fn read_span(heap: &Heap<'_>, old: &Old, from: usize, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    let (start, end) = (old.chain.skip + from, old.chain.skip + from + len);
+    let mut at = start;
+    while at < end {
+        let (b, off) = (at / BLOCK - old.data_from, at % BLOCK);
+        let n = (BLOCK - off).min(end - at);
+        out.extend_from_slice(&heap.load_block(old.data[b])[off..off + n]);
+        at += n;
+    }
+    out
 }
