@@ -358,6 +358,7 @@ impl<'a> Heap<'a> {
         index.clear();
         data.clear();
         let data_n = chain.data_blocks();
+        data.reserve(to.min(data_n).saturating_sub(from));
         let mut at = chain.first;
         for k in 0..data_n.div_ceil(PER_INDEX) {
             if at as usize >= self.blocks() {
@@ -370,17 +371,20 @@ impl<'a> Heap<'a> {
             }
             index.push(at);
             let (lo, hi) = (k * PER_INDEX, ((k + 1) * PER_INDEX).min(data_n));
-            for n in lo.max(from)..hi.min(to) {
-                let pair = words[1 + (n - lo) / 2].load(Ordering::Relaxed);
-                let b = if (n - lo) % 2 == 0 {
-                    pair as u32
-                } else {
-                    (pair >> 32) as u32
-                };
-                if b as usize >= self.blocks() {
+            let (first, last) = (lo.max(from) - lo, hi.min(to).saturating_sub(lo));
+            if first < last {
+                // (whole words, two names each, then the ones asked for)
+                let mut names = [0u32; PER_INDEX + 1];
+                let words = &words[1 + first / 2..1 + last.div_ceil(2)];
+                for (pair, word) in names.chunks_exact_mut(2).zip(words) {
+                    let both = word.load(Ordering::Relaxed);
+                    pair.copy_from_slice(&[both as u32, (both >> 32) as u32]);
+                }
+                let asked = &names[first % 2..first % 2 + (last - first)];
+                if asked.iter().any(|&b| b as usize >= self.blocks()) {
                     return Err(Moved);
                 }
-                data.push(b);
+                data.extend_from_slice(asked);
             }
             at = head as u32;
         }
@@ -549,6 +553,67 @@ mod tests {
         assert_eq!(lowest_bits(0b1011_0110, 0), 0);
         assert_eq!(lowest_bits(u64::MAX, 64), u64::MAX);
         assert_eq!(lowest_bits(1 << 63 | 1, 1), 1);
+    }
+
+    #[test]
+    fn a_chain_named_again_from_a_skip_reads_from_there_and_gives_its_parts_by_position() {
+        let (map, data) = heap(1000);
+        let h = Heap::new(&map, &data);
+        // 150 data blocks (three index blocks), the value's bytes numbered
+        let v: Vec<u8> = (0..150 * BLOCK).map(|i| (i % 251) as u8).collect();
+        let mut blocks = Vec::new();
+        assert!(h.take(blocks_for(v.len()), &mut 0, &mut blocks));
+        let first = h.write(&blocks, &v, 9);
+        let whole = Chain {
+            first,
+            len: v.len(),
+            owner: 9,
+            skip: 0,
+        };
+        let (mut index, mut all) = (Vec::new(), Vec::new());
+        h.parts_in(whole, (0, usize::MAX), &mut index, &mut all)
+            .unwrap();
+        assert_eq!(index, blocks[..3]);
+        assert_eq!(all, blocks[3..]);
+        for (from, to) in [
+            (0, 1),
+            (1, 2),
+            (61, 63),
+            (62, 62),
+            (5, 130),
+            (149, 200),
+            (150, 151),
+        ] {
+            let mut part = Vec::new();
+            h.parts_in(whole, (from, to), &mut index, &mut part)
+                .unwrap();
+            assert_eq!(part, all[from.min(150)..to.min(150)], "{from}..{to}");
+            assert_eq!(index.len(), 3);
+        }
+        // a new index naming blocks 1..150 from a skip of 100: the value from byte 356
+        let mut fresh = Vec::new();
+        assert!(h.take(3, &mut 0, &mut fresh));
+        let popped = h.write_index(&fresh, &all[1..], &[], 9);
+        for (skip, len) in [
+            (100, 149 * BLOCK - 100),
+            (255, 10),
+            (0, 1),
+            (7, 148 * BLOCK),
+        ] {
+            let chain = Chain {
+                first: popped,
+                len,
+                owner: 9,
+                skip,
+            };
+            let mut out = Vec::new();
+            h.read(chain, &mut out).unwrap();
+            assert_eq!(
+                out,
+                v[BLOCK + skip..BLOCK + skip + len],
+                "skip {skip}, len {len}"
+            );
+        }
     }
 
     #[test]

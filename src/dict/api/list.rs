@@ -468,11 +468,14 @@ impl SharedDict {
         } else {
             // (a new index names them all: `old` read every data block)
             let shared = &old.data[edge.shared.clone()];
-            let named: Vec<u32> = if edge.front {
-                fresh_blocks.iter().chain(shared).copied().collect()
+            let mut named = Vec::with_capacity(shared.len() + fresh);
+            let (before, after) = if edge.front {
+                (fresh_blocks, shared)
             } else {
-                shared.iter().chain(fresh_blocks).copied().collect()
+                (shared, fresh_blocks)
             };
+            named.extend_from_slice(before);
+            named.extend_from_slice(after);
             heap.write_index(index_blocks, &named, &written, k.hash as u32)
         };
         let keep = self.keep(i);
