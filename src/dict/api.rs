@@ -2787,9 +2787,6 @@ pub(super) enum Room {
     /// A list's pop: the least recently used values that are not lists go (a pop must not
     /// cost another queue its elements), for the shorter copy beside the list.
     Pop,
-    /// A pop at the edge of a list in the heap, for its new index: as `Pop`, but the list
-    /// itself never goes (the new index names its blocks).
-    Shrink,
 }
 
 impl Room {
@@ -2797,14 +2794,14 @@ impl Room {
     fn may_evict(self, e: &Entry<'_>) -> bool {
         match self {
             Room::Evict => true,
-            Room::Pop | Room::Shrink => !e.is_list(),
+            Room::Pop => !e.is_list(),
             Room::Expired | Room::Push => false,
         }
     }
 
     /// Whether the key's own value may go first, when only it can make the room.
     fn own_first(self) -> bool {
-        !matches!(self, Room::Push | Room::Shrink)
+        self != Room::Push
     }
 
     /// `NoMemory`'s words when the heap cannot make the room this way.
@@ -2818,7 +2815,7 @@ impl Room {
             Room::Push => {
                 "the heap has no room for the list's new copy beside it (a push evicts nothing)"
             }
-            Room::Pop | Room::Shrink => {
+            Room::Pop => {
                 "the heap has no room for the list's shorter copy, even evicting every value \
                  that is not a list"
             }

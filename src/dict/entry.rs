@@ -13,9 +13,10 @@
 //!    4  flags     the user's 32 flag bits
 //!    5  used_at   LRU stamp of its last read or write (see `recency`; outside the seqlock)
 //!    6  reach     home word: farthest distance at which a key of this home was placed
-//!    7  (zero)    reserved (the home filters are an array of their own, see `filter.rs`)
+//!    7  count     a list kept in the heap: its elements (else meaningless)
 //!    8  key bytes, then value bytes, little-endian packed, each padded to whole words
-//!       (a value in the heap: its chain's first block, in the value's first word)
+//!       (a value in the heap: its chain's first block and skip, in the value's first
+//!       word)
 //! ```
 //!
 //! A value longer than the entry's room is kept in the dict's block heap
@@ -58,6 +59,7 @@ const DEADLINE: usize = 3;
 const FLAGS: usize = 4;
 const USED_AT: usize = 5;
 const REACH: usize = 6;
+const COUNT: usize = 7;
 /// Words before the key bytes.
 pub(crate) const HEAD_WORDS: usize = 8;
 
@@ -336,24 +338,16 @@ pub(crate) enum ValueAt<'v> {
     },
 }
 
-/// The word an entry names its heap chain with: the first block (32 bits), the skip
-/// (8 bits: under a block), and a list's elements (24 bits: a list of the longest heap
-/// value has fewer, at 9 bytes an element at least).
-pub(crate) fn chain_word(first: u32, skip: usize, count: u32) -> u64 {
-    debug_assert!(skip < super::heap::BLOCK && count < 1 << 24);
-    u64::from(first) | (skip as u64) << 32 | u64::from(count) << 40
+/// The word an entry names its heap chain with: the first block (low 32 bits) and the
+/// skip (high 32 bits: bytes of the first index block's data before the value).
+pub(crate) fn chain_word(first: u32, skip: usize) -> u64 {
+    u64::from(first) | (skip as u64) << 32
 }
 
-/// A chain word's first block, skip and count.
-pub(crate) fn chain_parts(word: u64) -> (u32, usize, u32) {
-    (
-        word as u32,
-        (word >> 32) as usize & 0xff,
-        (word >> 40) as u32,
-    )
+/// A chain word's first block and skip.
+pub(crate) fn chain_parts(word: u64) -> (u32, usize) {
+    (word as u32, (word >> 32) as usize)
 }
-
-const _: () = assert!(super::heap::BLOCK <= 256);
 
 /// One entry's words.
 #[derive(Clone, Copy)]
@@ -448,7 +442,7 @@ impl<'a> Entry<'a> {
         let look = self.peek(key, None);
         let meta = Meta(self.w[META].load(Ordering::Relaxed));
         let count = (meta.in_heap() && meta.kind() == Kind::List)
-            .then(|| chain_parts(self.w[self.g.value_at()].load(Ordering::Relaxed)).2);
+            .then(|| self.w[COUNT].load(Ordering::Relaxed) as u32);
         if self.validate(s1) {
             (look, count)
         } else {
@@ -476,7 +470,7 @@ impl<'a> Entry<'a> {
         if let Some(out) = value {
             let at = self.g.value_at();
             if meta.in_heap() {
-                let (first, skip, _) = chain_parts(self.w[at].load(Ordering::Relaxed));
+                let (first, skip) = chain_parts(self.w[at].load(Ordering::Relaxed));
                 let chain = Chain {
                     first,
                     len: meta.value_len().min(self.g.max_heap),
@@ -568,7 +562,7 @@ impl<'a> Entry<'a> {
     pub(crate) fn heap_value(&self) -> Option<Chain> {
         let meta = Meta(self.w[META].load(Ordering::Relaxed));
         (meta.is_used() && meta.in_heap()).then(|| {
-            let (first, skip, _) = chain_parts(self.w[self.g.value_at()].load(Ordering::Relaxed));
+            let (first, skip) = chain_parts(self.w[self.g.value_at()].load(Ordering::Relaxed));
             Chain {
                 first,
                 len: self.value_len(meta),
@@ -581,7 +575,7 @@ impl<'a> Entry<'a> {
     /// The elements of the list the entry keeps in the heap, as the entry counts them.
     /// Exact for a caller that holds the writer lock.
     pub(crate) fn heap_count(&self) -> u32 {
-        chain_parts(self.w[self.g.value_at()].load(Ordering::Relaxed)).2
+        self.w[COUNT].load(Ordering::Relaxed) as u32
     }
 
     /// Whether the entry holds a list. Exact for a caller that holds the writer lock.
@@ -675,7 +669,7 @@ impl<'a> Entry<'a> {
     /// marked `dst` (or holds the journal's FILLING word).
     pub(crate) fn copy_to(&self, dst: &Entry<'_>) {
         let meta = Meta(self.w[META].load(Ordering::Relaxed));
-        for word in [META, HASH, DEADLINE, FLAGS, USED_AT] {
+        for word in [META, HASH, DEADLINE, FLAGS, USED_AT, COUNT] {
             dst.w[word].store(self.w[word].load(Ordering::Relaxed), Ordering::Relaxed);
         }
         let key = HEAD_WORDS..HEAD_WORDS + words_for(meta.key_len().min(self.g.max_key));
@@ -817,7 +811,8 @@ impl<'a> Entry<'a> {
                 first, skip, count, ..
             } = value
             {
-                w[at].store(chain_word(first, skip, count), Ordering::Relaxed);
+                w[at].store(chain_word(first, skip), Ordering::Relaxed);
+                w[COUNT].store(u64::from(count), Ordering::Relaxed);
             }
             store_packed(&w[at..], inline, crash_point);
         })?;

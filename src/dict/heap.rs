@@ -96,21 +96,31 @@ pub(crate) struct Chain {
     pub first: u32,
     pub len: usize,
     pub owner: u32,
-    /// Bytes of the first data block before the value (a list's front, popped: see
-    /// `api/list.rs`; 0 for every other value).
+    /// Bytes of the first index block's data before the value (a list's front, popped:
+    /// see `api/list.rs`; 0 for every other value), under [`MAX_SKIP`]. The data blocks it
+    /// passes whole are not the chain's: a walk starts after them.
     pub skip: usize,
 }
 
+/// A skip ends within the data blocks of the first index block.
+pub(crate) const MAX_SKIP: usize = PER_INDEX * BLOCK;
+
 impl Chain {
-    /// Data blocks the chain names.
+    /// Positions of data blocks up to the value's end, the first index block's names
+    /// counted from its first (those the skip passes whole included).
     pub(crate) fn data_blocks(&self) -> usize {
         (self.skip + self.len).div_ceil(BLOCK)
+    }
+
+    /// The position of the chain's first data block (the skip's whole blocks passed).
+    pub(crate) fn first_data(&self) -> usize {
+        self.skip / BLOCK
     }
 
     /// Blocks the chain takes, index blocks included.
     pub(crate) fn blocks(&self) -> usize {
         let data = self.data_blocks();
-        data + data.div_ceil(PER_INDEX)
+        data - self.first_data() + data.div_ceil(PER_INDEX)
     }
 }
 
@@ -275,6 +285,21 @@ impl<'a> Heap<'a> {
         index.first().copied().unwrap_or(NONE)
     }
 
+    /// Index block `at` of a chain of `owner`: its words, and the next index block. `Moved`
+    /// if it lies outside the heap or carries another owner's tag (unvalidated, as
+    /// `walk`).
+    fn index_block(&self, at: u32, owner: u32) -> Result<(&'a [AtomicU64], u32), Moved> {
+        if at as usize >= self.blocks() {
+            return Err(Moved);
+        }
+        let words = self.block(at);
+        let head = words[0].load(Ordering::Relaxed);
+        if (head >> 32) as u32 != owner {
+            return Err(Moved);
+        }
+        Ok((words, head as u32))
+    }
+
     /// Visits the blocks of `chain`: each index block, then the data blocks it names, in
     /// order. Unvalidated (an entry's copy is validated by its caller): a chain that
     /// leaves the heap, or has an index block of another owner, is `Moved`.
@@ -284,34 +309,29 @@ impl<'a> Heap<'a> {
         mut index: impl FnMut(u32),
         mut data: impl FnMut(usize, u32),
     ) -> Result<(), Moved> {
+        if chain.skip >= MAX_SKIP {
+            return Err(Moved);
+        }
         let data_n = chain.data_blocks();
         let mut at = chain.first;
-        let mut seen = 0;
-        while seen < data_n {
-            if at as usize >= self.blocks() {
-                return Err(Moved);
-            }
-            let words = self.block(at);
-            let head = words[0].load(Ordering::Relaxed);
-            if (head >> 32) as u32 != chain.owner {
-                return Err(Moved);
-            }
+        let mut pos = 0;
+        while pos < data_n {
+            let (words, next) = self.index_block(at, chain.owner)?;
             index(at);
-            let next = head as u32;
-            let named = (data_n - seen).min(PER_INDEX);
-            for word in &words[1..1 + named.div_ceil(2)] {
-                let pair = word.load(Ordering::Relaxed);
-                for b in [pair as u32, (pair >> 32) as u32] {
-                    if seen == data_n {
-                        break;
-                    }
-                    if b as usize >= self.blocks() {
-                        return Err(Moved);
-                    }
-                    data(seen, b);
-                    seen += 1;
+            // (names before the chain's first data block are not its own)
+            for n in pos.max(chain.first_data())..(pos + PER_INDEX).min(data_n) {
+                let pair = words[1 + (n - pos) / 2].load(Ordering::Relaxed);
+                let b = if (n - pos) % 2 == 0 {
+                    pair as u32
+                } else {
+                    (pair >> 32) as u32
+                };
+                if b as usize >= self.blocks() {
+                    return Err(Moved);
                 }
+                data(n, b);
             }
+            pos += PER_INDEX;
             at = next;
         }
         Ok(())
@@ -328,7 +348,7 @@ impl<'a> Heap<'a> {
             chain,
             |_| {},
             |i, b| {
-                // (`walk` names no more blocks than the value fills)
+                // (`walk` names no blocks but those the value fills)
                 let from = (i * BLOCK).max(skip);
                 let to = (i * BLOCK + BLOCK).min(skip + len);
                 if from == i * BLOCK {
@@ -345,9 +365,10 @@ impl<'a> Heap<'a> {
         )
     }
 
-    /// The index blocks of `chain`, and its data blocks at positions `from..to` (only the
-    /// index blocks that name those have their names read: a list's pop at one end costs
-    /// a load an index block, not one a data block). Caller holds the writer lock.
+    /// The index blocks of `chain`, and its data blocks at positions `from..to`, from its
+    /// first data block on (only the index blocks that name those have their names read:
+    /// a list's pop at one end costs a load an index block, not one a data block). Caller
+    /// holds the writer lock.
     pub(crate) fn parts_in(
         &self,
         chain: Chain,
@@ -357,18 +378,15 @@ impl<'a> Heap<'a> {
     ) -> Result<(), Moved> {
         index.clear();
         data.clear();
+        if chain.skip >= MAX_SKIP {
+            return Err(Moved);
+        }
         let data_n = chain.data_blocks();
+        let from = from.max(chain.first_data());
         data.reserve(to.min(data_n).saturating_sub(from));
         let mut at = chain.first;
         for k in 0..data_n.div_ceil(PER_INDEX) {
-            if at as usize >= self.blocks() {
-                return Err(Moved);
-            }
-            let words = self.block(at);
-            let head = words[0].load(Ordering::Relaxed);
-            if (head >> 32) as u32 != chain.owner {
-                return Err(Moved);
-            }
+            let (words, next) = self.index_block(at, chain.owner)?;
             index.push(at);
             let (lo, hi) = (k * PER_INDEX, ((k + 1) * PER_INDEX).min(data_n));
             let (first, last) = (lo.max(from) - lo, hi.min(to).saturating_sub(lo));
@@ -386,7 +404,7 @@ impl<'a> Heap<'a> {
                 }
                 data.extend_from_slice(asked);
             }
-            at = head as u32;
+            at = next;
         }
         Ok(())
     }
@@ -590,6 +608,34 @@ mod tests {
             assert_eq!(part, all[from.min(150)..to.min(150)], "{from}..{to}");
             assert_eq!(index.len(), 3);
         }
+        // the same index from a skip past whole blocks: they are not the chain's
+        for skip in [256, 300, 61 * BLOCK + 5] {
+            let chain = Chain {
+                first,
+                len: v.len() - skip,
+                owner: 9,
+                skip,
+            };
+            let mut out = Vec::new();
+            h.read(chain, &mut out).unwrap();
+            assert_eq!(out, v[skip..], "skip {skip}");
+            let mut part = Vec::new();
+            h.parts_in(chain, (0, usize::MAX), &mut index, &mut part)
+                .unwrap();
+            assert_eq!(part, all[skip / BLOCK..], "skip {skip}");
+            let mut owned = Vec::new();
+            h.blocks_of(chain, &mut owned).unwrap();
+            assert_eq!(owned.len(), 150 - skip / BLOCK + 3, "skip {skip}");
+            assert!(!owned.contains(&all[0]), "skip {skip}");
+            assert_eq!(chain.blocks(), owned.len());
+        }
+        let past = Chain {
+            first,
+            len: 10,
+            owner: 9,
+            skip: MAX_SKIP,
+        };
+        assert_eq!(h.read(past, &mut Vec::new()), Err(Moved));
         // a new index naming blocks 1..150 from a skip of 100: the value from byte 356
         let mut fresh = Vec::new();
         assert!(h.take(3, &mut 0, &mut fresh));

@@ -622,10 +622,10 @@ fn heap_a_reader_never_accepts_a_block_reused_under_it() {
 }
 
 /// Model H4 — a list in the heap popped at its front (`api/list.rs`): the list's 16 bytes
-/// lie across two data blocks (from a skip of 248); the pop of its first 8 makes a chain
-/// that names the second data block alone, with a fresh index, and the old index and the
-/// first data block go back; another value takes them (and a third) and writes them at
-/// once, laid out as the list was. A reader that
+/// lie across two data blocks (from a skip of 248); the pop of its first 8 moves the skip
+/// to 256, so the chain starts at the second data block (the index stays), and the first
+/// data block goes back; another value takes it (and two more) and writes it at once,
+/// laid out as the list was. A reader that
 /// copied the chain it saw (the skip included), then validated the entry, accepts only
 /// whole values: the list before the pop or after it. The entry is a `seq` word, the
 /// first block, the skip, the length and the value's number, written with
@@ -666,7 +666,7 @@ fn heap_a_reader_of_a_list_popped_at_its_front_never_accepts_a_reused_block() {
             }
             let chain = Chain {
                 first: self.head[1].load(Ordering::Relaxed) as u32,
-                skip: self.head[2].load(Ordering::Relaxed) as usize % BLOCK,
+                skip: (self.head[2].load(Ordering::Relaxed) as usize).min(BLOCK),
                 len: (self.head[3].load(Ordering::Relaxed) as usize).min(16),
                 owner: 1,
             };
@@ -707,24 +707,16 @@ fn heap_a_reader_of_a_list_popped_at_its_front_never_accepts_a_reused_block() {
             let w = w.clone();
             thread::spawn(move || w.read())
         };
-        // a pop of its first 8 bytes: a new index naming the second data block alone
-        let mut fresh = Vec::new();
-        assert!(heap.take(1, &mut 0, &mut fresh));
-        let popped = heap.write_index(&fresh, &data[1..], &[], 1);
-        w.publish(popped, 0, 8, 2);
-        heap.free(&[index, data[0]]);
-        // another value takes the two blocks given back and a third, and writes them as
-        // the list was laid out (its index where the list's was, naming the list's first
-        // data block and the third)
+        // a pop of its first 8 bytes: the skip moves to the second data block
+        w.publish(first, BLOCK, 8, 2);
+        heap.free(&[data[0]]);
+        // another value takes the block given back and two more, and writes it as the
+        // list's bytes were laid out (the block given back as its first data block)
         let mut other = Vec::new();
         assert!(heap.take(3, &mut 0, &mut other));
-        assert_eq!(
-            other[..2],
-            [index, data[0]],
-            "the other value took what the pop freed"
-        );
-        heap.write_index(&other[..1], &other[1..], &[], 1);
-        lay_out(&other[1..], [3, 3]);
+        assert_eq!(other[0], data[0], "the other value took what the pop freed");
+        heap.write_index(&other[1..2], &[other[0], other[2]], &[], 1);
+        lay_out(&[other[0], other[2]], [3, 3]);
         if let Some((n, value)) = reader.join().unwrap() {
             let want = match n {
                 1 => list(),

@@ -348,8 +348,8 @@ pub(crate) const ELEMENT_TAIL: usize = 4;
 /// Bytes of an element besides its value.
 pub(crate) const ELEMENT_EXTRA: usize = ELEMENT_HEAD + ELEMENT_TAIL;
 
-// (a list's count fits the 24 bits its entry's chain word keeps it in)
-const _: () = assert!(crate::shm::format::MAX_HEAP_VALUE / ELEMENT_EXTRA as u64 <= 1 << 24);
+// (a list's count fits the 32 bits its entry keeps it in)
+const _: () = assert!(crate::shm::format::MAX_HEAP_VALUE / ELEMENT_EXTRA as u64 <= 1 << 32);
 
 /// The element `value` as a list holds it.
 pub(crate) fn element(value: ValueRef<'_>) -> Vec<u8> {

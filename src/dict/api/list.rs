@@ -4,23 +4,22 @@
 //! and expire, evict and delete as any entry.
 //!
 //! A list short enough for its entry's own room is written whole. A longer one lives in
-//! the heap, and a push or a pop there changes it at its edge: the new chain names the
-//! old one's data blocks (never written again while named: see `heap.rs`) and, for a
-//! push, a fresh block or two holding the element and what the edge block held of the
-//! list, under a fresh index; a pop at the front moves the chain's skip on, one at the
-//! back its length. The entry's chain word counts the elements, so `llen` reads none. The
-//! old index and the data blocks the new chain no longer names go back once the entry
-//! names the new one, as any value's blocks. A writer stopped or killed before that
-//! leaves the old chain whole (the undo copy names it: the key keeps its list) and what it
-//! took to a sweep. So a push or a pop costs its element, a block or two and the index (4
-//! bytes for each 256 of the list: 1/64 of it), not the list. The whole-value path still
-//! serves a list moving between its entry and the heap, an element of megabytes (whose
-//! copy beats), a damaged element, and a pop that finds the heap too full for an index
-//! without letting the list itself go.
+//! the heap, and a push or a pop there changes it at its edge. A push writes a fresh
+//! block or two, holding the element and what the edge block held of the list, and a new
+//! index that names the old data blocks again (never written while named: see
+//! `heap.rs`): it costs its element, a block or two and the index (4 bytes for each 256
+//! of the list). A pop takes no block at all: at the front it moves the chain's skip on
+//! (a skip passes whole data blocks, and a whole index block moves the chain's start to
+//! the next), at the back its length; what it passes goes back. The entry counts the
+//! elements, so `llen` reads none. The blocks a change leaves go back once the entry names
+//! the new chain, as any value's: a writer stopped or killed before that leaves the old
+//! chain whole (the undo copy names it: the key keeps its list), and what it took or
+//! left to a sweep. The whole-value path still serves a list moving between its entry and
+//! the heap, an element of megabytes (whose copy beats), and a damaged element.
 
 use super::*;
 use crate::dict::entry::Copied as Found;
-use crate::dict::heap::{Chain, BEAT_BYTES, BLOCK, PER_INDEX};
+use crate::dict::heap::{Chain, BEAT_BYTES, BLOCK, MAX_SKIP, PER_INDEX};
 use crate::dict::value::{
     element, element_len, element_value, List, ELEMENT_EXTRA, ELEMENT_HEAD, ELEMENT_TAIL,
 };
@@ -32,8 +31,8 @@ impl SharedDict {
     /// push never evicts a live value, it is [`Error::NoMemory`] when there is no room. A
     /// list kept in the heap ([`heap_size`](crate::DictOptions::heap_size)) changes at its
     /// edge: a push takes a block or two and a new index (4 bytes for each 256 of the
-    /// list) beside the old one, which goes once the new one is in place, and a pop may
-    /// evict the least recently used values that are not lists for its new index.
+    /// list) beside the old one, which goes once the new one is in place; a pop takes no
+    /// block, and so evicts nothing.
     /// [`Error::NotAList`] if the value is not a list; [`Error::NoMemory`] too if the list
     /// would be longer than the dict's `max_value_len` (each element takes 9 bytes besides
     /// its value).
@@ -269,11 +268,11 @@ impl SharedDict {
         })
     }
 
-    /// Reads `old`'s index blocks and its data blocks at positions `from..to` (all with
-    /// `0..usize::MAX`); `false` if the chain does not walk (a damaged file: the
-    /// whole-value path deals).
+    /// Reads `old`'s index blocks and its data blocks at positions `from..to` (from its
+    /// first data block on: all of them with `0..usize::MAX`); `false` if the chain does
+    /// not walk (a damaged file: the whole-value path deals).
     fn fetch(&self, old: &mut Old, from: usize, to: usize) -> bool {
-        old.data_from = from;
+        old.data_from = from.max(old.chain.first_data());
         let parts = (&mut old.index, &mut old.data);
         self.heap()
             .parts_in(old.chain, (from, to), parts.0, parts.1)
@@ -311,7 +310,10 @@ impl SharedDict {
             });
         }
         let heap = self.heap();
-        let (skip, end) = (chain.skip, chain.skip + chain.len);
+        // (the new index names the list's data blocks from its first: `data[0]`, where
+        // the list starts `skip` bytes in)
+        let skip = chain.skip % BLOCK;
+        let end = skip + chain.len;
         let mut bytes = element.to_vec();
         let edge = if front {
             // The element, then what the first block holds of the list, on fresh blocks
@@ -329,7 +331,7 @@ impl SharedDict {
         } else {
             // What the last block holds (unless it is full), then the element.
             let last = data.len() - 1;
-            let shared = if end % BLOCK == 0 {
+            let shared = if end.is_multiple_of(BLOCK) {
                 0..data.len()
             } else {
                 let mut tail = heap.load_block(data[last])[..end - last * BLOCK].to_vec();
@@ -339,7 +341,7 @@ impl SharedDict {
             };
             Edge::new(&bytes, shared, false, skip, chain.len + element.len())
         };
-        let stored = self.store_edge(w, k, &old, edge, old.count + 1, Room::Push, now)?;
+        let stored = self.store_edge(w, k, &old, edge, old.count + 1, now)?;
         let written = self.write(stored)?;
         if matches!(written, Outcome::Done(())) {
             self.count_set();
@@ -349,8 +351,9 @@ impl SharedDict {
 
     /// `pop` at the edge of a list kept in the heap: `None` if the key holds no such list,
     /// if what the pop leaves is short enough for its entry (the whole-value path moves it
-    /// there) or nothing, if the element there is damaged, or if the heap has no room
-    /// for the new index without letting the list itself go.
+    /// there) or nothing, or if the element there is damaged or of megabytes. A pop takes
+    /// no block: at the front it moves the chain's skip on (to the next index block once
+    /// it passes the first's data), at the back its length, and the blocks it passes go.
     fn pop_at_edge(
         &self,
         w: &Locked<'_>,
@@ -387,7 +390,7 @@ impl SharedDict {
             _ => return Ok(None),
         };
         let at = if front { 0 } else { left };
-        // (at the back, every block from the element's first on: the blocks dropped)
+        // (at the back, every block from the element's first on: the blocks that go)
         let (lo, hi) = blocks(at, size);
         if !self.fetch(&mut old, lo, if front { hi } else { usize::MAX }) {
             return Ok(None);
@@ -400,31 +403,57 @@ impl SharedDict {
             return Ok(None);
         }
         let value = element_value(&whole);
+        // What goes: the data blocks the pop passes whole, and index blocks left behind.
         let n = chain.data_blocks();
-        let (skip, from, to) = if front {
+        let (first, skip, gone, index_gone) = if front {
             let start = chain.skip + size;
-            (start % BLOCK, start / BLOCK, n)
+            // (`old.data` starts at the first data block: those before the new start go)
+            let gone = &old.data[..start / BLOCK - old.data_from];
+            let passed = start / MAX_SKIP; // (index blocks the start passes whole)
+            (
+                old.index[passed],
+                start % MAX_SKIP,
+                gone,
+                &old.index[..passed],
+            )
         } else {
-            (chain.skip, 0, (chain.skip + left).div_ceil(BLOCK))
+            let end = (chain.skip + left).div_ceil(BLOCK);
+            let gone = &old.data[end - old.data_from..n - old.data_from];
+            (
+                chain.first,
+                chain.skip,
+                gone,
+                &old.index[end.div_ceil(PER_INDEX)..],
+            )
         };
-        // (a pop at the front that drops a block writes a new index: it names them all)
-        if from > 0 && !self.fetch(&mut old, 0, usize::MAX) {
-            return Ok(None);
+        let e = self.entry(old.i);
+        let keep = self.keep(old.i);
+        let stored = e.store(
+            &w.writing,
+            Some(&keep),
+            k,
+            Kind::List,
+            ValueAt::Heap {
+                first,
+                len: left,
+                skip,
+                count: old.count - 1,
+            },
+            old.c.flags,
+            old.c.deadline,
+            w.stamp(now),
+        );
+        if stored.is_ok() {
+            heap.free(gone);
+            heap.free(index_gone);
         }
-        let edge = Edge::new(&[], from..to, false, skip, left);
-        let stored = self.store_edge(w, k, &old, edge, old.count - 1, Room::Shrink, now);
-        let stored = match stored {
-            Err(Error::NoMemory { .. }) => return Ok(None),
-            stored => stored?,
-        };
         Ok(Some(self.write(stored)?.map(|()| Some(value))))
     }
 
-    /// Stores the list `edge` makes in entry `i` (copied aside first), with `count`
-    /// elements: a new index (and the fresh blocks) taken and written, the entry's write,
-    /// then the old index and the data blocks dropped go back (or, if the write was not
-    /// made, what was taken).
-    #[allow(clippy::too_many_arguments)]
+    /// Stores the list a push's `edge` makes in its entry (copied aside first), with
+    /// `count` elements: a new index (and the fresh blocks) taken and written, the entry's
+    /// write, then the old index and the data blocks dropped go back (or, if the write was
+    /// not made, what was taken). A push evicts nothing for its blocks.
     fn store_edge(
         &self,
         w: &Locked<'_>,
@@ -432,52 +461,38 @@ impl SharedDict {
         old: &Old,
         edge: Edge,
         count: u32,
-        room: Room,
         now: u64,
     ) -> Result<Result<(), Aborted>, Error> {
         let heap = self.heap();
-        let (i, c) = (old.i, &old.c);
-        // (positions of the old data blocks, in what `old` read of them)
-        let at = |n: usize| n - old.data_from;
+        let (i, c, data) = (old.i, &old.c, &old.data);
         let fresh = edge.fresh.len();
         let index = (edge.shared.len() + fresh).div_ceil(PER_INDEX);
-        // A pop that leaves the list's first data block where it was (the front moved
-        // within it, or the end back) keeps the index: the new chain is the old one's
-        // beginning, and what lies past its end is never read (every walk stops at the
-        // length). The index blocks past that end go, as the data blocks do.
-        let reuse = fresh == 0 && edge.shared.start == 0;
         let mut blocks = Vec::new();
-        if !reuse {
-            match self.take_blocks(w, k, index + fresh, i, room, now, &mut blocks)? {
-                Taken::Fresh => {}
-                // (neither room lets the list itself go: a stale writer's mark, start over)
-                Taken::OwnFreed | Taken::Retry => {
-                    heap.free(&blocks);
-                    return Ok(Err(Aborted::NotStable));
-                }
+        match self.take_blocks(w, k, index + fresh, i, Room::Push, now, &mut blocks)? {
+            Taken::Fresh => {}
+            // (a push never lets the list itself go: a stale writer's mark, start over)
+            Taken::OwnFreed | Taken::Retry => {
+                heap.free(&blocks);
+                return Ok(Err(Aborted::NotStable));
             }
         }
-        let (index_blocks, fresh_blocks) = blocks.split_at(index.min(blocks.len()));
+        let (index_blocks, fresh_blocks) = blocks.split_at(index);
         let written: Vec<(u32, [u8; BLOCK])> = fresh_blocks
             .iter()
             .zip(&edge.fresh)
             .map(|(&b, bytes)| (b, *bytes))
             .collect();
-        let first = if reuse {
-            old.chain.first
+        // (`data` is every data block of the list, from its first)
+        let shared = &data[edge.shared.clone()];
+        let mut named = Vec::with_capacity(shared.len() + fresh);
+        let (before, after) = if edge.front {
+            (fresh_blocks, shared)
         } else {
-            // (a new index names them all: `old` read every data block)
-            let shared = &old.data[edge.shared.clone()];
-            let mut named = Vec::with_capacity(shared.len() + fresh);
-            let (before, after) = if edge.front {
-                (fresh_blocks, shared)
-            } else {
-                (shared, fresh_blocks)
-            };
-            named.extend_from_slice(before);
-            named.extend_from_slice(after);
-            heap.write_index(index_blocks, &named, &written, k.hash as u32)
+            (shared, fresh_blocks)
         };
+        named.extend_from_slice(before);
+        named.extend_from_slice(after);
+        let first = heap.write_index(index_blocks, &named, &written, k.hash as u32);
         let keep = self.keep(i);
         let stored = self.entry(i).store(
             &w.writing,
@@ -496,13 +511,9 @@ impl SharedDict {
         );
         if stored.is_ok() {
             // (with the data blocks the new chain does not name: before and after its run)
-            heap.free(&old.index[if reuse { index } else { 0 }..]);
-            let n = old.chain.data_blocks();
-            for gone in [0..edge.shared.start, edge.shared.end..n] {
-                if !gone.is_empty() {
-                    heap.free(&old.data[at(gone.start)..at(gone.end)]);
-                }
-            }
+            heap.free(&old.index);
+            heap.free(&data[..edge.shared.start]);
+            heap.free(&data[edge.shared.end..]);
         } else {
             heap.free(&blocks); // never named by a stable entry
         }
