@@ -428,8 +428,8 @@ impl<'a> Entry<'a> {
         }
     }
 
-    /// The elements of `key`'s list if the entry keeps it in the heap (its chain word counts
-    /// them), lock-free like [`read`](Self::read): `Found` with `Some(count)`, or with
+    /// The elements of `key`'s list if the entry keeps it in the heap (its eighth word
+    /// counts them), lock-free like [`read`](Self::read): `Found` with `Some(count)`, or with
     /// `None` for any other value (a list in the entry itself is short: its reader walks
     /// it).
     pub(crate) fn read_count(&self, key: &PackedKey) -> (Look, Option<u32>) {
@@ -662,7 +662,8 @@ impl<'a> Entry<'a> {
         done
     }
 
-    /// Copies what the entry holds (kind, lengths, hash, deadline, flags, key and value)
+    /// Copies what the entry holds (kind, lengths, hash, deadline, flags, a heap list's
+    /// count, key and value)
     /// into `dst`, an entry of the same geometry: the undo copy and its write-back, with
     /// the LRU stamp (an interrupted write leaves the key its previous value's rank). The
     /// home words (`reach`) stay where they are. Caller holds the writer lock and has
