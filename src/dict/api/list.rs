@@ -18,7 +18,6 @@
 //! the heap, an element of megabytes (whose copy beats), and a damaged element.
 
 use super::*;
-use crate::dict::entry::Copied as Found;
 use crate::dict::heap::{Chain, BEAT_BYTES, BLOCK, MAX_SKIP, PER_INDEX};
 use crate::dict::value::{
     element, element_len, element_value, List, ELEMENT_EXTRA, ELEMENT_HEAD, ELEMENT_TAIL,
@@ -229,10 +228,10 @@ impl SharedDict {
         &self,
         w: &Locked<'_>,
         k: &PackedKey<'_>,
-        found: Option<(usize, Found)>,
+        found: Option<(usize, Copied)>,
         now: u64,
         out: &mut Vec<u8>,
-    ) -> Option<(usize, Found)> {
+    ) -> Option<(usize, Copied)> {
         match found {
             Some((i, c)) if c.deadline > now && c.kind == Kind::List => {
                 let again = self.read_locked(w, i, |e| match e.read(k, Some(&mut *out)) {
@@ -249,9 +248,10 @@ impl SharedDict {
         }
     }
 
-    /// The live list that a writer's lookup `found` found, if it is kept in the heap, with
-    /// its chain's blocks: else the whole-value path serves.
-    fn list_in_heap(&self, found: Option<(usize, Found)>, now: u64) -> Option<Old> {
+    /// The live list that a writer's lookup `found` found, if it is kept in the heap (its
+    /// blocks are read by [`fetch`](Self::fetch), as far as the change needs): else the
+    /// whole-value path serves.
+    fn list_in_heap(&self, found: Option<(usize, Copied)>, now: u64) -> Option<Old> {
         let (i, c) = found?;
         if c.deadline <= now || c.kind != Kind::List {
             return None;
@@ -273,9 +273,8 @@ impl SharedDict {
     /// not walk (a damaged file: the whole-value path deals).
     fn fetch(&self, old: &mut Old, from: usize, to: usize) -> bool {
         old.data_from = from.max(old.chain.first_data());
-        let parts = (&mut old.index, &mut old.data);
         self.heap()
-            .parts_in(old.chain, (from, to), parts.0, parts.1)
+            .parts_in(old.chain, (from, to), &mut old.index, &mut old.data)
             .is_ok()
     }
 
@@ -426,28 +425,44 @@ impl SharedDict {
                 &old.index[end.div_ceil(PER_INDEX)..],
             )
         };
-        let e = self.entry(old.i);
-        let keep = self.keep(old.i);
-        let stored = e.store(
-            &w.writing,
-            Some(&keep),
-            k,
-            Kind::List,
-            ValueAt::Heap {
-                first,
-                len: left,
-                skip,
-                count: old.count - 1,
-            },
-            old.c.flags,
-            old.c.deadline,
-            w.stamp(now),
-        );
+        let stored = self.store_list(w, k, &old, (first, skip, left), old.count - 1, now);
         if stored.is_ok() {
             heap.free(gone);
             heap.free(index_gone);
         }
         Ok(Some(self.write(stored)?.map(|()| Some(value))))
+    }
+
+    /// Writes `old`'s entry (copied aside first) to name the chain `(first, skip, len)`
+    /// with `count` elements, its flags and deadline as they were: a push's or a pop's
+    /// one entry write.
+    fn store_list(
+        &self,
+        w: &Locked<'_>,
+        k: &PackedKey<'_>,
+        old: &Old,
+        (first, skip, len): (u32, usize, usize),
+        count: u32,
+        now: u64,
+    ) -> Result<(), Aborted> {
+        let keep = self.keep(old.i);
+        let at = ValueAt::Heap {
+            first,
+            len,
+            skip,
+            count,
+        };
+        let (flags, deadline) = (old.c.flags, old.c.deadline);
+        self.entry(old.i).store(
+            &w.writing,
+            Some(&keep),
+            k,
+            Kind::List,
+            at,
+            flags,
+            deadline,
+            w.stamp(now),
+        )
     }
 
     /// Stores the list a push's `edge` makes in its entry (copied aside first), with
@@ -464,7 +479,7 @@ impl SharedDict {
         now: u64,
     ) -> Result<Result<(), Aborted>, Error> {
         let heap = self.heap();
-        let (i, c, data) = (old.i, &old.c, &old.data);
+        let (i, data) = (old.i, &old.data);
         let fresh = edge.fresh.len();
         let index = (edge.shared.len() + fresh).div_ceil(PER_INDEX);
         let mut blocks = Vec::new();
@@ -493,22 +508,7 @@ impl SharedDict {
         named.extend_from_slice(before);
         named.extend_from_slice(after);
         let first = heap.write_index(index_blocks, &named, &written, k.hash as u32);
-        let keep = self.keep(i);
-        let stored = self.entry(i).store(
-            &w.writing,
-            Some(&keep),
-            k,
-            Kind::List,
-            ValueAt::Heap {
-                first,
-                len: edge.len,
-                skip: edge.skip,
-                count,
-            },
-            c.flags,
-            c.deadline,
-            w.stamp(now),
-        );
+        let stored = self.store_list(w, k, old, (first, edge.skip, edge.len), count, now);
         if stored.is_ok() {
             // (with the data blocks the new chain does not name: before and after its run)
             heap.free(&old.index);
@@ -525,7 +525,7 @@ impl SharedDict {
 struct Old {
     /// The list's entry, and what the writer's lookup found there.
     i: usize,
-    c: Found,
+    c: Copied,
     chain: Chain,
     /// The elements, as the entry counts them.
     count: u32,
