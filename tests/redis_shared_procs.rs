@@ -286,8 +286,8 @@ const WRITER: u64 = 2;
 const PERMIT: u64 = 3;
 const OUT: u64 = 0;
 const PERMITS: u32 = 2;
-/// Words: 0 stop, 1 violations (and errors), 2 timeouts, 3 requests cut short by the
-/// worker's own stop, OPS+kind done, STATE+i what worker i holds,
+/// Words: 0 stop, 1 violations (and errors, a wait cut by the worker's own stop that
+/// blamed the server among them), 2 timeouts, OPS+kind done, STATE+i what worker i holds,
 /// DOOMED+i worker i was killed.
 const OPS: usize = 4;
 const STATE: usize = 8;
@@ -323,11 +323,6 @@ fn chaos_worker(redis: &RedisLocks, w: &Shared, me: usize, lease: Duration) -> i
             Ok(g) => g,
             Err(Error::Timeout { .. }) => {
                 w.word(2).fetch_add(1, Ordering::SeqCst);
-                continue;
-            }
-            // a request whose deadline passed while this worker was stopped
-            Err(Error::Redis(e)) if e.is_timeout() => {
-                w.word(3).fetch_add(1, Ordering::SeqCst);
                 continue;
             }
             Err(e) => {
@@ -440,13 +435,12 @@ fn chaos() {
         .collect();
     let violations = w.word(1).load(Ordering::SeqCst);
     note!(
-        "[{secs} s: {} reads, {} writes, {} permits, {} timeouts, {} requests cut by a stop, \
+        "[{secs} s: {} reads, {} writes, {} permits, {} timeouts, \
          {kills} kills, {stops} stops, {violations} violations] ",
         ops[0],
         ops[1],
         ops[2],
         w.word(2).load(Ordering::SeqCst),
-        w.word(3).load(Ordering::SeqCst)
     );
     assert_eq!(violations, 0);
     assert!(
@@ -564,6 +558,93 @@ fn interrupted_requests_with(server: &RedisServer, timeout_ms: u64, stop_ms: u64
     assert!(redis.holders().unwrap().is_empty(), "{:?}", redis.holders());
 }
 
+/// An async wait whose process is stopped mid-request, past the attempt's time limit and
+/// its own deadline, while the server (paused) answers only during the stop: at the
+/// continue the reply is in and the timer is due at once. The wait ends with its hold or
+/// `Timeout`, never with an error that blames the server (which answered within the
+/// limit of the time this process ran): a reader, a writer and a permit waiter, each on a
+/// runtime of its own. The timer used to win (the reply not yet read by the connection's
+/// task), and a retry past the limit met no time left: `Error::Redis` ("did not answer
+/// within 100ms"), in 81 of 436 stops of a chaos run of short waits.
+#[cfg(feature = "tokio")]
+fn stopped_async_waits() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    redis
+        .lock("warm", opts(HANG, HANG))
+        .unwrap()
+        .unlock()
+        .unwrap();
+    // per kind: its outcome (1 granted, 2 timed out, 3 another error, its text printed),
+    // and 1 to let it begin
+    let s = Shared::new(6);
+    for kind in 0..3 {
+        let child = {
+            let (redis, s) = (&redis, &s);
+            fork(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                let key = format!("a{kind}");
+                let sem = redis.semaphore(&key, 2).unwrap();
+                rt.block_on(async {
+                    // the runtime's connection, made before the server pauses
+                    redis
+                        .lock_async("warm", opts(HANG, HANG))
+                        .await
+                        .unwrap()
+                        .unlock()
+                        .unwrap();
+                    while s.word(3 + kind).load(Ordering::SeqCst) == 0 {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    let o = opts(HANG, Duration::from_millis(20));
+                    let r = match kind {
+                        0 => redis.lock_shared_async(&key, o).await.map(|g| g.unlock()),
+                        1 => redis.lock_async(&key, o).await.map(|g| g.unlock()),
+                        _ => sem.acquire_async(o).await.map(|g| g.unlock()),
+                    };
+                    let outcome = match r {
+                        Ok(Ok(())) => 1,
+                        Err(Error::Timeout { .. }) => 2,
+                        Ok(Err(e)) | Err(e) => {
+                            eprintln!("kind {kind}: {e}");
+                            3
+                        }
+                    };
+                    s.word(kind).store(outcome, Ordering::SeqCst);
+                });
+                0
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100)); // (its warm-up)
+        server.pause(true);
+        s.word(3 + kind).store(1, Ordering::SeqCst);
+        // the request is out by now (the attempt's limit: 100 ms from it)
+        std::thread::sleep(Duration::from_millis(40));
+        common::signal::send(child.0, libc::SIGSTOP);
+        std::thread::sleep(Duration::from_millis(160));
+        server.pause(false);
+        // the reply is in the stopped child's socket
+        std::thread::sleep(Duration::from_millis(100));
+        cont(child.0);
+        assert_eq!(child.wait(HANG), 0);
+    }
+    let outcomes: Vec<u64> = (0..3).map(|k| s.word(k).load(Ordering::SeqCst)).collect();
+    note!("[reader, writer, permit: {outcomes:?}] ");
+    assert!(
+        outcomes.iter().all(|&o| o == 1 || o == 2),
+        "a stop ended an async wait with an error: {outcomes:?}"
+    );
+    // what a late grant took was given back
+    let t = Instant::now();
+    while !redis.holders().unwrap().is_empty() && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(redis.holders().unwrap().is_empty(), "{:?}", redis.holders());
+}
+
 /// The same for a holder's own calls, each stopped and continued mid-request while the
 /// server is paused: its token, a renewal, a check and its release all answer once the
 /// server does (the token the same as before), none with `Interrupted system call`, also
@@ -664,6 +745,11 @@ fn main() {
             (
                 "a_holders_call_interrupted_by_a_stop_and_continue_is_not_an_error",
                 interrupted_holder_calls,
+            ),
+            #[cfg(feature = "tokio")]
+            (
+                "an_async_wait_stopped_past_its_limit_ends_in_its_hold_or_timeout",
+                stopped_async_waits,
             ),
             (
                 "waits_on_a_stopped_server_end_at_their_deadline",

@@ -22,7 +22,8 @@ pub(crate) fn connect_within(info: &ConnectionInfo, limit: Instant) -> RedisResu
     let settings = info.redis_settings().clone().set_skip_set_lib_name();
     let steps = 1 + u32::from(settings.password().is_some()) + u32::from(settings.db() != 0);
     let info = info.clone().set_redis_settings(settings);
-    let timeout = left(limit).ok_or_else(timed_out)? / steps;
+    // (nothing asked yet: a limit already passed is this process's lateness)
+    let timeout = left(limit).ok_or_else(late)? / steps;
     let con = Client::open(info)?.get_connection_with_timeout(timeout)?;
     let timeout = left(limit).ok_or_else(timed_out)?;
     con.set_read_timeout(Some(timeout))?;
@@ -103,6 +104,16 @@ pub(crate) fn allowed(started: Instant, limit: Instant) -> Duration {
     limit.saturating_duration_since(started)
 }
 
+/// What a request whose time limit passed before it went out fails with: the server was
+/// not asked (or answered the requests before it in time), so the time went to this
+/// process, stopped (SIGSTOP, Ctrl-Z) or not run, as with a read that a stop cut
+/// ([`is_interrupted`] tells both).
+pub(crate) fn late() -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(std::io::ErrorKind::Interrupted, LATE))
+}
+
+const LATE: &str = "this process was stopped or not run until the request's time limit had passed";
+
 pub(crate) fn timed_out() -> redis::RedisError {
     redis::RedisError::from(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
@@ -129,16 +140,46 @@ pub(crate) fn with_addr(seed: &ConnectionInfo, host: &str, port: u16) -> Connect
 }
 
 #[cfg(feature = "tokio")]
-/// `f`, failing with a timeout if it is not done by `limit`.
+/// `f`, failing with a timeout if it is not done by `limit`. A reply may have come in time
+/// and not yet been read by the connection's task when the timer fires (the two woke
+/// together: this process was stopped, or its runtime busy elsewhere), so `f` gets a
+/// short grace first. A timer that fired well after `limit`, or a timeout of `f`'s own
+/// (a connection's) seen then, fails with [`late`]: the time went to this process, not to
+/// the server.
 pub(crate) async fn bounded<T>(
     limit: Instant,
     f: impl std::future::Future<Output = RedisResult<T>>,
 ) -> RedisResult<T> {
-    let wait = left(limit).ok_or_else(timed_out)?;
-    tokio::time::timeout(wait, f)
-        .await
-        .unwrap_or_else(|_| Err(timed_out()))
+    // (nothing asked yet: a limit already passed is this process's lateness)
+    let wait = left(limit).ok_or_else(late)?;
+    let was_late = || Instant::now() >= limit + LATE_TIMER;
+    let mut f = std::pin::pin!(f);
+    match tokio::time::timeout(wait, f.as_mut()).await {
+        Ok(Err(e)) if e.is_timeout() && was_late() => return Err(late()),
+        Ok(done) => return done,
+        Err(_) => {}
+    }
+    let was_late = was_late();
+    let grace = if was_late { LATE_GRACE } else { GRACE };
+    match tokio::time::timeout(grace, f).await {
+        Ok(Err(e)) if e.is_timeout() && was_late => Err(late()),
+        Ok(done) => done,
+        Err(_) if was_late => Err(late()),
+        Err(_) => Err(timed_out()),
+    }
 }
+
+/// How late a request's timer fires before [`bounded`] takes it for this process's
+/// lateness rather than the server's.
+#[cfg(feature = "tokio")]
+const LATE_TIMER: Duration = Duration::from_millis(10);
+
+/// How long [`bounded`] gives a request whose timer fired, for a reply that came in time
+/// to be read (a turn of the runtime), and one whose timer fired late.
+#[cfg(feature = "tokio")]
+const GRACE: Duration = Duration::from_millis(2);
+#[cfg(feature = "tokio")]
+const LATE_GRACE: Duration = Duration::from_millis(10);
 
 /// A command that failed, and whether the server may have run it all the same (the
 /// request went out and no answer came back).
@@ -166,17 +207,22 @@ pub(crate) fn is_broken(e: &redis::RedisError) -> bool {
 /// (see [`is_interrupted`]).
 pub(crate) const MAX_INTERRUPTS: u32 = 8;
 
-/// Whether `e` is a request interrupted by a signal, not by the server or the network:
-/// a process stopped (SIGSTOP, Ctrl-Z) and continued while it read a reply has that read
-/// fail with EINTR, since the socket has a timeout (signal(7)). The request may have run.
+/// Whether `e` is a request interrupted by a stop of this process, not by the server or
+/// the network: a process stopped (SIGSTOP, Ctrl-Z) and continued while it read a reply
+/// has that read fail with EINTR, since the socket has a timeout (signal(7)), and one
+/// stopped before the request went out, past its time limit, fails with [`late`]. The
+/// request may have run (the one before it did, when a stop came between two).
 ///
 /// The client keeps the `io::Error` to itself (behind an `Arc<dyn Error>` that no downcast
 /// reaches), so this reads the OS error code that its text ends with, as `io::Error`
-/// writes it ("... (os error 4)"), whatever the language of the description.
+/// writes it ("... (os error 4)"), whatever the language of the description, or
+/// [`late`]'s words.
 pub(crate) fn is_interrupted(e: &redis::RedisError) -> bool {
-    e.is_io_error()
-        && e.to_string()
-            .ends_with(&format!("(os error {})", libc::EINTR))
+    if !e.is_io_error() {
+        return false;
+    }
+    let text = e.to_string();
+    text.ends_with(&format!("(os error {})", libc::EINTR)) || text.ends_with(LATE)
 }
 
 /// Whether a request that failed with `e` may have run on the server: no reply came.
@@ -222,6 +268,68 @@ mod tests {
         assert_eq!(shown(Duration::from_millis(1500)), "1.5s");
         assert_eq!(shown(Duration::from_micros(300)), "under 1ms");
         assert_eq!(shown(Duration::ZERO), "0s");
+    }
+
+    /// `bounded` on a runtime whose thread was kept from running past the limit (as a stop
+    /// of the process keeps it): a reply that came meanwhile is taken, not a timeout; one
+    /// that never comes is this process's lateness; a limit missed without that is the
+    /// server's timeout.
+    #[cfg(feature = "tokio")]
+    #[test]
+    fn a_timer_that_fires_late_gives_the_reply_its_chance() {
+        use super::bounded;
+        use std::time::{Duration, Instant};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            // The reply comes at 10 ms, through a task of the runtime (as a connection's
+            // reader), while the runtime's thread is held until 60 ms (the timer at 20 ms).
+            let limit = Instant::now() + Duration::from_millis(20);
+            let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let _ = tx.send(7);
+            });
+            let reply = async { Ok::<_, redis::RedisError>(rx.await.unwrap_or(0)) };
+            let held = async {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                std::thread::sleep(Duration::from_millis(60)); // the whole runtime
+                std::future::pending::<()>().await
+            };
+            tokio::spawn(held);
+            assert_eq!(bounded(limit, reply).await.unwrap(), 7);
+
+            // No reply at all, and the thread held past the limit: lateness.
+            let limit = Instant::now() + Duration::from_millis(20);
+            tokio::spawn(async {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                std::thread::sleep(Duration::from_millis(60));
+            });
+            let never = std::future::pending::<redis::RedisResult<()>>();
+            let e = bounded(limit, never).await.unwrap_err();
+            assert!(is_interrupted(&e) && !e.is_timeout(), "{e}");
+
+            // No reply, the runtime free: the server's timeout.
+            let limit = Instant::now() + Duration::from_millis(20);
+            let never = std::future::pending::<redis::RedisResult<()>>();
+            let e = bounded(limit, never).await.unwrap_err();
+            assert!(e.is_timeout() && !is_interrupted(&e), "{e}");
+
+            // A connection's own timeout seen late is lateness too.
+            let limit = Instant::now() + Duration::from_millis(20);
+            tokio::spawn(async {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                std::thread::sleep(Duration::from_millis(60));
+            });
+            let own = async {
+                tokio::time::sleep(Duration::from_millis(15)).await;
+                Err::<(), _>(super::timed_out())
+            };
+            let e = bounded(limit, own).await.unwrap_err();
+            assert!(is_interrupted(&e) && !e.is_timeout(), "{e}");
+        });
     }
 
     #[test]

@@ -170,14 +170,20 @@ impl RedisBusy {
     }
 
     /// An attempt that failed with `error`: a busy key to wait on while `deadline` allows
-    /// another try and the error is one a new connection may not meet; else the error.
+    /// another try and the error is one a new connection may not meet; else the error. A
+    /// wait cut by this process's own stop is a busy key whatever its deadline: tried
+    /// again, or ended with `Timeout` (see `gave_up`), not with an error that blames the
+    /// server.
     pub(crate) fn or_error(
         names: &Arc<Names>,
         error: Error,
         deadline: Option<Instant>,
     ) -> Result<RedisBusy, Error> {
-        let retry = matches!(&error, Error::Redis(e) if is_broken(e))
-            && deadline.is_some_and(|d| Instant::now() < d);
+        let retry = match &error {
+            Error::Redis(e) if is_interrupted(e) => true,
+            Error::Redis(e) => is_broken(e) && deadline.is_some_and(|d| Instant::now() < d),
+            _ => false,
+        };
         if retry {
             Ok(RedisBusy {
                 failed: Some(error),

@@ -88,9 +88,10 @@ impl Req<'_> {
 
     /// The read and write timeouts for the next request: the time left. A cluster
     /// connection tries a request that timed out up to [`CLUSTER_TRIES`] times in all, so
-    /// each try gets its share.
+    /// each try gets its share. No time left is this process's lateness ([`net::late`]):
+    /// the requests before this one were answered within the limit.
     fn bound(&mut self) -> RedisResult<()> {
-        let left = left(self.limit).ok_or_else(net::timed_out)?;
+        let left = left(self.limit).ok_or_else(net::late)?;
         let tries = match self.conn {
             SyncConn::Cluster(_) => CLUSTER_TRIES,
             SyncConn::Plain(_) => 1,
@@ -171,7 +172,8 @@ impl Shared {
     ) -> RedisResult<(SyncConn, Tag)> {
         match &self.topology {
             Topology::Cluster { client, .. } => {
-                let wait = left(limit).ok_or_else(net::timed_out)?;
+                // (nothing asked yet: a limit already passed is this process's lateness)
+                let wait = left(limit).ok_or_else(net::late)?;
                 let config = redis::cluster::ClusterConfig::new()
                     .set_connection_timeout(wait)
                     .set_response_timeout(timeout);
@@ -325,5 +327,42 @@ dead 127.0.0.1:30009@40009 master,fail - 0 0 1 disconnected
             ]
         );
         assert!(cluster_masters("garbage\n\n").is_empty());
+    }
+
+    /// A request whose limit passed before it went out fails as this process's lateness
+    /// (which a wait takes for a stop of its own), one the server did not answer in time
+    /// as a timeout: a listener that accepts and never answers stands for the server.
+    #[test]
+    fn a_limit_passed_before_the_request_is_lateness_not_the_servers_timeout() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("redis://{}", listener.local_addr().unwrap());
+        let info = redis::IntoConnectionInfo::into_connection_info(url.as_str()).unwrap();
+        let connect = || {
+            let limit = Instant::now() + std::time::Duration::from_secs(5);
+            SyncConn::Plain(net::connect_within(&info, limit).unwrap())
+        };
+        let ping = redis::cmd("PING");
+
+        let mut conn = connect();
+        let passed = Instant::now() - std::time::Duration::from_millis(1);
+        let e = Req::new(&mut conn, passed)
+            .query::<String>(&ping)
+            .unwrap_err();
+        assert!(net::is_interrupted(&e) && !e.is_timeout(), "{e}");
+        let e = net::at_server(e, "h:1", std::time::Duration::ZERO);
+        assert!(net::is_interrupted(&e) && !e.is_timeout(), "named: {e}");
+
+        let mut conn = connect();
+        let limit = Instant::now() + std::time::Duration::from_millis(50);
+        let e = Req::new(&mut conn, limit)
+            .query::<String>(&ping)
+            .unwrap_err();
+        assert!(e.is_timeout() && !net::is_interrupted(&e), "{e}");
+
+        // (nothing asked yet: a connection's limit that passed is lateness too)
+        let Err(e) = net::connect_within(&info, passed) else {
+            panic!("connected past the limit");
+        };
+        assert!(net::is_interrupted(&e), "{e}");
     }
 }
