@@ -87,6 +87,10 @@ const TESTS: &[Test] = &[
         a_push_evicts_nothing_and_a_pop_needs_no_room,
     ),
     Test::new(
+        "a_pop_of_an_element_of_megabytes_takes_no_block_either",
+        a_pop_of_an_element_of_megabytes_takes_no_block_either,
+    ),
+    Test::new(
         "a_list_in_the_heap_changes_at_both_ends_as_a_deque_and_gives_its_blocks_back",
         a_list_in_the_heap_changes_at_both_ends_as_a_deque_and_gives_its_blocks_back,
     ),
@@ -1468,6 +1472,61 @@ fn a_push_evicts_nothing_and_a_pop_needs_no_room() {
         let v = bytes_of(&d, &format!("v{n}")).unwrap_or_else(|| panic!("v{n} went"));
         assert!(verify(n, &v));
     }
+}
+
+/// Elements of megabytes (4 MiB is where a copy shows the waiting writers that it goes
+/// on) are popped as any other: at the edge, taking no block, so that in a full heap a pop
+/// evicts nothing, at the front nor at the back. (They were popped by rewriting the rest
+/// of the list whole beside the old copy, which evicted for that copy, and in a heap full
+/// of lists freed the list first.)
+fn a_pop_of_an_element_of_megabytes_takes_no_block_either() {
+    let (_path, d) = heap_dict("heap-list-megabytes", 1024, 24 << 20);
+    // (values of 64 KiB first: the entries could not fill a heap of megabytes otherwise)
+    let fill = |d: &SharedDict, next: &mut u32| {
+        while d.heap_free() >= 300 * BLOCK {
+            d.set(format!("m{next}"), &[7u8; 64 << 10][..], Duration::ZERO)
+                .unwrap();
+            *next += 1;
+        }
+        fill_heap(d, next, 1);
+    };
+    let big = |n: u8, len: usize| {
+        let mut v = vec![n; len];
+        v[len / 2] = !n;
+        v
+    };
+    let (e0, e1, e2) = (big(1, (4 << 20) + 4321), big(2, 5 << 20), big(3, 100));
+    let e3 = big(4, (4 << 20) + 77);
+    for e in [&e0, &e1, &e2, &e3] {
+        d.rpush("big", &e[..]).unwrap();
+    }
+    let mut next = 0;
+    fill(&d, &mut next);
+    let evicted = d.evictions();
+    for (front, want) in [(true, &e0), (false, &e3)] {
+        let free = d.heap_free();
+        assert!(free < 2 * BLOCK, "{free} bytes free");
+        let popped = if front { d.lpop("big") } else { d.rpop("big") };
+        let Some(Value::Bytes(v)) = popped.unwrap() else {
+            panic!("no element (front: {front})");
+        };
+        assert!(&v == want, "the element came back changed (front: {front})");
+        assert_eq!(d.evictions(), evicted, "a pop evicted (front: {front})");
+        assert!(
+            d.heap_free() >= free + want.len() as u64 - 2 * BLOCK,
+            "the pop's blocks did not come back: {} bytes free (front: {front})",
+            d.heap_free()
+        );
+        fill(&d, &mut next);
+    }
+    assert_eq!(d.llen("big").unwrap(), 2);
+    for want in [&e1, &e2] {
+        let Some(Value::Bytes(v)) = d.lpop("big").unwrap() else {
+            panic!("an element went");
+        };
+        assert!(&v == want, "an element came back changed");
+    }
+    assert!(bytes_of(&d, "m0").is_some(), "m0, the oldest value, went");
 }
 
 /// An element of the deque test: its number in its first 8 bytes, then bytes derived from

@@ -15,7 +15,7 @@
 //! the new chain, as any value's: a writer stopped or killed before that leaves the old
 //! chain whole (the undo copy names it: the key keeps its list), and what it took or
 //! left to a sweep. The whole-value path still serves a list moving between its entry and
-//! the heap, an element of megabytes (whose copy beats), and a damaged element.
+//! the heap, a push of an element of megabytes (whose copy beats), and a damaged element.
 
 use super::*;
 use crate::dict::heap::{Chain, BEAT_BYTES, BLOCK, MAX_SKIP, PER_INDEX};
@@ -350,9 +350,9 @@ impl SharedDict {
 
     /// `pop` at the edge of a list kept in the heap: `None` if the key holds no such list,
     /// if what the pop leaves is short enough for its entry (the whole-value path moves it
-    /// there) or nothing, or if the element there is damaged or of megabytes. A pop takes
-    /// no block: at the front it moves the chain's skip on (to the next index block once
-    /// it passes the first's data), at the back its length, and the blocks it passes go.
+    /// there) or nothing, or if the element there is damaged. A pop takes no block: at the
+    /// front it moves the chain's skip on (to the next index block once it passes the
+    /// first's data), at the back its length, and the blocks it passes go.
     fn pop_at_edge(
         &self,
         w: &Locked<'_>,
@@ -381,11 +381,7 @@ impl SharedDict {
         let heap = self.heap();
         let size = ELEMENT_EXTRA + element_len(&read_span(&heap, &old, near, near_len));
         let left = match chain.len.checked_sub(size) {
-            Some(left)
-                if left > self.inner.geometry.max_value && old.count >= 2 && size < BEAT_BYTES =>
-            {
-                left
-            }
+            Some(left) if left > self.inner.geometry.max_value && old.count >= 2 => left,
             _ => return Ok(None),
         };
         let at = if front { 0 } else { left };
@@ -395,6 +391,8 @@ impl SharedDict {
             return Ok(None);
         }
         let whole = read_span(&heap, &old, at, size);
+        // (an element of megabytes took a while to read: the writers waiting see why)
+        self.beat_if_big(w, size);
         let value_len = size - ELEMENT_EXTRA;
         if element_len(&whole[..ELEMENT_HEAD]) != value_len
             || element_len(&whole[size - ELEMENT_TAIL..]) != value_len
