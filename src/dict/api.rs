@@ -64,6 +64,9 @@ const SWEEP_DUE: usize = HEAP_TAG + 1;
 /// process kept from a scan name entries, and a move makes them out of date (see
 /// `SharedDict::evict_ranked`).
 const MOVES: usize = SWEEP_DUE + 1;
+/// The writer that asked the writer lock for a turn (see `writer.rs`), in its low half as
+/// an `AtomicU32`. (A word that files made before it have zero: nobody asked.)
+const TURN: usize = MOVES + 1;
 /// The writer lock's epoch in steps of a 64th of the entries' count (a power of two)
 /// of holds, as the last hold that crossed a step left it: a read of a key already read
 /// in this tick stamps it again once this moved (see `recency.rs`). A line of its own
@@ -71,6 +74,7 @@ const MOVES: usize = SWEEP_DUE + 1;
 /// that files made before it have zero.)
 const READ_STEP: usize = 64;
 const CONTROL_WORDS: usize = crate::shm::format::DICT_CONTROL_SIZE / 8;
+const _: () = assert!(TURN < READ_STEP);
 
 /// How long a waiting writer sleeps before it looks at the holder again.
 const RECHECK: Duration = Duration::from_millis(10);
@@ -1365,9 +1369,13 @@ impl SharedDict {
         // (its low half, in every process), so there are no mixed-size accesses; the
         // pointer is 8-byte aligned, in bounds, and lives as long as `self`'s mapping.
         let wait = unsafe { AtomicU32::from_ptr(wait.as_ptr().cast::<u32>()) };
+        let turn = &self.words()[TURN];
+        // SAFETY: as WAIT's, for the control page's TURN word.
+        let turn = unsafe { AtomicU32::from_ptr(turn.as_ptr().cast::<u32>()) };
         WriterLock {
             word: &self.words()[WRITER],
             wait,
+            turn,
         }
     }
 

@@ -1037,10 +1037,11 @@ mod tests {
 
     /// Runs `f` holding a writer lock of its own as owner `me`.
     fn locked<R>(me: OwnerId, f: impl FnOnce(&Writing<'_>) -> R) -> R {
-        let (word, wait) = (AtomicU64::new(0), AtomicU32::new(0));
+        let (word, wait, turn) = (AtomicU64::new(0), AtomicU32::new(0), AtomicU32::new(0));
         let (w, took_over) = WriterLock {
             word: &word,
             wait: &wait,
+            turn: &turn,
         }
         .lock(&Env { me });
         assert!(!took_over);
@@ -1172,10 +1173,11 @@ mod tests {
         let words = entry_words(&g);
         let e = Entry::new(&words, &g);
         let k = PackedKey::new(b"k", 1);
-        let (word, wait) = (AtomicU64::new(0), AtomicU32::new(0));
+        let (word, wait, turn) = (AtomicU64::new(0), AtomicU32::new(0), AtomicU32::new(0));
         let lock = WriterLock {
             word: &word,
             wait: &wait,
+            turn: &turn,
         };
         let (w, _) = lock.lock(&Env { me: ME });
         e.store(

@@ -138,10 +138,11 @@ mod tests {
         assert_ne!(word.load(Ordering::Relaxed), before);
         assert_eq!(word.load(Ordering::Relaxed) & BITS, 1 << 3);
 
-        let (lock, wait) = (AtomicU64::new(0), AtomicU32::new(0));
+        let (lock, wait, turn) = (AtomicU64::new(0), AtomicU32::new(0), AtomicU32::new(0));
         let lock = WriterLock {
             word: &lock,
             wait: &wait,
+            turn: &turn,
         };
         let (w, _) = lock.lock(&Env);
         // fewer than REBUILD_AT bits: left as it is, the scan not even made

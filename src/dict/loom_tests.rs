@@ -35,6 +35,7 @@ struct Dict {
     jcopies: Arc<Vec<AtomicU64>>,
     lock: Arc<AtomicU64>,
     wait: Arc<AtomicU32>,
+    turn: Arc<AtomicU32>,
     dead: Arc<AtomicU64>,
     stalled: Arc<AtomicBool>,
 }
@@ -76,6 +77,7 @@ impl Dict {
             ),
             lock: Arc::new(AtomicU64::new(0)),
             wait: Arc::new(AtomicU32::new(0)),
+            turn: Arc::new(AtomicU32::new(0)),
             dead: Arc::new(AtomicU64::new(0)),
             stalled: Arc::new(AtomicBool::new(false)),
         }
@@ -127,6 +129,7 @@ impl Dict {
         let lock = WriterLock {
             word: &self.lock,
             wait: &self.wait,
+            turn: &self.turn,
         };
         let (w, took_over) = lock.lock(&env);
         let w = ManuallyDrop::new(w);
@@ -291,6 +294,7 @@ fn dict_writer_death_leaves_the_old_value_or_the_new() {
             let lock = WriterLock {
                 word: &d.lock,
                 wait: &d.wait,
+                turn: &d.turn,
             };
             let (w, took_over) = lock.lock(&env);
             if took_over {
@@ -385,6 +389,7 @@ fn dict_a_write_back_interrupted_at_any_step_is_finished_by_the_next() {
                 let lock = WriterLock {
                     word: &d.lock,
                     wait: &d.wait,
+                    turn: &d.turn,
                 };
                 crash::arm(wstep);
                 let _ = std::panic::catch_unwind(|| d.store(1, b"k", 2));
@@ -431,6 +436,7 @@ fn dict_a_stalled_writer_leaves_the_old_value_readable() {
         let lock = WriterLock {
             word: &d.lock,
             wait: &d.wait,
+            turn: &d.turn,
         };
         let (w, _) = lock.lock(&Proc { d: &d, pid: 2 });
         d.clean(&w);
@@ -444,6 +450,55 @@ fn dict_a_stalled_writer_leaves_the_old_value_readable() {
             Some(1) => assert!(written.is_err(), "a write that reported success was lost"),
             _ => panic!("the key's value was lost: {after:?}"),
         }
+    });
+}
+
+/// Model D8 — writers taking turns: while writer 1 holds the lock, writer 2 waits and has
+/// asked for a turn (as after a sleep: loom cannot keep a yielding waiter going while the
+/// holder could run); writer 1 releases (the free word reserved for writer 2) and takes
+/// the lock again at once, finding the word reserved: it waits, or sees the reservation
+/// stand through a sleep (a yield here) and takes it. Each hold is alone (an increment
+/// made of a load and a store loses nothing), both get through, and the lock ends free
+/// with no turn left asked for.
+#[test]
+fn dict_writers_taking_turns_hold_the_lock_one_at_a_time() {
+    fn lock(d: &Dict) -> WriterLock<'_> {
+        WriterLock {
+            word: &d.lock,
+            wait: &d.wait,
+            turn: &d.turn,
+        }
+    }
+    fn hold<'a>(d: &'a Dict, pid: u32, count: &AtomicU64) -> super::writer::Writing<'a> {
+        let (w, took_over) = lock(d).lock(&Proc { d, pid });
+        assert!(!took_over, "nobody stalled nor died");
+        let n = count.load(Ordering::Relaxed);
+        count.store(n + 1, Ordering::Relaxed);
+        w
+    }
+    model_with(3, || {
+        let d = Dict::new();
+        let count = Arc::new(AtomicU64::new(0));
+        let first = hold(&d, 1, &count);
+        let other = {
+            let (d, count) = (d.clone(), count.clone());
+            thread::spawn(move || hold(&d, 2, &count).release().unwrap())
+        };
+        lock(&d).asked_by(Proc { d: &d, pid: 2 }.owner());
+        first.release().unwrap();
+        hold(&d, 1, &count).release().unwrap();
+        other.join().unwrap();
+        assert_eq!(count.load(Ordering::SeqCst), 3, "two holds at once");
+        assert_eq!(
+            d.lock.load(Ordering::SeqCst) & 1,
+            0,
+            "the lock was left held"
+        );
+        assert_eq!(
+            d.turn.load(Ordering::SeqCst),
+            0,
+            "a turn was left asked for"
+        );
     });
 }
 
@@ -464,6 +519,7 @@ fn dict_a_taken_over_filter_rebuild_never_clears_a_placed_key() {
         let lock = WriterLock {
             word: &d.lock,
             wait: &d.wait,
+            turn: &d.turn,
         };
         // "a" is stored; the filter also has the bits of three keys that went, "k"'s among them
         {
@@ -492,6 +548,7 @@ fn dict_a_taken_over_filter_rebuild_never_clears_a_placed_key() {
                 let lock = WriterLock {
                     word: &d.lock,
                     wait: &d.wait,
+                    turn: &d.turn,
                 };
                 let (w, _) = lock.lock(&Proc { d: &d, pid: 1 });
                 held.store(true, Ordering::SeqCst);

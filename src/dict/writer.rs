@@ -15,6 +15,19 @@
 //! long). Release is a CAS from the exact word the owner took: an owner that was taken
 //! over finds it failing.
 //!
+//! **A turn for a writer that waited.** A writer that comes while the lock is free takes
+//! it at once, even with others asleep on it: a holder that writes again and again would
+//! take it back at every release before the sleeper it woke could run (up to hundreds of
+//! holds while it woke). So a
+//! writer that slept once and still finds the lock held asks for a turn (the `turn`
+//! word: its owner id), and a release that wakes sleepers leaves the free word *reserved*
+//! for it: the owner field of a free word names the writer that alone may take it. The
+//! others wait; a reservation lapses when its writer is dead, or for a writer that saw
+//! the same reserved word before and after a whole sleep (its writer stopped, or gone on
+//! without it). A free word of a file made before reservations has no owner: the same
+//! rule. (A process of a build without reservations takes a reserved word as a free one:
+//! unfair, never unsafe. Every hold is a CAS from a free word, reserved or not.)
+//!
 //! A writer that was taken over may resume and go on writing. What it can reach is
 //! contained by the entries' protocol (see [`entry`](super::entry)): every entry write
 //! begins with a CAS that marks the entry as being written by its owner, then checks —
@@ -29,6 +42,11 @@ const LOCKED: u64 = 1;
 const WAITERS: u64 = 2;
 const OWNER_SHIFT: u32 = 2;
 const EPOCH_SHIFT: u32 = 26;
+/// The owner field (24 bits, an [`OwnerId`]'s 22 and a mark).
+const OWNER_MASK: u64 = ((1 << (EPOCH_SHIFT - OWNER_SHIFT)) - 1) << OWNER_SHIFT;
+/// Marks an owner id in a free word's owner field (a reservation) and in the `turn` word,
+/// so that neither is zero for owner id 0.
+const NAMED: u32 = 1 << 22;
 
 /// What the writer lock needs from the world.
 pub(crate) trait WriterEnv {
@@ -55,6 +73,8 @@ fn wake(wait: &AtomicU32) {
 pub(crate) struct WriterLock<'a> {
     pub word: &'a AtomicU64,
     pub wait: &'a AtomicU32,
+    /// The writer that asked for a turn ([`NAMED`] | its owner id), or 0.
+    pub turn: &'a AtomicU32,
 }
 
 /// The writer lock, held. Release it with [`release`](Writing::release) (or drop it).
@@ -87,7 +107,8 @@ impl<'a> WriterLock<'a> {
         // The uncontended case inline: a result built in the caller's registers, not
         // returned through memory (whose reload stalled on store forwarding).
         let cur = self.word.load(Ordering::Acquire);
-        if cur & LOCKED == 0 {
+        // (free, and reserved for nobody: one mask)
+        if cur & (LOCKED | WAITERS | OWNER_MASK) == 0 {
             let mine = next_hold(cur, env.owner());
             if self
                 .word
@@ -104,42 +125,62 @@ impl<'a> WriterLock<'a> {
     #[inline(never)]
     fn lock_slow(self, env: &impl WriterEnv) -> (Writing<'a>, bool) {
         let owner = env.owner();
+        let me = NAMED | owner.bits();
         let mut round = 0;
+        let mut sleeps = 0u32;
+        // The reserved free word seen before the last sleep.
+        let mut before_sleep = None;
         loop {
             let cur = self.word.load(Ordering::Acquire);
             if cur & LOCKED == 0 {
-                let mine = next_hold(cur, owner);
-                if self
-                    .word
-                    .compare_exchange(cur, mine, Ordering::SeqCst, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    return (self.held(mine), false);
-                }
-                continue;
-            }
-            // A holder this process has watched for the whole bound is not worth a spin;
-            // one that may just be busy for a moment is, before a system call.
-            let stalled = env.stalled(cur & !WAITERS);
-            if !stalled && round < SETTLE_ROUNDS {
-                spin(round);
-                round += 1;
-                continue;
-            }
-            if stalled || env.is_dead(owner_of(cur)) {
-                let mine = next_hold(cur, owner);
-                if self
-                    .word
-                    .compare_exchange(cur, mine, Ordering::SeqCst, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    if cur & WAITERS != 0 {
-                        // The old owner's sleepers would otherwise sleep out their step.
-                        wake(self.wait);
+                let named = ((cur & OWNER_MASK) >> OWNER_SHIFT) as u32;
+                let may = named == 0
+                    || named == me
+                    || before_sleep == Some(cur)
+                    || env.is_dead(OwnerId::from_bits(named));
+                if may {
+                    let mine = next_hold(cur, owner);
+                    // (sleepers on a reserved word are woken by this hold's release)
+                    let next = mine | (cur & WAITERS);
+                    if self
+                        .word
+                        .compare_exchange(cur, next, Ordering::SeqCst, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        self.no_turn(sleeps, me);
+                        return (self.held(mine), false);
                     }
-                    return (self.held(mine), true);
+                    continue;
                 }
-                continue;
+                // Reserved for another writer: wait for it to take it, or to lapse.
+            } else {
+                // A holder this process has watched for the whole bound is not worth a
+                // spin; one that may just be busy for a moment is, before a system call.
+                let stalled = env.stalled(cur & !WAITERS);
+                if !stalled && round < SETTLE_ROUNDS {
+                    spin(round);
+                    round += 1;
+                    continue;
+                }
+                if stalled || env.is_dead(owner_of(cur)) {
+                    let mine = next_hold(cur, owner);
+                    if self
+                        .word
+                        .compare_exchange(cur, mine, Ordering::SeqCst, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        if cur & WAITERS != 0 {
+                            // The old owner's sleepers would otherwise sleep out their step.
+                            wake(self.wait);
+                        }
+                        self.no_turn(sleeps, me);
+                        return (self.held(mine), true);
+                    }
+                    continue;
+                }
+                if sleeps > 0 {
+                    self.ask_turn(env, me);
+                }
             }
             // The lost-wakeup guard: `seen` is read before the waiters bit is set, and the
             // releaser clears the word before it bumps `wait`, so a release after our CAS
@@ -154,8 +195,39 @@ impl<'a> WriterLock<'a> {
             {
                 continue;
             }
+            before_sleep = (cur & LOCKED == 0).then_some(cur | WAITERS);
             env.sleep(self.wait, seen);
+            sleeps += 1;
         }
+    }
+
+    /// Withdraws the turn this writer may have asked for (`me`), once it holds the lock.
+    fn no_turn(&self, sleeps: u32, me: u32) {
+        if sleeps > 0 {
+            let _ = self
+                .turn
+                .compare_exchange(me, 0, Ordering::SeqCst, Ordering::Relaxed);
+        }
+    }
+
+    /// Asks for the next turn (`me`), unless another writer that lives asked first.
+    fn ask_turn(&self, env: &impl WriterEnv, me: u32) {
+        let asked = self.turn.load(Ordering::SeqCst);
+        if asked == me || (asked != 0 && !env.is_dead(OwnerId::from_bits(asked))) {
+            return;
+        }
+        let _ = self
+            .turn
+            .compare_exchange(asked, me, Ordering::SeqCst, Ordering::Relaxed);
+    }
+
+    /// What a writer `owner` that slept on the lock and asked for a turn leaves: the
+    /// waiters bit on the held word, and the turn. (For a model that needs that state
+    /// without a holder that waits for the sleeper.)
+    #[cfg(loom)]
+    pub(crate) fn asked_by(&self, owner: OwnerId) {
+        self.word.fetch_or(WAITERS, Ordering::SeqCst);
+        self.turn.store(NAMED | owner.bits(), Ordering::SeqCst);
     }
 
     fn held(self, mine: u64) -> Writing<'a> {
@@ -233,24 +305,49 @@ impl Writing<'_> {
     #[inline(never)]
     fn unlock(&self) -> Result<(), TakenOver> {
         let mine = self.mine.get();
-        let mut cur = mine;
-        loop {
-            // Unlocked, with the epoch kept: the next hold's word is new.
-            let free = mine & !((1 << EPOCH_SHIFT) - 1);
-            match self
-                .lock
-                .word
-                .compare_exchange(cur, free, Ordering::SeqCst, Ordering::Relaxed)
-            {
-                Ok(_) => {
-                    if cur & WAITERS != 0 {
-                        wake(self.lock.wait);
-                    }
-                    return Ok(());
+        // Unlocked, with the epoch kept: the next hold's word is new.
+        let free = mine & !((1 << EPOCH_SHIFT) - 1);
+        match self
+            .lock
+            .word
+            .compare_exchange(mine, free, Ordering::SeqCst, Ordering::Relaxed)
+        {
+            Ok(_) => Ok(()),
+            Err(now) if now == mine | WAITERS => self.unlock_to_sleepers(free),
+            Err(_) => Err(TakenOver),
+        }
+    }
+
+    /// [`unlock`](Self::unlock) with writers asleep on the lock: the free word reserved
+    /// for the writer that asked for a turn, if one did, and the sleepers woken.
+    #[cold]
+    fn unlock_to_sleepers(&self, free: u64) -> Result<(), TakenOver> {
+        let mine = self.mine.get();
+        let turn = self.lock.turn.load(Ordering::SeqCst);
+        let mut next = free;
+        if turn != 0 && turn != NAMED | owner_of(mine).bits() {
+            next |= u64::from(turn) << OWNER_SHIFT;
+        }
+        match self.lock.word.compare_exchange(
+            mine | WAITERS,
+            next,
+            Ordering::SeqCst,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => {
+                if turn != 0 {
+                    // (given, or this writer's own: asked no more)
+                    let _ = self.lock.turn.compare_exchange(
+                        turn,
+                        0,
+                        Ordering::SeqCst,
+                        Ordering::Relaxed,
+                    );
                 }
-                Err(now) if now & !WAITERS == mine => cur = now,
-                Err(_) => return Err(TakenOver),
+                wake(self.lock.wait);
+                Ok(())
             }
+            Err(_) => Err(TakenOver),
         }
     }
 }
