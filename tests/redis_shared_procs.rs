@@ -469,6 +469,15 @@ fn chaos() {
     assert!(redis.try_lock_with_lease("K", HANG).unwrap().is_some());
 }
 
+/// A first hold and release: the handle's connection and scripts are ready.
+fn warm(redis: &RedisLocks) {
+    redis
+        .lock("warm", opts(HANG, HANG))
+        .unwrap()
+        .unlock()
+        .unwrap();
+}
+
 /// Stops `child` (SIGSTOP) for `d`, then continues it.
 fn stop_and_continue(child: &Child, d: Duration) {
     common::signal::send(child.0, libc::SIGSTOP);
@@ -496,11 +505,7 @@ fn interrupted_requests_with(server: &RedisServer, timeout_ms: u64, stop_ms: u64
     let redis = RedisLocks::open(&server.url())
         .unwrap()
         .with_timeout(Duration::from_millis(timeout_ms));
-    redis
-        .lock("warm", opts(HANG, HANG))
-        .unwrap()
-        .unlock()
-        .unwrap();
+    warm(&redis);
     // per kind: its outcome (1 granted, 2 an error, its text printed, 3 refused), and 1 to
     // let it begin
     let s = Shared::new(6);
@@ -570,11 +575,7 @@ fn interrupted_requests_with(server: &RedisServer, timeout_ms: u64, stop_ms: u64
 fn stopped_async_waits() {
     let server = RedisServer::start();
     let redis = RedisLocks::open(&server.url()).unwrap();
-    redis
-        .lock("warm", opts(HANG, HANG))
-        .unwrap()
-        .unlock()
-        .unwrap();
+    warm(&redis);
     // per kind: its outcome (1 granted, 2 timed out, 3 another error, its text printed),
     // and 1 to let it begin
     let s = Shared::new(6);
