@@ -2,10 +2,10 @@
 //! Redis on loopback, measured side by side in one run.
 //!
 //! ```sh
-//! cargo bench --bench dict --all-features        # the whole table (about 20 s)
+//! cargo bench --bench dict --all-features        # the whole table (about 30 s)
 //! cargo bench --bench dict -- quick              # fewer, shorter rounds (a smoke run)
 //! SHMLOCK_BENCH_QUICK=1 cargo bench --bench dict # the same
-//! cargo bench --bench dict -- single full        # only the sections named (single, procs, full, big, lists)
+//! cargo bench --bench dict -- single full        # only the sections named (single, procs, full, big, lists, writers)
 //! ```
 //!
 //! 1. One process, one thread, 1024 keys, 64-byte values: `get` of a present key (and
@@ -33,6 +33,12 @@
 //!    and 50,000 elements (in the heap), beside a `Mutex<VecDeque<Vec<u8>>>`. A list in
 //!    the heap changes at its edges, but a push writes it a new index (4 bytes for each
 //!    256 of the list: docs/dict.md): this shows what that costs.
+//! 6. Two writers: this process `set`s a key every 200 µs while a forked process `set`s
+//!    back to back, into the same dict, against the same beside a writer busy on a dict of
+//!    its own (the CPU shared alike, the lock not): the waits of this process's sets
+//!    (median, 99th percentile, longest) and the other's sets per second. A writer that
+//!    waits gets the lock's next turn (docs/dict.md): without that, the back-to-back writer
+//!    took the lock again at each release before the writer it woke could run.
 //!
 //! The Redis rows need `redis-server` on the PATH (`bash scripts/redis-server.sh`); without
 //! it they are skipped. Files go to /dev/shm (or the temp dir) and are removed at the end.
@@ -876,6 +882,83 @@ fn lists(r: &mut Report, s: &Scale) {
     let _ = std::fs::remove_file(&path);
 }
 
+// ---------------------------------------------------------------------------------------
+// 6. Two writers
+
+fn two_writers(r: &mut Report, s: &Scale) {
+    println!(
+        "\n6. two writers: a set every 200 µs beside a process setting back to back, in the \
+         same dict or in one of its own ({} rounds of {} ms each, alternated)",
+        s.rounds,
+        s.run.as_millis()
+    );
+    const S: &str = "6. two writers";
+    let path = scratch("writers");
+    let other = scratch("writers-other");
+    let dict = SharedDict::open(&path, CAPACITY, VALUE_LEN).expect("create the dict");
+    let own = SharedDict::open(&other, CAPACITY, VALUE_LEN).expect("create the other dict");
+    let shared = Shared::new(CHILD_BASE + CHILD_WORDS);
+    let v = [7u8; VALUE_LEN];
+    let mut waits: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for _ in 0..s.rounds {
+        for (i, busy) in [&dict, &own].into_iter().enumerate() {
+            shared.clear();
+            let pid = fork(|| {
+                child_loop(&shared, 0, |n| {
+                    busy.set(key(n as usize % 100), &v, Duration::ZERO).is_ok()
+                })
+            });
+            while shared.word(READY).load(Ordering::SeqCst) < 1 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            shared.word(GO).store(1, Ordering::SeqCst);
+            let end = Instant::now() + s.run;
+            let mut n = 0;
+            while Instant::now() < end {
+                let t = Instant::now();
+                dict.set(key(1000 + n % 100), &v, Duration::ZERO)
+                    .expect("set");
+                waits[i].push(t.elapsed().as_nanos() as f64);
+                n += 1;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            shared.word(STOP).store(1, Ordering::SeqCst);
+            wait(pid);
+            let w = |k: usize| shared.word(CHILD_BASE + k).load(Ordering::SeqCst) as f64;
+            rates[i].push(w(OPS) / (w(WALL_NS) / 1e9));
+        }
+    }
+    for (i, what) in ["the same dict", "a dict of its own"].iter().enumerate() {
+        let mut all = std::mem::take(&mut waits[i]);
+        all.sort_by(f64::total_cmp);
+        let at = |q: f64| all[((all.len() - 1) as f64 * q) as usize];
+        let row = format!(
+            "{} / {} / {}",
+            fmt_ns(at(0.5)),
+            fmt_ns(at(0.99)),
+            fmt_ns(all[all.len() - 1])
+        );
+        r.row(
+            S,
+            format!("set: median / p99 / longest, beside {what}"),
+            row,
+            format!("{} sets", all.len()),
+        );
+        let mut rate = std::mem::take(&mut rates[i]);
+        rate.sort_by(f64::total_cmp);
+        r.row(
+            S,
+            format!("the back-to-back writer's sets/s, in {what}"),
+            format!("{:.2} M/s", rate[rate.len() / 2] / 1e6),
+            String::new(),
+        );
+    }
+    drop((dict, own));
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&other);
+}
+
 fn main() {
     // cargo bench passes --bench; "quick" (or SHMLOCK_BENCH_QUICK=1) shortens everything.
     let quick = std::env::args().any(|a| a == "quick")
@@ -899,7 +982,8 @@ fn main() {
     };
     let started = Instant::now();
     let mut r = Report::default();
-    // Section names on the command line (`procs`, `single`, `full`, `big`, `lists`) pick
+    // Section names on the command line (`procs`, `single`, `full`, `big`, `lists`,
+    // `writers`) pick
     // sections; none: all.
     let picked: Vec<String> = std::env::args()
         .skip(1)
@@ -922,6 +1006,9 @@ fn main() {
     }
     if run("lists") {
         lists(&mut r, &s);
+    }
+    if run("writers") {
+        two_writers(&mut r, &s);
     }
 
     println!("\n| section | what | median | spread |\n|---|---|---|---|");
