@@ -22,7 +22,7 @@ use crate::lock::LockGuard;
 use crate::redis_store::aio::Aio;
 use crate::redis_store::async_wait::Turn;
 use crate::redis_store::net::bounded;
-use crate::redis_store::net::{allowed, is_unanswered, Failed};
+use crate::redis_store::net::{allowed, is_unanswered, Failed, MAX_INTERRUPTS};
 use crate::redis_store::ops::{
     answer, foreign, lapse_by, mark_step, mismatch, mode_arg, replicated, Answer, Names, RedisBusy,
     RedisHold,
@@ -150,10 +150,31 @@ impl RedisLocks {
     ) -> Result<Result<RedisHold, RedisBusy>, Error> {
         let pool = &self.0.pool;
         let ttl = self.lease_ms(exptime_ns, Duration::ZERO).unwrap_or(1);
-        let limit = self.attempt_limit(deadline);
+        let mut limit = self.attempt_limit(deadline);
         let exclusive = self.0.replicas.is_some();
         let mut corrected = false;
+        let mut cuts = 0;
         loop {
+            if Instant::now() >= limit {
+                // Drawn just before, and passed before anything was asked: this process
+                // was stopped (or not run) meanwhile, which says nothing of the server. A
+                // new try, while the wait's deadline allows; a wait past it ends with
+                // `Timeout` (see `gave_up`).
+                let again = cuts < MAX_INTERRUPTS && deadline.is_none_or(|d| Instant::now() < d);
+                if again {
+                    cuts += 1;
+                    limit = self.attempt_limit(deadline);
+                    continue;
+                }
+                let late = Error::Redis(crate::redis_store::net::late());
+                return match deadline {
+                    Some(_) => Ok(Err(RedisBusy {
+                        failed: Some(late),
+                        ..RedisBusy::held(names).in_mode(mode)
+                    })),
+                    None => Err(late),
+                };
+            }
             let process = crate::shm::process::token();
             let (token, value) = identity::new_hold();
             let not_after = pool.shared.clock.at(limit).unwrap_or(0);
@@ -204,9 +225,11 @@ impl RedisLocks {
             }
             match verdict {
                 Answer::Taken => {}
+                // (the server answers: a new try, with a limit of its own)
                 Answer::TooLate if !corrected => {
                     pending.armed = false;
                     corrected = true;
+                    limit = self.attempt_limit(deadline);
                     self.give_back(exclusive, aio);
                     continue;
                 }

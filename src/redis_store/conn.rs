@@ -163,6 +163,11 @@ impl Pool {
             error: e.into(),
             unknown: false,
         };
+        if started >= limit {
+            // (callers draw the limit just before: it passed while this process was
+            // stopped, before anything was asked)
+            return Err(before(net::late()));
+        }
         let taken = loop {
             let Some((c, tag)) = lock(&self.local().idle).pop() else {
                 break None;

@@ -22,8 +22,7 @@ pub(crate) fn connect_within(info: &ConnectionInfo, limit: Instant) -> RedisResu
     let settings = info.redis_settings().clone().set_skip_set_lib_name();
     let steps = 1 + u32::from(settings.password().is_some()) + u32::from(settings.db() != 0);
     let info = info.clone().set_redis_settings(settings);
-    // (nothing asked yet: a limit already passed is this process's lateness)
-    let timeout = left(limit).ok_or_else(late)? / steps;
+    let timeout = left(limit).ok_or_else(timed_out)? / steps;
     let con = Client::open(info)?.get_connection_with_timeout(timeout)?;
     let timeout = left(limit).ok_or_else(timed_out)?;
     con.set_read_timeout(Some(timeout))?;
@@ -104,15 +103,21 @@ pub(crate) fn allowed(started: Instant, limit: Instant) -> Duration {
     limit.saturating_duration_since(started)
 }
 
-/// What a request whose time limit passed before it went out fails with: the server was
-/// not asked (or answered the requests before it in time), so the time went to this
-/// process, stopped (SIGSTOP, Ctrl-Z) or not run, as with a read that a stop cut
-/// ([`is_interrupted`] tells both).
+/// What a request whose time limit passed before it went out fails with, when the time
+/// went to this process (stopped: SIGSTOP, Ctrl-Z; or not run), not to the server: a
+/// command whose limit passed before it asked anything, or a request whose limit passed
+/// [`LATE_GAP`] or more after the reply before it came ([`is_interrupted`] tells it, as
+/// a read that a stop cut).
 pub(crate) fn late() -> redis::RedisError {
     redis::RedisError::from(std::io::Error::new(std::io::ErrorKind::Interrupted, LATE))
 }
 
 const LATE: &str = "this process was stopped or not run until the request's time limit had passed";
+
+/// How long this process must have gone without running between one reply and the next
+/// request before a limit that passed meanwhile counts as its lateness: what it does there
+/// takes microseconds; a server that used the time answered the reply before late.
+pub(crate) const LATE_GAP: Duration = Duration::from_millis(10);
 
 pub(crate) fn timed_out() -> redis::RedisError {
     redis::RedisError::from(std::io::Error::new(
@@ -143,36 +148,27 @@ pub(crate) fn with_addr(seed: &ConnectionInfo, host: &str, port: u16) -> Connect
 /// `f`, failing with a timeout if it is not done by `limit`. A reply may have come in time
 /// and not yet been read by the connection's task when the timer fires (the two woke
 /// together: this process was stopped, or its runtime busy elsewhere), so `f` gets a
-/// short grace first. A timer that fired well after `limit`, or a timeout of `f`'s own
-/// (a connection's) seen then, fails with [`late`]: the time went to this process, not to
-/// the server.
+/// short grace first: 2 ms, or 10 ms if the timer fired 10 ms or more late (a request
+/// held up with this process reaches the server only then). With no reply even then, the
+/// server had its time: a timeout.
 pub(crate) async fn bounded<T>(
     limit: Instant,
     f: impl std::future::Future<Output = RedisResult<T>>,
 ) -> RedisResult<T> {
-    // (nothing asked yet: a limit already passed is this process's lateness)
-    let wait = left(limit).ok_or_else(late)?;
-    let was_late = || Instant::now() >= limit + LATE_TIMER;
+    let wait = left(limit).ok_or_else(timed_out)?;
     let mut f = std::pin::pin!(f);
-    match tokio::time::timeout(wait, f.as_mut()).await {
-        Ok(Err(e)) if e.is_timeout() && was_late() => return Err(late()),
-        Ok(done) => return done,
-        Err(_) => {}
+    if let Ok(done) = tokio::time::timeout(wait, f.as_mut()).await {
+        return done;
     }
-    let was_late = was_late();
-    let grace = if was_late { LATE_GRACE } else { GRACE };
-    match tokio::time::timeout(grace, f).await {
-        Ok(Err(e)) if e.is_timeout() && was_late => Err(late()),
-        Ok(done) => done,
-        Err(_) if was_late => Err(late()),
-        Err(_) => Err(timed_out()),
-    }
+    let grace = if Instant::now() >= limit + LATE_GAP {
+        LATE_GRACE
+    } else {
+        GRACE
+    };
+    tokio::time::timeout(grace, f)
+        .await
+        .unwrap_or_else(|_| Err(timed_out()))
 }
-
-/// How late a request's timer fires before [`bounded`] takes it for this process's
-/// lateness rather than the server's.
-#[cfg(feature = "tokio")]
-const LATE_TIMER: Duration = Duration::from_millis(10);
 
 /// How long [`bounded`] gives a request whose timer fired, for a reply that came in time
 /// to be read (a turn of the runtime), and one whose timer fired late.
@@ -271,9 +267,8 @@ mod tests {
     }
 
     /// `bounded` on a runtime whose thread was kept from running past the limit (as a stop
-    /// of the process keeps it): a reply that came meanwhile is taken, not a timeout; one
-    /// that never comes is this process's lateness; a limit missed without that is the
-    /// server's timeout.
+    /// of the process keeps it): a reply that came meanwhile is taken, not a timeout; no
+    /// reply is a timeout, whether the runtime was held or not (the server had its time).
     #[cfg(feature = "tokio")]
     #[test]
     fn a_timer_that_fires_late_gives_the_reply_its_chance() {
@@ -283,6 +278,12 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
+        let hold_the_runtime = || {
+            tokio::spawn(async {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                std::thread::sleep(Duration::from_millis(60)); // the whole runtime
+            })
+        };
         rt.block_on(async {
             // The reply comes at 10 ms, through a task of the runtime (as a connection's
             // reader), while the runtime's thread is held until 60 ms (the timer at 20 ms).
@@ -292,43 +293,19 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 let _ = tx.send(7);
             });
+            hold_the_runtime();
             let reply = async { Ok::<_, redis::RedisError>(rx.await.unwrap_or(0)) };
-            let held = async {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                std::thread::sleep(Duration::from_millis(60)); // the whole runtime
-                std::future::pending::<()>().await
-            };
-            tokio::spawn(held);
             assert_eq!(bounded(limit, reply).await.unwrap(), 7);
 
-            // No reply at all, and the thread held past the limit: lateness.
-            let limit = Instant::now() + Duration::from_millis(20);
-            tokio::spawn(async {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                std::thread::sleep(Duration::from_millis(60));
-            });
-            let never = std::future::pending::<redis::RedisResult<()>>();
-            let e = bounded(limit, never).await.unwrap_err();
-            assert!(is_interrupted(&e) && !e.is_timeout(), "{e}");
-
-            // No reply, the runtime free: the server's timeout.
-            let limit = Instant::now() + Duration::from_millis(20);
-            let never = std::future::pending::<redis::RedisResult<()>>();
-            let e = bounded(limit, never).await.unwrap_err();
-            assert!(e.is_timeout() && !is_interrupted(&e), "{e}");
-
-            // A connection's own timeout seen late is lateness too.
-            let limit = Instant::now() + Duration::from_millis(20);
-            tokio::spawn(async {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                std::thread::sleep(Duration::from_millis(60));
-            });
-            let own = async {
-                tokio::time::sleep(Duration::from_millis(15)).await;
-                Err::<(), _>(super::timed_out())
-            };
-            let e = bounded(limit, own).await.unwrap_err();
-            assert!(is_interrupted(&e) && !e.is_timeout(), "{e}");
+            for held in [true, false] {
+                let limit = Instant::now() + Duration::from_millis(20);
+                if held {
+                    hold_the_runtime();
+                }
+                let never = std::future::pending::<redis::RedisResult<()>>();
+                let e = bounded(limit, never).await.unwrap_err();
+                assert!(e.is_timeout() && !is_interrupted(&e), "held {held}: {e}");
+            }
         });
     }
 

@@ -170,20 +170,14 @@ impl RedisBusy {
     }
 
     /// An attempt that failed with `error`: a busy key to wait on while `deadline` allows
-    /// another try and the error is one a new connection may not meet; else the error. A
-    /// wait cut by this process's own stop is a busy key whatever its deadline: tried
-    /// again, or ended with `Timeout` (see `gave_up`), not with an error that blames the
-    /// server.
+    /// another try and the error is one a new connection may not meet; else the error.
     pub(crate) fn or_error(
         names: &Arc<Names>,
         error: Error,
         deadline: Option<Instant>,
     ) -> Result<RedisBusy, Error> {
-        let retry = match &error {
-            Error::Redis(e) if is_interrupted(e) => true,
-            Error::Redis(e) => is_broken(e) && deadline.is_some_and(|d| Instant::now() < d),
-            _ => false,
-        };
+        let retry = matches!(&error, Error::Redis(e) if is_broken(e))
+            && deadline.is_some_and(|d| Instant::now() < d);
         if retry {
             Ok(RedisBusy {
                 failed: Some(error),
@@ -641,7 +635,11 @@ impl RedisLocks {
                         }
                     };
                 }
-                Answer::TooLate if !corrected => corrected = true,
+                // (the server answers: a new try, with a limit of its own)
+                Answer::TooLate if !corrected => {
+                    corrected = true;
+                    limit = self.attempt_limit(deadline);
+                }
                 Answer::Busy(seen) => return Ok(Err(RedisBusy::held_by(names.clone(), seen))),
                 Answer::Kept(seen) => return Ok(Err(RedisBusy::kept_by(names.clone(), seen))),
                 Answer::Mismatch(held) => return Err(mismatch(key, held, mode)),

@@ -78,20 +78,33 @@ impl SyncConn {
 pub(crate) struct Req<'a> {
     conn: &'a mut SyncConn,
     limit: Instant,
+    /// When the last reply came (or the connection was handed over).
+    last: Instant,
 }
 
 impl Req<'_> {
     /// A connection's requests must be answered by `limit`.
     pub(crate) fn new(conn: &mut SyncConn, limit: Instant) -> Req<'_> {
-        Req { conn, limit }
+        Req {
+            conn,
+            limit,
+            last: Instant::now(),
+        }
     }
 
     /// The read and write timeouts for the next request: the time left. A cluster
     /// connection tries a request that timed out up to [`CLUSTER_TRIES`] times in all, so
-    /// each try gets its share. No time left is this process's lateness ([`net::late`]):
-    /// the requests before this one were answered within the limit.
+    /// each try gets its share. No time left is the server's slowness, unless this process
+    /// went [`net::LATE_GAP`] or more without running since the last reply (stopped): then
+    /// it is this process's lateness ([`net::late`]).
     fn bound(&mut self) -> RedisResult<()> {
-        let left = left(self.limit).ok_or_else(net::late)?;
+        let left = left(self.limit).ok_or_else(|| {
+            if self.last.elapsed() >= net::LATE_GAP {
+                net::late()
+            } else {
+                net::timed_out()
+            }
+        })?;
         let tries = match self.conn {
             SyncConn::Cluster(_) => CLUSTER_TRIES,
             SyncConn::Plain(_) => 1,
@@ -101,7 +114,9 @@ impl Req<'_> {
 
     pub(crate) fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> RedisResult<T> {
         self.bound()?;
-        cmd.query(self.conn.as_dyn())
+        let reply = cmd.query(self.conn.as_dyn());
+        self.last = Instant::now();
+        reply
     }
 
     /// A script: by hash, then whole if the server lacks it, each within the time left.
@@ -172,8 +187,7 @@ impl Shared {
     ) -> RedisResult<(SyncConn, Tag)> {
         match &self.topology {
             Topology::Cluster { client, .. } => {
-                // (nothing asked yet: a limit already passed is this process's lateness)
-                let wait = left(limit).ok_or_else(net::late)?;
+                let wait = left(limit).ok_or_else(net::timed_out)?;
                 let config = redis::cluster::ClusterConfig::new()
                     .set_connection_timeout(wait)
                     .set_response_timeout(timeout);
@@ -329,40 +343,45 @@ dead 127.0.0.1:30009@40009 master,fail - 0 0 1 disconnected
         assert!(cluster_masters("garbage\n\n").is_empty());
     }
 
-    /// A request whose limit passed before it went out fails as this process's lateness
-    /// (which a wait takes for a stop of its own), one the server did not answer in time
-    /// as a timeout: a listener that accepts and never answers stands for the server.
+    /// A request whose limit passed while this process did not run after the reply before
+    /// it (10 ms or more: stopped) fails as this process's lateness, which a wait takes for
+    /// a stop of its own; one whose limit the server's slowness used up (the reply before
+    /// came late, or none came) as a timeout: a listener that accepts and never answers
+    /// stands for the server.
     #[test]
-    fn a_limit_passed_before_the_request_is_lateness_not_the_servers_timeout() {
+    fn a_limit_passed_while_this_process_did_not_run_is_lateness_not_a_timeout() {
+        use std::time::Duration;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("redis://{}", listener.local_addr().unwrap());
         let info = redis::IntoConnectionInfo::into_connection_info(url.as_str()).unwrap();
         let connect = || {
-            let limit = Instant::now() + std::time::Duration::from_secs(5);
+            let limit = Instant::now() + Duration::from_secs(5);
             SyncConn::Plain(net::connect_within(&info, limit).unwrap())
         };
         let ping = redis::cmd("PING");
 
+        // (the process "stopped" 20 ms past a limit 5 ms away)
         let mut conn = connect();
-        let passed = Instant::now() - std::time::Duration::from_millis(1);
-        let e = Req::new(&mut conn, passed)
-            .query::<String>(&ping)
-            .unwrap_err();
+        let mut req = Req::new(&mut conn, Instant::now() + Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(20));
+        let e = req.query::<String>(&ping).unwrap_err();
         assert!(net::is_interrupted(&e) && !e.is_timeout(), "{e}");
-        let e = net::at_server(e, "h:1", std::time::Duration::ZERO);
+        let e = net::at_server(e, "h:1", Duration::ZERO);
         assert!(net::is_interrupted(&e) && !e.is_timeout(), "named: {e}");
 
+        // a limit that passed right after the last reply: the server's
         let mut conn = connect();
-        let limit = Instant::now() + std::time::Duration::from_millis(50);
-        let e = Req::new(&mut conn, limit)
+        let passed = Instant::now() - Duration::from_millis(1);
+        let e = Req::new(&mut conn, passed)
             .query::<String>(&ping)
             .unwrap_err();
         assert!(e.is_timeout() && !net::is_interrupted(&e), "{e}");
 
-        // (nothing asked yet: a connection's limit that passed is lateness too)
-        let Err(e) = net::connect_within(&info, passed) else {
-            panic!("connected past the limit");
-        };
-        assert!(net::is_interrupted(&e), "{e}");
+        let mut conn = connect();
+        let limit = Instant::now() + Duration::from_millis(50);
+        let e = Req::new(&mut conn, limit)
+            .query::<String>(&ping)
+            .unwrap_err();
+        assert!(e.is_timeout() && !net::is_interrupted(&e), "{e}");
     }
 }
