@@ -182,17 +182,21 @@ impl<'a> WriterLock<'a> {
                     self.ask_turn(env, me);
                 }
             }
-            // The lost-wakeup guard: `seen` is read before the waiters bit is set, and the
-            // releaser clears the word before it bumps `wait`, so a release after our CAS
-            // changes `wait` and the sleep returns at once (a release before it fails the
-            // CAS).
+            // The lost-wakeup guard: `seen` is read before the waiters bit is set (or, when
+            // it is set already, before the word is read again), and the releaser changes
+            // the word before it bumps `wait`, so a release after our CAS (or our second
+            // read) changes `wait` and the sleep returns at once, and a release before it
+            // fails the CAS (or shows in the read). Without the second read, a release
+            // between the first and `seen` cost a whole sleep of a free lock.
             let seen = self.wait.load(Ordering::SeqCst);
-            if cur & WAITERS == 0
-                && self
-                    .word
+            let unchanged = if cur & WAITERS == 0 {
+                self.word
                     .compare_exchange(cur, cur | WAITERS, Ordering::SeqCst, Ordering::Relaxed)
-                    .is_err()
-            {
+                    .is_ok()
+            } else {
+                self.word.load(Ordering::SeqCst) == cur
+            };
+            if !unchanged {
                 continue;
             }
             before_sleep = (cur & LOCKED == 0).then_some(cur | WAITERS);
