@@ -197,7 +197,7 @@ async fn connect(shared: &Arc<Shared>, timeout: Duration, limit: Instant) -> Red
                 crate::redis_store::net::at_server(
                     e,
                     &server,
-                    crate::redis_store::net::allowed(started, limit),
+                    crate::redis_store::net::allowed(started, limit, timeout),
                 )
             })?;
             // (the server named by the errors of its requests, as on a plain connection)
@@ -212,7 +212,7 @@ async fn connect(shared: &Arc<Shared>, timeout: Duration, limit: Instant) -> Red
             // (re)connecting: on the blocking pool, not on a runtime thread.
             let shared = shared.clone();
             let located = tokio::task::spawn_blocking(move || match &shared.topology {
-                Topology::Sentinel(s) => s.locate(limit),
+                Topology::Sentinel(s) => s.locate(limit, timeout),
                 _ => unreachable!("a sentinel topology"),
             })
             .await

@@ -215,7 +215,13 @@ impl RedisLocks {
             let reply = match reply {
                 Ok(reply) => reply,
                 Err(e) => {
-                    let e = self.failed(&aio, e, &mut pending, false, allowed(sent, limit));
+                    let e = self.failed(
+                        &aio,
+                        e,
+                        &mut pending,
+                        false,
+                        allowed(sent, limit, self.0.pool.timeout),
+                    );
                     return RedisBusy::or_error(&names, e, deadline).map(Err);
                 }
             };
@@ -272,7 +278,13 @@ impl RedisLocks {
                     // not granted after all: the guard gives back what was taken
                     Ok(acked) => replicated(acked, n)?,
                     Err(e) => {
-                        return Err(self.failed(&aio, e, &mut pending, true, allowed(sent, limit)))
+                        return Err(self.failed(
+                            &aio,
+                            e,
+                            &mut pending,
+                            true,
+                            allowed(sent, limit, self.0.pool.timeout),
+                        ))
                     }
                 }
             }

@@ -25,7 +25,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use redis::aio::PubSubSink;
 use redis::{Client, RedisResult};
@@ -167,6 +167,7 @@ impl Listeners {
         shared: &Arc<Shared>,
         channel: &[u8],
         limit: Instant,
+        timeout: Duration,
     ) -> RedisResult<()> {
         let listeners = self;
         let slot = self.slot();
@@ -176,7 +177,7 @@ impl Listeners {
             .is_some_and(|c| c.alive.load(Ordering::Acquire) && shared.current(&c.tag));
         if !fresh {
             *conn = None;
-            *conn = Some(self.connect(shared, limit).await?);
+            *conn = Some(self.connect(shared, limit, timeout).await?);
         }
         let c = conn.as_mut().expect("made above");
         if c.subscribed.contains(channel) {
@@ -203,7 +204,12 @@ impl Listeners {
         Ok(())
     }
 
-    async fn connect(&self, shared: &Arc<Shared>, limit: Instant) -> RedisResult<Conn> {
+    async fn connect(
+        &self,
+        shared: &Arc<Shared>,
+        limit: Instant,
+        timeout: Duration,
+    ) -> RedisResult<Conn> {
         let (client, tag) = match &shared.topology {
             Topology::Single(c) => (c.clone(), Tag::default()),
             Topology::Cluster { nodes, .. } => {
@@ -213,7 +219,7 @@ impl Listeners {
             Topology::Sentinel(_) => {
                 let shared = shared.clone();
                 let located = tokio::task::spawn_blocking(move || match &shared.topology {
-                    Topology::Sentinel(s) => s.locate(limit),
+                    Topology::Sentinel(s) => s.locate(limit, timeout),
                     _ => unreachable!("a sentinel topology"),
                 })
                 .await

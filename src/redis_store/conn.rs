@@ -118,17 +118,6 @@ impl Pool {
         deadline.map_or(own, |d| d.min(own))
     }
 
-    /// The time a command started at `started` had until `limit`: the command timeout, as
-    /// configured, if that was its limit.
-    fn allowed(&self, started: Instant, limit: Instant) -> Duration {
-        let allowed = net::allowed(started, limit);
-        if allowed + Duration::from_millis(20) >= self.timeout {
-            self.timeout
-        } else {
-            allowed
-        }
-    }
-
     fn connect(&self, limit: Instant) -> RedisResult<(SyncConn, Tag)> {
         let i = self.local().next_node.fetch_add(1, Ordering::Relaxed);
         self.shared.connect(i, limit, self.timeout)
@@ -139,7 +128,7 @@ impl Pool {
     pub(crate) fn check(&self) -> Result<(), Error> {
         let limit = self.limit(None);
         let conn = self.connect(limit)?;
-        self.shared.check_cluster(limit)?;
+        self.shared.check_cluster(limit, self.timeout)?;
         self.put_back(conn);
         Ok(())
     }
@@ -190,12 +179,16 @@ impl Pool {
             Err(e) => {
                 let unknown = is_unanswered(&e);
                 let e = match &tag.server {
-                    Some(server) => net::at_server(e, server, self.allowed(started, limit)),
-                    // (redis-rs does not say which node: the socket's EAGAIN said nothing)
-                    None if e.is_timeout() => {
-                        net::at_server(e, "a Cluster node", self.allowed(started, limit))
+                    Some(server) => {
+                        net::at_server(e, server, net::allowed(started, limit, self.timeout))
                     }
-                    None => self.shared.why_no_cluster(e, limit),
+                    // (redis-rs does not say which node: the socket's EAGAIN said nothing)
+                    None if e.is_timeout() => net::at_server(
+                        e,
+                        "a Cluster node",
+                        net::allowed(started, limit, self.timeout),
+                    ),
+                    None => self.shared.why_no_cluster(e, limit, self.timeout),
                 };
                 if is_broken(&e) {
                     drop(conn);
@@ -265,7 +258,7 @@ impl Pool {
             }
         }
         let i = self.local().next_node.fetch_add(1, Ordering::Relaxed);
-        self.shared.plain(i, limit)
+        self.shared.plain(i, limit, self.timeout)
     }
 
     pub(crate) fn put_back_subscriber(&self, conn: Connection, tag: Tag) {
@@ -285,7 +278,7 @@ impl Pool {
     pub(crate) fn masters(&self) -> Result<Vec<(String, Connection)>, Error> {
         let limit = self.limit(None);
         let Topology::Cluster { nodes, .. } = &self.shared.topology else {
-            let (conn, _) = self.shared.plain(0, limit)?;
+            let (conn, _) = self.shared.plain(0, limit, self.timeout)?;
             return Ok(vec![(String::new(), conn)]);
         };
         let mut last = None;
@@ -294,7 +287,11 @@ impl Pool {
             let listing: RedisResult<String> = net::connect_within(seed, limit)
                 .and_then(|mut c| redis::cmd("CLUSTER").arg("NODES").query(&mut c))
                 .map_err(|e| {
-                    net::at_server(e, &seed.addr().to_string(), net::allowed(started, limit))
+                    net::at_server(
+                        e,
+                        &seed.addr().to_string(),
+                        net::allowed(started, limit, self.timeout),
+                    )
                 });
             match listing {
                 Ok(listing) => {
@@ -306,7 +303,7 @@ impl Pool {
                             net::at_server(
                                 e,
                                 &format!("{host}:{port}"),
-                                self.allowed(started, limit),
+                                net::allowed(started, limit, self.timeout),
                             )
                         })?;
                         out.push((format!("{host}:{port}"), conn));
@@ -378,7 +375,7 @@ impl Pool {
         self.local()
             .aio
             .listeners
-            .listen_on(&self.shared, channel, limit)
+            .listen_on(&self.shared, channel, limit, self.timeout)
             .await
     }
 }

@@ -98,9 +98,16 @@ pub(crate) fn shown(d: Duration) -> String {
     }
 }
 
-/// The time a step started at `started` had until `limit`.
-pub(crate) fn allowed(started: Instant, limit: Instant) -> Duration {
-    limit.saturating_duration_since(started)
+/// The time a step started at `started` had until `limit`, as an error names it: the
+/// command `timeout` as configured when that was the limit (drawn a moment before the step
+/// started: "within 4.999s" named a limit of 5 s as something else).
+pub(crate) fn allowed(started: Instant, limit: Instant, timeout: Duration) -> Duration {
+    let allowed = limit.saturating_duration_since(started);
+    if allowed + Duration::from_millis(20) >= timeout {
+        timeout
+    } else {
+        allowed
+    }
 }
 
 /// What a request whose time limit passed before it went out fails with, when the time
@@ -264,6 +271,25 @@ mod tests {
         assert_eq!(shown(Duration::from_millis(1500)), "1.5s");
         assert_eq!(shown(Duration::from_micros(300)), "under 1ms");
         assert_eq!(shown(Duration::ZERO), "0s");
+    }
+
+    /// A limit drawn as the command timeout a moment before the step that failed started
+    /// is named as the timeout ("within 4.999s" after 1 ms spent elsewhere, as a loaded
+    /// machine showed); a limit that was a wait's remainder is named as what was left.
+    #[test]
+    fn an_error_names_the_command_timeout_when_that_was_the_limit() {
+        use super::allowed;
+        use std::time::{Duration, Instant};
+        let five = Duration::from_secs(5);
+        let drawn = Instant::now();
+        let limit = drawn + five;
+        for spent in [0, 1, 19] {
+            let started = drawn + Duration::from_millis(spent);
+            assert_eq!(allowed(started, limit, five), five, "{spent} ms");
+        }
+        let started = drawn + Duration::from_millis(4000);
+        assert_eq!(allowed(started, limit, five), Duration::from_secs(1));
+        assert_eq!(allowed(limit + five, limit, five), Duration::ZERO);
     }
 
     /// `bounded` on a runtime whose thread was kept from running past the limit (as a stop

@@ -205,24 +205,36 @@ impl Sentinel {
     /// A connection to the current master, made within `limit`, and the epoch and address
     /// it belongs to. The server must say it is a master: one the sentinels just named
     /// may still be a replica for a moment, and a replica grants nothing.
-    pub(crate) fn connect_master(&self, limit: Instant) -> RedisResult<(Connection, u64, Addr)> {
-        let (con, _, epoch, addr) = self.master(limit)?;
+    pub(crate) fn connect_master(
+        &self,
+        limit: Instant,
+        timeout: Duration,
+    ) -> RedisResult<(Connection, u64, Addr)> {
+        let (con, _, epoch, addr) = self.master(limit, timeout)?;
         Ok((con, epoch, addr))
     }
 
     /// [`connect_master`](Self::connect_master)'s checks, for a connection made elsewhere
     /// (async): where the master is, and the epoch.
     #[cfg(feature = "tokio")]
-    pub(crate) fn locate(&self, limit: Instant) -> RedisResult<(ConnectionInfo, u64, Addr)> {
-        let (_, info, epoch, addr) = self.master(limit)?;
+    pub(crate) fn locate(
+        &self,
+        limit: Instant,
+        timeout: Duration,
+    ) -> RedisResult<(ConnectionInfo, u64, Addr)> {
+        let (_, info, epoch, addr) = self.master(limit, timeout)?;
         Ok((info, epoch, addr))
     }
 
-    fn master(&self, limit: Instant) -> RedisResult<(Connection, ConnectionInfo, u64, Addr)> {
+    fn master(
+        &self,
+        limit: Instant,
+        timeout: Duration,
+    ) -> RedisResult<(Connection, ConnectionInfo, u64, Addr)> {
         let epoch = self.view().epoch();
         let (addr, info) = self.ask(limit)?;
         let started = Instant::now();
-        let named = |e| at_server(e, &server_name(&addr), allowed(started, limit));
+        let named = |e| at_server(e, &server_name(&addr), allowed(started, limit, timeout));
         let mut con = connect_within(&info, limit).map_err(named)?;
         let role: Vec<Value> = redis::cmd("ROLE").query(&mut con).map_err(named)?;
         match role.first() {

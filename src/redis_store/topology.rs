@@ -142,13 +142,19 @@ impl Shared {
 
     /// A plain connection to one server, made within `limit`: the server itself, the
     /// current master, or seed node `i` of a cluster (callers rotate `i`, so a dead seed is
-    /// skipped next time). Its clock is read on the way.
-    pub(crate) fn plain(&self, i: usize, limit: Instant) -> RedisResult<(Connection, Tag)> {
+    /// skipped next time). Its clock is read on the way. A timeout's error names the
+    /// command `timeout` when that was the limit.
+    pub(crate) fn plain(
+        &self,
+        i: usize,
+        limit: Instant,
+        timeout: Duration,
+    ) -> RedisResult<(Connection, Tag)> {
         let started = Instant::now();
         let direct = |info: &ConnectionInfo| {
             let server: Arc<str> = info.addr().to_string().into();
             let con = net::connect_within(info, limit)
-                .map_err(|e| net::at_server(e, &server, net::allowed(started, limit)))?;
+                .map_err(|e| net::at_server(e, &server, net::allowed(started, limit, timeout)))?;
             let tag = Tag {
                 server: Some(server),
                 ..Tag::default()
@@ -158,7 +164,7 @@ impl Shared {
         let (mut con, tag) = match &self.topology {
             Topology::Single(c) => direct(c.get_connection_info())?,
             Topology::Sentinel(s) => {
-                let (con, epoch, addr) = s.connect_master(limit)?;
+                let (con, epoch, addr) = s.connect_master(limit, timeout)?;
                 let server = crate::redis_store::sentinel::server_name(&addr).into();
                 (
                     con,
@@ -172,7 +178,7 @@ impl Shared {
             Topology::Cluster { nodes, .. } => direct(&nodes[i % nodes.len()])?,
         };
         self.read_clock(&mut con).map_err(|e| match &tag.server {
-            Some(server) => net::at_server(e, server, net::allowed(started, limit)),
+            Some(server) => net::at_server(e, server, net::allowed(started, limit, timeout)),
             None => e,
         })?;
         Ok((con, tag))
@@ -193,11 +199,11 @@ impl Shared {
                     .set_response_timeout(timeout);
                 let con = client
                     .get_connection_with_config(config)
-                    .map_err(|e| self.why_no_cluster(e, limit))?;
+                    .map_err(|e| self.why_no_cluster(e, limit, timeout))?;
                 Ok((SyncConn::Cluster(Box::new(con)), Tag::default()))
             }
             _ => {
-                let (con, tag) = self.plain(i, limit)?;
+                let (con, tag) = self.plain(i, limit, timeout)?;
                 Ok((SyncConn::Plain(con), tag))
             }
         }
@@ -207,7 +213,12 @@ impl Shared {
     /// found none (`ClusterConnectionNotFound`): the first seed node's own reason, from
     /// connecting to it and asking it `CLUSTER INFO` (a server without cluster support
     /// says so), else `e`. Errors of other kinds are returned as they are.
-    pub(crate) fn why_no_cluster(&self, e: redis::RedisError, limit: Instant) -> redis::RedisError {
+    pub(crate) fn why_no_cluster(
+        &self,
+        e: redis::RedisError,
+        limit: Instant,
+        timeout: Duration,
+    ) -> redis::RedisError {
         let Topology::Cluster { nodes, .. } = &self.topology else {
             return e;
         };
@@ -223,7 +234,9 @@ impl Shared {
             // reason is the message's, not an I/O error to try again)
             let why = match info {
                 Err(why) if why.code().is_some() => format!("{server}: {why}"),
-                Err(why) => net::at_server(why, &server, net::allowed(started, limit)).to_string(),
+                Err(why) => {
+                    net::at_server(why, &server, net::allowed(started, limit, timeout)).to_string()
+                }
                 Ok(_) => continue,
             };
             return redis::RedisError::from((e.kind(), "no cluster to reach", why));
@@ -236,12 +249,12 @@ impl Shared {
     /// support (a plain server given to `open_cluster`), which redis-rs's client finds
     /// only at the first command. Seeds that cannot be reached are left to the commands,
     /// as are other answers.
-    pub(crate) fn check_cluster(&self, limit: Instant) -> RedisResult<()> {
+    pub(crate) fn check_cluster(&self, limit: Instant, timeout: Duration) -> RedisResult<()> {
         let Topology::Cluster { nodes, .. } = &self.topology else {
             return Ok(());
         };
         for (i, seed) in nodes.iter().enumerate() {
-            let Ok((mut con, _)) = self.plain(i, limit) else {
+            let Ok((mut con, _)) = self.plain(i, limit, timeout) else {
                 continue;
             };
             let info: RedisResult<String> = redis::cmd("CLUSTER").arg("INFO").query(&mut con);
