@@ -198,6 +198,14 @@ pub enum Error {
     },
     /// The table or dict was opened read-only (for inspection) and cannot be changed.
     ReadOnly,
+    /// An async call (`lock_async`, `lock_shared_async`, a semaphore's `acquire_async`,
+    /// `get_or_fetch_async`) ran outside a Tokio runtime: its waits sleep on Tokio's timers
+    /// (and Redis's requests run on its I/O), so it refuses at once, whether or not it
+    /// would have had to wait. (A runtime built without its time driver cannot be told
+    /// from one with it: a wait there panics in Tokio, as `tokio::time::sleep` does.)
+    #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+    NoRuntime,
     /// Every entry of the file's owner registry is held by a live process: this process
     /// cannot register, so it cannot take locks (create the file with a larger
     /// `max_processes`).
@@ -300,7 +308,8 @@ pub enum Error {
 /// let err = table.lock("job", now).unwrap_err();
 /// let Error::Timeout { holder: Some(h), .. } = &err else { panic!("{err}") };
 /// assert_eq!(h.pid, Some(std::process::id()));
-/// assert!(err.to_string().contains(&format!("held by pid {}", std::process::id())));
+/// assert!(h.this_process); // its own hold: `_held`
+/// assert!(err.to_string().contains("is held by this process itself"));
 /// # drop(_held); std::fs::remove_file(&path)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -323,6 +332,10 @@ pub struct HolderSeen {
     /// A writer's wait: nobody held the key, which was kept for readers waiting for it
     /// (lock table, [`HolderState::Kept`](crate::HolderState::Kept)).
     pub readers_wait: bool,
+    /// The holder is the process that waited (by its pid, and on Redis its host name): a
+    /// hold of its own, by another guard, handle or thread, which no wait of the process
+    /// outlasts unless something releases it.
+    pub this_process: bool,
 }
 
 impl HolderSeen {
@@ -347,6 +360,7 @@ impl fmt::Display for HolderSeen {
         }
         f.write_str("held by ")?;
         match self.pid {
+            Some(pid) if self.this_process => write!(f, "this process, pid {pid}")?,
             Some(pid) => write!(f, "pid {pid}")?,
             None => f.write_str("an unknown process")?,
         }
@@ -590,6 +604,25 @@ impl fmt::Display for Error {
                         )
                     };
                 }
+                if let Some(h) = holder.as_ref().filter(|h| h.this_process) {
+                    write!(f, "timeout: key {key} ")?;
+                    if timeout.is_zero() {
+                        f.write_str("is held")?;
+                    } else {
+                        write!(f, "stayed held for the whole {timeout:?}")?;
+                    }
+                    f.write_str(" by this process itself (")?;
+                    if let Some(pid) = h.pid {
+                        write!(f, "pid {pid}")?;
+                    }
+                    if let Some(host) = &h.host {
+                        write!(f, " on {host}")?;
+                    }
+                    if let Some(d) = h.held_for {
+                        write!(f, ", for {d:.1?}")?;
+                    }
+                    return f.write_str("): another guard, handle or thread of it holds the key");
+                }
                 if timeout.is_zero() {
                     write!(f, "timeout: key {key} is held by someone else")?;
                 } else {
@@ -650,6 +683,11 @@ impl fmt::Display for Error {
                 )
             }
             Error::ReadOnly => f.write_str("opened read-only: this handle cannot change it"),
+            #[cfg(feature = "tokio")]
+            Error::NoRuntime => f.write_str(
+                "no Tokio runtime: the async calls must run inside one, with its time \
+                 driver enabled (`#[tokio::main]`, or a runtime `Builder` with `enable_all`)",
+            ),
             Error::TooManyProcesses { path, max } => write!(
                 f,
                 "{}: all {max} owner-registry entries are held by live processes \

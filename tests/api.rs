@@ -813,6 +813,7 @@ fn errors_name_the_key_and_the_limit() {
             let h = holder.as_ref().expect("the holder");
             assert_eq!(h.pid, Some(std::process::id()));
             assert_eq!(h.host, None);
+            assert!(h.this_process, "{h:?}");
             let held_for = h.held_for.unwrap() + Duration::from_millis(10);
             assert!(held_for >= Duration::from_millis(30), "{h:?}");
         }
@@ -820,8 +821,12 @@ fn errors_name_the_key_and_the_limit() {
     }
     let msg = err.to_string();
     assert!(msg.contains("\"held:a\"") && msg.contains("30ms"), "{msg}");
+    // (a wait for a hold of its own process says so: it ends only if that is released)
     assert!(
-        msg.contains(&format!("held by pid {}", std::process::id())),
+        msg.contains(&format!(
+            "stayed held for the whole 30ms by this process itself (pid {}, for ",
+            std::process::id()
+        )),
         "{msg}"
     );
     // A try of zero timeout says the key is held, not that a wait ran out.

@@ -130,3 +130,69 @@ fn a_redis_guard_dropped_as_its_runtime_ends_is_still_released() {
         std::thread::sleep(Duration::from_millis(2));
     }
 }
+
+/// Polls `f` once, outside every runtime.
+fn poll_outside_a_runtime<F: std::future::Future>(f: F) -> std::task::Poll<F::Output> {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    f.as_mut().poll(&mut cx)
+}
+
+/// An async call outside a Tokio runtime is `Error::NoRuntime` at once, on a free key as on
+/// a held one, on both backends (a held key's wait panicked in Tokio's timer, a free key
+/// was taken: a call that worked until its key was first contended).
+#[test]
+fn async_calls_outside_a_runtime_are_refused_whether_or_not_the_key_is_free() {
+    use std::task::Poll;
+    let refused = |what: &str, p: Poll<Result<(), Error>>| {
+        assert!(
+            matches!(p, Poll::Ready(Err(Error::NoRuntime))),
+            "{what}: {p:?}"
+        );
+    };
+    let path = TempPath::new("async-no-runtime");
+    let table = LockTable::open(&path, 16).unwrap();
+    let opts = LockOptions::default();
+    let dict_path = TempPath::new("async-no-runtime-dict");
+    let dict = shmlock::SharedDict::open(&dict_path, 16, 16).unwrap();
+    for held in [false, true] {
+        let _other = held.then(|| table.lock("k", opts).unwrap());
+        let what = |call| format!("{call}, the key held: {held}");
+        refused(
+            &what("lock_async"),
+            poll_outside_a_runtime(async { table.lock_async("k", &opts).await.map(drop) }),
+        );
+        refused(
+            &what("lock_shared_async"),
+            poll_outside_a_runtime(async { table.lock_shared_async("k", &opts).await.map(drop) }),
+        );
+        let fetch = dict.get_or_fetch_async(&table, "k", Duration::ZERO, || async {
+            Ok::<_, Error>(b"v".to_vec())
+        });
+        refused(
+            &what("get_or_fetch_async"),
+            poll_outside_a_runtime(async { fetch.await.map(drop) }),
+        );
+    }
+    let gpus = table.semaphore("gpu", 1).unwrap();
+    for held in [false, true] {
+        let _other = held.then(|| gpus.acquire(opts).unwrap());
+        refused(
+            &format!("acquire_async, held: {held}"),
+            poll_outside_a_runtime(async { gpus.acquire_async(&opts).await.map(drop) }),
+        );
+    }
+    assert!(!table.is_locked("k").unwrap(), "nothing was taken");
+
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url()).unwrap();
+    for held in [false, true] {
+        let _other = held.then(|| redis.lock("k", opts).unwrap());
+        refused(
+            &format!("redis lock_async, held: {held}"),
+            poll_outside_a_runtime(async { redis.lock_async("k", &opts).await.map(drop) }),
+        );
+    }
+    assert!(!redis.is_locked("k").unwrap(), "nothing was taken");
+    assert!(Error::NoRuntime.to_string().contains("no Tokio runtime"));
+}

@@ -805,6 +805,7 @@ fn a_timeout_names_the_holder_in_another_process() {
         };
         let held_for = h.held_for.expect("how long");
         assert_eq!(h.pid, Some(child.0 as u32), "{err}");
+        assert!(!h.this_process, "{err}");
         // (by the table's coarse clock: up to a tick, 4 or 10 ms, short)
         assert!(
             held_for + Duration::from_millis(10) >= Duration::from_millis(timeout_ms)

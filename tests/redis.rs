@@ -521,3 +521,32 @@ fn duration_max_settings_are_as_long_as_it_takes() {
         }
     });
 }
+
+/// A wait for a key that another handle of the same process holds says the holder is this
+/// process itself (a self-deadlock: it ends only if that hold is released); one held by
+/// another process is not (`redis_fork.rs`).
+#[test]
+fn a_wait_for_a_hold_of_this_process_says_so() {
+    let server = RedisServer::start();
+    let a = RedisLocks::open(&server.url()).unwrap();
+    let b = RedisLocks::open(&server.url()).unwrap();
+    let _held = a.lock("self", LockOptions::default()).unwrap();
+    for timeout in [Duration::ZERO, Duration::from_millis(50)] {
+        let opts = LockOptions {
+            timeout,
+            ..LockOptions::default()
+        };
+        let err = b.lock("self", opts).unwrap_err();
+        let Error::Timeout {
+            holder: Some(h), ..
+        } = &err
+        else {
+            panic!("{err:?}");
+        };
+        assert!(h.this_process, "{err:?}");
+        assert_eq!(h.pid, Some(std::process::id()));
+        let msg = err.to_string();
+        assert!(msg.contains("by this process itself (pid "), "{msg}");
+        assert!(!msg.contains("someone else"), "{msg}");
+    }
+}

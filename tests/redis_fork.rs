@@ -321,6 +321,7 @@ fn a_timeout_names_the_holder_in_another_process() {
         };
         assert_eq!(h.pid, Some(child.0 as u32), "{err}");
         assert_eq!(h.host.as_deref(), Some(host.as_str()), "{err}");
+        assert!(!h.this_process, "{err}");
         let held_for = h.held_for.expect("how long");
         // the holder's clock and the server's are this machine's: within 50 ms
         assert!(

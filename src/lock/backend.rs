@@ -415,6 +415,11 @@ where
     Fut: std::future::Future<Output = Result<Result<H, Busy>, Error>>,
     Sleep: std::future::Future<Output = Slept<G>>,
 {
+    // (refused whether or not the key is free: a wait would need the runtime's timers,
+    // and a call that worked until its key was first contended would fail in production)
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(Error::NoRuntime);
+    }
     let budget = opts.timeout_for(timeout);
     let started = Instant::now();
     let deadline = (!budget.is_zero()).then(|| instant_after(started, budget));

@@ -237,12 +237,15 @@ fn seen(after_token: &[u8], clock: Option<i64>) -> Option<HolderSeen> {
         let now = UNIX_EPOCH + Duration::from_micros(u64::try_from(us).ok()?);
         now.duration_since(since).ok()
     });
+    let this_process = id.pid == Some(crate::shm::process::current_pid())
+        && id.host.as_deref() == Some(identity::host_name());
     Some(HolderSeen {
         pid: id.pid,
         host: id.host,
         held_for,
         writer_waits: false,
         readers_wait: false,
+        this_process,
     })
 }
 

@@ -1229,6 +1229,7 @@ impl Backend for LockTable {
                     held_for: Some(h.age),
                     writer_waits: reader && h.writer_waits,
                     readers_wait: false,
+                    this_process: h.pid != 0 && h.pid == crate::shm::process::current_pid(),
                 })
             }
             // nobody holds it: a reader kept out by the key kept for a writer, a writer
