@@ -416,8 +416,9 @@ where
     Sleep: std::future::Future<Output = Slept<G>>,
 {
     // (refused whether or not the key is free: a wait would need the runtime's timers,
-    // and a call that worked until its key was first contended would fail in production)
-    if tokio::runtime::Handle::try_current().is_err() {
+    // and a call that worked until its key was first contended would fail in production;
+    // a task's id is read first, as it touches no line shared with other workers)
+    if tokio::task::try_id().is_none() && tokio::runtime::Handle::try_current().is_err() {
         return Err(Error::NoRuntime);
     }
     let budget = opts.timeout_for(timeout);
