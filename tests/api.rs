@@ -624,7 +624,21 @@ fn foreign_truncated_and_corrupt_files_are_typed_errors() {
     std::fs::write(&path, &good[..good.len() - 1]).unwrap();
     assert!(matches!(format_error(&path), FormatError::Truncated { .. }));
     std::fs::write(&path, &good[..100]).unwrap();
+    let short = format_error(&path);
+    assert!(matches!(short, FormatError::Truncated { .. }));
+    // (what the header would have said is not there to read)
+    assert_eq!(
+        short.to_string(),
+        "truncated shmlock file: 100 bytes, shorter than its 4096-byte header"
+    );
+    std::fs::write(&path, &good[..5]).unwrap();
     assert!(matches!(format_error(&path), FormatError::Truncated { .. }));
+    // A short file that does not start as a table (a pid file given by mistake) is not a
+    // truncated table, which its message would invite the user to remove.
+    for foreign in [&b"42\n"[..], b"x", b"hello world"] {
+        std::fs::write(&path, foreign).unwrap();
+        assert_eq!(format_error(&path), FormatError::NotATable, "{foreign:?}");
+    }
 
     let mut longer = good.clone();
     longer.extend_from_slice(&[0; 128]);

@@ -354,7 +354,14 @@ impl Header {
             .into()
         };
         if bytes.len() < 12 {
-            return Err(truncated());
+            // (a short file that does not start as one of ours is not ours: a pid file
+            // given by mistake is not a "truncated" table to be removed)
+            let ours = |magic: &[u8]| magic.starts_with(&bytes[..bytes.len().min(8)]);
+            return Err(if ours(&MAGIC) || ours(&DICT_MAGIC) {
+                truncated()
+            } else {
+                FormatError::NotATable.into()
+            });
         }
         let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
         let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
@@ -449,6 +456,12 @@ impl fmt::Display for FormatError {
                  (`shmlock run`, `LockTable::open`, `SharedDict::open`), or make one with \
                  `shmlock create`",
             ),
+            FormatError::Truncated { len, expected } if *expected == HEADER_SIZE as u64 => {
+                write!(
+                    f,
+                    "truncated shmlock file: {len} bytes, shorter than its {expected}-byte header"
+                )
+            }
             FormatError::Truncated { len, expected } => {
                 write!(
                     f,
