@@ -307,6 +307,32 @@ fn connection_errors_name_the_server_and_a_silent_one_the_time_limit() {
         )),
         "{text}"
     );
+
+    // The first async call, whose connection is made then, on a server that accepts it and
+    // answers nothing (`CLIENT PAUSE`): named as the sync call's (it said "the deadline
+    // passed": the clock read after connecting).
+    server.cli(&["CLIENT", "PAUSE", "3000"]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let opts = LockOptions {
+        timeout: Duration::from_millis(300),
+        ..LockOptions::default()
+    };
+    let err = rt
+        .block_on(redis.lock_async("k", opts))
+        .map(drop)
+        .unwrap_err();
+    server.cli(&["CLIENT", "UNPAUSE"]);
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!(
+            "127.0.0.1:{} did not answer within 300ms",
+            server.port
+        )),
+        "{text}"
+    );
 }
 /// A value of another type than shmlock writes at a lock's Redis keys is a typed error
 /// naming the lock and the Redis key (it was a raw WRONGTYPE script error).

@@ -180,6 +180,7 @@ impl Local {
 
 /// A new async connection, made within `limit` in the caller's runtime.
 async fn connect(shared: &Arc<Shared>, timeout: Duration, limit: Instant) -> RedisResult<Aio> {
+    let begun = Instant::now();
     let wait = left(limit).ok_or_else(timed_out)?;
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(wait))
@@ -219,11 +220,19 @@ async fn connect(shared: &Arc<Shared>, timeout: Duration, limit: Instant) -> Red
             .map_err(|e| redis::RedisError::from(std::io::Error::other(e)))??;
             let (info, epoch, addr) = located;
             let client = Client::open(info)?;
+            let started = Instant::now();
             let c = bounded(
                 limit,
                 client.get_multiplexed_async_connection_with_config(&config),
             )
-            .await?;
+            .await
+            .map_err(|e| {
+                crate::redis_store::net::at_server(
+                    e,
+                    &crate::redis_store::sentinel::server_name(&addr),
+                    crate::redis_store::net::allowed(started, limit, timeout),
+                )
+            })?;
             (
                 AsyncConn::Plain(c),
                 Tag {
@@ -254,8 +263,18 @@ async fn connect(shared: &Arc<Shared>, timeout: Duration, limit: Instant) -> Red
         alive,
     };
     if let AsyncConn::Plain(_) = a.conn {
-        let time: (String, String) =
-            bounded(limit, redis::cmd("TIME").query_async(&mut a.conn)).await?;
+        // (named as the requests' errors are: a server that accepts connections and
+        // answers nothing, or paused by `CLIENT PAUSE`, said "the deadline passed")
+        let time: (String, String) = bounded(limit, redis::cmd("TIME").query_async(&mut a.conn))
+            .await
+            .map_err(|e| match &a.tag.server {
+                Some(server) => crate::redis_store::net::at_server(
+                    e,
+                    server,
+                    crate::redis_store::net::allowed(begun, limit, timeout),
+                ),
+                None => e,
+            })?;
         if let Some(us) = server_clock::server_us(&time.0, &time.1) {
             shared.clock.observe(us, Instant::now());
         }
