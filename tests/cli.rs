@@ -790,6 +790,25 @@ fn usage_errors_exit_64_as_flock_does() {
         assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
         assert!(!out.stderr.is_empty(), "{args:?}");
     }
+    // a negative number is a bad value of its option, not an unknown argument
+    for (option, value) in [
+        ("--capacity", "-1"),
+        ("--max-processes", "-3"),
+        ("--zone-size", "-5m"),
+        ("--max-key-len", "-2"),
+    ] {
+        let mut args = vec!["create", option, value];
+        if option != "--capacity" && option != "--max-processes" {
+            args.push("--dict");
+        }
+        let out = output(shmlock(&file).args(&args));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("invalid value '{value}' for '{option} ")),
+            "{args:?}: {err}"
+        );
+    }
     // --help and --version are no errors
     let help = output(shmlock(&file).args(["run", "--help"]));
     assert_eq!(help.status.code(), Some(0));
@@ -900,6 +919,11 @@ fn create_on_a_filesystem_without_room_says_how_much_it_needs() {
     assert_eq!(out.status.code(), Some(73), "{stderr}");
     assert!(
         stderr.contains("needs") && stderr.contains("free") && !stderr.contains("table\n"),
+        "{stderr}"
+    );
+    // (a table has no zone: the hint names the table's option alone)
+    assert!(
+        stderr.contains("with a smaller --capacity,") && !stderr.contains("--zone-size"),
         "{stderr}"
     );
 }
@@ -2193,4 +2217,46 @@ fg %1 > /dev/null; echo "exit $?""#;
         "{text:?}"
     );
     assert!(!is_held(&file, "k"));
+}
+
+/// Keys and commands are bytes, as flock(1)'s file names and commands are: a key that is
+/// not UTF-8 is taken (the library's and `unlock --hex`'s keys are any bytes), passed in
+/// `$SHMLOCK_KEY` as it was given, and a second `run -n` on it finds it held; a command's
+/// arguments reach it unchanged. (Both were refused: "invalid UTF-8 was detected".)
+#[test]
+fn keys_and_commands_that_are_not_utf8_run_as_given() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let file = TempPath::new("cli-bytes");
+    let key = OsStr::from_bytes(b"\xff\xfe job");
+    let out = output(
+        shmlock(&file)
+            .arg("run")
+            .arg(key)
+            .args([
+                "--",
+                "sh",
+                "-c",
+                "printf '%s' \"$SHMLOCK_KEY\"; printf '|%s' \"$1\"",
+                "sh",
+            ])
+            .arg(OsStr::from_bytes(b"a\xffb")),
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(out.stdout, b"\xff\xfe job|a\xffb");
+    // held by one run, the other finds it held (exit 1), and the library sees the bytes
+    let mut holder = shmlock(&file)
+        .arg("run")
+        .arg(key)
+        .args(["--", "sleep", "30"])
+        .spawn()
+        .unwrap();
+    let table = LockTable::open(&file, 64).unwrap();
+    eventually("the run holds the key", || {
+        table.is_locked(b"\xff\xfe job").unwrap()
+    });
+    let again = output(shmlock(&file).args(["run", "-n"]).arg(key).arg("true"));
+    assert_eq!(again.status.code(), Some(1), "{again:?}");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
 }

@@ -1,6 +1,7 @@
 //! The command line: its subcommands and options (clap derive), with the help texts that
 //! document them, and the checks of option values clap cannot do.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -146,8 +147,8 @@ pub enum Cmd {
     "  killed by N  shmlock got signal N while waiting for the lock (128+N if it survives)",
 ))]
 pub struct RunArgs {
-    /// The lock name
-    pub key: String,
+    /// The lock name (any bytes but NUL, as the command line passes them)
+    pub key: OsString,
     /// Give up after this many seconds of waiting [default: wait forever]
     #[arg(
         short = 'w',
@@ -188,7 +189,8 @@ pub struct RunArgs {
     )]
     pub shared: bool,
     /// One of N permits of KEY: at most N such commands run at once machine-wide (a
-    /// jobserver); a dead one's permit comes back at once
+    /// jobserver); a dead one's permit comes back at once (with --redis, at its lease's
+    /// end: --exptime)
     #[arg(
         long,
         value_name = "N",
@@ -226,14 +228,14 @@ pub struct RunArgs {
     pub verbose: bool,
     /// Run this command line through /bin/sh -c instead of COMMAND
     #[arg(short = 'c', long = "command", value_name = "STRING")]
-    pub shell_command: Option<String>,
+    pub shell_command: Option<OsString>,
     /// The command and its arguments
     #[arg(
         trailing_var_arg = true,
         allow_hyphen_values = true,
         value_name = "COMMAND"
     )]
-    pub args: Vec<String>,
+    pub args: Vec<OsString>,
 }
 
 /// List the locks held in the table (or, for a SharedDict file, its counters and keys)
@@ -374,24 +376,40 @@ pub struct CreateArgs {
     /// only this many are sure to (with --dict:
     /// how many entries the dict holds; with --zone-size, one per 4k of the zone by
     /// default) [default: 1024]
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub capacity: Option<usize>,
     /// Make a SharedDict file (the key-value cache of the library's SharedDict) instead of
     /// a lock table; inspect and stats read it
     #[arg(long)]
     pub dict: bool,
     /// With --dict: the longest key, 1 to 65535 bytes [default: 250]
-    #[arg(long, value_name = "BYTES", requires = "dict")]
+    #[arg(
+        long,
+        value_name = "BYTES",
+        requires = "dict",
+        allow_hyphen_values = true
+    )]
     pub max_key_len: Option<usize>,
     /// With --dict: the longest value kept in an entry, at most 1048576 bytes (1 MiB)
     /// [default: 256]; longer ones go in the heap (--heap-size)
-    #[arg(long, value_name = "BYTES", requires = "dict")]
+    #[arg(
+        long,
+        value_name = "BYTES",
+        requires = "dict",
+        allow_hyphen_values = true
+    )]
     pub max_value_len: Option<usize>,
     /// With --dict: bytes of the heap for values longer than --max-value-len: 10m, 512k,
     /// 1g or a number of bytes; a value may take all of it but its index blocks (one
     /// 256-byte block per 62), and values are at most 64m whatever the heap [default:
     /// none, or what --zone-size leaves]
-    #[arg(long, value_name = "SIZE", requires = "dict", value_parser = parse_size)]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        requires = "dict",
+        allow_hyphen_values = true,
+        value_parser = parse_size
+    )]
     pub heap_size: Option<u64>,
     /// With --dict: the whole file's size, as nginx sizes a zone (10m, 512k, 1g or bytes):
     /// what the entries leave is the heap
@@ -400,6 +418,7 @@ pub struct CreateArgs {
         value_name = "SIZE",
         requires = "dict",
         conflicts_with = "heap_size",
+        allow_hyphen_values = true,
         value_parser = parse_size
     )]
     pub zone_size: Option<u64>,
@@ -408,7 +427,7 @@ pub struct CreateArgs {
     pub mode: u32,
     /// How many processes may use the table (or dict) at once (its owner registry's
     /// entries, at most 65535)
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, allow_hyphen_values = true)]
     pub max_processes: u32,
 }
 

@@ -10,8 +10,14 @@ use crate::exit::{Fail, EX_CANTCREAT};
 
 /// The library's error, with its names of the settings (`max_value_len`) replaced by the
 /// options the user gave (`--max-value-len`).
-fn in_cli_words(e: shmlock::Error) -> Fail {
+fn in_cli_words(e: shmlock::Error, dict: bool) -> Fail {
     let Fail(mut msg, code) = Fail::from(e);
+    // (a table has no zone: --zone-size is a dict's)
+    let smaller = if dict {
+        "a smaller --capacity or --zone-size"
+    } else {
+        "a smaller --capacity"
+    };
     for (lib, cli) in [
         ("max_value_len", "--max-value-len"),
         ("max_key_len", "--max-key-len"),
@@ -20,7 +26,7 @@ fn in_cli_words(e: shmlock::Error) -> Fail {
         ("zone_size", "--zone-size"),
         ("options: mode ", "options: --mode "),
         ("give a capacity", "give a --capacity"),
-        ("a smaller capacity", "a smaller --capacity or --zone-size"),
+        ("a smaller capacity", smaller),
     ] {
         msg = msg.replace(lib, cli);
     }
@@ -54,7 +60,7 @@ pub fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
         if let Some(bytes) = a.zone_size {
             options = options.zone_size(bytes);
         }
-        let dict = options.open(file).map_err(in_cli_words)?;
+        let dict = options.open(file).map_err(|e| in_cli_words(e, true))?;
         if !dict.created() {
             return Err(exists());
         }
@@ -86,7 +92,7 @@ pub fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
         .max_processes(a.max_processes)
         .mode(a.mode)
         .open(file)
-        .map_err(in_cli_words)?;
+        .map_err(|e| in_cli_words(e, false))?;
     if !table.created() {
         return Err(exists());
     }

@@ -41,6 +41,7 @@ mod text;
 mod unlock;
 
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -103,7 +104,7 @@ fn main() -> ExitCode {
             .and_then(|t| match (a.shared, a.permits) {
                 (true, _) => run::run(t.shared(), a),
                 (false, Some(n)) => {
-                    let sem = t.semaphore(&a.key, n).map_err(|e| match e {
+                    let sem = t.semaphore(a.key.as_bytes(), n).map_err(|e| match e {
                         shmlock::Error::InvalidOptions(_) => Fail(
                             format!(
                                 "--permits must be between 1 and the table's capacity ({})",

@@ -2,6 +2,7 @@
 //! redacted when printed), the topology they name, and each subcommand on the locks there.
 
 use shmlock::RedisLocks;
+use std::os::unix::ffi::OsStrExt;
 
 use crate::args::Cmd;
 use crate::exit::{Fail, EX_USAGE};
@@ -114,7 +115,7 @@ pub fn dispatch(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -
         Cmd::Run(a) => match (a.shared, a.permits) {
             (true, _) => run(redis.shared(), a),
             (false, Some(n)) => {
-                let sem = redis.semaphore(&a.key, n).map_err(|e| match e {
+                let sem = redis.semaphore(a.key.as_bytes(), n).map_err(|e| match e {
                     shmlock::Error::InvalidOptions(_) => {
                         Fail("--permits must be at least 1".into(), EX_USAGE)
                     }

@@ -2,8 +2,10 @@
 //! runs the command, renews the lease while it and the processes it left running run, and
 //! exits with its status.
 
+use std::ffi::{OsStr, OsString};
 use std::io;
 use std::ops::ControlFlow;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -139,16 +141,18 @@ where
     }
     // It waits in slices: the whole wait, not each slice, goes to the counters.
     let mut lock = Lock::new(backend, opts)?.uncounted();
-    let (program, args): (&str, &[String]) = match &a.shell_command {
-        Some(line) => ("/bin/sh", std::slice::from_ref(line)),
+    let (program, args): (&OsStr, &[OsString]) = match &a.shell_command {
+        Some(line) => (OsStr::new("/bin/sh"), std::slice::from_ref(line)),
         None => (&a.args[0], &a.args[1..]),
     };
+    // (as they are shown: keys and commands may be any bytes)
+    let (key_text, program_text) = (a.key.to_string_lossy(), program.to_string_lossy());
 
     if let ControlFlow::Break(code) = wait_for_lock(backend, &mut lock, &a, wait_for, signals)? {
         return Ok(code);
     }
     if a.verbose {
-        say!("shmlock: running {program}");
+        say!("shmlock: running {program_text}");
     }
 
     // The lease was set by the server a round trip at most before this (far less than the
@@ -193,7 +197,7 @@ where
     };
     let (status, vouched) = supervise(
         &mut lock,
-        (&a.key, program),
+        (&key_text, &program_text),
         lease,
         &happened,
         events,
@@ -220,12 +224,12 @@ where
             return Err(Fail(
                 format!(
                     "lost the lock on {:?} before the command ended (broken with unlock --force, or its lease lapsed)",
-                    a.key
+                    key_text
                 ),
                 EX_TERMINATED,
             ))
         }
-        Err(e) => say!("shmlock: releasing {:?}: {}", a.key, describe(&e)),
+        Err(e) => say!("shmlock: releasing {:?}: {}", key_text, describe(&e)),
     }
     Ok(match (status.code(), status.signal()) {
         (Some(code), _) => code as u8,
@@ -256,7 +260,7 @@ fn wait_for_lock<B: Backend + WhoHolds>(
         } else {
             left.min(SLICE)
         };
-        match lock.lock_with_timeout(&a.key, slice) {
+        match lock.lock_with_timeout(a.key.as_bytes(), slice) {
             Ok(_) => break,
             Err(Error::Timeout { .. }) => {}
             Err(e) => return Err(e.into()),
@@ -273,7 +277,7 @@ fn wait_for_lock<B: Backend + WhoHolds>(
             .as_ref()
             .is_none_or(|h| h.seen.elapsed() >= LOOKUP_EVERY);
         if (status.on || a.verbose) && stale {
-            holder = backend.who_holds(&a.key).or(holder);
+            holder = backend.who_holds(a.key.as_bytes()).or(holder);
         }
         let describe = || {
             holder
@@ -319,7 +323,7 @@ fn wait_for_lock<B: Backend + WhoHolds>(
 
 /// `program` with `args` (after `-c` for a shell command line), set up to get the signals
 /// `blocked` in this process and to die with it.
-fn command(program: &str, args: &[String], shell: bool, blocked: SigSet) -> Command {
+fn command(program: &OsStr, args: &[OsString], shell: bool, blocked: SigSet) -> Command {
     let mut cmd = Command::new(program);
     if shell {
         cmd.arg("-c");

@@ -30,12 +30,11 @@ impl HolderInfo {
 
 /// The backends `run` can tell the holder of a key of.
 pub trait WhoHolds {
-    fn who_holds(&self, key: &str) -> Option<HolderInfo>;
+    fn who_holds(&self, key: &[u8]) -> Option<HolderInfo>;
 }
 
 impl WhoHolds for LockTable {
-    fn who_holds(&self, key: &str) -> Option<HolderInfo> {
-        let key = key.as_bytes();
+    fn who_holds(&self, key: &[u8]) -> Option<HolderInfo> {
         // The preview is the first 32 bytes: a longer key is matched by them and its length.
         let h = self
             .holders()
@@ -54,24 +53,20 @@ impl WhoHolds for LockTable {
 }
 
 impl WhoHolds for shmlock::Shared {
-    fn who_holds(&self, key: &str) -> Option<HolderInfo> {
+    fn who_holds(&self, key: &[u8]) -> Option<HolderInfo> {
         self.table().who_holds(key)
     }
 }
 
 impl WhoHolds for shmlock::Semaphore<'_> {
-    fn who_holds(&self, key: &str) -> Option<HolderInfo> {
+    fn who_holds(&self, key: &[u8]) -> Option<HolderInfo> {
         self.table().who_holds(key)
     }
 }
 
 impl WhoHolds for RedisLocks {
-    fn who_holds(&self, key: &str) -> Option<HolderInfo> {
-        let h = self
-            .holders()
-            .ok()?
-            .into_iter()
-            .find(|h| h.key == key.as_bytes())?;
+    fn who_holds(&self, key: &[u8]) -> Option<HolderInfo> {
+        let h = self.holders().ok()?.into_iter().find(|h| h.key == key)?;
         Some(HolderInfo {
             who: match (&h.host, h.pid) {
                 (Some(host), Some(pid)) => format!("pid {pid} on {}", printable(host.as_bytes())),
@@ -85,13 +80,13 @@ impl WhoHolds for RedisLocks {
 }
 
 impl WhoHolds for shmlock::RedisShared {
-    fn who_holds(&self, key: &str) -> Option<HolderInfo> {
+    fn who_holds(&self, key: &[u8]) -> Option<HolderInfo> {
         self.locks().who_holds(key)
     }
 }
 
 impl WhoHolds for shmlock::RedisSemaphore<'_> {
-    fn who_holds(&self, key: &str) -> Option<HolderInfo> {
+    fn who_holds(&self, key: &[u8]) -> Option<HolderInfo> {
         self.locks().who_holds(key)
     }
 }
