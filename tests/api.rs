@@ -564,6 +564,16 @@ fn bad_capacity_and_missing_files_are_typed_errors() {
         Err(Error::InvalidCapacity(_))
     ));
     assert!(!path.0.exists());
+    // an empty path (an unset variable) is named as such, on both kinds of file
+    for e in [
+        LockTable::open("", 16).map(drop).unwrap_err(),
+        shmlock::SharedDict::open("", 16, 16).map(drop).unwrap_err(),
+    ] {
+        assert!(
+            matches!(e, Error::InvalidOptions(why) if why.contains("path is empty")),
+            "{e:?}"
+        );
+    }
     match LockTable::options().create(false).open(&path) {
         Err(Error::Io { source, .. }) => assert_eq!(source.kind(), std::io::ErrorKind::NotFound),
         other => panic!("{other:?}"),

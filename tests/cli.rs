@@ -2260,3 +2260,25 @@ fn keys_and_commands_that_are_not_utf8_run_as_given() {
     holder.kill().unwrap();
     holder.wait().unwrap();
 }
+
+/// `inspect`'s header shows the file's path as it shows keys: a control character (an
+/// escape sequence in a name) as `?`, never raw to the terminal.
+#[test]
+fn inspect_shows_a_path_with_control_characters_as_it_shows_keys() {
+    let base = TempPath::new("cli-path");
+    let file = TempPath(std::path::PathBuf::from(format!(
+        "{}\x1b[2J",
+        base.0.display()
+    )));
+    assert_eq!(code(shmlock(&file).arg("create")), 0);
+    for args in [&["inspect"][..], &["inspect", "--all"]] {
+        let out = output(shmlock(&file).args(args));
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!text.contains('\x1b'), "{text:?}");
+        assert!(
+            text.starts_with(&format!("{}?[2J: format", base.0.display())),
+            "{text:?}"
+        );
+    }
+}

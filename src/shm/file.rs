@@ -99,6 +99,10 @@ pub(crate) enum Pin {
 }
 
 pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
+    if path.as_os_str().is_empty() {
+        // (the OS's answer, ENOENT, came out as ": No such file or directory")
+        return Err(Error::InvalidOptions("the path is empty: it names no file"));
+    }
     if spec.mode & !0o777 != 0 {
         return Err(Error::InvalidOptions(
             "mode may only hold permission bits (at most 0o777)",

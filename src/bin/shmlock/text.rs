@@ -2,6 +2,7 @@
 //! dict), in columns for a terminal.
 
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -27,7 +28,7 @@ pub fn write_table(
     writeln!(
         out,
         "{}: format {}, capacity {} ({} slots), occupancy {}",
-        file.display(),
+        printable(file.as_os_str().as_bytes()),
         t.format_version(),
         t.capacity(),
         t.slots(),
@@ -115,7 +116,7 @@ pub fn write_dict(
     writeln!(
         out,
         "{}: shared dict, capacity {}, entries {} ({} live), keys up to {} B, values up to {} B, evictions {}, repairs {}, writer {}",
-        file.display(),
+        printable(file.as_os_str().as_bytes()),
         dict.capacity(),
         dict.len(),
         keys.len(),
