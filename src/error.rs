@@ -353,6 +353,16 @@ impl HolderSeen {
     }
 }
 
+/// How long a holder had held its key, as messages say it: a table's coarse clock says 0
+/// for a hold taken within its tick ("for 0.0ns" read as no hold at all).
+fn held_for(d: Duration) -> String {
+    if d < Duration::from_millis(1) {
+        "under 1ms".to_string()
+    } else {
+        format!("{d:.1?}")
+    }
+}
+
 impl fmt::Display for HolderSeen {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.kept() {
@@ -368,7 +378,7 @@ impl fmt::Display for HolderSeen {
             write!(f, " on {host}")?;
         }
         if let Some(d) = self.held_for {
-            write!(f, " for {:.1?}", d)?;
+            write!(f, " for {}", held_for(d))?;
         }
         if self.writer_waits {
             f.write_str(", with a writer waiting, which new readers defer to")?;
@@ -619,7 +629,7 @@ impl fmt::Display for Error {
                         write!(f, " on {host}")?;
                     }
                     if let Some(d) = h.held_for {
-                        write!(f, ", for {d:.1?}")?;
+                        write!(f, ", for {}", held_for(d))?;
                     }
                     return f.write_str("): another guard, handle or thread of it holds the key");
                 }

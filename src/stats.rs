@@ -106,9 +106,10 @@ impl LockStats {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DictStats {
-    /// Reads that found a live value.
+    /// Reads that found a live value (`get_or_fetch` counts one read per call: a hit, or
+    /// a miss whether it fetched or waited for the value).
     pub hits: u64,
-    /// Reads that found none.
+    /// Reads that found none (a `get_stale` that found only an expired value included).
     pub misses: u64,
     /// Values stored (`set`, `add`, `replace`, `incr`, ...).
     pub sets: u64,
@@ -116,12 +117,19 @@ pub struct DictStats {
     pub evictions: u64,
     /// Stores that evicted a live value to make room (`forcible` in ngx's words).
     pub forcible_sets: u64,
-    /// Keys with a value now (expired ones not yet reclaimed included).
+    /// Entries in use now, expired ones not yet reused or flushed included (as
+    /// [`SharedDict::len`](crate::SharedDict::len)).
     pub entries: u64,
+    /// Entries the dict has ([`SharedDict::capacity`](crate::SharedDict::capacity)): a
+    /// store finds no room for a new key once `entries` is near it (a key lives near its
+    /// home), or once the heap is full.
+    pub capacity: u64,
     /// Bytes of keys and values stored now.
     pub bytes_in_use: u64,
-    /// Bytes the dict can hold: its capacity times the longest key and the value room of
-    /// an entry, plus its heap.
+    /// An upper bound of the bytes the dict can hold: its capacity times the longest key
+    /// and the value room of an entry, plus its heap. Not a measure of how full it is
+    /// (short keys leave most of their room unused): `entries` of `capacity`, and
+    /// `heap_free`, are.
     pub bytes_capacity: u64,
     /// Bytes of the heap (0: the dict has none), where values longer than an entry's
     /// room are kept.

@@ -859,6 +859,15 @@ fn errors_name_the_key_and_the_limit() {
         .lock("held:a")
         .unwrap_err();
     assert!(err.to_string().contains("is held"), "{err}");
+    // A hold taken within the coarse clock's tick is "under 1ms" old, not "0.0ns".
+    let fresh = t.lock("fresh", LockOptions::default()).unwrap();
+    let err = Lock::new(&t, opts(1000, 0))
+        .unwrap()
+        .lock("fresh")
+        .unwrap_err();
+    fresh.unlock().unwrap();
+    let msg = err.to_string();
+    assert!(!msg.contains("0.0ns") && msg.contains(", for "), "{msg}");
     // The wait is capped at the lease's length, and the error names the wait that ran.
     let t0 = std::time::Instant::now();
     let err = Lock::new(&t, opts(50, 20_000))

@@ -1110,6 +1110,35 @@ fn inspect_shows_a_shared_dicts_counters_and_live_keys() {
     assert_eq!(json["writer_pid"], serde_json::Value::Null);
     assert_eq!(json["writer_alive"], serde_json::Value::Null);
     assert_eq!(
+        (&json["heap_size"], &json["heap_free"]),
+        (&0.into(), &0.into())
+    );
+    assert_eq!(json["zone_size"], std::fs::metadata(&file.0).unwrap().len());
+    // a dict with a heap says where long values go and how much of it is free
+    let zone = TempPath::new("cli-dict-zone");
+    let d = SharedDict::options()
+        .zone_size(1 << 20)
+        .max_value_len(64)
+        .open(&zone)
+        .unwrap();
+    d.set("long", &[7u8; 5000][..], Duration::ZERO).unwrap();
+    let (heap, free) = (d.heap_size(), d.heap_free());
+    assert!(free < heap && heap > 0);
+    let text = String::from_utf8(output(shmlock(&zone).arg("inspect")).stdout).unwrap();
+    assert!(
+        text.contains(&format!(
+            " (64 in the entry, longer in a heap of {heap} B, {free} B free)"
+        )),
+        "{text}"
+    );
+    let zjson = inspect_json(&zone, &[]);
+    assert_eq!(zjson["entry_value_len"], 64);
+    assert_eq!(
+        (zjson["heap_size"].as_u64(), zjson["heap_free"].as_u64()),
+        (Some(heap), Some(free))
+    );
+    assert_eq!(zjson["zone_size"], d.zone_size());
+    assert_eq!(
         json["keys"][0],
         serde_json::json!({"key": "item:1", "key_hex": "6974656d3a31", "value_kind": "bytes",
             "len": 1, "ttl_ms": null})

@@ -1173,6 +1173,16 @@ fn a_zone_size_bounds_the_file_and_what_the_entries_leave_is_heap() {
         Err(Error::ValueTooLong { len: 257, .. })
     ));
     d.set("k", &[1u8; 256][..], Duration::ZERO).unwrap();
+    // what the entries leave, too little for a value longer than an entry's room, is no
+    // heap (it was a heap of 2 blocks, `heap_free` 512, that held nothing)
+    let small = TempPath::new("zone-small-heap");
+    let d = SharedDict::options()
+        .zone_size(needs + 700)
+        .capacity(1000)
+        .open(&small)
+        .unwrap();
+    assert_eq!((d.zone_size(), d.heap_size(), d.heap_free()), (needs, 0, 0));
+    assert_eq!(d.max_value_len(), 256);
     // one byte short is refused, as is heap_size beside it, and a zone past 64 GiB
     let other = TempPath::new("zone-refused");
     let short = SharedDict::options()

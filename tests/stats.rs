@@ -70,6 +70,10 @@ const TESTS: &[Test] = &[
         a_dict_counts_hits_misses_sets_and_evictions,
     ),
     Test::new(
+        "get_or_fetch_counts_one_read_a_call_and_a_stale_read_is_a_miss",
+        get_or_fetch_counts_one_read_a_call_and_a_stale_read_is_a_miss,
+    ),
+    Test::new(
         "a_redis_handle_counts_what_it_did",
         a_redis_handle_counts_what_it_did,
     ),
@@ -581,6 +585,65 @@ fn a_dict_counts_hits_misses_sets_and_evictions() {
     assert!(stored.forcible);
     let s = dict.stats();
     assert_eq!((s.sets, s.evictions, s.forcible_sets), (5, 1, 1), "{s:?}");
+    assert_eq!((s.entries, s.capacity), (4, 4), "{s:?}");
+}
+
+/// A `get_or_fetch` is one read: a miss when it fetches (its second look under the lock
+/// counted a second miss), a hit from the cache; one that waited for another process's
+/// value is one miss (it counted a miss and a hit). A `get_stale` that finds only an
+/// expired value is a miss (it counted a hit).
+fn get_or_fetch_counts_one_read_a_call_and_a_stale_read_is_a_miss() {
+    let path = TempPath::new("stats-fetch");
+    let locks_path = TempPath::new("stats-fetch-locks");
+    let dict = SharedDict::open(&path, 16, 16).unwrap();
+    let locks = LockTable::open(&locks_path, 16).unwrap();
+    let counts = |d: &SharedDict| {
+        let s = d.stats();
+        (s.hits, s.misses)
+    };
+    let fetch = || Ok::<_, Error>("v");
+    dict.get_or_fetch(&locks, "k", Duration::ZERO, fetch)
+        .unwrap();
+    assert_eq!(counts(&dict), (0, 1), "fetched");
+    dict.get_or_fetch(&locks, "k", Duration::ZERO, fetch)
+        .unwrap();
+    assert_eq!(counts(&dict), (1, 1), "from the cache");
+    // another process holds the key's lock, stores the value, and lets go: this call waits
+    // for it and finds the value filled
+    let ready = Gate::new();
+    let child = {
+        let (path, locks_path, ready) = (&path, &locks_path, &ready);
+        fork(move || {
+            let d = SharedDict::open(path, 16, 16).unwrap();
+            let l = LockTable::open(locks_path, 16).unwrap();
+            let g = l.lock("filled", LockOptions::default()).unwrap();
+            ready.signal();
+            std::thread::sleep(Duration::from_millis(100));
+            d.set("filled", "v", Duration::ZERO).unwrap();
+            drop(g);
+            0
+        })
+    };
+    ready.await_signals(1);
+    let got = dict
+        .get_or_fetch(
+            &locks,
+            "filled",
+            Duration::ZERO,
+            || -> Result<&str, Error> { panic!("fetched what another process stored") },
+        )
+        .unwrap();
+    assert_eq!(got.source, shmlock::Source::Filled);
+    assert_eq!(child.wait(Duration::from_secs(30)), 0);
+    assert_eq!(counts(&dict), (1, 2), "filled");
+    // a stale value is no hit
+    dict.set("old", "v", Duration::from_millis(1)).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let (_, stale) = dict.get_stale("old").unwrap().unwrap();
+    assert!(stale);
+    assert_eq!(counts(&dict), (1, 3), "stale");
+    dict.get_stale("k").unwrap().unwrap();
+    assert_eq!(counts(&dict), (2, 3), "live through get_stale");
 }
 
 /// A Redis handle (and the handles derived from it) counts its own acquisitions, waits,

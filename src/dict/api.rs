@@ -345,8 +345,10 @@ impl DictOptions {
     /// small their values: a zone for many small values (counters, flags) wants a
     /// `capacity` too, and small rooms (and entries of more than 4 KiB each need one). A
     /// zone too small for its entries is [`Error::ZoneTooSmall`], which says what they
-    /// need; a zone is at most 64 GiB. Attaching to an existing dict keeps its layout,
-    /// whatever zone is asked.
+    /// need; a zone is at most 64 GiB. What the entries leave, if it could hold no value
+    /// longer than an entry's room (a value there takes whole blocks of 256 bytes and an
+    /// index block), is no heap at all: the file is then the entries alone. Attaching to
+    /// an existing dict keeps its layout, whatever zone is asked.
     ///
     /// ```
     /// # let path = std::env::temp_dir().join(format!("shmlock-doc-zone-{}", std::process::id()));
@@ -465,7 +467,15 @@ impl DictOptions {
                 capacity = (zone / ZONE_PER_ENTRY).max(1);
             }
             dict(0).check(capacity, self.spec.registry)?;
-            crate::shm::format::heap_for_zone(dict(0), capacity, self.spec.registry, zone)?
+            let blocks =
+                crate::shm::format::heap_for_zone(dict(0), capacity, self.spec.registry, zone)?;
+            // What the entries leave may hold no value an entry could not: then no heap
+            // (it would be counted free, as `heap_free`, and hold nothing).
+            if blocks > 0 && longest_heap_value(blocks as usize) <= self.max_value {
+                0
+            } else {
+                blocks
+            }
         } else {
             let blocks = u32::try_from(self.heap.div_ceil(HEAP_BLOCK as u64))
                 .ok()
@@ -735,6 +745,7 @@ impl SharedDict {
             evictions,
             forcible_sets: evictions,
             entries: self.len() as u64,
+            capacity: self.capacity() as u64,
             bytes_in_use: (0..self.inner.slots)
                 .map(|i| self.entry(i).stored_bytes())
                 .sum(),
@@ -811,6 +822,19 @@ impl SharedDict {
     pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Item>, Error> {
         let k = self.pack(key.as_ref())?;
         let mut value = Vec::new();
+        let found = self.read_live(&k, &mut value)?;
+        self.count_read(found.is_some());
+        Ok(found.map(|c| Item {
+            value: Value::decode(c.kind, value),
+            flags: c.flags,
+        }))
+    }
+
+    /// [`get`](Self::get) that counts neither a hit nor a miss: `get_or_fetch`'s looks
+    /// after its first, which counted the call's one.
+    pub(crate) fn get_uncounted(&self, key: &[u8]) -> Result<Option<Item>, Error> {
+        let k = self.pack(key)?;
+        let mut value = Vec::new();
         Ok(self.read_live(&k, &mut value)?.map(|c| Item {
             value: Value::decode(c.kind, value),
             flags: c.flags,
@@ -847,7 +871,9 @@ impl SharedDict {
     ) -> Result<Option<R>, Error> {
         let k = self.pack(key.as_ref())?;
         let read = |buf: &mut Vec<u8>| -> Result<Option<R>, Error> {
-            Ok(self.read_live(&k, buf)?.map(|c| {
+            let found = self.read_live(&k, buf)?;
+            self.count_read(found.is_some());
+            Ok(found.map(|c| {
                 f(ItemRef {
                     value: ValueRef::decode(c.kind, buf),
                     flags: c.flags,
@@ -864,7 +890,7 @@ impl SharedDict {
     }
 
     /// The live value of `k` into `value`, with its kind and flags: marks the entry used
-    /// and counts the read.
+    /// (the caller counts the read).
     #[inline(always)]
     fn read_live(&self, k: &PackedKey, value: &mut Vec<u8>) -> Result<Option<Copied>, Error> {
         let mut c = Copied::NONE;
@@ -884,7 +910,6 @@ impl SharedDict {
             }
             _ => None,
         };
-        self.count_read(found.is_some());
         Ok(found)
     }
 
@@ -908,7 +933,8 @@ impl SharedDict {
                 (item, stale)
             }),
         };
-        self.count_read(found.is_some());
+        // (a stale value is no hit: the counters count reads that found a live value)
+        self.count_read(found.as_ref().is_some_and(|(_, stale)| !stale));
         Ok(found)
     }
 

@@ -140,7 +140,7 @@ impl SharedDict {
         let guard = lock::guard(locks, key, opts, Some(opts.timeout))?;
         let waited = guard.elapsed();
         // The double check: whoever held the lock before us may have stored the value.
-        if let Some(hit) = self.get(key)? {
+        if let Some(hit) = self.get_uncounted(key)? {
             return Ok(Fetched {
                 value: hit.value,
                 source: Source::Filled,
@@ -182,7 +182,7 @@ impl SharedDict {
                 Err(Error::Exists { .. }) => {}
                 Err(e) => return Err(e),
             }
-            if let Some(hit) = self.get(key)? {
+            if let Some(hit) = self.get_uncounted(key)? {
                 return Ok(Fetched {
                     value: hit.value,
                     source: Source::Filled,
@@ -271,7 +271,7 @@ impl SharedDict {
         let guard = locks.lock_boxed(key, opts).await?;
         let waited = guard.elapsed();
         // The double check, as in `get_or_fetch_with`.
-        if let Some(hit) = self.get(key)? {
+        if let Some(hit) = self.get_uncounted(key)? {
             return Ok(Fetched {
                 value: hit.value,
                 source: Source::Filled,

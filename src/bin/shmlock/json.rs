@@ -115,6 +115,13 @@ struct DictReport<'a> {
     live: usize,
     max_key_len: usize,
     max_value_len: usize,
+    /// The longest value kept in an entry; longer ones go in the heap.
+    entry_value_len: usize,
+    /// Bytes of the file (as `zone_size` sizes it).
+    zone_size: u64,
+    /// Bytes of the heap (0: none), and how many are free.
+    heap_size: u64,
+    heap_free: u64,
     evictions: u64,
     repairs: u64,
     writer_pid: Option<u32>,
@@ -149,6 +156,10 @@ pub fn write_dict(
         live: keys.len(),
         max_key_len: dict.max_key_len(),
         max_value_len: dict.max_value_len(),
+        entry_value_len: dict.entry_value_len(),
+        zone_size: dict.zone_size(),
+        heap_size: dict.heap_size(),
+        heap_free: dict.heap_free(),
         evictions: dict.evictions(),
         repairs: dict.repairs(),
         writer_pid: dict.writer_pid(),

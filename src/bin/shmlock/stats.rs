@@ -179,12 +179,13 @@ fn text(out: &mut String, file: &Path, now: &Read, rates: Option<(&Read, f64)>) 
             for (name, n, before) in rows {
                 let _ = writeln!(out, "{name:<27} {}", count(n, before, secs));
             }
-            let _ = writeln!(out, "{:<27} {}", "entries", s.entries);
+            // (bytes_capacity, an upper bound, is no measure of fullness: not shown)
             let _ = writeln!(
                 out,
-                "{:<27} {} of {}",
-                "bytes in use", s.bytes_in_use, s.bytes_capacity
+                "{:<27} {} of {} (expired ones included until reused)",
+                "entries in use", s.entries, s.capacity
             );
+            let _ = writeln!(out, "{:<27} {}", "bytes of keys and values", s.bytes_in_use);
             if s.heap_bytes > 0 {
                 let _ = writeln!(
                     out,
@@ -271,6 +272,7 @@ fn json(out: &mut String, file: &Path, now: &Read, rates: Option<(&Read, f64)>) 
                 "evictions": s.evictions,
                 "forcible_sets": s.forcible_sets,
                 "entries": s.entries,
+                "capacity": s.capacity,
                 "bytes_in_use": s.bytes_in_use,
                 "bytes_capacity": s.bytes_capacity,
                 "heap_bytes": s.heap_bytes,
@@ -368,8 +370,16 @@ fn prometheus(out: &mut String, file: &Path, now: &Read) {
         }
         Read::Dict(s) => {
             let counters = [
-                ("hits", "Reads that found a live value.", s.hits),
-                ("misses", "Reads that found none.", s.misses),
+                (
+                    "hits",
+                    "Reads that found a live value (get_or_fetch: one read per call).",
+                    s.hits,
+                ),
+                (
+                    "misses",
+                    "Reads that found none (get_stale's stale values included).",
+                    s.misses,
+                ),
                 ("sets", "Values stored.", s.sets),
                 (
                     "evictions",
@@ -388,7 +398,12 @@ fn prometheus(out: &mut String, file: &Path, now: &Read) {
                 );
             }
             let gauges = [
-                ("entries", "Keys with a value.", s.entries),
+                (
+                    "entries",
+                    "Entries in use, expired ones included until reused or flushed.",
+                    s.entries,
+                ),
+                ("capacity", "Entries the dict has.", s.capacity),
                 (
                     "bytes_in_use",
                     "Bytes of keys and values stored.",
@@ -396,7 +411,7 @@ fn prometheus(out: &mut String, file: &Path, now: &Read) {
                 ),
                 (
                     "bytes_capacity",
-                    "Bytes the dict can hold.",
+                    "Upper bound of the bytes the dict holds (every entry's room, and the heap): not a fullness measure.",
                     s.bytes_capacity,
                 ),
                 (

@@ -115,13 +115,24 @@ pub fn write_dict(
 ) -> std::io::Result<()> {
     writeln!(
         out,
-        "{}: shared dict, capacity {}, entries {} ({} live), keys up to {} B, values up to {} B, evictions {}, repairs {}, writer {}",
+        "{}: shared dict, capacity {}, entries {} ({} live), keys up to {} B, values up to {} B{}, evictions {}, repairs {}, writer {}",
         printable(file.as_os_str().as_bytes()),
         dict.capacity(),
         dict.len(),
         keys.len(),
         dict.max_key_len(),
         dict.max_value_len(),
+        // (the heap: where values longer than an entry's room go, and how much is free)
+        if dict.heap_size() > 0 {
+            format!(
+                " ({} in the entry, longer in a heap of {} B, {} B free)",
+                dict.entry_value_len(),
+                dict.heap_size(),
+                dict.heap_free()
+            )
+        } else {
+            String::new()
+        },
         dict.evictions(),
         dict.repairs(),
         match (dict.writer_pid(), dict.writer_alive()) {
