@@ -672,3 +672,62 @@ fn shared_holds_on_a_cluster_and_across_a_sentinel_failover() {
     assert!(checks > 0);
     drop((r1, r2, p));
 }
+
+/// Every sentinel down while the master is healthy: a try says which sentinel it could not
+/// reach, and a wait goes on through their refusals until they answer again (it ended at
+/// once with a bare "Connection refused", as no other connection error ends a wait); a data
+/// server given as a sentinel is said not to be one (it was "no sentinel knows a master
+/// named", sending the user after the name).
+#[test]
+fn unreachable_sentinels_are_named_and_a_wait_goes_on_through_them() {
+    let mut setup = SentinelSetup::start();
+    let redis = RedisLocks::open_sentinel(MASTER_NAME, &setup.sentinel_urls()).unwrap();
+    round_trip_once(&redis, "warm");
+    for s in &mut setup.sentinels {
+        s.stop();
+    }
+    // past the time a watcher's last word vouches for the master: grants ask the sentinels
+    std::thread::sleep(Duration::from_millis(1500));
+    let tried = redis.try_lock_with_lease("k", Duration::from_secs(30));
+    let msg = match &tried {
+        Err(Error::Redis(e)) => e.to_string(),
+        other => panic!("{:?}", other.as_ref().map(|g| g.is_some())),
+    };
+    let ports: Vec<String> = setup.sentinels.iter().map(|s| s.port.to_string()).collect();
+    assert!(
+        msg.contains("sentinel 127.0.0.1:") && ports.iter().any(|p| msg.contains(p.as_str())),
+        "{msg}"
+    );
+    assert!(
+        !redis.is_locked("k").unwrap(),
+        "the unvouched grant was given back"
+    );
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_secs(1));
+            for sentinel in &mut setup.sentinels {
+                sentinel.restart();
+            }
+        });
+        let wait = LockOptions {
+            timeout: Duration::from_secs(10),
+            ..LockOptions::default()
+        };
+        let guard = redis.lock("k", wait);
+        assert!(
+            guard.is_ok(),
+            "{:?} after {:?}",
+            guard.err(),
+            started.elapsed()
+        );
+    });
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    let not_a_sentinel = RedisLocks::open_sentinel(MASTER_NAME, &[setup.master.url()]);
+    let msg = not_a_sentinel.map(drop).unwrap_err().to_string();
+    assert!(msg.contains("is not a sentinel"), "{msg}");
+}

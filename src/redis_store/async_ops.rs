@@ -288,10 +288,14 @@ impl RedisLocks {
                     }
                 }
             }
-            if !self.vouch_async(&aio, sent, limit).await? {
+            match self.vouch_async(&aio, sent, limit).await {
+                Ok(true) => {}
                 // granted by a master that was replaced meanwhile: not a hold (the guard
                 // cancels it)
-                return Ok(Err(RedisBusy::held(names).in_mode(mode)));
+                Ok(false) => return Ok(Err(RedisBusy::held(names).in_mode(mode))),
+                // no sentinel could vouch (the guard cancels it): a wait goes on through a
+                // sentinel's connection error as through the master's
+                Err(e) => return RedisBusy::or_error(&names, e, deadline).map(Err),
             }
             pending.armed = false;
             let token = std::mem::take(&mut pending.token);

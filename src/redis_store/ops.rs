@@ -631,10 +631,12 @@ impl RedisLocks {
                             self.cancel_now(names, &hold.token, (not_after, ttl), limit);
                             busy()
                         }
-                        // not granted after all (too few replicas): given back first
+                        // not granted after all (too few replicas, or no sentinel could
+                        // vouch for the master): given back first; a wait goes on through
+                        // a sentinel's connection error as through the master's
                         Err(e) => {
                             self.cancel_now(names, &hold.token, (not_after, ttl), limit);
-                            Err(e)
+                            RedisBusy::or_error(names, e, deadline).map(Err)
                         }
                     };
                 }

@@ -176,15 +176,33 @@ impl Sentinel {
     }
 
     fn ask_one(&self, i: usize, limit: Instant) -> Answer {
-        let mut con = connect_within(&self.sentinels[i], limit)?;
+        // (named as a server's errors are: a sentinel stopped said "Resource temporarily
+        // unavailable (os error 11)", one down "Connection refused", and nothing whose)
+        let started = Instant::now();
+        let server = format!("sentinel {}", self.sentinels[i].addr());
+        let named = |e| at_server(e, &server, limit.saturating_duration_since(started));
+        let mut con = connect_within(&self.sentinels[i], limit).map_err(named)?;
         let reply: RedisResult<Vec<String>> = redis::cmd("SENTINEL")
             .arg("MASTER")
             .arg(&self.name)
             .query(&mut con);
         let fields = match reply {
             Ok(fields) => fields,
+            // a server that is no sentinel (its data port given by mistake): not "no
+            // sentinel knows a master named", which sends the user after the name
+            Err(e) if e.to_string().contains("unknown command") => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "not a sentinel",
+                    format!(
+                        "{} is not a sentinel (it does not know the SENTINEL command): \
+                         give the sentinels' addresses",
+                        self.sentinels[i].addr()
+                    ),
+                )))
+            }
             Err(e) if e.code() == Some("ERR") => return Ok(None), // no master of that name here
-            Err(e) => return Err(e),
+            Err(e) => return Err(named(e)),
         };
         let field = |name: &str| {
             fields
