@@ -419,6 +419,17 @@ fn a_silent_cluster_master_is_a_named_timeout() {
         }
         other => panic!("{:?}", other.map(|g| g.is_some())),
     }
+    // a node given as a single server holds only its own slots' keys: refused at open,
+    // naming what to do (`holders` there listed none of the others' and found none held)
+    let node_url = cluster.urls()[0].clone();
+    let msg = RedisLocks::open(&node_url)
+        .map(drop)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("is a node of a Redis Cluster") && msg.contains("open_cluster"),
+        "{msg}"
+    );
 }
 
 fn round_trip_once(redis: &RedisLocks, key: &str) {
@@ -730,4 +741,10 @@ fn unreachable_sentinels_are_named_and_a_wait_goes_on_through_them() {
     let not_a_sentinel = RedisLocks::open_sentinel(MASTER_NAME, &[setup.master.url()]);
     let msg = not_a_sentinel.map(drop).unwrap_err().to_string();
     assert!(msg.contains("is not a sentinel"), "{msg}");
+    // and a sentinel given as a data server is said to be none ("unknown command 'TIME'")
+    let msg = RedisLocks::open(&setup.sentinels[0].url())
+        .map(drop)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("not a Redis data server"), "{msg}");
 }

@@ -127,7 +127,16 @@ impl Pool {
     /// the server's clock (a cluster's through a seed node).
     pub(crate) fn check(&self) -> Result<(), Error> {
         let limit = self.limit(None);
-        let conn = self.connect(limit)?;
+        let mut conn = self.connect(limit)?;
+        if let (Topology::Single(_), SyncConn::Plain(c)) = (&self.shared.topology, &mut conn.0) {
+            topology::refuse_cluster_node(c, conn.1.server.as_deref().unwrap_or("the server"))
+                .map_err(|e| match &conn.1.server {
+                    Some(server) => {
+                        net::at_server(e, server, net::allowed(Instant::now(), limit, self.timeout))
+                    }
+                    None => e,
+                })?;
+        }
         self.shared.check_cluster(limit, self.timeout)?;
         self.put_back(conn);
         Ok(())
@@ -182,8 +191,9 @@ impl Pool {
                     Some(server) => {
                         net::at_server(e, server, net::allowed(started, limit, self.timeout))
                     }
-                    // (redis-rs does not say which node: the socket's EAGAIN said nothing)
-                    None if e.is_timeout() => net::at_server(
+                    // (redis-rs does not say which node: the socket's EAGAIN said nothing,
+                    // a node down a bare "Connection refused")
+                    None if e.is_timeout() || e.is_io_error() => net::at_server(
                         e,
                         "a Cluster node",
                         net::allowed(started, limit, self.timeout),

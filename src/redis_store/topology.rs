@@ -128,6 +128,29 @@ impl Req<'_> {
     }
 }
 
+/// For a handle on one server: an error if the server is a node of a Redis Cluster, which
+/// holds only its own slots' keys (`holders` listed none of the others' and found none
+/// held; a lock on a key of another node's slots failed with a bare `MOVED`).
+pub(crate) fn refuse_cluster_node(con: &mut Connection, server: &str) -> RedisResult<()> {
+    let info: String = match redis::cmd("INFO").arg("cluster").query(con) {
+        Ok(info) => info,
+        // (a user whose ACL denies INFO, a proxy that lacks it: not told, not refused)
+        Err(e) if e.code().is_some() => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if info.lines().any(|l| l.trim() == "cluster_enabled:1") {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "a Cluster node",
+            format!(
+                "{server} is a node of a Redis Cluster, which holds only its own slots' \
+                 keys: open the Cluster (RedisLocks::open_cluster, --redis-cluster)"
+            ),
+        )));
+    }
+    Ok(())
+}
+
 /// How many times redis-rs's cluster connection sends a request in all (its retries
 /// after a timeout, a redirect...): see `open_cluster`.
 pub(crate) const CLUSTER_TRIES: u32 = 4;
@@ -178,6 +201,15 @@ impl Shared {
             Topology::Cluster { nodes, .. } => direct(&nodes[i % nodes.len()])?,
         };
         self.read_clock(&mut con).map_err(|e| match &tag.server {
+            // (a sentinel given as a data server: "unknown command 'TIME'")
+            Some(server) if e.to_string().contains("unknown command") => redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "not a data server",
+                format!(
+                    "{server} does not know TIME: not a Redis data server (a sentinel? \
+                         RedisLocks::open_sentinel, --redis-sentinel NAME, takes sentinels)"
+                ),
+            )),
             Some(server) => net::at_server(e, server, net::allowed(started, limit, timeout)),
             None => e,
         })?;
