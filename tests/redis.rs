@@ -296,17 +296,11 @@ fn connection_errors_name_the_server_and_a_silent_one_the_time_limit() {
     let redis = RedisLocks::open(&server.url())
         .unwrap()
         .with_timeout(Duration::from_millis(300));
+    let silent = format!("127.0.0.1:{} did not answer within 300ms", server.port);
     server.pause(true);
     let err = redis.is_locked("k").unwrap_err();
     server.pause(false);
-    let text = err.to_string();
-    assert!(
-        text.contains(&format!(
-            "127.0.0.1:{} did not answer within 300ms",
-            server.port
-        )),
-        "{text}"
-    );
+    assert!(err.to_string().contains(&silent), "{err}");
 
     // The first async call, whose connection is made then, on a server that accepts it and
     // answers nothing (`CLIENT PAUSE`): named as the sync call's (it said "the deadline
@@ -325,14 +319,7 @@ fn connection_errors_name_the_server_and_a_silent_one_the_time_limit() {
         .map(drop)
         .unwrap_err();
     server.cli(&["CLIENT", "UNPAUSE"]);
-    let text = err.to_string();
-    assert!(
-        text.contains(&format!(
-            "127.0.0.1:{} did not answer within 300ms",
-            server.port
-        )),
-        "{text}"
-    );
+    assert!(err.to_string().contains(&silent), "{err}");
 }
 /// A value of another type than shmlock writes at a lock's Redis keys is a typed error
 /// naming the lock and the Redis key (it was a raw WRONGTYPE script error).
