@@ -293,9 +293,17 @@ impl RedisLocks {
                 // granted by a master that was replaced meanwhile: not a hold (the guard
                 // cancels it)
                 Ok(false) => return Ok(Err(RedisBusy::held(names).in_mode(mode))),
-                // no sentinel could vouch (the guard cancels it): a wait goes on through a
-                // sentinel's connection error as through the master's
-                Err(e) => return RedisBusy::or_error(&names, e, deadline).map(Err),
+                // no sentinel could vouch: given back here, on the connection that took it
+                // (the janitor's own connection needs a sentinel to find the master, and
+                // none answers: the grant stayed until its lease ended, for ever without
+                // one); a wait goes on through a sentinel's connection error as through
+                // the master's
+                Err(e) => {
+                    if self.cancel_on(&mut aio, &pending, limit).await {
+                        pending.armed = false;
+                    }
+                    return RedisBusy::or_error(&names, e, deadline).map(Err);
+                }
             }
             pending.armed = false;
             let token = std::mem::take(&mut pending.token);
@@ -447,6 +455,29 @@ impl RedisLocks {
         if exclusive {
             self.0.pool.put_back_exclusive(aio);
         }
+    }
+
+    /// Undoes `pending`'s attempt on `aio` (the acquire's own connection), by `limit` but
+    /// never less than the attempt floor from now: whether the server answered.
+    async fn cancel_on(&self, aio: &mut Aio, pending: &Pending<'_>, limit: Instant) -> bool {
+        let names = &pending.names;
+        let call = self
+            .0
+            .scripts
+            .cancel
+            .call()
+            .key(&names.lock)
+            .key(&names.channel)
+            .key(names.cancel_marker(&pending.token))
+            .key(&names.shared)
+            .key(&names.leases)
+            .arg(&pending.token)
+            .arg(pending.not_after)
+            .arg(self.marker_cap_ms());
+        let limit = limit.max(Instant::now() + crate::redis_store::ops::ATTEMPT_FLOOR);
+        bounded(limit, call.invoke_async::<i64>(&mut aio.conn))
+            .await
+            .is_ok()
     }
 
     /// `Sentinel::vouch` for an async reply: asking the sentinels, when it must, on the

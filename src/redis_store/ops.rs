@@ -59,7 +59,7 @@ pub(crate) fn lapse_by(blocked: i64, end: Instant) -> Instant {
 
 /// The shortest time an attempt of a wait is given, even at the wait's very end (a reply
 /// takes a round trip).
-const ATTEMPT_FLOOR: Duration = Duration::from_millis(100);
+pub(crate) const ATTEMPT_FLOOR: Duration = Duration::from_millis(100);
 
 /// The names of one lock's keys: `PREFIX{KEY}`, its fence counter `PREFIX{KEY}:fence`,
 /// its release channel `PREFIX{KEY}:free`, its shared holds `PREFIX{KEY}:shared` and
@@ -485,7 +485,7 @@ impl RedisLocks {
 
     /// The longest a cancel marker lives: its attempt's deadline ends it sooner, unless
     /// the bound on the server's clock was far off.
-    fn marker_cap_ms(&self) -> u64 {
+    pub(crate) fn marker_cap_ms(&self) -> u64 {
         millis(self.0.pool.timeout.saturating_mul(10)).max(1000)
     }
 
