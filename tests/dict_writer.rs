@@ -1248,6 +1248,9 @@ fn a_writer_that_waits_gets_the_next_turn() {
     let path = TempPath::new("dict-turn");
     let d = shmlock::SharedDict::open(&path.0, 64, 16).unwrap();
     let s = Shared::new(4);
+    // (stored before: the writer stopped in its first add would leave `n` absent, as a
+    // write stopped in the middle leaves the value it had)
+    d.set("n", 0i64, Duration::ZERO).unwrap();
     let h = back_to_back(&d, &s);
     let count = |d: &shmlock::SharedDict| match d.get("n").unwrap().map(|i| i.value) {
         Some(shmlock::Value::Int(n)) => n,
