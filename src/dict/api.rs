@@ -471,7 +471,7 @@ impl DictOptions {
                 crate::shm::format::heap_for_zone(dict(0), capacity, self.spec.registry, zone)?;
             // What the entries leave may hold no value an entry could not: then no heap
             // (it would be counted free, as `heap_free`, and hold nothing).
-            if blocks > 0 && longest_heap_value(blocks as usize) <= self.max_value {
+            if self.holds_nothing(blocks) {
                 0
             } else {
                 blocks
@@ -483,7 +483,7 @@ impl DictOptions {
                 .ok_or(Error::InvalidLayout(
                     "the heap would be larger than a dict can be (64 GiB)",
                 ))?;
-            if blocks > 0 && longest_heap_value(blocks as usize) <= self.max_value {
+            if self.holds_nothing(blocks) {
                 // A heap that holds no value an entry could not.
                 return Err(Error::InvalidLayout(
                     "heap_size is too small to hold a value longer than an entry's room \
@@ -494,6 +494,11 @@ impl DictOptions {
             blocks
         };
         Ok((dict(heap_blocks), capacity))
+    }
+
+    /// Whether a heap of `blocks` blocks would hold no value an entry could not.
+    fn holds_nothing(&self, blocks: u32) -> bool {
+        blocks > 0 && longest_heap_value(blocks as usize) <= self.max_value
     }
 }
 
@@ -820,18 +825,14 @@ impl SharedDict {
 
     /// The live value of `key`, or `None` if it has none (absent or expired).
     pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Item>, Error> {
-        let k = self.pack(key.as_ref())?;
-        let mut value = Vec::new();
-        let found = self.read_live(&k, &mut value)?;
-        self.count_read(found.is_some());
-        Ok(found.map(|c| Item {
-            value: Value::decode(c.kind, value),
-            flags: c.flags,
-        }))
+        let item = self.get_uncounted(key.as_ref())?;
+        self.count_read(item.is_some());
+        Ok(item)
     }
 
     /// [`get`](Self::get) that counts neither a hit nor a miss: `get_or_fetch`'s looks
     /// after its first, which counted the call's one.
+    #[inline(always)]
     pub(crate) fn get_uncounted(&self, key: &[u8]) -> Result<Option<Item>, Error> {
         let k = self.pack(key)?;
         let mut value = Vec::new();

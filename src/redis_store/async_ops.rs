@@ -460,20 +460,7 @@ impl RedisLocks {
     /// Undoes `pending`'s attempt on `aio` (the acquire's own connection), by `limit` but
     /// never less than the attempt floor from now: whether the server answered.
     async fn cancel_on(&self, aio: &mut Aio, pending: &Pending<'_>, limit: Instant) -> bool {
-        let names = &pending.names;
-        let call = self
-            .0
-            .scripts
-            .cancel
-            .call()
-            .key(&names.lock)
-            .key(&names.channel)
-            .key(names.cancel_marker(&pending.token))
-            .key(&names.shared)
-            .key(&names.leases)
-            .arg(&pending.token)
-            .arg(pending.not_after)
-            .arg(self.marker_cap_ms());
+        let call = self.cancel_call(&pending.names, &pending.token, pending.not_after);
         let limit = limit.max(Instant::now() + crate::redis_store::ops::ATTEMPT_FLOOR);
         bounded(limit, call.invoke_async::<i64>(&mut aio.conn))
             .await

@@ -129,10 +129,11 @@ impl Pool {
         let limit = self.limit(None);
         let mut conn = self.connect(limit)?;
         if let (Topology::Single(_), SyncConn::Plain(c)) = (&self.shared.topology, &mut conn.0) {
+            let started = Instant::now();
             topology::refuse_cluster_node(c, conn.1.server.as_deref().unwrap_or("the server"))
                 .map_err(|e| match &conn.1.server {
                     Some(server) => {
-                        net::at_server(e, server, net::allowed(Instant::now(), limit, self.timeout))
+                        net::at_server(e, server, net::allowed(started, limit, self.timeout))
                     }
                     None => e,
                 })?;

@@ -457,35 +457,38 @@ impl RedisLocks {
         (not_after, ttl_ms): (i64, u64),
         limit: Instant,
     ) {
-        let marker = names.cancel_marker(token);
+        let call = self.cancel_call(names, token, not_after);
         let done = self
             .0
             .pool
             .run(limit.max(Instant::now() + ATTEMPT_FLOOR), |r| {
-                r.call::<i64>(
-                    &self
-                        .0
-                        .scripts
-                        .cancel
-                        .call()
-                        .key(&names.lock)
-                        .key(&names.channel)
-                        .key(&marker)
-                        .key(&names.shared)
-                        .key(&names.leases)
-                        .arg(token)
-                        .arg(not_after)
-                        .arg(self.marker_cap_ms()),
-                )
+                r.call::<i64>(&call)
             });
         if done.is_err() {
             self.cancel(names, token, not_after, ttl_ms);
         }
     }
 
+    /// The cancel script's call for the attempt of `token` (see `scripts::CANCEL`), as
+    /// [`cancel_now`](Self::cancel_now) and an async attempt's give-back send it.
+    pub(crate) fn cancel_call(&self, names: &Names, token: &str, not_after: i64) -> Call<'_> {
+        self.0
+            .scripts
+            .cancel
+            .call()
+            .key(&names.lock)
+            .key(&names.channel)
+            .key(names.cancel_marker(token))
+            .key(&names.shared)
+            .key(&names.leases)
+            .arg(token)
+            .arg(not_after)
+            .arg(self.marker_cap_ms())
+    }
+
     /// The longest a cancel marker lives: its attempt's deadline ends it sooner, unless
     /// the bound on the server's clock was far off.
-    pub(crate) fn marker_cap_ms(&self) -> u64 {
+    fn marker_cap_ms(&self) -> u64 {
         millis(self.0.pool.timeout.saturating_mul(10)).max(1000)
     }
 
