@@ -432,6 +432,187 @@ fn a_silent_cluster_master_is_a_named_timeout() {
     );
 }
 
+/// A Cluster master that accepts connections and answers nothing (SIGSTOP) costs its own
+/// keys their deadline and nothing else, sync and async: `open_cluster` with it as the
+/// first node, a wait on its key within the wait's timeout, and the other masters' keys
+/// taken at once, before and after a request to it timed out; once it runs again, its
+/// keys are taken as before. (With redis-rs's cluster connection, which checked every
+/// master with a `PING` that had no time limit: `open_cluster` took 10.2 s, a 500 ms wait
+/// 41 s, and calls on the healthy masters' keys failed.)
+#[test]
+fn a_stopped_cluster_master_costs_its_own_keys_their_deadline_and_nothing_else() {
+    let cluster = ClusterSetup::start();
+    for n in &cluster.nodes {
+        // (else the other masters refuse every key once the cluster marks it failed)
+        n.cli(&["CONFIG", "SET", "cluster-require-full-coverage", "no"]);
+    }
+    let victim = cluster.node_of("shmlock:{silent}");
+    let healthy: Vec<String> = (0..)
+        .map(|i| format!("k{i}"))
+        .filter(|k| cluster.node_of(&format!("shmlock:{{{k}}}")) != victim)
+        .take(4)
+        .collect();
+    let mut urls = cluster.urls();
+    urls.swap(0, victim);
+    let timeout = Duration::from_secs(1);
+    let before = RedisLocks::open_cluster(&urls)
+        .unwrap()
+        .with_timeout(timeout);
+    round_trip_once(&before, "silent");
+    for k in &healthy {
+        round_trip_once(&before, k);
+    }
+
+    cluster.nodes[victim].pause(true);
+    let t = Instant::now();
+    let opened = RedisLocks::open_cluster(&urls);
+    let open_took = t.elapsed();
+    let after = opened.map(|r| r.with_timeout(timeout));
+    let wait = LockOptions {
+        exptime: Duration::from_secs(5),
+        timeout: Duration::from_millis(500),
+        ..LockOptions::default()
+    };
+    let victim_port = cluster.nodes[victim].port.to_string();
+    let stopped_key_fails_in_time = |got: Result<(), Error>, took: Duration| {
+        match got {
+            Err(Error::Timeout { .. }) => {}
+            Err(Error::Redis(e)) => assert!(e.to_string().contains(&victim_port), "{e}"),
+            other => panic!("the stopped master's key: {other:?}"),
+        }
+        assert!(took < Duration::from_millis(2500), "{took:?}");
+    };
+    let mut checked = 0;
+    for redis in [Ok(&before), after.as_ref()] {
+        let redis = redis.unwrap_or_else(|e| panic!("open_cluster: {e}"));
+        let t = Instant::now();
+        let got = redis.lock("silent", wait).map(drop);
+        stopped_key_fails_in_time(got, t.elapsed());
+        for k in &healthy {
+            let g = redis
+                .try_lock_with_lease(k, Duration::from_secs(5))
+                .unwrap();
+            g.expect("a healthy master's key is free").unlock().unwrap();
+            checked += 1;
+        }
+        #[cfg(feature = "tokio")]
+        {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let t = Instant::now();
+                let got = redis.lock_async("silent", &wait).await.map(drop);
+                stopped_key_fails_in_time(got, t.elapsed());
+                for k in &healthy {
+                    let g = redis.lock_async(k, &wait).await.unwrap();
+                    g.unlock().unwrap();
+                    checked += 1;
+                }
+            });
+        }
+    }
+    cluster.nodes[victim].pause(false);
+    assert!(
+        open_took < Duration::from_secs(5),
+        "open_cluster: {open_took:?}"
+    );
+    assert!(checked >= 2 * healthy.len());
+    for redis in [&before, after.as_ref().unwrap()] {
+        eventually(
+            "the master's key taken again",
+            Duration::from_secs(10),
+            || {
+                redis
+                    .lock("silent", lease(Duration::from_secs(5)))
+                    .is_ok_and(|g| g.unlock().is_ok())
+            },
+        );
+    }
+}
+
+/// A slot that moves to another master after a handle read the slot map: its `MOVED`
+/// reply is followed (and the map read again). While a slot migrates, the old master's
+/// `ASK` for keys it lacks is followed with `ASKING` (the new one then answers `TRYAGAIN`,
+/// as Redis answers a request on several keys of a migrating slot: without `ASKING` it
+/// would have sent the request back), and a wait goes on through it and takes the key
+/// once the migration ends. Sync and async.
+#[test]
+fn a_slot_moved_or_migrating_is_followed() {
+    let cluster = ClusterSetup::start();
+    let redis = RedisLocks::open_cluster(&cluster.urls()).unwrap();
+    let holder_node = |key: &str| {
+        let g = redis.lock(key, lease(Duration::from_secs(30))).unwrap();
+        let node = redis
+            .holders()
+            .unwrap()
+            .into_iter()
+            .find(|h| h.key == key.as_bytes())
+            .map(|h| h.node);
+        g.unlock().unwrap();
+        node.unwrap_or_else(|| panic!("{key} held but not listed"))
+    };
+    let id = |i: usize| {
+        cluster.nodes[i]
+            .cli(&["CLUSTER", "MYID"])
+            .trim()
+            .to_string()
+    };
+    let port = |i: usize| format!("127.0.0.1:{}", cluster.nodes[i].port);
+    for (key, migrating) in [("moved", false), ("asked", true)] {
+        let from = cluster.node_of(&format!("shmlock:{{{key}}}"));
+        let to = (from + 1) % 3;
+        assert_eq!(holder_node(key), port(from));
+        let slot = cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", &format!("shmlock:{{{key}}}")]);
+        let slot = slot.trim().to_string();
+        cluster.nodes[to].cli(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &id(from)]);
+        cluster.nodes[from].cli(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &id(to)]);
+        let move_slot = || {
+            for n in &cluster.nodes {
+                n.cli(&["CLUSTER", "SETSLOT", &slot, "NODE", &id(to)]);
+            }
+        };
+        if migrating {
+            match redis.try_lock_with_lease(key, Duration::from_secs(30)) {
+                Err(Error::Redis(e)) => assert_eq!(e.code(), Some("TRYAGAIN"), "{e}"),
+                other => panic!(
+                    "{key} while its slot migrates: {:?}",
+                    other.map(|g| g.is_some())
+                ),
+            }
+            let waited = std::thread::scope(|s| {
+                s.spawn(|| {
+                    std::thread::sleep(Duration::from_millis(300));
+                    move_slot();
+                });
+                let opts = LockOptions {
+                    exptime: Duration::from_secs(30),
+                    timeout: Duration::from_secs(10),
+                    ..LockOptions::default()
+                };
+                let g = redis.lock(key, opts).unwrap();
+                let waited = g.elapsed();
+                g.unlock().unwrap();
+                waited
+            });
+            assert!(waited >= Duration::from_millis(250), "{waited:?}");
+        } else {
+            move_slot();
+        }
+        assert_eq!(holder_node(key), port(to), "{key}");
+        #[cfg(feature = "tokio")]
+        async_round_trip(&redis, key);
+        let fresh = RedisLocks::open_cluster(&cluster.urls()).unwrap();
+        let g = fresh.lock(key, lease(Duration::from_secs(30))).unwrap();
+        assert!(
+            redis.is_locked(key).unwrap(),
+            "{key}: one hold, seen through both"
+        );
+        g.unlock().unwrap();
+    }
+}
+
 fn round_trip_once(redis: &RedisLocks, key: &str) {
     let g = redis.lock(key, lease(Duration::from_secs(5))).unwrap();
     g.unlock().unwrap();

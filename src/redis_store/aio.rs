@@ -15,16 +15,17 @@ use std::time::{Duration, Instant};
 
 use redis::{Client, RedisResult};
 
+use crate::redis_store::cluster::ClusterAio;
 use crate::redis_store::net::{bounded, is_broken, left, timed_out, Failed};
 use crate::redis_store::server_clock;
 use crate::redis_store::topology::{Shared, Tag, Topology};
 
 /// The async connection of a handle: redis-rs's multiplexed connection (many tasks share
-/// one socket, requests pipelined), or its async cluster connection.
+/// one socket, requests pipelined), or one to each master of a cluster (see `cluster`).
 #[derive(Clone)]
 pub(crate) enum AsyncConn {
     Plain(redis::aio::MultiplexedConnection),
-    Cluster(redis::cluster_async::ClusterConnection),
+    Cluster(ClusterAio),
 }
 
 impl redis::aio::ConnectionLike for AsyncConn {
@@ -66,6 +67,17 @@ pub(crate) struct Aio {
     pub(crate) tag: Tag,
     runtime: tokio::runtime::Id,
     alive: Arc<AtomicBool>,
+}
+
+impl Aio {
+    /// The server a request on this connection went to, for errors to name: the
+    /// connection's, or on a cluster the master of this clone's last request.
+    pub(crate) fn server(&self) -> Option<Arc<str>> {
+        match &self.conn {
+            AsyncConn::Cluster(c) => c.sending(),
+            AsyncConn::Plain(_) => self.tag.server.clone(),
+        }
+    }
 }
 
 /// Marks its connection dead when dropped: with its runtime, which drops every task.
@@ -172,6 +184,12 @@ impl Local {
     /// Forgets the shared connection after an error that broke it.
     pub(crate) fn failed(&self, a: &Aio, e: &redis::RedisError) {
         if is_broken(e) {
+            if let AsyncConn::Cluster(c) = &a.conn {
+                // (only the connection to the failed request's master goes; a request cut
+                // off by its deadline did not say so itself)
+                c.node_failed();
+                return;
+            }
             a.alive.store(false, Ordering::Release);
             lock(&self.shared).retain(|s| !Arc::ptr_eq(&s.alive, &a.alive));
         }
@@ -242,13 +260,11 @@ async fn connect(shared: &Arc<Shared>, timeout: Duration, limit: Instant) -> Red
                 },
             )
         }
-        Topology::Cluster { client, .. } => {
-            let config = redis::cluster::ClusterConfig::new()
-                .set_connection_timeout(wait)
-                .set_response_timeout(timeout);
-            let c = bounded(limit, client.get_async_connection_with_config(config)).await?;
-            (AsyncConn::Cluster(c), Tag::default())
-        }
+        // (connections to its masters are made when a request needs them)
+        Topology::Cluster(slots) => (
+            AsyncConn::Cluster(ClusterAio::new(slots.clone(), timeout)),
+            Tag::default(),
+        ),
     };
     let alive = Arc::new(AtomicBool::new(true));
     let canary = Canary(alive.clone());

@@ -440,8 +440,8 @@ impl RedisLocks {
         pending.armed = took || is_unanswered(&e);
         // named by its server, as a plain connection's errors are (a deadline that passed
         // mid-request said "the deadline passed")
-        let e = match &aio.tag.server {
-            Some(server) => crate::redis_store::net::at_server(e, server, allowed),
+        let e = match aio.server() {
+            Some(server) => crate::redis_store::net::at_server(e, &server, allowed),
             None => e,
         };
         Failed {

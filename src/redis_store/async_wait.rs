@@ -212,9 +212,9 @@ impl Listeners {
     ) -> RedisResult<Conn> {
         let (client, tag) = match &shared.topology {
             Topology::Single(c) => (c.clone(), Tag::default()),
-            Topology::Cluster { nodes, .. } => {
+            Topology::Cluster(slots) => {
                 // a cluster's PUBLISH reaches every node: any seed node hears it
-                (Client::open(nodes[0].clone())?, Tag::default())
+                (Client::open(slots.seeds()[0].clone())?, Tag::default())
             }
             Topology::Sentinel(_) => {
                 let shared = shared.clone();

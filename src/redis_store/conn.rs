@@ -192,14 +192,8 @@ impl Pool {
                     Some(server) => {
                         net::at_server(e, server, net::allowed(started, limit, self.timeout))
                     }
-                    // (redis-rs does not say which node: the socket's EAGAIN said nothing,
-                    // a node down a bare "Connection refused")
-                    None if e.is_timeout() || e.is_io_error() => net::at_server(
-                        e,
-                        "a Cluster node",
-                        net::allowed(started, limit, self.timeout),
-                    ),
-                    None => self.shared.why_no_cluster(e, limit, self.timeout),
+                    // (a cluster's: named by the node, see `cluster`)
+                    None => e,
                 };
                 if is_broken(&e) {
                     drop(conn);
@@ -288,12 +282,12 @@ impl Pool {
     /// of the cluster as `CLUSTER NODES` lists them), with the address each one is at.
     pub(crate) fn masters(&self) -> Result<Vec<(String, Connection)>, Error> {
         let limit = self.limit(None);
-        let Topology::Cluster { nodes, .. } = &self.shared.topology else {
+        let Topology::Cluster(slots) = &self.shared.topology else {
             let (conn, _) = self.shared.plain(0, limit, self.timeout)?;
             return Ok(vec![(String::new(), conn)]);
         };
         let mut last = None;
-        for seed in nodes {
+        for seed in slots.seeds() {
             let started = Instant::now();
             let listing: RedisResult<String> = net::connect_within(seed, limit)
                 .and_then(|mut c| redis::cmd("CLUSTER").arg("NODES").query(&mut c))

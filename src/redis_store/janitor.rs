@@ -16,7 +16,7 @@ use redis::RedisResult;
 
 use crate::lock::wait::instant_after;
 use crate::per_process::PerProcess;
-use crate::redis_store::net::is_broken;
+use crate::redis_store::net::{is_broken, is_transient};
 use crate::redis_store::scripts::Lua;
 use crate::redis_store::topology::Req;
 use crate::redis_store::topology::{Shared, SyncConn, Tag};
@@ -268,11 +268,6 @@ fn work(shared: &Shared, timeout: Duration, jobs: &Receiver<Job>, pending: &Atom
             pending.fetch_sub(1, Ordering::AcqRel);
         }
     }
-}
-
-/// A server's error reply that says to try again later.
-fn is_transient(e: &redis::RedisError) -> bool {
-    matches!(e.code(), Some("TRYAGAIN" | "CLUSTERDOWN" | "BUSY"))
 }
 
 /// Runs `f` on the janitor's connection, made anew after an error or a failover.

@@ -24,6 +24,7 @@ mod aio;
 mod async_ops;
 #[cfg(feature = "tokio")]
 mod async_wait;
+mod cluster;
 mod conn;
 mod identity;
 mod janitor;
@@ -342,18 +343,7 @@ impl RedisLocks {
             .iter()
             .map(|u| u.as_ref().into_connection_info())
             .collect::<Result<Vec<_>, _>>()?;
-        let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.clone());
-        // a failing node is given up on after about a second, not redis-rs's default
-        // sixteen tries (and each try gets its share of a command's deadline)
-        builder = builder
-            .retries(topology::CLUSTER_TRIES - 1)
-            .min_retry_wait(50)
-            .max_retry_wait(500);
-        let client = builder.build()?;
-        RedisLocks::with_topology(Topology::Cluster {
-            client: Box::new(client),
-            nodes,
-        })
+        RedisLocks::with_topology(Topology::Cluster(Arc::new(cluster::Slots::new(nodes))))
     }
 
     fn with_topology(topology: Topology) -> Result<RedisLocks, Error> {
@@ -443,8 +433,8 @@ impl RedisLocks {
     /// tokens are for.
     ///
     /// The command timeout is raised to `timeout` + 1 s if it is shorter, so that the
-    /// `WAIT` is not cut off by it. With a Cluster, the `WAIT` goes to every master and the
-    /// fewest acknowledgements count.
+    /// `WAIT` is not cut off by it. With a Cluster, the `WAIT` goes to the master of the
+    /// key's slot, on the connection that made the write.
     pub fn with_replicas(&self, replicas: u32, timeout: Duration) -> Self {
         let timeout = timeout.clamp(Duration::from_millis(1), CENTURY);
         self.derive(|i| {

@@ -126,6 +126,17 @@ const LATE: &str = "this process was stopped or not run until the request's time
 /// takes microseconds; a server that used the time answered the reply before late.
 pub(crate) const LATE_GAP: Duration = Duration::from_millis(10);
 
+/// A request's limit found passed: the server's slowness (a timeout), unless this
+/// process went [`LATE_GAP`] or more without running since `last_reply` (stopped), which
+/// is this process's lateness ([`late`]).
+pub(crate) fn out_of_time(last_reply: Instant) -> redis::RedisError {
+    if last_reply.elapsed() >= LATE_GAP {
+        late()
+    } else {
+        timed_out()
+    }
+}
+
 pub(crate) fn timed_out() -> redis::RedisError {
     redis::RedisError::from(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
@@ -204,6 +215,12 @@ pub(crate) fn is_broken(e: &redis::RedisError) -> bool {
     is_unanswered(e)
         || e.is_connection_refusal()
         || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
+}
+
+/// A server's error reply that says to try again later: a slot migrating (`TRYAGAIN`),
+/// a cluster failing over (`CLUSTERDOWN`), a script running long (`BUSY`).
+pub(crate) fn is_transient(e: &redis::RedisError) -> bool {
+    matches!(e.code(), Some("TRYAGAIN" | "CLUSTERDOWN" | "BUSY"))
 }
 
 /// How many stops of this process in a row a request that may be repeated goes through

@@ -13,7 +13,7 @@ use crate::lock::backend::{Backend, Sealed};
 use crate::lock::slack::TimerSlack;
 use crate::lock::wait::instant_after;
 use crate::redis_store::janitor::{self, Job, JobKind};
-use crate::redis_store::net::{is_broken, is_interrupted, Failed, MAX_INTERRUPTS};
+use crate::redis_store::net::{is_broken, is_interrupted, is_transient, Failed, MAX_INTERRUPTS};
 use crate::redis_store::scripts::Call;
 use crate::redis_store::server_clock::server_us;
 use crate::redis_store::topology::Req;
@@ -170,13 +170,14 @@ impl RedisBusy {
     }
 
     /// An attempt that failed with `error`: a busy key to wait on while `deadline` allows
-    /// another try and the error is one a new connection may not meet; else the error.
+    /// another try and the error is one a new connection may not meet or one the server
+    /// says will pass (a slot migrating, a cluster failing over); else the error.
     pub(crate) fn or_error(
         names: &Arc<Names>,
         error: Error,
         deadline: Option<Instant>,
     ) -> Result<RedisBusy, Error> {
-        let retry = matches!(&error, Error::Redis(e) if is_broken(e))
+        let retry = matches!(&error, Error::Redis(e) if is_broken(e) || is_transient(e))
             && deadline.is_some_and(|d| Instant::now() < d);
         if retry {
             Ok(RedisBusy {

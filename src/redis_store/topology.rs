@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::cluster::{ClusterClient, ClusterConnection};
-use redis::{Client, Connection, ConnectionInfo, ConnectionLike, RedisResult};
+use redis::{Client, Connection, ConnectionInfo, RedisResult};
 
+use crate::redis_store::cluster::{NodeConns, Slots};
 use crate::redis_store::net::{self, left};
 use crate::redis_store::scripts::Call;
 use crate::redis_store::sentinel::{Addr, Sentinel};
@@ -18,12 +18,9 @@ pub(crate) enum Topology {
     Single(Client),
     /// The master the sentinels name, followed through failovers.
     Sentinel(Sentinel),
-    /// A Redis Cluster: commands go to the master of the key's slot; `nodes` are the seed
-    /// addresses (for pub/sub and for finding every master).
-    Cluster {
-        client: Box<ClusterClient>,
-        nodes: Vec<ConnectionInfo>,
-    },
+    /// A Redis Cluster: commands go to the master of the key's slot (see `cluster`); its
+    /// seed addresses serve pub/sub and finding every master.
+    Cluster(Arc<Slots>),
 }
 
 /// What every handle made from one `open` shares: where to connect, and the bound on the
@@ -46,31 +43,8 @@ pub(crate) struct Tag {
 /// A synchronous connection of any topology.
 pub(crate) enum SyncConn {
     Plain(Connection),
-    Cluster(Box<ClusterConnection>),
-}
-
-impl SyncConn {
-    pub(crate) fn as_dyn(&mut self) -> &mut dyn ConnectionLike {
-        match self {
-            SyncConn::Plain(c) => c,
-            SyncConn::Cluster(c) => &mut **c,
-        }
-    }
-
-    /// Replies (and writes) must come within `d`.
-    pub(crate) fn set_timeouts(&self, d: Duration) -> RedisResult<()> {
-        let d = Some(d.max(Duration::from_millis(1)));
-        match self {
-            SyncConn::Plain(c) => {
-                c.set_read_timeout(d)?;
-                c.set_write_timeout(d)
-            }
-            SyncConn::Cluster(c) => {
-                c.set_read_timeout(d)?;
-                c.set_write_timeout(d)
-            }
-        }
-    }
+    /// A connection to each master of a cluster that the commands have needed.
+    Cluster(Box<NodeConns>),
 }
 
 /// A command's connection, held to the command's deadline: every request on it (the
@@ -92,29 +66,18 @@ impl Req<'_> {
         }
     }
 
-    /// The read and write timeouts for the next request: the time left. A cluster
-    /// connection tries a request that timed out up to [`CLUSTER_TRIES`] times in all, so
-    /// each try gets its share. No time left is the server's slowness, unless this process
-    /// went [`net::LATE_GAP`] or more without running since the last reply (stopped): then
-    /// it is this process's lateness ([`net::late`]).
-    fn bound(&mut self) -> RedisResult<()> {
-        let left = left(self.limit).ok_or_else(|| {
-            if self.last.elapsed() >= net::LATE_GAP {
-                net::late()
-            } else {
-                net::timed_out()
-            }
-        })?;
-        let tries = match self.conn {
-            SyncConn::Cluster(_) => CLUSTER_TRIES,
-            SyncConn::Plain(_) => 1,
-        };
-        self.conn.set_timeouts(left / tries)
-    }
-
+    /// `cmd`, answered by the limit: its read and write timeouts are the time left (no
+    /// time left: see [`net::out_of_time`]). On a cluster, sent to the master of its
+    /// key's slot.
     pub(crate) fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> RedisResult<T> {
-        self.bound()?;
-        let reply = cmd.query(self.conn.as_dyn());
+        let c = match self.conn {
+            SyncConn::Cluster(c) => return c.query(cmd, self.limit, &mut self.last),
+            SyncConn::Plain(c) => c,
+        };
+        let time = left(self.limit).ok_or_else(|| net::out_of_time(self.last))?;
+        c.set_read_timeout(Some(time))?;
+        c.set_write_timeout(Some(time))?;
+        let reply = cmd.query(c);
         self.last = Instant::now();
         reply
     }
@@ -150,10 +113,6 @@ pub(crate) fn refuse_cluster_node(con: &mut Connection, server: &str) -> RedisRe
     }
     Ok(())
 }
-
-/// How many times redis-rs's cluster connection sends a request in all (its retries
-/// after a timeout, a redirect...): see `open_cluster`.
-pub(crate) const CLUSTER_TRIES: u32 = 4;
 
 impl Shared {
     pub(crate) fn new(topology: Topology) -> Shared {
@@ -198,7 +157,7 @@ impl Shared {
                     },
                 )
             }
-            Topology::Cluster { nodes, .. } => direct(&nodes[i % nodes.len()])?,
+            Topology::Cluster(slots) => direct(&slots.seeds()[i % slots.seeds().len()])?,
         };
         self.read_clock(&mut con).map_err(|e| match &tag.server {
             // (a sentinel given as a data server: "unknown command 'TIME'")
@@ -224,16 +183,11 @@ impl Shared {
         timeout: Duration,
     ) -> RedisResult<(SyncConn, Tag)> {
         match &self.topology {
-            Topology::Cluster { client, .. } => {
-                let wait = left(limit).ok_or_else(net::timed_out)?;
-                let config = redis::cluster::ClusterConfig::new()
-                    .set_connection_timeout(wait)
-                    .set_response_timeout(timeout);
-                let con = client
-                    .get_connection_with_config(config)
-                    .map_err(|e| self.why_no_cluster(e, limit, timeout))?;
-                Ok((SyncConn::Cluster(Box::new(con)), Tag::default()))
-            }
+            // (connections to its masters are made when a command needs them)
+            Topology::Cluster(slots) => Ok((
+                SyncConn::Cluster(Box::new(NodeConns::new(slots.clone(), timeout))),
+                Tag::default(),
+            )),
             _ => {
                 let (con, tag) = self.plain(i, limit, timeout)?;
                 Ok((SyncConn::Plain(con), tag))
@@ -241,53 +195,28 @@ impl Shared {
         }
     }
 
-    /// Why no connection to the cluster could be made, when redis-rs says only that it
-    /// found none (`ClusterConnectionNotFound`): the first seed node's own reason, from
-    /// connecting to it and asking it `CLUSTER INFO` (a server without cluster support
-    /// says so), else `e`. Errors of other kinds are returned as they are.
-    pub(crate) fn why_no_cluster(
-        &self,
-        e: redis::RedisError,
-        limit: Instant,
-        timeout: Duration,
-    ) -> redis::RedisError {
-        let Topology::Cluster { nodes, .. } = &self.topology else {
-            return e;
-        };
-        if e.kind() != redis::ErrorKind::ClusterConnectionNotFound || left(limit).is_none() {
-            return e;
-        }
-        for seed in nodes {
-            let server = seed.addr().to_string();
-            let started = Instant::now();
-            let info: RedisResult<String> = net::connect_within(seed, limit)
-                .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query(&mut c));
-            // (of the kind the client gave, so that a wait decides on it as before: the
-            // reason is the message's, not an I/O error to try again)
-            let why = match info {
-                Err(why) if why.code().is_some() => format!("{server}: {why}"),
-                Err(why) => {
-                    net::at_server(why, &server, net::allowed(started, limit, timeout)).to_string()
-                }
-                Ok(_) => continue,
-            };
-            return redis::RedisError::from((e.kind(), "no cluster to reach", why));
-        }
-        e
-    }
-
     /// For a cluster handle: reads the clock through the first seed node that answers
     /// (see [`plain`](Self::plain)), and is an error if that node says it has no cluster
-    /// support (a plain server given to `open_cluster`), which redis-rs's client finds
-    /// only at the first command. Seeds that cannot be reached are left to the commands,
-    /// as are other answers.
+    /// support (a plain server given to `open_cluster`). A seed that cannot be reached is
+    /// skipped; none reached is the first one's error (a wrong address or password is
+    /// an error at `open`, as on one server).
     pub(crate) fn check_cluster(&self, limit: Instant, timeout: Duration) -> RedisResult<()> {
-        let Topology::Cluster { nodes, .. } = &self.topology else {
+        let Topology::Cluster(slots) = &self.topology else {
             return Ok(());
         };
-        for (i, seed) in nodes.iter().enumerate() {
-            let Ok((mut con, _)) = self.plain(i, limit, timeout) else {
-                continue;
+        let seeds = slots.seeds();
+        let mut first = None;
+        for (i, seed) in seeds.iter().enumerate() {
+            // (each seed gets its share of the time left: one that answers nothing must not
+            // use it all)
+            let Some(time) = left(limit) else { break };
+            let share = Instant::now() + time / (seeds.len() - i) as u32;
+            let mut con = match self.plain(i, share, timeout) {
+                Ok((con, _)) => con,
+                Err(e) => {
+                    first.get_or_insert(e);
+                    continue;
+                }
             };
             let info: RedisResult<String> = redis::cmd("CLUSTER").arg("INFO").query(&mut con);
             return match info {
@@ -301,7 +230,7 @@ impl Shared {
                 _ => Ok(()),
             };
         }
-        Ok(())
+        Err(first.unwrap_or_else(net::timed_out))
     }
 
     /// Reads the server's clock (`TIME`) on `con`, to bound deadlines by.
