@@ -6,6 +6,9 @@
 //! overdue, and the work's thread often runs first (its end stops the renewals). Run on
 //! the lock table and on Redis, with real processes.
 //!
+//! The work watches `KeepAlive::is_lost`, which must say lost when it resumes: its lease
+//! could have lapsed meanwhile, whatever the renewer has done yet.
+//!
 //! A holder that asks for its fencing token after such a stop is refused it, though it had
 //! one before.
 //!
@@ -116,6 +119,9 @@ impl Drop for Frozen {
 }
 
 /// What the holder's `keep_alive` said, as a number in shared memory.
+/// Added to [`code`]'s when the work saw `is_lost` turn true.
+const SAW_LOST: u64 = 16;
+
 fn code(r: &Result<(), Error>) -> u64 {
     match r {
         Ok(()) => 1,
@@ -143,9 +149,19 @@ where
             let mut lock = Lock::new(backend, opts).unwrap();
             lock.lock(&key).unwrap();
             held.signal();
-            let (_, lease) = lock.keep_alive(|_| std::thread::sleep(WORK)).unwrap();
+            // (the work watches its lease as it goes, and says how it ended)
+            let (saw_lost, lease) = lock
+                .keep_alive(|alive| {
+                    let end = Instant::now() + WORK;
+                    while Instant::now() < end && !alive.is_lost() {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    alive.is_lost()
+                })
+                .unwrap();
+            let said = code(&lease) | if saw_lost { SAW_LOST } else { 0 };
             told.word(round)
-                .store(code(&lease), std::sync::atomic::Ordering::SeqCst);
+                .store(said, std::sync::atomic::Ordering::SeqCst);
             0
         });
         held.await_signals(1);
@@ -236,11 +252,18 @@ fn a_token_asked_after_a_stop_past_the_lease_is_refused_on_redis() {
     assert_eq!(told, 2);
 }
 
+/// keep_alive said Expired every time, and the work saw `is_lost` turn true every time:
+/// when it resumed, whether or not the renewer had run yet (before, `is_lost` said only
+/// what a renewal's answer had said, and the work often ended first).
 fn assert_told_expired(told: &[u64]) {
-    note!("[keep_alive said {told:?} (1 Ok, 2 Expired)] ");
+    note!("[keep_alive said {told:?} (1 Ok, 2 Expired, +16 the work saw is_lost)] ");
     assert!(
-        told.iter().all(|&t| t == 2),
+        told.iter().all(|&t| t & !SAW_LOST == 2),
         "keep_alive said Ok (1) for a hold the waiter had taken: {told:?}"
+    );
+    assert!(
+        told.iter().all(|&t| t & SAW_LOST != 0),
+        "the work did not see is_lost after its lease could have lapsed: {told:?}"
     );
 }
 

@@ -686,6 +686,42 @@ fn marks_are_not_holds() {
     let _ = Error::Expired;
 }
 
+/// A link that goes silent (a partition that leaves the connection open) while
+/// `keep_alive` renews a 600 ms lease: `is_lost` turns true once the lease last renewed
+/// could lapse within a tenth of itself, while the renewal that hangs has seconds of its
+/// command timeout left; another client then takes the key (the lease had indeed run out).
+/// Before, `is_lost` said only what a renewal's answer said: false until the hanging
+/// renewal gave up, 5 s in, while the other client held the key.
+#[test]
+fn keep_alive_says_lost_when_the_lease_could_lapse_on_a_silent_link() {
+    let server = RedisServer::start();
+    let link = Proxy::start(server.port);
+    let redis = RedisLocks::open(&link.url()).unwrap();
+    let other = RedisLocks::open(&server.url()).unwrap();
+    let mut g = redis
+        .lock("job", opts(Duration::from_millis(600), Duration::ZERO))
+        .unwrap();
+    let ((lost_after, taken), lease) = g.keep_alive(|alive| {
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!alive.is_lost(), "lost while the link was fine");
+        link.blackhole(true);
+        let cut = Instant::now();
+        while !alive.is_lost() && cut.elapsed() < Duration::from_secs(4) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let lost_after = cut.elapsed();
+        let taken = other
+            .lock("job", opts(Duration::from_secs(5), Duration::from_secs(2)))
+            .map(|g| g.unlock());
+        link.blackhole(false);
+        (lost_after, taken)
+    });
+    note!("[lost {lost_after:?} after the cut; keep_alive: {lease:?}] ");
+    assert!(lost_after < Duration::from_secs(1), "{lost_after:?}");
+    assert!(matches!(taken, Ok(Ok(()))), "{taken:?}");
+    assert!(lease.is_err(), "{lease:?}");
+}
+
 /// A Cluster node reached through a link that stalls (both ways, for 1.5 s) right after
 /// an acquisition reaches it: the attempt takes the key, its reply is late, and redis-rs's
 /// cluster connection sends the request again. `lock` (a lease of 0: never expires, and a

@@ -3,9 +3,9 @@
 
 use std::borrow::Borrow;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::lock::backend::{acquire_slow, Backend};
@@ -100,24 +100,66 @@ fn check<B: Backend>(backend: &B, holding: &Holding<B>) -> Result<(), Error> {
 }
 
 /// What [`LockGuard::keep_alive`] and [`Lock::keep_alive`] hand to the work they guard.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct KeepAlive {
     lost: AtomicBool,
+    /// The renewals' time origin.
+    base: Instant,
+    /// When the work must stop, in ns after `base`: a tenth of a lease before the lease
+    /// last renewed could lapse, counted from when that renewal was sent (0: no renewal
+    /// has answered yet).
+    stop_ns: AtomicU64,
 }
 
-impl KeepAlive {
-    /// Whether a renewal found the lease lost: the work no longer has the lock and should
-    /// stop (anything fenced should be refused by now).
-    pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
+impl Default for KeepAlive {
+    fn default() -> KeepAlive {
+        KeepAlive {
+            lost: AtomicBool::new(false),
+            base: Instant::now(),
+            stop_ns: AtomicU64::new(0),
+        }
     }
 }
 
-/// Runs `work` while a scoped thread renews `holding` every third of `exptime_ns`.
-/// Returns the work's result and whether the lease held throughout: a renewal that finds
-/// the lease lost, or refused past the backend's longest hold, stops the renewals, and the
-/// hold is looked at once more when the work is done (a holder stopped past its lease may
-/// finish its work before its renewer runs again).
+impl KeepAlive {
+    /// Whether the work should stop: a renewal found the lease lost (taken over, broken,
+    /// past the handle's longest hold), or no renewal has answered for so long that the
+    /// lease might lapse within a tenth of itself (a link that went silent, a process
+    /// that was stopped: the renewal still hanging or not yet run). Once true it stays
+    /// true. The work no longer has the lock, or cannot count on it: anything fenced
+    /// should be refused by now.
+    pub fn is_lost(&self) -> bool {
+        if self.lost.load(Ordering::Acquire) {
+            return true;
+        }
+        let stop = self.stop_ns.load(Ordering::Acquire);
+        if stop != 0 && self.since_base() >= stop {
+            self.lost.store(true, Ordering::Release);
+            return true;
+        }
+        false
+    }
+
+    fn since_base(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// A renewal sent at `sent` answered: the lease runs `exptime_ns` from then.
+    fn renewed(&self, sent: Instant, exptime_ns: u64) {
+        let sent = u64::try_from(sent.duration_since(self.base).as_nanos()).unwrap_or(u64::MAX);
+        let stop = sent.saturating_add(exptime_ns - exptime_ns / 10).max(1);
+        self.stop_ns.store(stop, Ordering::Release);
+    }
+}
+
+/// Runs `work` while a thread renews `holding` at once and then every third of
+/// `exptime_ns`. Returns the work's result and whether the lease held throughout: a
+/// renewal that finds the lease lost, or refused past the backend's longest hold, stops
+/// the renewals, and the hold is looked at once more when the work is done (a holder
+/// stopped past its lease may finish its work before its renewer runs again). The first
+/// renewal is at once so that [`KeepAlive::is_lost`] knows from then when the lease could
+/// lapse; a renewer that wakes past that point (a stopped process) says the lease lost
+/// before it renews: the work cannot tell that it kept the key meanwhile.
 fn keep_alive<B, R>(
     backend: &B,
     holding: &mut Holding<B>,
@@ -143,16 +185,21 @@ where
     let renew = || {
         let (stop, wake) = (&done.0, &done.1);
         let mut stopped = stop.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = Duration::ZERO;
         loop {
             stopped = wake
-                .wait_timeout_while(stopped, every, |stop| !*stop)
+                .wait_timeout_while(stopped, next, |stop| !*stop)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
             if *stopped {
                 return Ok(());
             }
+            next = every;
+            // (past the stop point: `is_lost` turns true now, whatever this renewal says)
+            let _ = status.is_lost();
+            let sent = Instant::now();
             match backend.extend(hold, exptime_ns) {
-                Ok(()) => {}
+                Ok(()) => status.renewed(sent, exptime_ns),
                 // (NotOwner: this is a child that a signal handler forked on this thread,
                 // and the hold is its parent's, to leave alone; the thread ends, and with
                 // it the child)
@@ -437,8 +484,9 @@ impl<'b, B: Backend> Lock<'b, B> {
     /// exptime). Returns the work's result and `Ok` only if the hold was still this
     /// object's, its lease unbroken, when the work returned (it is looked at then);
     /// [`Error::Expired`] if a renewal or that last look found it lost (the work can watch
-    /// [`KeepAlive::is_lost`] to stop early), and the object then holds nothing; or the
-    /// backend's error if it could not tell.
+    /// [`KeepAlive::is_lost`] to stop early: it also turns true when no renewal has
+    /// answered for nearly a lease), and the object then holds nothing; or the backend's
+    /// error if it could not tell.
     /// [`Error::Unlocked`] (and no run of `work`) if nothing is held.
     pub fn keep_alive<R>(
         &mut self,
@@ -550,10 +598,10 @@ impl<'b, B: Backend> LockGuard<'b, B> {
     /// use std::time::Duration;
     ///
     /// let table = LockTable::open(&path, 64)?;
-    /// let opts = LockOptions { exptime: Duration::from_millis(30), ..LockOptions::default() };
+    /// let opts = LockOptions { exptime: Duration::from_millis(100), ..LockOptions::default() };
     /// let mut guard = table.lock("report", &opts)?;
     /// let (rows, lease) = guard.keep_alive(|alive| {
-    ///     std::thread::sleep(Duration::from_millis(100)); // longer than the lease
+    ///     std::thread::sleep(Duration::from_millis(250)); // longer than the lease
     ///     assert!(!alive.is_lost());
     ///     42
     /// });
