@@ -436,7 +436,7 @@ fn a_silent_cluster_master_is_a_named_timeout() {
 /// keys their deadline and nothing else, sync and async: `open_cluster` with it as the
 /// first node, a wait on its key within the wait's timeout, and the other masters' keys
 /// taken at once, before and after a request to it timed out; once it runs again, its
-/// keys are taken as before. (With redis-rs's cluster connection, which checked every
+/// keys are taken as before, and `holders` fails naming it. (With redis-rs's cluster connection, which checked every
 /// master with a `PING` that had no time limit: `open_cluster` took 10.2 s, a 500 ms wait
 /// 41 s, and calls on the healthy masters' keys failed.)
 #[test]
@@ -512,6 +512,68 @@ fn a_stopped_cluster_master_costs_its_own_keys_their_deadline_and_nothing_else()
                 }
             });
         }
+    }
+    // a handle opened with the stopped master first, whose first calls are async: it
+    // takes the healthy masters' keys at once, and a task waiting for one of them (with
+    // steps of 2 s) is woken by its release (it listened on the first seed only)
+    #[cfg(feature = "tokio")]
+    {
+        let fresh = RedisLocks::open_cluster(&urls)
+            .unwrap()
+            .with_timeout(timeout);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            for k in &healthy {
+                let g = fresh.lock_async(k, &wait).await.unwrap();
+                g.unlock().unwrap();
+            }
+        });
+        let held = before
+            .lock(&healthy[0], lease(Duration::from_secs(5)))
+            .unwrap();
+        let long_steps = LockOptions {
+            exptime: Duration::from_secs(5),
+            timeout: Duration::from_secs(5),
+            step: Duration::from_secs(2),
+            max_step: Duration::from_secs(2),
+            ..LockOptions::default()
+        };
+        let waited = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                held.unlock().unwrap();
+            });
+            rt.block_on(async {
+                let g = fresh.lock_async(&healthy[0], &long_steps).await.unwrap();
+                let waited = g.elapsed();
+                g.unlock().unwrap();
+                waited
+            })
+        });
+        assert!(
+            waited < Duration::from_millis(1500),
+            "{waited:?}: not woken"
+        );
+    }
+    // listing the holders asks every master: the stopped one fails it, named (its holds
+    // were left out, and "0 locks held" said, when the listing skipped masters flagged
+    // failed)
+    eventually(
+        "the cluster flags the master failed",
+        Duration::from_secs(10),
+        || {
+            cluster.nodes[(victim + 1) % 3]
+                .cli(&["CLUSTER", "NODES"])
+                .lines()
+                .any(|l| l.contains(&format!(":{victim_port}@")) && l.contains("fail"))
+        },
+    );
+    match before.holders() {
+        Err(Error::Redis(e)) => assert!(e.to_string().contains(&victim_port), "{e}"),
+        other => panic!("holders with a master stopped: {other:?}"),
     }
     cluster.nodes[victim].pause(false);
     assert!(

@@ -78,6 +78,8 @@ impl Listeners {
 struct Conn {
     sink: PubSubSink,
     tag: Tag,
+    /// The cluster node it is made to (see `Slots::listener`).
+    node: Option<Arc<str>>,
     alive: Arc<AtomicBool>,
     subscribed: HashSet<Vec<u8>>,
 }
@@ -179,6 +181,16 @@ impl Listeners {
             *conn = None;
             *conn = Some(self.connect(shared, limit, timeout).await?);
         }
+        // A cluster node that did not let this subscribe (stopped, gone) is left for
+        // another the next time; it is asked last for a while.
+        let failed = |conn: &mut Option<Conn>| {
+            if let (Topology::Cluster(slots), Some(node)) =
+                (&shared.topology, conn.as_ref().and_then(|c| c.node.clone()))
+            {
+                slots.failed_at(&node);
+                *conn = None;
+            }
+        };
         let c = conn.as_mut().expect("made above");
         if c.subscribed.contains(channel) {
             return Ok(());
@@ -199,7 +211,10 @@ impl Listeners {
                 }
             }
         }
-        bounded(limit, c.sink.subscribe(channel)).await?;
+        if let Err(e) = bounded(limit, c.sink.subscribe(channel)).await {
+            failed(&mut conn);
+            return Err(e);
+        }
         c.subscribed.insert(channel.to_vec());
         Ok(())
     }
@@ -210,11 +225,14 @@ impl Listeners {
         limit: Instant,
         timeout: Duration,
     ) -> RedisResult<Conn> {
+        let mut node = None;
         let (client, tag) = match &shared.topology {
             Topology::Single(c) => (c.clone(), Tag::default()),
             Topology::Cluster(slots) => {
-                // a cluster's PUBLISH reaches every node: any seed node hears it
-                (Client::open(slots.seeds()[0].clone())?, Tag::default())
+                // a cluster's PUBLISH reaches every node: one that has not failed lately
+                let listener = slots.listener();
+                node = Some(listener.addr.clone());
+                (Client::open(listener.info().clone())?, Tag::default())
             }
             Topology::Sentinel(_) => {
                 let shared = shared.clone();
@@ -235,7 +253,15 @@ impl Listeners {
                 )
             }
         };
-        let pubsub = bounded(limit, client.get_async_pubsub()).await?;
+        let pubsub = match bounded(limit, client.get_async_pubsub()).await {
+            Ok(p) => p,
+            Err(e) => {
+                if let (Topology::Cluster(slots), Some(node)) = (&shared.topology, &node) {
+                    slots.failed_at(node);
+                }
+                return Err(e);
+            }
+        };
         let (sink, stream) = pubsub.split();
         let alive = Arc::new(AtomicBool::new(true));
         let canary = Canary {
@@ -246,6 +272,7 @@ impl Listeners {
         Ok(Conn {
             sink,
             tag,
+            node,
             alive,
             subscribed: HashSet::new(),
         })

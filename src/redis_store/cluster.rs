@@ -23,8 +23,8 @@ const SLOTS: u16 = 16384;
 /// node that stays down would have every command on its keys ask).
 const REREAD_GAP: Duration = Duration::from_millis(100);
 
-/// Redirects followed for one request (a slot migrating while the map changes), and
-/// `TRYAGAIN`s waited out (a multi-key request while its slot migrates).
+/// Redirects followed for one request (a slot migrating while the map changes), and,
+/// apart, `TRYAGAIN`s waited out (a multi-key request while its slot migrates).
 const MAX_REDIRECTS: u32 = 5;
 
 /// The pause before a request that met `TRYAGAIN` is sent again.
@@ -97,6 +97,11 @@ pub(crate) struct Node {
 }
 
 impl Node {
+    /// How to connect to it.
+    pub(crate) fn info(&self) -> &ConnectionInfo {
+        &self.info
+    }
+
     fn new(seed: &ConnectionInfo, host: &str, port: u16) -> Node {
         Node {
             addr: format!("{host}:{port}").into(),
@@ -140,10 +145,15 @@ struct State {
     map: Option<Arc<Map>>,
     /// A redirect or a failed node says the map may be out of date.
     stale: bool,
+    /// How many times it was said so: a map read that began before the last time is not
+    /// taken as up to date.
+    stale_said: u64,
     /// When the map was last asked for (read again no sooner than [`REREAD_GAP`] after).
     asked: Option<Instant>,
     /// Masters that failed a request lately, and when: asked for the map last.
     failed: Vec<(Arc<str>, Instant)>,
+    /// The node that gave the map.
+    gave_map: Option<Node>,
 }
 
 /// How long a master that failed a request is asked for the slot map after the others.
@@ -156,8 +166,10 @@ impl Slots {
             state: Mutex::new(State {
                 map: None,
                 stale: true,
+                stale_said: 0,
                 asked: None,
                 failed: Vec::new(),
+                gave_map: None,
             }),
         }
     }
@@ -172,17 +184,68 @@ impl Slots {
 
     /// The map may be out of date: read it again before the next command that needs it.
     pub(crate) fn stale(&self) {
-        self.state().stale = true;
+        let mut s = self.state();
+        s.stale = true;
+        s.stale_said += 1;
     }
 
     /// `node` failed a request (no answer, no connection): the map may be out of date (a
     /// failover), and `node` is asked for it after the others for a while.
     fn node_failed(&self, node: &Node) {
+        self.failed_at(&node.addr);
+    }
+
+    /// The node at `addr` failed: see [`node_failed`](Self::node_failed).
+    pub(crate) fn failed_at(&self, addr: &Arc<str>) {
         let mut s = self.state();
         s.stale = true;
+        s.stale_said += 1;
         s.failed
-            .retain(|(a, at)| *a != node.addr && at.elapsed() < SUSPECT_FOR);
-        s.failed.push((node.addr.clone(), Instant::now()));
+            .retain(|(a, at)| a != addr && at.elapsed() < SUSPECT_FOR);
+        s.failed.push((addr.clone(), Instant::now()));
+    }
+
+    #[cfg(feature = "tokio")]
+    /// A node to listen on for releases (a cluster's `PUBLISH` reaches every node): the
+    /// masters of the map and the seeds, one that has not failed lately first.
+    pub(crate) fn listener(&self) -> Node {
+        // (the node that gave the map answered lately, unless it failed since)
+        let gave_map = self.state().gave_map.clone();
+        gave_map
+            .filter(|g| !self.failed_lately(g))
+            .or_else(|| self.candidates(None).into_iter().next())
+            .expect("open_cluster takes at least one node")
+    }
+
+    #[cfg(feature = "tokio")]
+    fn failed_lately(&self, node: &Node) -> bool {
+        (self.state().failed.iter()).any(|(a, at)| *a == node.addr && at.elapsed() < SUSPECT_FOR)
+    }
+
+    /// The nodes to ask for the slot map: the masters of the map there is (or `old`), then
+    /// the seeds; those that failed lately last.
+    fn candidates(&self, old: Option<&Map>) -> Vec<Node> {
+        let (map, failed) = {
+            let s = self.state();
+            let failed: Vec<Arc<str>> = (s.failed.iter())
+                .filter(|(_, at)| at.elapsed() < SUSPECT_FOR)
+                .map(|(a, _)| a.clone())
+                .collect();
+            (s.map.clone(), failed)
+        };
+        let mut all: Vec<Node> = old
+            .or(map.as_deref())
+            .map(|m| m.masters.clone())
+            .unwrap_or_default();
+        for seed in &self.seeds {
+            let seed = Node::seed(seed);
+            if !all.iter().any(|n| n.addr == seed.addr) {
+                all.push(seed);
+            }
+        }
+        // (stable: the others keep their order)
+        all.sort_by_key(|n| failed.contains(&n.addr));
+        all
     }
 
     /// The master of `slot`, by `limit`: from the map, read first if there is none yet or
@@ -194,22 +257,20 @@ impl Slots {
         limit: Instant,
         timeout: Duration,
     ) -> RedisResult<Node> {
-        let (map, read) = {
+        let (map, read, said) = {
             let mut s = self.state();
             let due = s.stale && s.asked.is_none_or(|t| t.elapsed() >= REREAD_GAP);
             if due || s.map.is_none() {
                 s.asked = Some(Instant::now());
             }
-            (s.map.clone(), due || s.map.is_none())
+            (s.map.clone(), due || s.map.is_none(), s.stale_said)
         };
         let map = match (read, map) {
             (false, Some(map)) => map,
             (_, old) => match (self.read(old.as_deref(), limit, timeout), old) {
-                (Ok(map), _) => {
+                (Ok((map, gave)), _) => {
                     let map = Arc::new(map);
-                    let mut s = self.state();
-                    s.map = Some(map.clone());
-                    s.stale = false;
+                    self.store(map.clone(), gave, said);
                     map
                 }
                 (Err(_), Some(old)) => old,
@@ -225,34 +286,68 @@ impl Slots {
         })
     }
 
-    /// The slot map, from the first node that gives it: the masters of `old` first, then the
-    /// seed nodes. Each gets an equal share of the time left, so that one that answers
-    /// nothing does not use it all.
-    fn read(&self, old: Option<&Map>, limit: Instant, timeout: Duration) -> RedisResult<Map> {
-        let mut asked: Vec<Node> = old.map(|m| m.masters.clone()).unwrap_or_default();
-        for seed in &self.seeds {
-            let seed = Node::seed(seed);
-            if !asked.iter().any(|n| n.addr == seed.addr) {
-                asked.push(seed);
+    /// Every master that serves a slot, and how to connect to it, from a slot map read
+    /// now (by `limit`): a master that is stopped or down is listed all the same, so that
+    /// asking it fails rather than its keys going unseen.
+    pub(crate) fn masters(&self, limit: Instant, timeout: Duration) -> RedisResult<Vec<Node>> {
+        let (old, said) = {
+            let s = self.state();
+            (s.map.clone(), s.stale_said)
+        };
+        let (map, gave) = self.read(old.as_deref(), limit, timeout)?;
+        let map = Arc::new(map);
+        let masters = map.masters.clone();
+        self.store(map, gave, said);
+        Ok(masters)
+    }
+
+    /// Keeps `map`, which `gave` gave after the map was last said out of date `said` times.
+    fn store(&self, map: Arc<Map>, gave: Node, said: u64) {
+        let mut s = self.state();
+        s.map = Some(map);
+        s.gave_map = Some(gave);
+        s.stale = s.stale_said != said;
+    }
+
+    /// The slot map, from the first node that gives it, all asked at once (the masters of
+    /// `old` and the seeds): a node that answers nothing (stopped) costs no more than the
+    /// slowest of the others. Each asks on a thread of its own, left to end by `limit`.
+    fn read(
+        &self,
+        old: Option<&Map>,
+        limit: Instant,
+        timeout: Duration,
+    ) -> RedisResult<(Map, Node)> {
+        let asked = self.candidates(old);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let started = Instant::now();
+        let (mut spawned, mut last) = (0, None);
+        for node in asked.iter().cloned() {
+            let tx = tx.clone();
+            let thread = std::thread::Builder::new()
+                .name("shmlock-slots".into())
+                .spawn(move || {
+                    let reply = net::connect_within(&node.info, limit)
+                        .and_then(|mut c| redis::cmd("CLUSTER").arg("SLOTS").query::<Value>(&mut c))
+                        .and_then(|v| parse_slots(&v, &node.info))
+                        .map(|map| (map, node.clone()))
+                        .map_err(|e| {
+                            net::at_server(e, &node.addr, net::allowed(started, limit, timeout))
+                        });
+                    let _ = tx.send(reply);
+                });
+            match thread {
+                Ok(_) => spawned += 1,
+                Err(e) => last = Some(e.into()),
             }
         }
-        let failed: Vec<Arc<str>> = (self.state().failed.iter())
-            .filter(|(_, at)| at.elapsed() < SUSPECT_FOR)
-            .map(|(a, _)| a.clone())
-            .collect();
-        // (stable: the others keep their order)
-        asked.sort_by_key(|n| failed.contains(&n.addr));
-        let mut last = None;
-        for (i, node) in asked.iter().enumerate() {
+        drop(tx);
+        for _ in 0..spawned {
             let Some(time) = left(limit) else { break };
-            let share = Instant::now() + time / (asked.len() - i) as u32;
-            let started = Instant::now();
-            let reply = net::connect_within(&node.info, share)
-                .and_then(|mut c| redis::cmd("CLUSTER").arg("SLOTS").query::<Value>(&mut c))
-                .map_err(|e| net::at_server(e, &node.addr, net::allowed(started, limit, timeout)));
-            match reply.and_then(|v| parse_slots(&v, &node.info)) {
-                Ok(map) => return Ok(map),
-                Err(e) => last = Some(e),
+            match rx.recv_timeout(time) {
+                Ok(Ok(got)) => return Ok(got),
+                Ok(Err(e)) => last = Some(e),
+                Err(_) => break,
             }
         }
         Err(last.unwrap_or_else(net::timed_out))
@@ -380,7 +475,8 @@ impl NodeConns {
     ) -> RedisResult<T> {
         let key = key_of(cmd);
         let mut to: Option<(Node, bool)> = None;
-        for round in 0..=MAX_REDIRECTS {
+        let (mut redirects, mut pauses) = (0, 0);
+        loop {
             let started = Instant::now();
             let (node, asking) = match to.take() {
                 Some(to) => to,
@@ -400,15 +496,23 @@ impl NodeConns {
                     return Ok(redis::from_redis_value(v)?);
                 }
                 Err(e) => {
-                    if let Some(next) = redirected(&e, &node) {
-                        if !next.1 {
-                            self.slots.stale();
+                    match redirected(&e, &node) {
+                        Some(next) if redirects < MAX_REDIRECTS => {
+                            redirects += 1;
+                            if !next.1 {
+                                self.slots.stale();
+                            }
+                            to = Some(next);
+                            continue;
                         }
-                        to = Some(next);
-                        continue;
+                        // (the last redirect is the error: one a wait goes on through)
+                        Some(_) => self.slots.stale(),
+                        None => {}
                     }
-                    if round < MAX_REDIRECTS && pause_for(&e, limit) {
+                    if pauses < MAX_REDIRECTS && pause_for(&e, limit) {
+                        pauses += 1;
                         std::thread::sleep(TRY_AGAIN_PAUSE);
+                        to = Some((node, asking)); // (the same node, asked the same way)
                         continue;
                     }
                     if net::is_broken(&e) {
@@ -420,11 +524,6 @@ impl NodeConns {
                 }
             }
         }
-        Err(redis::RedisError::from((
-            redis::ErrorKind::Client,
-            "too many redirects",
-            format!("a request was redirected more than {MAX_REDIRECTS} times"),
-        )))
     }
 
     /// `cmd` to `node`, on its connection or a new one. A connection kept from an earlier
@@ -557,17 +656,21 @@ mod aio {
                 .map_err(|e| redis::RedisError::from(std::io::Error::other(e)))?
         }
 
+        async fn connect(&self, node: &Node) -> RedisResult<MultiplexedConnection> {
+            let config = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(self.timeout))
+                .set_response_timeout(Some(self.timeout));
+            redis::Client::open((*node.info).clone())?
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+        }
+
         /// A connection to `node`, and whether it was kept from an earlier request.
         async fn conn_to(&self, node: &Node) -> RedisResult<(MultiplexedConnection, bool)> {
             if let Some((_, c)) = self.conns().iter().find(|(a, _)| *a == node.addr) {
                 return Ok((c.clone(), true));
             }
-            let config = redis::AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(self.timeout))
-                .set_response_timeout(Some(self.timeout));
-            let c = redis::Client::open((*node.info).clone())?
-                .get_multiplexed_async_connection_with_config(&config)
-                .await?;
+            let c = self.connect(node).await?;
             let mut all = self.conns();
             if let Some((_, other)) = all.iter().find(|(a, _)| *a == node.addr) {
                 return Ok((other.clone(), false)); // another task was quicker
@@ -579,28 +682,17 @@ mod aio {
         /// `cmd` to `node`; sent again once on a new connection if a kept one turns out
         /// closed (see `NodeConns::send`).
         async fn send(&self, node: &Node, cmd: &Cmd, asking: bool) -> RedisResult<Value> {
+            if asking {
+                // (`ASKING` holds for the next request on its connection: on one of its own,
+                // so that no other task's request comes between; a rare path)
+                let mut c = self.connect(node).await?;
+                redis::cmd("ASKING").query_async::<()>(&mut c).await?;
+                return c.req_packed_command(cmd).await.and_then(server_error);
+            }
             loop {
                 let (mut c, kept) = self.conn_to(node).await?;
-                let reply = if asking {
-                    // (one write: nothing of another task's between the two)
-                    let mut pipe = redis::pipe();
-                    pipe.cmd("ASKING").ignore().add_command(cmd.clone());
-                    pipe.query_async::<Vec<Value>>(&mut c)
-                        .await
-                        .and_then(|mut v| {
-                            v.pop().ok_or_else(|| {
-                                redis::RedisError::from((
-                                    redis::ErrorKind::Parse,
-                                    "no reply after ASKING",
-                                ))
-                            })
-                        })
-                        .and_then(server_error)
-                } else {
-                    // (a server's error comes back as a value: a redirect must be seen)
-                    c.req_packed_command(cmd).await.and_then(server_error)
-                };
-                match reply {
+                // (a server's error comes back as a value: a redirect must be seen)
+                match c.req_packed_command(cmd).await.and_then(server_error) {
                     Err(e) if kept && e.is_connection_dropped() => {
                         self.conns().retain(|(a, _)| *a != node.addr);
                     }
@@ -613,7 +705,8 @@ mod aio {
             self.sending = None;
             let key = key_of(cmd);
             let mut to: Option<(Node, bool)> = None;
-            for round in 0..=MAX_REDIRECTS {
+            let (mut redirects, mut pauses) = (0, 0);
+            loop {
                 let (node, asking) = match to.take() {
                     Some(to) => to,
                     None => match &key {
@@ -630,18 +723,26 @@ mod aio {
                         return Ok(v);
                     }
                     Err(e) => {
-                        if let Some(next) = redirected(&e, &node) {
-                            self.sending = None;
-                            if !next.1 {
-                                self.slots.stale();
+                        match redirected(&e, &node) {
+                            Some(next) if redirects < MAX_REDIRECTS => {
+                                redirects += 1;
+                                self.sending = None;
+                                if !next.1 {
+                                    self.slots.stale();
+                                }
+                                to = Some(next);
+                                continue;
                             }
-                            to = Some(next);
-                            continue;
+                            Some(_) => self.slots.stale(),
+                            None => {}
                         }
                         // (the caller's deadline cuts the future; this bounds the pauses)
-                        if round < MAX_REDIRECTS && pause_for(&e, Instant::now() + self.timeout) {
+                        let limit = Instant::now() + self.timeout;
+                        if pauses < MAX_REDIRECTS && pause_for(&e, limit) {
+                            pauses += 1;
                             self.sending = None;
                             tokio::time::sleep(TRY_AGAIN_PAUSE).await;
+                            to = Some((node, asking));
                             continue;
                         }
                         if net::is_broken(&e) {
@@ -651,11 +752,6 @@ mod aio {
                     }
                 }
             }
-            Err(redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "too many redirects",
-                format!("a request was redirected more than {MAX_REDIRECTS} times"),
-            )))
         }
     }
 

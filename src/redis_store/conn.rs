@@ -279,49 +279,24 @@ impl Pool {
     }
 
     /// Plain connections to every master (one server, the current master, or each master
-    /// of the cluster as `CLUSTER NODES` lists them), with the address each one is at.
-    pub(crate) fn masters(&self) -> Result<Vec<(String, Connection)>, Error> {
+    /// of the cluster's slot map, read now): each with the address a cluster's master is
+    /// at (empty otherwise) and the server's name for errors.
+    pub(crate) fn masters(&self) -> Result<Vec<(String, Arc<str>, Connection)>, Error> {
         let limit = self.limit(None);
         let Topology::Cluster(slots) = &self.shared.topology else {
-            let (conn, _) = self.shared.plain(0, limit, self.timeout)?;
-            return Ok(vec![(String::new(), conn)]);
+            let (conn, tag) = self.shared.plain(0, limit, self.timeout)?;
+            let server = tag.server.unwrap_or_else(|| "the server".into());
+            return Ok(vec![(String::new(), server, conn)]);
         };
-        let mut last = None;
-        for seed in slots.seeds() {
-            let started = Instant::now();
-            let listing: RedisResult<String> = net::connect_within(seed, limit)
-                .and_then(|mut c| redis::cmd("CLUSTER").arg("NODES").query(&mut c))
-                .map_err(|e| {
-                    net::at_server(
-                        e,
-                        &seed.addr().to_string(),
-                        net::allowed(started, limit, self.timeout),
-                    )
-                });
-            match listing {
-                Ok(listing) => {
-                    let mut out = Vec::new();
-                    for (host, port) in topology::cluster_masters(&listing) {
-                        let info = net::with_addr(seed, &host, port);
-                        let (started, limit) = (Instant::now(), self.limit(None));
-                        let conn = net::connect_within(&info, limit).map_err(|e| {
-                            net::at_server(
-                                e,
-                                &format!("{host}:{port}"),
-                                net::allowed(started, limit, self.timeout),
-                            )
-                        })?;
-                        out.push((format!("{host}:{port}"), conn));
-                    }
-                    return Ok(out);
-                }
-                Err(e) => last = Some(e),
-            }
+        let mut out = Vec::new();
+        for node in slots.masters(limit, self.timeout)? {
+            let (started, limit) = (Instant::now(), self.limit(None));
+            let conn = net::connect_within(node.info(), limit).map_err(|e| {
+                net::at_server(e, &node.addr, net::allowed(started, limit, self.timeout))
+            })?;
+            out.push((node.addr.to_string(), node.addr.clone(), conn));
         }
-        Err(last.map_or(
-            Error::InvalidOptions("a cluster needs a node"),
-            Error::Redis,
-        ))
+        Ok(out)
     }
 }
 

@@ -526,47 +526,64 @@ impl RedisLocks {
     /// (`token` is `None`).
     pub fn holders(&self) -> Result<Vec<RedisHolder>, Error> {
         let mut out = Vec::new();
-        for (node, mut conn) in self.0.pool.masters()? {
-            for lock_key in self.scan(&mut conn, b"")? {
-                let name = self.key_of(&lock_key);
-                let names = self.names(&name);
-                let replies: Vec<Value> = redis::pipe()
-                    .ignore_errors()
-                    .cmd("PTTL")
-                    .arg(&lock_key)
-                    .cmd("GET")
-                    .arg(&lock_key)
-                    .cmd("GET")
-                    .arg(&names.fence)
-                    .cmd("TYPE")
-                    .arg(&lock_key)
-                    .query(&mut conn)?;
-                let [pttl, value, fence, kind] = <[Value; 4]>::try_from(replies)
-                    .map_err(|_| unexpected_reply("unexpected reply to PTTL/GET/GET/TYPE"))?;
-                let pttl = match pttl {
-                    Value::Int(n) => n,
-                    _ => -1,
-                };
-                if pttl == -2 {
-                    continue; // gone since the scan
-                }
-                let bytes = |v: &Value| match v {
-                    Value::BulkString(b) => Some(b.clone()),
-                    _ => None,
-                };
-                let mut holder = exclusive_holder(
-                    name,
-                    &bytes(&value).unwrap_or_default(),
-                    pttl,
-                    bytes(&fence).as_deref(),
-                    &node,
-                );
-                holder.foreign_type = foreign_type(&kind, &value);
-                out.push(holder);
-            }
-            self.shared_holders(&node, &mut conn, &mut out)?;
+        for (node, server, mut conn) in self.0.pool.masters()? {
+            // (errors named by the master that failed, as a command's are)
+            self.holders_on(&node, &mut conn, &mut out)
+                .map_err(|e| match e {
+                    Error::Redis(e) => {
+                        Error::Redis(net::at_server(e, &server, self.0.pool.timeout))
+                    }
+                    e => e,
+                })?;
         }
         Ok(out)
+    }
+
+    /// The holders on one master (see [`holders`](Self::holders)).
+    fn holders_on(
+        &self,
+        node: &str,
+        conn: &mut redis::Connection,
+        out: &mut Vec<RedisHolder>,
+    ) -> Result<(), Error> {
+        for lock_key in self.scan(conn, b"")? {
+            let name = self.key_of(&lock_key);
+            let names = self.names(&name);
+            let replies: Vec<Value> = redis::pipe()
+                .ignore_errors()
+                .cmd("PTTL")
+                .arg(&lock_key)
+                .cmd("GET")
+                .arg(&lock_key)
+                .cmd("GET")
+                .arg(&names.fence)
+                .cmd("TYPE")
+                .arg(&lock_key)
+                .query(conn)?;
+            let [pttl, value, fence, kind] = <[Value; 4]>::try_from(replies)
+                .map_err(|_| unexpected_reply("unexpected reply to PTTL/GET/GET/TYPE"))?;
+            let pttl = match pttl {
+                Value::Int(n) => n,
+                _ => -1,
+            };
+            if pttl == -2 {
+                continue; // gone since the scan
+            }
+            let bytes = |v: &Value| match v {
+                Value::BulkString(b) => Some(b.clone()),
+                _ => None,
+            };
+            let mut holder = exclusive_holder(
+                name,
+                &bytes(&value).unwrap_or_default(),
+                pttl,
+                bytes(&fence).as_deref(),
+                node,
+            );
+            holder.foreign_type = foreign_type(&kind, &value);
+            out.push(holder);
+        }
+        self.shared_holders(node, conn, out)
     }
 
     /// The names on `conn`'s master of this prefix's lock keys followed by `suffix`

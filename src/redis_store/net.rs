@@ -217,10 +217,14 @@ pub(crate) fn is_broken(e: &redis::RedisError) -> bool {
         || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
 }
 
-/// A server's error reply that says to try again later: a slot migrating (`TRYAGAIN`),
-/// a cluster failing over (`CLUSTERDOWN`), a script running long (`BUSY`).
+/// A server's error reply that says to try again later: a slot migrating (`TRYAGAIN`,
+/// and a redirect still there after those followed), a cluster failing over
+/// (`CLUSTERDOWN`), a script running long (`BUSY`).
 pub(crate) fn is_transient(e: &redis::RedisError) -> bool {
-    matches!(e.code(), Some("TRYAGAIN" | "CLUSTERDOWN" | "BUSY"))
+    matches!(
+        e.code(),
+        Some("TRYAGAIN" | "CLUSTERDOWN" | "BUSY" | "MOVED" | "ASK")
+    )
 }
 
 /// How many stops of this process in a row a request that may be repeated goes through

@@ -214,6 +214,8 @@ impl Shared {
             let mut con = match self.plain(i, share, timeout) {
                 Ok((con, _)) => con,
                 Err(e) => {
+                    // (asked last for the slot map, not listened on, for a while)
+                    slots.failed_at(&seed.addr().to_string().into());
                     first.get_or_insert(e);
                     continue;
                 }
@@ -269,53 +271,9 @@ impl Shared {
     }
 }
 
-/// The masters in a `CLUSTER NODES` listing that are up and serve slots: their address.
-pub(crate) fn cluster_masters(listing: &str) -> Vec<(String, u16)> {
-    let mut out = Vec::new();
-    for line in listing.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        if fields.len() < 8 {
-            continue;
-        }
-        let flags = fields[2];
-        if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
-            continue;
-        }
-        // ip:port@cport[,hostname]
-        let addr = fields[1].split(['@', ',']).next().unwrap_or("");
-        let Some((host, port)) = addr.rsplit_once(':') else {
-            continue;
-        };
-        if let Ok(port) = port.parse() {
-            out.push((host.to_string(), port));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cluster_nodes_listing_gives_the_live_masters() {
-        let listing = "\
-07c3 127.0.0.1:30004@40004 slave e7d1 0 1426238317239 4 connected
-67ed 127.0.0.1:30002@40002 master - 0 1426238316232 2 connected 5461-10922
-292f 127.0.0.1:30003@40003,node-3.example master - 0 1426238318243 3 connected 10923-16383
-e7d1 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5460
-dead 127.0.0.1:30009@40009 master,fail - 0 0 1 disconnected
-";
-        assert_eq!(
-            cluster_masters(listing),
-            vec![
-                ("127.0.0.1".to_string(), 30002),
-                ("127.0.0.1".to_string(), 30003),
-                ("127.0.0.1".to_string(), 30001)
-            ]
-        );
-        assert!(cluster_masters("garbage\n\n").is_empty());
-    }
 
     /// A request whose limit passed while this process did not run after the reply before
     /// it (10 ms or more: stopped) fails as this process's lateness, which a wait takes for
