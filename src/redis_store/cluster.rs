@@ -420,6 +420,45 @@ fn parse_slots(v: &Value, asked: &ConnectionInfo) -> RedisResult<Map> {
     Ok(map)
 }
 
+/// What follows a request's error: the redirects followed and the `TRYAGAIN` pauses taken
+/// so far, each up to [`MAX_REDIRECTS`].
+#[derive(Default)]
+struct Retries {
+    redirects: u32,
+    pauses: u32,
+}
+
+/// After an error: send the request to this node (asking it first, or not), pause and
+/// send it to the same node again, or give the error.
+enum Then {
+    Send(Node, bool),
+    Pause,
+    Fail,
+}
+
+impl Retries {
+    /// What to do after `e` from `node` (asked with `asking`), with the time by `limit`.
+    /// A redirect says the map may be out of date (`MOVED`); the last one allowed is the
+    /// error, one a wait goes on through.
+    fn after(&mut self, e: &redis::RedisError, node: &Node, slots: &Slots, limit: Instant) -> Then {
+        if let Some((next, asking)) = redirected(e, node) {
+            if !asking {
+                slots.stale();
+            }
+            if self.redirects < MAX_REDIRECTS {
+                self.redirects += 1;
+                return Then::Send(next, asking);
+            }
+            return Then::Fail;
+        }
+        if self.pauses < MAX_REDIRECTS && pause_for(e, limit) {
+            self.pauses += 1;
+            return Then::Pause;
+        }
+        Then::Fail
+    }
+}
+
 /// Where a `MOVED` or `ASK` reply sends a request: `(node, asking)`.
 fn redirected(e: &redis::RedisError, from: &Node) -> Option<(Node, bool)> {
     let asking = match e.code()? {
@@ -475,7 +514,7 @@ impl NodeConns {
     ) -> RedisResult<T> {
         let key = key_of(cmd);
         let mut to: Option<(Node, bool)> = None;
-        let (mut redirects, mut pauses) = (0, 0);
+        let mut retries = Retries::default();
         loop {
             let started = Instant::now();
             let (node, asking) = match to.take() {
@@ -496,24 +535,17 @@ impl NodeConns {
                     return Ok(redis::from_redis_value(v)?);
                 }
                 Err(e) => {
-                    match redirected(&e, &node) {
-                        Some(next) if redirects < MAX_REDIRECTS => {
-                            redirects += 1;
-                            if !next.1 {
-                                self.slots.stale();
-                            }
-                            to = Some(next);
+                    match retries.after(&e, &node, &self.slots, limit) {
+                        Then::Send(next, ask) => {
+                            to = Some((next, ask));
                             continue;
                         }
-                        // (the last redirect is the error: one a wait goes on through)
-                        Some(_) => self.slots.stale(),
-                        None => {}
-                    }
-                    if pauses < MAX_REDIRECTS && pause_for(&e, limit) {
-                        pauses += 1;
-                        std::thread::sleep(TRY_AGAIN_PAUSE);
-                        to = Some((node, asking)); // (the same node, asked the same way)
-                        continue;
+                        Then::Pause => {
+                            std::thread::sleep(TRY_AGAIN_PAUSE);
+                            to = Some((node, asking)); // (the same node, asked the same way)
+                            continue;
+                        }
+                        Then::Fail => {}
                     }
                     if net::is_broken(&e) {
                         self.conns.retain(|(a, _)| *a != node.addr);
@@ -705,7 +737,7 @@ mod aio {
             self.sending = None;
             let key = key_of(cmd);
             let mut to: Option<(Node, bool)> = None;
-            let (mut redirects, mut pauses) = (0, 0);
+            let mut retries = Retries::default();
             loop {
                 let (node, asking) = match to.take() {
                     Some(to) => to,
@@ -723,27 +755,21 @@ mod aio {
                         return Ok(v);
                     }
                     Err(e) => {
-                        match redirected(&e, &node) {
-                            Some(next) if redirects < MAX_REDIRECTS => {
-                                redirects += 1;
-                                self.sending = None;
-                                if !next.1 {
-                                    self.slots.stale();
-                                }
-                                to = Some(next);
-                                continue;
-                            }
-                            Some(_) => self.slots.stale(),
-                            None => {}
-                        }
                         // (the caller's deadline cuts the future; this bounds the pauses)
                         let limit = Instant::now() + self.timeout;
-                        if pauses < MAX_REDIRECTS && pause_for(&e, limit) {
-                            pauses += 1;
-                            self.sending = None;
-                            tokio::time::sleep(TRY_AGAIN_PAUSE).await;
-                            to = Some((node, asking));
-                            continue;
+                        match retries.after(&e, &node, &self.slots, limit) {
+                            Then::Send(next, ask) => {
+                                self.sending = None;
+                                to = Some((next, ask));
+                                continue;
+                            }
+                            Then::Pause => {
+                                self.sending = None;
+                                tokio::time::sleep(TRY_AGAIN_PAUSE).await;
+                                to = Some((node, asking));
+                                continue;
+                            }
+                            Then::Fail => {}
                         }
                         if net::is_broken(&e) {
                             self.node_failed();
