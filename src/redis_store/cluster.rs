@@ -213,7 +213,10 @@ impl Slots {
         let gave_map = self.state().gave_map.clone();
         gave_map
             .filter(|g| !self.failed_lately(g))
-            .or_else(|| self.candidates(None).into_iter().next())
+            .or_else(|| {
+                let (well, failed) = self.candidates(None);
+                well.into_iter().chain(failed).next()
+            })
             .expect("open_cluster takes at least one node")
     }
 
@@ -223,8 +226,8 @@ impl Slots {
     }
 
     /// The nodes to ask for the slot map: the masters of the map there is (or `old`), then
-    /// the seeds; those that failed lately last.
-    fn candidates(&self, old: Option<&Map>) -> Vec<Node> {
+    /// the seeds; apart, those that failed lately.
+    fn candidates(&self, old: Option<&Map>) -> (Vec<Node>, Vec<Node>) {
         let (map, failed) = {
             let s = self.state();
             let failed: Vec<Arc<str>> = (s.failed.iter())
@@ -243,9 +246,7 @@ impl Slots {
                 all.push(seed);
             }
         }
-        // (stable: the others keep their order)
-        all.sort_by_key(|n| failed.contains(&n.addr));
-        all
+        all.into_iter().partition(|n| !failed.contains(&n.addr))
     }
 
     /// The master of `slot`, by `limit`: from the map, read first if there is none yet or
@@ -310,48 +311,58 @@ impl Slots {
     }
 
     /// The slot map, from the first node that gives it, all asked at once (the masters of
-    /// `old` and the seeds): a node that answers nothing (stopped) costs no more than the
-    /// slowest of the others. Each asks on a thread of its own, left to end by `limit`.
+    /// `old` and the seeds), those that failed lately only if none of the others gave it:
+    /// a node that answers nothing (stopped) costs no more than the quickest of the others.
     fn read(
         &self,
         old: Option<&Map>,
         limit: Instant,
         timeout: Duration,
     ) -> RedisResult<(Map, Node)> {
-        let asked = self.candidates(old);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let started = Instant::now();
-        let (mut spawned, mut last) = (0, None);
-        for node in asked.iter().cloned() {
-            let tx = tx.clone();
-            let thread = std::thread::Builder::new()
-                .name("shmlock-slots".into())
-                .spawn(move || {
-                    let reply = net::connect_within(&node.info, limit)
-                        .and_then(|mut c| redis::cmd("CLUSTER").arg("SLOTS").query::<Value>(&mut c))
-                        .and_then(|v| parse_slots(&v, &node.info))
-                        .map(|map| (map, node.clone()))
-                        .map_err(|e| {
-                            net::at_server(e, &node.addr, net::allowed(started, limit, timeout))
-                        });
-                    let _ = tx.send(reply);
-                });
-            match thread {
-                Ok(_) => spawned += 1,
-                Err(e) => last = Some(e.into()),
+        let (well, failed) = self.candidates(old);
+        match ask_all(well, limit, timeout) {
+            Err(e) if !failed.is_empty() && left(limit).is_some() => {
+                ask_all(failed, limit, timeout).map_err(|_| e)
             }
+            got => got,
         }
-        drop(tx);
-        for _ in 0..spawned {
-            let Some(time) = left(limit) else { break };
-            match rx.recv_timeout(time) {
-                Ok(Ok(got)) => return Ok(got),
-                Ok(Err(e)) => last = Some(e),
-                Err(_) => break,
-            }
-        }
-        Err(last.unwrap_or_else(net::timed_out))
     }
+}
+
+/// The slot map from the first of `nodes` that gives it, each asked on a thread of its
+/// own (left to end by `limit`), or the last error.
+fn ask_all(nodes: Vec<Node>, limit: Instant, timeout: Duration) -> RedisResult<(Map, Node)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let started = Instant::now();
+    let (mut spawned, mut last) = (0, None);
+    for node in nodes {
+        let tx = tx.clone();
+        let thread = std::thread::Builder::new()
+            .name("shmlock-slots".into())
+            .spawn(move || {
+                let reply = net::connect_within(&node.info, limit)
+                    .and_then(|mut c| redis::cmd("CLUSTER").arg("SLOTS").query::<Value>(&mut c))
+                    .and_then(|v| parse_slots(&v, &node.info))
+                    .map_err(|e| {
+                        net::at_server(e, &node.addr, net::allowed(started, limit, timeout))
+                    });
+                let _ = tx.send(reply.map(|map| (map, node)));
+            });
+        match thread {
+            Ok(_) => spawned += 1,
+            Err(e) => last = Some(e.into()),
+        }
+    }
+    drop(tx);
+    for _ in 0..spawned {
+        let Some(time) = left(limit) else { break };
+        match rx.recv_timeout(time) {
+            Ok(Ok(got)) => return Ok(got),
+            Ok(Err(e)) => last = Some(e),
+            Err(_) => break,
+        }
+    }
+    Err(last.unwrap_or_else(net::timed_out))
 }
 
 /// A `CLUSTER SLOTS` reply from the node at `asked`: each entry is `[first, last, [host,
