@@ -513,6 +513,18 @@ fn a_stopped_cluster_master_costs_its_own_keys_their_deadline_and_nothing_else()
             });
         }
     }
+    // a thread waiting (with steps of 2 s) on a handle opened with the stopped master
+    // first is woken by the release (it listened on a seed chosen in turn)
+    let sync_fresh = RedisLocks::open_cluster(&urls)
+        .unwrap()
+        .with_timeout(timeout);
+    for _ in 0..3 {
+        let waited = wait_for_release(&before, &sync_fresh, &healthy[1]);
+        assert!(
+            waited < Duration::from_millis(1500),
+            "{waited:?}: not woken"
+        );
+    }
     // a handle opened with the stopped master first, whose first calls are async: it
     // takes the healthy masters' keys at once, and a task waiting for one of them (with
     // steps of 2 s) is woken by its release (it listened on the first seed only)

@@ -205,7 +205,6 @@ impl Slots {
         s.failed.push((addr.clone(), Instant::now()));
     }
 
-    #[cfg(feature = "tokio")]
     /// A node to listen on for releases (a cluster's `PUBLISH` reaches every node): the
     /// masters of the map and the seeds, one that has not failed lately first.
     pub(crate) fn listener(&self) -> Node {
@@ -220,7 +219,6 @@ impl Slots {
             .expect("open_cluster takes at least one node")
     }
 
-    #[cfg(feature = "tokio")]
     fn failed_lately(&self, node: &Node) -> bool {
         (self.state().failed.iter()).any(|(a, at)| *a == node.addr && at.elapsed() < SUSPECT_FOR)
     }

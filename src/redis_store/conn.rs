@@ -262,8 +262,31 @@ impl Pool {
                 return Ok((c, tag));
             }
         }
+        if let Topology::Cluster(slots) = &self.shared.topology {
+            // (a cluster's PUBLISH reaches every node: one that has not failed lately)
+            let node = slots.listener();
+            let tag = Tag {
+                server: Some(node.addr.clone()),
+                ..Tag::default()
+            };
+            return match net::connect_within(node.info(), limit) {
+                Ok(con) => Ok((con, tag)),
+                Err(e) => {
+                    slots.failed_at(&node.addr);
+                    Err(e)
+                }
+            };
+        }
         let i = self.local().next_node.fetch_add(1, Ordering::Relaxed);
         self.shared.plain(i, limit, self.timeout)
+    }
+
+    /// A subscription on a connection from [`subscriber`](Self::subscriber) failed (it is
+    /// dropped): a cluster's node is not listened on for a while.
+    pub(crate) fn subscriber_failed(&self, tag: &Tag) {
+        if let (Topology::Cluster(slots), Some(node)) = (&self.shared.topology, &tag.server) {
+            slots.failed_at(node);
+        }
     }
 
     pub(crate) fn put_back_subscriber(&self, conn: Connection, tag: Tag) {

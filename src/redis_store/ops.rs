@@ -769,7 +769,10 @@ impl RedisLocks {
                 let used = started.elapsed();
                 (used, used < step)
             }
-            Err(_) => poll(started), // the connection is dropped: a fresh one next time
+            Err(_) => {
+                pool.subscriber_failed(&tag); // (dropped: a fresh one next time)
+                poll(started)
+            }
         }
     }
 
