@@ -136,6 +136,24 @@ where
     assert!(matches!(idle.keep_alive(|_| ()), Err(Error::Unlocked)));
 }
 
+/// `keep_alive` on a hold whose lease ran out before it (another took the key): the work
+/// sees `is_lost` from its start, and the result is `Expired` (the first look said false,
+/// the renewer not having answered yet).
+fn keep_alive_on_a_lease_that_ran_out_is_lost_from_the_start<B>(b: &B)
+where
+    B: Backend + Sync,
+    B::Hold: Send,
+{
+    let mut worker = Lock::new(b, opts(100, 0)).unwrap();
+    worker.lock("stale").unwrap();
+    let mut rival = Lock::new(b, opts(30_000, 5_000)).unwrap();
+    rival.lock("stale").unwrap();
+    let (seen, lease) = worker.keep_alive(|alive| alive.is_lost()).unwrap();
+    assert!(seen, "the work was not told");
+    assert!(matches!(lease, Err(Error::Expired)), "{lease:?}");
+    rival.unlock().unwrap();
+}
+
 /// A's lease runs out, B takes the key and unlocks it, then A unlocks: `Expired` on every
 /// backend (A's hold was lost, whoever holds the key now).
 fn an_unlock_after_a_takeover_is_expired<B: Backend>(b: &B) {
@@ -231,6 +249,12 @@ macro_rules! suite {
             fn keep_alive_holds_the_lock_through_work_longer_than_the_lease() {
                 let (b, _keep) = $make;
                 super::keep_alive_holds_the_lock_through_work_longer_than_the_lease(&b);
+            }
+
+            #[test]
+            fn keep_alive_on_a_lease_that_ran_out_is_lost_from_the_start() {
+                let (b, _keep) = $make;
+                super::keep_alive_on_a_lease_that_ran_out_is_lost_from_the_start(&b);
             }
 
             #[test]

@@ -691,7 +691,8 @@ fn marks_are_not_holds() {
 /// could lapse within a tenth of itself, while the renewal that hangs has seconds of its
 /// command timeout left; another client then takes the key (the lease had indeed run out).
 /// Before, `is_lost` said only what a renewal's answer said: false until the hanging
-/// renewal gave up, 5 s in, while the other client held the key.
+/// renewal gave up, 5 s in, while the other client held the key. A link silent from
+/// before `keep_alive` starts its work told.
 #[test]
 fn keep_alive_says_lost_when_the_lease_could_lapse_on_a_silent_link() {
     let server = RedisServer::start();
@@ -719,6 +720,19 @@ fn keep_alive_says_lost_when_the_lease_could_lapse_on_a_silent_link() {
     note!("[lost {lost_after:?} after the cut; keep_alive: {lease:?}] ");
     assert!(lost_after < Duration::from_secs(1), "{lost_after:?}");
     assert!(matches!(taken, Ok(Ok(()))), "{taken:?}");
+    assert!(lease.is_err(), "{lease:?}");
+
+    // silent from before keep_alive: the renewal it makes before the work goes unanswered
+    // (within the handle's 500 ms), and the work starts told (it was told nothing while
+    // no renewal had answered)
+    let short = redis.with_timeout(Duration::from_millis(500));
+    let mut g = short
+        .lock("job2", opts(Duration::from_millis(600), Duration::ZERO))
+        .unwrap();
+    link.blackhole(true);
+    let (told, lease) = g.keep_alive(|alive| alive.is_lost());
+    link.blackhole(false);
+    assert!(told, "the work started with is_lost false on a silent link");
     assert!(lease.is_err(), "{lease:?}");
 }
 

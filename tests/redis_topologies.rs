@@ -665,8 +665,11 @@ fn a_slot_moved_or_migrating_is_followed() {
                     timeout: Duration::from_secs(10),
                     ..LockOptions::default()
                 };
+                // (the wait, or the attempt's own pauses on TRYAGAIN, last until the
+                // migration ends)
+                let t = Instant::now();
                 let g = redis.lock(key, opts).unwrap();
-                let waited = g.elapsed();
+                let waited = t.elapsed();
                 g.unlock().unwrap();
                 waited
             });

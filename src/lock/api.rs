@@ -152,14 +152,15 @@ impl KeepAlive {
     }
 }
 
-/// Runs `work` while a thread renews `holding` at once and then every third of
+/// Renews `holding` once, then runs `work` while a thread renews it every third of
 /// `exptime_ns`. Returns the work's result and whether the lease held throughout: a
 /// renewal that finds the lease lost, or refused past the backend's longest hold, stops
 /// the renewals, and the hold is looked at once more when the work is done (a holder
 /// stopped past its lease may finish its work before its renewer runs again). The first
-/// renewal is at once so that [`KeepAlive::is_lost`] knows from then when the lease could
-/// lapse; a renewer that wakes past that point (a stopped process) says the lease lost
-/// before it renews: the work cannot tell that it kept the key meanwhile.
+/// renewal is made before the work so that [`KeepAlive::is_lost`] knows from its start
+/// when the lease could lapse; a renewer that wakes past that point (a stopped process)
+/// says the lease lost before it renews: the work cannot tell that it kept the key
+/// meanwhile.
 fn keep_alive<B, R>(
     backend: &B,
     holding: &mut Holding<B>,
@@ -180,21 +181,31 @@ where
     }
     let every = Duration::from_nanos(exptime_ns / 3);
     let status = KeepAlive::default();
+    // The first renewal, before the work starts: from its answer, `is_lost` knows when the
+    // lease could lapse. A lease found lost is lost for the work from its start; one that
+    // could not be renewed (the server unreachable), too: nothing vouches for it.
+    let sent = Instant::now();
+    match backend.extend(&mut holding.hold, exptime_ns) {
+        Ok(()) => status.renewed(sent, exptime_ns),
+        Err(e @ (Error::Expired | Error::MaxHoldReached | Error::NotOwner)) => {
+            status.lost.store(true, Ordering::Release);
+            return (work(&status), Err(e));
+        }
+        Err(_) => status.lost.store(true, Ordering::Release),
+    }
     let done = (Mutex::new(false), Condvar::new());
     let hold = &mut holding.hold;
     let renew = || {
         let (stop, wake) = (&done.0, &done.1);
         let mut stopped = stop.lock().unwrap_or_else(|e| e.into_inner());
-        let mut next = Duration::ZERO;
         loop {
             stopped = wake
-                .wait_timeout_while(stopped, next, |stop| !*stop)
+                .wait_timeout_while(stopped, every, |stop| !*stop)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
             if *stopped {
                 return Ok(());
             }
-            next = every;
             // (past the stop point: `is_lost` turns true now, whatever this renewal says)
             let _ = status.is_lost();
             let sent = Instant::now();
@@ -479,9 +490,9 @@ impl<'b, B: Backend> Lock<'b, B> {
         Ok(leave(self.backend, &holding))
     }
 
-    /// Runs `work` while a background thread renews the lease every third of exptime, so a
-    /// long job keeps the lock however long it runs (and a crashed one loses it within
-    /// exptime). Returns the work's result and `Ok` only if the hold was still this
+    /// Renews the lease, then runs `work` while a background thread renews it every third
+    /// of exptime, so a long job keeps the lock however long it runs (and a crashed one
+    /// loses it within exptime). Returns the work's result and `Ok` only if the hold was still this
     /// object's, its lease unbroken, when the work returned (it is looked at then);
     /// [`Error::Expired`] if a renewal or that last look found it lost (the work can watch
     /// [`KeepAlive::is_lost`] to stop early: it also turns true when no renewal has

@@ -27,13 +27,19 @@ const REREAD_GAP: Duration = Duration::from_millis(100);
 /// apart, `TRYAGAIN`s waited out (a multi-key request while its slot migrates).
 const MAX_REDIRECTS: u32 = 5;
 
-/// The pause before a request that met `TRYAGAIN` is sent again.
+/// The first pause before a request that met `TRYAGAIN` is sent again; each next one is
+/// twice as long, up to [`MAX_TRY_AGAIN_PAUSE`].
 const TRY_AGAIN_PAUSE: Duration = Duration::from_millis(20);
+const MAX_TRY_AGAIN_PAUSE: Duration = Duration::from_millis(200);
 
-/// Whether `e` says to send the request again after [`TRY_AGAIN_PAUSE`], with time
-/// left for it by `limit`.
-fn pause_for(e: &redis::RedisError, limit: Instant) -> bool {
-    e.code() == Some("TRYAGAIN") && left(limit).is_some_and(|t| t > 2 * TRY_AGAIN_PAUSE)
+/// The pause before sending again a request that met `e` after `pauses` pauses, if `e`
+/// says to try again (`TRYAGAIN`: a slot migrating) and the pause leaves time by `limit`
+/// for the request.
+fn pause_for(e: &redis::RedisError, pauses: u32, limit: Instant) -> Option<Duration> {
+    let pause = TRY_AGAIN_PAUSE
+        .saturating_mul(1 << pauses.min(8))
+        .min(MAX_TRY_AGAIN_PAUSE);
+    (e.code() == Some("TRYAGAIN") && left(limit).is_some_and(|t| t > 2 * pause)).then_some(pause)
 }
 
 /// The slot of `key`: CRC16 (XMODEM) of its hash tag (the bytes between the first `{` and
@@ -429,8 +435,9 @@ fn parse_slots(v: &Value, asked: &ConnectionInfo) -> RedisResult<Map> {
     Ok(map)
 }
 
-/// What follows a request's error: the redirects followed and the `TRYAGAIN` pauses taken
-/// so far, each up to [`MAX_REDIRECTS`].
+/// What follows a request's error: the redirects followed so far (up to
+/// [`MAX_REDIRECTS`]) and the `TRYAGAIN` pauses taken (as long as the request's limit
+/// allows: a migration takes seconds, and an `unlock` that gave up left the key held).
 #[derive(Default)]
 struct Retries {
     redirects: u32,
@@ -441,7 +448,7 @@ struct Retries {
 /// send it to the same node again, or give the error.
 enum Then {
     Send(Node, bool),
-    Pause,
+    Pause(Duration),
     Fail,
 }
 
@@ -460,11 +467,13 @@ impl Retries {
             }
             return Then::Fail;
         }
-        if self.pauses < MAX_REDIRECTS && pause_for(e, limit) {
-            self.pauses += 1;
-            return Then::Pause;
+        match pause_for(e, self.pauses, limit) {
+            Some(pause) => {
+                self.pauses += 1;
+                Then::Pause(pause)
+            }
+            None => Then::Fail,
         }
-        Then::Fail
     }
 }
 
@@ -549,8 +558,8 @@ impl NodeConns {
                             to = Some((next, ask));
                             continue;
                         }
-                        Then::Pause => {
-                            std::thread::sleep(TRY_AGAIN_PAUSE);
+                        Then::Pause(pause) => {
+                            std::thread::sleep(pause);
                             to = Some((node, asking)); // (the same node, asked the same way)
                             continue;
                         }
@@ -772,9 +781,9 @@ mod aio {
                                 to = Some((next, ask));
                                 continue;
                             }
-                            Then::Pause => {
-                                self.sending = None;
-                                tokio::time::sleep(TRY_AGAIN_PAUSE).await;
+                            // (`sending` kept: a deadline that cuts the pause names the node)
+                            Then::Pause(pause) => {
+                                tokio::time::sleep(pause).await;
                                 to = Some((node, asking));
                                 continue;
                             }

@@ -1009,11 +1009,15 @@ impl Backend for RedisLocks {
         false // the server expires keys itself
     }
 
-    /// A wait that ran out while the server could not be asked ends with why.
+    /// A wait that ran out while the server could not be asked ends with why; one whose
+    /// server said to try again later, with `Timeout`.
     fn gave_up(&self, busy: RedisBusy, key: &[u8], waited: Duration) -> Error {
         match busy.failed {
             // (a request cut short by this process's own stop: the wait simply ran out)
             Some(Error::Redis(e)) if is_interrupted(&e) => Error::timeout(key, waited, None),
+            // (the server answered, saying to try again later: a slot migrating, a cluster
+            // failing over: the key could not be had in time)
+            Some(Error::Redis(e)) if is_transient(&e) => Error::timeout(key, waited, None),
             Some(failed) => failed,
             None => Error::timeout(key, waited, RedisBusy::holder(busy.seen)),
         }
