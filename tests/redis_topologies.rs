@@ -655,6 +655,14 @@ fn a_slot_moved_or_migrating_is_followed() {
                     other.map(|g| g.is_some())
                 ),
             }
+            // a wait the migration outlasts ends with `Timeout` (the server kept saying
+            // to try again: it said TryAgain, an error)
+            let short = LockOptions {
+                timeout: Duration::from_millis(300),
+                ..LockOptions::default()
+            };
+            let got = redis.lock(key, short).map(drop);
+            assert!(matches!(got, Err(Error::Timeout { .. })), "{got:?}");
             let waited = std::thread::scope(|s| {
                 s.spawn(|| {
                     std::thread::sleep(Duration::from_millis(300));

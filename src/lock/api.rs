@@ -144,11 +144,26 @@ impl KeepAlive {
         u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// A renewal sent at `sent` answered: the lease runs `exptime_ns` from then.
-    fn renewed(&self, sent: Instant, exptime_ns: u64) {
+    /// A renewal sent at `sent` answered: the lease runs `lease_ns` from then. The work
+    /// is to stop a tenth of it before its end, and a tick of the coarse clock more (the
+    /// table counts leases on it, which may lag a tick behind).
+    fn renewed(&self, sent: Instant, lease_ns: u64) {
         let sent = u64::try_from(sent.duration_since(self.base).as_nanos()).unwrap_or(u64::MAX);
-        let stop = sent.saturating_add(exptime_ns - exptime_ns / 10).max(1);
+        let margin = lease_ns / 10 + clock_tick_ns();
+        let stop = sent.saturating_add(lease_ns.saturating_sub(margin)).max(1);
         self.stop_ns.store(stop, Ordering::Release);
+    }
+}
+
+/// How far behind the coarse clock may be.
+fn clock_tick_ns() -> u64 {
+    #[cfg(not(loom))]
+    let tick = crate::shm::clock::tick_ns();
+    #[cfg(loom)]
+    let tick = 0;
+    match tick {
+        0 => crate::shm::clock::TICK_NS,
+        tick => tick,
     }
 }
 
@@ -175,8 +190,14 @@ where
         return (work(&KeepAlive::default()), Err(e));
     }
     if exptime_ns == 0 {
-        // never expires: nothing to renew, but it may have been broken meanwhile
-        let value = work(&KeepAlive::default());
+        // never expires: nothing to renew, but it may have been broken meanwhile; or it
+        // ends at the backend's longest hold, when the work is told
+        let status = KeepAlive::default();
+        let capped = backend.lease_ns(&holding.hold, 0);
+        if capped != 0 {
+            status.renewed(Instant::now(), capped);
+        }
+        let value = work(&status);
         return (value, backend.check(&holding.hold));
     }
     let every = Duration::from_nanos(exptime_ns / 3);
@@ -185,8 +206,9 @@ where
     // lease could lapse. A lease found lost is lost for the work from its start; one that
     // could not be renewed (the server unreachable), too: nothing vouches for it.
     let sent = Instant::now();
+    let lease = backend.lease_ns(&holding.hold, exptime_ns);
     match backend.extend(&mut holding.hold, exptime_ns) {
-        Ok(()) => status.renewed(sent, exptime_ns),
+        Ok(()) => status.renewed(sent, lease),
         Err(e @ (Error::Expired | Error::MaxHoldReached | Error::NotOwner)) => {
             status.lost.store(true, Ordering::Release);
             return (work(&status), Err(e));
@@ -198,9 +220,13 @@ where
     let renew = || {
         let (stop, wake) = (&done.0, &done.1);
         let mut stopped = stop.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sent = sent;
         loop {
+            // (every third of a lease from the last send, not from its answer: a slow
+            // answer does not push the next renewal back)
+            let next = every.saturating_sub(sent.elapsed());
             stopped = wake
-                .wait_timeout_while(stopped, every, |stop| !*stop)
+                .wait_timeout_while(stopped, next, |stop| !*stop)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
             if *stopped {
@@ -208,9 +234,10 @@ where
             }
             // (past the stop point: `is_lost` turns true now, whatever this renewal says)
             let _ = status.is_lost();
-            let sent = Instant::now();
+            sent = Instant::now();
+            let lease = backend.lease_ns(hold, exptime_ns);
             match backend.extend(hold, exptime_ns) {
-                Ok(()) => status.renewed(sent, exptime_ns),
+                Ok(()) => status.renewed(sent, lease),
                 // (NotOwner: this is a child that a signal handler forked on this thread,
                 // and the hold is its parent's, to leave alone; the thread ends, and with
                 // it the child)

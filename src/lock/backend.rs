@@ -98,6 +98,15 @@ pub trait Backend: Sealed {
     #[doc(hidden)]
     fn extend(&self, hold: &mut Self::Hold, exptime_ns: u64) -> Result<(), Error>;
 
+    /// The lease an [`extend`](Self::extend) sent now would set, in ns (0: none, the hold
+    /// never expires): `exptime_ns`, or less where the backend caps holds (Redis's
+    /// `with_max_hold`).
+    #[doc(hidden)]
+    fn lease_ns(&self, hold: &Self::Hold, exptime_ns: u64) -> u64 {
+        let _ = hold;
+        exptime_ns
+    }
+
     /// The fencing token of a hold; `None` if it is no longer valid (see
     /// [`check`](Self::check)), whatever it was before.
     #[doc(hidden)]
@@ -194,6 +203,10 @@ macro_rules! delegate_backend {
     ($to:ident, $hold:ty, $busy:ty, but_release) => {
         fn extend(&self, hold: &mut $hold, exptime_ns: u64) -> Result<(), Error> {
             Backend::extend(self.$to(), hold, exptime_ns)
+        }
+
+        fn lease_ns(&self, hold: &$hold, exptime_ns: u64) -> u64 {
+            Backend::lease_ns(self.$to(), hold, exptime_ns)
         }
 
         fn token(&self, hold: &$hold) -> Option<u64> {

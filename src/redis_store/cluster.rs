@@ -773,15 +773,14 @@ mod aio {
                         return Ok(v);
                     }
                     Err(e) => {
-                        // (the caller's deadline cuts the future; this bounds the pauses)
-                        let limit = Instant::now() + self.timeout;
-                        match retries.after(&e, &node, &self.slots, limit) {
+                        // (no pause on TRYAGAIN: the caller's deadline, which would cut
+                        // it, is not known here; a wait tries again at its next step)
+                        match retries.after(&e, &node, &self.slots, Instant::now()) {
                             Then::Send(next, ask) => {
                                 self.sending = None;
                                 to = Some((next, ask));
                                 continue;
                             }
-                            // (`sending` kept: a deadline that cuts the pause names the node)
                             Then::Pause(pause) => {
                                 tokio::time::sleep(pause).await;
                                 to = Some((node, asking));

@@ -177,8 +177,13 @@ impl RedisBusy {
         error: Error,
         deadline: Option<Instant>,
     ) -> Result<RedisBusy, Error> {
-        let retry = matches!(&error, Error::Redis(e) if is_broken(e) || is_transient(e))
-            && deadline.is_some_and(|d| Instant::now() < d);
+        // (a server that kept saying to try again, to the end: the wait ends with
+        // `Timeout`, see `gave_up`)
+        let retry = match &error {
+            Error::Redis(e) if is_transient(e) => deadline.is_some(),
+            Error::Redis(e) if is_broken(e) => deadline.is_some_and(|d| Instant::now() < d),
+            _ => false,
+        };
         if retry {
             Ok(RedisBusy {
                 failed: Some(error),
@@ -940,6 +945,14 @@ impl Backend for RedisLocks {
             return;
         }
         let _ = self.release_hold(hold);
+    }
+
+    fn lease_ns(&self, hold: &RedisHold, exptime_ns: u64) -> u64 {
+        // (past the longest hold: a lease of 0 ms, which `keep_alive` counts as lapsed)
+        match self.lease_ms(exptime_ns, hold.taken.elapsed()) {
+            Some(ms) => ms.saturating_mul(1_000_000),
+            None => 1,
+        }
     }
 
     fn extend(&self, hold: &mut RedisHold, exptime_ns: u64) -> Result<(), Error> {

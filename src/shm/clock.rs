@@ -115,7 +115,7 @@ mod host {
 
     /// The coarse clock's tick in ns (its resolution: 1-10 ms, by the kernel's HZ); 0
     /// where it reads as something else, and ticks are not used.
-    fn tick_ns() -> u64 {
+    pub(crate) fn tick_ns() -> u64 {
         static TICK: AtomicU64 = AtomicU64::new(u64::MAX);
         let known = TICK.load(Ordering::Relaxed);
         if known != u64::MAX {
