@@ -181,16 +181,6 @@ impl Listeners {
             *conn = None;
             *conn = Some(self.connect(shared, limit, timeout).await?);
         }
-        // A cluster node that did not let this subscribe (stopped, gone) is left for
-        // another the next time; it is asked last for a while.
-        let failed = |conn: &mut Option<Conn>| {
-            if let (Topology::Cluster(slots), Some(node)) =
-                (&shared.topology, conn.as_ref().and_then(|c| c.node.clone()))
-            {
-                slots.failed_at(&node);
-                *conn = None;
-            }
-        };
         let c = conn.as_mut().expect("made above");
         if c.subscribed.contains(channel) {
             return Ok(());
@@ -212,7 +202,12 @@ impl Listeners {
             }
         }
         if let Err(e) = bounded(limit, c.sink.subscribe(channel)).await {
-            failed(&mut conn);
+            // a cluster node that did not let this subscribe (stopped, gone) is left for
+            // another the next time
+            if c.node.is_some() {
+                shared.cluster_node_failed(c.node.as_ref());
+                *conn = None;
+            }
             return Err(e);
         }
         c.subscribed.insert(channel.to_vec());
@@ -253,15 +248,9 @@ impl Listeners {
                 )
             }
         };
-        let pubsub = match bounded(limit, client.get_async_pubsub()).await {
-            Ok(p) => p,
-            Err(e) => {
-                if let (Topology::Cluster(slots), Some(node)) = (&shared.topology, &node) {
-                    slots.failed_at(node);
-                }
-                return Err(e);
-            }
-        };
+        let pubsub = bounded(limit, client.get_async_pubsub())
+            .await
+            .inspect_err(|_| shared.cluster_node_failed(node.as_ref()))?;
         let (sink, stream) = pubsub.split();
         let alive = Arc::new(AtomicBool::new(true));
         let canary = Canary {

@@ -73,26 +73,33 @@ fn crc16(bytes: &[u8]) -> u16 {
     crc
 }
 
-/// The key a command is routed by: a script's first key, else the first argument. `None`
-/// for a command with no key (`WAIT`, `TIME`...), which goes where the last one went.
-fn key_of(cmd: &Cmd) -> Option<Vec<u8>> {
-    let args: Vec<&[u8]> = cmd
-        .args_iter()
-        .take(4)
-        .filter_map(|a| match a {
-            redis::Arg::Simple(a) => Some(a),
-            _ => None,
-        })
-        .collect();
-    let name = args.first()?.to_ascii_uppercase();
-    match name.as_slice() {
-        b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" => {
-            let keys: u64 = std::str::from_utf8(args.get(2)?).ok()?.parse().ok()?;
-            (keys > 0).then(|| args.get(3).map(|k| k.to_vec()))?
+/// The slot a command is routed by: its key's, a script's first key or else the first
+/// argument. `None` for a command with no key (`WAIT`, `TIME`...), which goes where the
+/// last one went.
+fn slot_of_cmd(cmd: &Cmd) -> Option<u16> {
+    let mut args = cmd.args_iter().filter_map(|a| match a {
+        redis::Arg::Simple(a) => Some(a),
+        _ => None,
+    });
+    let name = args.next()?;
+    let is = |names: &[&str]| {
+        names
+            .iter()
+            .any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
+    };
+    let key = if is(&["EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO"]) {
+        let _script = args.next()?;
+        let keys: u64 = std::str::from_utf8(args.next()?).ok()?.parse().ok()?;
+        if keys == 0 {
+            return None;
         }
-        b"WAIT" | b"TIME" | b"PING" | b"INFO" | b"CLUSTER" | b"ASKING" => None,
-        _ => args.get(1).map(|k| k.to_vec()),
-    }
+        args.next()?
+    } else if is(&["WAIT", "TIME", "PING", "INFO", "CLUSTER", "ASKING"]) {
+        return None;
+    } else {
+        args.next()?
+    };
+    Some(slot_of(key))
 }
 
 /// A master: its `host:port` (errors name it) and how to connect to it.
@@ -165,6 +172,15 @@ struct State {
 /// How long a master that failed a request is asked for the slot map after the others.
 const SUSPECT_FOR: Duration = Duration::from_secs(30);
 
+impl State {
+    /// The nodes that failed lately.
+    fn suspects(&self) -> impl Iterator<Item = &Arc<str>> {
+        (self.failed.iter())
+            .filter(|(_, at)| at.elapsed() < SUSPECT_FOR)
+            .map(|(a, _)| a)
+    }
+}
+
 impl Slots {
     pub(crate) fn new(seeds: Vec<ConnectionInfo>) -> Slots {
         Slots {
@@ -195,13 +211,9 @@ impl Slots {
         s.stale_said += 1;
     }
 
-    /// `node` failed a request (no answer, no connection): the map may be out of date (a
-    /// failover), and `node` is asked for it after the others for a while.
-    fn node_failed(&self, node: &Node) {
-        self.failed_at(&node.addr);
-    }
-
-    /// The node at `addr` failed: see [`node_failed`](Self::node_failed).
+    /// The node at `addr` failed a request (no answer, no connection): the map may be out
+    /// of date (a failover), and the node is asked for it after the others, and not
+    /// listened on, for a while.
     pub(crate) fn failed_at(&self, addr: &Arc<str>) {
         let mut s = self.state();
         s.stale = true;
@@ -226,7 +238,7 @@ impl Slots {
     }
 
     fn failed_lately(&self, node: &Node) -> bool {
-        (self.state().failed.iter()).any(|(a, at)| *a == node.addr && at.elapsed() < SUSPECT_FOR)
+        self.state().suspects().any(|a| *a == node.addr)
     }
 
     /// The nodes to ask for the slot map: the masters of the map there is (or `old`), then
@@ -234,10 +246,7 @@ impl Slots {
     fn candidates(&self, old: Option<&Map>) -> (Vec<Node>, Vec<Node>) {
         let (map, failed) = {
             let s = self.state();
-            let failed: Vec<Arc<str>> = (s.failed.iter())
-                .filter(|(_, at)| at.elapsed() < SUSPECT_FOR)
-                .map(|(a, _)| a.clone())
-                .collect();
+            let failed: Vec<Arc<str>> = s.suspects().cloned().collect();
             (s.map.clone(), failed)
         };
         let mut all: Vec<Node> = old
@@ -453,10 +462,17 @@ enum Then {
 }
 
 impl Retries {
-    /// What to do after `e` from `node` (asked with `asking`), with the time by `limit`.
-    /// A redirect says the map may be out of date (`MOVED`); the last one allowed is the
-    /// error, one a wait goes on through.
-    fn after(&mut self, e: &redis::RedisError, node: &Node, slots: &Slots, limit: Instant) -> Then {
+    /// What to do after `e` from `node`, with the time by `limit` for pauses (`None`: no
+    /// pause, the caller's wait tries again at its next step). A redirect says the map
+    /// may be out of date (`MOVED`); the last one allowed is the error, one a wait goes on
+    /// through.
+    fn after(
+        &mut self,
+        e: &redis::RedisError,
+        node: &Node,
+        slots: &Slots,
+        limit: Option<Instant>,
+    ) -> Then {
         if let Some((next, asking)) = redirected(e, node) {
             if !asking {
                 slots.stale();
@@ -467,7 +483,7 @@ impl Retries {
             }
             return Then::Fail;
         }
-        match pause_for(e, self.pauses, limit) {
+        match limit.and_then(|limit| pause_for(e, self.pauses, limit)) {
             Some(pause) => {
                 self.pauses += 1;
                 Then::Pause(pause)
@@ -530,18 +546,15 @@ impl NodeConns {
         limit: Instant,
         replied: &mut Instant,
     ) -> RedisResult<T> {
-        let key = key_of(cmd);
+        let slot = slot_of_cmd(cmd);
         let mut to: Option<(Node, bool)> = None;
         let mut retries = Retries::default();
         loop {
             let started = Instant::now();
             let (node, asking) = match to.take() {
                 Some(to) => to,
-                None => match &key {
-                    Some(k) => (
-                        self.slots.master_of(slot_of(k), limit, self.timeout)?,
-                        false,
-                    ),
+                None => match slot {
+                    Some(slot) => (self.slots.master_of(slot, limit, self.timeout)?, false),
                     None => (self.last.clone().ok_or_else(no_node)?, false),
                 },
             };
@@ -553,7 +566,7 @@ impl NodeConns {
                     return Ok(redis::from_redis_value(v)?);
                 }
                 Err(e) => {
-                    match retries.after(&e, &node, &self.slots, limit) {
+                    match retries.after(&e, &node, &self.slots, Some(limit)) {
                         Then::Send(next, ask) => {
                             to = Some((next, ask));
                             continue;
@@ -567,7 +580,7 @@ impl NodeConns {
                     }
                     if net::is_broken(&e) {
                         self.conns.retain(|(a, _)| *a != node.addr);
-                        self.slots.node_failed(&node);
+                        self.slots.failed_at(&node.addr);
                     }
                     let allowed = net::allowed(started, limit, self.timeout);
                     return Err(net::at_server(e, &node.addr, allowed));
@@ -687,7 +700,7 @@ mod aio {
         pub(crate) fn node_failed(&self) {
             if let Some(node) = &self.sending {
                 self.conns().retain(|(a, _)| *a != node.addr);
-                self.slots.node_failed(node);
+                self.slots.failed_at(&node.addr);
             }
         }
 
@@ -753,14 +766,14 @@ mod aio {
 
         async fn route(&mut self, cmd: &Cmd) -> RedisResult<Value> {
             self.sending = None;
-            let key = key_of(cmd);
+            let slot = slot_of_cmd(cmd);
             let mut to: Option<(Node, bool)> = None;
             let mut retries = Retries::default();
             loop {
                 let (node, asking) = match to.take() {
                     Some(to) => to,
-                    None => match &key {
-                        Some(k) => (self.master_of(slot_of(k)).await?, false),
+                    None => match slot {
+                        Some(slot) => (self.master_of(slot).await?, false),
                         None => (self.last.clone().ok_or_else(no_node)?, false),
                     },
                 };
@@ -775,18 +788,10 @@ mod aio {
                     Err(e) => {
                         // (no pause on TRYAGAIN: the caller's deadline, which would cut
                         // it, is not known here; a wait tries again at its next step)
-                        match retries.after(&e, &node, &self.slots, Instant::now()) {
-                            Then::Send(next, ask) => {
-                                self.sending = None;
-                                to = Some((next, ask));
-                                continue;
-                            }
-                            Then::Pause(pause) => {
-                                tokio::time::sleep(pause).await;
-                                to = Some((node, asking));
-                                continue;
-                            }
-                            Then::Fail => {}
+                        if let Then::Send(next, ask) = retries.after(&e, &node, &self.slots, None) {
+                            self.sending = None;
+                            to = Some((next, ask));
+                            continue;
                         }
                         if net::is_broken(&e) {
                             self.node_failed();
@@ -853,14 +858,14 @@ mod tests {
             .arg("k1")
             .arg("k2")
             .clone();
-        assert_eq!(key_of(&sha).as_deref(), Some(&b"k1"[..]));
+        assert_eq!(slot_of_cmd(&sha), Some(slot_of(b"k1")));
         let none = redis::cmd("EVAL").arg("return 1").arg(0).clone();
-        assert_eq!(key_of(&none), None);
+        assert_eq!(slot_of_cmd(&none), None);
         assert_eq!(
-            key_of(redis::cmd("EXISTS").arg("a").arg("b")).as_deref(),
-            Some(&b"a"[..])
+            slot_of_cmd(redis::cmd("EXISTS").arg("a").arg("b")),
+            Some(slot_of(b"a"))
         );
-        assert_eq!(key_of(redis::cmd("WAIT").arg(1).arg(100)), None);
+        assert_eq!(slot_of_cmd(redis::cmd("WAIT").arg(1).arg(100)), None);
     }
 
     #[test]

@@ -281,14 +281,6 @@ impl Pool {
         self.shared.plain(i, limit, self.timeout)
     }
 
-    /// A subscription on a connection from [`subscriber`](Self::subscriber) failed (it is
-    /// dropped): a cluster's node is not listened on for a while.
-    pub(crate) fn subscriber_failed(&self, tag: &Tag) {
-        if let (Topology::Cluster(slots), Some(node)) = (&self.shared.topology, &tag.server) {
-            slots.failed_at(node);
-        }
-    }
-
     pub(crate) fn put_back_subscriber(&self, conn: Connection, tag: Tag) {
         let mut idle = lock(&self.local().subscribers);
         if idle.len() < MAX_IDLE && conn.is_open() {

@@ -775,7 +775,8 @@ impl RedisLocks {
                 (used, used < step)
             }
             Err(_) => {
-                pool.subscriber_failed(&tag); // (dropped: a fresh one next time)
+                // (dropped: a fresh one next time, on another node of a cluster)
+                pool.shared.cluster_node_failed(tag.server.as_ref());
                 poll(started)
             }
         }

@@ -262,6 +262,14 @@ impl Shared {
         }
     }
 
+    /// A cluster's `node` failed (a listener, a subscription): see `Slots::failed_at`.
+    /// Nothing for another topology, or no node.
+    pub(crate) fn cluster_node_failed(&self, node: Option<&Arc<str>>) {
+        if let (Topology::Cluster(slots), Some(node)) = (&self.topology, node) {
+            slots.failed_at(node);
+        }
+    }
+
     /// Whether connections tagged `tag` still reach the current master.
     pub(crate) fn current(&self, tag: &Tag) -> bool {
         match &self.topology {
