@@ -106,8 +106,8 @@ pub struct KeepAlive {
     /// The renewals' time origin.
     base: Instant,
     /// When the work must stop, in ns after `base`: a tenth of a lease before the lease
-    /// last renewed could lapse, counted from when that renewal was sent (0: no renewal
-    /// has answered yet).
+    /// last renewed could lapse, counted from when that renewal was sent (0: none to stop
+    /// at, the hold never expiring).
     stop_ns: AtomicU64,
 }
 
@@ -144,26 +144,13 @@ impl KeepAlive {
         u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// A renewal sent at `sent` answered: the lease runs `lease_ns` from then. The work
-    /// is to stop a tenth of it before its end, and a tick of the coarse clock more (the
-    /// table counts leases on it, which may lag a tick behind).
+    /// A renewal sent at `sent` answered: the lease runs at least `lease_ns` from then
+    /// (as [`Backend::lease_ns`] counts it). The work is to stop a tenth of it before its
+    /// end.
     fn renewed(&self, sent: Instant, lease_ns: u64) {
         let sent = u64::try_from(sent.duration_since(self.base).as_nanos()).unwrap_or(u64::MAX);
-        let margin = lease_ns / 10 + clock_tick_ns();
-        let stop = sent.saturating_add(lease_ns.saturating_sub(margin)).max(1);
+        let stop = sent.saturating_add(lease_ns - lease_ns / 10).max(1);
         self.stop_ns.store(stop, Ordering::Release);
-    }
-}
-
-/// How far behind the coarse clock may be.
-fn clock_tick_ns() -> u64 {
-    #[cfg(not(loom))]
-    let tick = crate::shm::clock::tick_ns();
-    #[cfg(loom)]
-    let tick = 0;
-    match tick {
-        0 => crate::shm::clock::TICK_NS,
-        tick => tick,
     }
 }
 

@@ -98,9 +98,10 @@ pub trait Backend: Sealed {
     #[doc(hidden)]
     fn extend(&self, hold: &mut Self::Hold, exptime_ns: u64) -> Result<(), Error>;
 
-    /// The lease an [`extend`](Self::extend) sent now would set, in ns (0: none, the hold
-    /// never expires): `exptime_ns`, or less where the backend caps holds (Redis's
-    /// `with_max_hold`).
+    /// The lease an [`extend`](Self::extend) sent now would set at least, in ns by this
+    /// process's precise clock (0: none, the hold never expires): `exptime_ns`, or less
+    /// where the backend caps holds (Redis's `with_max_hold`) or counts leases on a clock
+    /// that may lag (the table's coarse clock).
     #[doc(hidden)]
     fn lease_ns(&self, hold: &Self::Hold, exptime_ns: u64) -> u64 {
         let _ = hold;

@@ -28,6 +28,20 @@ pub(crate) fn deadline(now: u64, exptime_ns: u64) -> u64 {
     }
 }
 
+/// How far the coarse clock may lag the time: a lease counted on it from now may end
+/// this much sooner, by the precise clock. A tick (and [`TICK_NS`] where its resolution
+/// is not known).
+pub(crate) fn lag_ns() -> u64 {
+    #[cfg(not(loom))]
+    let tick = tick_ns();
+    #[cfg(loom)]
+    let tick = 0;
+    match tick {
+        0 => TICK_NS,
+        tick => tick,
+    }
+}
+
 #[cfg(not(loom))]
 pub(crate) use host::*;
 

@@ -1137,6 +1137,15 @@ impl Backend for LockTable {
         let _ = self.release(hold);
     }
 
+    /// The lease counted on the coarse clock, which may lag a tick: by the precise clock
+    /// it may be that much shorter.
+    fn lease_ns(&self, _hold: &ShmHold, exptime_ns: u64) -> u64 {
+        match exptime_ns {
+            0 => 0,
+            ns => ns.saturating_sub(clock::lag_ns()).max(1),
+        }
+    }
+
     fn extend(&self, hold: &mut ShmHold, exptime_ns: u64) -> Result<(), Error> {
         let _quiet = self.quietly_ours(hold)?;
         self.inner
