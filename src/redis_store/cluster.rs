@@ -173,6 +173,11 @@ struct State {
 const SUSPECT_FOR: Duration = Duration::from_secs(30);
 
 impl State {
+    /// Whether the map is to be read again before it is used (see `Slots::master_of`).
+    fn due(&self) -> bool {
+        self.map.is_none() || self.stale && self.asked.is_none_or(|t| t.elapsed() >= REREAD_GAP)
+    }
+
     /// The nodes that failed lately.
     fn suspects(&self) -> impl Iterator<Item = &Arc<str>> {
         (self.failed.iter())
@@ -262,6 +267,17 @@ impl Slots {
         all.into_iter().partition(|n| !failed.contains(&n.addr))
     }
 
+    /// The master of `slot` from the map there is, if it need not be read first (see
+    /// [`master_of`](Self::master_of)): no I/O.
+    fn known_master(&self, slot: u16) -> Option<Node> {
+        let s = self.state();
+        s.map
+            .as_ref()
+            .filter(|_| !s.due())?
+            .master_of(slot)
+            .cloned()
+    }
+
     /// The master of `slot`, by `limit`: from the map, read first if there is none yet or
     /// it may be out of date (at most once per [`REREAD_GAP`]; when that read fails, the
     /// map there was is used).
@@ -271,13 +287,16 @@ impl Slots {
         limit: Instant,
         timeout: Duration,
     ) -> RedisResult<Node> {
+        if let Some(node) = self.known_master(slot) {
+            return Ok(node);
+        }
         let (map, read, said) = {
             let mut s = self.state();
-            let due = s.stale && s.asked.is_none_or(|t| t.elapsed() >= REREAD_GAP);
-            if due || s.map.is_none() {
+            let due = s.due();
+            if due {
                 s.asked = Some(Instant::now());
             }
-            (s.map.clone(), due || s.map.is_none(), s.stale_said)
+            (s.map.clone(), due, s.stale_said)
         };
         let map = match (read, map) {
             (false, Some(map)) => map,
@@ -711,6 +730,9 @@ mod aio {
         /// The master of `slot`. Reading the slot map is blocking I/O: off the runtime's
         /// threads, and only when the map must be read.
         async fn master_of(&self, slot: u16) -> RedisResult<Node> {
+            if let Some(node) = self.slots.known_master(slot) {
+                return Ok(node);
+            }
             let limit = crate::lock::wait::instant_after(Instant::now(), self.timeout);
             let slots = self.slots.clone();
             let timeout = self.timeout;
