@@ -154,6 +154,65 @@ where
     rival.unlock().unwrap();
 }
 
+/// `keep_alive` renews the lease the hold has, as `expire` last set it: a hold taken
+/// without expiry and given 300 ms by `expire` keeps the key through 1 s of work (a rival
+/// trying all along), and the work is not told it lost it; one taken with 200 ms and made
+/// never to expire is not turned back into a 200 ms lease by `keep_alive`.
+fn keep_alive_renews_the_lease_that_expire_set<B>(b: &B)
+where
+    B: Backend + Sync,
+    B::Hold: Send,
+{
+    let rival_took = |key: &str| {
+        let mut rival = Lock::new(b, opts(30_000, 0)).unwrap();
+        match rival.lock(key) {
+            Ok(_) => {
+                rival.unlock().unwrap();
+                true
+            }
+            Err(Error::Timeout { .. }) => false,
+            Err(e) => panic!("the rival's attempt: {e}"),
+        }
+    };
+
+    let mut worker = Lock::new(b, opts(0, 0)).unwrap();
+    worker.lock("leased").unwrap();
+    worker.expire(Some(Duration::from_millis(300))).unwrap();
+    let (seen, lease) = worker
+        .keep_alive(|alive| {
+            let t0 = Instant::now();
+            let mut taken_at = None;
+            while t0.elapsed() < Duration::from_secs(1) && taken_at.is_none() {
+                if rival_took("leased") {
+                    taken_at = Some(t0.elapsed());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (taken_at, alive.is_lost())
+        })
+        .unwrap();
+    assert_eq!(
+        seen,
+        (None, false),
+        "(when a rival took the key during the work, whether the work was told): the \
+         lease that expire set was not kept alive"
+    );
+    lease.unwrap();
+    worker.unlock().unwrap();
+
+    let mut worker = Lock::new(b, opts(200, 0)).unwrap();
+    worker.lock("forever").unwrap();
+    worker.expire(Some(Duration::ZERO)).unwrap();
+    let ((), lease) = worker.keep_alive(|_| ()).unwrap();
+    lease.unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        !rival_took("forever"),
+        "a hold made never to expire ran out 200 ms (its exptime) after keep_alive"
+    );
+    worker.unlock().unwrap();
+}
+
 /// A's lease runs out, B takes the key and unlocks it, then A unlocks: `Expired` on every
 /// backend (A's hold was lost, whoever holds the key now).
 fn an_unlock_after_a_takeover_is_expired<B: Backend>(b: &B) {
@@ -255,6 +314,12 @@ macro_rules! suite {
             fn keep_alive_on_a_lease_that_ran_out_is_lost_from_the_start() {
                 let (b, _keep) = $make;
                 super::keep_alive_on_a_lease_that_ran_out_is_lost_from_the_start(&b);
+            }
+
+            #[test]
+            fn keep_alive_renews_the_lease_that_expire_set() {
+                let (b, _keep) = $make;
+                super::keep_alive_renews_the_lease_that_expire_set(&b);
             }
 
             #[test]

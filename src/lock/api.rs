@@ -31,15 +31,17 @@ pub trait AsyncBackend: Backend + Sized {
 }
 
 /// A hold, which a copy inherited by a forked child must not release (the backend tells
-/// whose it is: `Backend::is_ours`).
+/// whose it is: `Backend::is_ours`), and the length of its lease as last asked for (at
+/// its acquisition or by `expire`: what `keep_alive` renews; 0: never expires).
 struct Holding<B: Backend> {
     hold: B::Hold,
+    lease_ns: u64,
 }
 
 impl<B: Backend> Holding<B> {
     #[inline]
-    fn new(hold: B::Hold) -> Holding<B> {
-        Holding { hold }
+    fn new(hold: B::Hold, lease_ns: u64) -> Holding<B> {
+        Holding { hold, lease_ns }
     }
 
     #[inline]
@@ -75,7 +77,9 @@ fn extend<B: Backend>(
         Some(d) => u64::try_from(d.as_nanos())
             .map_err(|_| Error::InvalidOptions("ttl must be below 584 years"))?,
     };
-    backend.extend(&mut holding.hold, exptime)
+    backend.extend(&mut holding.hold, exptime)?;
+    holding.lease_ns = exptime;
+    Ok(())
 }
 
 fn token<B: Backend>(backend: &B, holding: &Holding<B>) -> Option<u64> {
@@ -154,8 +158,8 @@ impl KeepAlive {
     }
 }
 
-/// Renews `holding` once, then runs `work` while a thread renews it every third of
-/// `exptime_ns`. Returns the work's result and whether the lease held throughout: a
+/// Renews `holding` once, then runs `work` while a thread renews it every third of its
+/// lease (as last asked for: at its acquisition, or by `expire`). Returns the work's result and whether the lease held throughout: a
 /// renewal that finds the lease lost, or refused past the backend's longest hold, stops
 /// the renewals, and the hold is looked at once more when the work is done (a holder
 /// stopped past its lease may finish its work before its renewer runs again). The first
@@ -166,13 +170,13 @@ impl KeepAlive {
 fn keep_alive<B, R>(
     backend: &B,
     holding: &mut Holding<B>,
-    exptime_ns: u64,
     work: impl FnOnce(&KeepAlive) -> R,
 ) -> (R, Result<(), Error>)
 where
     B: Backend + Sync,
     B::Hold: Send,
 {
+    let exptime_ns = holding.lease_ns;
     if let Err(e) = holding.ours(backend) {
         return (work(&KeepAlive::default()), Err(e));
     }
@@ -432,7 +436,7 @@ impl<'b, B: Backend> Lock<'b, B> {
         let key = key.as_ref();
         let first = match self.backend.acquire_fast(key, self.opts.exptime_ns)? {
             Ok(hold) => {
-                self.holding = Some(Holding::new(hold));
+                self.holding = Some(Holding::new(hold, self.opts.exptime_ns));
                 return Ok(Duration::ZERO);
             }
             Err(first) => first,
@@ -445,7 +449,7 @@ impl<'b, B: Backend> Lock<'b, B> {
             first,
             self.counted,
         )?;
-        self.holding = Some(Holding::new(hold));
+        self.holding = Some(Holding::new(hold, self.opts.exptime_ns));
         Ok(elapsed)
     }
 
@@ -464,8 +468,8 @@ impl<'b, B: Backend> Lock<'b, B> {
     }
 
     /// Renews the lease: `None` for the object's exptime, `Some(ttl)` for another length
-    /// (zero: never expires). [`Error::Expired`] if the lease already ran out; the object
-    /// then holds nothing.
+    /// (zero: never expires), which [`keep_alive`](Lock::keep_alive) then renews.
+    /// [`Error::Expired`] if the lease already ran out; the object then holds nothing.
     pub fn expire(&mut self, ttl: Option<Duration>) -> Result<(), Error> {
         let holding = self.holding.as_mut().ok_or(Error::Unlocked)?;
         let result = extend(self.backend, holding, self.opts.exptime_ns, ttl);
@@ -505,8 +509,9 @@ impl<'b, B: Backend> Lock<'b, B> {
     }
 
     /// Renews the lease, then runs `work` while a background thread renews it every third
-    /// of exptime, so a long job keeps the lock however long it runs (and a crashed one
-    /// loses it within exptime). Returns the work's result and `Ok` only if the hold was
+    /// of its length, so a long job keeps the lock however long it runs (and a crashed one
+    /// loses it within a lease). The length is the exptime, or the one the last
+    /// [`expire`](Lock::expire) gave (a hold made never to expire is not renewed). Returns the work's result and `Ok` only if the hold was
     /// still this object's, its lease unbroken, when the work returned (it is looked at
     /// then); [`Error::Expired`] if a renewal or that last look found it lost (the work
     /// can watch [`KeepAlive::is_lost`] to stop early: it also turns true when no renewal
@@ -522,7 +527,7 @@ impl<'b, B: Backend> Lock<'b, B> {
         B::Hold: Send,
     {
         let holding = self.holding.as_mut().ok_or(Error::Unlocked)?;
-        let (value, lease) = keep_alive(self.backend, holding, self.opts.exptime_ns, work);
+        let (value, lease) = keep_alive(self.backend, holding, work);
         if matches!(lease, Err(Error::Expired)) {
             self.holding = None;
         }
@@ -567,7 +572,7 @@ impl<'b, B: Backend> LockGuard<'b, B> {
     pub(crate) fn new(backend: &'b B, hold: B::Hold, elapsed: Duration, exptime_ns: u64) -> Self {
         LockGuard {
             backend,
-            holding: ManuallyDrop::new(Holding::new(hold)),
+            holding: ManuallyDrop::new(Holding::new(hold, exptime_ns)),
             elapsed,
             exptime_ns,
         }
@@ -613,7 +618,8 @@ impl<'b, B: Backend> LockGuard<'b, B> {
         extend(self.backend, &mut self.holding, self.exptime_ns, ttl)
     }
 
-    /// Runs `work` while a background thread renews the lease every third of exptime (see
+    /// Runs `work` while a background thread renews the lease every third of its length
+    /// (the exptime, or the one the last [`expire`](LockGuard::expire) gave; see
     /// [`Lock::keep_alive`]): the work's result, and whether the lease held throughout.
     ///
     /// ```
@@ -641,7 +647,7 @@ impl<'b, B: Backend> LockGuard<'b, B> {
         B: Sync,
         B::Hold: Send,
     {
-        keep_alive(self.backend, &mut self.holding, self.exptime_ns, work)
+        keep_alive(self.backend, &mut self.holding, work)
     }
 
     /// Keeps the key until its lease runs out, without unlocking: a lease rather than a
@@ -695,7 +701,7 @@ impl<'b, B: Backend> LockGuard<'b, B> {
         }
         Ok(LockGuard {
             backend: to,
-            holding: ManuallyDrop::new(Holding::new(holding.hold)),
+            holding: ManuallyDrop::new(Holding::new(holding.hold, holding.lease_ns)),
             elapsed,
             exptime_ns,
         })
