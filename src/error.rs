@@ -583,7 +583,7 @@ impl fmt::Display for Error {
             ),
             Error::ValueTooLong { key, len, max } => write!(
                 f,
-                "value of {len} bytes for key {key} is longer than the dict's {max}"
+                "key {key}: value of {len} bytes is longer than the dict's {max}"
             ),
             Error::Exists { key } => write!(f, "key {key} exists: it has a live value"),
             Error::NotFound { key } => write!(f, "key {key} not found: it has no live value"),
@@ -594,7 +594,7 @@ impl fmt::Display for Error {
                 f,
                 "key {key}: not an integer: the value is a float (add an f64 to it)"
             ),
-            Error::NoMemory { key, why } => write!(f, "no memory for key {key}: {why}"),
+            Error::NoMemory { key, why } => write!(f, "key {key}: no memory: {why}"),
             Error::Locked => f.write_str("locked: this lock already holds a key"),
             Error::Timeout {
                 key,

@@ -111,7 +111,7 @@ pub struct DictStats {
     pub hits: u64,
     /// Reads that found none (a `get_stale` that found only an expired value included).
     pub misses: u64,
-    /// Values stored (`set`, `add`, `replace`, `incr`, ...).
+    /// Values stored (`set`, `add`, `replace`, `incr`, a list's push, ...).
     pub sets: u64,
     /// Live values evicted to make room (the least recently used first).
     pub evictions: u64,

@@ -845,7 +845,8 @@ fn a_command_that_cannot_run_exits_126_or_127_and_frees_the_key() {
 }
 
 /// `inspect` only reads, so read access to the file is enough. The table is
-/// root's, mode 0644, with a holder; `shmlock inspect` runs as uid 65534 (nobody).
+/// root's, mode 0644, with a holder; `shmlock inspect` runs as uid 65534 (nobody), and a
+/// `run` of nobody's is refused saying how a reader opens it.
 #[test]
 #[ignore = "needs root: creates a root-owned table and runs `shmlock inspect` as uid 65534 through setpriv"]
 fn inspect_needs_read_access_only() {
@@ -891,6 +892,20 @@ fn inspect_needs_read_access_only() {
     assert!(
         stdout.contains("job:ro") && stdout.contains(&std::process::id().to_string()),
         "{stdout}"
+    );
+    // A `run`, which must write, is refused, and told how a reader opens the file.
+    let out =
+        output(
+            nobody(bin)
+                .arg("--file")
+                .arg(&file.0)
+                .args(["run", "job:other", "--", "true"]),
+        );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(66), "{stderr}"); // EX_NOINPUT, as any file it cannot open
+    assert!(
+        stderr.contains("may read the file but not write it") && stderr.contains("read_only(true)"),
+        "{stderr}"
     );
     guard.unlock().unwrap();
 }
@@ -2310,4 +2325,43 @@ fn inspect_shows_a_path_with_control_characters_as_it_shows_keys() {
             "{text:?}"
         );
     }
+}
+
+/// A usage error of `run` is said (64) before the table is opened: no file is made at a
+/// path where there was none, and a file that is no table does not turn it into 65.
+/// `unlock --force` of an empty key is a usage error too, and of a key in a table that
+/// does not exist says there is no table there yet.
+#[test]
+fn usage_errors_are_said_before_a_table_is_made_or_read() {
+    let missing = TempPath::new("cli-usage-none");
+    let text = TempPath::new("cli-usage-text");
+    std::fs::write(&text, "not a table\n").unwrap();
+    for args in [
+        &["run", "-F", "k", "--", "true"][..],
+        &["run", "--exptime", "0.01", "k", "--", "true"],
+        &["run", "-w", "-1", "k", "--", "true"],
+        &["run", "-w", "nan", "k", "--", "true"],
+        &["run", "--max-time", "0", "k", "--", "true"],
+        &["run", "", "--", "true"],
+        &["unlock", "--force", ""],
+    ] {
+        for file in [&missing, &text] {
+            let out = output(shmlock(file).args(args));
+            assert_eq!(
+                out.status.code(),
+                Some(64),
+                "{args:?} on {:?}: {out:?}",
+                file.0
+            );
+        }
+        assert!(
+            !missing.0.exists(),
+            "{args:?} made a table at {:?}",
+            missing.0
+        );
+    }
+    let out = output(shmlock(&missing).args(["unlock", "--force", "k"]));
+    assert_eq!(out.status.code(), Some(66), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("no table there yet"), "{said}");
 }

@@ -651,7 +651,7 @@ fn every_error_about_a_key_names_it() {
     // and says why
     assert_eq!(
         e.to_string(),
-        "no memory for key \"one-more\": no free or expired entry near its home (a safe_ \
+        "key \"one-more\": no memory: no free or expired entry near its home (a safe_ \
          store, and a new list, evict no live key)"
     );
 }

@@ -796,3 +796,30 @@ fn a_run_cut_off_for_good_exits_once_its_command_is_stopped() {
         !direct.is_locked("job").unwrap()
     });
 }
+
+/// The usage errors that need no server are said (64) without one: against a port where
+/// nothing listens they are not turned into "connection refused" (69).
+#[test]
+fn usage_errors_need_no_server() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!(
+        "redis://127.0.0.1:{}/",
+        listener.local_addr().unwrap().port()
+    );
+    drop(listener); // (nothing listens there now)
+    for args in [
+        &["stats"][..],
+        &["create"],
+        &["inspect", "--all"],
+        &["unlock", "k"],
+        &["unlock", "--force", ""],
+        &["run", "--exptime", "0.01", "k", "--", "true"],
+        &["run", "", "--", "true"],
+    ] {
+        let out = output(shmlock(&url).args(args));
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+    }
+    // (and one that needs the server says it is unreachable)
+    let out = output(shmlock(&url).args(["inspect"]));
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+}

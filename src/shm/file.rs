@@ -154,6 +154,27 @@ pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
                 // (to inspect: the table of the path may be deleted and still in use)
                 return Err(deleted_in_use(path).unwrap_or_else(|| Error::io(path, e)));
             }
+            // Opened to change it: one who may only read it is told how to look at it.
+            Err(e)
+                if e.raw_os_error() == Some(libc::EACCES)
+                    && !spec.read_only
+                    && OpenOptions::new()
+                        .read(true)
+                        .custom_flags(flags)
+                        .open(path)
+                        .is_ok() =>
+            {
+                return Err(Error::io(
+                    path,
+                    io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        "permission denied: this user may read the file but not write it, \
+                         and a handle that locks or stores must write; one that only reads \
+                         it opens with `options().read_only(true)` (as `shmlock inspect` \
+                         does)",
+                    ),
+                ));
+            }
             // (a Unix socket cannot be opened: ENXIO says nothing of why)
             Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
                 let socket = fs::metadata(path).is_ok_and(|m| m.file_type().is_socket());

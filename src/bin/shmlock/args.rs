@@ -189,8 +189,8 @@ pub struct RunArgs {
     )]
     pub shared: bool,
     /// One of N permits of KEY: at most N such commands run at once machine-wide (a
-    /// jobserver); a dead one's permit comes back at once (with --redis, at its lease's
-    /// end: --exptime)
+    /// jobserver); a dead one's permit comes back when a waiter next looks (within half a
+    /// second; with --redis, at its lease's end: --exptime)
     #[arg(
         long,
         value_name = "N",

@@ -96,11 +96,14 @@ pub fn create(file: &Path, a: CreateArgs) -> Result<u8, Fail> {
     if !table.created() {
         return Err(exists());
     }
+    // (the file's length: every page of it is reserved at creation)
+    let bytes = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
     tell!(
-        "created {} with capacity {} ({} slots)",
+        "created {} with capacity {} ({} slots, {:.1} MiB)",
         file.display(),
         table.capacity(),
-        table.slots()
+        table.slots(),
+        bytes as f64 / (1u64 << 20) as f64
     )?;
     Ok(0)
 }

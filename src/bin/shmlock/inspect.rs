@@ -39,39 +39,50 @@ pub fn open_inspected(file: &Path) -> Result<Inspected, Fail> {
         // nothing at the path to inspect: "cannot open", not "cannot create"
         Err(e @ Error::DeletedInUse { .. }) => Err(Fail(e.to_string(), EX_NOINPUT)),
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            let dir = match file.parent() {
-                Some(d) if !d.as_os_str().is_empty() => d,
-                _ => Path::new("."),
-            };
-            let why = if dir.is_dir() {
-                format!(
-                    "{}: no table there yet (the first `shmlock run` makes one, or `shmlock \
-                     create`; --file or $SHMLOCK_FILE names another)",
-                    file.display()
-                )
-            } else {
-                // (nothing would make one there: `run` cannot create the directory)
-                format!(
-                    "{}: no such directory as {} (--file or $SHMLOCK_FILE names the table)",
-                    file.display(),
-                    dir.display()
-                )
-            };
-            Err(Fail(why, EX_NOINPUT))
+            Err(nothing_at(file))
         }
         Err(e) => Err(e.into()),
     }
 }
 
+/// `inspect --all` of a dict or of Redis.
+pub fn all_is_for_tables() -> Fail {
+    Fail(
+        "--all adds a lock table's expired entries and dead owners' holds: a dict lists its \
+         live keys, and Redis drops an expired lock itself"
+            .into(),
+        EX_USAGE,
+    )
+}
+
+/// A command that needs a table at `file` and found nothing there: whether a `run` would
+/// make one, or the directory is missing too (EX_NOINPUT).
+pub fn nothing_at(file: &Path) -> Fail {
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let why = if dir.is_dir() {
+        format!(
+            "{}: no table there yet (the first `shmlock run` makes one, or `shmlock \
+             create`; --file or $SHMLOCK_FILE names another)",
+            file.display()
+        )
+    } else {
+        // (nothing would make one there: `run` cannot create the directory)
+        format!(
+            "{}: no such directory as {} (--file or $SHMLOCK_FILE names the table)",
+            file.display(),
+            dir.display()
+        )
+    };
+    Fail(why, EX_NOINPUT)
+}
+
 /// Prints what `what` holds, once or (--watch) until interrupted.
 pub fn inspect(what: &Inspected, a: &InspectArgs) -> Result<u8, Fail> {
     if a.all && !matches!(what, Inspected::Table(..)) {
-        return Err(Fail(
-            "--all adds a lock table's expired entries and dead owners' holds: a dict lists \
-             its live keys, and Redis drops an expired lock itself"
-                .into(),
-            EX_USAGE,
-        ));
+        return Err(all_is_for_tables());
     }
     let mut buf = Vec::new();
     snapshot(&mut buf, what, a)?;

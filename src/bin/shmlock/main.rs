@@ -98,6 +98,16 @@ fn main() -> ExitCode {
                 .map(PathBuf::from)
         })
         .unwrap_or_else(|| PathBuf::from(DEFAULT_FILE));
+    // Usage errors first: before a table file is made or a server is asked.
+    let usage = match &cli.command {
+        Cmd::Run(a) => run::check_args(a).map(|_| ()),
+        command if cli.redis.is_some() => redis_cmd::usage(command),
+        _ => Ok(()),
+    };
+    if let Err(Fail(msg, code)) = usage {
+        say!("shmlock: {}", exit::one_line(&msg));
+        return ExitCode::from(code);
+    }
     let result = match (&cli.redis, cli.command) {
         (None, Cmd::Run(a)) => LockTable::open(&file, DEFAULT_CAPACITY)
             .map_err(Fail::from)

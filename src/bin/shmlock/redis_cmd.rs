@@ -74,6 +74,26 @@ fn check_url(url: &str) -> Result<(), Fail> {
 }
 
 /// Opens the locks `url` names and runs `command` on them.
+/// The usage errors of `command` against Redis that need no server to tell (`run`'s are
+/// `run::check_args`'s).
+pub fn usage(command: &Cmd) -> Result<(), Fail> {
+    match command {
+        Cmd::Stats(_) => Err(Fail(
+            "stats: a Redis handle's counters are kept by the process that uses it \
+             (RedisLocks::stats); the server keeps none"
+                .into(),
+            EX_USAGE,
+        )),
+        Cmd::Create(_) => Err(Fail(
+            "create makes table and dict files; a Redis server needs no creating".into(),
+            EX_USAGE,
+        )),
+        Cmd::Inspect(a) if a.all => Err(crate::inspect::all_is_for_tables()),
+        Cmd::Unlock(a) => crate::unlock::refuse_without_force(a).map(|_| ()),
+        _ => Ok(()),
+    }
+}
+
 pub fn dispatch(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -> Result<u8, Fail> {
     for one in url.split(',') {
         check_url(one)?;
@@ -127,16 +147,7 @@ pub fn dispatch(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -
         },
         Cmd::Inspect(a) => inspect(&Inspected::Redis(redis, shown), &a),
         Cmd::Unlock(a) => unlock_redis(&redis, prefix, a),
-        Cmd::Stats(_) => Err(Fail(
-            "stats: a Redis handle's counters are kept by the process that uses it \
-             (RedisLocks::stats); the server keeps none"
-                .into(),
-            EX_USAGE,
-        )),
-        Cmd::Create(_) => Err(Fail(
-            "create makes table and dict files; a Redis server needs no creating".into(),
-            EX_USAGE,
-        )),
+        Cmd::Stats(_) | Cmd::Create(_) => usage(&command).map(|()| 0),
     }
 }
 

@@ -54,15 +54,23 @@ pub fn to_die_of() -> Option<i32> {
     DIE_OF.get().copied()
 }
 
-/// Takes `a.key`, runs the command, releases the key when it exits; the exit code.
-pub fn run<B>(backend: &B, a: RunArgs) -> Result<u8, Fail>
-where
-    B: Backend + WhoHolds + Sync,
-    B::Hold: Send,
-{
-    let signals = SIGNALS
-        .get()
-        .ok_or_else(|| Fail("signal handling was not set up".into(), EX_SOFTWARE))?;
+/// `run`'s options as checked, before anything is opened.
+pub struct Checked {
+    exptime: Duration,
+    /// How long to wait for the key (`None`: for good).
+    wait_for: Option<Duration>,
+    max_time: Option<Duration>,
+}
+
+/// Checks what can be checked of `a` alone: a usage error is said (EX_USAGE) before a
+/// table file is created or a server is asked, whatever is at the path or the URL.
+pub fn check_args(a: &RunArgs) -> Result<Checked, Fail> {
+    if a.key.is_empty() {
+        return Err(shmlock::Error::EmptyKey.into());
+    }
+    if a.permits == Some(0) {
+        return Err(Fail("--permits must be at least 1".into(), EX_USAGE));
+    }
     if a.no_fork {
         return Err(Fail(
             "-F/--no-fork cannot be had: a hold lives as long as a process that keeps the \
@@ -125,11 +133,6 @@ where
     } else {
         timeout
     };
-    let opts = LockOptions {
-        exptime,
-        timeout: Duration::ZERO,
-        ..LockOptions::default()
-    };
     let max_time = a.max_time.map(|m| secs(m, "--max-time")).transpose()?;
     if max_time == Some(Duration::ZERO) {
         return Err(Fail(
@@ -139,6 +142,32 @@ where
             EX_USAGE,
         ));
     }
+    Ok(Checked {
+        exptime,
+        wait_for,
+        max_time,
+    })
+}
+
+/// Takes `a.key`, runs the command, releases the key when it exits; the exit code.
+pub fn run<B>(backend: &B, a: RunArgs) -> Result<u8, Fail>
+where
+    B: Backend + WhoHolds + Sync,
+    B::Hold: Send,
+{
+    let signals = SIGNALS
+        .get()
+        .ok_or_else(|| Fail("signal handling was not set up".into(), EX_SOFTWARE))?;
+    let Checked {
+        exptime,
+        wait_for,
+        max_time,
+    } = check_args(&a)?;
+    let opts = LockOptions {
+        exptime,
+        timeout: Duration::ZERO,
+        ..LockOptions::default()
+    };
     // It waits in slices: the whole wait, not each slice, goes to the counters.
     let mut lock = Lock::new(backend, opts)?.uncounted();
     let (program, args): (&OsStr, &[OsString]) = match &a.shell_command {

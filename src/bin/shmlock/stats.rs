@@ -380,7 +380,11 @@ fn prometheus(out: &mut String, file: &Path, now: &Read) {
                     "Reads that found none (get_stale's stale values included).",
                     s.misses,
                 ),
-                ("sets", "Values stored.", s.sets),
+                (
+                    "sets",
+                    "Values stored (set, add, replace, incr, list pushes).",
+                    s.sets,
+                ),
                 (
                     "evictions",
                     "Live values evicted to make room (forcible sets).",

@@ -11,7 +11,7 @@ use crate::show::{held_for, hex, printable};
 
 /// Breaking a lock its holder still relies on is the user's decision: --force says so.
 /// Returns the key's bytes (KEY itself, or decoded from hex with --hex).
-fn refuse_without_force(a: &UnlockArgs) -> Result<Vec<u8>, Fail> {
+pub fn refuse_without_force(a: &UnlockArgs) -> Result<Vec<u8>, Fail> {
     let key = if a.hex {
         from_hex(&a.key).ok_or_else(|| {
             let k = &a.key;
@@ -32,6 +32,9 @@ fn refuse_without_force(a: &UnlockArgs) -> Result<Vec<u8>, Fail> {
     } else {
         a.key.clone().into_bytes()
     };
+    if key.is_empty() {
+        return Err(shmlock::Error::EmptyKey.into());
+    }
     if a.force {
         return Ok(key);
     }
@@ -78,7 +81,13 @@ pub fn unlock(file: &Path, a: UnlockArgs) -> Result<u8, Fail> {
     let table = LockTable::options()
         .create(false)
         .register_lazily(true)
-        .open(file)?;
+        .open(file)
+        .map_err(|e| match e {
+            shmlock::Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                crate::inspect::nothing_at(file)
+            }
+            e => e.into(),
+        })?;
     let broken = table.force_unlock_holders(&key, a.pid)?;
     if broken.is_empty() {
         let mut why = match a.pid {
