@@ -736,6 +736,87 @@ fn keep_alive_says_lost_when_the_lease_could_lapse_on_a_silent_link() {
     assert!(lease.is_err(), "{lease:?}");
 }
 
+/// Renewals that each take a third of the lease or more (replies 150 ms late, a 400 ms
+/// lease renewed every 133 ms): `keep_alive` returns when its work is done, the lease kept
+/// throughout. (The renewer held the lock that ends it while it renewed, and a wait of
+/// zero never let it go: `keep_alive` never returned, and renewed the key for good.)
+#[test]
+fn keep_alive_returns_when_each_renewal_takes_a_third_of_the_lease() {
+    let server = RedisServer::start();
+    let link = Proxy::start(server.port);
+    // (leaked: the thread that runs keep_alive may outlive the test, if it hangs)
+    let redis: &'static RedisLocks = Box::leak(Box::new(RedisLocks::open(&link.url()).unwrap()));
+    let mut g = redis
+        .lock("slow", opts(Duration::from_millis(400), Duration::ZERO))
+        .unwrap();
+    link.delay_replies(Duration::from_millis(150));
+    let (done, ended) = std::sync::mpsc::channel();
+    let t0 = Instant::now();
+    std::thread::spawn(move || {
+        let (_, lease) = g.keep_alive(|_| std::thread::sleep(Duration::from_millis(50)));
+        let _ = done.send(lease);
+        // (its release is left to the lease: with each reply this late, a release after
+        // the look that ends keep_alive may come after it)
+        g.leave_to_expire();
+    });
+    // (a hang guard: it returns within a renewal or two of the work's end)
+    let lease = ended
+        .recv_timeout(Duration::from_secs(20))
+        .expect("keep_alive did not return within 20 s of 50 ms of work");
+    note!("[returned after {:?}] ", t0.elapsed());
+    link.delay_replies(Duration::ZERO);
+    assert!(lease.is_ok(), "{lease:?}");
+}
+
+/// `expire(Some(..))` that the master applied but its replica did not acknowledge
+/// (`NotReplicated`): its lease is the one `keep_alive` renews, though `expire` said it
+/// failed. (A hold taken without expiry kept that status: nothing was renewed, and another
+/// client took the key mid-work while `is_lost` said false.)
+#[test]
+fn keep_alive_renews_a_lease_that_expire_set_unacknowledged() {
+    let master = RedisServer::start();
+    let port = master.port.to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    eventually("the replica in sync", Duration::from_secs(20), || {
+        master
+            .cli(&["INFO", "replication"])
+            .contains("state=online")
+    });
+    let redis = RedisLocks::open(&master.url())
+        .unwrap()
+        .with_replicas(1, Duration::from_millis(200));
+    let other = RedisLocks::open(&master.url()).unwrap();
+    let mut worker = Lock::new(&redis, opts(Duration::ZERO, Duration::ZERO)).unwrap();
+    worker.lock("unacked").unwrap();
+    replica.pause(true);
+    let said = worker.expire(Some(Duration::from_millis(1200)));
+    let set = Instant::now();
+    replica.pause(false);
+    assert!(
+        matches!(said, Err(Error::NotReplicated { .. })),
+        "the replica acknowledged: {said:?}"
+    );
+    let ((taken, told), lease) = worker
+        .keep_alive(|alive| {
+            while set.elapsed() < Duration::from_millis(2500) {
+                if let Ok(g) = other.lock("unacked", opts(Duration::from_secs(5), Duration::ZERO)) {
+                    g.unlock().unwrap();
+                    return (Some(set.elapsed()), alive.is_lost());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (None, alive.is_lost())
+        })
+        .unwrap();
+    assert_eq!(
+        (taken, told),
+        (None, false),
+        "(when another client took the key, whether the work was told)"
+    );
+    assert!(lease.is_ok(), "{lease:?}");
+    worker.unlock().unwrap();
+}
+
 /// A Cluster node reached through a link that stalls (both ways, for 1.5 s) right after
 /// an acquisition reaches it: the attempt takes the key, its reply is late, and redis-rs's
 /// cluster connection sends the request again. `lock` (a lease of 0: never expires, and a

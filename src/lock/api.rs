@@ -77,9 +77,11 @@ fn extend<B: Backend>(
         Some(d) => u64::try_from(d.as_nanos())
             .map_err(|_| Error::InvalidOptions("ttl must be below 584 years"))?,
     };
-    backend.extend(&mut holding.hold, exptime)?;
+    // Asked for, whatever the answer: a renewal that fails after the server applied it (a
+    // reply lost or late, `NotReplicated`) may have set it. (Renewed when it had not, a
+    // hold without expiry gets the lease it was to have.)
     holding.lease_ns = exptime;
-    Ok(())
+    backend.extend(&mut holding.hold, exptime)
 }
 
 fn token<B: Backend>(backend: &B, holding: &Holding<B>) -> Option<u64> {
@@ -210,19 +212,26 @@ where
     let hold = &mut holding.hold;
     let renew = || {
         let (stop, wake) = (&done.0, &done.1);
-        let mut stopped = stop.lock().unwrap_or_else(|e| e.into_inner());
         let mut sent = sent;
         loop {
             // (every third of a lease from the last send, not from its answer: a slow
             // answer does not push the next renewal back)
             let next = every.saturating_sub(sent.elapsed());
-            stopped = wake
-                .wait_timeout_while(stopped, next, |stop| !*stop)
+            // Not held while renewing: when renewals take a third of a lease or more, the
+            // wait's timeout is zero, and a wait of zero returns without letting the lock
+            // go, so `stop` would never get it (and the renewals would go on for good).
+            let stopped = wake
+                .wait_timeout_while(
+                    stop.lock().unwrap_or_else(|e| e.into_inner()),
+                    next,
+                    |stop| !*stop,
+                )
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
             if *stopped {
                 return Ok(());
             }
+            drop(stopped);
             // (past the stop point: `is_lost` turns true now, whatever this renewal says)
             let _ = status.is_lost();
             sent = Instant::now();
