@@ -214,14 +214,7 @@ struct StalledReplica {
 
 impl StalledReplica {
     fn start() -> StalledReplica {
-        let master = RedisServer::start();
-        let port = master.port.to_string();
-        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-        eventually("the replica in sync", Duration::from_secs(20), || {
-            master
-                .cli(&["INFO", "replication"])
-                .contains("state=online")
-        });
+        let (master, replica) = RedisServer::with_a_replica();
         replica.pause(true);
         StalledReplica { master, replica }
     }

@@ -774,14 +774,7 @@ fn keep_alive_returns_when_each_renewal_takes_a_third_of_the_lease() {
 /// client took the key mid-work while `is_lost` said false.)
 #[test]
 fn keep_alive_renews_a_lease_that_expire_set_unacknowledged() {
-    let master = RedisServer::start();
-    let port = master.port.to_string();
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-    eventually("the replica in sync", Duration::from_secs(20), || {
-        master
-            .cli(&["INFO", "replication"])
-            .contains("state=online")
-    });
+    let (master, replica) = RedisServer::with_a_replica();
     let redis = RedisLocks::open(&master.url())
         .unwrap()
         .with_replicas(1, Duration::from_millis(200));

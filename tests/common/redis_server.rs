@@ -63,6 +63,19 @@ impl RedisServer {
     }
 
     /// A server with these extra arguments (`--replicaof ...`, `--cluster-enabled yes`).
+    /// A master and one replica of it, once the replica is in sync: (master, replica).
+    pub fn with_a_replica() -> (RedisServer, RedisServer) {
+        let master = RedisServer::start();
+        let port = master.port.to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+        eventually("the replica in sync", Duration::from_secs(20), || {
+            master
+                .cli(&["INFO", "replication"])
+                .contains("state=online")
+        });
+        (master, replica)
+    }
+
     pub fn start_with(extra: &[&str]) -> RedisServer {
         let port = free_port();
         let dir = TempDir::new("server");
