@@ -161,14 +161,14 @@ impl KeepAlive {
 }
 
 /// Renews `holding` once, then runs `work` while a thread renews it every third of its
-/// lease (as last asked for: at its acquisition, or by `expire`). Returns the work's result and whether the lease held throughout: a
-/// renewal that finds the lease lost, or refused past the backend's longest hold, stops
-/// the renewals, and the hold is looked at once more when the work is done (a holder
-/// stopped past its lease may finish its work before its renewer runs again). The first
-/// renewal is made before the work so that [`KeepAlive::is_lost`] knows from its start
-/// when the lease could lapse; a renewer that wakes past that point (a stopped process)
-/// says the lease lost before it renews: the work cannot tell that it kept the key
-/// meanwhile.
+/// lease (as last asked for: at its acquisition, or by `expire`). Returns the work's
+/// result and whether the lease held throughout: a renewal that finds the lease lost, or
+/// refused past the backend's longest hold, stops the renewals, and the hold is looked at
+/// once more when the work is done (a holder stopped past its lease may finish its work
+/// before its renewer runs again). The first renewal is made before the work so that
+/// [`KeepAlive::is_lost`] knows from its start when the lease could lapse; a renewer that
+/// wakes past that point (a stopped process) says the lease lost before it renews: the
+/// work cannot tell that it kept the key meanwhile.
 fn keep_alive<B, R>(
     backend: &B,
     holding: &mut Holding<B>,

@@ -73,7 +73,6 @@ fn check_url(url: &str) -> Result<(), Fail> {
     }
 }
 
-/// Opens the locks `url` names and runs `command` on them.
 /// The usage errors of `command` against Redis that need no server to tell (`run`'s are
 /// `run::check_args`'s).
 pub fn usage(command: &Cmd) -> Result<(), Fail> {
@@ -94,6 +93,7 @@ pub fn usage(command: &Cmd) -> Result<(), Fail> {
     }
 }
 
+/// Opens the locks `url` names and runs `command` on them.
 pub fn dispatch(url: &str, topology: Topology<'_>, prefix: &str, command: Cmd) -> Result<u8, Fail> {
     for one in url.split(',') {
         check_url(one)?;
