@@ -520,9 +520,9 @@ impl<'b, B: Backend> Lock<'b, B> {
     /// Renews the lease, then runs `work` while a background thread renews it every third
     /// of its length, so a long job keeps the lock however long it runs (and a crashed one
     /// loses it within a lease). The length is the exptime, or the one the last
-    /// [`expire`](Lock::expire) gave (a hold made never to expire is not renewed). Returns the work's result and `Ok` only if the hold was
-    /// still this object's, its lease unbroken, when the work returned (it is looked at
-    /// then); [`Error::Expired`] if a renewal or that last look found it lost (the work
+    /// [`expire`](Lock::expire) asked for (a hold made never to expire is not renewed).
+    /// Returns the work's result and `Ok` only if the hold was still this object's, its
+    /// lease unbroken, when the work returned (it is looked at then); [`Error::Expired`] if a renewal or that last look found it lost (the work
     /// can watch [`KeepAlive::is_lost`] to stop early: it also turns true when no renewal
     /// has answered for nearly a lease), and the object then holds nothing; or the
     /// backend's error if it could not tell.
