@@ -522,10 +522,11 @@ impl<'b, B: Backend> Lock<'b, B> {
     /// loses it within a lease). The length is the exptime, or the one the last
     /// [`expire`](Lock::expire) asked for (a hold made never to expire is not renewed).
     /// Returns the work's result and `Ok` only if the hold was still this object's, its
-    /// lease unbroken, when the work returned (it is looked at then); [`Error::Expired`] if a renewal or that last look found it lost (the work
-    /// can watch [`KeepAlive::is_lost`] to stop early: it also turns true when no renewal
-    /// has answered for nearly a lease), and the object then holds nothing; or the
-    /// backend's error if it could not tell.
+    /// lease unbroken, when the work returned (it is looked at then); [`Error::Expired`]
+    /// if a renewal or that last look found it lost (the work can watch
+    /// [`KeepAlive::is_lost`] to stop early: it also turns true when no renewal has
+    /// answered for nearly a lease), and the object then holds nothing; or the backend's
+    /// error if it could not tell.
     /// [`Error::Unlocked`] (and no run of `work`) if nothing is held.
     pub fn keep_alive<R>(
         &mut self,
