@@ -810,6 +810,52 @@ fn keep_alive_renews_a_lease_that_expire_set_unacknowledged() {
     worker.unlock().unwrap();
 }
 
+/// `expire(None)` back to "never expires" that never reached the server (the link went
+/// silent and the proxy was replaced, its requests dropped): the server keeps the lease
+/// set before, and `keep_alive` renews that one. (It took the hold to never expire and
+/// renewed nothing: another client took the key mid-work while `is_lost` said false.)
+#[test]
+fn keep_alive_renews_the_lease_a_failed_expire_left() {
+    let server = RedisServer::start();
+    let link = Proxy::start(server.port);
+    let port = link.port;
+    let redis = RedisLocks::open(&link.url())
+        .unwrap()
+        .with_timeout(Duration::from_millis(200));
+    let other = RedisLocks::open(&server.url()).unwrap();
+    let mut worker = Lock::new(&redis, opts(Duration::ZERO, Duration::ZERO)).unwrap();
+    worker.lock("left").unwrap();
+    worker.expire(Some(Duration::from_millis(1000))).unwrap();
+    let set = Instant::now();
+    link.blackhole(true);
+    let said = worker.expire(None);
+    assert!(
+        said.is_err(),
+        "expire answered through a silent link: {said:?}"
+    );
+    drop(link); // (what it held is dropped, never sent)
+    let _link = Proxy::start_on(port, server.port);
+    let ((taken, told), lease) = worker
+        .keep_alive(|alive| {
+            while set.elapsed() < Duration::from_millis(2500) {
+                if let Ok(g) = other.lock("left", opts(Duration::from_secs(5), Duration::ZERO)) {
+                    g.unlock().unwrap();
+                    return (Some(set.elapsed()), alive.is_lost());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (None, alive.is_lost())
+        })
+        .unwrap();
+    assert_eq!(
+        (taken, told),
+        (None, false),
+        "(when another client took the key, whether the work was told)"
+    );
+    assert!(lease.is_ok(), "{lease:?}");
+    worker.unlock().unwrap();
+}
+
 /// A Cluster node reached through a link that stalls (both ways, for 1.5 s) right after
 /// an acquisition reaches it: the attempt takes the key, its reply is late, and redis-rs's
 /// cluster connection sends the request again. `lock` (a lease of 0: never expires, and a

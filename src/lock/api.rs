@@ -77,11 +77,16 @@ fn extend<B: Backend>(
         Some(d) => u64::try_from(d.as_nanos())
             .map_err(|_| Error::InvalidOptions("ttl must be below 584 years"))?,
     };
-    // Asked for, whatever the answer: a renewal that fails after the server applied it (a
-    // reply lost or late, `NotReplicated`) may have set it. (Renewed when it had not, a
-    // hold without expiry gets the lease it was to have.)
-    holding.lease_ns = exptime;
-    backend.extend(&mut holding.hold, exptime)
+    let result = backend.extend(&mut holding.hold, exptime);
+    // A renewal that failed (a reply lost or late, `NotReplicated`) may or may not have
+    // set the lease: what `keep_alive` renews is then a lease whichever it set, since its
+    // first renewal sets it anyway; counting "never expires" where the server kept a lease
+    // would renew nothing and let the key lapse unseen.
+    holding.lease_ns = match result {
+        Err(_) if exptime == 0 => holding.lease_ns,
+        _ => exptime,
+    };
+    result
 }
 
 fn token<B: Backend>(backend: &B, holding: &Holding<B>) -> Option<u64> {

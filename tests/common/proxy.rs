@@ -46,7 +46,20 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Proxy {
     pub fn start(upstream: u16) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Proxy::start_on(0, upstream)
+    }
+
+    /// On `port` (0: any free one), e.g. the port of a proxy just dropped, whose listener
+    /// may take a moment to let it go.
+    pub fn start_on(port: u16, upstream: u16) -> Proxy {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let listener = loop {
+            match TcpListener::bind(("127.0.0.1", port)) {
+                Ok(l) => break l,
+                Err(e) if Instant::now() > deadline => panic!("binding port {port}: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        };
         let port = listener.local_addr().unwrap().port();
         listener.set_nonblocking(true).unwrap();
         let faults = Arc::new(Mutex::new(Faults::default()));
