@@ -768,6 +768,35 @@ fn keep_alive_returns_when_each_renewal_takes_a_third_of_the_lease() {
     assert!(lease.is_ok(), "{lease:?}");
 }
 
+/// Runs `worker.keep_alive` until 2.5 s after `set` while `other` tries to take `key`
+/// every 20 ms: it must never get it, and the lease must be kept; then unlocks.
+fn keep_alive_keeps_the_key_from(
+    mut worker: Lock<'_, RedisLocks>,
+    other: &RedisLocks,
+    key: &str,
+    set: Instant,
+) {
+    let ((taken, told), lease) = worker
+        .keep_alive(|alive| {
+            while set.elapsed() < Duration::from_millis(2500) {
+                if let Ok(g) = other.lock(key, opts(Duration::from_secs(5), Duration::ZERO)) {
+                    g.unlock().unwrap();
+                    return (Some(set.elapsed()), alive.is_lost());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (None, alive.is_lost())
+        })
+        .unwrap();
+    assert_eq!(
+        (taken, told),
+        (None, false),
+        "(when another client took the key, whether the work was told)"
+    );
+    assert!(lease.is_ok(), "{lease:?}");
+    worker.unlock().unwrap();
+}
+
 /// `expire(Some(..))` that the master applied but its replica did not acknowledge
 /// (`NotReplicated`): its lease is the one `keep_alive` renews, though `expire` said it
 /// failed. (A hold taken without expiry kept that status: nothing was renewed, and another
@@ -789,25 +818,7 @@ fn keep_alive_renews_a_lease_that_expire_set_unacknowledged() {
         matches!(said, Err(Error::NotReplicated { .. })),
         "the replica acknowledged: {said:?}"
     );
-    let ((taken, told), lease) = worker
-        .keep_alive(|alive| {
-            while set.elapsed() < Duration::from_millis(2500) {
-                if let Ok(g) = other.lock("unacked", opts(Duration::from_secs(5), Duration::ZERO)) {
-                    g.unlock().unwrap();
-                    return (Some(set.elapsed()), alive.is_lost());
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            (None, alive.is_lost())
-        })
-        .unwrap();
-    assert_eq!(
-        (taken, told),
-        (None, false),
-        "(when another client took the key, whether the work was told)"
-    );
-    assert!(lease.is_ok(), "{lease:?}");
-    worker.unlock().unwrap();
+    keep_alive_keeps_the_key_from(worker, &other, "unacked", set);
 }
 
 /// `expire(None)` back to "never expires" that never reached the server (the link went
@@ -835,25 +846,7 @@ fn keep_alive_renews_the_lease_a_failed_expire_left() {
     );
     drop(link); // (what it held is dropped, never sent)
     let _link = Proxy::start_on(port, server.port);
-    let ((taken, told), lease) = worker
-        .keep_alive(|alive| {
-            while set.elapsed() < Duration::from_millis(2500) {
-                if let Ok(g) = other.lock("left", opts(Duration::from_secs(5), Duration::ZERO)) {
-                    g.unlock().unwrap();
-                    return (Some(set.elapsed()), alive.is_lost());
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            (None, alive.is_lost())
-        })
-        .unwrap();
-    assert_eq!(
-        (taken, told),
-        (None, false),
-        "(when another client took the key, whether the work was told)"
-    );
-    assert!(lease.is_ok(), "{lease:?}");
-    worker.unlock().unwrap();
+    keep_alive_keeps_the_key_from(worker, &other, "left", set);
 }
 
 /// A Cluster node reached through a link that stalls (both ways, for 1.5 s) right after
