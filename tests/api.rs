@@ -683,8 +683,9 @@ fn foreign_truncated_and_corrupt_files_are_typed_errors() {
 
 /// What is not a file the library could ever have made says what it is, not a format
 /// error: a kernel's file read as "empty file (0 bytes) ... remove it", a Unix socket as
-/// ENXIO, and a FIFO or a device as the type it is. (Read-only handles, so that any uid
-/// may open the kernel's files; read-write ones take the same path once opened.)
+/// ENXIO, and a FIFO, a device or a directory as the type it is. (Read-only handles, so
+/// that any uid may open the kernel's files; read-write ones take the same path once
+/// opened, and a directory, which they cannot open, is said the same.)
 #[test]
 fn files_that_are_not_tables_say_what_they_are() {
     let sock = TempPath::new("not-a-table-socket");
@@ -693,7 +694,8 @@ fn files_that_are_not_tables_say_what_they_are() {
     let c = std::ffi::CString::new(fifo.0.to_str().unwrap()).unwrap();
     // SAFETY: `c` is a NUL-terminated path that outlives the call.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    let cases: [(&std::path::Path, &str); 5] = [
+    let dir = std::env::temp_dir();
+    let cases: [(&std::path::Path, &str); 6] = [
         (
             "/proc/self/status".as_ref(),
             "a file of the kernel's proc file system, not a shmlock file",
@@ -708,6 +710,7 @@ fn files_that_are_not_tables_say_what_they_are() {
             "/dev/null".as_ref(),
             "not a regular file, not a shmlock file",
         ),
+        (&dir, "a directory, not a shmlock file"),
     ];
     for (path, says) in cases {
         let table = LockTable::options().read_only(true).open(path);
@@ -722,6 +725,19 @@ fn files_that_are_not_tables_say_what_they_are() {
                 }
                 other => panic!("{what} at {path:?}: {other:?}"),
             }
+        }
+    }
+    // A directory opened to lock or store says the same (not "Is a directory").
+    let table = LockTable::open(&dir, 4).map(drop);
+    let dict = shmlock::SharedDict::open(&dir, 4, 64).map(drop);
+    for (what, got) in [("table", table), ("dict", dict)] {
+        match got {
+            Err(Error::Io { source, .. }) => assert_eq!(
+                source.to_string(),
+                "a directory, not a shmlock file",
+                "{what} opened read-write"
+            ),
+            other => panic!("{what} opened read-write at {dir:?}: {other:?}"),
         }
     }
 }

@@ -175,6 +175,10 @@ pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
                     ),
                 ));
             }
+            // (said as a read-only open says it, not as "Is a directory (os error 21)")
+            Err(e) if e.raw_os_error() == Some(libc::EISDIR) => {
+                return Err(Error::io(path, not_a_table_file("a directory")));
+            }
             // (a Unix socket cannot be opened: ENXIO says nothing of why)
             Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
                 let socket = fs::metadata(path).is_ok_and(|m| m.file_type().is_socket());
@@ -377,18 +381,22 @@ fn reserve(file: &File, len: u64) -> io::Result<()> {
     }
 }
 
+/// What is at a path that is no file the library could have made: `what`.
+fn not_a_table_file(what: &str) -> io::Error {
+    io::Error::other(format!("{what}, not a shmlock file"))
+}
+
 fn attach(path: &Path, file: File, created: bool, spec: OpenSpec) -> Result<Opened, Error> {
     let meta = file.metadata().map_err(|e| Error::io(path, e))?;
     if !meta.file_type().is_file() {
         let what = if meta.file_type().is_fifo() {
             "a FIFO"
+        } else if meta.is_dir() {
+            "a directory"
         } else {
             "not a regular file"
         };
-        return Err(Error::io(
-            path,
-            io::Error::other(format!("{what}, not a shmlock file")),
-        ));
+        return Err(Error::io(path, not_a_table_file(what)));
     }
     if let Some(fs) = kernel_fs(&file) {
         return Err(Error::io(
