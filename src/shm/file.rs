@@ -183,7 +183,7 @@ pub(crate) fn open(path: &Path, spec: OpenSpec) -> Result<Opened, Error> {
             Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
                 let socket = fs::metadata(path).is_ok_and(|m| m.file_type().is_socket());
                 let why = if socket {
-                    io::Error::other("a Unix socket, not a shmlock file")
+                    not_a_table_file("a Unix socket")
                 } else {
                     e
                 };
@@ -399,10 +399,8 @@ fn attach(path: &Path, file: File, created: bool, spec: OpenSpec) -> Result<Open
         return Err(Error::io(path, not_a_table_file(what)));
     }
     if let Some(fs) = kernel_fs(&file) {
-        return Err(Error::io(
-            path,
-            io::Error::other(format!("a file of the kernel's {fs}, not a shmlock file")),
-        ));
+        let what = format!("a file of the kernel's {fs}");
+        return Err(Error::io(path, not_a_table_file(&what)));
     }
     let len = meta.len();
     let mut head = vec![0u8; HEADER_SIZE.min(len as usize)];
