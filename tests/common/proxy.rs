@@ -52,6 +52,7 @@ impl Proxy {
     /// On `port` (0: any free one), e.g. the port of a proxy just dropped, whose listener
     /// may take a moment to let it go.
     pub fn start_on(port: u16, upstream: u16) -> Proxy {
+        allow_many_descriptors();
         let deadline = Instant::now() + Duration::from_secs(5);
         let listener = loop {
             match TcpListener::bind(("127.0.0.1", port)) {
@@ -139,6 +140,26 @@ impl Proxy {
     }
 }
 
+/// Raises this process's soft limit of open descriptors towards its hard limit, once: the
+/// tests of a binary run at once, and each connection a held link keeps costs two (a soft
+/// limit of 1024, common on CI machines, was reached by two partition tests side by side).
+fn allow_many_descriptors() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        let enough: libc::rlim_t = 1 << 16;
+        // SAFETY: `lim` is a valid, writable `rlimit` for the call's duration.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && lim.rlim_cur < enough {
+            lim.rlim_cur = lim.rlim_max.min(enough);
+            // SAFETY: `lim` is a valid `rlimit`; a refusal leaves the limit as it was.
+            unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+        }
+    });
+}
+
 /// The proxy's counters, shared with its connections.
 #[derive(Clone)]
 struct Counts {
@@ -173,7 +194,11 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
 }
 
-/// Copies both ways between `client` and `server`, with the faults.
+/// Copies both ways between `client` and `server`, with the faults. Both threads share the
+/// two sockets, two descriptors in all: a link held for a long partition keeps every
+/// connection made through it meanwhile (a client that gave up on one opens another, and
+/// what it sent is still delivered once the link is back), and a copy of each socket per
+/// thread made a 36 s partition cost this process hundreds of descriptors.
 fn pipe(
     client: TcpStream,
     server: TcpStream,
@@ -181,11 +206,12 @@ fn pipe(
     stop: Arc<AtomicBool>,
     counts: Counts,
 ) {
-    let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-    let (mut s_in, mut c_out) = (server, client);
+    let (client, server) = (Arc::new(client), Arc::new(server));
+    let (c_in, s_out) = (client.clone(), server.clone());
+    let (s_in, c_out) = (server, client);
     let (f, s) = (faults.clone(), stop.clone());
     let cut_both = {
-        let (c, s) = (c_in.try_clone().unwrap(), s_out.try_clone().unwrap());
+        let (c, s) = (c_in.clone(), s_out.clone());
         move || {
             let _ = c.shutdown(Shutdown::Both);
             let _ = s.shutdown(Shutdown::Both);
@@ -197,7 +223,7 @@ fn pipe(
         // (a loaded machine delivers a long request in pieces).
         let mut seen: Vec<u8> = Vec::new();
         loop {
-            let n = match c_in.read(&mut buf) {
+            let n = match (&*c_in).read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
@@ -226,7 +252,7 @@ fn pipe(
             // each fault is cleared once it fires)
             let keep = seen.len().saturating_sub(KEPT);
             seen.drain(..keep);
-            if s.load(Ordering::Relaxed) || s_out.write_all(&buf[..n]).is_err() {
+            if s.load(Ordering::Relaxed) || (&*s_out).write_all(&buf[..n]).is_err() {
                 break;
             }
             if cut {
@@ -240,7 +266,7 @@ fn pipe(
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
-            let n = match s_in.read(&mut buf) {
+            let n = match (&*s_in).read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
@@ -257,7 +283,7 @@ fn pipe(
             } else {
                 &buf[..n]
             };
-            if stop.load(Ordering::Relaxed) || c_out.write_all(reply).is_err() {
+            if stop.load(Ordering::Relaxed) || (&*c_out).write_all(reply).is_err() {
                 break;
             }
         }
