@@ -281,22 +281,31 @@ fn a_wait_for_replicas_holds_up_no_other_task() {
         .unwrap();
     let (seen_b, a) = rt.block_on(async {
         let redis2 = redis.clone();
+        let started = Instant::now();
         let a = tokio::spawn(async move {
-            let t = Instant::now();
             let r = redis2.lock_async("a", LockOptions::default()).await;
-            (t.elapsed(), r.is_err())
+            (started.elapsed(), r.is_err())
         });
         tokio::time::sleep(Duration::from_millis(200)).await; // a is in its WAIT
         let redis3 = redis.clone();
         let b = tokio::spawn(async move {
             let _ = redis3.lock_async("b", LockOptions::default()).await;
         });
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        // b's SET is on the server while a still waits for its replica
+        // b's SET is on the server while a still waits for its replica (its 2 s WAIT: a b
+        // queued behind it would be seen at 2 s at the earliest; looked for until 1.5 s, so
+        // that a busy machine's slow start of b is not taken for queueing)
         let probe2 = probe.clone();
-        let seen_b = tokio::task::spawn_blocking(move || probe2.is_locked("b").unwrap())
-            .await
-            .unwrap();
+        let seen_b = tokio::task::spawn_blocking(move || loop {
+            if probe2.is_locked("b").unwrap() {
+                break true;
+            }
+            if started.elapsed() > Duration::from_millis(1500) {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        })
+        .await
+        .unwrap();
         let a = a.await.unwrap();
         b.await.unwrap();
         (seen_b, a)

@@ -45,12 +45,13 @@ where
     Fut: std::future::Future<Output = Result<LockGuard<'a, B>, Error>>,
 {
     let rt = runtime();
+    // (the clock starts before the releasing thread does: a wait cannot seem short)
+    let t = Instant::now();
     std::thread::scope(|s| {
         s.spawn(move || {
             std::thread::sleep(Duration::from_millis(100));
             release();
         });
-        let t = Instant::now();
         let g = rt.block_on(wait).unwrap();
         let waited = t.elapsed();
         drop(g);
@@ -260,18 +261,20 @@ fn a_thousand_tasks_missing_one_item_fetch_it_once_through_redis() {
     burst(redis);
 }
 
-/// Four tasks wait 1.2 s for a key that stays held, its holder renewing a 60 ms lease every
-/// 15 ms (each sleep ends at the lease's end, so a wait is many short sleeps): each gets
-/// `Timeout`, and not before its 1.2 s are over (its timeout is wall time, whatever the
-/// steps were cut to).
+/// Four tasks wait 1.2 s for a key that stays held, its holder renewing a 300 ms lease
+/// every 15 ms (each sleep ends at the lease's end, so a wait is several short sleeps): each
+/// gets `Timeout`, and not before its 1.2 s are over (its timeout is wall time, whatever the
+/// steps were cut to). (A 60 ms lease lapsed whenever a loaded machine held the renewer
+/// back 45 ms.)
 fn tasks_time_out_no_sooner_than_their_timeout<B>(locks: &'static B)
 where
     B: shmlock::AsyncBackend + Sync + 'static,
     B::Hold: Send,
 {
     const TIMEOUT: Duration = Duration::from_millis(1200);
+    const LEASE: Duration = Duration::from_millis(300);
     let lease = LockOptions {
-        exptime: Duration::from_millis(60),
+        exptime: LEASE,
         ..LockOptions::default()
     };
     let opts: &'static LockOptions = Box::leak(Box::new(LockOptions {
@@ -286,7 +289,7 @@ where
         s.spawn(|| {
             while !stop.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_millis(15));
-                held.expire(Some(Duration::from_millis(60))).unwrap();
+                held.expire(Some(LEASE)).unwrap();
             }
         });
         let out = rt.block_on(async {

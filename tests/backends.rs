@@ -94,11 +94,12 @@ fn dropping_a_holding_lock_object_releases<B: Backend>(b: &B) {
 }
 
 fn a_lease_left_to_expire_holds_until_exptime<B: Backend>(b: &B) {
-    let mut worker = Lock::new(b, opts(150, 0)).unwrap();
+    // (a lease of 1 s: the other's try below must come before it ends on a busy machine)
+    let mut worker = Lock::new(b, opts(1000, 0)).unwrap();
     worker.lock("tick").unwrap();
     let first = worker.token().unwrap();
     drop(worker); // released: the next tick's worker could take it at once
-    let mut lease = Lock::new(b, opts(150, 0)).unwrap();
+    let mut lease = Lock::new(b, opts(1000, 0)).unwrap();
     lease.lock("tick").unwrap();
     let token = lease.leave_to_expire().unwrap().unwrap();
     assert!(token > first);
@@ -107,7 +108,7 @@ fn a_lease_left_to_expire_holds_until_exptime<B: Backend>(b: &B) {
     drop(lease); // no longer holding: dropping releases nothing
     let mut other = Lock::new(b, opts(30_000, 0)).unwrap();
     assert!(matches!(other.lock("tick"), Err(Error::Timeout { .. })));
-    std::thread::sleep(Duration::from_millis(200));
+    std::thread::sleep(Duration::from_millis(1100));
     other.lock("tick").unwrap();
     assert!(other.token().unwrap() > token);
 }
@@ -117,13 +118,14 @@ where
     B: Backend + Sync,
     B::Hold: Send,
 {
-    let mut worker = Lock::new(b, opts(150, 0)).unwrap();
+    // (renewed every 150 ms: a loaded machine may hold the renewer back a while)
+    let mut worker = Lock::new(b, opts(450, 0)).unwrap();
     worker.lock("job").unwrap();
     let (value, lease) = worker
         .keep_alive(|alive| {
             let mut rival = Lock::new(b, opts(30_000, 0)).unwrap();
             for _ in 0..4 {
-                std::thread::sleep(Duration::from_millis(100)); // 400 ms in all
+                std::thread::sleep(Duration::from_millis(300)); // 1.2 s in all
                 assert!(matches!(rival.lock("job"), Err(Error::Timeout { .. })));
                 assert!(!alive.is_lost());
             }

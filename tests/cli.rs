@@ -353,13 +353,17 @@ fn killing_run_kills_its_command_and_frees_the_key() {
 #[test]
 fn renewal_keeps_a_long_run_locked() {
     let file = TempPath::new("cli-renew");
-    let mut long = holding(&file, "k", "sleep 1.5", &["--exptime", "0.3"]);
+    // (the command runs until the test says so)
+    let go = TempPath::new("cli-renew-go");
+    let script = format!("while [ ! -e '{}' ]; do sleep 0.02; done", go.0.display());
+    let mut long = holding(&file, "k", &script, &["--exptime", "0.5"]);
     // three leases later the key is still held
-    std::thread::sleep(Duration::from_millis(1000));
+    std::thread::sleep(Duration::from_millis(1600));
     assert_eq!(
         code(shmlock(&file).args(["run", "-n", "k", "--", "true"])),
         1
     );
+    std::fs::write(&go.0, b"").unwrap();
     assert!(long.wait().unwrap().success());
     assert_eq!(
         code(shmlock(&file).args(["run", "-n", "k", "--", "true"])),
@@ -1042,8 +1046,15 @@ fn the_redis_backend_runs_inspects_and_unlocks() {
         c
     };
     let redis = shmlock::RedisLocks::open(&url).unwrap();
+    // (the command runs until the test says so: the CLI calls below may take long on a
+    // busy machine)
+    let go = TempPath::new("cli-redis-go");
     let mut first = cli()
-        .args(["run", "--exptime", "0.5", "job", "--", "sleep", "1.2"])
+        .args(["run", "--exptime", "1", "job", "--", "sh", "-c"])
+        .arg(format!(
+            "while [ ! -e '{}' ]; do sleep 0.02; done",
+            go.0.display()
+        ))
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
@@ -1062,9 +1073,10 @@ fn the_redis_backend_runs_inspects_and_unlocks() {
     let text = String::from_utf8(output(cli().arg("inspect")).stdout).unwrap();
     assert!(text.starts_with(&format!("{url}: 1 lock held")), "{text}");
     assert_eq!(code(cli().args(["inspect", "--all"])), 64);
-    // renewed past its 0.5 s lease while the command runs
-    std::thread::sleep(Duration::from_millis(800));
+    // renewed past its 1 s lease while the command runs
+    std::thread::sleep(Duration::from_millis(1500));
     assert!(redis.is_locked("job").unwrap());
+    std::fs::write(&go.0, b"").unwrap();
     assert!(first.wait().unwrap().success());
     assert!(!redis.is_locked("job").unwrap());
     // a stuck lock (its holder gone without unlocking) is broken by force

@@ -13,9 +13,10 @@ use shmlock::{
     Error, FormatError, ItemRef, LockTable, Put, SharedDict, Source, Value, ValueKind, ValueRef,
 };
 
-const SHORT: Duration = Duration::from_millis(30);
+/// Short, but long enough that a value read back at once is still there on a busy machine.
+const SHORT: Duration = Duration::from_millis(250);
 /// Longer than SHORT plus the coarse clock's tick, with room to spare.
-const PAST_SHORT: Duration = Duration::from_millis(120);
+const PAST_SHORT: Duration = Duration::from_millis(400);
 
 fn bytes(dict: &SharedDict, key: &str) -> Option<Vec<u8>> {
     dict.get(key)

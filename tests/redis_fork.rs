@@ -296,6 +296,9 @@ fn sentinel_handles_work_in_forked_children() {
 fn a_timeout_names_the_holder_in_another_process() {
     let server = RedisServer::start();
     let redis = RedisLocks::open(&server.url()).unwrap();
+    // (before the child's hold: an upper bound of how long it was held, however late
+    // the parent wakes)
+    let since = std::time::Instant::now();
     let held = Gate::new();
     let mut proceed = Gate::new();
     let child = {
@@ -310,7 +313,6 @@ fn a_timeout_names_the_holder_in_another_process() {
         })
     };
     held.await_signals(1);
-    let since = std::time::Instant::now();
     let host = nix::unistd::gethostname().unwrap().into_string().unwrap();
     let check = |err: &Error, timeout_ms: u64| {
         let Error::Timeout {

@@ -24,9 +24,10 @@ fn lease(exptime: Duration) -> LockOptions {
 fn sentinel_failover_with_replicas_required_keeps_the_lock_and_its_token() {
     let setup = SentinelSetup::start();
     let urls = setup.sentinel_urls();
+    // (2 s for the acknowledgements: a loaded machine can keep a replica's past 500 ms)
     let redis = RedisLocks::open_sentinel(MASTER_NAME, &urls)
         .unwrap()
-        .with_replicas(2, Duration::from_millis(500));
+        .with_replicas(2, Duration::from_secs(2));
 
     #[cfg(feature = "tokio")]
     async_round_trip(&redis, "async-k");
@@ -663,19 +664,20 @@ fn a_slot_moved_or_migrating_is_followed() {
             };
             let got = redis.lock(key, short).map(drop);
             assert!(matches!(got, Err(Error::Timeout { .. })), "{got:?}");
+            let opts = LockOptions {
+                exptime: Duration::from_secs(30),
+                timeout: Duration::from_secs(10),
+                ..LockOptions::default()
+            };
+            // (the clock starts before the moving thread does: a wait cannot seem short)
+            let t = Instant::now();
             let waited = std::thread::scope(|s| {
                 s.spawn(|| {
                     std::thread::sleep(Duration::from_millis(300));
                     move_slot();
                 });
-                let opts = LockOptions {
-                    exptime: Duration::from_secs(30),
-                    timeout: Duration::from_secs(10),
-                    ..LockOptions::default()
-                };
                 // (the wait, or the attempt's own pauses on TRYAGAIN, last until the
                 // migration ends)
-                let t = Instant::now();
                 let g = redis.lock(key, opts).unwrap();
                 let waited = t.elapsed();
                 g.unlock().unwrap();
@@ -888,9 +890,10 @@ fn shared_holds_on_a_cluster_and_across_a_sentinel_failover() {
     // Sentinel, replicas required
     let setup = SentinelSetup::start();
     let urls = setup.sentinel_urls();
+    // (2 s for the acknowledgements: a loaded machine can keep a replica's past 500 ms)
     let redis = RedisLocks::open_sentinel(MASTER_NAME, &urls)
         .unwrap()
-        .with_replicas(2, Duration::from_millis(500));
+        .with_replicas(2, Duration::from_secs(2));
     // a lease well past a failover (one took 8.4 s here, so an 8 s lease once left no
     // holder on the promoted master to list)
     let exptime = Duration::from_secs(30);

@@ -45,10 +45,11 @@ use common::dict::{b, dict, int, value, NEVER};
 use common::TempPath;
 use shmlock::{Error, Put, SharedDict, Stored, Value};
 
-/// Upstream's exptimes of 0.001 to 0.01 s.
-const SHORT: Duration = Duration::from_millis(30);
+/// Upstream's exptimes of 0.001 to 0.01 s (longer here: a value read back at once must
+/// still be there on a busy machine).
+const SHORT: Duration = Duration::from_millis(250);
 /// A sleep clearly past SHORT (and the coarse clock's tick).
-const PAST_SHORT: Duration = Duration::from_millis(120);
+const PAST_SHORT: Duration = Duration::from_millis(400);
 /// An exptime that does not run out during a test.
 const LONG: Duration = Duration::from_secs(100);
 const NOT_FORCIBLE: Stored = Stored { forcible: false };

@@ -36,9 +36,9 @@ use common::dict::{b, dict, int, value, NEVER};
 use shmlock::{Error, SharedDict};
 
 /// Upstream's exptimes of 0.2 s.
-const SHORT: Duration = Duration::from_millis(50);
+const SHORT: Duration = Duration::from_millis(250);
 /// A sleep clearly past SHORT (and the coarse clock's tick).
-const PAST_SHORT: Duration = Duration::from_millis(250);
+const PAST_SHORT: Duration = Duration::from_millis(400);
 
 /// Upstream's `string.format("%05d", i)`.
 fn key5(i: usize) -> String {

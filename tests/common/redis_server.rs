@@ -116,23 +116,46 @@ impl RedisServer {
         self.child.as_ref().expect("running").id()
     }
 
+    /// Starts the process and waits until it answers on its port. A server that exits
+    /// at once (its port taken meanwhile, e.g. as the local end of another test's
+    /// connection) is started again; and the one that answers must be this one, alive.
     fn spawn(&mut self) {
-        let child = Command::new(self.program)
-            .args(&self.args)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {} ({e}): {HINT}", self.program));
-        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.answers() {
+        loop {
+            let child = Command::new(self.program)
+                .args(&self.args)
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start {} ({e}): {HINT}", self.program));
+            self.child = Some(child);
+            let exited = loop {
+                if let Some(status) = self.exited() {
+                    break status;
+                }
+                if self.answers() && self.exited().is_none() {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{} on {} never answered",
+                    self.program,
+                    self.port
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            };
             assert!(
                 Instant::now() < deadline,
-                "{} on {} never answered",
+                "{} on {} exited at once ({exited})",
                 self.program,
                 self.port
             );
-            std::thread::sleep(Duration::from_millis(10));
+            std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// How the process ended, if it did.
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut()?.try_wait().ok().flatten()
     }
 
     fn answers(&self) -> bool {
@@ -302,10 +325,12 @@ impl SentinelSetup {
 
 /// Waits until every sentinel names a promoted replica (not `old_port`) as the master,
 /// with the failover over (flags plain `master`), and that server says it is master;
-/// returns its port.
+/// returns its port. (Within a minute: an election the sentinels split is tried again
+/// after twice the failover timeout, 10 s, and on a busy machine one failover took more
+/// than 30 s.)
 pub fn await_failover(sentinels: &[RedisServer], old_port: u16) -> u16 {
     let mut new = 0;
-    eventually("a replica promoted", Duration::from_secs(30), || {
+    eventually("a replica promoted", Duration::from_secs(60), || {
         let ports: Vec<Option<u16>> = sentinels
             .iter()
             .map(|s| {
