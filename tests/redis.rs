@@ -307,6 +307,51 @@ fn max_hold_caps_renewals_by_keep_alive() {
     drop(guard);
 }
 
+/// Work that runs past the longest hold (not watching `is_lost`) ends `keep_alive` with
+/// `MaxHoldReached`: with a lease renewed until a renewal is refused at the cap, with one
+/// whose work ends after the cap but before that renewal (the lease the cap shortened ran
+/// out; the closing look said `Expired`), and without expiry (the cap gives the hold a
+/// lease, which ran out; said `Expired` too).
+#[test]
+fn keep_alive_past_the_longest_hold_says_so_with_or_without_a_lease() {
+    let server = RedisServer::start();
+    let redis = RedisLocks::open(&server.url())
+        .unwrap()
+        .with_max_hold(Duration::from_millis(1500));
+    let other = RedisLocks::open(&server.url()).unwrap();
+    // (exptime, work): renewals every third of exptime, the cap at 1.5 s
+    let cases = [
+        // renewed at 0.2 s, ..., 1.4 s; refused at 1.6 s
+        (Duration::from_millis(600), Duration::from_millis(2500)),
+        // renewed at 0 s (a lease of 1.5 s) and 1 s (0.5 s); the work ends at 1.8 s, before
+        // the renewal at 2 s
+        (Duration::from_secs(3), Duration::from_millis(1800)),
+        // never expires: the cap's lease of 1.5 s
+        (Duration::ZERO, Duration::from_millis(2500)),
+    ];
+    for (exptime, work) in cases {
+        let opts = LockOptions {
+            exptime,
+            ..LockOptions::default()
+        };
+        let mut guard = redis.lock("past", opts).unwrap();
+        let ((), lease) = guard.keep_alive(|_| std::thread::sleep(work));
+        assert!(
+            matches!(lease, Err(Error::MaxHoldReached)),
+            "{exptime:?}: {lease:?}"
+        );
+        // the key lapsed at the cap
+        assert!(
+            other
+                .try_lock_with_lease("past", Duration::from_secs(5))
+                .unwrap()
+                .is_some(),
+            "{exptime:?}"
+        );
+        drop(guard);
+    }
+}
+
 /// Errors name the server they come from: a refused connection (it said `redis:
 /// Connection refused (os error 111)`), and a server that accepts and never answers,
 /// which is said not to have answered within the command timeout (it said `Resource

@@ -196,7 +196,7 @@ where
             status.renewed(Instant::now(), capped);
         }
         let value = work(&status);
-        return (value, backend.check(&holding.hold));
+        return (value, closing_look(backend, &holding.hold));
     }
     let every = Duration::from_nanos(exptime_ns / 3);
     let status = KeepAlive::default();
@@ -277,11 +277,21 @@ where
     };
     drop(renewer);
     // `Ok` says the lease held until the work was done: the hold must still be ours now.
-    let lease = lease.and_then(|()| backend.check(&holding.hold));
+    let lease = lease.and_then(|()| closing_look(backend, &holding.hold));
     if lease.is_err() {
         status.lost.store(true, Ordering::Release);
     }
     (value, lease)
+}
+
+/// [`keep_alive`]'s look at the hold once the work is done. A lease that ran out at the
+/// backend's longest hold is said as a renewal refused there says it (`MaxHoldReached`),
+/// whether the work ended before that renewal or the hold had no lease of its own.
+fn closing_look<B: Backend>(backend: &B, hold: &B::Hold) -> Result<(), Error> {
+    match backend.check(hold) {
+        Err(Error::Expired) if backend.past_longest_hold(hold) => Err(Error::MaxHoldReached),
+        other => other,
+    }
 }
 
 /// The thread that renews a lease while [`keep_alive`]'s work runs: stopped and joined

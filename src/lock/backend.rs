@@ -108,6 +108,14 @@ pub trait Backend: Sealed {
         exptime_ns
     }
 
+    /// Whether the hold has been kept as long as the backend lets a hold be renewed
+    /// (Redis's `with_max_hold`): a lease found run out then ran out at that cap.
+    #[doc(hidden)]
+    fn past_longest_hold(&self, hold: &Self::Hold) -> bool {
+        let _ = hold;
+        false
+    }
+
     /// The fencing token of a hold; `None` if it is no longer valid (see
     /// [`check`](Self::check)), whatever it was before.
     #[doc(hidden)]
@@ -208,6 +216,10 @@ macro_rules! delegate_backend {
 
         fn lease_ns(&self, hold: &$hold, exptime_ns: u64) -> u64 {
             Backend::lease_ns(self.$to(), hold, exptime_ns)
+        }
+
+        fn past_longest_hold(&self, hold: &$hold) -> bool {
+            Backend::past_longest_hold(self.$to(), hold)
         }
 
         fn token(&self, hold: &$hold) -> Option<u64> {

@@ -956,6 +956,12 @@ impl Backend for RedisLocks {
         }
     }
 
+    fn past_longest_hold(&self, hold: &RedisHold) -> bool {
+        self.0
+            .max_hold
+            .is_some_and(|max| hold.taken.elapsed() >= max)
+    }
+
     fn extend(&self, hold: &mut RedisHold, exptime_ns: u64) -> Result<(), Error> {
         let ttl = self
             .lease_ms(exptime_ns, hold.taken.elapsed())
