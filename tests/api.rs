@@ -207,12 +207,13 @@ fn guard_releases_on_drop_and_unlock() {
         .unwrap()
         .unwrap();
     g.unlock().unwrap();
+    // (a lease of 200 ms: renewed before it ends, also on a busy machine)
     let mut g = t
-        .try_lock_with_lease("k", Duration::from_millis(20))
+        .try_lock_with_lease("k", Duration::from_millis(200))
         .unwrap()
         .unwrap();
     g.expire(Some(Duration::from_secs(10))).unwrap();
-    std::thread::sleep(Duration::from_millis(40));
+    std::thread::sleep(Duration::from_millis(400));
     assert!(t
         .try_lock_with_lease("k", Duration::from_secs(30))
         .unwrap()

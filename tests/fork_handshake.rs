@@ -558,7 +558,9 @@ fn fork_starvation_many_openers() {
                 shared.word(2).load(Ordering::SeqCst),
                 worst
             );
-            assert!(worst < 500_000, "BROKE: a fork waited {worst} us");
+            // (a starved fork waits for as long as threads keep opening: seconds; a busy
+            // machine can hold one back a few hundred ms)
+            assert!(worst < 2_000_000, "BROKE: a fork waited {worst} us");
         }
         Err(e) => panic!("BROKE (fork starved): {e}"),
     }
@@ -649,7 +651,8 @@ fn fork_stalled_by_stopped_resetter() {
     r.kill();
     let took = shared.word(0).load(Ordering::SeqCst).saturating_sub(1);
     assert_eq!(rc, 0);
-    assert!(took < 500, "BROKE: fork() stalled {took} ms");
+    // (a stalled fork waits for the resetter, which resumes only when killed, 40 s on)
+    assert!(took < 2_000, "BROKE: fork() stalled {took} ms");
 }
 
 // ---------------------------------------------------------------------------------------
