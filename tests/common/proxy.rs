@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::redis_server::claim_port;
+
 /// What the proxy does to the traffic now.
 #[derive(Default)]
 struct Faults {
@@ -56,6 +58,8 @@ impl Proxy {
         let deadline = Instant::now() + Duration::from_secs(5);
         let listener = loop {
             match TcpListener::bind(("127.0.0.1", port)) {
+                // (a port given to a server about to bind it is left to it)
+                Ok(l) if port == 0 && !claim_port(l.local_addr().unwrap().port()) => {}
                 Ok(l) => break l,
                 Err(e) if Instant::now() > deadline => panic!("binding port {port}: {e}"),
                 Err(_) => std::thread::sleep(Duration::from_millis(5)),
@@ -210,6 +214,11 @@ fn pipe(
     let (c_in, s_out) = (client.clone(), server.clone());
     let (s_in, c_out) = (server, client);
     let (f, s) = (faults.clone(), stop.clone());
+    // Set before a request to be cut is written: its reply is never passed on, however
+    // soon it comes (it came back through the other thread before the cut, once, on a
+    // busy machine).
+    let cutting = Arc::new(AtomicBool::new(false));
+    let cut_reply = cutting.clone();
     let cut_both = {
         let (c, s) = (c_in.clone(), s_out.clone());
         move || {
@@ -252,11 +261,14 @@ fn pipe(
             // each fault is cleared once it fires)
             let keep = seen.len().saturating_sub(KEPT);
             seen.drain(..keep);
+            if cut {
+                cutting.store(true, Ordering::SeqCst);
+                counts.cuts.fetch_add(1, Ordering::SeqCst);
+            }
             if s.load(Ordering::Relaxed) || (&*s_out).write_all(&buf[..n]).is_err() {
                 break;
             }
             if cut {
-                counts.cuts.fetch_add(1, Ordering::SeqCst);
                 cut_both();
                 break;
             }
@@ -271,6 +283,9 @@ fn pipe(
                 Ok(n) => n,
             };
             await_passage(&faults, &stop);
+            if cut_reply.load(Ordering::SeqCst) {
+                break;
+            }
             let (delay, garble) = {
                 let f = lock(&faults);
                 (f.delay, f.garble)

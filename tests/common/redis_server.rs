@@ -13,13 +13,34 @@ use std::time::{Duration, Instant};
 const HINT: &str = "install it with `bash scripts/redis-server.sh` \
                     (Debian/Ubuntu: apt-get install redis-server redis-sentinel redis-tools openssl)";
 
-/// A free loopback port (free when asked: the server binds it right after).
+/// A free loopback port (free when asked: the server binds it right after), never the
+/// same one twice in this process: the kernel may give a port just let go to the next
+/// asker, and two tests starting servers at once then got one port, one server between
+/// them (the other exited, and its test talked to the first's).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if claim_port(port) {
+            return port;
+        }
+    }
+}
+
+/// Records `port` as this process's: false if it was given out before (by [`free_port`],
+/// or to a proxy, which binds a port of its own and must not take one a server is about
+/// to bind).
+pub fn claim_port(port: u16) -> bool {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    if given.contains(&port) {
+        return false;
+    }
+    given.push(port);
+    true
 }
 
 /// A directory removed on drop.
@@ -118,7 +139,8 @@ impl RedisServer {
 
     /// Starts the process and waits until it answers on its port. A server that exits
     /// at once (its port taken meanwhile, e.g. as the local end of another test's
-    /// connection) is started again; and the one that answers must be this one, alive.
+    /// connection) is started again; and the one that answers must be this one, alive
+    /// (by the pid it gives, where it can be asked).
     fn spawn(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -158,6 +180,8 @@ impl RedisServer {
         self.child.as_mut()?.try_wait().ok().flatten()
     }
 
+    /// Whether the server answers on its port; a server of another process there is a
+    /// test's error, said at once.
     fn answers(&self) -> bool {
         let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
             return false;
@@ -165,11 +189,41 @@ impl RedisServer {
         if self.tls {
             return true;
         }
-        // a server with a password answers -NOAUTH: up all the same
-        let mut buf = [0u8; 7];
-        s.write_all(b"PING\r\n").is_ok()
-            && s.read_exact(&mut buf).is_ok()
-            && (&buf == b"+PONG\r\n" || &buf == b"-NOAUTH")
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        if s.write_all(b"INFO server\r\n").is_err() {
+            return false;
+        }
+        let mut reply = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => reply.extend_from_slice(&buf[..n]),
+            }
+            // a server with a password answers -NOAUTH: up all the same
+            if reply.starts_with(b"-NOAUTH") {
+                return true;
+            }
+            let text = String::from_utf8_lossy(&reply);
+            if let Some(at) = text.find("process_id:") {
+                let rest = &text[at + "process_id:".len()..];
+                let Some(end) = rest.find("\r\n") else {
+                    continue;
+                };
+                let pid: u32 = rest[..end].trim().parse().unwrap_or(0);
+                assert_eq!(
+                    pid,
+                    self.pid(),
+                    "{} on {}: another process's server answers there",
+                    self.program,
+                    self.port
+                );
+                return true;
+            }
+            if reply.starts_with(b"-") && reply.ends_with(b"\r\n") {
+                return false; // (loading, or the like: not up yet)
+            }
+        }
     }
 
     /// Kills the server (SIGKILL, by pid) and waits for it.
