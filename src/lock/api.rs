@@ -540,8 +540,10 @@ impl<'b, B: Backend> Lock<'b, B> {
     /// lease unbroken, when the work returned (it is looked at then); [`Error::Expired`]
     /// if a renewal or that last look found it lost (the work can watch
     /// [`KeepAlive::is_lost`] to stop early: it also turns true when no renewal has
-    /// answered for nearly a lease), and the object then holds nothing; or the backend's
-    /// error if it could not tell.
+    /// answered for nearly a lease), and the object then holds nothing;
+    /// [`Error::MaxHoldReached`] if the hold was kept as long as its handle allows
+    /// (Redis's `with_max_hold`), whether a renewal was refused there or the lease the cap
+    /// left ran out before that last look; or the backend's error if it could not tell.
     /// [`Error::Unlocked`] (and no run of `work`) if nothing is held.
     pub fn keep_alive<R>(
         &mut self,
