@@ -15,8 +15,8 @@ const HINT: &str = "install it with `bash scripts/redis-server.sh` \
 
 /// A free loopback port (free when asked: the server binds it right after), never the
 /// same one twice in this process: the kernel may give a port just let go to the next
-/// asker, and two tests starting servers at once then got one port, one server between
-/// them (the other exited, and its test talked to the first's).
+/// asker, and two tests starting servers at once would then share one port, and one
+/// server (the other's exits). Not seen to happen; cheap to rule out.
 pub fn free_port() -> u16 {
     loop {
         let port = TcpListener::bind("127.0.0.1:0")
